@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs Sleuth and everything it needs on a fresh Debian machine; safe to run again.
+#   bash scripts/install.sh          the package, torch (CPU pin first) and graphviz
+#   bash scripts/install.sh --test   plus the test extras, chromium and chromium-driver
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+debs=(graphviz)
+[ "$want_test" = 1 ] && debs+=(chromium chromium-driver)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+py=${PYTHON:-python3}
+# The pin comes first: an unpinned torch would make pip fetch a multi-GB CUDA build.
+"$py" -m pip install -q torch==2.13.0
+extra=""; [ "$want_test" = 1 ] && extra="[test]"
+"$py" -m pip install -q ".${extra}"

@@ -1,0 +1,23 @@
+"""Build hook: ships `sleuth_autoattach.pth` at the top of site-packages.
+
+The .pth line imports `sleuth._autoattach`, which does nothing unless a SLEUTH_* variable asks
+for a tool; that is what lets `SLEUTH_DUMP_CONFIG=dump.json python train.py` trace a script
+nobody edited. Everything else about the build lives in pyproject.toml.
+"""
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+_PTH = "sleuth_autoattach.pth"
+
+
+class _BuildPyWithPth(build_py):
+    def run(self):
+        super().run()
+        # A .pth file only takes effect at the top of a site directory, so it is copied beside
+        # the packages rather than inside one.
+        self.copy_file(str(Path(__file__).parent / _PTH), str(Path(self.build_lib) / _PTH))
+
+
+setup(cmdclass={"build_py": _BuildPyWithPth})

@@ -1,0 +1,25 @@
+"""Shared test fixtures: run the CLI in a subprocess against this source tree."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_sleuth(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `python -m sleuth ARGS` from this checkout (not an installed copy)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "sleuth", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd or REPO, timeout=timeout)
+
+
+@pytest.fixture
+def sleuth_cli():
+    return run_sleuth
