@@ -1,0 +1,45 @@
+"""Tensor dump for any PyTorch training run: capture, HDF5 dump format, reader, diff and checks.
+
+Public names are loaded lazily (PEP 562) so that `import tracer` costs nothing and the reader and
+diff work without importing torch. Each entry maps a public name to the private module that
+defines it; a test pins this list.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # config and errors
+    "DumpConfig": "tracer._config",
+    "TracerError": "tracer._errors",
+    "ConfigError": "tracer._errors",
+    "DumpFormatError": "tracer._errors",
+    # capture
+    "Dumper": "tracer._dumper",
+    "attach_from_env": "tracer._attach",
+    # reading
+    "open_dump": "tracer._reader",
+    "Dump": "tracer._reader",
+    # diff and checks
+    "diff": "tracer._diff",
+    "DiffResult": "tracer._diff",
+    "Tolerance": "tracer._compare",
+    "check": "tracer._check",
+    "WatchConfig": "tracer._watch",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tracer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
