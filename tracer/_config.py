@@ -1,0 +1,297 @@
+"""The dump config: what to dump, where, and how; loaded from a dict, a JSON file or the env.
+
+`DumpConfig` is validated when it is built, so a typo fails before the run starts, with a message
+that names the key, the bad value and the closest valid choice. The selection predicates
+(`wants_step`, `wants_module`, ...) are called from hot hooks, so they parse nothing and cache
+their answers per name.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from tracer._errors import ConfigError
+
+ENV_VAR = "SLEUTH_DUMP_CONFIG"
+_DEFAULT_RUN_DIR = "./sleuth_run"
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "level": ("module", "op", "mix"),
+    "mode": ("statistics", "tensor", "full"),
+    "io": ("input", "output", "both"),
+    "phases": ("forward", "backward", "both"),
+    "writer": ("sync", "async"),
+    "on_error": ("raise", "warn"),
+}
+_FILTER_KEYS = ("modules", "exclude_modules", "ops", "exclude_ops")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DumpConfig:
+    """What the tracer dumps and how it writes it. See docs/dump-config.md for every key."""
+
+    path: str = ""
+    """Run directory; "" means $SLEUTH_RUN_DIR or ./sleuth_run. Files go to {path}/dump/rank{R}/."""
+    steps: str = "all"
+    """Optimizer steps to dump: "all" or ranges like "0|5-8|100-120" (0-based, ends included)."""
+    ranks: str = "all"
+    """Ranks that dump: "all" or ranges like "0|1|4-7"."""
+    level: Literal["module", "op", "mix"] = "module"
+    """module: nn.Module hooks; op: every aten op through a dispatch mode; mix: both."""
+    mode: Literal["statistics", "tensor", "full"] = "statistics"
+    """statistics: no tensor bytes; tensor: exact data too (statistics are kept); full: both."""
+    modules: tuple[str, ...] = ()
+    """Dotted module names to include: globs ("layers.*.attn") or "re:<regex>"; empty = all."""
+    exclude_modules: tuple[str, ...] = ()
+    """Dotted module names to leave out, same syntax; applied after `modules`."""
+    ops: tuple[str, ...] = ()
+    """Aten op names to include ("aten.mm", "aten.*softmax*", "re:..."); empty = all."""
+    exclude_ops: tuple[str, ...] = ()
+    """Aten op names to leave out, same syntax; applied after `ops`."""
+    io: Literal["input", "output", "both"] = "both"
+    """Which tensors of a call to dump."""
+    phases: Literal["forward", "backward", "both"] = "both"
+    """Which passes to dump."""
+    params: bool = True
+    """Dump parameters, gradients and updates at the end of each dumped step."""
+    writer: Literal["sync", "async"] = "async"
+    """sync: a record is on disk when the hook returns; async: a writer thread persists it."""
+    async_max_queued_mb: int = 1024
+    """Async back-pressure: the training thread waits while this many MiB are queued."""
+    on_error: Literal["raise", "warn"] = "raise"
+    """raise: a dump error stops the run; warn: warn once and stop dumping."""
+    watch: tuple[dict, ...] = ()
+    """Watchpoints checked as records are made (see docs/dump-config.md)."""
+
+    _step_ranges: tuple[tuple[int, int], ...] | None = field(default=None, init=False, repr=False,
+                                                             compare=False)
+    _rank_ranges: tuple[tuple[int, int], ...] | None = field(default=None, init=False, repr=False,
+                                                             compare=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__  # frozen: normalise in place once, at construction
+        for key in ("path", "steps", "ranks"):
+            value = getattr(self, key)
+            if key != "path" and isinstance(value, int) and not isinstance(value, bool):
+                value = str(value)
+                set_(self, key, value)
+            if isinstance(value, os.PathLike):
+                value = os.fspath(value)
+                set_(self, key, value)
+            if not isinstance(value, str):
+                raise ConfigError(f"{key}: expected a string, got {value!r}")
+        for key, choices in _CHOICES.items():
+            _check_choice(key, getattr(self, key), choices)
+        set_(self, "_step_ranges", parse_ranges("steps", self.steps))
+        set_(self, "_rank_ranges", parse_ranges("ranks", self.ranks))
+        for key in _FILTER_KEYS:
+            patterns = _as_str_tuple(key, getattr(self, key))
+            set_(self, key, patterns)
+        if not isinstance(self.params, bool):
+            raise ConfigError(f"params: expected true or false, got {self.params!r}")
+        mb = self.async_max_queued_mb
+        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
+            raise ConfigError(f"async_max_queued_mb: expected a whole number of MiB >= 1, "
+                              f"got {mb!r}")
+        set_(self, "watch", _check_watch(self.watch))
+        set_(self, "_module_match", _compile(self.modules, self.exclude_modules, "modules"))
+        set_(self, "_op_match", _compile(self.ops, self.exclude_ops, "ops"))
+        set_(self, "_module_cache", {})
+        set_(self, "_op_cache", {})
+
+    # -- selection (hot path) -------------------------------------------------------------------
+    def wants_step(self, step: int) -> bool:
+        """True when optimizer step `step` (0-based) is dumped."""
+        ranges = self._step_ranges
+        return ranges is None or any(lo <= step <= hi for lo, hi in ranges)
+
+    def wants_rank(self, rank: int) -> bool:
+        """True when rank `rank` dumps."""
+        ranges = self._rank_ranges
+        return ranges is None or any(lo <= rank <= hi for lo, hi in ranges)
+
+    def wants_module(self, name: str) -> bool:
+        """True when the module with dotted name `name` passes modules/exclude_modules."""
+        cache: dict[str, bool] = self._module_cache  # type: ignore[attr-defined]
+        hit = cache.get(name)
+        if hit is None:
+            hit = cache[name] = self._module_match(name)  # type: ignore[attr-defined]
+        return hit
+
+    def wants_op(self, op: str) -> bool:
+        """True when the aten op `op` (e.g. "aten.mm") passes ops/exclude_ops."""
+        cache: dict[str, bool] = self._op_cache  # type: ignore[attr-defined]
+        hit = cache.get(op)
+        if hit is None:
+            hit = cache[op] = self._op_match(op)  # type: ignore[attr-defined]
+        return hit
+
+    def run_dir(self) -> Path:
+        """The run directory: `path`, else $SLEUTH_RUN_DIR, else ./sleuth_run."""
+        return Path(self.path or os.environ.get("SLEUTH_RUN_DIR") or _DEFAULT_RUN_DIR)
+
+    # -- loading and saving ---------------------------------------------------------------------
+    @classmethod
+    def keys(cls) -> list[str]:
+        """The valid config keys, in declaration order."""
+        return [f.name for f in dataclasses.fields(cls) if f.init]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict that `from_dict` turns back into an equal config."""
+        out: dict[str, Any] = {}
+        for key in self.keys():
+            value = getattr(self, key)
+            if key == "watch":
+                value = [dict(w) for w in value]
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[key] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DumpConfig:
+        """Build a config from a dict; unknown keys raise ConfigError with the closest key."""
+        if not isinstance(d, dict):
+            raise ConfigError(f"a dump config must be a JSON object, got {type(d).__name__}")
+        valid = cls.keys()
+        for key in d:
+            if key not in valid:
+                raise ConfigError(f"unknown key {key!r}{_suggest(str(key), valid)} "
+                                  f"(valid keys: {', '.join(valid)})")
+        return cls(**d)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> DumpConfig:
+        """Load a config from a JSON file; syntax errors name the file, line and column."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read dump config {str(p)!r}: {e.strerror or e}") from e
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+        try:
+            return cls.from_dict(data)
+        except ConfigError as e:
+            raise ConfigError(f"{p}: {e}") from e
+
+    @classmethod
+    def from_env(cls) -> DumpConfig | None:
+        """The config named by $SLEUTH_DUMP_CONFIG (a JSON path; "1" = defaults), or None."""
+        value = os.environ.get(ENV_VAR, "").strip()
+        if not value or value == "0":
+            return None
+        if value == "1":
+            return cls()
+        return cls.from_json(value)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _suggest(value: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(choices)}"
+                          f"{_suggest(str(value), choices)}")
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+def parse_ranges(key: str, spec: str) -> tuple[tuple[int, int], ...] | None:
+    """Parse "all" (-> None) or "0|5-8|100-120" into inclusive (lo, hi) ranges."""
+    if spec.strip().lower() == "all":
+        return None
+    example = "'0|5-8|100-120'" if key == "steps" else "'0|1|4-7'"
+    ranges = []
+    for part in spec.split("|"):
+        m = _RANGE.match(part)
+        if not m:
+            raise ConfigError(f"{key}: {spec!r} has a bad part {part!r}; write ranges like "
+                              f"{example} (ends included) or 'all'")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise ConfigError(f"{key}: range {part.strip()!r} in {spec!r} ends before it starts; "
+                              f"write ranges like {example}")
+        ranges.append((lo, hi))
+    return tuple(ranges)
+
+
+def _as_str_tuple(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{key}: expected a list of name patterns (globs or 're:<regex>'), "
+                          f"got {value!r}")
+    for pattern in value:
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern[3:])
+            except re.error as e:
+                raise ConfigError(f"{key}: bad regular expression {pattern!r}: {e}") from e
+        elif not pattern:
+            raise ConfigError(f"{key}: empty pattern; use '*' to match every name")
+    return tuple(value)
+
+
+def _pattern_matcher(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    regexes = [re.compile(p[3:]) for p in patterns if p.startswith("re:")]
+    globs = [p for p in patterns if not p.startswith("re:")]
+
+    def match(name: str) -> bool:
+        return (any(fnmatch.fnmatchcase(name, g) for g in globs)
+                or any(r.search(name) for r in regexes))
+
+    return match
+
+
+def _compile(include: tuple[str, ...], exclude: tuple[str, ...],
+             what: str) -> Callable[[str], bool]:
+    inc = _pattern_matcher(include) if include else None
+    exc = _pattern_matcher(exclude) if exclude else None
+
+    def wants(name: str) -> bool:
+        if inc is not None and not inc(name):
+            return False
+        return exc is None or not exc(name)
+
+    return wants
+
+
+def _check_watch(watch: Any) -> tuple[dict, ...]:
+    if isinstance(watch, dict):
+        watch = (watch,)
+    if not isinstance(watch, (list, tuple)) or not all(isinstance(w, dict) for w in watch):
+        raise ConfigError(f"watch: expected a list of watchpoint objects, got {watch!r}")
+    watch = tuple(dict(w) for w in watch)
+    if watch:
+        try:
+            from tracer import _watch  # written separately; validate only when it exists
+        except ModuleNotFoundError as e:
+            if e.name != "tracer._watch":
+                raise
+            return watch
+        validate = getattr(_watch, "validate_watch", None)
+        cls = getattr(_watch, "WatchConfig", None)
+        for i, w in enumerate(watch):
+            try:
+                if validate is not None:
+                    validate(w)
+                elif cls is not None and hasattr(cls, "from_dict"):
+                    cls.from_dict(w)
+            except ConfigError as e:
+                raise ConfigError(f"watch[{i}]: {e}") from e
+    return watch
