@@ -21,6 +21,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 py=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 # The pin comes first: an unpinned torch would make pip fetch a multi-GB CUDA build.
 "$py" -m pip install -q torch==2.13.0
 extra=""; [ "$want_test" = 1 ] && extra="[test]"

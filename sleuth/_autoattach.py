@@ -1,0 +1,84 @@
+"""Start-up hook behind `sleuth_autoattach.pth`: attaches the tools a SLEUTH_* variable asks for.
+
+Python runs the .pth line in every process of the environment, so the common case (no variable
+set) must cost a dictionary look-up and nothing else. When a variable is set, the tools are not
+imported at start-up either: importing torch there would slow every Python process (pip
+included) and could run before the user's own environment set-up. Instead a meta-path finder
+waits for the script's own `import torch` and attaches right after torch has loaded, so the
+script, `torchrun` workers included, is traced without a line changed.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import warnings
+
+# variable -> (package, function); each function returns a handle or None.
+_TOOLS = {
+    "SLEUTH_DUMP_CONFIG": ("tracer", "attach_from_env"),
+    "SLEUTH_PROFILE": ("profiler", "attach_from_env"),
+    "SLEUTH_SUMMARY": ("profiler", "attach_from_env"),
+    "SLEUTH_SAVE_GRAPHS": ("irdump", "attach_from_env"),
+}
+_handles: list[object] = []
+
+
+def requested() -> list[tuple[str, str]]:
+    """The (package, function) pairs the environment asks for, without duplicates."""
+    wanted = []
+    for var, tool in _TOOLS.items():
+        if os.environ.get(var, "").strip() not in ("", "0") and tool not in wanted:
+            wanted.append(tool)
+    return wanted
+
+
+def attach() -> None:
+    """Attach every requested tool now (torch must be importable)."""
+    import importlib
+
+    for package, function in requested():
+        try:
+            handle = getattr(importlib.import_module(package), function)()
+        except Exception as e:  # a broken config must not kill the user's run silently or loudly
+            if os.environ.get("SLEUTH_STRICT", "") == "1":
+                raise
+            warnings.warn(f"sleuth: could not attach {package} ({type(e).__name__}: {e}); "
+                          "the run continues without it. Set SLEUTH_STRICT=1 to stop instead.",
+                          stacklevel=2)
+            continue
+        if handle is not None:
+            _handles.append(handle)
+
+
+class _AfterTorchImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps torch's loader so `attach()` runs once torch is loaded."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)  # one shot; also keeps find_spec below from recursing
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        original_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            attach()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _install() -> None:
+    if not requested():
+        return
+    if "torch" in sys.modules:
+        attach()
+    else:
+        sys.meta_path.insert(0, _AfterTorchImport())
+
+
+_install()

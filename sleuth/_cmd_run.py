@@ -1,0 +1,94 @@
+"""`sleuth run -- CMD ...`: run an unmodified script (or torchrun) with the tools attached.
+
+The command runs as a child process with SLEUTH_* variables set and a `sitecustomize` on its
+PYTHONPATH; every Python process it starts (each torchrun worker too) attaches the requested
+tools right after it imports torch. Nothing in the user's script changes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from sleuth.cli import CliError
+
+_BOOT_DIR = Path(__file__).resolve().parent / "_boot"
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="run a script (or torchrun) with dump, profiler, summary or IR attached",
+        description="Run COMMAND unmodified with Sleuth's tools attached to every Python process "
+        "it starts. Example: sleuth run --dump dump.json --profile -- python train.py --lr 1e-3",
+    )
+    p.add_argument("--run-dir", default="sleuth_run", help="run directory (default: ./sleuth_run)")
+    p.add_argument("--dump", metavar="CONFIG", help="dump config JSON (see docs/dump-config.md)")
+    p.add_argument("--profile", nargs="?", const="1", metavar="CONFIG",
+                   help="profile optimizer steps; optional collector config JSON")
+    p.add_argument("--summary", action="store_true",
+                   help="log parameter and gradient norms and histograms at optimizer steps")
+    p.add_argument("--save-graphs", action="store_true", help="export the model's IR graphs")
+    p.add_argument("--strict", action="store_true",
+                   help="stop the run when a tool fails to attach (default: warn and go on)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    p.set_defaults(run=_run)
+
+
+def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: the SLEUTH_* requests plus the start-up hook on PYTHONPATH."""
+    env = dict(os.environ if base is None else base)
+    run_dir = Path(args.run_dir).resolve()
+    env["SLEUTH_RUN_DIR"] = str(run_dir)
+    if args.dump:
+        cfg = Path(args.dump)
+        if not cfg.is_file():
+            raise CliError(f"--dump {args.dump}: no such file; write a dump config JSON first "
+                           "(docs/dump-config.md has an example)")
+        env["SLEUTH_DUMP_CONFIG"] = str(cfg.resolve())
+    if args.profile:
+        env["SLEUTH_PROFILE"] = args.profile if args.profile == "1" else str(Path(args.profile).resolve())
+    if args.summary:
+        env["SLEUTH_SUMMARY"] = "1"
+    if args.save_graphs:
+        env["SLEUTH_SAVE_GRAPHS"] = "1"
+        env.setdefault("SLEUTH_SAVE_GRAPHS_PATH", str(run_dir / "ir"))
+    if args.strict:
+        env["SLEUTH_STRICT"] = "1"
+    paths = [str(_BOOT_DIR), str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def _run(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise CliError("no command given; write it after `--`, e.g. "
+                       "sleuth run --dump dump.json -- python train.py")
+    env = child_env(args)
+    run_dir = Path(env["SLEUTH_RUN_DIR"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _write_run_json(run_dir, cmd, env)
+    if cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable  # the interpreter sleuth runs in, which has the tools installed
+    try:
+        return subprocess.call(cmd, env=env)
+    except FileNotFoundError as e:
+        raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
+
+
+def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:
+    from trainer import write_run_json
+
+    tools = {k: env[k] for k in ("SLEUTH_DUMP_CONFIG", "SLEUTH_PROFILE", "SLEUTH_SUMMARY",
+                                 "SLEUTH_SAVE_GRAPHS") if k in env}
+    world = int(env.get("WORLD_SIZE", "1"))
+    if cmd and Path(cmd[0]).name in ("torchrun",):
+        world = next((int(a.split("=", 1)[1]) for a in cmd if a.startswith("--nproc_per_node=")
+                      and a.split("=", 1)[1].isdigit()), world)
+    write_run_json(run_dir, name=run_dir.name, argv=cmd, world_size=world,
+                   config={"command": cmd, "tools": tools})
