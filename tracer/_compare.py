@@ -1,0 +1,338 @@
+"""Per-record comparison of two dumps: tolerances, dtype decoding and streamed error metrics.
+
+Everything here is numpy only (no torch), so a diff runs where torch is not even installed.
+Tensors arrive as chunks of raw bytes; bf16 and fp8 are decoded from their bits. Metrics are
+accumulated chunk by chunk, so a tensor larger than RAM costs one chunk of memory.
+
+Conventions (documented in docs/diff.md):
+- errors are measured on elements finite in both tensors; NaN/Inf positions that differ are
+  counted separately (`nan_diff`, `inf_diff`) and make the record diverge;
+- relative error is symmetric: |a - b| / max(|a|, |b|) (0 where both are 0), in [0, 2];
+- an element is within tolerance when |a - b| <= atol + rtol * max(|a|, |b|).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tracer._errors import ConfigError, TracerError
+
+# (rtol, atol, cosine_min) per dtype family, loosest last. A pair is judged with the looser of
+# its two dtypes, so fp32 against bf16 gets bf16's tolerance instead of a sea of false alarms.
+DTYPE_DEFAULTS: dict[str, tuple[float, float, float]] = {
+    "int": (0.0, 0.0, 1.0),
+    "float64": (1e-7, 1e-7, 1.0 - 1e-10),
+    "float32": (1e-5, 1e-5, 1.0 - 1e-5),
+    "float16": (2e-3, 1e-3, 0.9999),
+    "bfloat16": (1.6e-2, 1e-2, 0.999),
+    "float8": (0.25, 0.05, 0.99),
+}
+_LOOSENESS = list(DTYPE_DEFAULTS)
+
+_NUMPY_DTYPES = {
+    "float64": np.float64, "float32": np.float32, "float16": np.float16,
+    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8,
+    "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
+    "bool": np.bool_, "complex64": np.complex64, "complex128": np.complex128,
+}
+# float8 layouts: exponent bits, mantissa bits, bias, kind of special values
+_FP8 = {
+    "float8_e4m3fn": (4, 3, 7, "fn"),
+    "float8_e5m2": (5, 2, 15, "ieee"),
+    "float8_e4m3fnuz": (4, 3, 8, "fnuz"),
+    "float8_e5m2fnuz": (5, 2, 16, "fnuz"),
+}
+
+
+def dtype_family(dtype: str) -> str:
+    """The tolerance family of a logical dtype name ("bfloat16" -> "bfloat16", "int8" -> "int")."""
+    if dtype.startswith("float8"):
+        return "float8"
+    if dtype in ("float64", "float32", "float16", "bfloat16"):
+        return dtype
+    if dtype == "complex128":
+        return "float64"
+    if dtype.startswith("complex"):
+        return "float32"
+    return "int"
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a logical dtype name."""
+    if dtype == "bfloat16":
+        return 2
+    if dtype in _FP8:
+        return 1
+    try:
+        return np.dtype(_NUMPY_DTYPES[dtype]).itemsize
+    except KeyError:
+        raise TracerError(f"cannot compare dtype {dtype!r}: this release decodes "
+                          f"{sorted([*_NUMPY_DTYPES, 'bfloat16', *_FP8])}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tolerance:
+    """When two records count as the same. Unset fields take the per-dtype default
+    (DTYPE_DEFAULTS) of the looser dtype of the pair."""
+
+    rtol: float | None = None
+    """Relative tolerance per element: |a - b| <= atol + rtol * max(|a|, |b|)."""
+    atol: float | None = None
+    """Absolute tolerance per element."""
+    cosine_min: float | None = None
+    """Smallest cosine similarity that still counts as the same."""
+
+    def __post_init__(self) -> None:
+        for key in ("rtol", "atol", "cosine_min"):
+            value = getattr(self, key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise ConfigError(f"{key}: expected a number, got {value!r}")
+            if key != "cosine_min" and value < 0:
+                raise ConfigError(f"{key}: must be >= 0, got {value}")
+            if key == "cosine_min" and not -1.0 <= value <= 1.0:
+                raise ConfigError(f"cosine_min: must lie in [-1, 1], got {value}")
+
+    def resolve(self, dtype_a: str, dtype_b: str) -> tuple[float, float, float]:
+        """(rtol, atol, cosine_min) for a pair of dtypes: explicit values win, else the default
+        of the looser dtype."""
+        fam = max(dtype_family(dtype_a), dtype_family(dtype_b), key=_LOOSENESS.index)
+        rtol, atol, cos = DTYPE_DEFAULTS[fam]
+        return (rtol if self.rtol is None else float(self.rtol),
+                atol if self.atol is None else float(self.atol),
+                cos if self.cosine_min is None else float(self.cosine_min))
+
+
+# -- decoding --------------------------------------------------------------------------------------
+_fp8_tables: dict[str, np.ndarray] = {}
+
+
+def _fp8_table(dtype: str) -> np.ndarray:
+    table = _fp8_tables.get(dtype)
+    if table is None:
+        ebits, mbits, bias, kind = _FP8[dtype]
+        bits = np.arange(256, dtype=np.int64)
+        sign = np.where(bits >> 7, -1.0, 1.0)
+        exp = (bits >> mbits) & ((1 << ebits) - 1)
+        man = bits & ((1 << mbits) - 1)
+        normal = (1.0 + man / (1 << mbits)) * np.exp2(exp - bias)
+        subnormal = (man / (1 << mbits)) * np.exp2(1 - bias)
+        table = sign * np.where(exp == 0, subnormal, normal)
+        top = (1 << ebits) - 1
+        if kind == "ieee":
+            table = np.where((exp == top) & (man == 0), sign * np.inf, table)
+            table = np.where((exp == top) & (man != 0), np.nan, table)
+        elif kind == "fn":
+            table = np.where((exp == top) & (man == (1 << mbits) - 1), np.nan, table)
+        else:  # fnuz: the only NaN is the negative zero pattern
+            table = np.where(bits == 0x80, np.nan, table)
+        table = table.astype(np.float32)
+        _fp8_tables[dtype] = table
+    return table
+
+
+def decode(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Decode a 1-D uint8 array of raw element bytes into a numeric numpy array: floats stay
+    float (bf16/fp8 become float32, exactly), ints and bool become float64, complex becomes its
+    interleaved real/imaginary float parts."""
+    if dtype == "bfloat16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    if dtype in _FP8:
+        return _fp8_table(dtype)[raw]
+    arr = raw.view(_NUMPY_DTYPES[dtype])
+    if dtype.startswith("complex"):
+        return arr.view(np.float64 if dtype == "complex128" else np.float32)
+    if dtype in ("float64", "float32", "float16"):
+        return arr.astype(np.float32) if dtype == "float16" else arr
+    return arr.astype(np.float64)
+
+
+# -- streamed tensor metrics -----------------------------------------------------------------------
+_SUB = 1 << 17  # elements per inner pass: small enough that the temporaries stay in cache
+
+
+class TensorMetrics:
+    """Accumulates error metrics over pairs of aligned chunks of two tensors."""
+
+    def __init__(self, rtol: float, atol: float) -> None:
+        self.rtol, self.atol = rtol, atol
+        self.n = self.finite = self.within = self.nan_diff = self.inf_diff = 0
+        self.sse = self.sae = self.sq_a = self.sq_b = 0.0
+        self.max_abs = self.max_rel = 0.0
+        self.identical = True
+
+    def add_raw(self, ra: np.ndarray, rb: np.ndarray, dtype_a: str, dtype_b: str) -> None:
+        """Add one chunk given as raw bytes (uint8) of equal element counts."""
+        if dtype_a == dtype_b and ra.nbytes == rb.nbytes and _bytes_equal(ra, rb):
+            n = ra.nbytes // itemsize(dtype_a)
+            self.n += n
+            self.within += n
+            a = decode(ra, dtype_a)
+            if a.dtype.kind == "f" and not np.isfinite(a.sum(dtype=np.float64)):
+                a = a[np.isfinite(a)]  # equal bits: NaN/Inf sit in the same places
+            self.finite += int(a.size)
+            sq = float(np.dot(a, a)) if a.size else 0.0
+            if not math.isfinite(sq):
+                sq = float(np.dot(a.astype(np.float64), a.astype(np.float64)))
+            self.sq_a += sq
+            self.sq_b += sq
+            return
+        self.identical = False
+        self.add(decode(ra, dtype_a), decode(rb, dtype_b))
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Add one chunk given as decoded numeric arrays of equal length."""
+        if a.size != b.size:
+            raise TracerError(f"internal: chunk sizes differ ({a.size} vs {b.size})")
+        work = np.float64 if np.float64 in (a.dtype, b.dtype) else np.float32
+        a = a.astype(work, copy=False)
+        b = b.astype(work, copy=False)
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf are counted, not warned
+            for i in range(0, a.size, _SUB):
+                self._add(a[i:i + _SUB], b[i:i + _SUB])
+
+    def _add(self, a: np.ndarray, b: np.ndarray) -> None:
+        self.n += a.size
+        d = a - b
+        sse = float(np.dot(d, d))
+        if not math.isfinite(sse):
+            # NaN/Inf somewhere (they propagate through the difference): the slow path runs
+            # only on chunks that hold them.
+            nan_a, nan_b = np.isnan(a), np.isnan(b)
+            inf_a, inf_b = np.isinf(a), np.isinf(b)
+            self.nan_diff += int(np.count_nonzero(nan_a != nan_b))
+            self.inf_diff += int(np.count_nonzero((inf_a | inf_b) & (a != b) & ~(nan_a | nan_b)))
+            both_nonfinite_same = (nan_a & nan_b) | ((inf_a | inf_b) & (a == b))
+            self.within += int(np.count_nonzero(both_nonfinite_same))
+            fin = ~(nan_a | nan_b | inf_a | inf_b)
+            a, b = a[fin].astype(np.float64), b[fin].astype(np.float64)
+            d = a - b
+            sse = float(np.dot(d, d))
+        self.finite += a.size
+        if a.size == 0:
+            return
+        self.sse += sse
+        self.sq_a += float(np.dot(a, a))
+        self.sq_b += float(np.dot(b, b))
+        if sse == 0.0:
+            self.within += a.size
+            return
+        self.identical = False
+        np.abs(d, out=d)
+        self.max_abs = max(self.max_abs, float(d.max()))
+        self.sae += float(d.sum(dtype=np.float64))
+        m = np.maximum(np.abs(a), np.abs(b))
+        np.maximum(m, np.finfo(m.dtype).tiny, out=m)
+        thr = m * self.rtol
+        thr += self.atol
+        self.within += int(np.count_nonzero(d <= thr))
+        np.divide(d, m, out=d)
+        self.max_rel = max(self.max_rel, float(d.max()))
+
+    def result(self) -> dict[str, Any]:
+        """The metrics as a dict of plain floats and ints."""
+        na, nb = math.sqrt(self.sq_a), math.sqrt(self.sq_b)
+        if na == 0.0 and nb == 0.0:
+            cosine = 1.0
+        elif na == 0.0 or nb == 0.0:
+            cosine = 0.0
+        else:
+            # 1 - cos from the squared error keeps its precision when a ~ b, where a plain
+            # dot product loses it (float32 dot of near-equal vectors rounds to 1.0)
+            cosine = 1.0 - (self.sse - (na - nb) ** 2) / (2.0 * na * nb)
+            cosine = max(-1.0, min(1.0, cosine))
+        f = max(self.finite, 1)
+        return {
+            "cosine": cosine,
+            "max_abs_err": self.max_abs,
+            "max_rel_err": self.max_rel,
+            "mean_abs_err": self.sae / f,
+            "rmse": math.sqrt(self.sse / f),
+            "within": self.within / self.n if self.n else 1.0,
+            "nan_diff": self.nan_diff,
+            "inf_diff": self.inf_diff,
+            "identical": self.identical,
+        }
+
+
+def _bytes_equal(ra: np.ndarray, rb: np.ndarray) -> bool:
+    if ra.nbytes % 8 == 0 and ra.ctypes.data % 8 == 0 and rb.ctypes.data % 8 == 0:
+        return bool(np.array_equal(ra.view(np.uint64), rb.view(np.uint64)))
+    return bool(np.array_equal(ra, rb))
+
+
+def compare_arrays(a: np.ndarray, b: np.ndarray, tol: Tolerance | None = None,
+                   dtype_a: str | None = None, dtype_b: str | None = None) -> dict[str, Any]:
+    """Compare two in-memory numeric arrays (any shape, same numel) and return the metrics plus
+    `verdict` ("same" or "diverged") and `reason`. For tests and small tensors."""
+    tol = tol or Tolerance()
+    da, db = dtype_a or str(a.dtype), dtype_b or str(b.dtype)
+    rtol, atol, cos_min = tol.resolve(da, db)
+    acc = TensorMetrics(rtol, atol)
+    if a.size != b.size:
+        raise TracerError(f"cannot compare {a.size} elements with {b.size}")
+    acc.identical = False
+    acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
+    out = acc.result()
+    out.update(judge_tensor(out, cos_min))
+    return out
+
+
+def judge_tensor(m: dict[str, Any], cosine_min: float) -> dict[str, str]:
+    """Verdict of tensor metrics: every element within tolerance, NaN/Inf where the other side
+    has them too, and cosine at least `cosine_min`."""
+    reasons = []
+    if m["nan_diff"] or m["inf_diff"]:
+        reasons.append(f"NaN/Inf differ at {m['nan_diff'] + m['inf_diff']} elements")
+    if m["within"] < 1.0:
+        reasons.append(f"{(1.0 - m['within']) * 100:.3g}% of elements out of tolerance "
+                       f"(max abs err {m['max_abs_err']:.3g})")
+    if m["cosine"] < cosine_min:
+        reasons.append(f"cosine {m['cosine']:.6g} < {cosine_min:.6g}")
+    return {"verdict": "diverged" if reasons else "same", "reason": "; ".join(reasons)}
+
+
+# -- statistics ------------------------------------------------------------------------------------
+def _rel(x: float, y: float, scale: float) -> float:
+    if x == y or (math.isnan(x) and math.isnan(y)):
+        return 0.0
+    if math.isnan(x) or math.isnan(y) or math.isinf(x) or math.isinf(y):
+        return math.inf
+    return abs(x - y) / scale if scale > 0 else math.inf
+
+
+def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[str, Any]:
+    """Compare two records by their statistics rows (min, max, mean, norm, NaN/Inf counts,
+    checksum) when at least one side stored no tensor bytes."""
+    rtol, atol, _ = tol.resolve(str(a["dtype"]), str(b["dtype"]))
+    same_dtype = a["dtype"] == b["dtype"]
+    checksum_equal = bool(same_dtype and int(a["checksum"]) == int(b["checksum"]))
+    out: dict[str, Any] = {"checksum_equal": checksum_equal if same_dtype else None}
+    n = max(int(a["numel"]), 1)
+    rms = max(abs(float(a["norm"])), abs(float(b["norm"]))) / math.sqrt(n)
+    reasons = []
+    for key in ("min", "max", "mean", "norm"):
+        x, y = float(a[key]), float(b[key])
+        scale = rms if key == "mean" else max(abs(x), abs(y))
+        # relative to the tensor's RMS for the mean, which may sit near zero by cancellation
+        rel = _rel(x, y, scale)
+        out[f"{key}_rdiff"] = rel
+        if not (rel == 0.0 or abs(x - y) <= atol + rtol * scale):
+            reasons.append(f"{key} {x:.6g} vs {y:.6g}")
+    out["nan_diff"] = abs(int(a["nan"]) - int(b["nan"]))
+    out["inf_diff"] = (abs(int(a["posinf"]) - int(b["posinf"]))
+                       + abs(int(a["neginf"]) - int(b["neginf"])))
+    if out["nan_diff"] or out["inf_diff"]:
+        reasons.insert(0, f"NaN/Inf counts differ ({int(a['nan'])}/{int(a['posinf'])}/"
+                          f"{int(a['neginf'])} vs {int(b['nan'])}/{int(b['posinf'])}/"
+                          f"{int(b['neginf'])})")
+    if checksum_equal:
+        reasons = []  # the same bits: differences above can only be NaN-vs-NaN artefacts
+    out["verdict"] = "diverged" if reasons else "same"
+    out["reason"] = "; ".join(reasons)
+    return out
+
