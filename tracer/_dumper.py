@@ -1,0 +1,273 @@
+"""`tracer.Dumper`: the public capture API that ties hooks, the op mode, steps and the writer.
+
+A Dumper counts steps, and while the current step is selected it installs the module hooks
+(and, for level op/mix, the dispatch mode); between selected steps nothing is installed, so an
+unselected step costs only torch's global optimizer hooks. Step rule: the first
+``optimizer.step()`` of any optimizer ends a step, until the script calls ``Dumper.step()``
+itself; from then on only explicit ``step()`` calls end steps (and each optimizer step inside a
+step adds one more ``call`` of parameter records).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.optim import optimizer as _optim
+
+from tracer._config import DumpConfig
+from tracer._errors import ConfigError, TracerError
+from tracer._module_hooks import ModuleTracker
+from tracer._source import user_source
+
+
+def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
+    from tracer._writer import make_writer
+
+    return make_writer(config, rank=rank, world_size=world_size)
+
+
+def _record_meta() -> Any:
+    from tracer._writer import RecordMeta
+
+    return RecordMeta
+
+
+def resolve_config(config: DumpConfig | dict | str | os.PathLike | None) -> DumpConfig:
+    """A DumpConfig from a config, a dict, inline JSON (``{...}``), a JSON path, or None
+    (the defaults)."""
+    if config is None:
+        return DumpConfig()
+    if isinstance(config, DumpConfig):
+        return config
+    if isinstance(config, dict):
+        return DumpConfig.from_dict(config)
+    if isinstance(config, str) and config.lstrip().startswith("{"):
+        try:
+            return DumpConfig.from_dict(json.loads(config))
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"inline dump config is not valid JSON: {e}") from e
+    if isinstance(config, (str, os.PathLike)):
+        return DumpConfig.from_json(Path(config))
+    raise ConfigError(f"config: expected a DumpConfig, dict, JSON path or None, "
+                      f"got {type(config).__name__}")
+
+
+class Dumper:
+    """Dump a model's tensors step by step into ``RUN/dump/rank{R}/step{S}.h5``.
+
+    Args:
+        model: the model to name modules and parameters after; None attaches to every
+            top-level module that runs (the first is ``<root>``, later ones ``<root1>``, ...).
+        config: a DumpConfig, a dict, inline JSON, a JSON path, or None for the defaults.
+        rank, world_size: default to $RANK / $WORLD_SIZE (0 and 1).
+
+    Use as a context manager, or call ``close()``: it writes the last step and re-raises
+    writer errors. Raises ConfigError for a bad config or a module filter matching nothing.
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 config: DumpConfig | dict | str | os.PathLike | None = None, *,
+                 rank: int | None = None, world_size: int | None = None) -> None:
+        self.config = resolve_config(config)
+        self.rank = int(os.environ.get("RANK", 0)) if rank is None else int(rank)
+        self.world_size = (int(os.environ.get("WORLD_SIZE", 1)) if world_size is None
+                           else int(world_size))
+        self.current_step = 0
+        self.capturing = False
+        self._busy = False
+        self._explicit = False
+        self._closed = False
+        self._writer: Any = None
+        self._meta: Any = None
+        self._open = False
+        self._lock = threading.Lock()
+        self._snapshots: dict[int, torch.Tensor] = {}
+        self._optimizer_recorded = False
+        self._handles: list[Any] = []
+        self.enabled = self.config.wants_rank(self.rank)
+        if not self.enabled:
+            return
+        self._tracker = ModuleTracker(self, model)
+        self._mode = None
+        if self.config.level in ("op", "mix"):
+            from tracer._op_mode import OpMode
+
+            self._mode = OpMode(self, self._tracker)
+        self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
+                         _optim.register_optimizer_step_post_hook(self._optimizer_post)]
+        self._begin()
+
+    # -- public API -----------------------------------------------------------------------------
+    def __enter__(self) -> Dumper:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def step(self) -> None:
+        """End the current step (its file is written) and start the next one.
+
+        After the first explicit call, optimizer steps no longer end steps by themselves.
+        """
+        self._explicit = True
+        if not self.enabled:
+            self.current_step += 1
+            return
+        self._end()
+        self.current_step += 1
+        self._begin()
+
+    def close(self) -> None:
+        """Write the current step if it recorded anything, remove every hook, close the writer
+        (re-raising its errors). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.enabled:
+                self._end(final=True)
+        finally:
+            for handle in self._handles:
+                handle.remove()
+            self._handles = []
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                writer.close()
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory the dump goes to (``RUN/dump/rank{R}/...``)."""
+        return self.config.run_dir()
+
+    # -- recording ------------------------------------------------------------------------------
+    def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
+             call: int, source: str, tensor: torch.Tensor) -> None:
+        """Hand one tensor to the writer under its record name (called from the hooks)."""
+        if self._busy or not self.capturing:
+            return
+        with self._lock:
+            self._busy = True
+            try:
+                if not self._open:
+                    self._open_step()
+                meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}",
+                                  module=module, op=op, phase=phase, direction=direction,
+                                  index=index, call=call, source=source)
+                self._writer.add(meta, tensor)
+            except Exception as e:  # noqa: BLE001 - routed through on_error
+                self._busy = False
+                self._fail(e)
+            finally:
+                self._busy = False
+
+    def _open_step(self) -> None:
+        if self._writer is None:
+            self._meta = _record_meta()
+            self._writer = _make_writer(self.config, self.rank, self.world_size)
+        self._writer.begin_step(self.current_step)
+        self._open = True
+
+    def _fail(self, error: Exception) -> None:
+        if self.config.on_error == "raise":
+            if isinstance(error, TracerError):
+                raise error
+            raise TracerError(f"dumping step {self.current_step} failed: {error}; set "
+                              f'"on_error": "warn" to keep training without the dump') from error
+        warnings.warn(f"sleuth tracer: dumping stopped at step {self.current_step}: {error}",
+                      RuntimeWarning, stacklevel=3)
+        self._uninstall()
+        self.enabled = False
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _begin(self) -> None:
+        if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
+            return
+        self._tracker.reset_step()
+        self._optimizer_recorded = False
+        self._tracker.install()
+        if self._mode is not None:
+            self._mode.push()
+        self.capturing = True
+
+    def _uninstall(self) -> None:
+        self.capturing = False
+        if self._mode is not None:
+            self._mode.pop()
+        self._tracker.remove()
+
+    def _end(self, final: bool = False) -> None:
+        if not self.capturing:
+            return
+        try:
+            if self.config.params and not self._optimizer_recorded and not (final and not self._open):
+                if self._mode is not None:
+                    self._mode.pop()
+                self._record_params(call=0, with_update=False)
+        finally:
+            self._uninstall()
+            if self._open:
+                self._open = False
+                self._busy = True
+                try:
+                    self._writer.end_step()
+                finally:
+                    self._busy = False
+
+    def _wanted_params(self, optimizer: torch.optim.Optimizer | None = None) -> list:
+        entries = self._tracker.param_names()
+        if optimizer is not None:
+            ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+            entries = [e for e in entries if id(e[2]) in ids]
+        return [e for e in entries if self._tracker.wants(e[1])]
+
+    def _record_params(self, call: int, with_update: bool,
+                       optimizer: torch.optim.Optimizer | None = None) -> None:
+        source = user_source(3)
+        for name, owner, p in self._wanted_params(optimizer):
+            before = self._snapshots.get(id(p)) if with_update else None
+            self.emit(name, owner, "", "optimizer", "param", 0, call, source,
+                      before if before is not None else p.detach())
+            if p.grad is not None:
+                self.emit(name, owner, "", "optimizer", "grad", 0, call, source, p.grad.detach())
+            if before is not None:
+                self._busy = True  # the subtraction is ours, not the model's
+                try:
+                    update = p.detach() - before
+                finally:
+                    self._busy = False
+                self.emit(name, owner, "", "optimizer", "update", 0, call, source, update)
+        self._snapshots.clear()
+
+    # -- optimizer hooks ------------------------------------------------------------------------
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.capturing:
+            return
+        if self._mode is not None:
+            self._mode.pop()  # the optimizer's own ops are not records
+        if self.config.params:
+            self._busy = True
+            try:
+                with torch.no_grad():
+                    self._snapshots = {id(p): p.detach().clone()
+                                       for _, _, p in self._wanted_params(optimizer)}
+            finally:
+                self._busy = False
+
+    def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self._closed or not self.enabled:
+            return
+        if self.capturing and self.config.params:
+            call = self._tracker.calls.next("<optimizer>", "optimizer")
+            self._record_params(call=call, with_update=True, optimizer=optimizer)
+            self._optimizer_recorded = True
+        if not self._explicit:
+            self._end()
+            self.current_step += 1
+            self._begin()
+        elif self.capturing and self._mode is not None:
+            self._mode.push()

@@ -1,0 +1,292 @@
+"""Module-level capture: global nn.Module hooks, the module stack, and backward tensor hooks.
+
+One `ModuleTracker` per Dumper. It names modules (`named_modules()` of the model, or of every
+top-level module that runs when no model was given), keeps the stack of running modules that
+op records are scoped to, records forward inputs and outputs, and hooks the output and input
+tensors so their gradients are recorded in backward. The hooks are torch's *global* module
+hooks, installed only while a dumped step runs, so an unselected step costs nothing.
+
+Choices (documented in docs/tracer.md):
+- Inputs are recorded in the forward pre-hook, before the module can modify them in place;
+  keyword inputs come after positional ones in the index order.
+- Backward records use tensor hooks: ``backward ... output i`` is the gradient w.r.t. output i,
+  ``backward ... input i`` the gradient w.r.t. input tensor i (summed over all its consumers).
+  A backward record carries the call number of the forward call it belongs to.
+- During activation recomputation (a forward that runs inside backward with grad enabled, as
+  torch.utils.checkpoint does) no forward records are written and calls are not counted again.
+- For op-level backward scoping, the post-hook tags the autograd nodes the call created
+  (``node.metadata``) with the module name; backward ops look up the node that runs them.
+"""
+from __future__ import annotations
+
+import sys
+import types
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch.nn.modules import module as _nn_module
+
+from tracer._errors import ConfigError
+from tracer._naming import ROOT, CallCounter, module_names
+from tracer._source import user_source
+
+if TYPE_CHECKING:
+    from tracer._dumper import Dumper
+
+_graph_task_id = torch._C._current_graph_task_id
+_grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor
+TAG = "sleuth_module"
+
+
+def flatten_tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Append the tensors in ``obj`` (tensors, lists, tuples, dicts in insertion order, and
+    pytree-registered containers) to ``out`` in pytree order; other leaves are skipped."""
+    if isinstance(obj, _Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            flatten_tensors(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            flatten_tensors(item, out)
+    elif obj is None or isinstance(obj, (int, float, bool, str)):
+        pass
+    else:
+        from torch.utils import _pytree
+
+        leaves = _pytree.tree_leaves(obj)
+        if not (len(leaves) == 1 and leaves[0] is obj):
+            for item in leaves:
+                flatten_tensors(item, out)
+    return out
+
+
+def _call_impl_inner_code() -> types.CodeType | None:
+    """The code object of the closure in ``Module._call_impl`` that calls forward pre-hooks.
+
+    Global pre-hooks get no keyword arguments; that frame holds them, so reading its ``kwargs``
+    lets inputs be recorded before forward runs. Verified once; None disables the shortcut.
+    """
+    for const in _nn_module.Module._call_impl.__code__.co_consts:
+        if isinstance(const, types.CodeType) and const.co_name == "inner" \
+                and "kwargs" in const.co_freevars:
+            return const
+    return None
+
+
+class ModuleTracker:
+    """Names modules, tracks the running-module stack and records module-level tensors."""
+
+    def __init__(self, dumper: Dumper, model: torch.nn.Module | None) -> None:
+        cfg = dumper.config
+        self._dumper = dumper
+        self._cfg = cfg
+        self.fixed = model is not None
+        self.names: dict[torch.nn.Module, str] = {}
+        self.roots: list[torch.nn.Module] = []
+        self._wanted: dict[str, bool] = {}
+        # (module, name, call, seq, recomputing) of every running module, innermost last
+        self.stack: list[tuple[torch.nn.Module, str, int, int, bool]] = []
+        self.record = cfg.level in ("module", "mix")
+        self.tag_graph = cfg.level in ("op", "mix") and cfg.phases in ("backward", "both")
+        self.want_in = cfg.io in ("input", "both")
+        self.want_out = cfg.io in ("output", "both")
+        self.want_fw = cfg.phases in ("forward", "both")
+        self.want_bw = cfg.phases in ("backward", "both")
+        self.calls = CallCounter()
+        self._recompute_calls = CallCounter()
+        self._seq = 0  # never reset: node tags compare call order across steps
+        self._handles: list[Any] = []
+        self._inner_code = _call_impl_inner_code()
+        if model is not None:
+            self.add_root(model)
+
+    # -- naming ---------------------------------------------------------------------------------
+    def add_root(self, model: torch.nn.Module) -> None:
+        """Name ``model`` and its submodules; the first root is ``<root>``, later ones
+        ``<root1>``, ``<root2>``, ... in the order they first run."""
+        k = len(self.roots)
+        names = module_names(model, ROOT if k == 0 else f"<root{k}>")
+        for module, name in names.items():
+            self.names.setdefault(module, name)
+        self.roots.append(model)
+        if k == 0:
+            self._check_include_filter(list(names.values()))
+
+    def _check_include_filter(self, names: list[str]) -> None:
+        cfg = self._cfg
+        if not cfg.modules or any(cfg.wants_module(n) for n in names):
+            return
+        import difflib
+
+        close: list[str] = []
+        for pattern in cfg.modules:
+            close += difflib.get_close_matches(pattern.removeprefix("re:"), names, n=5, cutoff=0.4)
+        hint = f"; close matches: {', '.join(dict.fromkeys(close))}" if close else ""
+        raise ConfigError(f"modules: {list(cfg.modules)!r} matches no module of the model"
+                          f"{hint}. Module names are the dotted names of named_modules(), "
+                          f"e.g. {', '.join(names[1:4]) or ROOT}")
+
+    def wants(self, name: str) -> bool:
+        hit = self._wanted.get(name)
+        if hit is None:
+            hit = self._wanted[name] = self._cfg.wants_module(name)
+        return hit
+
+    def param_names(self) -> list[tuple[str, str, torch.nn.Parameter]]:
+        """(parameter name, owning module name, parameter) of every root, each tensor once
+        (tied parameters keep the first name ``named_parameters()`` gives them)."""
+        seen: set[int] = set()
+        out = []
+        for k, root in enumerate(self.roots):
+            prefix = "" if k == 0 else f"<root{k}>."
+            for mod_name, module in root.named_modules():
+                for p_name, p in module.named_parameters(recurse=False):
+                    if id(p) in seen:
+                        continue
+                    seen.add(id(p))
+                    owner = f"{prefix}{mod_name}" if mod_name else (ROOT if k == 0 else f"<root{k}>")
+                    full = f"{prefix}{mod_name}.{p_name}" if mod_name else f"{prefix}{p_name}"
+                    out.append((full, owner, p))
+        return out
+
+    # -- install / remove -----------------------------------------------------------------------
+    def install(self) -> None:
+        if self._handles:
+            return
+        self._handles = [
+            _nn_module.register_module_forward_pre_hook(self._pre),
+            _nn_module.register_module_forward_hook(self._post, with_kwargs=True,
+                                                    always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.stack.clear()
+
+    def reset_step(self) -> None:
+        self.stack.clear()
+        self.calls.reset()
+        self._recompute_calls.reset()
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def _name_of(self, module: torch.nn.Module) -> str | None:
+        name = self.names.get(module)
+        if name is not None:
+            return name
+        if self.fixed:
+            return None  # not part of the model the user gave
+        if not self.stack:
+            self.add_root(module)
+            return self.names[module]
+        # created after its root was named (lazy modules, modules built in forward)
+        name = f"{self.stack[-1][1]}.<{type(module).__name__}>"
+        self.names[module] = name
+        return name
+
+    def _pre(self, module: torch.nn.Module, args: tuple) -> None:
+        if self._dumper._busy:
+            return
+        name = self._name_of(module)
+        if name is None:
+            return
+        recomputing = _graph_task_id() != -1 and _grad_enabled()
+        counter = self._recompute_calls if recomputing else self.calls
+        call = counter.next(name, "forward")
+        self._seq += 1
+        self.stack.append((module, name, call, self._seq, recomputing))
+        if not (self.record and self.want_in and self.wants(name)):
+            return
+        inputs = flatten_tensors(args, [])
+        frame = sys._getframe(1)
+        if frame.f_code is self._inner_code:
+            kwargs = frame.f_locals.get("kwargs")
+            if kwargs:
+                flatten_tensors(kwargs, inputs)
+        if not inputs:
+            return
+        source = user_source(2)
+        emit = self._dumper.emit
+        if self.want_fw and not recomputing:
+            for i, t in enumerate(inputs):
+                emit(name, name, "", "forward", "input", i, call, source, t)
+        if self.want_bw:
+            for i, t in enumerate(inputs):
+                if t.requires_grad:
+                    t.register_hook(self._grad_hook(name, "input", i, call))
+
+    def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
+        # with_kwargs gives (kwargs, output); the always_call path after an exception gives (output,)
+        output = rest[-1]
+        stack = self.stack
+        if not stack or self._dumper._busy:
+            return
+        for pos in range(len(stack) - 1, -1, -1):
+            if stack[pos][0] is module:
+                break
+        else:
+            return  # a module we do not track (outside the model, or a busy-time call)
+        _, name, call, seq, recomputing = stack[pos]
+        del stack[pos:]
+        outputs = None
+        if self.tag_graph and _grad_enabled():
+            outputs = flatten_tensors(output, [])
+            stop = flatten_tensors(args, [])
+            if len(rest) == 2:
+                flatten_tensors(rest[0], stop)
+            self._tag(outputs, stop, name, seq)
+        if not (self.record and self.want_out and self.wants(name)):
+            return
+        if outputs is None:
+            outputs = flatten_tensors(output, [])
+        if not outputs:
+            return
+        if self.want_fw and not recomputing:
+            source = user_source(2)
+            emit = self._dumper.emit
+            for i, t in enumerate(outputs):
+                emit(name, name, "", "forward", "output", i, call, source, t)
+        if self.want_bw:
+            for i, t in enumerate(outputs):
+                if t.requires_grad:
+                    t.register_hook(self._grad_hook(name, "output", i, call))
+
+    def _grad_hook(self, name: str, direction: str, index: int,
+                   call: int) -> Callable[[torch.Tensor], None]:
+        dumper = self._dumper
+
+        def hook(grad: torch.Tensor) -> None:
+            if dumper.capturing and grad is not None:
+                dumper.emit(name, name, "", "backward", direction, index, call,
+                            user_source(2), grad)
+
+        return hook
+
+    @staticmethod
+    def _tag(outputs: list[torch.Tensor], stop: list[torch.Tensor], name: str, seq: int) -> None:
+        """Tag the autograd nodes this call created with its module name.
+
+        Walks from the outputs' nodes towards the inputs' nodes. Inner calls ran (and tagged)
+        first and have larger ``seq``; a node tagged with a smaller one was made before this
+        call began, so the walk stops there, as it does at the inputs' nodes.
+        """
+        seen: set = {t.grad_fn for t in stop if t.grad_fn is not None}
+        todo = [t.grad_fn for t in outputs if t.grad_fn is not None]
+        value = (name, seq)
+        while todo:
+            node = todo.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            meta = node.metadata
+            tag = meta.get(TAG)
+            if tag is None:
+                meta[TAG] = value
+            elif tag[1] < seq:
+                continue
+            for nxt, _ in node.next_functions:
+                if nxt is not None and nxt not in seen:
+                    todo.append(nxt)

@@ -1,0 +1,123 @@
+"""Op-level capture: a TorchDispatchMode that records the tensors of every aten op.
+
+Each op is scoped to a module: in forward the innermost running module (the ModuleTracker's
+stack), in backward the module whose forward created the autograd node now running (its tag in
+``node.metadata``), else ``<none>``. Ops of the optimizer are not recorded (the mode is popped
+while ``optimizer.step()`` runs; its effect is recorded as ``update`` parameter records), nor
+are the ops the dump itself runs to compute statistics, nor forward ops re-run inside backward
+for activation recomputation. The hot path is a few dictionary look-ups per op.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tracer._module_hooks import TAG, ModuleTracker
+from tracer._naming import NONE, op_name, op_scope
+from tracer._source import user_source
+
+if TYPE_CHECKING:
+    from tracer._dumper import Dumper
+
+_graph_task_id = torch._C._current_graph_task_id
+_current_node = torch._C._current_autograd_node
+_grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor
+
+
+def _flat(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    # aten schemas hold tensors directly or in one level of lists (aten.cat, _foreach_*)
+    out = []
+    for a in args:
+        if isinstance(a, _Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out += [b for b in a if isinstance(b, _Tensor)]
+    for a in kwargs.values():
+        if isinstance(a, _Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out += [b for b in a if isinstance(b, _Tensor)]
+    return out
+
+
+class OpMode(TorchDispatchMode):
+    """Records inputs and outputs of aten ops; entered only while a dumped step runs."""
+
+    def __init__(self, dumper: Dumper, tracker: ModuleTracker) -> None:
+        super().__init__()
+        cfg = dumper.config
+        self._dumper = dumper
+        self._tracker = tracker
+        self._ops: dict[Any, tuple[str, bool]] = {}
+        self._scopes: dict[tuple[str, str], str] = {}
+        self.want_in = cfg.io in ("input", "both")
+        self.want_out = cfg.io in ("output", "both")
+        self.want_fw = cfg.phases in ("forward", "both")
+        self.want_bw = cfg.phases in ("backward", "both")
+        self.calls = tracker.calls  # op scopes contain "::", so they never collide with modules
+        self.active = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        if kwargs is None:
+            kwargs = {}
+        dumper = self._dumper
+        info = self._ops.get(func)
+        if info is None:
+            name = op_name(func)
+            info = self._ops[func] = (name, dumper.config.wants_op(name))
+        if not info[1] or dumper._busy or not dumper.capturing:
+            return func(*args, **kwargs)
+        if _graph_task_id() != -1:
+            if _grad_enabled() or not self.want_bw:
+                # grad enabled inside backward: activation recomputation (checkpoint) re-running
+                # forward ops, already recorded in the forward pass
+                return func(*args, **kwargs)
+            phase = "backward"
+            node = _current_node()
+            tag = node.metadata.get(TAG) if node is not None else None
+            module = tag[0] if tag is not None else NONE
+        else:
+            if not self.want_fw:
+                return func(*args, **kwargs)
+            phase = "forward"
+            stack = self._tracker.stack
+            module = stack[-1][1] if stack else NONE
+            if stack and stack[-1][4]:
+                return func(*args, **kwargs)  # recomputation driven by module hooks
+        if not self._tracker.wants(module):
+            return func(*args, **kwargs)
+        key = (module, info[0])
+        scope = self._scopes.get(key)
+        if scope is None:
+            scope = self._scopes[key] = op_scope(module, info[0])
+        call = self.calls.next(scope, phase)
+        source = user_source(2)
+        emit = dumper.emit
+        if self.want_in:
+            for i, t in enumerate(_flat(args, kwargs)):
+                emit(scope, module, info[0], phase, "input", i, call, source, t)
+        out = func(*args, **kwargs)
+        if self.want_out:
+            if isinstance(out, _Tensor):
+                emit(scope, module, info[0], phase, "output", 0, call, source, out)
+            elif isinstance(out, (list, tuple)):
+                i = 0
+                for t in out:  # non-tensor outputs (None, ints) are skipped, as in pytree order
+                    if isinstance(t, _Tensor):
+                        emit(scope, module, info[0], phase, "output", i, call, source, t)
+                        i += 1
+        return out
+
+    def push(self) -> None:
+        if not self.active:
+            self.__enter__()
+            self.active = True
+
+    def pop(self) -> None:
+        if self.active:
+            self.active = False
+            self.__exit__(None, None, None)
