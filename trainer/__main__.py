@@ -1,0 +1,34 @@
+"""`python -m trainer` (also under torchrun): the same arguments as `sleuth train`, no tools."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer import ConfigError, TrainerError, load_config, train
+
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train the reference GPT.")
+    parser.add_argument("--config", help="JSON file of config keys (any subset)")
+    parser.add_argument("--preset", default="tiny", help="starting config: tiny (default) or small")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one key, e.g. --set optim.lr=1e-3 (repeatable)")
+    parser.add_argument("--run-dir", help="run directory (overrides run_dir)")
+    parser.add_argument("--resume", help="checkpoint or run directory to continue from, or 'latest'")
+    args = parser.parse_args(argv)
+    overrides = list(args.overrides)
+    if args.run_dir:
+        overrides.append(f"run_dir={args.run_dir}")
+    if args.resume:
+        overrides.append(f"resume={args.resume}")
+    try:
+        train(load_config(args.config, preset=args.preset, overrides=overrides),
+              argv=[sys.executable, "-m", "trainer", *(sys.argv[1:] if argv is None else argv)])
+    except (ConfigError, TrainerError) as e:
+        print(f"trainer: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Checkpoints: `RUN/checkpoints/step{S}/` with model, optimizer and loop state, written atomically.
+
+Layout of one checkpoint (S = optimizer steps completed):
+  model.pt       the model's state dict (LoRA-wrapped layers included when LoRA is on)
+  trainer.pt     {"optimizer": state dict, "step": int, "data_position": int, "rng": {...}}
+  meta.json      format_version, step, the resolved config; written last, so its presence
+                 marks a complete checkpoint
+Everything is tensors, ints, floats and strings, so `torch.load(weights_only=True)` reads it.
+The directory is built as `step{S}.partial` and renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer._errors import CheckpointError
+from trainer._rundir import FORMAT_VERSION, RunDir
+
+
+def _save(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    """RNG states as tensors (weights_only-safe)."""
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(state["cuda"]))
+
+
+def save_checkpoint(directory: Path, *, model_state: dict[str, torch.Tensor], optimizer_state: dict,
+                    step: int, data_position: int, config: dict[str, Any]) -> Path:
+    """Write a complete checkpoint directory atomically and return its path."""
+    partial = directory.with_name(directory.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    _save(model_state, partial / "model.pt")
+    _save({"optimizer": optimizer_state, "step": step, "data_position": data_position,
+           "rng": rng_state()}, partial / "trainer.pt")
+    meta = {"format_version": FORMAT_VERSION, "step": step, "config": config}
+    with open(partial / "meta.json", "w") as f:
+        json.dump(meta, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    if directory.exists():  # rewriting the same step (a resumed run); replace it whole
+        shutil.rmtree(directory)
+    os.replace(partial, directory)
+    return directory
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, given it or a run directory (its latest checkpoint).
+
+    Raises:
+        CheckpointError: nothing complete is found there.
+    """
+    path = Path(path)
+    if (path / "meta.json").is_file():
+        return path
+    latest = RunDir(path).latest_checkpoint()
+    if latest is None:
+        raise CheckpointError(f"no complete checkpoint at {path} (expected {path}/meta.json or "
+                              f"{path}/checkpoints/step<S>/meta.json); train with checkpoint_every > 0")
+    return latest
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    meta = json.loads((directory / "meta.json").read_text())
+    major = str(meta.get("format_version", "0")).split(".")[0]
+    if major != FORMAT_VERSION.split(".")[0]:
+        raise CheckpointError(f"{directory} has checkpoint format {meta.get('format_version')}; "
+                              f"this trainer reads {FORMAT_VERSION}")
+    return meta
+
+
+def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
+    return torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
+
+
+def load_trainer_state(directory: Path) -> dict[str, Any]:
+    return torch.load(directory / "trainer.pt", map_location="cpu", weights_only=True)

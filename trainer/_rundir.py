@@ -1,0 +1,118 @@
+"""The run directory as the trainer sees it: run.json, metrics files, checkpoint paths, atomic writes.
+
+`write_run_json` is public because the CLI also records runs of other people's scripts
+(`sleuth run`) with it.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+FORMAT_VERSION = "1.0"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `path.partial`, fsync, rename: readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(partial, path)
+
+
+def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world_size: int,
+                   config: dict[str, Any]) -> Path:
+    """Write `RUN/run.json` (atomically) describing who made the run, and return its path.
+
+    Args:
+        run_dir: the run directory (created if missing).
+        name: the run's name.
+        argv: the command line that started it.
+        world_size: number of processes.
+        config: the resolved configuration, JSON-serialisable.
+    """
+    import torch  # the versions are part of the record
+
+    record = {
+        "format_version": FORMAT_VERSION,
+        "name": name,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "argv": list(argv),
+        "world_size": world_size,
+        "versions": {"torch": torch.__version__, "sleuth": _sleuth_version(),
+                     "python": platform.python_version()},
+        "config": config,
+    }
+    path = Path(run_dir) / "run.json"
+    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def _sleuth_version() -> str:
+    try:
+        from sleuth import __version__  # the CLI package is import-light: a version string only
+    except ImportError:
+        return "unknown"
+    return __version__
+
+
+class RunDir:
+    """Paths inside one run directory for one rank; files other ranks must not share get a suffix."""
+
+    def __init__(self, path: str | Path, *, rank: int = 0) -> None:
+        self.path = Path(path)
+        self.rank = rank
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def metrics(self) -> Path:
+        """metrics.jsonl for rank 0, metrics.rank{R}.jsonl for the others."""
+        return self.path / ("metrics.jsonl" if self.rank == 0 else f"metrics.rank{self.rank}.jsonl")
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def data_cache(self) -> Path:
+        """Where the demo corpus is written (per rank, so ranks never race on one file)."""
+        return self.path / "data" / f"rank{self.rank}"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step{step}"
+
+    def latest_checkpoint(self) -> Path | None:
+        """The complete checkpoint with the highest step, or None."""
+        steps = []
+        if self.checkpoints.is_dir():
+            for p in self.checkpoints.iterdir():
+                if p.name.startswith("step") and p.name[4:].isdigit() and (p / "meta.json").is_file():
+                    steps.append(int(p.name[4:]))
+        return self.checkpoint(max(steps)) if steps else None
+
+    def open_metrics(self) -> TextIO:
+        """Open the metrics file for appending; a new file starts with a format header line."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        new = not self.metrics.exists() or self.metrics.stat().st_size == 0
+        f = open(self.metrics, "a", encoding="utf-8")
+        if new:
+            f.write(json.dumps({"format_version": FORMAT_VERSION, "kind": "sleuth.trainer.metrics"}) + "\n")
+            f.flush()
+        return f
+
+
+def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict[str, Any]]:
+    """The metric lines of a run (step lines and eval lines), header excluded."""
+    path = RunDir(run_dir, rank=rank).metrics
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [d for d in lines if "step" in d]

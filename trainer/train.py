@@ -1,0 +1,240 @@
+"""The training loop: set-up, steps with accumulation and clipping, eval, checkpoints, resume.
+
+`train(config, callbacks=[...])` runs one invocation and returns the final `TrainState`.
+The loss of a step is the mean over every target token of the global batch (all micro-batches
+of all ranks), so accumulation and data parallelism give the same update as one large batch.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch.profiler import record_function
+
+from trainer import _distributed
+from trainer._callbacks import Callback, TrainState, _CallbackList
+from trainer._checkpoint import (load_model_state, load_trainer_state, read_meta, resolve_checkpoint,
+                                 save_checkpoint, set_rng_state)
+from trainer._errors import CheckpointError, DataError
+from trainer._rundir import RunDir, write_run_json
+from trainer.config import OptimConfig, TrainConfig
+from trainer.data import Sampler, TokenDataset, build_datasets
+from trainer.lora import apply_lora, save_lora
+from trainer.model import GPT, IGNORE_INDEX
+
+
+def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
+    """Linear warmup to `lr`, then cosine decay to `min_lr` at the last step."""
+    if step < optim.warmup_steps:
+        return optim.lr * (step + 1) / (optim.warmup_steps + 1)
+    ratio = (step - optim.warmup_steps) / max(1, total_steps - 1 - optim.warmup_steps)
+    return optim.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(1.0, ratio))) * (optim.lr - optim.min_lr)
+
+
+def build_model(config: TrainConfig, resume_dir: Path | None) -> GPT:
+    """The GPT of `config`, with LoRA applied and base weights loaded when LoRA is on."""
+    torch.manual_seed(config.seed)
+    model = GPT(config.model, recompute=config.recompute)
+    if config.lora.enabled:
+        if config.lora.base_checkpoint and resume_dir is None:
+            base = resolve_checkpoint(config.lora.base_checkpoint)
+            _load_strict(model, load_model_state(base), base)
+        apply_lora(model, config.lora)
+    return model
+
+
+def _load_strict(model: torch.nn.Module, state: dict, where: Path) -> None:
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(f"{where}/model.pt does not fit this model config ({e}); "
+                              f"use the model settings it was trained with") from e
+
+
+def evaluate(model: torch.nn.Module, dataset: TokenDataset, config: TrainConfig,
+             device: torch.device) -> dict[str, float]:
+    """Mean loss over the first `eval_batches` batches of `dataset`, and its perplexity."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad(), _autocast(config, device):
+        for b in range(config.eval_batches):
+            rows = torch.arange(b * config.batch_size, (b + 1) * config.batch_size) % len(dataset)
+            batch = {k: v.to(device) for k, v in dataset.batch(rows).items()}
+            n = int((batch["labels"] != IGNORE_INDEX).sum())
+            if n:
+                total += float(model(**batch)[1]) * n
+                count += n
+    model.train(was_training)
+    loss = total / max(count, 1)
+    return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
+
+
+def _autocast(config: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    if config.precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train(config: TrainConfig, callbacks: Sequence[Callback] = (), *,
+          argv: Sequence[str] | None = None) -> TrainState:
+    """Train (or resume) as `config` says; returns the final state (metrics, history, model).
+
+    Raises:
+        ConfigError, DataError, CheckpointError: with messages that say what to change.
+    """
+    d = _distributed.setup(config.parallel, config.device)
+    try:
+        return _train(config, list(callbacks), d, list(sys.argv if argv is None else argv))
+    finally:
+        _distributed.teardown(d)
+
+
+def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist, argv: list[str]) -> TrainState:
+    run = RunDir(config.run_dir, rank=d.rank)
+    resume_dir = None
+    if config.resume == "latest":
+        resume_dir = run.latest_checkpoint()  # nothing yet: a fresh start, so "latest" is restartable
+    elif config.resume:
+        resume_dir = resolve_checkpoint(config.resume)
+
+    model = build_model(config, resume_dir)
+    start_step, position = 0, 0
+    if resume_dir is not None:
+        meta = read_meta(resume_dir)
+        if meta["config"]["model"] != config.to_dict()["model"]:
+            raise CheckpointError(f"{resume_dir} was trained with model {meta['config']['model']}, "
+                                  f"not {config.to_dict()['model']}; resume with the same model settings")
+        _load_strict(model, load_model_state(resume_dir), resume_dir)
+    model.to(d.device)
+    wrapped = _distributed.wrap(model, d)
+    o = config.optim
+    optimizer = model.configure_optimizer(lr=o.lr, weight_decay=o.weight_decay,
+                                          betas=(o.beta1, o.beta2), eps=o.eps)
+    if resume_dir is not None:
+        saved = load_trainer_state(resume_dir)
+        _distributed.load_optimizer_state(model, optimizer, saved["optimizer"], d)
+        start_step, position = int(saved["step"]), int(saved["data_position"])
+        set_rng_state(saved["rng"])
+
+    train_ds, val_ds = build_datasets(config.data, run.data_cache)
+    sampler = Sampler(len(train_ds), seed=config.seed, rank=d.rank, world_size=d.world_size)
+    if d.is_main and not run.run_json.exists():
+        write_run_json(run.path, name=config.name, argv=argv, world_size=d.world_size,
+                       config=config.to_dict())
+    metrics_file = run.open_metrics()
+    state = TrainState(step=start_step, micro_step=0, model=model, optimizer=optimizer,
+                       run_dir=run.path, rank=d.rank, world_size=d.world_size, config=config,
+                       example_batch=_to(train_ds.batch(sampler.local_rows(position, config.batch_size)), d))
+    events = _CallbackList(callbacks)
+    stop = config.stop_after or config.steps
+    global_micro = config.batch_size * d.world_size
+    params = [p for p in model.parameters() if p.requires_grad]
+    if d.is_main:
+        print(f"training {model.num_params():,} parameters ({len(params)} tensors trainable) on "
+              f"{d.device} x{d.world_size}, steps {start_step}->{stop} of {config.steps}, run dir "
+              f"{run.path}", flush=True)
+    events.on_run_start(state)
+    try:
+        for step in range(start_step, stop):
+            t0 = time.perf_counter()
+            state.step, state.micro_step = step, 0
+            lr = lr_at(step, o, config.steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            events.on_step_begin(state)
+
+            with record_function("sleuth.data"):
+                batches = [train_ds.batch(sampler.local_rows(position + m * global_micro, config.batch_size))
+                           for m in range(config.grad_accum)]
+                position += config.grad_accum * global_micro
+                counts = [int((b["labels"] != IGNORE_INDEX).sum()) for b in batches]
+                n_global = int(_distributed.all_reduce_sum(torch.tensor(sum(counts)), d))
+                if n_global == 0:
+                    raise DataError(f"step {step} has no target tokens (every label is masked); "
+                                    f"check data.mode and the response fields")
+                batches = [_to(b, d) for b in batches]
+            # DDP averages gradients over ranks, so each rank divides by its share of the tokens
+            denom = n_global / d.world_size
+            loss_sum = torch.zeros((), device=d.device)
+            for m, batch in enumerate(batches):
+                state.micro_step = m
+                with _distributed.no_sync(wrapped, d, m == len(batches) - 1):
+                    with record_function("sleuth.forward"), _autocast(config, d.device):
+                        logits, loss = wrapped(**batch)
+                        # a micro-batch without targets still joins backward so DDP's hooks fire
+                        scaled = loss * (counts[m] / denom) if counts[m] else logits.sum() * 0.0
+                    with record_function("sleuth.backward"):
+                        scaled.backward()
+                if counts[m]:
+                    loss_sum += loss.detach().float() * counts[m]
+                events.on_after_backward(state)
+
+            with record_function("sleuth.optimizer"):
+                max_norm = o.grad_clip if o.grad_clip > 0 else float("inf")
+                grad_norm = _distributed.full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm))
+            events.on_before_optimizer_step(state)
+            with record_function("sleuth.optimizer"):
+                optimizer.step()
+            events.on_after_optimizer_step(state)
+            optimizer.zero_grad(set_to_none=True)
+
+            # note: .item() below is a device sync point, once per step
+            loss_value = float(_distributed.all_reduce_sum(loss_sum, d)) / n_global
+            step_time = time.perf_counter() - t0
+            tokens = config.grad_accum * global_micro * config.data.seq_len
+            state.metrics = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": float(grad_norm),
+                             "tokens_per_s": tokens / step_time, "step_time_s": step_time,
+                             "tokens": n_global}
+            state.history.append(dict(state.metrics))
+            _write_line(metrics_file, state.metrics)
+            if d.is_main and ((step + 1) % config.log_every == 0 or step + 1 == stop):
+                print(f"step {step + 1}/{config.steps} loss {loss_value:.4f} lr {lr:.2e} "
+                      f"grad_norm {float(grad_norm):.3f} tok/s {tokens / step_time:,.0f}", flush=True)
+            events.on_step_end(state)
+
+            done = step + 1
+            if val_ds is not None and config.eval_every and (done % config.eval_every == 0 or done == config.steps):
+                result = evaluate(model, val_ds, config, d.device)
+                state.history.append({"step": step, **result})
+                _write_line(metrics_file, {"step": step, **result})
+                if d.is_main:
+                    print(f"eval step {done}: loss {result['eval_loss']:.4f} ppl {result['eval_ppl']:.2f}",
+                          flush=True)
+                events.on_eval(state, result)
+            if (config.checkpoint_every and (done % config.checkpoint_every == 0 or done == config.steps)) \
+                    or (config.stop_after is not None and done == stop and done < config.steps):
+                _checkpoint(run, model, optimizer, d, config, done, position)
+    finally:
+        metrics_file.close()
+        events.on_run_end(state)
+    return state
+
+
+def _checkpoint(run: RunDir, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                d: _distributed.Dist, config: TrainConfig, done: int, position: int) -> None:
+    # gathering full state dicts is collective under FSDP, so every rank calls these
+    model_state = _distributed.model_state(model, d)
+    optim_state = _distributed.optimizer_state(model, optimizer, d)
+    if d.is_main:
+        path = save_checkpoint(run.checkpoint(done), model_state=model_state, optimizer_state=optim_state,
+                               step=done, data_position=position, config=config.to_dict())
+        if config.lora.enabled:
+            save_lora(model, path / "adapter.pt")
+    if d.world_size > 1:
+        torch.distributed.barrier()  # nobody resumes from a checkpoint still being written
+
+
+def _to(batch: dict[str, torch.Tensor], d: _distributed.Dist) -> dict[str, torch.Tensor]:
+    return {k: v.to(d.device, non_blocking=True) for k, v in batch.items()}
+
+
+def _write_line(f, record: dict) -> None:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
