@@ -1,0 +1,45 @@
+"""Profiler and summaries for PyTorch training runs: trace collection, tables, scalars, histograms.
+
+Public names are loaded lazily (PEP 562) so `import profiler` imports neither torch nor pandas;
+each entry maps a public name to the private module that defines it. A test pins this list.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    # collection
+    "Collector": "profiler._collector",
+    "CollectorConfig": "profiler._config",
+    "schedule_action": "profiler._config",
+    # summaries
+    "SummaryWriter": "profiler._summary",
+    "SummaryCapReached": "profiler._summary",
+    # zero-code attach
+    "attach_from_env": "profiler._attach",
+    # reading
+    "Profile": "profiler._reader",
+    "read_profile": "profiler._reader",
+    "read_scalars": "profiler._summary_reader",
+    "read_histograms": "profiler._summary_reader",
+    # errors
+    "ProfilerError": "profiler._errors",
+    "ConfigError": "profiler._errors",
+    "ProfileFormatError": "profiler._errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'profiler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,263 @@
+"""Collector: drives torch.profiler with the config's schedule and writes one trace per window.
+
+Training-time work is kept to what cannot wait: the profiler itself, module ranges while
+tracing, one FLOP count on the step before the first window, and per window a gzipped Chrome
+trace plus a small JSON of metadata. Tables are built later from the trace (`read_profile`),
+unless `write_tables=True`. `key_averages()` is never called (0.4-0.6 s per step).
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA, Action,
+                              CollectorConfig)
+from profiler._errors import ProfilerError
+from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
+                          world_size_from_env, write_json_atomic)
+
+
+class Collector:
+    """Profile a training loop: `with Collector(run) as c: ... c.step()` once per step.
+
+    Args:
+        run_dir: the run directory; files go to `run_dir/profile/rank{R}/`.
+        config: a CollectorConfig (default: wait 1, warmup 1, active 3, one window).
+        rank: this process's rank (default: $RANK or 0).
+
+    `step()` must be called once at the end of every training step (after the optimizer).
+    Window K produces `window{K}.trace.json.gz` and `window{K}.json` when its last step ends.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], *, config: CollectorConfig | None = None,
+                 rank: int | None = None) -> None:
+        self.config = config if config is not None else CollectorConfig()
+        if not isinstance(self.config, CollectorConfig):
+            raise ProfilerError(f"config must be a CollectorConfig, got {type(self.config).__name__}")
+        self.run_dir = Path(run_dir)
+        self.rank = rank_from_env(rank)
+        self.dir = profile_dir(self.run_dir, self.rank)
+        self.traces: list[Path] = []
+        self._prof: Any = None
+        self._step = 0
+        self._t0 = 0.0
+        self._step_wall: dict[int, float] = {}
+        self._window = 0
+        self._modules: Any = None
+        self._flop_mode: Any = None
+        self._flop_step = -1
+        self._flops: dict[str, Any] = {}
+        self._closed = False
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def __enter__(self) -> Collector:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    @property
+    def step_num(self) -> int:
+        """Index of the step now running (number of `step()` calls so far)."""
+        return self._step
+
+    def start(self) -> None:
+        """Create the torch profiler and begin step 0 (no-op when disabled)."""
+        if not self.config.enabled or self._prof is not None or self._closed:
+            return
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        cfg = self.config
+        self._cuda = "cuda" in cfg.activities and torch.cuda.is_available()
+        activities = []
+        if "cpu" in cfg.activities:
+            activities.append(ProfilerActivity.CPU)
+        if self._cuda:
+            activities.append(ProfilerActivity.CUDA)
+        if not activities:
+            raise ProfilerError("no profiler activity is available: activities=('cuda',) needs "
+                                "a CUDA device; add \"cpu\" to activities")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if cfg.with_modules:
+            from profiler._modules import ModuleRanges
+            self._modules = ModuleRanges()
+        first_record = next(s for s in range(cfg.skip_first + cfg.wait + cfg.warmup + 1)
+                            if cfg.schedule_action(s).startswith("record"))
+        self._flop_step = max(0, first_record - 1) if cfg.count_flops else -1
+        self._prof = profile(
+            activities=activities, schedule=self._torch_action,
+            on_trace_ready=self._on_trace_ready, record_shapes=cfg.record_shapes,
+            profile_memory=cfg.profile_memory, with_stack=cfg.with_stack,
+            with_flops=cfg.with_flops)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            self._prof.start()
+        self._begin_step(0)
+
+    def step(self) -> None:
+        """End the current step and begin the next; writes a window's trace when one closes."""
+        if self._prof is None:
+            return
+        now = time.perf_counter()
+        action = self.config.schedule_action(self._step)
+        if action != "none":
+            self._step_wall[self._step] = now - self._t0
+        if self._step == self._flop_step:
+            self._stop_flops()
+        self._step += 1
+        nxt = self.config.schedule_action(self._step)
+        if self._modules is not None:  # before prof.step(), so the window's last range closes
+            if nxt == "none":
+                self._modules.remove()
+        if nxt != action:
+            with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle"
+                warnings.simplefilter("ignore", UserWarning)
+                self._prof.step()
+        else:
+            self._prof.step()
+        self._begin_step(self._step)
+
+    def close(self) -> None:
+        """Stop profiling; a window cut short by the end of training is still written."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._prof is None:
+            return
+        try:
+            self._stop_flops()
+            if self.config.schedule_action(self._step) != "none":
+                self._step_wall[self._step] = time.perf_counter() - self._t0
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                self._prof.stop()
+        finally:
+            if self._modules is not None:
+                self._modules.remove()
+            self._prof = None
+
+    # ---- per step --------------------------------------------------------------------------
+    def _begin_step(self, step: int) -> None:
+        action = self.config.schedule_action(step)
+        if self._modules is not None and action != "none":
+            self._modules.install()
+        if step == self._flop_step:
+            self._start_flops()
+        self._t0 = time.perf_counter()
+
+    def _torch_action(self, step: int) -> Any:
+        from torch.profiler import ProfilerAction
+        return _TORCH_ACTIONS(ProfilerAction)[self.config.schedule_action(step)]
+
+    def _start_flops(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+        try:
+            mode = FlopCounterMode(display=False)
+            mode.__enter__()
+        except Exception as e:  # the count is optional; the profile is still worth having
+            warnings.warn(f"sleuth profiler: FLOP counting unavailable ({e}); MFU not reported",
+                          stacklevel=2)
+            return
+        self._flop_mode = mode
+
+    def _stop_flops(self) -> None:
+        mode, self._flop_mode = self._flop_mode, None
+        if mode is None:
+            return
+        mode.__exit__(None, None, None)
+        counts = mode.get_flop_counts().get("Global", {})
+        self._flops = {"flops_per_step": int(mode.get_total_flops()),
+                       "flop_counts": {str(k): int(v) for k, v in counts.items()},
+                       "flop_step": self._flop_step}
+
+    # ---- window output -------------------------------------------------------------------------
+    def _on_trace_ready(self, prof: Any) -> None:
+        k = self._window
+        self._window += 1
+        trace = self.dir / f"window{k}.trace.json.gz"
+        tmp = self.dir / f".window{k}.trace.json.tmp"
+        prof.export_chrome_trace(str(tmp))
+        gzip_atomic(tmp, trace)
+        self.traces.append(trace)
+        stacks = None
+        if self.config.with_stack:
+            stacks = self._export_stacks(prof, k)
+        cfg = self.config
+        steps = sorted(s for s in self._step_wall if s <= self._step)
+        meta = {
+            "format_version": FORMAT_VERSION, "kind": "sleuth.profile.window",
+            "rank": self.rank, "world_size": world_size_from_env(), "window": k,
+            "created": datetime.now(timezone.utc).isoformat(),
+            "trace": trace.name, "stacks": stacks,
+            "steps": [s for s in steps if cfg.schedule_action(s).startswith("record")],
+            "step_wall_s": {str(s): self._step_wall[s] for s in steps
+                            if cfg.schedule_action(s).startswith("record")},
+            "device": "cuda" if self._cuda else "cpu",
+            "tokens_per_step": cfg.tokens_per_step,
+            "peak_tflops": cfg.peak_tflops or (DEFAULT_PEAK_TFLOPS_CUDA if self._cuda
+                                               else DEFAULT_PEAK_TFLOPS_CPU),
+            "peak_tflops_source": "config" if cfg.peak_tflops else "default",
+            "module_types": dict(self._modules.types) if self._modules is not None else {},
+            "config": cfg.to_dict(), "torch_version": _torch_version(),
+            **self._flops,
+        }
+        self._step_wall.clear()
+        write_json_atomic(self.dir / f"window{k}.json", meta)
+        if cfg.write_tables:
+            from profiler._reader import write_window_tables
+            write_window_tables(self.dir, k)
+
+    def _export_stacks(self, prof: Any, k: int) -> str | None:
+        # export_stacks writes an empty file when the profiler kept no stacks
+        # (pytorch/pytorch#100253, #89406): keep the file only when it has content.
+        path = self.dir / f"window{k}.stacks.txt"
+        tmp = self.dir / f".window{k}.stacks.tmp"
+        try:
+            prof.export_stacks(str(tmp), "self_cuda_time_total" if self._cuda else "self_cpu_time_total")
+        except Exception:
+            tmp.unlink(missing_ok=True)
+            return None
+        if not tmp.exists() or tmp.stat().st_size == 0:
+            tmp.unlink(missing_ok=True)
+            return None
+        os.replace(tmp, path)
+        return path.name
+
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Copy the last saved window's trace to `path` (`.gz` keeps it compressed).
+
+        torch.profiler cannot export again once its trace handler has run and the next cycle
+        has reset it; the collector's saved file is the trace, so this copies it.
+        """
+        if not self.traces:
+            raise ProfilerError("no profiled window has been saved yet: call step() through at "
+                                "least one complete window (wait + warmup + active steps)")
+        src, dest = self.traces[-1], Path(path)
+        if dest.name.endswith(".gz"):
+            shutil.copyfile(src, dest)
+        else:
+            with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
+                shutil.copyfileobj(fin, fout)
+        return dest
+
+
+def _TORCH_ACTIONS(ProfilerAction: Any) -> dict[Action, Any]:
+    return {"none": ProfilerAction.NONE, "warmup": ProfilerAction.WARMUP,
+            "record": ProfilerAction.RECORD, "record_and_save": ProfilerAction.RECORD_AND_SAVE}
+
+
+def _torch_version() -> str:
+    import torch
+    return torch.__version__

@@ -1,0 +1,152 @@
+"""CollectorConfig (what the collector records and when) and the pure schedule function.
+
+The schedule mirrors `torch.profiler.schedule` (skip_first, then cycles of wait / warmup /
+active, `repeat` cycles or forever when 0) but is a plain function of the step number so it is
+tested without a profiler, and so a disabled collector never has to build one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from profiler._errors import ConfigError
+
+Action = Literal["none", "warmup", "record", "record_and_save"]
+
+# Default peaks used for MFU when the config gives none. They are stated, not detected: MFU is
+# only as meaningful as this number, so the summary records which peak was used.
+DEFAULT_PEAK_TFLOPS_CPU = 1.0
+"""A modest multi-core fp32 CPU figure (about 1 TFLOP/s); set `peak_tflops` for your CPU."""
+DEFAULT_PEAK_TFLOPS_CUDA = 989.0
+"""NVIDIA H100 SXM dense bf16 (989 TFLOP/s); set `peak_tflops` for other GPUs or dtypes."""
+
+_ACTIVITIES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectorConfig:
+    """What `profiler.Collector` records, and on which steps (see docs/profiler.md)."""
+
+    enabled: bool = True
+    """False makes the collector a no-op that creates no torch.profiler object."""
+    wait: int = 1
+    """Steps of each cycle that are not profiled at all."""
+    warmup: int = 1
+    """Steps traced and discarded before recording (the profiler's own start-up noise)."""
+    active: int = 3
+    """Steps recorded per window; one trace file is written per window."""
+    repeat: int = 1
+    """Number of windows; 0 repeats the cycle until the collector is closed."""
+    skip_first: int = 0
+    """Steps skipped once before the first cycle (compilation, data loader start-up)."""
+    activities: tuple[str, ...] = ("cpu", "cuda")
+    """Any of "cpu", "cuda"; "cuda" is dropped silently when no CUDA device is available."""
+    record_shapes: bool = True
+    """Record op input shapes (shown in the op table)."""
+    profile_memory: bool = True
+    """Record allocations, for the memory timeline."""
+    with_stack: bool = False
+    """Record Python stacks (expensive); also exports a `.stacks.txt` flame-graph file."""
+    with_modules: bool = True
+    """Mark each nn.Module call with a record_function range named after its dotted name."""
+    with_flops: bool = False
+    """Ask torch.profiler for its per-op FLOP estimate (MFU uses the flop counter instead)."""
+    count_flops: bool = True
+    """Count the FLOPs of one step with torch.utils.flop_counter.FlopCounterMode, for MFU."""
+    peak_tflops: float | None = None
+    """Peak of one device in TFLOP/s for MFU; None: 989 (H100 bf16) on CUDA, 1.0 on CPU."""
+    tokens_per_step: int | None = None
+    """Tokens processed per optimizer step on this rank, for tokens/s; None: not reported."""
+    write_tables: bool = False
+    """Also build the tables when a window closes and write parquet next to the trace.
+    False (default) keeps training-time work to the trace export; readers build tables."""
+
+    def __post_init__(self) -> None:
+        for name in ("wait", "warmup", "repeat", "skip_first"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+        if not isinstance(self.active, int) or isinstance(self.active, bool) or self.active < 1:
+            raise ConfigError(f"active must be an integer >= 1 (steps recorded per window), "
+                              f"got {self.active!r}")
+        activities = self.activities
+        if isinstance(activities, str):
+            activities = (activities,)
+        activities = tuple(activities)
+        bad = [a for a in activities if a not in _ACTIVITIES]
+        if bad or not activities:
+            raise ConfigError(f"activities must be a non-empty subset of {_ACTIVITIES}, "
+                              f"got {self.activities!r}")
+        object.__setattr__(self, "activities", activities)
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            raise ConfigError(f"peak_tflops must be > 0 TFLOP/s, got {self.peak_tflops!r}")
+        if self.tokens_per_step is not None and self.tokens_per_step < 1:
+            raise ConfigError(f"tokens_per_step must be >= 1, got {self.tokens_per_step!r}")
+
+    # ---- loading -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CollectorConfig:
+        """Build a config from a dict; unknown keys raise ConfigError naming the closest field."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"a collector config must be a JSON object, got {type(data).__name__}")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
+                raise ConfigError(f"unknown key {key!r}{hint}")
+        values = dict(data)
+        if "activities" in values and isinstance(values["activities"], list):
+            values["activities"] = tuple(values["activities"])
+        try:
+            return cls(**values)
+        except TypeError as e:
+            raise ConfigError(str(e)) from e
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str]) -> CollectorConfig:
+        """Load a config from a JSON file (see from_dict)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"cannot read collector config {path}: {e}") from e
+        return cls.from_dict(data)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["activities"] = list(self.activities)
+        return out
+
+    # ---- schedule ------------------------------------------------------------------------
+    def schedule_action(self, step: int) -> Action:
+        """What the collector does during `step` (0-based count of `Collector.step()` calls)."""
+        return schedule_action(step, wait=self.wait, warmup=self.warmup, active=self.active,
+                               repeat=self.repeat, skip_first=self.skip_first)
+
+
+def schedule_action(step: int, *, wait: int, warmup: int, active: int, repeat: int = 0,
+                    skip_first: int = 0) -> Action:
+    """The action for `step`: same semantics as `torch.profiler.schedule`, as strings.
+
+    "record_and_save" marks the last recorded step of a window: the trace is written when that
+    step ends.
+    """
+    if step < 0:
+        raise ConfigError(f"step must be >= 0, got {step}")
+    if step < skip_first:
+        return "none"
+    step -= skip_first
+    cycle = wait + warmup + active
+    if repeat > 0 and step >= repeat * cycle:
+        return "none"
+    pos = step % cycle
+    if pos < wait:
+        return "none"
+    if pos < wait + warmup:
+        return "warmup"
+    return "record" if pos < cycle - 1 else "record_and_save"

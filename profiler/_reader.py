@@ -1,0 +1,182 @@
+"""read_profile: the tables of every window of every rank under RUN/profile, and the cluster view.
+
+Tables come from the parquet files written at training time when `write_tables=True`, else they
+are built here from the saved traces (the default: training pays only for the trace export).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler._errors import ProfileFormatError
+from profiler._io import write_frame_atomic
+from profiler._tables import build_tables, load_trace
+
+_TABLES = ("ops", "modules", "steps", "memory")
+_WINDOW_RE = re.compile(r"^window(\d+)\.trace\.json(\.gz)?$")
+_RANK_RE = re.compile(r"^rank(\d+)$")
+
+
+@dataclass
+class Profile:
+    """Everything profiled in one run directory (all times in microseconds unless `_s`).
+
+    ops: rank, window, name, input_shapes, calls, cpu_total_us, cpu_self_us, device_us, flops.
+    modules: rank, window, module, type, calls, forward_total_us, forward_self_us,
+        backward_self_us, backward_total_us, device_us.
+    steps: rank, window, step, step_us, source, data_us, forward_us, backward_us,
+        optimizer_us, other_us, comm_us.
+    memory: rank, window, time_us, device, bytes, allocated_bytes, reserved_bytes.
+    cluster: rank, step_time_s, comm_share, steps, slowest, slowdown (one row per rank).
+    traces: the trace files. summary: step_time_s, tokens_per_s, mfu, comm_share, ...
+    """
+
+    ops: Any
+    modules: Any
+    steps: Any
+    memory: Any
+    cluster: Any
+    traces: list[Path] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    windows: Any = None
+
+
+def _check_meta(meta: dict[str, Any], path: Path) -> dict[str, Any]:
+    version = str(meta.get("format_version", ""))
+    if not version.startswith("1."):
+        raise ProfileFormatError(f"{path} has format_version {version!r}; this sleuth reads 1.x "
+                                 "profiles: upgrade sleuth to read it")
+    return meta
+
+
+def _read_meta(d: Path, k: int) -> dict[str, Any]:
+    path = d / f"window{k}.json"
+    if not path.exists():  # crashed between trace and metadata: the trace alone still helps
+        return {}
+    try:
+        return _check_meta(json.loads(path.read_text()), path)
+    except json.JSONDecodeError as e:
+        raise ProfileFormatError(f"cannot read {path}: {e}") from e
+
+
+def window_tables(d: Path, k: int) -> dict[str, Any]:
+    """Tables of one window as DataFrames (plus `summary`), from parquet when present."""
+    import pandas as pd
+    meta = _read_meta(d, k)
+    cached = {t: d / f"window{k}.{t}.parquet" for t in _TABLES}
+    summary_path = d / f"window{k}.summary.json"
+    if all(p.exists() for p in cached.values()) and summary_path.exists():
+        out: dict[str, Any] = {t: pd.read_parquet(p) for t, p in cached.items()}
+        out["summary"] = json.loads(summary_path.read_text())
+        return out
+    trace_path = d / (meta.get("trace") or f"window{k}.trace.json.gz")
+    if not trace_path.exists():
+        trace_path = d / f"window{k}.trace.json"
+    built = build_tables(load_trace(trace_path), meta)
+    out = {t: pd.DataFrame(built[t], columns=_COLUMNS[t]) for t in _TABLES}
+    out["summary"] = built["summary"]
+    return out
+
+
+def write_window_tables(d: Path, k: int, fmt: str = "parquet") -> None:
+    """Build window k's tables from its trace and write them next to it (atomically)."""
+    import json as _json
+
+    from profiler._io import write_json_atomic
+    tables = window_tables(d, k)
+    for t in _TABLES:
+        write_frame_atomic(tables[t], d / f"window{k}.{t}.{fmt}", fmt)
+    write_json_atomic(d / f"window{k}.summary.json", _json.loads(_json.dumps(tables["summary"])))
+
+
+_COLUMNS = {
+    "ops": ["name", "input_shapes", "calls", "cpu_total_us", "cpu_self_us", "device_us", "flops"],
+    "modules": ["module", "type", "calls", "forward_total_us", "forward_self_us",
+                "backward_self_us", "backward_total_us", "device_us"],
+    "steps": ["step", "step_us", "source", "data_us", "forward_us", "backward_us",
+              "optimizer_us", "other_us", "comm_us"],
+    "memory": ["time_us", "device", "bytes", "allocated_bytes", "reserved_bytes"],
+}
+
+
+def read_profile(run_dir: str | os.PathLike[str]) -> Profile:
+    """Read every window of every rank under `run_dir/profile/`.
+
+    Raises ProfileFormatError when there is no profile or a file is unreadable.
+    """
+    import pandas as pd
+    root = Path(run_dir) / "profile"
+    if not root.is_dir():
+        raise ProfileFormatError(f"no profile in {run_dir}: expected {root}/rank*/ (run with a "
+                                 "profiler.Collector, `--profile`, or SLEUTH_PROFILE=1)")
+    frames: dict[str, list[Any]] = {t: [] for t in _TABLES}
+    traces: list[Path] = []
+    win_rows = []
+    for d in sorted((p for p in root.iterdir() if _RANK_RE.match(p.name)),
+                    key=lambda p: int(_RANK_RE.match(p.name).group(1))):
+        rank = int(_RANK_RE.match(d.name).group(1))
+        windows = sorted({int(m.group(1)) for p in d.iterdir()
+                          if (m := _WINDOW_RE.match(p.name))})
+        for k in windows:
+            tables = window_tables(d, k)
+            traces.append(next(p for p in (d / f"window{k}.trace.json.gz", d / f"window{k}.trace.json")
+                               if p.exists()))
+            for t in _TABLES:
+                df = tables[t]
+                df.insert(0, "window", k)
+                df.insert(0, "rank", rank)
+                frames[t].append(df)
+            win_rows.append({"rank": rank, "window": k, **tables["summary"]})
+    if not traces:
+        raise ProfileFormatError(f"no profiled window under {root}: the run ended before a "
+                                 "window completed (lower wait/warmup/active or run more steps)")
+    out = {t: pd.concat(frames[t], ignore_index=True) if frames[t] else
+           pd.DataFrame(columns=["rank", "window", *_COLUMNS[t]]) for t in _TABLES}
+    windows = pd.DataFrame(win_rows)
+    cluster = _cluster(out["steps"])
+    summary = _summary(windows, out["steps"], cluster)
+    return Profile(ops=out["ops"], modules=out["modules"], steps=out["steps"],
+                   memory=out["memory"], cluster=cluster, traces=traces, summary=summary,
+                   windows=windows)
+
+
+def _cluster(steps: Any) -> Any:
+    import pandas as pd
+    if steps.empty:
+        return pd.DataFrame(columns=["rank", "step_time_s", "comm_share", "steps", "slowest",
+                                     "slowdown"])
+    g = steps.groupby("rank")
+    cluster = pd.DataFrame({
+        "step_time_s": g["step_us"].mean() / 1e6,
+        "comm_share": g["comm_us"].sum() / g["step_us"].sum().where(lambda s: s > 0),
+        "steps": g["step"].count(),
+    }).reset_index()
+    fastest = cluster["step_time_s"].min()
+    cluster["slowest"] = cluster["step_time_s"] == cluster["step_time_s"].max()
+    cluster["slowdown"] = cluster["step_time_s"] / fastest if fastest > 0 else math.nan
+    return cluster
+
+
+def _summary(windows: Any, steps: Any, cluster: Any) -> dict[str, Any]:
+    def mean(col: str) -> float:
+        if col not in windows or windows[col].dropna().empty:
+            return math.nan
+        return float(windows[col].dropna().mean())
+
+    st = float(steps["step_us"].mean() / 1e6) if not steps.empty else math.nan
+    comm = float(steps["comm_us"].sum() / steps["step_us"].sum()) if not steps.empty and steps["step_us"].sum() > 0 else 0.0
+    out = {"ranks": int(cluster["rank"].nunique()) if not cluster.empty else 0,
+           "windows": int(len(windows)), "steps": int(len(steps)),
+           "step_time_s": st, "tokens_per_s": mean("tokens_per_s"), "mfu": mean("mfu"),
+           "flops_per_step": mean("flops_per_step"), "peak_tflops": mean("peak_tflops"),
+           "comm_share": comm, "clamped_events": int(windows["clamped_events"].sum())}
+    if len(cluster) > 1:
+        times = cluster["step_time_s"]
+        out["slowest_rank"] = int(cluster.loc[times.idxmax(), "rank"])
+        out["step_time_spread"] = float((times.max() - times.min()) / times.mean())
+    return out

@@ -1,0 +1,336 @@
+"""Build the profile tables from one saved Chrome trace: ops, modules, steps, memory, comm.
+
+Pure functions over the trace's event list (and the window's metadata), so they run after
+training (`read_profile`, `sleuth profile`) instead of in the training loop, and are tested on
+hand-made traces. Times in the tables are microseconds, as in the trace.
+
+torch.profiler defects handled here:
+- self time can come out negative when a child's clock reading overlaps its parent's end
+  (pytorch/pytorch#101861, #128479): durations and self times are clamped at 0 and the number
+  of clamped events is reported as `clamped_events`;
+- CPU-only traces have no device events: device columns are 0, not missing.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from profiler._errors import ProfileFormatError
+
+MODULE_PREFIX = "sleuth.module::"
+PHASE_LABELS = ("data", "forward", "backward", "optimizer")
+_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_COMM_RE = re.compile(r"^(c10d::|gloo:|nccl:|nccl|ProcessGroup|record_param_comms)", re.I)
+_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_BACKWARD_EVAL = "autograd::engine::evaluate_function: "
+
+
+def load_trace(path: str | Path) -> dict[str, Any]:
+    """Read a Chrome trace (`.json` or `.json.gz`); raise ProfileFormatError when unreadable."""
+    path = Path(path)
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProfileFormatError(f"cannot read trace {path}: {e}") from e
+    if isinstance(data, list):  # the bare-array Chrome format is valid too
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ProfileFormatError(f"{path} is not a Chrome trace (no traceEvents list)")
+    return data
+
+
+class _Ev:
+    """One complete ("X") event with its nesting on its thread."""
+
+    __slots__ = ("name", "cat", "ts", "end", "dur", "tid", "args", "children", "parent", "self_us")
+
+    def __init__(self, e: dict[str, Any]) -> None:
+        self.name = str(e.get("name", ""))
+        self.cat = str(e.get("cat", ""))
+        self.ts = float(e.get("ts", 0.0))
+        self.dur = max(0.0, float(e.get("dur", 0.0) or 0.0))
+        self.end = self.ts + self.dur
+        self.tid = (e.get("pid"), e.get("tid"))
+        self.args = e.get("args") or {}
+        self.children: list[_Ev] = []
+        self.parent: _Ev | None = None
+        self.self_us = self.dur
+
+
+def _nest(events: list[_Ev]) -> int:
+    """Link each host event to its innermost enclosing event on the same thread; fill self_us.
+
+    Returns how many self times had to be clamped at 0.
+    """
+    by_thread: dict[Any, list[_Ev]] = defaultdict(list)
+    for ev in events:
+        by_thread[ev.tid].append(ev)
+    clamped = 0
+    for evs in by_thread.values():
+        evs.sort(key=lambda x: (x.ts, -x.dur))
+        stack: list[_Ev] = []
+        for ev in evs:
+            while stack and stack[-1].end <= ev.ts:
+                stack.pop()
+            if stack:
+                ev.parent = stack[-1]
+                stack[-1].children.append(ev)
+            stack.append(ev)
+        for ev in evs:
+            child = sum(c.dur for c in ev.children)
+            self_us = ev.dur - child
+            if self_us < 0:
+                clamped += 1
+                self_us = 0.0
+            ev.self_us = self_us
+    return clamped
+
+
+def _union_us(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def _shapes(args: dict[str, Any]) -> str:
+    dims = args.get("Input Dims")
+    if not dims:
+        return ""
+    return json.dumps(dims, separators=(",", ":"))
+
+
+def _module_name(ev: _Ev) -> str | None:
+    if ev.name.startswith(MODULE_PREFIX):
+        return ev.name[len(MODULE_PREFIX):]
+    if ev.cat == "python_function" and ev.name.startswith("nn.Module: "):
+        return ev.name[len("nn.Module: "):]
+    return None
+
+
+def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Tables of one window's trace.
+
+    Returns a dict of plain row lists (`ops`, `modules`, `steps`, `memory`) and `summary`
+    (step_time_s, tokens_per_s, mfu, comm_share, clamped_events, ...). `meta` is the window's
+    metadata written by the collector (flop counts, tokens per step, peak, module types).
+    """
+    meta = meta or {}
+    raw = trace.get("traceEvents", [])
+    host: list[_Ev] = []
+    device: list[_Ev] = []
+    memory_events: list[dict[str, Any]] = []
+    negative_durations = 0
+    for e in raw:
+        if not isinstance(e, dict):
+            continue
+        ph = e.get("ph")
+        if ph == "X":
+            if float(e.get("dur", 0.0) or 0.0) < 0:
+                negative_durations += 1
+            ev = _Ev(e)
+            (device if ev.cat in _DEVICE_CATS else host).append(ev)
+        elif ph == "i" and e.get("name") == "[memory]":
+            memory_events.append(e)
+    clamped = _nest(host) + negative_durations
+
+    steps = sorted((ev for ev in host if _STEP_RE.match(ev.name)), key=lambda x: x.ts)
+    if steps:
+        win0, win1 = steps[0].ts, max(s.end for s in steps)
+    else:
+        times = [ev.ts for ev in host] or [0.0]
+        win0, win1 = min(times), max([ev.end for ev in host] or [0.0])
+
+    # Device time per launching host op, through the kernels' "External id".
+    by_ext: dict[Any, float] = defaultdict(float)
+    for k in device:
+        ext = k.args.get("External id")
+        if ext is not None:
+            by_ext[ext] += k.dur
+
+    # ---- ops ----------------------------------------------------------------------------
+    flop_counts: dict[str, float] = meta.get("flop_counts") or {}
+    n_steps = max(1, len(steps))
+    ops: dict[tuple[str, str], dict[str, Any]] = {}
+    for ev in host:
+        if ev.cat != "cpu_op":
+            continue
+        key = (ev.name, _shapes(ev.args))
+        row = ops.get(key)
+        if row is None:
+            row = ops[key] = {"name": ev.name, "input_shapes": key[1], "calls": 0,
+                              "cpu_total_us": 0.0, "cpu_self_us": 0.0, "device_us": 0.0}
+        row["calls"] += 1
+        row["cpu_total_us"] += ev.dur
+        row["cpu_self_us"] += ev.self_us
+        row["device_us"] += by_ext.get(ev.args.get("External id"), 0.0)
+    op_rows = list(ops.values())
+    # FLOPs are counted per op name on one step; shared out over the shape groups by calls.
+    calls_by_name: dict[str, int] = defaultdict(int)
+    for row in op_rows:
+        calls_by_name[row["name"]] += row["calls"]
+    for row in op_rows:
+        per_step = flop_counts.get(row["name"].replace("::", ".", 1))
+        row["flops"] = (float(per_step) * n_steps * row["calls"] / calls_by_name[row["name"]]
+                        if per_step is not None else float("nan"))
+
+    # ---- modules --------------------------------------------------------------------------
+    module_types: dict[str, str] = meta.get("module_types") or {}
+    mods: dict[str, dict[str, Any]] = {}
+
+    def mod_row(name: str) -> dict[str, Any]:
+        row = mods.get(name)
+        if row is None:
+            row = mods[name] = {"module": name, "type": module_types.get(name, ""), "calls": 0,
+                                "forward_total_us": 0.0, "forward_self_us": 0.0,
+                                "backward_self_us": 0.0, "backward_total_us": 0.0,
+                                "device_us": 0.0}
+        return row
+
+    seq_to_module: dict[Any, str] = {}
+    module_ranges = [ev for ev in host if _module_name(ev) is not None]
+    for ev in module_ranges:
+        name = _module_name(ev)
+        row = mod_row(name)
+        row["calls"] += 1
+        row["forward_total_us"] += ev.dur
+        inner = 0.0
+        stack = list(ev.children)
+        while stack:  # the self time excludes nested module ranges, at any depth of ops
+            c = stack.pop()
+            if _module_name(c) is not None:
+                inner += c.dur
+            else:
+                stack.extend(c.children)
+        row["forward_self_us"] += max(0.0, ev.dur - inner)
+    if module_ranges:
+        # A forward op belongs to the innermost module range around it; its Sequence number
+        # ties it to the autograd node that runs its backward.
+        for ev in host:
+            if ev.cat != "cpu_op" or "Sequence number" not in ev.args:
+                continue
+            if ev.name.startswith(_BACKWARD_EVAL) or ev.name.endswith(("Backward0", "Backward1")):
+                continue
+            p = ev.parent
+            while p is not None and _module_name(p) is None:
+                p = p.parent
+            if p is not None:
+                seq_to_module.setdefault(ev.args["Sequence number"], _module_name(p))
+                mod_row(_module_name(p))["device_us"] += by_ext.get(ev.args.get("External id"), 0.0)
+        has_eval = any(ev.name.startswith(_BACKWARD_EVAL) for ev in host)
+        for ev in host:
+            if has_eval:
+                if not ev.name.startswith(_BACKWARD_EVAL):
+                    continue
+            elif not ev.name.endswith(("Backward0", "Backward1")):
+                continue
+            owner = seq_to_module.get(ev.args.get("Sequence number"))
+            if owner is not None:
+                mods[owner]["backward_self_us"] += ev.dur
+        for name, row in mods.items():
+            prefix = name + "."
+            row["backward_total_us"] = sum(r["backward_self_us"] for n, r in mods.items()
+                                           if n == name or n.startswith(prefix))
+
+    # ---- steps ----------------------------------------------------------------------------
+    labels = {f"sleuth.{p}": p for p in PHASE_LABELS}
+    label_evs = [ev for ev in host if ev.name in labels]
+    opt_evs = [ev for ev in host if ev.name.startswith(("Optimizer.step#", "Optimizer.zero_grad#"))]
+    bwd_evs = [ev for ev in host if ev.name.startswith(_BACKWARD_EVAL)
+               or ev.name.endswith(("Backward0", "Backward1"))]
+    top_modules = [ev for ev in module_ranges
+                   if not any(_module_name(a) is not None for a in _ancestors(ev))]
+    comm_evs = [ev for ev in host + device if _COMM_RE.match(ev.name)]
+    step_rows = []
+    for st in steps:
+        s0, s1 = st.ts, st.end
+        row = {"step": int(_STEP_RE.match(st.name).group(1)), "step_us": st.dur}
+        inside = [ev for ev in label_evs if ev.ts < s1 and ev.end > s0]
+        if inside:
+            row["source"] = "labels"
+            for p in PHASE_LABELS:
+                row[f"{p}_us"] = _union_us([(max(ev.ts, s0), min(ev.end, s1)) for ev in inside
+                                            if labels[ev.name] == p])
+        else:
+            row["source"] = "inferred"
+            row["data_us"] = 0.0
+            opt = _union_us([(max(ev.ts, s0), min(ev.end, s1)) for ev in opt_evs
+                             if ev.ts < s1 and ev.end > s0])
+            bw = [ev for ev in bwd_evs if ev.ts < s1 and ev.end > s0]
+            if bw:
+                b0, b1 = max(s0, min(ev.ts for ev in bw)), min(s1, max(ev.end for ev in bw))
+            else:
+                b0 = b1 = s0
+            row["optimizer_us"] = opt
+            row["backward_us"] = max(0.0, b1 - b0)
+            fw = [ev for ev in top_modules if ev.ts < s1 and ev.end > s0]
+            if fw:
+                row["forward_us"] = _union_us([(max(ev.ts, s0), min(ev.end, s1)) for ev in fw])
+            elif bw:  # no module ranges: everything before the backward counts as forward
+                row["forward_us"] = max(0.0, b0 - s0)
+            else:
+                row["forward_us"] = 0.0
+        parts = sum(row[f"{p}_us"] for p in PHASE_LABELS)
+        if parts > row["step_us"] > 0:  # overlapping phases: scale so the parts sum to the step
+            for p in PHASE_LABELS:
+                row[f"{p}_us"] *= row["step_us"] / parts
+            parts = row["step_us"]
+        row["other_us"] = max(0.0, row["step_us"] - parts)
+        row["comm_us"] = _union_us([(max(ev.ts, s0), min(ev.end, s1)) for ev in comm_evs
+                                    if ev.ts < s1 and ev.end > s0])
+        step_rows.append(row)
+
+    # ---- memory ---------------------------------------------------------------------------
+    mem_rows = []
+    for e in sorted(memory_events, key=lambda x: x.get("ts", 0.0)):
+        a = e.get("args") or {}
+        dev_type, dev_id = a.get("Device Type", 0), a.get("Device Id", -1)
+        device_name = "cpu" if dev_type == 0 else f"cuda:{dev_id}" if dev_type == 1 else f"{dev_type}:{dev_id}"
+        mem_rows.append({"time_us": float(e.get("ts", 0.0)) - win0, "device": device_name,
+                         "bytes": int(a.get("Bytes", 0)),
+                         "allocated_bytes": int(a.get("Total Allocated", 0)),
+                         "reserved_bytes": int(a.get("Total Reserved", 0))})
+
+    # ---- summary --------------------------------------------------------------------------
+    step_time_s = (sum(r["step_us"] for r in step_rows) / len(step_rows) / 1e6) if step_rows else float("nan")
+    tokens = meta.get("tokens_per_step")
+    flops = meta.get("flops_per_step")
+    peak = meta.get("peak_tflops")
+    total_step_us = sum(r["step_us"] for r in step_rows)
+    summary = {
+        "steps": len(step_rows),
+        "step_time_s": step_time_s,
+        "tokens_per_s": (tokens / step_time_s) if tokens and step_rows else float("nan"),
+        "flops_per_step": float(flops) if flops else float("nan"),
+        "peak_tflops": float(peak) if peak else float("nan"),
+        "mfu": (flops / step_time_s / (peak * 1e12)) if flops and peak and step_rows else float("nan"),
+        "comm_share": (sum(r["comm_us"] for r in step_rows) / total_step_us) if total_step_us else 0.0,
+        "clamped_events": clamped,
+        "window_us": win1 - win0,
+    }
+    return {"ops": op_rows, "modules": list(mods.values()), "steps": step_rows,
+            "memory": mem_rows, "summary": summary}
+
+
+def _ancestors(ev: _Ev):
+    p = ev.parent
+    while p is not None:
+        yield p
+        p = p.parent
