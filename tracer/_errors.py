@@ -12,3 +12,20 @@ class ConfigError(TracerError, ValueError):
 
 class DumpFormatError(TracerError):
     """A dump file is missing, unreadable, or of a format version this release cannot read."""
+
+
+class DumpWriteError(TracerError):
+    """Writing a dump failed (disk full, permissions, ...); the cause is chained."""
+
+
+class WatchpointHit(TracerError):
+    """A watchpoint with `"on_hit": "raise"` fired: the message names the record, its op, module,
+    phase, step and source line. `.hit` holds the hit as a dict."""
+
+    def __init__(self, message: str, hit: dict | None = None) -> None:
+        super().__init__(message)
+        self.hit = dict(hit or {})
+
+
+class RecordNotFoundError(TracerError, LookupError):
+    """No record of that name in that step of a dump; the message lists close names."""

@@ -1,0 +1,248 @@
+"""The HDF5 step file (docs/dump-format.md): its columns, and `StepFile`, which writes one.
+
+Writing is arranged around two measured costs (DESIGN.md): an h5py dataset costs ~150 us to
+create, so a step has exactly three (`/records`, `/tensors`, optional `/hits`); and h5py keeps
+the GIL while it writes, which stalls the training thread. So tensor bytes never go through
+h5py: `/tensors` is a contiguous dataset whose file space HDF5 allocates up front (and never
+fills), and after HDF5 has closed the file its bytes are written with `os.pwritev` /
+`os.copy_file_range`, which release the GIL. Bytes of a large step are spilled as they come to a
+side file (`step{S}.h5.data.partial`) so memory stays bounded, then copied in by the kernel.
+
+The file is built as `step{S}.h5.partial`, fsynced and renamed: a file without the suffix is
+always complete.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+FORMAT_VERSION = "1.0"
+FORMAT_MAJOR = 1
+
+_STR = h5py.string_dtype("utf-8")
+RECORD_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("seq", np.int64), ("name", _STR), ("module", _STR), ("op", _STR), ("phase", _STR),
+    ("direction", _STR), ("index", np.int32), ("call", np.int32), ("dtype", _STR),
+    ("shape", _STR), ("numel", np.int64), ("min", np.float64), ("max", np.float64),
+    ("mean", np.float64), ("norm", np.float64), ("nan", np.int64), ("posinf", np.int64),
+    ("neginf", np.int64), ("zeros", np.int64), ("checksum", np.int64), ("source", _STR),
+    ("data_offset", np.int64), ("data_nbytes", np.int64),
+)
+RECORD_DTYPE = np.dtype(list(RECORD_COLUMNS))
+RECORD_FIELDS = tuple(name for name, _ in RECORD_COLUMNS)
+
+HIT_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("seq", np.int64), ("name", _STR), ("condition", _STR), ("value", np.float64),
+    ("source", _STR),
+)
+HIT_DTYPE = np.dtype(list(HIT_COLUMNS))
+HIT_FIELDS = tuple(name for name, _ in HIT_COLUMNS)
+
+_IOV_MAX = 1024
+
+
+def step_path(run_dir: str | os.PathLike, rank: int, step: int) -> Path:
+    """RUN/dump/rank{R}/step{S}.h5"""
+    return Path(run_dir) / "dump" / f"rank{rank}" / f"step{step}.h5"
+
+
+@lru_cache(maxsize=1)
+def _versions() -> tuple[str, str]:
+    from importlib import metadata
+
+    try:
+        sleuth_version = metadata.version("sleuth")
+    except metadata.PackageNotFoundError:
+        sleuth_version = "unknown"
+    try:
+        import torch
+
+        torch_version = str(torch.__version__)
+    except ImportError:  # pragma: no cover - writers always have torch
+        torch_version = "none"
+    return sleuth_version, torch_version
+
+
+def root_attrs(*, rank: int, world_size: int, step: int, level: str, mode: str,
+               config: dict) -> dict[str, Any]:
+    """The root attributes of a step file (docs/dump-format.md)."""
+    sleuth_version, torch_version = _versions()
+    return {
+        "format_version": FORMAT_VERSION, "rank": int(rank), "world_size": int(world_size),
+        "step": int(step), "level": level, "mode": mode,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "sleuth_version": sleuth_version, "torch_version": torch_version,
+        "config": json.dumps(config, sort_keys=True),
+    }
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class StepFile:
+    """One step file being assembled: rows, tensor bytes and hits, written by `finish()`.
+
+    Tensor bytes stay in memory until `spill_bytes` of them are held, then go to a side file.
+    Not thread-safe: one thread (the training thread for sync, the writer thread for async)
+    owns a StepFile.
+    """
+
+    def __init__(self, path: Path, attrs: dict[str, Any], *, spill_bytes: int) -> None:
+        self.path = Path(path)
+        self.attrs = attrs
+        self.rows: list[tuple] = []
+        self.hits: list[tuple] = []
+        self._spill_bytes = max(1, spill_bytes)
+        self._buffers: list[memoryview] = []  # in memory, not yet spilled
+        self._buffered = 0
+        self._spilled = 0  # bytes already in the side file
+        self._spill_fd: int | None = None
+        self.nbytes = 0  # offset of the next tensor in /tensors
+
+    @property
+    def partial_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".partial")
+
+    @property
+    def spill_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".data.partial")
+
+    def add_bytes(self, data: np.ndarray | memoryview | bytes) -> int:
+        """Append one tensor's bytes to /tensors; returns its offset. Keeps a reference."""
+        view = memoryview(data).cast("B")
+        offset = self.nbytes
+        if not view.nbytes:
+            return offset
+        self._buffers.append(view)
+        self._buffered += view.nbytes
+        self.nbytes += view.nbytes
+        if self._buffered >= self._spill_bytes:
+            self._spill()
+        return offset
+
+    def add_row(self, row: tuple) -> None:
+        self.rows.append(row)
+
+    def add_hit(self, hit: dict) -> None:
+        self.hits.append(tuple(hit.get(k, "" if dt is _STR else 0) for k, dt in HIT_COLUMNS))
+
+    def _spill(self) -> None:
+        if self._spill_fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._spill_fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._spilled += _pwrite_all(self._spill_fd, self._buffers, self._spilled)
+        self._buffers, self._buffered = [], 0
+
+    def finish(self, *, complete: bool = True) -> Path:
+        """Write the file atomically and return its final path."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.partial_path
+        offset = self._write_hdf5(partial, complete)
+        fd = os.open(partial, os.O_WRONLY)
+        try:
+            if self._spill_fd is not None:
+                _copy_range(self._spill_fd, fd, self._spilled, offset)
+            _pwrite_all(fd, self._buffers, offset + self._spilled)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            self._drop_spill()
+        self._buffers = []
+        os.replace(partial, self.path)
+        _fsync_dir(self.path.parent)
+        return self.path
+
+    def abort(self) -> None:
+        """Forget this step, removing what it wrote."""
+        self._drop_spill()
+        self._buffers = []
+        try:
+            self.partial_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def _drop_spill(self) -> None:
+        if self._spill_fd is not None:
+            os.close(self._spill_fd)
+            self._spill_fd = None
+            try:
+                self.spill_path.unlink()
+            except FileNotFoundError:
+                pass
+
+    def _write_hdf5(self, partial: Path, complete: bool) -> int:
+        """Write metadata, /records and /hits; allocate /tensors. Returns its file offset."""
+        with h5py.File(partial, "w") as f:
+            for key, value in self.attrs.items():
+                f.attrs[key] = value
+            f.attrs["complete"] = int(complete)
+            f.create_dataset("records", data=np.array(self.rows, dtype=RECORD_DTYPE))
+            if self.hits:
+                f.create_dataset("hits", data=np.array(self.hits, dtype=HIT_DTYPE))
+            if not self.nbytes:
+                f.create_dataset("tensors", shape=(0,), dtype=np.uint8)
+                return 0
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+            space = h5py.h5s.create_simple((self.nbytes,))
+            dset = h5py.h5d.create(f.id, b"tensors", h5py.h5t.NATIVE_UINT8, space, dcpl=dcpl)
+            offset = dset.get_offset()
+            dset.close()
+            assert offset is not None, "HDF5 did not allocate /tensors early"
+            return int(offset)
+
+
+def _pwrite_all(fd: int, buffers: list[memoryview], offset: int) -> int:
+    """Write `buffers` back to back at `offset` (GIL released in the syscalls)."""
+    written = 0
+    pending = [b for b in buffers if b.nbytes]
+    while pending:
+        batch = pending[:_IOV_MAX]
+        n = os.pwritev(fd, batch, offset + written)
+        written += n
+        # a short write (rare: signals, huge batches) resumes where it stopped
+        while batch and n >= batch[0].nbytes:
+            n -= batch[0].nbytes
+            batch.pop(0)
+            pending.pop(0)
+        if n:
+            pending[0] = pending[0][n:]
+    return written
+
+
+def _copy_range(src: int, dst: int, nbytes: int, dst_offset: int) -> None:
+    """Copy `nbytes` from the start of `src` to `dst_offset` of `dst`, in the kernel if it can."""
+    done = 0
+    try:
+        while done < nbytes:
+            n = os.copy_file_range(src, dst, nbytes - done, done, dst_offset + done)
+            if n == 0:
+                break
+            done += n
+    except OSError:  # not supported across these filesystems: copy through user space
+        pass
+    while done < nbytes:
+        chunk = os.pread(src, min(64 << 20, nbytes - done), done)
+        if not chunk:
+            raise OSError(f"spill file ended after {done} of {nbytes} bytes")
+        _pwrite_all(dst, [memoryview(chunk)], dst_offset + done)
+        done += len(chunk)

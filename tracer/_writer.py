@@ -1,0 +1,253 @@
+"""The dump writers' shared API and the synchronous writer.
+
+The capture side (tracer._dumper) calls `begin_step`, `add(meta, tensor)` per record and
+`end_step`; it never knows which writer it has. `SyncWriter` does all work in the calling thread
+and a step file is complete when `end_step` returns; `AsyncWriter` (tracer._async) only snapshots
+and enqueues. Both go through `Writer._record`, so both write the same content.
+
+Records of a step are buffered (rows in a list, tensor bytes in memory or spilled to a side file)
+and written once at `end_step`: one `/records` table per step file, see tracer._format.
+"""
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from tracer._config import DumpConfig
+from tracer._errors import DumpWriteError, TracerError
+from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+from tracer._stats import (decode_packed, device_stats, dtype_name, empty_stats, host_stats,
+                           shape_str)
+
+
+class RecordMeta(NamedTuple):
+    """Who made a record; the capture side fills it (see docs/dump-format.md for each column)."""
+
+    name: str
+    module: str
+    op: str
+    phase: str
+    direction: str
+    index: int
+    call: int
+    source: str
+
+
+def make_writer(config: DumpConfig, *, rank: int, world_size: int) -> Writer:
+    """The writer `config.writer` names, writing under `config.run_dir()`."""
+    if config.writer == "sync":
+        return SyncWriter(config, rank=rank, world_size=world_size)
+    from tracer._async import AsyncWriter
+
+    return AsyncWriter(config, rank=rank, world_size=world_size)
+
+
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous CPU copy of `t` that later in-place changes to `t` do not touch."""
+    t = t.detach()
+    if t.layout != torch.strided:
+        t = t.to_dense()
+    t = t.resolve_conj().resolve_neg()
+    if t.device.type == "cpu":
+        return t.clone(memory_format=torch.contiguous_format)
+    return t.to("cpu", memory_format=torch.contiguous_format)
+
+
+def tensor_bytes(c: torch.Tensor):
+    """The raw bytes of a contiguous CPU tensor as a uint8 numpy array (no copy)."""
+    return c.reshape(-1).view(torch.uint8).numpy()
+
+
+class Writer:
+    """Base of SyncWriter and AsyncWriter: step bookkeeping, rows, observers, error policy."""
+
+    def __init__(self, config: DumpConfig, *, rank: int, world_size: int) -> None:
+        self.config = config
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.observers: list[Callable[[dict], None]] = []
+        """Called with each record's statistics row (a dict of the /records columns plus
+        `step` and `rank`) once it is computed: in the training thread for the sync writer, in
+        the writer thread for the async one. An observer's exception reaches the training
+        thread whatever `on_error` says (async: at the next add/end_step/close)."""
+        self.keep_bytes = config.mode in ("tensor", "full")
+        self.run_dir = config.run_dir()
+        self._config_dict = config.to_dict()
+        # beyond this many bytes a step's tensor data goes to a side file instead of memory
+        self._spill_bytes = max(1 << 20, config.async_max_queued_mb * (1 << 20) // 2)
+        self._disabled = False
+        self._closed = False
+        self.files_written: list[Path] = []
+
+    # -- API ---------------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Start collecting records of optimizer step `step`; an unfinished step is written
+        first, marked incomplete."""
+        raise NotImplementedError
+
+    def add(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
+        """Record one tensor: statistics always, an exact copy with mode tensor/full."""
+        raise NotImplementedError
+
+    def add_hit(self, hit: dict) -> None:
+        """Record a watchpoint hit (keys of /hits: seq, name, condition, value, source) in the
+        current step's file."""
+        raise NotImplementedError
+
+    def end_step(self) -> None:
+        """Finish the current step: sync, the file exists on return; async, it is queued."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Write what is pending, stop, and raise the first error not yet raised. Idempotent."""
+        raise NotImplementedError
+
+    @property
+    def enabled(self) -> bool:
+        """False once an error switched dumping off (on_error='warn') or after close()."""
+        return not (self._disabled or self._closed)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- shared work ---------------------------------------------------------------------------
+    def _new_file(self, step: int) -> StepFile:
+        attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
+                           level=self.config.level, mode=self.config.mode,
+                           config=self._config_dict)
+        return StepFile(step_path(self.run_dir, self.rank, step), attrs,
+                        spill_bytes=self._spill_bytes)
+
+    def _record(self, file: StepFile, step: int, seq: int, meta: RecordMeta, dtype: torch.dtype,
+                shape: tuple, numel: int, stats: dict | None, snap: torch.Tensor | None) -> dict:
+        """Add one record's row (and bytes) to `file`; returns the row as a dict.
+
+        `stats` None means: compute them from `snap` (the CPU snapshot) here.
+        """
+        if stats is None:
+            stats = host_stats(snap) if snap is not None else empty_stats()
+        offset, nbytes = -1, 0
+        if self.keep_bytes and snap is not None:
+            data = tensor_bytes(snap)
+            nbytes = int(data.nbytes)
+            offset = file.add_bytes(data)
+        row = (seq, meta.name, meta.module, meta.op, meta.phase, meta.direction, int(meta.index),
+               int(meta.call), dtype_name(dtype), shape_str(shape), int(numel),
+               float(stats["min"]), float(stats["max"]), float(stats["mean"]),
+               float(stats["norm"]), int(stats["nan"]), int(stats["posinf"]),
+               int(stats["neginf"]), int(stats["zeros"]), int(stats["checksum"]), meta.source,
+               offset, nbytes)
+        file.add_row(row)
+        out = dict(zip(RECORD_FIELDS, row))
+        out["step"] = step
+        out["rank"] = self.rank
+        return out
+
+    def _notify(self, row: dict) -> None:
+        for observer in self.observers:
+            observer(row)
+
+    def _storage_error(self, e: BaseException, where: str) -> None:
+        """Apply on_error to a failure of the dump itself (not of an observer)."""
+        self._disabled = True
+        msg = (f"sleuth dump (rank {self.rank}) failed {where}: {type(e).__name__}: {e}; "
+               f"dumping is off for the rest of the run")
+        if self.config.on_error == "raise":
+            raise DumpWriteError(msg) from e
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+class SyncWriter(Writer):
+    """Does everything in the calling thread; `end_step` returns with the file on disk."""
+
+    def __init__(self, config: DumpConfig, *, rank: int, world_size: int) -> None:
+        super().__init__(config, rank=rank, world_size=world_size)
+        self._file: StepFile | None = None
+        self._step = -1
+        self._seq = 0
+
+    def begin_step(self, step: int) -> None:
+        if not self.enabled:
+            return
+        if self._file is not None:
+            self._finish(complete=False)
+        self._step, self._seq = int(step), 0
+        self._file = self._new_file(self._step)
+
+    def add(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        if self._file is None:
+            raise TracerError("Writer.add() outside a step: call begin_step(step) first")
+        seq = self._seq
+        self._seq += 1
+        try:
+            stats, snap = _capture_now(tensor, self.keep_bytes)
+            row = self._record(self._file, self._step, seq, meta, tensor.dtype,
+                               tuple(tensor.shape), tensor.numel(), stats, snap)
+        except Exception as e:  # noqa: BLE001 - on_error decides
+            self._abort()
+            self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
+            return
+        self._notify(row)
+
+    def add_hit(self, hit: dict) -> None:
+        if self.enabled and self._file is not None:
+            self._file.add_hit(hit)
+
+    def end_step(self) -> None:
+        if self.enabled and self._file is not None:
+            self._finish(complete=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self.enabled and self._file is not None:
+                self._finish(complete=False)
+        finally:
+            self._closed = True
+
+    def _finish(self, *, complete: bool) -> None:
+        file, self._file = self._file, None
+        assert file is not None
+        try:
+            self.files_written.append(file.finish(complete=complete))
+        except Exception as e:  # noqa: BLE001 - on_error decides
+            file.abort()
+            self._storage_error(e, f"writing {file.path}")
+
+    def _abort(self) -> None:
+        if self._file is not None:
+            self._file.abort()
+            self._file = None
+
+
+def _capture_now(t: torch.Tensor, keep_bytes: bool) -> tuple[dict | None, torch.Tensor | None]:
+    """Sync path: statistics now, and a snapshot when bytes are kept (one host sync on CUDA)."""
+    if t.device.type == "meta":
+        return empty_stats(), None
+    if t.device.type == "cpu":
+        if keep_bytes:
+            snap = snapshot(t)
+            return host_stats(snap), snap
+        return host_stats(t), None
+    packed = device_stats(t)
+    if not t.is_cuda:  # other accelerators: plain blocking copies
+        return decode_packed(packed.cpu().tolist()), snapshot(t) if keep_bytes else None
+    # CUDA: queue both copies into pinned memory, then wait once
+    host_packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    host_packed.copy_(packed, non_blocking=True)
+    snap = None
+    if keep_bytes:
+        src = t.detach().resolve_conj().resolve_neg().contiguous()
+        snap = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        snap.copy_(src, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()  # the one host sync of this record
+    return decode_packed(host_packed.tolist()), snap
