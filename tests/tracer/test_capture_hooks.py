@@ -1,0 +1,373 @@
+"""Capture logic tested against an in-memory writer: naming, calls, hard cases, filters, steps."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import torch.nn as nn
+
+import tracer
+import tracer._dumper as dumper_module
+from models import (MLP, CheckpointedMLP, CustomFnModel, FakeWriter, InplaceModel, SharedLayer,
+                    SmallCNN, SmallLSTM, TinyCausalLM, TinyConfig)
+
+Meta = collections.namedtuple("Meta", "name module op phase direction index call source")
+
+
+@pytest.fixture
+def writers(monkeypatch, tmp_path):
+    made: list[FakeWriter] = []
+
+    def make(config, rank, world_size):
+        made.append(FakeWriter(config, rank, world_size))
+        return made[-1]
+
+    monkeypatch.setattr(dumper_module, "_make_writer", make)
+    monkeypatch.setattr(dumper_module, "_record_meta", lambda: Meta)
+    monkeypatch.chdir(tmp_path)
+    return made
+
+
+def cfg(**kw):
+    return {"writer": "sync", **kw}
+
+
+def train(model, make_batch, steps=1, micro=1, dumper=None, explicit=False):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(steps):
+        for _ in range(micro):
+            out = model(*make_batch())
+            loss = out.float().pow(2).mean() if isinstance(out, torch.Tensor) else out["loss"]
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if explicit:
+            dumper.step()
+    return opt
+
+
+def mlp_batch():
+    return (torch.randn(2, 8),)
+
+
+def by_name(w):
+    return {m.name: (m, t) for _, m, t in w.records}
+
+
+def test_module_level_names_follow_the_format(writers):
+    torch.manual_seed(0)
+    model = MLP()
+    with tracer.Dumper(model, cfg(level="module")) as d:
+        train(model, mlp_batch)
+    (w,) = writers
+    assert w.steps == [0] and w.closed
+    names = w.names()
+    assert names[:8] == ["<root>.forward.0.input.0", "fc1.forward.0.input.0",
+                         "fc1.forward.0.output.0", "act.forward.0.input.0",
+                         "act.forward.0.output.0", "fc2.forward.0.input.0",
+                         "fc2.forward.0.output.0", "<root>.forward.0.output.0"]
+    assert "fc2.backward.0.output.0" in names and "fc2.backward.0.input.0" in names
+    assert names[-3:] == ["fc2.bias.optimizer.0.param.0", "fc2.bias.optimizer.0.grad.0",
+                          "fc2.bias.optimizer.0.update.0"]
+    recs = by_name(w)
+    meta, t = recs["fc1.forward.0.output.0"]
+    assert (meta.module, meta.op, meta.phase, meta.direction, meta.index, meta.call) == \
+        ("fc1", "", "forward", "output", 0, 0)
+    assert meta.source.startswith("tests/tracer/models.py:") or meta.source.endswith(
+        "models.py:" + meta.source.rsplit(":", 1)[1])
+    # update = after - before, with SGD lr 0.1: -0.1 * grad
+    _, grad = recs["fc1.weight.optimizer.0.grad.0"]
+    _, update = recs["fc1.weight.optimizer.0.update.0"]
+    torch.testing.assert_close(update, -0.1 * grad)
+    _, before = recs["fc1.weight.optimizer.0.param.0"]
+    torch.testing.assert_close(before + update, model.fc1.weight.detach())
+
+
+def test_source_is_the_user_line(writers):
+    model = MLP()
+    with tracer.Dumper(model, cfg()) as d:
+        x = torch.randn(2, 8)
+        model(x).sum().backward()  # THIS LINE
+        d.step()
+    (w,) = writers
+    src = by_name(w)["<root>.forward.0.input.0"][0].source
+    path, line = src.rsplit(":", 1)
+    assert path.endswith("test_capture_hooks.py")
+    with open(__file__) as f:
+        assert "THIS LINE" in f.read().splitlines()[int(line) - 1]
+    assert by_name(w)["fc2.backward.0.output.0"][0].source == src
+
+
+def test_module_called_twice_counts_calls(writers):
+    model = SharedLayer()
+    with tracer.Dumper(model, cfg(level="mix")) as d:
+        train(model, lambda: (torch.randn(3, 4),))
+    names = writers[0].names()
+    for n in ["fc.forward.0.output.0", "fc.forward.1.output.0", "fc.backward.0.output.0",
+              "fc.backward.1.output.0", "fc::aten.addmm.forward.0.output.0",
+              "fc::aten.addmm.forward.1.output.0"]:
+        assert n in names
+    assert "fc.forward.2.output.0" not in names
+    # the weight is recorded once per step even though the module ran twice
+    assert names.count("fc.weight.optimizer.0.grad.0") == 1
+
+
+def test_tied_parameters_recorded_once_under_first_name(writers):
+    torch.manual_seed(0)
+    model = TinyCausalLM(TinyConfig())
+    ids = torch.randint(0, 64, (2, 8))
+    with tracer.Dumper(model, cfg(level="module")):
+        out = model(input_ids=ids, labels=ids)
+        out["loss"].backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    names = writers[0].names()
+    assert "embed_tokens.weight.optimizer.0.grad.0" in names
+    assert not any(n.startswith("lm_head.weight.") for n in names)
+
+
+def test_inplace_op_records_value_before_and_after(writers):
+    torch.manual_seed(0)
+    model = InplaceModel()
+    x = torch.randn(2, 4)
+    with tracer.Dumper(model, cfg(level="op", params=False)) as d:
+        model(x)
+        d.step()
+    recs = by_name(writers[0])
+    _, before = recs["<root>::aten.mul_.forward.0.input.0"]
+    _, after = recs["<root>::aten.mul_.forward.0.output.0"]
+    _, added = recs["<root>::aten.add_.forward.0.output.0"]
+    expected = model.fc(x).detach()
+    torch.testing.assert_close(before, expected)
+    torch.testing.assert_close(after, expected * 2)
+    torch.testing.assert_close(added, expected * 2 + 1)
+
+
+def test_inplace_relu_module_input_recorded_before_modification(writers):
+    torch.manual_seed(0)
+    model = SmallCNN()
+    with tracer.Dumper(model, cfg(level="module")):
+        train(model, lambda: (torch.randn(2, 3, 8, 8),))
+    recs = by_name(writers[0])
+    _, relu_in = recs["features.2.forward.0.input.0"]
+    _, relu_out = recs["features.2.forward.0.output.0"]
+    assert relu_in.min() < 0 and relu_out.min() >= 0
+    torch.testing.assert_close(relu_in.clamp(min=0), relu_out)
+    assert "features.1.running_mean.optimizer.0.param.0" not in recs  # buffers are not params
+    assert "features.1.weight.optimizer.0.update.0" in recs
+    assert "features.0.backward.0.output.0" in recs
+
+
+def test_hf_style_model_tuple_dict_and_kwargs(writers):
+    torch.manual_seed(0)
+    model = TinyCausalLM(TinyConfig())
+    ids = torch.randint(0, 64, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    with tracer.Dumper(model, cfg(level="mix")) as d:
+        out = model(ids, attention_mask=mask, labels=ids)
+        out.loss.backward()
+        d.step()
+    recs = by_name(writers[0])
+    # keyword inputs follow positional ones: input_ids, attention_mask, labels
+    torch.testing.assert_close(recs["<root>.forward.0.input.0"][1], ids)
+    torch.testing.assert_close(recs["<root>.forward.0.input.1"][1], mask)
+    torch.testing.assert_close(recs["<root>.forward.0.input.2"][1], ids)
+    # layer output is (hidden, None): the None is skipped
+    assert "layers.0.forward.0.output.0" in recs and "layers.0.forward.0.output.1" not in recs
+    # dict output: loss, logits, then the hidden-state tuple
+    assert recs["<root>.forward.0.output.0"][1].dim() == 0
+    assert recs["<root>.forward.0.output.1"][1].shape == (2, 8, 64)
+    assert "<root>.forward.0.output.4" in recs  # 3 hidden states after loss and logits
+    assert "layers.1.self_attn::aten.softmax.forward.0.output.0" in recs or \
+        "layers.1.self_attn::aten._softmax.forward.0.output.0" in recs
+    assert any(n.startswith("layers.0.self_attn.q_proj::aten.") and ".backward." in n
+               for n in recs)
+    assert recs["layers.0.self_attn.backward.0.output.0"][0].phase == "backward"
+
+
+def test_lstm_model(writers):
+    torch.manual_seed(0)
+    model = SmallLSTM()
+    with tracer.Dumper(model, cfg(level="mix")):
+        train(model, lambda: (torch.randint(0, 32, (2, 5)),))
+    recs = by_name(writers[0])
+    # nn.LSTM returns (output, (h, c)): three tensors in pytree order
+    assert recs["lstm.forward.0.output.0"][1].shape == (2, 5, 16)
+    assert recs["lstm.forward.0.output.2"][1].shape == (1, 2, 16)
+    assert "lstm.weight_ih_l0.optimizer.0.update.0" in recs
+    assert any(n.startswith("lstm::aten.") and ".backward." in n for n in recs)
+
+
+def test_custom_autograd_function_backward_is_scoped(writers):
+    torch.manual_seed(0)
+    model = CustomFnModel()
+    with tracer.Dumper(model, cfg(level="op")):
+        train(model, lambda: (torch.randn(3, 4),))
+    names = writers[0].names()
+    # Square's forward runs in <root>; its hand-written backward runs two muls in <root> too
+    assert "<root>::aten.mul.forward.0.output.0" in names
+    assert "<root>::aten.mul.backward.1.output.0" in names
+    assert any(n.startswith("fc::aten.mm.backward.") for n in names)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpoint_recomputation_not_counted_as_new_calls(writers, reentrant):
+    torch.manual_seed(0)
+    model = CheckpointedMLP(reentrant=reentrant)
+    x = torch.randn(2, 8, requires_grad=True)
+    with tracer.Dumper(model, cfg(level="mix", params=False)) as d:
+        model(x).sum().backward()
+        d.step()
+    names = writers[0].names()
+    assert "blocks.0.0.forward.0.output.0" in names
+    assert not any(".forward.1." in n for n in names), [n for n in names if ".forward.1." in n]
+    assert names.count("blocks.0.0.forward.0.output.0") == 1
+    assert "blocks.0.0.backward.0.output.0" in names
+    assert "blocks.1.backward.0.input.0" in names
+    fw_ops = [n for n in names if "::" in n and ".forward." in n]
+    assert len(fw_ops) == len(set(fw_ops))
+    assert any(n.startswith("blocks.1.1::aten.") and ".backward." in n for n in names)
+
+
+def test_bf16_autocast(writers):
+    model = MLP()
+    with tracer.Dumper(model, cfg(level="mix", params=False)) as d:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(2, 8))
+        out.float().sum().backward()
+        d.step()
+    recs = by_name(writers[0])
+    assert recs["fc1.forward.0.output.0"][1].dtype == torch.bfloat16
+    assert recs["fc1.forward.0.input.0"][1].dtype == torch.float32
+    assert recs["fc2.backward.0.output.0"][1].dtype == torch.bfloat16
+    assert any(n.startswith("fc1::aten._to_copy.forward.") for n in recs)
+
+
+def test_no_grad_eval_has_forward_records_only(writers):
+    model = MLP()
+    with tracer.Dumper(model, cfg(level="mix", params=False)) as d:
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+        d.step()
+    phases = {m.phase for _, m, _ in writers[0].records}
+    assert phases == {"forward"}
+
+
+def test_gradient_accumulation_one_step_file_increasing_calls(writers):
+    model = MLP()
+    with tracer.Dumper(model, cfg(level="mix")):
+        train(model, mlp_batch, steps=2, micro=3)
+    w = writers[0]
+    assert w.steps == [0, 1]
+    names = w.names(step=0)
+    for call in range(3):
+        assert f"fc1.forward.{call}.output.0" in names
+        assert f"fc1.backward.{call}.output.0" in names
+        assert f"fc1::aten.addmm.forward.{call}.output.0" in names
+    assert "fc1.forward.3.output.0" not in names
+    assert names.count("fc1.weight.optimizer.0.grad.0") == 1
+    assert w.names(step=1) == names  # same code, same names, next step
+
+
+def test_names_are_stable_across_runs(writers):
+    def run():
+        torch.manual_seed(0)
+        model = TinyCausalLM(TinyConfig())
+        ids = torch.randint(0, 64, (2, 8))
+        with tracer.Dumper(model, cfg(level="mix")):
+            train(model, lambda: (ids, None, ids), steps=2)
+        return writers[-1].names()
+
+    first, second = run(), run()
+    assert first == second and len(first) > 500
+
+
+def test_optimizer_ops_are_not_records(writers):
+    model = MLP()
+    opt = torch.optim.Adam(model.parameters())
+    with tracer.Dumper(model, cfg(level="op")):
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+    recs = writers[0].records
+    assert not any("_foreach" in m.op or "addcdiv" in m.op for _, m, _ in recs)
+    assert {m.phase for _, m, _ in recs} == {"forward", "backward", "optimizer"}
+
+
+def test_filters_io_phases_modules(writers):
+    model = MLP()
+    with tracer.Dumper(model, cfg(modules=["fc*"], io="output", phases="forward",
+                                  params=False)) as d:
+        model(torch.randn(2, 8)).sum().backward()
+        d.step()
+    assert writers[0].names() == ["fc1.forward.0.output.0", "fc2.forward.0.output.0"]
+
+
+def test_module_filter_matching_nothing_lists_close_matches(writers):
+    with pytest.raises(tracer.ConfigError, match="fc1"):
+        tracer.Dumper(MLP(), cfg(modules=["fc3"]))
+
+
+def test_step_selection_and_hooks_only_in_selected_steps(writers):
+    from torch.nn.modules import module as nn_module
+
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    hooked = []
+    with tracer.Dumper(model, cfg(steps="1|3", level="op")) as d:
+        for _ in range(4):
+            hooked.append(bool(nn_module._global_forward_pre_hooks))
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+        assert d.current_step == 4
+    assert hooked == [False, True, False, True]
+    assert writers[0].steps == [1, 3]
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+    assert not torch._C._len_torch_dispatch_stack()
+
+
+def test_explicit_step_stops_optimizer_counting(writers):
+    model = MLP()
+    with tracer.Dumper(model, cfg()) as d:
+        opt = train(model, mlp_batch, steps=1, micro=1)  # counted by the optimizer hook: step 0
+        d.step()  # explicit from now on: step 1 -> 2
+        for _ in range(2):  # two optimizer steps inside step 2
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+        assert d.current_step == 2
+    w = writers[0]
+    assert w.steps == [0, 1, 2]
+    # step 1 ran no optimizer: its explicit end records the parameters without an update
+    assert {m.direction for s, m, _ in w.records if s == 1} == {"param"}
+    names = w.names(step=2)
+    assert "fc1.weight.optimizer.0.update.0" in names and "fc1.weight.optimizer.1.update.0" in names
+
+
+def test_global_attach_without_model(writers):
+    model = MLP()
+    criterion = nn.MSELoss()
+    with tracer.Dumper(None, cfg()) as d:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = criterion(model(torch.randn(2, 8)), torch.zeros(2, 4))
+        loss.backward()
+        opt.step()
+    names = writers[0].names()
+    assert names[0] == "<root>.forward.0.input.0" and "fc1.forward.0.output.0" in names
+    assert "<root1>.forward.0.output.0" in names  # the loss module ran as a second top level
+    assert "fc1.weight.optimizer.0.update.0" in names
+
+
+def test_unselected_rank_writes_nothing(writers):
+    with tracer.Dumper(MLP(), cfg(ranks="1"), rank=0) as d:
+        assert not d.enabled
+    assert writers == []
+
+
+def test_hooks_removed_after_close_even_on_error(writers):
+    from torch.nn.modules import module as nn_module
+
+    model = MLP()
+    with pytest.raises(RuntimeError):
+        with tracer.Dumper(model, cfg(level="mix")):
+            model(torch.randn(2, 3))  # wrong shape
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+    assert not torch._C._len_torch_dispatch_stack()
