@@ -6,6 +6,12 @@ Records are grouped by (module scope, phase); inside a group the two sequences o
 match (difflib.SequenceMatcher without its junk heuristic). The call counter is left out of the
 key on purpose: one extra `x + 0.0` bumps the call count of every later `aten.add` in its module,
 which is exactly what breaks a join on exact names.
+
+Keys alone cannot tell which of two adjacent `aten.add` records is the inserted one, so the
+alignment runs twice: first on keys extended with a fingerprint of the data (dtype, shape,
+checksum, NaN count), whose exact matches anchor the pairing (the no-op's output equals its
+input, the real add's output equals its partner's); then the stretches between anchors are
+aligned on keys only, which pairs records whose values diverged.
 """
 from __future__ import annotations
 
@@ -17,44 +23,54 @@ import numpy as np
 Pair = tuple[int | None, int | None]  # positional row indices into the A and B tables
 
 
-def _keys(df: Any) -> dict[tuple[str, str], tuple[list[int], list[tuple]]]:
-    groups: dict[tuple[str, str], tuple[list[int], list[tuple]]] = {}
-    modules = df["module"].tolist()
-    phases = df["phase"].tolist()
-    ops = df["op"].tolist()
-    dirs = df["direction"].tolist()
-    idx = df["index"].tolist()
+def _groups(df: Any) -> dict[tuple[str, str], tuple[list[int], list[tuple], list[tuple]]]:
+    groups: dict[tuple[str, str], tuple[list[int], list[tuple], list[tuple]]] = {}
+    cols = {c: df[c].tolist() for c in ("module", "phase", "op", "direction", "index", "dtype",
+                                         "shape", "checksum", "nan")}
     order = np.argsort(df["seq"].to_numpy(), kind="stable")
     for i in order.tolist():
-        rows, keys = groups.setdefault((modules[i], phases[i]), ([], []))
+        rows, keys, prints = groups.setdefault((cols["module"][i], cols["phase"][i]),
+                                               ([], [], []))
         rows.append(i)
-        keys.append((ops[i], dirs[i], idx[i]))
+        key = (cols["op"][i], cols["direction"][i], int(cols["index"][i]))
+        keys.append(key)
+        prints.append(key + (cols["dtype"][i], cols["shape"][i], int(cols["checksum"][i]),
+                             int(cols["nan"][i])))
     return groups
 
 
+def _lcs(rows_a: list[int], keys_a: list[tuple], rows_b: list[int], keys_b: list[tuple],
+         prints_a: list[tuple] | None, prints_b: list[tuple] | None, pairs: list[Pair]) -> None:
+    if keys_a == keys_b:  # the common case: same code, same records
+        pairs.extend(zip(rows_a, rows_b))
+        return
+    if prints_a is None or prints_b is None:
+        seq_a, seq_b = keys_a, keys_b
+    else:
+        seq_a, seq_b = prints_a, prints_b
+    sm = difflib.SequenceMatcher(None, seq_a, seq_b, autojunk=False)
+    for tag, a0, a1, b0, b1 in sm.get_opcodes():
+        if tag == "equal":
+            pairs.extend(zip(rows_a[a0:a1], rows_b[b0:b1]))
+        elif prints_a is not None and a1 > a0 and b1 > b0:
+            # values differ here: pair what the keys allow
+            _lcs(rows_a[a0:a1], keys_a[a0:a1], rows_b[b0:b1], keys_b[b0:b1], None, None, pairs)
+        else:
+            pairs.extend((i, None) for i in rows_a[a0:a1])
+            pairs.extend((None, i) for i in rows_b[b0:b1])
+
+
 def align(df_a: Any, df_b: Any) -> list[Pair]:
-    """Pair the rows of two statistics tables (DataFrames with columns seq, module, phase, op,
-    direction, index). Returns (row_a, row_b) positional pairs; None marks a record only one
-    side has. Order of the result is unspecified; callers sort by execution order."""
-    ga, gb = _keys(df_a), _keys(df_b)
+    """Pair the rows of two statistics tables (DataFrames with the /records columns).
+
+    Returns (row_a, row_b) positional pairs; None marks a record only one side has. The order
+    of the result is unspecified; callers sort by execution order."""
+    ga, gb = _groups(df_a), _groups(df_b)
     pairs: list[Pair] = []
-    for group, (rows_a, keys_a) in ga.items():
-        rows_b, keys_b = gb.get(group, ([], []))
-        if keys_a == keys_b:  # the common case: same code, same records
-            pairs.extend(zip(rows_a, rows_b))
-            continue
-        matched_a: set[int] = set()
-        matched_b: set[int] = set()
-        sm = difflib.SequenceMatcher(None, keys_a, keys_b, autojunk=False)
-        for block in sm.get_matching_blocks():
-            for k in range(block.size):
-                ia, ib = rows_a[block.a + k], rows_b[block.b + k]
-                pairs.append((ia, ib))
-                matched_a.add(ia)
-                matched_b.add(ib)
-        pairs.extend((i, None) for i in rows_a if i not in matched_a)
-        pairs.extend((None, i) for i in rows_b if i not in matched_b)
-    for group, (rows_b, _) in gb.items():
+    for group, (rows_a, keys_a, prints_a) in ga.items():
+        rows_b, keys_b, prints_b = gb.get(group, ([], [], []))
+        _lcs(rows_a, keys_a, rows_b, keys_b, prints_a, prints_b, pairs)
+    for group, (rows_b, _, _) in gb.items():
         if group not in ga:
             pairs.extend((None, i) for i in rows_b)
     return pairs

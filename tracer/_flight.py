@@ -1,0 +1,190 @@
+"""The flight recorder: the statistics rows of the last few steps, kept in memory while tracing
+and written to `RUN/dump/rank{R}/flight_recorder.h5` when a watchpoint stops the run, on an
+uncaught exception, or on SIGTERM, so that a crashed run still tells what led to the crash.
+
+It is an observer of the writer (one dict append per record, no tensor bytes). The previous
+`sys.excepthook` and SIGTERM handler are chained, not replaced, and restored by `remove()`.
+"""
+from __future__ import annotations
+
+import collections
+import datetime as _dt
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT_VERSION = "1.0"
+DEFAULT_STEPS = 3
+ENV_STEPS = "SLEUTH_FLIGHT_STEPS"  # 0 switches the recorder off
+_STR_COLS = ("name", "module", "op", "phase", "direction", "dtype", "shape", "source")
+_INT_COLS = ("step", "seq", "index", "call", "numel", "nan", "posinf", "neginf", "zeros",
+             "checksum")
+_FLOAT_COLS = ("min", "max", "mean", "norm")
+_COLS = _INT_COLS[:2] + _STR_COLS + _INT_COLS[2:] + _FLOAT_COLS
+
+
+class FlightRecorder:
+    """A ring buffer of the statistics rows of the last `steps` steps."""
+
+    def __init__(self, path: str | os.PathLike, *, steps: int = DEFAULT_STEPS, rank: int = 0,
+                 step_of: Any = None) -> None:
+        self.path = Path(path)
+        self.rank = rank
+        self.steps: collections.deque[tuple[int, list[dict]]] = collections.deque(maxlen=steps)
+        self._step_of = step_of  # callable giving the current step when rows do not carry it
+        self._lock = threading.Lock()
+        self._prev_hook: Any = None
+        self._prev_sigterm: Any = None
+        self._installed = False
+        self.saved: Path | None = None
+
+    # -- observer -------------------------------------------------------------------------------
+    def __call__(self, row: dict[str, Any]) -> None:
+        step = row.get("step")
+        if step is None and self._step_of is not None:
+            step = self._step_of()
+        step = -1 if step is None else int(step)
+        with self._lock:
+            if not self.steps or self.steps[-1][0] != step:
+                self.steps.append((step, []))
+            self.steps[-1][1].append({**row, "step": step})
+
+    def rows(self) -> list[dict]:
+        with self._lock:
+            return [r for _, rows in self.steps for r in rows]
+
+    # -- writing --------------------------------------------------------------------------------
+    def save(self, reason: str) -> Path:
+        """Write the buffered rows atomically; returns the file path."""
+        import h5py
+
+        rows = self.rows()
+        str_dt = h5py.string_dtype("utf-8")
+        dtype = np.dtype([(c, str_dt if c in _STR_COLS else np.float64 if c in _FLOAT_COLS
+                           else np.int64) for c in _COLS])
+        table = np.array([tuple(_cell(r.get(c), c) for c in _COLS) for r in rows], dtype=dtype)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".partial")
+        with h5py.File(partial, "w") as f:
+            f.attrs["format_version"] = FORMAT_VERSION
+            f.attrs["rank"] = int(self.rank)
+            f.attrs["reason"] = reason
+            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            f.attrs["steps"] = json.dumps([s for s, _ in self.steps])
+            f.create_dataset("records", data=table)
+        fd = os.open(partial, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(partial, self.path)
+        self.saved = self.path
+        return self.path
+
+    # -- crash hooks ----------------------------------------------------------------------------
+    def install(self) -> FlightRecorder:
+        """Chain into sys.excepthook and the SIGTERM handler (main thread only for signals)."""
+        if self._installed:
+            return self
+        self._installed = True
+        self._prev_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._prev_sigterm = signal.signal(signal.SIGTERM, self._sigterm)
+            except (ValueError, OSError):  # not allowed here (embedded interpreters)
+                self._prev_sigterm = None
+        return self
+
+    def remove(self) -> None:
+        """Restore the previous hooks if they are still ours; idempotent."""
+        if not self._installed:
+            return
+        self._installed = False
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._prev_hook
+        if self._prev_sigterm is not None:
+            try:
+                if signal.getsignal(signal.SIGTERM) == self._sigterm:
+                    signal.signal(signal.SIGTERM, self._prev_sigterm)
+            except (ValueError, OSError):
+                pass
+
+    def __enter__(self) -> FlightRecorder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def _excepthook(self, etype: Any, value: Any, tb: Any) -> None:
+        try:
+            if self.saved is None:  # a watchpoint may have written it already, with its reason
+                path = self.save(reason=f"uncaught {etype.__name__}: {value}")
+                print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - never hide the original error
+            print(f"sleuth tracer: could not write the flight recorder: {e}", file=sys.stderr)
+        (self._prev_hook or sys.__excepthook__)(etype, value, tb)
+
+    def _sigterm(self, signum: int, frame: Any) -> None:
+        try:
+            path = self.save(reason="SIGTERM")
+            print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001
+            print(f"sleuth tracer: could not write the flight recorder: {e}", file=sys.stderr)
+        prev = self._prev_sigterm
+        if callable(prev):
+            prev(signum, frame)
+        elif prev == signal.SIG_IGN:
+            return
+        else:  # default action: die by the signal, as the run would have without us
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _cell(v: Any, col: str) -> Any:
+    if col in _STR_COLS:
+        return "" if v is None else str(v)
+    if col in _FLOAT_COLS:
+        return float("nan") if v is None else float(v)
+    return -1 if v is None else int(v)
+
+
+def read_flight_recorder(path: str | os.PathLike) -> Any:
+    """The rows of a flight recorder file as a DataFrame; `.attrs` holds reason and rank."""
+    import h5py
+    import pandas as pd
+
+    with h5py.File(path, "r") as f:
+        table = f["records"][()]
+        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+    df = pd.DataFrame({c: table[c] for c in table.dtype.names})
+    for c in _STR_COLS:
+        df[c] = [x.decode() if isinstance(x, bytes) else x for x in df[c]]
+    df.attrs.update(attrs)
+    return df
+
+
+def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None,
+                            steps: int | None = None) -> FlightRecorder | None:
+    """Attach a flight recorder to `writer` (an object with an `observers` list) for the run
+    directory of `config` (DumpConfig). Steps kept: `steps`, else $SLEUTH_FLIGHT_STEPS, else 3;
+    0 returns None."""
+    if steps is None:
+        steps = int(os.environ.get(ENV_STEPS, DEFAULT_STEPS))
+    if steps <= 0:
+        return None
+    if rank is None:
+        rank = int(getattr(writer, "rank", 0) or 0)
+    run_dir = config.run_dir() if hasattr(config, "run_dir") else Path(
+        os.environ.get("SLEUTH_RUN_DIR", "./sleuth_run"))
+    path = Path(run_dir) / "dump" / f"rank{rank}" / "flight_recorder.h5"
+    recorder = FlightRecorder(path, steps=steps, rank=rank,
+                              step_of=lambda: getattr(writer, "step", None))
+    writer.observers.append(recorder)
+    return recorder.install()
