@@ -11,6 +11,7 @@ import importlib
 import inspect
 import json
 import os
+import warnings
 from pathlib import Path
 
 # Pure-Python modules with long docstrings; a fixed list keeps the corpus stable.
@@ -29,18 +30,26 @@ _VAL_EVERY = 20  # every 20th document goes to validation
 def collect_docstrings() -> list[dict[str, str]]:
     """Return `[{"name": "json.dumps", "text": "..."}]` for modules, classes and functions."""
     docs: list[dict[str, str]] = []
-    for mod_name in _MODULES:
-        try:
-            module = importlib.import_module(mod_name)
-        except ImportError:  # a stripped-down Python may lack one; the rest still make a corpus
-            continue
-        _add(docs, mod_name, module)
-        for name, obj in sorted(vars(module).items()):
-            if name.startswith("_") or getattr(obj, "__module__", None) != mod_name:
-                continue
-            if inspect.isclass(obj) or inspect.isfunction(obj):
-                _add(docs, f"{mod_name}.{name}", obj)
+    with warnings.catch_warnings():  # touching deprecated members (typing.io) warns
+        warnings.simplefilter("ignore")
+        for mod_name in _MODULES:
+            _add_module(docs, mod_name)
     return docs
+
+
+def _add_module(docs: list[dict[str, str]], mod_name: str) -> None:
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError:  # a stripped-down Python may lack one; the rest still make a corpus
+        return
+    _add(docs, mod_name, module)
+    for name, obj in sorted(vars(module).items()):
+        if name.startswith("_") or getattr(obj, "__module__", None) != mod_name:
+            continue
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            _add(docs, f"{mod_name}.{name}", obj)
+
+
 
 
 def _add(docs: list[dict[str, str]], name: str, obj: object) -> None:

@@ -250,7 +250,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         if key not in names:
-            raise ConfigError(f"unknown key '{prefix}{key}'{_suggest(key, names)}")
+            raise ConfigError(f"unknown key '{prefix}{key}'{_suggest(prefix + key, [prefix + n for n in names])}")
         kwargs[key] = _coerce(value, hints[key], prefix + key)
     try:
         return cls(**kwargs)
@@ -346,14 +346,17 @@ def _suggest(name: str, candidates: Iterable[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+_SECTIONS = {"ModelConfig": "model.", "DataConfig": "data.", "OptimConfig": "optim.", "LoRAConfig": "lora."}
+
+
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
         if value <= 0:
-            raise ConfigError(f"{name}={value} must be > 0")
+            raise ConfigError(f"{_SECTIONS.get(type(obj).__name__, '')}{name}={value} must be > 0")
 
 
 def _fraction(obj: Any, name: str) -> None:
     value = getattr(obj, name)
     if not 0.0 <= value < 1.0:
-        raise ConfigError(f"{name}={value} must be in [0, 1)")
+        raise ConfigError(f"{_SECTIONS.get(type(obj).__name__, '')}{name}={value} must be in [0, 1)")
