@@ -1,0 +1,88 @@
+"""read_scalars / read_histograms: every rank's summary files under RUN/summary, as DataFrames.
+
+Files left by a crash are opened in SWMR read mode (see _summary.py); segments
+`rank{R}.seg{N}.h5` of a resumed run are merged in order.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from profiler._errors import ProfileFormatError
+
+_FILE_RE = re.compile(r"^rank(\d+)(?:\.seg(\d+))?\.h5$")
+
+
+def _files(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    folder = Path(run_dir) / "summary"
+    if not folder.is_dir():
+        raise ProfileFormatError(f"no summaries in {run_dir}: expected {folder}/rank*.h5 "
+                                 "(write them with profiler.SummaryWriter or SLEUTH_SUMMARY=1)")
+    found = []
+    for p in folder.iterdir():
+        m = _FILE_RE.match(p.name)
+        if m:
+            found.append((int(m.group(1)), int(m.group(2) or 0), p))
+    return [(rank, p) for rank, _, p in sorted(found)]
+
+
+def _open(path: Path) -> Any:
+    import h5py
+    try:
+        return h5py.File(path, "r")
+    except OSError:
+        try:  # a writer killed mid-run leaves the SWMR "open for write" flag set
+            return h5py.File(path, "r", libver="latest", swmr=True)
+        except OSError as e:
+            raise ProfileFormatError(f"cannot read summary {path}: {e}") from e
+
+
+def _each(run_dir: str | os.PathLike[str]) -> Iterator[tuple[int, Any, list[str]]]:
+    for rank, path in _files(run_dir):
+        with _open(path) as f:
+            version = str(f.attrs.get("format_version", ""))
+            if not version.startswith("1."):
+                raise ProfileFormatError(f"{path} has format_version {version!r}; this sleuth "
+                                         "reads 1.x summaries: upgrade sleuth to read it")
+            tags = [t.decode() for t in f["tags"][:]]
+            yield rank, f, tags
+
+
+def read_scalars(run_dir: str | os.PathLike[str]) -> Any:
+    """DataFrame[rank, tag, step, wall_time, value] of every rank, in write order."""
+    import pandas as pd
+    frames = []
+    for rank, f, tags in _each(run_dir):
+        rows = f["scalars"][:]
+        rows = rows[rows["tag"] < len(tags)]  # a crash can leave rows whose tag is unflushed
+        frames.append(pd.DataFrame({
+            "rank": rank, "tag": [tags[i] for i in rows["tag"]], "step": rows["step"],
+            "wall_time": rows["wall_time"], "value": rows["value"]}))
+    if not frames:
+        return pd.DataFrame(columns=["rank", "tag", "step", "wall_time", "value"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def read_histograms(run_dir: str | os.PathLike[str], tag: str | None = None) -> Any:
+    """DataFrame[rank, tag, step, wall_time, edges, counts] (numpy arrays), optionally one tag."""
+    import pandas as pd
+    out = []
+    for rank, f, tags in _each(run_dir):
+        index = f["hist_index"][:]
+        data = f["hist_data"]
+        n_data = data.shape[0]
+        want = None if tag is None else (tags.index(tag) if tag in tags else -1)
+        for row in index:
+            tid = int(row["tag"])
+            if tid >= len(tags) or (want is not None and tid != want):
+                continue
+            off, bins = int(row["offset"]), int(row["bins"])
+            if off + 2 * bins + 1 > n_data:
+                continue
+            block = data[off:off + 2 * bins + 1]
+            out.append({"rank": rank, "tag": tags[tid], "step": int(row["step"]),
+                        "wall_time": float(row["wall_time"]), "edges": block[:bins + 1],
+                        "counts": block[bins + 1:]})
+    return pd.DataFrame(out, columns=["rank", "tag", "step", "wall_time", "edges", "counts"])
