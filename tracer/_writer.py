@@ -101,6 +101,9 @@ class Writer:
         """Finish the current step: sync, the file exists on return; async, it is queued."""
         raise NotImplementedError
 
+    def flush(self) -> None:
+        """Wait until every record added so far is written (a no-op for the sync writer)."""
+
     def close(self) -> None:
         """Write what is pending, stop, and raise the first error not yet raised. Idempotent."""
         raise NotImplementedError

@@ -1,0 +1,251 @@
+"""The asynchronous dump writer: the hook snapshots and enqueues; one thread writes.
+
+Hot path (`add`): on CPU, a contiguous clone of the tensor (statistics are then computed in the
+writer thread from the clone: torch releases the GIL in its kernels, so that work overlaps the
+training thread, and a clone costs ~2 reads where statistics cost ~9). On CUDA, statistics are
+computed on the device into one packed int64 vector (no host sync), and it and, with mode
+tensor/full, the tensor are copied into pinned host memory on a side stream; the writer thread
+waits on that copy's event. Either way the writer thread runs the same `Writer._record` as the
+sync writer, so both write the same content.
+
+Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
+full and never drops a record. One record larger than the bound is let through alone.
+
+Errors: a failure in the writer thread is raised in the training thread at its next
+`add`/`end_step`/`flush`/`close` (on_error='raise') or warned once (on_error='warn'), after which
+dumping is off. The writer thread keeps draining so producers never block on a dead writer.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from tracer._config import DumpConfig
+from tracer._errors import TracerError
+from tracer._format import StepFile
+from tracer._stats import decode_packed, device_stats, empty_stats
+from tracer._writer import RecordMeta, Writer, snapshot
+
+_STOP = ("stop",)
+
+
+class AsyncWriter(Writer):
+    """Writer whose `add` only stages and enqueues; see the module docstring."""
+
+    def __init__(self, config: DumpConfig, *, rank: int, world_size: int) -> None:
+        super().__init__(config, rank=rank, world_size=world_size)
+        self._cap = config.async_max_queued_mb << 20
+        self._cond = threading.Condition()
+        self._queue: deque[tuple[tuple, int]] = deque()
+        self._queued = 0
+        self.blocked_s = 0.0
+        """Seconds `add` spent waiting for queue space (back-pressure)."""
+        self._error: BaseException | None = None  # storage failure in the writer thread
+        self._observer_error: BaseException | None = None
+        self._error_reported = False
+        self._in_step = False
+        self._step = -1
+        self._seq = 0
+        self._streams: dict[torch.device, Any] = {}
+        # writer-thread state
+        self._wfile: StepFile | None = None
+        self._wstep = -1
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"sleuth-dump-writer-rank{self.rank}")
+        self._thread.start()
+
+    # -- training thread -----------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        self._raise_pending()
+        if not self.enabled:
+            return
+        if self._in_step:
+            self._put(("end", False), 0)
+        self._step, self._seq, self._in_step = int(step), 0, True
+        self._put(("begin", self._step), 0)
+
+    def add(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
+        self._raise_pending()
+        if not self.enabled:
+            return
+        if not self._in_step:
+            raise TracerError("Writer.add() outside a step: call begin_step(step) first")
+        seq = self._seq
+        self._seq += 1
+        try:
+            staged, nbytes = self._stage(tensor)
+        except Exception as e:  # noqa: BLE001 - on_error decides
+            self._put(("end", None), 0)  # drop the half-made step
+            self._in_step = False
+            self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
+            return
+        self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
+                   tensor.numel(), staged), nbytes)
+
+    def add_hit(self, hit: dict) -> None:
+        if threading.get_ident() == self._thread.ident:
+            # an observer running in the writer thread: its record's step is the open file
+            if self._wfile is not None:
+                self._wfile.add_hit(hit)
+            return
+        if self.enabled and self._in_step:
+            self._put(("hit", dict(hit)), 0)
+
+    def end_step(self) -> None:
+        self._raise_pending()
+        if self.enabled and self._in_step:
+            self._in_step = False
+            self._put(("end", True), 0)
+
+    def flush(self) -> None:
+        """Wait until everything queued so far is written; raise a pending error."""
+        if self._thread.is_alive():
+            done = threading.Event()
+            self._put(("flush", done), 0)
+            done.wait()
+        self._raise_pending()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self.enabled and self._in_step:
+                self._put(("end", False), 0)
+            self._in_step = False
+        finally:
+            self._closed = True
+            self._put(_STOP, 0)
+            self._thread.join()
+        self._raise_pending()
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes staged and not yet written."""
+        return self._queued
+
+    def _stage(self, t: torch.Tensor) -> tuple[tuple, int]:
+        """Snapshot `t` for the writer thread; returns (staged, bytes it holds)."""
+        if t.device.type == "meta":
+            return ("ready", empty_stats(), None), 0
+        if t.is_cuda:
+            return self._stage_cuda(t)
+        snap = snapshot(t)  # CPU clone, or a blocking copy from another accelerator
+        return ("cpu", snap), snap.numel() * snap.element_size()
+
+    def _stage_cuda(self, t: torch.Tensor) -> tuple[tuple, int]:
+        device = t.device
+        stream = self._streams.get(device)
+        if stream is None:
+            stream = self._streams[device] = torch.cuda.Stream(device=device)
+        packed = device_stats(t)  # on the current stream, no sync
+        src = t.detach().resolve_conj().resolve_neg()
+        if self.keep_bytes:
+            src = src.contiguous()
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            host_packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+            host_packed.copy_(packed, non_blocking=True)
+            snap = None
+            if self.keep_bytes:
+                snap = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+                snap.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        # the caching allocator must not hand these blocks out before the copies ran
+        packed.record_stream(stream)
+        src.record_stream(stream)
+        nbytes = snap.numel() * snap.element_size() if snap is not None else 0
+        return ("cuda", done, host_packed, snap), nbytes
+
+    def _put(self, item: tuple, nbytes: int) -> None:
+        with self._cond:
+            if nbytes and self._queued and self._queued + nbytes > self._cap:
+                start = time.perf_counter()
+                while (self._queued and self._queued + nbytes > self._cap
+                       and self._error is None):
+                    self._cond.wait()
+                self.blocked_s += time.perf_counter() - start
+            self._queue.append((item, nbytes))
+            self._queued += nbytes
+            self._cond.notify_all()
+
+    def _raise_pending(self) -> None:
+        err = self._observer_error
+        if err is not None:
+            self._observer_error = None
+            raise err
+        if self._error is not None and not self._error_reported:
+            self._error_reported = True
+            self._storage_error(self._error, "in the writer thread")
+
+    # -- writer thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                item, nbytes = self._queue.popleft()
+            try:
+                if item is _STOP:
+                    self._finish_file(complete=False)
+                    return
+                if item[0] == "flush":
+                    item[1].set()
+                elif self._error is None:
+                    self._process(item)
+            except BaseException as e:  # noqa: BLE001 - handed to the training thread
+                if self._error is None:
+                    self._error = e
+                if self._wfile is not None:
+                    self._wfile.abort()
+                    self._wfile = None
+            finally:
+                with self._cond:
+                    self._queued -= nbytes
+                    self._cond.notify_all()
+
+    def _process(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "rec":
+            _, step, seq, meta, dtype, shape, numel, staged = item
+            if self._wfile is None:
+                return  # its step was dropped after an error
+            if staged[0] == "cpu":
+                stats, snap = None, staged[1]
+            elif staged[0] == "cuda":
+                _, done, host_packed, snap = staged
+                done.synchronize()
+                stats = decode_packed(host_packed.tolist())
+            else:
+                _, stats, snap = staged
+            row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap)
+            try:
+                self._notify(row)
+            except Exception as e:  # noqa: BLE001 - raised in the training thread
+                if self._observer_error is None:
+                    self._observer_error = e
+        elif kind == "begin":
+            self._finish_file(complete=False)
+            self._wstep = item[1]
+            self._wfile = self._new_file(self._wstep)
+        elif kind == "end":
+            if item[1] is None:
+                if self._wfile is not None:
+                    self._wfile.abort()
+                    self._wfile = None
+            else:
+                self._finish_file(complete=item[1])
+        elif kind == "hit":
+            if self._wfile is not None:
+                self._wfile.add_hit(item[1])
+        else:  # pragma: no cover - internal invariant
+            raise AssertionError(f"unknown queue item {kind!r}")
+
+    def _finish_file(self, *, complete: bool) -> None:
+        file, self._wfile = self._wfile, None
+        if file is not None:
+            self.files_written.append(file.finish(complete=complete))
