@@ -1,0 +1,133 @@
+"""`sleuth check RUN`: evaluate watchpoints on a dump and locate the first NaN/Inf.
+
+Exit codes: 0 nothing found, 1 a watchpoint hit (or a NaN/Inf origin found), 2 error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from sleuth.cli import CliError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "check", help="check a dump against watchpoints; find where the first NaN came from",
+        description="Evaluate watchpoints (NaN/Inf, all-zero, too large/small, out of range, "
+        "weight change, gradient explosion/vanishing, unchanged weights) on every record of a "
+        "dump, and name the first record whose outputs are NaN/Inf while its inputs are finite. "
+        "Conditions: --condition nan_inf --condition max_abs_gt=1e4 --condition "
+        "out_of_range=-10:10 --condition grad_explode=100. Exit code 0 clean, 1 hits, 2 error.",
+    )
+    p.add_argument("path", metavar="RUN", help="run directory, dump directory or step file")
+    p.add_argument("--rank", type=int, help="only this rank (default: all)")
+    p.add_argument("--step", type=int, help="only this step (default: all)")
+    p.add_argument("--condition", action="append", metavar="NAME[=VALUE]",
+                   help="a watchpoint; VALUE is the threshold, or LOW:HIGH for out_of_range "
+                   "(repeatable; default: the dump config's watch list plus nan_inf)")
+    p.add_argument("--watch", metavar="JSON",
+                   help='watchpoints as JSON or a JSON file: [{"condition": "nan_inf"}, ...]')
+    p.add_argument("--first-nan", action="store_true",
+                   help="only locate the origin of the first NaN/Inf")
+    p.add_argument("--limit", type=int, default=20, help="hits to print (default 20)")
+    p.add_argument("--csv", metavar="FILE", help="write every hit to FILE")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run)
+
+
+def parse_condition(spec: str) -> dict[str, Any]:
+    """'max_abs_gt=1e4' -> {"condition": "max_abs_gt", "threshold": 1e4};
+    'out_of_range=-1:1' -> {"condition": "out_of_range", "low": -1, "high": 1}."""
+    name, _, value = spec.partition("=")
+    out: dict[str, Any] = {"condition": name.strip()}
+    if not value:
+        return out
+    try:
+        if name.strip() == "out_of_range":
+            low, _, high = value.partition(":")
+            if low:
+                out["low"] = float(low)
+            if high:
+                out["high"] = float(high)
+        else:
+            out["threshold"] = float(value)
+    except ValueError as e:
+        raise CliError(f"--condition {spec}: {value!r} is not a number (out_of_range takes "
+                       "LOW:HIGH)") from e
+    return out
+
+
+def _watch(args: argparse.Namespace) -> list[dict] | None:
+    points: list[dict] = []
+    if args.watch:
+        text = args.watch
+        if not text.lstrip().startswith(("[", "{")):
+            try:
+                text = Path(text).read_text()
+            except OSError as e:
+                raise CliError(f"--watch: cannot read {args.watch}: {e}") from e
+        try:
+            loaded = json.loads(text)
+        except ValueError as e:
+            raise CliError(f"--watch: not valid JSON: {e}") from e
+        points += loaded if isinstance(loaded, list) else [loaded]
+    points += [parse_condition(c) for c in args.condition or []]
+    return points or None
+
+
+def _clean(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else str(v)
+    return v
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tracer._check import check, describe_origin, first_nan_origin
+    from tracer._errors import TracerError
+
+    try:
+        if args.first_nan:
+            origin = first_nan_origin(args.path, rank=args.rank, step=args.step)
+            hits = None
+        else:
+            hits = check(args.path, watch=_watch(args), rank=args.rank, step=args.step)
+            origin = hits.attrs.get("first_nan")
+    except TracerError as e:
+        raise CliError(str(e)) from e
+    n = 0 if hits is None else len(hits)
+    if args.csv and hits is not None:
+        try:
+            hits.to_csv(args.csv, index=False)
+        except OSError as e:
+            raise CliError(f"cannot write {args.csv}: {e}") from e
+    found = bool(n) or origin is not None
+    if args.json:
+        out = {"status": "hit" if found else "clean",
+               "first_nan": {k: _clean(v) for k, v in origin.items()} if origin else None}
+        if hits is not None:
+            out["hits"] = [{k: _clean(v) for k, v in h.items()} for h in hits.to_dict("records")]
+        print(json.dumps(out, allow_nan=False))
+        return 1 if found else 0
+    if origin is not None:
+        print(describe_origin(origin))
+    elif args.first_nan:
+        print("no NaN or Inf in the dump")
+    if hits is not None:
+        if not n:
+            print("no watchpoint hit")
+        else:
+            by = hits["condition"].value_counts()
+            print(f"{n} watchpoint hits: " + ", ".join(f"{c} {k}" for c, k in by.items()))
+            for h in hits.head(args.limit).to_dict("records"):
+                op = f"{h['op']} " if h["op"] else ""
+                print(f"  step {h['step']} rank {h['rank']}  {h['condition']:<16} "
+                      f"{h['value']:<10.4g} {h['name']}  ({op}{h['module']}, "
+                      f"{h['source'] or '-'})")
+            if n > args.limit:
+                print(f"  ... {n - args.limit} more (--limit, --csv)")
+    return 1 if found else 0

@@ -1,0 +1,97 @@
+"""`sleuth diff` and `sleuth check` on synthetic dumps: exit codes, table, --json, --csv."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from sleuth.cli import main
+from test_diff_synthetic import model_records, rec, write_step
+
+
+def _pair(tmp_path, **kw):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w = (rng.standard_normal((8, 8)) * 0.3).astype(np.float32)
+    write_step(tmp_path / "a", model_records(x, w=w))
+    write_step(tmp_path / "b", model_records(x, w=w, **kw))
+    return str(tmp_path / "a"), str(tmp_path / "b")
+
+
+def test_same_exit_0(tmp_path, capsys):
+    a, b = _pair(tmp_path)
+    assert main(["diff", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "status: SAME" in out and "first divergence" not in out
+
+
+def test_diverged_table_json_csv(tmp_path, capsys):
+    a, b = _pair(tmp_path, eps=0.5)
+    csv = tmp_path / "rows.csv"
+    assert main(["diff", a, b, "--csv", str(csv)]) == 1
+    out = capsys.readouterr().out
+    assert "status: DIVERGED" in out
+    assert "first divergence (compute): layers.1::aten.rms.forward.0.output.0" in out
+    assert "source model.py:11" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("order"))
+    assert "layers.1::aten.rms.forward.0.output.0" in lines[header + 1]
+    import pandas as pd
+
+    rows = pd.read_csv(csv)
+    assert {"name", "cosine", "max_abs_err", "verdict"} <= set(rows.columns)
+    assert main(["diff", a, b, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "diverged"
+    fd = doc["first_divergence"]
+    assert (fd["name"], fd["module"], fd["op"], fd["phase"], fd["step"], fd["rank"],
+            fd["source"]) == ("layers.1::aten.rms.forward.0.output.0", "layers.1", "aten.rms",
+                              "forward", 0, 0, "model.py:11")
+    assert len(doc["records"]) == len(rows)
+
+
+def test_tolerance_flags(tmp_path, capsys):
+    a, b = _pair(tmp_path, eps=1.00001e-5)
+    assert main(["diff", a, b, "--rtol", "1e-2", "--atol", "1e-3"]) == 0
+    assert main(["diff", a, b, "--rtol", "0", "--atol", "0", "--json"]) in (0, 1)
+
+
+def test_errors_exit_2(tmp_path, capsys):
+    a, b = _pair(tmp_path)
+    assert main(["diff", a, str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["diff", a, b, "--b-rank", "3"]) == 2
+    assert "no rank 3" in capsys.readouterr().err
+
+
+def test_check_cli(tmp_path, capsys):
+    x = np.array([1.0, -4.0, 9.0], np.float32)
+    with np.errstate(invalid="ignore"):
+        y = np.sqrt(x)
+    write_step(tmp_path / "r", [
+        rec("act", "forward", "input", x, op="aten.sqrt", source="m.py:3"),
+        rec("act", "forward", "output", y, op="aten.sqrt", source="m.py:3"),
+        rec("out", "forward", "input", y, op="aten.mul", source="m.py:4"),
+        rec("out", "forward", "output", y * 2, op="aten.mul", source="m.py:4"),
+        rec("big", "forward", "output", x * 1e6, op="aten.mul", source="m.py:5"),
+    ])
+    run = str(tmp_path / "r")
+    assert main(["check", run, "--first-nan"]) == 1
+    out = capsys.readouterr().out
+    assert "act::aten.sqrt.forward.0.output.0" in out and "m.py:3" in out
+    assert main(["check", run, "--condition", "max_abs_gt=1e5", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [h["name"] for h in doc["hits"]] == ["big::aten.mul.forward.0.output.0"]
+    assert doc["first_nan"]["op"] == "aten.sqrt"
+    assert main(["check", run, "--condition", "max_abs_gtt=1"]) == 2
+    assert "did you mean 'max_abs_gt'" in capsys.readouterr().err
+    write_step(tmp_path / "clean", [rec("m", "forward", "output", x)])
+    assert main(["check", str(tmp_path / "clean")]) == 0
+
+
+def test_cli_subprocess_exit_codes(tmp_path, sleuth_cli):
+    a, b = _pair(tmp_path, eps=0.5)
+    res = sleuth_cli("diff", a, b, "--json")
+    assert res.returncode == 1, res.stderr
+    assert json.loads(res.stdout)["first_divergence"]["module"] == "layers.1"
+    assert sleuth_cli("diff", a, a).returncode == 0
