@@ -1,0 +1,178 @@
+"""Zero-code attach: `SLEUTH_SAVE_GRAPHS=1` saves the graphs of the first model a process runs.
+
+How it works (kept simple on purpose):
+1. A global forward pre-hook sees the first top-level module call of the process. Its forward
+   stages (`forward`, `forward_aten_decomposed`) are captured right there by torch.export on
+   fake tensors, or, if export fails, by one traced call on cloned inputs with the RNG forked and
+   buffers restored, so the training step is not disturbed.
+2. That same real call then runs under the recording dispatch mode (which only observes), giving
+   `forward_eager` and the link from each autograd node to its forward op.
+3. The first `torch.autograd.backward` call afterwards (so `loss.backward()`) walks the autograd
+   graph of the real loss before running it, writes `backward`, and removes the patch. If the
+   model is called again before any backward, the backward stage is given up.
+Only rank 0 (`RANK` unset or 0) writes. Failures warn and never stop the run. Output goes to
+`$SLEUTH_SAVE_GRAPHS_PATH`, else `$SLEUTH_RUN_DIR/ir`, else `./sleuth_run/ir`.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from irdump._errors import RenderError
+from irdump._save import DEFAULT_FORMATS
+
+_TRUE = ("1", "true", "yes", "on")
+
+
+def output_dir() -> Path:
+    explicit = os.environ.get("SLEUTH_SAVE_GRAPHS_PATH")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("SLEUTH_RUN_DIR") or "sleuth_run") / "ir"
+
+
+class GraphSaver:
+    """Handle of an attached graph saver; `.remove()` is idempotent and it is a context manager."""
+
+    def __init__(self, path: str | os.PathLike, sort_mode: str | None = None) -> None:
+        from torch.nn.modules import module as nn_module
+
+        self.path = Path(path)
+        self.sort_mode = sort_mode
+        self.written: list[Path] = []
+        self._model: Any = None
+        self._busy = False
+        self._capture: Any = None
+        self._backward_orig: Any = None
+        self._backward_capture: Any = None
+        self.removed = False
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._pre_hook),
+            nn_module.register_module_forward_hook(self._post_hook, always_call=True),
+        ]
+
+    # -- context manager / handle --------------------------------------------------------------
+    def __enter__(self) -> GraphSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def remove(self) -> None:
+        """Remove the hooks and the backward patch (safe to call twice)."""
+        self.removed = True
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._unpatch_backward()
+        if self._capture is not None:
+            try:
+                self._capture.stop()
+            except Exception:  # noqa: BLE001 - best effort while tearing down
+                pass
+            self._capture = None
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _write(self, graphs: list[Any]) -> None:
+        from irdump._save import write_graphs
+
+        try:
+            self.written += write_graphs(graphs, self.path, DEFAULT_FORMATS, None, self.sort_mode)
+        except RenderError as e:
+            warnings.warn(f"sleuth irdump: {e}; writing without svg", stacklevel=3)
+            formats = tuple(f for f in DEFAULT_FORMATS if f != "svg")
+            self.written += write_graphs(graphs, self.path, formats, None, self.sort_mode)
+
+    def _pre_hook(self, module: Any, args: Any) -> None:
+        if self._busy:
+            return
+        if self._model is not None:
+            if module is self._model and self._backward_orig is not None:
+                self._give_up_backward()  # called again before any backward
+            return
+        self._model = module
+        self._busy = True
+        try:
+            from irdump._capture_dispatch import DispatchCapture
+            from irdump._save import capture_graphs
+
+            self._write(capture_graphs(module, args, ("forward", "forward_aten_decomposed")))
+            self._capture = DispatchCapture(module, tuple(args), {}, root_pushed=True)
+            self._capture.start()
+        except Exception as e:  # noqa: BLE001 - never break the user's run
+            warnings.warn(f"sleuth irdump: graph capture failed: {e}", stacklevel=2)
+            self._capture = None
+        finally:
+            self._busy = False
+
+    def _post_hook(self, module: Any, args: Any, output: Any) -> None:
+        if self._busy or module is not self._model or self._capture is None:
+            return
+        capture, self._capture = self._capture, None
+        try:
+            graph = capture.stop(output)
+            self._write([graph])
+            self._patch_backward(capture)
+        except Exception as e:  # noqa: BLE001
+            warnings.warn(f"sleuth irdump: forward_eager capture failed: {e}", stacklevel=2)
+
+    # -- backward ------------------------------------------------------------------------------
+    def _patch_backward(self, capture: Any) -> None:
+        import torch
+
+        orig = torch.autograd.backward
+        saver = self
+
+        def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            saver._unpatch_backward()
+            try:
+                from irdump._capture_backward import capture_backward
+
+                params = {id(p): n for n, p in saver._model.named_parameters()}
+                graph = capture.graph
+                saver._write([capture_backward(tensors, graph, capture.grad_fn_links, params,
+                                               graph.modules)])
+            except Exception as e:  # noqa: BLE001
+                warnings.warn(f"sleuth irdump: backward capture failed: {e}", stacklevel=2)
+            finally:
+                capture.grad_fn_links.clear()  # do not keep the autograd graph alive
+            return orig(tensors, *args, **kwargs)
+
+        self._backward_orig = orig
+        self._backward_capture = capture
+        torch.autograd.backward = backward  # Tensor.backward looks it up here at each call
+
+    def _unpatch_backward(self) -> None:
+        if self._backward_orig is not None:
+            import torch
+
+            torch.autograd.backward = self._backward_orig
+            self._backward_orig = None
+
+    def _give_up_backward(self) -> None:
+        self._unpatch_backward()
+        self._backward_capture.grad_fn_links.clear()
+        warnings.warn("sleuth irdump: the model ran again before any backward; the backward "
+                      "graph is not saved", stacklevel=3)
+
+
+_ATTACHED: GraphSaver | None = None
+
+
+def attach_from_env() -> GraphSaver | None:
+    """Attach when `SLEUTH_SAVE_GRAPHS=1`; return the handle, or None (and do nothing).
+
+    Idempotent: `sleuth._autoattach` may already have attached in this process, in which case
+    the same live handle is returned (two savers would nest torch.export calls).
+    """
+    global _ATTACHED
+    if os.environ.get("SLEUTH_SAVE_GRAPHS", "").strip().lower() not in _TRUE:
+        return None
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    if _ATTACHED is None or _ATTACHED.removed:
+        _ATTACHED = GraphSaver(output_dir(),
+                               os.environ.get("SLEUTH_SAVE_GRAPHS_SORT_MODE") or None)
+    return _ATTACHED

@@ -1,0 +1,104 @@
+"""Readers for the dashboard and CLI: list a run's graphs, parse a `.ir` file into a DataFrame."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from irdump._errors import IrFormatError
+from irdump._graph import FORMAT_VERSION
+
+_FILE_RE = re.compile(r"^(\d{2})_(\w+?)(\.sorted\.ir|\.ir|\.dot|\.svg)$")
+_COLUMN_OF = {".ir": "ir", ".sorted.ir": "sorted_ir", ".dot": "dot", ".svg": "svg"}
+_LINE_RE = re.compile(
+    r"^\s*(?P<index>\d+)  (?P<name>\S+) = (?P<op>[^\s(]+)\((?P<operands>[^)]*)\)"
+    r"(?: \{(?P<attrs>.*)\})? : \((?P<ins>[^)]*)\) -> \((?P<outs>[^)]*)\)"
+    r"  @(?P<module>\S+)(?:  # (?P<source>.*))?$")
+_TYPE_RE = re.compile(r"([\w?]+)\[([^\]]*)\]")
+
+
+def list_graphs(run_dir: str | os.PathLike) -> Any:
+    """The graphs saved under `run_dir/ir` (or `run_dir` itself if it holds them).
+
+    Returns a pandas DataFrame with columns stage (int), name, ir, sorted_ir, dot, svg (paths
+    as str, or None when that format was not written), sorted by stage.
+    """
+    import pandas as pd
+
+    root = Path(run_dir)
+    folder = root / "ir" if (root / "ir").is_dir() else root
+    rows: dict[tuple[int, str], dict[str, Any]] = {}
+    if folder.is_dir():
+        for f in sorted(folder.iterdir()):
+            m = _FILE_RE.match(f.name)
+            if not m or not f.is_file():
+                continue
+            key = (int(m.group(1)), m.group(2))
+            row = rows.setdefault(key, {"stage": key[0], "name": key[1], "ir": None,
+                                        "sorted_ir": None, "dot": None, "svg": None})
+            row[_COLUMN_OF[m.group(3)]] = str(f)
+    columns = ["stage", "name", "ir", "sorted_ir", "dot", "svg"]
+    return pd.DataFrame([rows[k] for k in sorted(rows)], columns=columns)
+
+
+def _types(text: str) -> list[tuple[str, tuple]]:
+    out = []
+    for dtype, dims in _TYPE_RE.findall(text):
+        shape = tuple(int(d) if d.lstrip("-").isdigit() else d for d in dims.split(",") if d)
+        out.append((dtype, shape))
+    return out
+
+
+def read_ir(path: str | os.PathLike) -> Any:
+    """Parse a `.ir` or `.sorted.ir` file into a DataFrame, one row per node in file order.
+
+    Columns: index, name, op, module, source, inputs (list of operand names), output_shapes
+    (list of tuples), output_dtypes (list of str), input_shapes, attrs (str), forward (the
+    linked forward node for backward nodes, else ""). Header fields (entry, stage, capture,
+    format_version) are in `df.attrs`.
+    Raises IrFormatError for a file that is not IR text or has an unknown major version.
+    """
+    import pandas as pd
+
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise IrFormatError(f"cannot read {p}: {e}") from e
+    if not lines or not lines[0].startswith("# sleuth-ir format_version="):
+        raise IrFormatError(f"{p} is not a sleuth IR file (no '# sleuth-ir format_version=' "
+                            "first line); pass a .ir or .sorted.ir file written by irdump")
+    version = lines[0].split("=", 1)[1].strip()
+    if version.split(".")[0] != FORMAT_VERSION.split(".")[0]:
+        raise IrFormatError(f"{p} has IR format_version {version}; this irdump reads "
+                            f"{FORMAT_VERSION.split('.')[0]}.x: upgrade sleuth to read it")
+    meta: dict[str, str] = {"format_version": version}
+    rows = []
+    for line in lines[1:]:
+        if line.startswith("#"):
+            key, sep, value = line[1:].strip().partition(": ")
+            if sep and key in ("entry", "stage", "capture"):
+                meta[key] = value
+            continue
+        if not line.strip():
+            continue
+        m = _LINE_RE.match(line)
+        if m is None:
+            raise IrFormatError(f"{p}: cannot parse node line {line[:80]!r}")
+        attrs = m.group("attrs") or ""
+        fwd = re.search(r"(?:^|, )forward=(\S+?)(?:,|$)", attrs)
+        outs = _types(m.group("outs"))
+        rows.append({
+            "index": int(m.group("index")), "name": m.group("name"), "op": m.group("op"),
+            "module": m.group("module"), "source": m.group("source") or "",
+            "inputs": [o.strip().lstrip("%") for o in m.group("operands").split(", ") if o],
+            "output_shapes": [s for _, s in outs], "output_dtypes": [d for d, _ in outs],
+            "input_shapes": [s for _, s in _types(m.group("ins"))], "attrs": attrs,
+            "forward": fwd.group(1) if fwd else "",
+        })
+    columns = ["index", "name", "op", "module", "source", "inputs", "output_shapes",
+               "output_dtypes", "input_shapes", "attrs", "forward"]
+    df = pd.DataFrame(rows, columns=columns)
+    df.attrs.update(meta)
+    return df
