@@ -20,7 +20,7 @@ import torch
 from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig
-from tracer._errors import ConfigError, TracerError
+from tracer._errors import ConfigError, TracerError, WatchpointHit
 from tracer._module_hooks import ModuleTracker
 from tracer._source import user_source
 
@@ -169,11 +169,15 @@ class Dumper:
         if self._writer is None:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
+            if self.config.watch:
+                from tracer._watch import install_watch
+
+                install_watch(self._writer, self.config)  # removed with the writer at close
         self._writer.begin_step(self.current_step)
         self._open = True
 
     def _fail(self, error: Exception) -> None:
-        if self.config.on_error == "raise":
+        if self.config.on_error == "raise" or isinstance(error, WatchpointHit):
             if isinstance(error, TracerError):
                 raise error
             raise TracerError(f"dumping step {self.current_step} failed: {error}; set "
