@@ -146,7 +146,7 @@ class StepFile:
     def _spill(self) -> None:
         if self._spill_fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._spill_fd = os.open(self.spill_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._spill_fd = os.open(self.spill_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._spilled += _pwrite_all(self._spill_fd, self._buffers, self._spilled)
         self._buffers, self._buffered = [], 0
 
@@ -175,7 +175,7 @@ class StepFile:
         self._buffers = []
         try:
             self.partial_path.unlink()
-        except FileNotFoundError:
+        except OSError:  # best effort: the error that brought us here is the one to report
             pass
 
     def _drop_spill(self) -> None:
@@ -184,7 +184,7 @@ class StepFile:
             self._spill_fd = None
             try:
                 self.spill_path.unlink()
-            except FileNotFoundError:
+            except OSError:
                 pass
 
     def _write_hdf5(self, partial: Path, complete: bool) -> int:

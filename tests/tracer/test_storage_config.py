@@ -1,0 +1,108 @@
+"""DumpConfig: validation messages, step/rank ranges, name filters, JSON and env loading."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tracer._config import DumpConfig, parse_ranges
+from tracer._errors import ConfigError
+
+
+@pytest.mark.parametrize("d, message", [
+    ({"level": "modul"}, "level: 'modul' is not one of module, op, mix; did you mean 'module'?"),
+    ({"mode": "stats"}, "mode: 'stats' is not one of statistics, tensor, full; did you mean "
+                        "'statistics'?"),
+    ({"writer": "asinc"}, "writer: 'asinc' is not one of sync, async; did you mean 'async'?"),
+    ({"io": "inputs"}, "io: 'inputs' is not one of input, output, both; did you mean 'input'?"),
+    ({"phases": "fwd"}, "phases: 'fwd' is not one of forward, backward, both"),
+    ({"on_error": "ignore"}, "on_error: 'ignore' is not one of raise, warn"),
+    ({"step": "1"}, "unknown key 'step'; did you mean 'steps'?"),
+    ({"steps": "5-"}, "steps: '5-' has a bad part '5-'; write ranges like '0|5-8|100-120'"),
+    ({"steps": "8-5"}, "steps: range '8-5' in '8-5' ends before it starts"),
+    ({"ranks": "a"}, "ranks: 'a' has a bad part 'a'; write ranges like '0|1|4-7'"),
+    ({"async_max_queued_mb": 0}, "async_max_queued_mb: expected a whole number of MiB >= 1"),
+    ({"async_max_queued_mb": True}, "async_max_queued_mb: expected a whole number"),
+    ({"params": "yes"}, "params: expected true or false"),
+    ({"modules": ["re:("]}, "modules: bad regular expression 're:('"),
+    ({"ops": [3]}, "ops: expected a list of name patterns"),
+    ({"exclude_modules": [""]}, "exclude_modules: empty pattern"),
+    ({"watch": 3}, "watch: expected a list of watchpoint objects"),
+])
+def test_bad_values_name_key_value_and_fix(d, message):
+    with pytest.raises(ConfigError) as e:
+        DumpConfig.from_dict(d)
+    assert message in str(e.value)
+
+
+def test_ranges():
+    assert parse_ranges("steps", "all") is None
+    assert parse_ranges("steps", "0|5-8|100-120") == ((0, 0), (5, 8), (100, 120))
+    c = DumpConfig(steps="0|5-8", ranks="1|4-5")
+    assert [s for s in range(12) if c.wants_step(s)] == [0, 5, 6, 7, 8]
+    assert [r for r in range(8) if c.wants_rank(r)] == [1, 4, 5]
+    assert DumpConfig(steps=3).steps == "3" and DumpConfig(steps=3).wants_step(3)
+    assert all(DumpConfig().wants_step(s) for s in (0, 10**9))
+
+
+def test_module_and_op_filters():
+    c = DumpConfig(modules=("layers.*",), exclude_modules=("re:drop",),
+                   ops=["aten.mm", "aten.*softmax*"], exclude_ops="aten._log_softmax")
+    assert c.modules == ("layers.*",) and c.exclude_ops == ("aten._log_softmax",)
+    assert c.wants_module("layers.0.attn") and not c.wants_module("layers.0.dropout")
+    assert not c.wants_module("head") and not c.wants_module("<root>")
+    assert c.wants_op("aten.mm") and c.wants_op("aten._softmax") and not c.wants_op("aten.add")
+    assert not c.wants_op("aten._log_softmax")
+    assert c.wants_module("layers.1.mlp")  # cached path gives the same answer
+    everything = DumpConfig()
+    assert everything.wants_module("anything") and everything.wants_op("aten.anything")
+    regex = DumpConfig(modules=["re:^layers\\.[01]\\.attn$"])
+    assert regex.wants_module("layers.1.attn") and not regex.wants_module("layers.2.attn")
+
+
+def test_round_trip_json_and_env(tmp_path, monkeypatch):
+    c = DumpConfig(path=str(tmp_path), steps="1|3-4", level="mix", mode="full", modules=("a.*",),
+                   writer="sync", async_max_queued_mb=16, on_error="warn")
+    p = tmp_path / "dump.json"
+    p.write_text(json.dumps(c.to_dict()))
+    assert DumpConfig.from_json(p) == c
+    monkeypatch.setenv("SLEUTH_DUMP_CONFIG", str(p))
+    assert DumpConfig.from_env() == c
+    monkeypatch.setenv("SLEUTH_DUMP_CONFIG", "")
+    assert DumpConfig.from_env() is None
+    monkeypatch.delenv("SLEUTH_DUMP_CONFIG")
+    assert DumpConfig.from_env() is None
+    monkeypatch.setenv("SLEUTH_DUMP_CONFIG", "1")
+    assert DumpConfig.from_env() == DumpConfig()
+
+
+def test_json_errors_name_file_line_column(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{\n  "steps": "0",\n  "level": module\n}')
+    with pytest.raises(ConfigError, match=r"bad\.json:3:12: invalid JSON"):
+        DumpConfig.from_json(p)
+    p.write_text('{"levle": "op"}')
+    with pytest.raises(ConfigError, match=r"bad\.json: unknown key 'levle'; did you mean 'level'"):
+        DumpConfig.from_json(p)
+    p.write_text('[1, 2]')
+    with pytest.raises(ConfigError, match="must be a JSON object"):
+        DumpConfig.from_json(p)
+    with pytest.raises(ConfigError, match="cannot read dump config"):
+        DumpConfig.from_json(tmp_path / "missing.json")
+
+
+def test_run_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv("SLEUTH_RUN_DIR", raising=False)
+    assert str(DumpConfig().run_dir()) == "sleuth_run"
+    monkeypatch.setenv("SLEUTH_RUN_DIR", str(tmp_path))
+    assert DumpConfig().run_dir() == tmp_path
+    assert DumpConfig(path="/x/run").run_dir().as_posix() == "/x/run"
+
+
+def test_frozen_and_keyword_only():
+    c = DumpConfig()
+    with pytest.raises(Exception):
+        c.level = "op"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        DumpConfig("run")  # type: ignore[misc]
+    assert DumpConfig.keys()[0] == "path" and "watch" in DumpConfig.keys()

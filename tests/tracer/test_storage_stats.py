@@ -1,0 +1,132 @@
+"""Record statistics against a naive reference, over many dtypes and edge cases."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tracer._stats import decode_packed, device_stats, host_stats
+
+INF, NAN = math.inf, math.nan
+
+
+def reference(t: torch.Tensor) -> dict:
+    """Slow, obvious statistics (float64 math, numpy checksum with wrapping)."""
+    flat = t.detach().reshape(-1)
+    n = flat.numel()
+    width = flat.element_size()
+    ints = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[width]
+    raw = flat.contiguous().view(torch.uint8).numpy().view(ints)
+    checksum = int(raw.sum(dtype=ints)) if n else 0
+    if flat.dtype.is_complex:
+        parts = torch.view_as_real(flat)
+        return dict(min=NAN, max=NAN, mean=NAN, norm=NAN, nan=int(parts.isnan().any(-1).sum()),
+                    posinf=int((parts == INF).any(-1).sum()),
+                    neginf=int((parts == -INF).any(-1).sum()), zeros=int((flat == 0).sum()),
+                    checksum=checksum)
+    x = flat.double()
+    has_nan = bool(x.isnan().any())
+    out = dict(nan=int(x.isnan().sum()), posinf=int((x == INF).sum()),
+               neginf=int((x == -INF).sum()), zeros=int((x == 0).sum()), checksum=checksum)
+    if n == 0 or has_nan:
+        return dict(out, min=NAN, max=NAN, mean=NAN, norm=NAN)
+    return dict(out, min=float(x.min()), max=float(x.max()), mean=float(x.mean()),
+                norm=float(x.norm()))
+
+
+def same(a: float, b: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return math.isclose(a, b, rel_tol=2e-5, abs_tol=1e-6)
+
+
+def check(t: torch.Tensor) -> None:
+    ref = reference(t)
+    for got in (host_stats(t), decode_packed(device_stats(t).tolist())):
+        for k in ("nan", "posinf", "neginf", "zeros", "checksum"):
+            assert got[k] == ref[k], (k, got[k], ref[k], t.dtype)
+        for k in ("min", "max", "mean", "norm"):
+            if k == "mean" and (ref["posinf"] or ref["neginf"]):
+                continue  # inf + -inf: any of inf/nan is a fair mean
+            assert same(got[k], ref[k]), (k, got[k], ref[k], t.dtype)
+
+
+def specials(dtype: torch.dtype) -> torch.Tensor:
+    base = torch.tensor([1.5, -2.0, 0.0, NAN, INF, -INF, 0.0, 3.0])
+    return base.to(dtype)
+
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_floats_plain_and_special(dtype):
+    g = torch.Generator().manual_seed(0)
+    check(torch.randn(1000, generator=g).to(dtype))
+    check(torch.randn(700_001, generator=g).to(dtype))  # several chunks
+    check(specials(dtype))
+    check(torch.tensor([1.0, INF, 0.0]).to(dtype))  # inf without nan
+    check(torch.tensor([-INF, -INF]).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8(dtype):
+    check(torch.randn(5000).clamp(-400, 400).to(dtype))
+    if dtype == torch.float8_e5m2:
+        check(specials(torch.float32).to(dtype))
+    else:  # e4m3fn has no infinities
+        check(torch.tensor([1.0, NAN, 0.0, -3.0]).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32,
+                                   torch.int64])
+def test_integers(dtype):
+    lo = 0 if dtype == torch.uint8 else -100
+    check(torch.randint(lo, 100, (3000,), dtype=dtype))
+
+
+def test_checksum_wraps_in_element_width():
+    check(torch.full((100_000,), 2**31 - 1, dtype=torch.int32))
+    check(torch.full((300_000,), 2**62, dtype=torch.int64))
+    check(torch.full((70_000,), 127, dtype=torch.int8))
+
+
+def test_edge_shapes():
+    check(torch.tensor(True))
+    check(torch.tensor([True, False, True, True]))
+    check(torch.tensor(3.5))  # 0-d
+    check(torch.zeros(0))
+    check(torch.zeros(3, 0, 2, dtype=torch.bfloat16))
+    check(torch.zeros(100))
+    check(torch.randn(30, 40).t())  # non-contiguous
+    check(torch.randn(10, 10)[::3, 1::2])
+    check(torch.arange(12.0).reshape(3, 4).expand(2, 3, 4))
+
+
+def test_empty_stats_are_nan_with_zero_counts():
+    s = host_stats(torch.zeros(0, dtype=torch.float16))
+    assert math.isnan(s["min"]) and math.isnan(s["norm"]) and s["zeros"] == 0
+    assert s["checksum"] == 0
+
+
+def test_complex_counts_only():
+    t = torch.tensor([1 + 1j, 0j, complex(NAN, 0), complex(0, INF)], dtype=torch.complex64)
+    check(t)
+    s = host_stats(t)
+    assert math.isnan(s["min"]) and s["nan"] == 1 and s["posinf"] == 1 and s["zeros"] == 1
+
+
+def test_float32_overflowing_sum_is_redone_wide():
+    s = host_stats(torch.full((10,), 3e38))
+    assert s["posinf"] == 0 and math.isclose(s["mean"], 3e38, rel_tol=1e-6)
+    assert math.isclose(s["norm"], 3e38 * math.sqrt(10), rel_tol=1e-6)
+
+
+def test_requires_grad_and_views_are_fine():
+    w = torch.randn(8, 8, requires_grad=True)
+    check(w * 2)
+    check(w[2:5])
