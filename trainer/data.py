@@ -93,7 +93,8 @@ def _field(record: dict[str, Any], name: str, where: str, kind: type = str) -> A
         present = sorted(k for k, v in record.items() if v is not None)
         close = difflib.get_close_matches(name, present, n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'? (set it with data.*_field)" if close else ""
-        raise DataError(f"{where}: missing field '{name}' (fields present: {present}){hint}")
+        null = " (it is null)" if name in record else ""
+        raise DataError(f"{where}: missing field '{name}'{null} (fields present: {present}){hint}")
     value = record[name]
     if not isinstance(value, kind):
         raise DataError(f"{where}: field '{name}' must be a {kind.__name__}, got {type(value).__name__}")

@@ -24,3 +24,14 @@ def make_config(tmp_path, corpus):
         return load_config(overrides=base + list(overrides))
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread():
+    # the tiny models gain nothing from threads, and on a shared 2-core machine threads fight
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
