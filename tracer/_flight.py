@@ -36,7 +36,7 @@ class FlightRecorder:
                  step_of: Any = None) -> None:
         self.path = Path(path)
         self.rank = rank
-        self.steps: collections.deque[tuple[int, list[dict]]] = collections.deque(maxlen=steps)
+        self.steps: collections.deque[tuple[int, list[tuple]]] = collections.deque(maxlen=steps)
         self._step_of = step_of  # callable giving the current step when rows do not carry it
         self._lock = threading.Lock()
         self._prev_hook: Any = None
@@ -53,9 +53,11 @@ class FlightRecorder:
         with self._lock:
             if not self.steps or self.steps[-1][0] != step:
                 self.steps.append((step, []))
-            self.steps[-1][1].append({**row, "step": step})
+            # a tuple of the kept columns: a third of a dict's memory over thousands of rows
+            self.steps[-1][1].append(tuple(step if c == "step" else _cell(row.get(c), c)
+                                           for c in _COLS))
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[tuple]:
         with self._lock:
             return [r for _, rows in self.steps for r in rows]
 
@@ -68,7 +70,7 @@ class FlightRecorder:
         str_dt = h5py.string_dtype("utf-8")
         dtype = np.dtype([(c, str_dt if c in _STR_COLS else np.float64 if c in _FLOAT_COLS
                            else np.int64) for c in _COLS])
-        table = np.array([tuple(_cell(r.get(c), c) for c in _COLS) for r in rows], dtype=dtype)
+        table = np.array(rows, dtype=dtype)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
         with h5py.File(partial, "w") as f:
@@ -183,8 +185,19 @@ def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None
         rank = int(getattr(writer, "rank", 0) or 0)
     run_dir = config.run_dir() if hasattr(config, "run_dir") else Path(
         os.environ.get("SLEUTH_RUN_DIR", "./sleuth_run"))
-    path = Path(run_dir) / "dump" / f"rank{rank}" / "flight_recorder.h5"
-    recorder = FlightRecorder(path, steps=steps, rank=rank,
-                              step_of=lambda: getattr(writer, "step", None))
+    path = Path(run_dir).resolve() / "dump" / f"rank{rank}" / "flight_recorder.h5"
+    # The recorder outlives its writer on purpose: `with Dumper(...)` closes the writer before
+    # an exception escaping the block reaches sys.excepthook. One recorder per file, so a
+    # second Dumper on the same run reuses the hooks instead of chaining them again.
+    recorder = _RECORDERS.get(path)
+    if recorder is None:
+        recorder = _RECORDERS[path] = FlightRecorder(path, steps=steps, rank=rank)
+    else:
+        recorder.steps = collections.deque(maxlen=steps)
+        recorder.saved = None
+    recorder._step_of = lambda: getattr(writer, "step", None)
     writer.observers.append(recorder)
     return recorder.install()
+
+
+_RECORDERS: dict[Path, FlightRecorder] = {}
