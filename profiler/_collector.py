@@ -138,8 +138,6 @@ class Collector:
             return
         try:
             self._stop_flops()
-            if self.config.schedule_action(self._step) != "none":
-                self._step_wall[self._step] = time.perf_counter() - self._t0
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.stop()

@@ -111,8 +111,10 @@ class SummaryWriter:
             f.attrs["kind"] = "sleuth.summary"
             f.attrs["rank"] = self.rank
             f.attrs["created"] = datetime.now(timezone.utc).isoformat()
-            for name, chunk in (("tags", 64), ("scalars", 4096), ("hist_index", 1024),
-                                ("hist_data", 65536)):
+            # chunks of at most 64 KiB: the size cap is checked on the file's size, which
+            # grows a chunk at a time
+            for name, chunk in (("tags", 16), ("scalars", 2048), ("hist_index", 1024),
+                                ("hist_data", 8192)):
                 f.create_dataset(name, shape=(0,), maxshape=(None,), dtype=dt[name],
                                  chunks=(chunk,))
             f.swmr_mode = True  # from here on only appends; the file stays readable

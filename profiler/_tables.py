@@ -152,6 +152,11 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     clamped = _nest(host) + negative_durations
 
     steps = sorted((ev for ev in host if _STEP_RE.match(ev.name)), key=lambda x: x.ts)
+    if meta.get("steps") is not None:
+        # only steps that ended with a step() call: the one begun by the last call before
+        # close() never ran and would only drag the averages down
+        done = {int(s) for s in meta["steps"]}
+        steps = [st for st in steps if int(_STEP_RE.match(st.name).group(1)) in done]
     if steps:
         win0, win1 = steps[0].ts, max(s.end for s in steps)
     else:
@@ -245,9 +250,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             if owner is not None:
                 mods[owner]["backward_self_us"] += ev.dur
         for name, row in mods.items():
-            prefix = name + "."
             row["backward_total_us"] = sum(r["backward_self_us"] for n, r in mods.items()
-                                           if n == name or n.startswith(prefix))
+                                           if _is_within(n, name))
 
     # ---- steps ----------------------------------------------------------------------------
     labels = {f"sleuth.{p}": p for p in PHASE_LABELS}
@@ -334,3 +338,12 @@ def _ancestors(ev: _Ev):
     while p is not None:
         yield p
         p = p.parent
+
+
+def _is_within(name: str, scope: str) -> bool:
+    """Whether module `name` is `scope` or inside it (the root's children carry no prefix)."""
+    if name == scope:
+        return True
+    if scope == "<root>":
+        return not name.startswith("<")
+    return name.startswith(scope + ".")

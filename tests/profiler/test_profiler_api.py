@@ -1,0 +1,93 @@
+"""Public API, configuration and the pure schedule of the profiler package."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import profiler
+from profiler import CollectorConfig, schedule_action
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_all_is_pinned():
+    assert profiler.__all__ == [
+        "Collector", "CollectorConfig", "ConfigError", "Profile", "ProfileFormatError",
+        "ProfilerError", "SummaryCapReached", "SummaryWriter", "attach_from_env",
+        "read_histograms", "read_profile", "read_scalars", "schedule_action"]
+    for name in profiler.__all__:
+        assert getattr(profiler, name) is not None
+
+
+def test_import_is_light():
+    code = ("import sys, profiler; assert 'torch' not in sys.modules, 'torch'; "
+            "assert 'pandas' not in sys.modules, 'pandas'; profiler.CollectorConfig(); "
+            "assert 'torch' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("kw", [
+    dict(wait=1, warmup=1, active=3, repeat=1),
+    dict(wait=0, warmup=0, active=1, repeat=0),
+    dict(wait=2, warmup=1, active=2, repeat=2, skip_first=3),
+    dict(wait=0, warmup=2, active=4, repeat=0, skip_first=1),
+])
+def test_schedule_matches_torch(kw):
+    import torch.profiler as tp
+    ref = tp.schedule(**kw)
+    for step in range(40):
+        assert schedule_action(step, **kw) == ref(step).name.lower(), step
+
+
+def test_schedule_semantics():
+    cfg = CollectorConfig(wait=1, warmup=1, active=2, repeat=2, skip_first=1)
+    got = [cfg.schedule_action(s) for s in range(12)]
+    assert got == ["none",                                   # skip_first
+                   "none", "warmup", "record", "record_and_save",   # window 0
+                   "none", "warmup", "record", "record_and_save",   # window 1
+                   "none", "none", "none"]                   # repeat exhausted
+    with pytest.raises(profiler.ConfigError):
+        schedule_action(-1, wait=0, warmup=0, active=1)
+
+
+def test_config_validation_and_json(tmp_path):
+    with pytest.raises(profiler.ConfigError, match="did you mean 'warmup'"):
+        CollectorConfig.from_dict({"warmpu": 2})
+    with pytest.raises(profiler.ConfigError, match="active"):
+        CollectorConfig(active=0)
+    with pytest.raises(profiler.ConfigError, match="activities"):
+        CollectorConfig(activities=("tpu",))
+    with pytest.raises(TypeError):
+        CollectorConfig(1)  # keyword-only
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"wait": 0, "active": 2, "activities": ["cpu"], "peak_tflops": 2.5}))
+    cfg = CollectorConfig.from_json(path)
+    assert (cfg.wait, cfg.active, cfg.activities, cfg.peak_tflops) == (0, 2, ("cpu",), 2.5)
+    assert CollectorConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(Exception):
+        cfg.wait = 3  # frozen
+
+
+def test_disabled_collector_creates_nothing(tmp_path, monkeypatch):
+    import torch.profiler
+    created = []
+    monkeypatch.setattr(torch.profiler, "profile", lambda *a, **k: created.append(1))
+    with profiler.Collector(tmp_path, config=CollectorConfig(enabled=False)) as c:
+        for _ in range(5):
+            c.step()
+    assert created == [] and c._prof is None
+    assert not (tmp_path / "profile").exists()
+
+
+def test_attach_from_env_unset_is_none(monkeypatch):
+    for var in ("SLEUTH_PROFILE", "SLEUTH_SUMMARY"):
+        monkeypatch.delenv(var, raising=False)
+    assert profiler.attach_from_env() is None
+    monkeypatch.setenv("SLEUTH_PROFILE", "0")
+    assert profiler.attach_from_env() is None

@@ -1,0 +1,93 @@
+"""Table building on hand-made traces: clamping, device time, comm share, memory, inference."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from profiler._tables import build_tables, load_trace
+
+
+def X(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": args}
+
+
+def test_negative_self_time_and_duration_are_clamped():
+    # the child runs past its parent's end (clock skew), another event has a negative duration
+    events = [X("ProfilerStep#0", 0, 100, cat="user_annotation"),
+              X("aten::linear", 10, 50), X("aten::addmm", 12, 60), X("aten::relu", 70, -5)]
+    t = build_tables({"traceEvents": events})
+    ops = {r["name"]: r for r in t["ops"]}
+    assert ops["aten::linear"]["cpu_self_us"] == 0.0  # 50 - 60 clamped, not -10
+    assert ops["aten::relu"]["cpu_total_us"] == 0.0
+    assert all(r["cpu_self_us"] >= 0 for r in t["ops"])
+    assert t["summary"]["clamped_events"] == 2
+
+
+def test_device_time_comm_share_and_memory():
+    events = [X("ProfilerStep#3", 0, 1000, cat="user_annotation"),
+              X("aten::mm", 100, 50, **{"External id": 7}),
+              X("c10d::allreduce_", 200, 100), X("gloo:all_reduce", 250, 100),
+              {"ph": "X", "cat": "kernel", "name": "sgemm", "pid": 0, "tid": 7, "ts": 120,
+               "dur": 30, "args": {"External id": 7}},
+              {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 7,
+               "ts": 400, "dur": 100, "args": {}},
+              {"ph": "i", "name": "[memory]", "ts": 150, "pid": 1, "tid": 1,
+               "args": {"Bytes": 4096, "Total Allocated": 8192, "Total Reserved": 16384,
+                        "Device Type": 1, "Device Id": 0}}]
+    t = build_tables({"traceEvents": events}, {"tokens_per_step": 1000, "flops_per_step": 2e9,
+                                               "peak_tflops": 1.0})
+    mm = next(r for r in t["ops"] if r["name"] == "aten::mm")
+    assert mm["device_us"] == 30
+    step = t["steps"][0]
+    assert step["step"] == 3 and step["comm_us"] == pytest.approx(250)  # union of 200-350 and 400-500
+    assert t["summary"]["comm_share"] == pytest.approx(0.25)
+    assert t["memory"] == [{"time_us": 150.0, "device": "cuda:0", "bytes": 4096,
+                            "allocated_bytes": 8192, "reserved_bytes": 16384}]
+    s = t["summary"]
+    assert s["tokens_per_s"] == pytest.approx(1000 / 1e-3)
+    assert s["mfu"] == pytest.approx(2e9 / 1e-3 / 1e12)
+
+
+def test_inferred_breakdown_without_labels_sums_to_step():
+    events = [X("ProfilerStep#0", 0, 1000, cat="user_annotation"),
+              X("aten::linear", 10, 300),
+              X("autograd::engine::evaluate_function: AddmmBackward0", 400, 200),
+              X("autograd::engine::evaluate_function: TBackward0", 650, 50),
+              X("Optimizer.step#AdamW.step", 800, 150, cat="user_annotation")]
+    row = build_tables({"traceEvents": events})["steps"][0]
+    assert row["source"] == "inferred"
+    assert row["forward_us"] == 400 and row["backward_us"] == 300 and row["optimizer_us"] == 150
+    parts = sum(row[k] for k in ("data_us", "forward_us", "backward_us", "optimizer_us", "other_us"))
+    assert parts == pytest.approx(row["step_us"])
+
+
+def test_module_backward_is_attributed_by_sequence_number():
+    events = [X("ProfilerStep#0", 0, 1000, cat="user_annotation"),
+              X("sleuth.module::<root>", 10, 300, cat="user_annotation"),
+              X("sleuth.module::fc", 20, 100, cat="user_annotation"),
+              X("aten::linear", 30, 80, **{"Sequence number": 5}),
+              X("aten::relu", 200, 20, **{"Sequence number": 6}),
+              X("autograd::engine::evaluate_function: AddmmBackward0", 500, 40,
+                **{"Sequence number": 5}),
+              X("autograd::engine::evaluate_function: ReluBackward0", 560, 10,
+                **{"Sequence number": 6})]
+    mods = {r["module"]: r for r in build_tables({"traceEvents": events},
+                                                 {"module_types": {"fc": "Linear"}})["modules"]}
+    assert mods["fc"]["type"] == "Linear" and mods["fc"]["backward_self_us"] == 40
+    assert mods["<root>"]["backward_self_us"] == 10 and mods["<root>"]["backward_total_us"] == 50
+    assert mods["<root>"]["forward_self_us"] == 200 and mods["fc"]["forward_total_us"] == 100
+
+
+def test_load_trace_gz_and_errors(tmp_path):
+    p = tmp_path / "t.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump([X("a", 0, 1)], f)  # the bare-array Chrome format
+    assert load_trace(p)["traceEvents"][0]["name"] == "a"
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    from profiler import ProfileFormatError
+    with pytest.raises(ProfileFormatError, match="cannot read trace"):
+        load_trace(bad)
