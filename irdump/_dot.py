@@ -2,8 +2,9 @@
 
 Modules become nested clusters (by dotted-name prefix), op nodes show the op, name and output
 shapes, edges carry the tensor shape they move. Colours come from a hash of the op name, so
-the same op has the same colour in every graph and every process. `depth=N` collapses every
-module nested deeper than N dotted levels into one node of its level-N ancestor; a graph with
+the same op has the same colour in every graph and every process. `depth=N` keeps N levels of
+module clusters and draws every module at level N+1 (with all it contains) as one node (level 1
+is a child of the root: `layers`, level 2 `layers.0`, ...); a graph with
 more than `max_nodes` visible nodes collapses itself to the deepest level that fits, and says so
 in its title.
 """
@@ -49,7 +50,7 @@ def auto_depth(graph: Graph, max_nodes: int) -> int | None:
         return None
     deepest = max((_depth(n.module) for n in graph.nodes), default=0)
     for d in range(deepest - 1, -1, -1):
-        visible = {(_ancestor(n.module, d) if _depth(n.module) > d else n.index)
+        visible = {(_ancestor(n.module, d + 1) if _depth(n.module) > d else n.index)
                    for n in graph.nodes}
         if len(visible) <= max_nodes:
             return d
@@ -71,7 +72,7 @@ def to_dot(graph: Graph, depth: int | None = None, max_nodes: int = DEFAULT_MAX_
     collapsed: dict[str, list[Node]] = defaultdict(list)
     for n in graph.nodes:
         if depth is not None and _depth(n.module) > depth:
-            anc = _ancestor(n.module, depth)
+            anc = _ancestor(n.module, depth + 1)
             vis[n.index] = f"m{module_index.get(anc, len(module_index))}"
             collapsed[anc].append(n)
         else:
