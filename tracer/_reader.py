@@ -158,6 +158,21 @@ class Dump:
         """Steps dumped by `rank`, ascending."""
         return [s for r, s in self._files if r == rank]
 
+    def summary(self):
+        """One row per step file: rank, step, records, tensor_bytes, file_bytes, complete,
+        path (reads only file metadata)."""
+        import pandas as pd
+
+        rows = []
+        for (rank, step), path in self._files.items():
+            f = self._open(rank, step)
+            rows.append(dict(rank=rank, step=step, records=int(f["records"].shape[0]),
+                             tensor_bytes=int(f["tensors"].shape[0]) if "tensors" in f else 0,
+                             file_bytes=path.stat().st_size,
+                             complete=bool(f.attrs.get("complete", 1)), path=str(path)))
+        return pd.DataFrame(rows, columns=["rank", "step", "records", "tensor_bytes",
+                                           "file_bytes", "complete", "path"])
+
     def path(self, rank: int, step: int) -> Path:
         """The file of (rank, step); DumpFormatError naming what exists when there is none."""
         try:

@@ -1,0 +1,87 @@
+"""`sleuth dump ls` and `sleuth dump show` on a small dump."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from sleuth.cli import main
+from tracer._config import DumpConfig
+from tracer._writer import RecordMeta, make_writer
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    for rank in (0, 1):
+        w = make_writer(DumpConfig(path=str(tmp_path), writer="sync", mode="full"), rank=rank,
+                        world_size=2)
+        for step in (0, 5):
+            w.begin_step(step)
+            for i in range(3):
+                w.add(RecordMeta(f"layers.{i}.forward.0.output.0", f"layers.{i}", "", "forward",
+                                 "output", 0, 0, "train.py:42"),
+                      torch.full((8, 8), float(i + step)))
+            if step == 5:
+                w.add_hit(dict(seq=1, name="layers.1.forward.0.output.0",
+                               condition="max_abs_gt", value=6.0, source="train.py:42"))
+            w.end_step()
+        w.close()
+    (tmp_path / "dump" / "rank0" / "step9.h5.partial").write_bytes(b"")
+    return tmp_path
+
+
+def test_ls(run, capsys):
+    assert main(["dump", "ls", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "2 rank(s), 4 step file(s)" in out
+    assert "skipped" in out and "step9.h5.partial" in out
+    lines = [line.split() for line in out.splitlines() if line.strip().startswith(("0", "1"))]
+    assert [(r[0], r[1], r[2]) for r in lines] == [("0", "0", "3"), ("0", "5", "3"),
+                                                    ("1", "0", "3"), ("1", "5", "3")]
+
+
+def test_ls_json(run, capsys):
+    assert main(["dump", "ls", str(run / "dump"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ranks"] == [0, 1] and len(data["files"]) == 4
+    assert data["files"][0]["tensor_bytes"] == 3 * 64 * 4
+    assert data["skipped"][0]["path"].endswith("step9.h5.partial")
+
+
+def test_show_filter_and_hits(run, capsys):
+    assert main(["dump", "show", str(run), "--step", "5", "--filter", "layers.[12]*"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0 step 5: 2 record(s), 1 watchpoint hit(s)" in out
+    assert "layers.1.forward.0.output.0" in out and "layers.0.forward" not in out.split("hits")[0]
+    assert "max_abs_gt" in out and "train.py:42" in out
+
+
+def test_show_json_and_csv(run, capsys, tmp_path):
+    csv = tmp_path / "out.csv"
+    assert main(["dump", "show", str(run), "--step", "0", "--rank", "1", "--json",
+                 "--filter", "re:layers\\.2", "--csv", str(csv)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 1 and rows[0]["name"] == "layers.2.forward.0.output.0"
+    assert rows[0]["max"] == 2.0 and rows[0]["numel"] == 64
+    df = pd.read_csv(csv)
+    assert list(df.name) == ["layers.2.forward.0.output.0"] and "checksum" in df.columns
+
+
+def test_errors_exit_2(run, capsys, tmp_path):
+    assert main(["dump", "show", str(run)]) == 2
+    assert "choose one with --step" in capsys.readouterr().err
+    assert main(["dump", "show", str(run), "--step", "0", "--filter", "nope*"]) == 2
+    assert "matches none of the 3 records" in capsys.readouterr().err
+    assert main(["dump", "show", str(run), "--step", "3"]) == 2
+    assert "no step 3 for rank 0" in capsys.readouterr().err
+    assert main(["dump", "ls", str(tmp_path / "missing")]) == 2
+    assert "no dump at" in capsys.readouterr().err
+
+
+def test_subprocess(run, sleuth_cli):
+    r = sleuth_cli("dump", "show", str(run / "dump" / "rank1" / "step5.h5"))
+    assert r.returncode == 0, r.stderr
+    assert "rank 1 step 5: 3 record(s)" in r.stdout
