@@ -1,0 +1,75 @@
+"""The flight recorder: a run that dies (uncaught exception, SIGTERM) leaves
+RUN/dump/rank0/flight_recorder.h5 with the statistics of its last steps."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tracer._flight import FlightRecorder, read_flight_recorder
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    import torch, tracer
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    config = {{"path": sys.argv[1], "writer": "sync", "watch": [{{"condition": "nan_inf"}}]}}
+    with tracer.Dumper(model, config):
+        for step in range(5):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 3:
+                {action}
+""")
+
+
+def _run(tmp_path: Path, action: str) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SLEUTH_FLIGHT_STEPS": "2"}
+    return subprocess.run([sys.executable, "-c", SCRIPT.format(action=action), str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+
+
+@pytest.mark.slow
+def test_uncaught_exception_writes_flight_recorder(tmp_path):
+    res = _run(tmp_path, 'raise RuntimeError("loss exploded")')
+    assert res.returncode == 1 and "loss exploded" in res.stderr  # the original error survives
+    path = tmp_path / "dump" / "rank0" / "flight_recorder.h5"
+    assert "flight recorder written to" in res.stderr
+    df = read_flight_recorder(path)
+    assert df.attrs["reason"] == "uncaught RuntimeError: loss exploded"
+    assert sorted(set(df["step"])) == [2, 3]  # the last two steps, as configured
+    assert (df["name"] == "0.forward.0.output.0").sum() == 2
+    assert not list(path.parent.glob("*.partial"))
+
+
+@pytest.mark.slow
+def test_sigterm_writes_flight_recorder_and_still_terminates(tmp_path):
+    res = _run(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)")
+    assert res.returncode == -signal.SIGTERM, res.stderr
+    df = read_flight_recorder(tmp_path / "dump" / "rank0" / "flight_recorder.h5")
+    assert df.attrs["reason"] == "SIGTERM" and 3 in set(df["step"])
+
+
+def test_ring_buffer_keeps_last_steps_and_chains_hooks(tmp_path):
+    rec = FlightRecorder(tmp_path / "f.h5", steps=2)
+    for step in range(4):
+        for seq in range(3):
+            rec({"step": step, "seq": seq, "name": f"r{seq}", "min": 0.0, "numel": 1})
+    assert [s for s, _ in rec.steps] == [2, 3] and len(rec.rows()) == 6
+    before_hook, before_sig = sys.excepthook, signal.getsignal(signal.SIGTERM)
+    with rec.install():
+        assert sys.excepthook != before_hook
+    assert sys.excepthook == before_hook and signal.getsignal(signal.SIGTERM) == before_sig
+    rec.remove()  # idempotent
+    df = read_flight_recorder(rec.save("test"))
+    assert list(df["step"]) == [2, 2, 2, 3, 3, 3] and df.attrs["reason"] == "test"
