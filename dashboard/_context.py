@@ -1,0 +1,33 @@
+"""What every page's callbacks share: the runs and the pieces of the URL."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from dashboard._runs import Run
+
+
+@dataclass(frozen=True, kw_only=True)
+class Context:
+    """The dashboard's runs, fixed when the app is created."""
+
+    runs: Sequence[Run]
+    """The runs, in the order given; `runs[i].index == i`."""
+
+    def root(self, index: int | str | None) -> Path | None:
+        """The root of run `index`, or None for an index that is not a run."""
+        try:
+            i = int(index)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return None
+        return self.runs[i].root if 0 <= i < len(self.runs) else None
+
+    def label(self, index: int) -> str:
+        return self.runs[int(index)].label
+
+
+def query(search: str | None) -> dict[str, str]:
+    """`?a=1&b=x` as {'a': '1', 'b': 'x'} (last value wins)."""
+    return {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}

@@ -1,0 +1,320 @@
+"""Data adapters: read a run through the tools' PUBLIC readers (profiler, tracer, irdump) and
+metrics.jsonl, return DataFrames, and cache each result until its files change.
+
+A missing package, a reader API that does not exist yet, or a run without that kind of data
+raises `NoData` with a sentence the page shows as its empty state ("this run has no profile:
+run with --profile"); nothing here draws.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import threading
+from collections.abc import Callable, Hashable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import pandas as pd
+
+from dashboard._runs import fingerprint
+
+T = TypeVar("T")
+
+# Column names the trainer may use for wall-clock time in metrics.jsonl, in order of preference.
+_TIME_COLUMNS = ("wall_time", "time", "timestamp")
+_NOT_SERIES = {"step", "rank", "epoch", "micro_step", *_TIME_COLUMNS}
+
+
+class NoData(Exception):
+    """This run has no data of the asked kind (or its reader is not installed): the message is
+    the empty state the page shows, and says how to get the data."""
+
+
+_cache: dict[Hashable, tuple[Hashable, Any]] = {}
+_lock = threading.RLock()  # _cached makers may read through other cached readers
+
+
+def _cached(key: Hashable, stamp: Hashable, make: Callable[[], T]) -> T:
+    """`make()`, reused while `stamp` (mtimes of the files it reads) is unchanged."""
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = make()
+        _cache[key] = (stamp, value)
+        return value
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def _api(package: str, name: str, what: str) -> Any:
+    """A public function of a Sleuth tool package, or NoData when it is not available."""
+    try:
+        return getattr(importlib.import_module(package), name)
+    except (ImportError, AttributeError) as e:
+        raise NoData(f"{what} needs `{package}.{name}`, which this installation lacks ({e})") from e
+
+
+def _need_dir(root: Path, sub: str, message: str) -> Path:
+    p = root / sub
+    if not p.is_dir() or not any(p.iterdir()):
+        raise NoData(message)
+    return p
+
+
+# ---------------------------------------------------------------- scalars
+
+
+class _JsonlTail:
+    """metrics.jsonl read incrementally: a run that is still training appends lines, and only
+    the new complete lines are parsed on each refresh."""
+
+    def __init__(self) -> None:
+        self.offset = 0
+        self.frames: list[pd.DataFrame] = []
+        self.frame = pd.DataFrame()
+
+    def update(self, path: Path) -> pd.DataFrame:
+        with open(path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n") + 1  # a half-written last line waits for the next refresh
+        if end:
+            self.frames.append(_parse_jsonl(chunk[:end]))
+            self.offset += end
+            self.frame = pd.concat(self.frames, ignore_index=True) if len(self.frames) > 1 else self.frames[0]
+            self.frames = [self.frame]
+        return self.frame
+
+
+def _parse_jsonl(data: bytes) -> pd.DataFrame:
+    try:
+        import pyarrow.json as pj
+        import pyarrow as pa
+
+        return pj.read_json(pa.BufferReader(data)).to_pandas()
+    except Exception:  # noqa: BLE001 - NaN/Infinity literals or mixed types: the slow, lenient path
+        rows = [json.loads(line) for line in data.splitlines() if line.strip()]
+        return pd.DataFrame.from_records(rows)
+
+
+_tails: dict[Path, _JsonlTail] = {}
+
+
+def _metrics_frame(root: Path) -> pd.DataFrame:
+    path = root / "metrics.jsonl"
+    if not path.is_file():
+        return pd.DataFrame()
+    with _lock:
+        tail = _tails.get(path)
+        size = path.stat().st_size
+        if tail is None or size < tail.offset:  # first read, or the file was rewritten
+            tail = _tails[path] = _JsonlTail()
+        return tail.update(path)
+
+
+def _series_from_wide(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Wide rows (step, loss, lr, ...) to one [step, wall_time, value] frame per numeric column."""
+    if df.empty or "step" not in df:
+        return {}
+    df = df.sort_values("step", kind="stable")
+    step = df["step"].to_numpy(dtype=np.float64)
+    wall = None
+    for col in _TIME_COLUMNS:
+        if col in df:
+            w = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
+            wall = w - np.nanmin(w)
+            break
+    if wall is None and "step_time_s" in df:
+        wall = np.nancumsum(pd.to_numeric(df["step_time_s"], errors="coerce").to_numpy(np.float64))
+    if wall is None:
+        wall = np.full(len(df), np.nan)
+    out = {}
+    for col in df.columns:
+        if col in _NOT_SERIES or not pd.api.types.is_numeric_dtype(df[col]):
+            continue
+        out[str(col)] = pd.DataFrame({"step": step, "wall_time": wall,
+                                      "value": df[col].to_numpy(dtype=np.float64)})
+    return out
+
+
+def _summary_series(root: Path) -> dict[str, pd.DataFrame]:
+    if not (root / "summary").is_dir():
+        return {}
+    try:
+        read_scalars = _api("profiler", "read_scalars", "summary scalars")
+        df = read_scalars(root)
+    except NoData:
+        return {}
+    except Exception:  # noqa: BLE001 - a summary being written; metrics.jsonl still shows
+        return {}
+    if df is None or df.empty:
+        return {}
+    t0 = df["wall_time"].min()
+    out = {}
+    for (rank, tag), g in df.groupby(["rank", "tag"], sort=True):
+        g = g.sort_values("step", kind="stable")
+        name = str(tag) if int(rank) == 0 else f"{tag} [rank {int(rank)}]"
+        out[name] = pd.DataFrame({"step": g["step"].to_numpy(np.float64),
+                                  "wall_time": (g["wall_time"] - t0).to_numpy(np.float64),
+                                  "value": g["value"].to_numpy(np.float64)})
+    return out
+
+
+def scalars(root: Path) -> dict[str, pd.DataFrame]:
+    """Every scalar series of a run, by tag: metrics.jsonl columns (loss, lr, grad_norm,
+    tokens_per_s, ...) and the summary's scalars (prefixed `summary/` on a name clash). Each
+    frame has columns step, wall_time (seconds since the first record), value, sorted by step."""
+    metrics_path = root / "metrics.jsonl"
+    m = _cached(("metrics", root), _stamp(metrics_path),
+                lambda: _series_from_wide(_metrics_frame(root)))
+    s = _cached(("summary-scalars", root), fingerprint(root)[2:3] + tuple(_dir_stamps(root / "summary")),
+                lambda: _summary_series(root))
+    out = dict(m)
+    for tag, frame in s.items():
+        out[f"summary/{tag}" if tag in out else tag] = frame
+    return out
+
+
+def _dir_stamps(p: Path) -> list[tuple[int, int]]:
+    if not p.is_dir():
+        return []
+    return [_stamp(Path(e.path)) for e in sorted(os.scandir(p), key=lambda e: e.name)]
+
+
+# ---------------------------------------------------------------- histograms
+
+
+def histograms(root: Path) -> pd.DataFrame:
+    """All histograms of a run: DataFrame[rank, tag, step, edges, counts] (profiler's reader)."""
+    _need_dir(root, "summary", "this run has no summary histograms: run with --summary")
+    read = _api("profiler", "read_histograms", "histograms")
+
+    def make() -> pd.DataFrame:
+        df = read(root)
+        return df if df is not None else pd.DataFrame()
+
+    df = _cached(("histograms", root), tuple(_dir_stamps(root / "summary")), make)
+    if df.empty:
+        raise NoData("this run logged no histograms: run with --summary")
+    return df
+
+
+# ---------------------------------------------------------------- profile
+
+
+def profile(root: Path) -> Any:
+    """The run's `profiler.Profile` (ops, modules, steps, memory, cluster DataFrames)."""
+    prof = _need_dir(root, "profile", "this run has no profile: run with --profile")
+    read = _api("profiler", "read_profile", "the profile page")
+    stamp = tuple(_stamp(Path(d)) for d, _, _ in os.walk(prof))
+    return _cached(("profile", root), stamp, lambda: read(root))
+
+
+# ---------------------------------------------------------------- dumps
+
+
+def dump(root: Path) -> Any:
+    """The run's `tracer.Dump` (ranks, steps, stats, tensor)."""
+    d = _need_dir(root, "dump", "this run has no tensor dump: run with --dump CONFIG")
+    open_dump = _api("tracer", "open_dump", "the dump page")
+    stamp = tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) for s in _dir_stamps(r))
+    return _cached(("dump", root), stamp, lambda: open_dump(root))
+
+
+def dump_stats(root: Path, rank: int, step: int) -> pd.DataFrame:
+    """The statistics table of one step of one rank, with a `hit` column naming the watchpoint
+    conditions each record hit (empty string when none)."""
+    d = dump(root)
+    df = d.stats(rank=rank, step=step).copy()
+    hits = dump_hits(root, rank, step)
+    if not hits.empty and "seq" in hits:
+        by_seq = hits.groupby("seq")["condition"].agg(lambda c: ",".join(sorted(set(map(str, c)))))
+        df["hit"] = df["seq"].map(by_seq).fillna("")
+    else:
+        df["hit"] = ""
+    return df
+
+
+def dump_hits(root: Path, rank: int, step: int) -> pd.DataFrame:
+    """Watchpoint hits of one step (tracer.check over that step), empty when unavailable."""
+    try:
+        check = _api("tracer", "check", "watchpoint hits")
+        df = _cached(("hits", root), dump_stamp(root), lambda: check(root))
+    except Exception:  # noqa: BLE001 - hits are an overlay: the table shows without them
+        return pd.DataFrame()
+    if df is None or df.empty:
+        return pd.DataFrame()
+    mask = pd.Series(True, index=df.index)
+    if "rank" in df:
+        mask &= df["rank"] == rank
+    if "step" in df:
+        mask &= df["step"] == step
+    return df[mask]
+
+
+def dump_stamp(root: Path) -> tuple:
+    d = root / "dump"
+    if not d.is_dir():
+        return ()
+    return tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) if r.is_dir() for s in _dir_stamps(r))
+
+
+def dump_tensor(root: Path, rank: int, step: int, name: str) -> np.ndarray:
+    """One stored tensor as numpy (bf16/fp8 upcast exactly); NoData when the dump holds no bytes."""
+    try:
+        return np.asarray(dump(root).tensor(rank=rank, step=step, name=name))
+    except NoData:
+        raise
+    except Exception as e:  # noqa: BLE001 - statistics-only dumps hold no tensor bytes
+        raise NoData(f"no tensor data for {name!r}: dump with mode 'tensor' or 'full' ({e})") from e
+
+
+# ---------------------------------------------------------------- diff
+
+
+def diff(root_a: Path, root_b: Path, **kwargs: Any) -> Any:
+    """`tracer.diff(a, b, **kwargs)`: a DiffResult with status, first_divergence, records."""
+    for root in (root_a, root_b):
+        _need_dir(root, "dump", f"run {root.name!r} has no tensor dump to diff: run both with --dump CONFIG")
+    run_diff = _api("tracer", "diff", "the diff page")
+    key = ("diff", root_a, root_b, tuple(sorted(kwargs.items())))
+    return _cached(key, (dump_stamp(root_a), dump_stamp(root_b)), lambda: run_diff(root_a, root_b, **kwargs))
+
+
+# ---------------------------------------------------------------- graphs
+
+
+def graphs(root: Path) -> pd.DataFrame:
+    """The run's graphs: DataFrame[stage, name, ir, sorted_ir, dot, svg] (irdump's lister)."""
+    ir = _need_dir(root, "ir", "this run has no IR graphs: run with --save-graphs")
+    list_graphs = _api("irdump", "list_graphs", "the graph page")
+    df = _cached(("graphs", root), tuple(_dir_stamps(ir)), lambda: list_graphs(root))
+    if df is None or df.empty:
+        raise NoData("this run has no IR graphs: run with --save-graphs")
+    return df
+
+
+def ir_nodes(path: Path) -> pd.DataFrame:
+    """The nodes of one `.ir` file: DataFrame[index, name, op, module, source, ...]."""
+    read_ir = _api("irdump", "read_ir", "graph search")
+    return _cached(("ir", path), _stamp(path), lambda: read_ir(path))
+
+
+def node_name_for_record(record: str) -> str | None:
+    """The IR node stem of a dump record name: `{module}::{op}.{phase}.{call}` for op records
+    (docs/dump-format.md; IR nodes use the same stem), the module scope for module records;
+    None for names that are not `{scope}.{phase}.{call}.{direction}.{index}`."""
+    parts = record.split(".")
+    if len(parts) < 5 or parts[-4] not in ("forward", "backward", "optimizer"):
+        return None
+    scope = ".".join(parts[:-4])
+    return f"{scope}.{parts[-4]}.{parts[-3]}" if "::" in scope else scope

@@ -1,0 +1,14 @@
+"""The dashboard's exceptions: one base class, and messages that say how to fix the problem."""
+from __future__ import annotations
+
+
+class DashboardError(Exception):
+    """Base class of every error the dashboard raises on purpose."""
+
+
+class RunDirError(DashboardError, ValueError):
+    """A run directory is missing or is not a directory: the message names it."""
+
+
+class UnsafePathError(DashboardError, PermissionError):
+    """A requested file lies outside the run roots (`..`, an absolute path, a symlink out)."""

@@ -1,0 +1,207 @@
+"""Pure figure functions: DataFrames (or arrays) in, a plotly Figure out. No Dash, no files:
+the callbacks in the page modules are thin shells around these, and tests call them directly."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboard._downsample import DEFAULT_POINTS, downsample
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=40, b=40))
+
+
+def empty_figure(message: str) -> go.Figure:
+    """A blank figure that says why it is blank."""
+    fig = go.Figure(layout=_LAYOUT)
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=14, color="#666"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard-style exponential moving average with debiasing (the first points are not
+    pulled toward zero); NaNs are skipped, not propagated."""
+    if weight <= 0:
+        return values
+    return pd.Series(values).ewm(alpha=1.0 - weight, adjust=True, ignore_na=True).mean().to_numpy()
+
+
+def scalars_figure(series: Mapping[str, Mapping[str, pd.DataFrame]], tags: Sequence[str], *,
+                   x: Literal["step", "wall_time"] = "step", smoothing: float = 0.0,
+                   log_y: bool = False, x_range: tuple[float, float] | None = None,
+                   max_points: int = DEFAULT_POINTS) -> go.Figure:
+    """One row per tag, one colour per run, all rows sharing the x axis.
+
+    Args:
+        series: run label -> tag -> DataFrame[step, wall_time, value] sorted by step.
+        tags: the tags to draw, top to bottom.
+        x: `step` or `wall_time` (seconds since the run's first record).
+        smoothing: EMA weight in [0, 1); above 0 the raw line is drawn faint under the smooth one.
+        log_y: log scale on every row.
+        x_range: the visible x window (from a zoom); only it is read, at full resolution when
+            it holds fewer than `max_points` points.
+        max_points: points per trace after min/max downsampling.
+    """
+    if not tags:
+        return empty_figure("choose one or more series")
+    fig = make_subplots(rows=len(tags), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                        subplot_titles=list(tags))
+    lo, hi = x_range if x_range else (None, None)
+    for row, tag in enumerate(tags, start=1):
+        for i, (run, by_tag) in enumerate(series.items()):
+            df = by_tag.get(tag)
+            if df is None or df.empty:
+                continue
+            xs = df[x].to_numpy(np.float64) if x in df else df["step"].to_numpy(np.float64)
+            ys = df["value"].to_numpy(np.float64)
+            if x != "step" and np.isnan(xs).all():
+                xs = df["step"].to_numpy(np.float64)  # no wall time logged: fall back to steps
+            color = PALETTE[i % len(PALETTE)]
+            show = row == 1
+            if smoothing > 0:
+                sx, sy = downsample(xs, ema(ys, smoothing), lo=lo, hi=hi, max_points=max_points)
+                rx, ry = downsample(xs, ys, lo=lo, hi=hi, max_points=max_points)
+                fig.add_trace(go.Scatter(x=rx, y=ry, mode="lines", line=dict(color=color, width=1),
+                                         opacity=0.25, name=f"{run} (raw)", legendgroup=run,
+                                         showlegend=False, hoverinfo="skip"), row=row, col=1)
+                fig.add_trace(go.Scatter(x=sx, y=sy, mode="lines", line=dict(color=color, width=2),
+                                         name=run, legendgroup=run, showlegend=show), row=row, col=1)
+            else:
+                dx, dy = downsample(xs, ys, lo=lo, hi=hi, max_points=max_points)
+                fig.add_trace(go.Scatter(x=dx, y=dy, mode="lines", line=dict(color=color, width=1.5),
+                                         name=run, legendgroup=run, showlegend=show), row=row, col=1)
+    fig.update_layout(**_LAYOUT, height=max(320, 260 * len(tags)), uirevision="scalars",
+                      hovermode="x unified", legend=dict(orientation="h", y=1.08, x=0))
+    if log_y:
+        fig.update_yaxes(type="log")
+    if x_range:
+        fig.update_xaxes(range=list(x_range), autorange=False)
+    fig.update_xaxes(title_text="wall time (s)" if x == "wall_time" else "step", row=len(tags), col=1)
+    return fig
+
+
+def histogram_heatmap(df: pd.DataFrame, tag: str, *, bins: int = 64) -> go.Figure:
+    """Heatmap of one tensor's histograms over steps: x step, y value, colour log(1 + count).
+
+    Args:
+        df: DataFrame[step, edges, counts] of one tag (edges has len(counts) + 1 entries);
+            steps may use different edges, so every histogram is re-binned onto one grid.
+    """
+    if df.empty:
+        return empty_figure(f"no histograms for {tag}")
+    df = df.sort_values("step")
+    lo = min(float(np.min(e)) for e in df["edges"])
+    hi = max(float(np.max(e)) for e in df["edges"])
+    if not np.isfinite([lo, hi]).all() or hi <= lo:
+        hi = lo + 1.0
+    grid = np.linspace(lo, hi, bins + 1)
+    z = np.zeros((bins, len(df)))
+    for j, (edges, counts) in enumerate(zip(df["edges"], df["counts"])):
+        edges = np.asarray(edges, np.float64)
+        centers = (edges[:-1] + edges[1:]) / 2
+        z[:, j] = np.histogram(centers, bins=grid, weights=np.asarray(counts, np.float64))[0]
+    fig = go.Figure(go.Heatmap(x=df["step"].to_numpy(), y=(grid[:-1] + grid[1:]) / 2, z=np.log1p(z),
+                               colorscale="Viridis", colorbar=dict(title="log(1+n)"),
+                               customdata=z, hovertemplate="step %{x}<br>value %{y:.4g}<br>count %{customdata:.0f}<extra></extra>"))
+    fig.update_layout(**_LAYOUT, title=tag, xaxis_title="step", yaxis_title="value", height=420)
+    return fig
+
+
+def tensor_histogram(values: np.ndarray, name: str, *, bins: int = 80) -> go.Figure:
+    """Histogram of a tensor's finite values, the NaN/Inf counts in the title."""
+    flat = np.asarray(values, dtype=np.float64).ravel()
+    finite = flat[np.isfinite(flat)]
+    nan, inf = int(np.isnan(flat).sum()), int(np.isinf(flat).sum())
+    counts, edges = np.histogram(finite, bins=bins) if finite.size else (np.zeros(1), np.array([0.0, 1.0]))
+    fig = go.Figure(go.Bar(x=(edges[:-1] + edges[1:]) / 2, y=counts, width=np.diff(edges),
+                           marker_color=PALETTE[0]))
+    extra = f" · NaN {nan} · Inf {inf}" if nan or inf else ""
+    fig.update_layout(**_LAYOUT, title=f"{name}<br><sub>{flat.size} elements{extra}</sub>",
+                      xaxis_title="value", yaxis_title="count", height=360, bargap=0)
+    return fig
+
+
+def bar_top(df: pd.DataFrame, label: str, value: str, *, n: int = 20, title: str = "",
+            unit: str = "") -> go.Figure:
+    """Horizontal bars of the `n` largest `value`s, largest on top."""
+    if df.empty or label not in df or value not in df:
+        return empty_figure(f"no {title or value} data")
+    top = df.nlargest(n, value).iloc[::-1]
+    fig = go.Figure(go.Bar(x=top[value], y=top[label].astype(str), orientation="h",
+                           marker_color=PALETTE[0]))
+    fig.update_layout(**_LAYOUT, title=title, xaxis_title=f"{value} {unit}".strip(),
+                      height=max(300, 22 * len(top) + 100))
+    fig.update_yaxes(automargin=True)
+    return fig
+
+
+def stacked_steps(df: pd.DataFrame, step: str, parts: Sequence[str], *, title: str = "step time") -> go.Figure:
+    """Stacked bars of each step's time split into `parts` (data, forward, backward, ...)."""
+    if df.empty or step not in df:
+        return empty_figure(f"no {title} data")
+    fig = go.Figure()
+    for i, part in enumerate(p for p in parts if p in df):
+        fig.add_trace(go.Bar(x=df[step], y=df[part], name=part, marker_color=PALETTE[i % len(PALETTE)]))
+    fig.update_layout(**_LAYOUT, barmode="stack", title=title, xaxis_title=step, height=360)
+    return fig
+
+
+def lines(df: pd.DataFrame, x: str, ys: Sequence[str], *, title: str = "", group: str | None = None,
+          max_points: int = DEFAULT_POINTS) -> go.Figure:
+    """Downsampled lines of columns `ys` against `x`, one line per `group` value when given."""
+    if df.empty or x not in df:
+        return empty_figure(f"no {title} data")
+    fig = go.Figure()
+    groups = df.groupby(group, sort=True) if group and group in df else [(None, df)]
+    i = 0
+    for key, g in groups:
+        g = g.sort_values(x)
+        for y in ys:
+            if y not in g:
+                continue
+            dx, dy = downsample(g[x].to_numpy(np.float64), g[y].to_numpy(np.float64), max_points=max_points)
+            name = y if key is None else f"{group} {key} {y}"
+            fig.add_trace(go.Scatter(x=dx, y=dy, mode="lines", name=name,
+                                     line=dict(color=PALETTE[i % len(PALETTE)])))
+            i += 1
+    fig.update_layout(**_LAYOUT, title=title, xaxis_title=x, height=360)
+    return fig
+
+
+def diff_figure(records: pd.DataFrame, metrics: Sequence[str], *, first: int | None = None,
+                order: str = "seq", label: str = "name") -> go.Figure:
+    """Error metrics of a diff along execution order, one row per metric, the first divergent
+    record marked with a red line on every row.
+
+    Args:
+        records: DiffResult.records (one row per matched record).
+        metrics: columns to plot (e.g. max_abs_err, max_rel_err, cosine).
+        first: the `order` value of the first divergent record, or None when the runs agree.
+    """
+    metrics = [m for m in metrics if m in records]
+    if records.empty or not metrics:
+        return empty_figure("no matched records to compare")
+    x = records[order] if order in records else pd.Series(np.arange(len(records)))
+    fig = make_subplots(rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.05,
+                        subplot_titles=list(metrics))
+    names = records[label].astype(str) if label in records else None
+    for row, m in enumerate(metrics, start=1):
+        fig.add_trace(go.Scatter(x=x, y=records[m], mode="lines+markers", marker=dict(size=4),
+                                 line=dict(color=PALETTE[row - 1]), name=m, text=names,
+                                 hovertemplate="%{text}<br>" + m + " %{y:.4g}<extra></extra>"),
+                      row=row, col=1)
+    if first is not None:
+        fig.add_vline(x=first, line=dict(color="red", width=2, dash="dash"))
+        fig.add_annotation(x=first, y=1.0, yref="paper", text="first divergence", showarrow=False,
+                           font=dict(color="red"), xanchor="left", yanchor="bottom")
+    fig.update_layout(**_LAYOUT, height=max(320, 200 * len(metrics)), showlegend=False)
+    fig.update_xaxes(title_text="execution order", row=len(metrics), col=1)
+    return fig

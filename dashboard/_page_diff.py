@@ -1,0 +1,114 @@
+"""The Diff page: two runs (and a rank and step of each) compared record by record through
+`tracer.diff`: error metrics along execution order with the first divergence marked, and the
+table of the worst records, each linked to its node in the graph."""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+from urllib.parse import urlencode
+
+import pandas as pd
+from dash import Input, Output, dcc, html
+
+from dashboard import _data
+from dashboard._context import Context
+from dashboard._figures import diff_figure, empty_figure
+from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns
+
+METRICS = ("max_abs_err", "max_rel_err", "rmse", "cosine", "within_tol")
+_WORST_BY = ("max_rel_err", "max_abs_err", "rmse")
+
+
+def layout(ctx: Context, q: dict[str, str]) -> html.Div:
+    a = int(q["a"]) if q.get("a", "").isdigit() and ctx.root(q["a"]) else 0
+    b = int(q["b"]) if q.get("b", "").isdigit() and ctx.root(q["b"]) else min(1, len(ctx.runs) - 1)
+    return html.Div([
+        html.H2("Diff"),
+        html.Div([run_picker("diff-a", ctx.runs, value=a, label="run A"),
+                  run_picker("diff-b", ctx.runs, value=b, label="run B"),
+                  control("rank", dcc.Input(id="diff-rank", type="number", min=0, value=0, debounce=True), "diff-rank"),
+                  control("step (empty: all)", dcc.Input(id="diff-step", type="number", min=0, debounce=True),
+                          "diff-step")], className="sleuth-controls"),
+        dcc.Loading(html.Div(id="diff-body")),
+    ], id="page-diff")
+
+
+def call_diff(root_a: Any, root_b: Any, rank: int | None, step: int | None) -> Any:
+    """tracer.diff on two runs, passing rank/step when its signature takes them."""
+    fn = _data._api("tracer", "diff", "the diff page")
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    kwargs: dict[str, Any] = {}
+    if rank is not None and "rank" in params:
+        kwargs["rank"] = int(rank)
+    if step is not None and "step" in params:
+        kwargs["step"] = int(step)
+    elif step is not None and "steps" in params:
+        kwargs["steps"] = [int(step)]
+    return _data.diff(root_a, root_b, **kwargs)
+
+
+def first_order(first: dict[str, Any] | None, records: pd.DataFrame) -> int | None:
+    """The x position (execution order) of the first divergent record."""
+    if not first:
+        return None
+    for key in ("seq", "seq_a", "order"):
+        if first.get(key) is not None:
+            return int(first[key])
+    name = first.get("name")
+    if name is not None and "name" in records and "seq" in records:
+        hit = records.loc[records["name"] == name, "seq"]
+        if len(hit):
+            return int(hit.iloc[0])
+    return None
+
+
+def worst(records: pd.DataFrame, n: int = 50) -> pd.DataFrame:
+    """The `n` records with the largest error (relative first), NaN errors first of all."""
+    by = next((c for c in _WORST_BY if c in records), None)
+    if by is None:
+        return records.head(n)
+    key = records[by].fillna(float("inf"))
+    return records.loc[key.sort_values(ascending=False).index[:n]]
+
+
+def register(app: Any, ctx: Context) -> None:
+    @app.callback(Output("diff-body", "children"), Input("diff-a", "value"), Input("diff-b", "value"),
+                  Input("diff-rank", "value"), Input("diff-step", "value"), Input("data-version", "data"))
+    def body(a, b, rank, step, _v):
+        ra, rb = ctx.root(a), ctx.root(b)
+        if ra is None or rb is None:
+            return empty_state("choose two runs")
+        if len(ctx.runs) < 2:
+            note = "start the dashboard with two runs to compare them: `sleuth dashboard RUN_A RUN_B`"
+        else:
+            note = None
+        try:
+            result = call_diff(ra, rb, rank, step)
+        except _data.NoData as e:
+            return [empty_state(str(e)), empty_state(note) if note else None]
+        except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on
+            return empty_state(f"the diff failed: {e}")
+        records = getattr(result, "records", pd.DataFrame())
+        first = getattr(result, "first_divergence", None)
+        x = first_order(first, records)
+        status = str(getattr(result, "status", "?"))
+        head = [html.Span(f"status: {status}", id="diff-status",
+                          className="sleuth-badge " + ("off" if status == "diverged" else "on"))]
+        if first:
+            where = " · ".join(f"{k}: {first[k]}" for k in ("name", "module", "op", "source") if first.get(k))
+            node = _data.node_name_for_record(str(first.get("name", "")))
+            head += [html.P(f"first divergence: {where}", id="diff-first")]
+            if node:
+                head.append(dcc.Link(f"show {node} in the graph of run A",
+                                     href="/graph?" + urlencode({"run": a, "node": node})))
+        metrics = [m for m in METRICS if m in records]
+        fig = diff_figure(records, metrics, first=x) if metrics else empty_figure("no error metrics")
+        bad = worst(records)
+        cols = [c for c in ("seq", "name", *METRICS, "source") if c in bad]
+        rows = bad[cols].astype(object).where(bad[cols].notna(), None).to_dict("records")
+        return [html.Div(head), dcc.Graph(id="diff-graph", figure=fig),
+                html.H3("worst records"),
+                data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]

@@ -1,0 +1,62 @@
+"""The Runs page: each run's run.json (name, created, world size, versions, config) and which
+kinds of data it holds, with links to the pages that show them."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dash import Input, Output, dcc, html
+
+from dashboard._context import Context
+from dashboard._runs import Run, available, read_run_json
+from dashboard._widgets import empty_state
+
+_PAGE_OF = {"metrics": "/scalars", "summary": "/scalars", "dump": "/dumps", "profile": "/profile",
+            "ir": "/graph", "checkpoints": None}
+
+
+def layout(ctx: Context, q: dict[str, str]) -> html.Div:
+    return html.Div([html.H2("Runs"), html.Div(id="runs-cards", children=_cards(ctx))],
+                    id="page-runs")
+
+
+def register(app: Any, ctx: Context) -> None:
+    @app.callback(Output("runs-cards", "children"), Input("data-version", "data"),
+                  prevent_initial_call=True)
+    def refresh(_version: Any) -> list[html.Div]:
+        return _cards(ctx)
+
+
+def _cards(ctx: Context) -> list[html.Div]:
+    return [_card(r) for r in ctx.runs]
+
+
+def _card(run: Run) -> html.Div:
+    info = read_run_json(run.root)
+    have = available(run.root)
+    versions = {k: v for k, v in info.items() if k.endswith("_version") or k == "versions"}
+    rows = [("path", str(run.root)), ("created", info.get("created", "?")),
+            ("world size", info.get("world_size", "?")),
+            ("argv", " ".join(map(str, info.get("argv", []))) or "?")]
+    rows += [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in versions.items()]
+    badges = []
+    for kind, present in have.items():
+        page = _PAGE_OF.get(kind)
+        cls = "sleuth-badge " + ("on" if present else "off")
+        text = f"{kind}: {'yes' if present else 'no'}"
+        badges.append(dcc.Link(text, href=f"{page}?run={run.index}", className=cls)
+                      if present and page else html.Span(text, className=cls))
+    config = {k: v for k, v in info.items() if k not in {"name", "created", "argv", "world_size"}
+              and k not in versions}
+    body: list[Any] = [
+        html.H3(run.label),
+        html.Table([html.Tr([html.Th(k), html.Td(str(v))]) for k, v in rows], className="sleuth-kv"),
+        html.Div(badges, className="sleuth-badges"),
+    ]
+    if not info:
+        body.append(empty_state("no run.json in this folder: runs made by `sleuth train` or "
+                                "`sleuth run` write one; the data below is still shown"))
+    if config:
+        body.append(html.Details([html.Summary("config"),
+                                  html.Pre(json.dumps(config, indent=2, sort_keys=True, default=str))]))
+    return html.Div(body, className="sleuth-card", id=f"run-card-{run.index}")

@@ -1,0 +1,112 @@
+"""The Scalars page: any logged series (metrics.jsonl and the summary), several runs overlaid,
+EMA smoothing, log scale, x by step or wall time. The figure holds a downsampled view; a zoom
+re-reads the window from the full series (full resolution once it is small enough)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from dash import Input, Output, State, ctx as dash_ctx, dcc, html, no_update
+
+from dashboard import _data
+from dashboard._context import Context
+from dashboard._figures import empty_figure, scalars_figure
+from dashboard._widgets import control, run_picker
+
+_DEFAULT_TAGS = ("loss", "lr", "grad_norm")
+_RANGE_KEY = re.compile(r"^xaxis\d*\.range\[(0|1)\]$")
+_RANGE_LIST = re.compile(r"^xaxis\d*\.range$")
+_AUTO_KEY = re.compile(r"^xaxis\d*\.autorange$")
+
+
+def layout(ctx: Context, q: dict[str, str]) -> html.Div:
+    runs = [int(q["run"])] if q.get("run", "").isdigit() and ctx.root(q["run"]) else None
+    return html.Div([
+        html.H2("Scalars"),
+        html.Div([
+            run_picker("scalars-runs", ctx.runs, multi=True, value=runs, label="runs"),
+            control("series", dcc.Dropdown(id="scalars-tags", multi=True, options=[], value=[]),
+                    "scalars-tags"),
+            control("smoothing (EMA)", dcc.Slider(id="scalars-smoothing", min=0, max=0.99, step=0.01,
+                                                  value=0, marks={0: "0", 0.25: "0.25", 0.5: "0.5", 0.75: "0.75", 0.9: "0.9"},
+                                                  tooltip={"placement": "bottom"}), "scalars-smoothing"),
+            control("x axis", dcc.RadioItems(id="scalars-x", options=[{"label": "step", "value": "step"},
+                                                                      {"label": "wall time", "value": "wall_time"}],
+                                             value="step", inline=True), "scalars-x"),
+            control("y axis", dcc.Checklist(id="scalars-log", options=[{"label": "log scale", "value": "log"}],
+                                            value=[], inline=True), "scalars-log"),
+        ], className="sleuth-controls"),
+        html.Div(id="scalars-empty"),
+        dcc.Graph(id="scalars-graph", figure=empty_figure("loading"), config={"displaylogo": False}),
+    ], id="page-scalars")
+
+
+def x_range_from_relayout(relayout: dict[str, Any] | None) -> tuple[float, float] | None | bool:
+    """The x window a plotly relayout event asks for: (lo, hi), None for autorange (full view),
+    False when the event does not touch the x axis (a y zoom, a resize, a legend click)."""
+    if not relayout:
+        return False
+    lo = hi = None
+    for key, value in relayout.items():
+        if _AUTO_KEY.match(key):
+            return None
+        if _RANGE_LIST.match(key) and isinstance(value, (list, tuple)) and len(value) == 2:
+            lo, hi = value
+        m = _RANGE_KEY.match(key)
+        if m:
+            if m.group(1) == "0":
+                lo = value
+            else:
+                hi = value
+    if lo is None or hi is None:
+        return False
+    try:
+        return float(lo), float(hi)
+    except (TypeError, ValueError):
+        return False
+
+
+def register(app: Any, ctx: Context) -> None:
+    @app.callback(Output("scalars-tags", "options"), Output("scalars-tags", "value"),
+                  Output("scalars-empty", "children"),
+                  Input("scalars-runs", "value"), Input("data-version", "data"),
+                  State("scalars-tags", "value"))
+    def tags(run_ids: list[int] | None, _v: Any, chosen: list[str] | None):
+        names: list[str] = []
+        for i in run_ids or []:
+            root = ctx.root(i)
+            if root is not None:
+                names += [t for t in _data.scalars(root) if t not in names]
+        if not names:
+            return [], [], _no_scalars(ctx, run_ids)
+        keep = [t for t in (chosen or []) if t in names]
+        if not keep:
+            keep = [t for t in _DEFAULT_TAGS if t in names] or names[:3]
+        return [{"label": t, "value": t} for t in names], keep, None
+
+    @app.callback(Output("scalars-graph", "figure"),
+                  Input("scalars-runs", "value"), Input("scalars-tags", "value"),
+                  Input("scalars-smoothing", "value"), Input("scalars-x", "value"),
+                  Input("scalars-log", "value"), Input("scalars-graph", "relayoutData"),
+                  Input("data-version", "data"))
+    def figure(run_ids, tags, smoothing, x, log, relayout, _v):
+        trigger = dash_ctx.triggered_id
+        x_range = x_range_from_relayout(relayout)
+        if trigger == "scalars-graph" and x_range is False:
+            return no_update  # the event did not change the x window
+        if trigger == "scalars-x" or x_range is False:
+            x_range = None
+        series = {ctx.label(i): _data.scalars(ctx.root(i)) for i in run_ids or [] if ctx.root(i)}
+        if not tags:
+            return empty_figure("no series to show")
+        return scalars_figure(series, tags, x=x or "step", smoothing=float(smoothing or 0),
+                              log_y="log" in (log or []), x_range=x_range)
+
+
+def _no_scalars(ctx: Context, run_ids: list[int] | None) -> Any:
+    from dashboard._widgets import empty_state
+
+    if not run_ids:
+        return empty_state("choose a run")
+    return empty_state("these runs logged no scalars: the trainer writes metrics.jsonl; for other "
+                       "scripts run with --summary (or call profiler.SummaryWriter.add_scalar)")

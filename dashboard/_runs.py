@@ -1,0 +1,118 @@
+"""The runs a dashboard shows: their roots, labels, run.json, what data each holds, and the one
+place that turns a requested relative path into a file under a run root (or refuses it)."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from dashboard._errors import RunDirError, UnsafePathError
+
+# Sub-folders and files a run directory may hold (DESIGN.md), checked by `available`.
+_DATA_KINDS: dict[str, str] = {
+    "metrics": "metrics.jsonl",
+    "summary": "summary",
+    "dump": "dump",
+    "profile": "profile",
+    "ir": "ir",
+    "checkpoints": "checkpoints",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One run directory shown by the dashboard."""
+
+    index: int
+    """Position in the dashboard's run list: the id used in URLs and callbacks."""
+    root: Path
+    """The resolved run directory; nothing outside it is ever served."""
+    label: str
+    """A short unique name: run.json's `name`, else the folder name."""
+
+
+def load_runs(run_dirs: Iterable[str | os.PathLike[str]]) -> list[Run]:
+    """Resolve `run_dirs` into `Run`s with unique labels.
+
+    Raises:
+        RunDirError: a path does not exist or is not a directory, or the list is empty.
+    """
+    roots = [Path(p).expanduser().resolve() for p in run_dirs]
+    if not roots:
+        raise RunDirError("no run directory given: pass at least one, e.g. `sleuth dashboard runs/a`")
+    runs: list[Run] = []
+    seen: dict[str, int] = {}
+    for i, root in enumerate(roots):
+        if not root.is_dir():
+            raise RunDirError(f"run directory {str(root)!r} does not exist or is not a directory")
+        name = str(read_run_json(root).get("name") or root.name)
+        # Two runs may share a name (two seeds of one config): suffix to keep labels unique.
+        seen[name] = seen.get(name, 0) + 1
+        label = name if seen[name] == 1 else f"{name} ({seen[name]})"
+        runs.append(Run(index=i, root=root, label=label))
+    return runs
+
+
+def read_run_json(root: Path) -> dict[str, Any]:
+    """run.json as a dict, or {} when absent or unreadable (a run may not have written it yet)."""
+    try:
+        data = json.loads((root / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def available(root: Path) -> dict[str, bool]:
+    """Which kinds of data a run holds: metrics, summary, dump, profile, ir, checkpoints."""
+    out = {}
+    for kind, rel in _DATA_KINDS.items():
+        p = root / rel
+        out[kind] = p.is_file() if p.suffix else (p.is_dir() and any(p.iterdir()))
+    return out
+
+
+def fingerprint(root: Path) -> tuple[int, ...]:
+    """A cheap token that changes when any data of the run changes (mtimes of files and of the
+    folders that gain files), polled by the page's refresh interval."""
+    stamps: list[int] = []
+    for rel in ("run.json", "metrics.jsonl", "summary", "dump", "profile", "ir"):
+        p = root / rel
+        try:
+            stamps.append(p.stat().st_mtime_ns)
+        except OSError:
+            stamps.append(0)
+            continue
+        if p.is_dir():
+            # New step files land in rank sub-folders and summary files grow in place.
+            for entry in os.scandir(p):
+                try:
+                    stamps.append(entry.stat().st_mtime_ns)
+                except OSError:
+                    pass
+    return tuple(stamps)
+
+
+def safe_path(root: Path, rel: str) -> Path:
+    """The file `rel` under `root`, refusing anything that could leave it.
+
+    Raises:
+        UnsafePathError: `rel` is absolute, contains `..`, a backslash or a NUL, or resolves
+            (through a symlink) outside `root`.
+    """
+    if not rel or "\x00" in rel or "\\" in rel:
+        raise UnsafePathError(f"refused path {rel!r}")
+    pure = PurePosixPath(rel)
+    if pure.is_absolute() or rel.startswith("/") or any(part == ".." for part in pure.parts):
+        raise UnsafePathError(f"refused path {rel!r}: only paths inside the run directory are served")
+    path = (root / pure).resolve()
+    if not path.is_relative_to(root):
+        raise UnsafePathError(f"refused path {rel!r}: it leads outside the run directory")
+    return path
+
+
+def run_options(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Dropdown options for a run list."""
+    return [{"label": r.label, "value": r.index} for r in runs]

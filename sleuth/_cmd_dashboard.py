@@ -1,0 +1,50 @@
+"""`sleuth dashboard RUN [RUN ...]`: serve the dashboard over run directories on 127.0.0.1."""
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import webbrowser
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "dashboard", help="browse runs in a local web dashboard (scalars, profile, dumps, diff, graph)",
+        description="Serve a Dash dashboard over one or more run directories: run.json, scalars, "
+        "histograms, profile, dump statistics, the diff of two runs and the IR graph. Runs still "
+        "training refresh while the page is open. Binds 127.0.0.1 unless --host says otherwise.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories to show")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 exposes the runs to the network)")
+    p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks a free one)")
+    p.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
+    p.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
+                   help="how often open pages check for new data (default 5; 0 turns it off)")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sleuth.cli import CliError
+
+    import dashboard
+
+    try:
+        app = dashboard.create_app(args.runs, refresh_s=args.refresh)
+    except dashboard.DashboardError as e:
+        raise CliError(str(e)) from e
+    try:
+        handle = dashboard.serve(app, host=args.host, port=args.port, background=True)
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port} ({e}); pick another --port") from e
+    assert handle is not None
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
+    url = f"http://{shown}:{handle.port}/"
+    print(f"Sleuth dashboard on {url} ({len(args.runs)} run(s)); Ctrl-C stops it", flush=True)
+    if not args.no_browser:
+        threading.Timer(0.5, webbrowser.open, args=(url,)).start()
+    try:
+        while True:  # the server runs in its thread; Ctrl-C lands here
+            time.sleep(3600)
+    finally:
+        handle.close()
+    return 0

@@ -1,0 +1,142 @@
+"""Dashboard test fixtures: run directories in the documented formats, a served app, and a real
+headless Chromium (one server and one browser per test module)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               "--no-first-run", "--window-size=1400,1000")
+
+
+def write_run(root: Path, *, name: str, steps: int = 400, lr: float = 1e-3, nan_at: int | None = None,
+              world_size: int = 1) -> Path:
+    """A run directory with run.json and metrics.jsonl as the trainer writes them."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "run.json").write_text(json.dumps({
+        "format_version": "1.0", "name": name, "created": "2026-11-29T12:00:00Z",
+        "argv": ["sleuth", "train", "--preset", "tiny"], "world_size": world_size,
+        "torch_version": "2.13.0", "sleuth_version": "0.1.0",
+        "config": {"train": {"lr": lr, "steps": steps, "batch_size": 8}}}))
+    with open(root / "metrics.jsonl", "w") as f:
+        for s in range(steps):
+            loss = 4.0 * math.exp(-s * lr * 2) + 0.1 * math.sin(s / 7) + 0.5
+            if nan_at is not None and s >= nan_at:
+                loss = float("nan")
+            f.write(json.dumps({"step": s, "loss": loss, "lr": lr * min(1.0, (s + 1) / 50),
+                                "grad_norm": 1.0 + 0.5 * math.cos(s / 11), "tokens_per_s": 1000.0 + s,
+                                "wall_time": 1_700_000_000.0 + 0.25 * s}) + "\n")
+    return root
+
+
+def write_summary(root: Path, steps: int = 30) -> bool:
+    """Scalars and histograms through the public profiler.SummaryWriter; False when absent."""
+    try:
+        import numpy as np
+        from profiler import SummaryWriter
+    except (ImportError, AttributeError):
+        return False
+    w = SummaryWriter(root, rank=0)
+    rng = np.random.default_rng(0)
+    try:
+        for s in range(steps):
+            w.add_scalar("weight_norm/layers.0", 1.0 + 0.01 * s, s)
+            w.add_histogram("weights/layers.0.mlp.fc.weight", rng.normal(0, 1 + s / steps, 2000), s)
+            w.add_histogram("grads/layers.0.mlp.fc.weight", rng.normal(0, 0.1, 2000), s)
+    finally:
+        w.close()
+    return True
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("runs")
+    write_run(base / "base", name="base", lr=1e-3)
+    write_run(base / "lr-up", name="lr-up", lr=3e-3, nan_at=350)
+    return base
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def have_chromium() -> str | None:
+    """None when the browser tests can run, else the reason they are skipped."""
+    for p in (CHROMIUM, CHROMEDRIVER):
+        if not Path(p).exists() and not shutil.which(Path(p).name):
+            return f"{p} is not installed (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install 'selenium>=4.15')"
+    return None
+
+
+def make_driver(profile_dir: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+    for a in CHROME_ARGS:
+        opts.add_argument(a)
+    opts.add_argument(f"--user-data-dir={profile_dir}")
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver_path = CHROMEDRIVER if Path(CHROMEDRIVER).exists() else shutil.which("chromedriver")
+    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+    driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    reason = have_chromium()
+    if reason:
+        pytest.skip(reason)
+    driver = make_driver(tmp_path_factory.mktemp("chrome-profile"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def severe_logs(driver) -> list[dict]:
+    """SEVERE entries of the browser console since the last call (reading clears them)."""
+    return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+
+
+def wait_idle(driver, timeout: float = 20.0) -> None:
+    """Wait until Dash has rendered and no callback is pending."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = driver.execute_script("return document.readyState") == "complete"
+        entry = driver.find_elements(By.CSS_SELECTOR, "#page > div")
+        loading = driver.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']")
+        if ready and entry and not loading:
+            time.sleep(0.3)  # let chained callbacks start before the final check
+            if not driver.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']"):
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"page did not settle in {timeout}s: {driver.current_url}")
+
+
+def screenshot(driver, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    driver.save_screenshot(str(path))
+    return path
