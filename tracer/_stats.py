@@ -67,8 +67,11 @@ def _checksum(flat: torch.Tensor) -> int:
     bits_t, bits = _bits_view(flat)
     # summing in the element's own width wraps exactly like the format asks, and is 10x faster
     # on CPU than widening to int64
+    n = bits_t.numel()
+    if n <= _CHUNK:  # the common small record: no slicing ops
+        return _wrap(int(bits_t.sum(dtype=bits_t.dtype)), bits)
     total = 0
-    for i in range(0, bits_t.numel(), _CHUNK):
+    for i in range(0, n, _CHUNK):
         total += int(bits_t[i:i + _CHUNK].sum(dtype=bits_t.dtype))
     return _wrap(total, bits)
 
@@ -125,7 +128,7 @@ def host_stats(t: torch.Tensor) -> dict:
     lo, hi, total, sq, nonzero = math.inf, -math.inf, 0.0, 0.0, 0
     saw_nan = False
     for i in range(0, n, _CHUNK):
-        c = flat[i:i + _CHUNK]
+        c = flat[i:i + _CHUNK] if n > _CHUNK else flat
         if c.dtype != cdt:
             c = c.to(cdt)
         cmin, cmax = torch.aminmax(c)
