@@ -15,12 +15,15 @@ _EXPORTS: dict[str, str] = {
     "TracerError": "tracer._errors",
     "ConfigError": "tracer._errors",
     "DumpFormatError": "tracer._errors",
+    "DumpWriteError": "tracer._errors",
+    "RecordNotFoundError": "tracer._errors",
     # capture
     "Dumper": "tracer._dumper",
     "attach_from_env": "tracer._attach",
     # reading
     "open_dump": "tracer._reader",
     "Dump": "tracer._reader",
+    "RawTensor": "tracer._reader",
     # diff and checks
     "diff": "tracer._diff",
     "DiffResult": "tracer._diff",
