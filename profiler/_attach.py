@@ -24,7 +24,7 @@ class AttachHandle:
     """What attach_from_env installed; `.remove()` (idempotent) closes and unhooks everything."""
 
     def __init__(self, run_dir: str, collector: Any, writer: Any) -> None:
-        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
         self.run_dir = run_dir
         self.collector = collector
         self.writer = writer
@@ -34,7 +34,7 @@ class AttachHandle:
         self._roots: weakref.WeakSet[Any] = weakref.WeakSet()
         self._depth = 0
         self._removed = False
-        self._handles = [torch.optim.optimizer.register_optimizer_step_post_hook(self._on_step)]
+        self._handles = [register_optimizer_step_post_hook(self._on_step)]
         if writer is not None:  # find the model's roots to name parameters in histograms
             from torch.nn.modules.module import (register_module_forward_hook,
                                                  register_module_forward_pre_hook)
@@ -125,11 +125,19 @@ class AttachHandle:
         self.remove()
 
 
+_active: AttachHandle | None = None
+
+
 def attach_from_env() -> AttachHandle | None:
     """Start what SLEUTH_PROFILE / SLEUTH_SUMMARY ask for; None (and no cost) when unset.
 
+    Idempotent: while a handle is attached (e.g. by sleuth's start-up hook), later calls return
+    it instead of starting a second profiler, which torch would refuse.
     Raises profiler.ConfigError when SLEUTH_PROFILE names a config file that is invalid.
     """
+    global _active
+    if _active is not None and not _active._removed:
+        return _active
     prof = os.environ.get("SLEUTH_PROFILE", "").strip()
     summ = os.environ.get("SLEUTH_SUMMARY", "").strip().lower()
     want_prof = bool(prof) and prof.lower() not in ("0", "false", "no", "off")
@@ -148,4 +156,5 @@ def attach_from_env() -> AttachHandle | None:
         if os.environ.get("SLEUTH_SUMMARY_MAX_BYTES"):
             kwargs["max_bytes"] = int(os.environ["SLEUTH_SUMMARY_MAX_BYTES"])
         writer = SummaryWriter(run_dir, **kwargs)
-    return AttachHandle(run_dir, collector, writer)
+    _active = AttachHandle(run_dir, collector, writer)
+    return _active
