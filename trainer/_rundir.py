@@ -56,11 +56,13 @@ def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world
 
 
 def _sleuth_version() -> str:
+    # from the installed distribution: the trainer must not import the `sleuth` CLI package
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        from sleuth import __version__  # the CLI package is import-light: a version string only
-    except ImportError:
+        return version("sleuth")
+    except PackageNotFoundError:
         return "unknown"
-    return __version__
 
 
 class RunDir:

@@ -21,7 +21,7 @@ from trainer import _distributed
 from trainer._callbacks import Callback, TrainState, _CallbackList
 from trainer._checkpoint import (load_model_state, load_trainer_state, read_meta, resolve_checkpoint,
                                  save_checkpoint, set_rng_state)
-from trainer._errors import CheckpointError, DataError
+from trainer._errors import CheckpointError, ConfigError, DataError
 from trainer._rundir import RunDir, write_run_json
 from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Sampler, TokenDataset, build_datasets
@@ -58,21 +58,29 @@ def _load_strict(model: torch.nn.Module, state: dict, where: Path) -> None:
 
 
 def evaluate(model: torch.nn.Module, dataset: TokenDataset, config: TrainConfig,
-             device: torch.device) -> dict[str, float]:
-    """Mean loss over the first `eval_batches` batches of `dataset`, and its perplexity."""
+             device: torch.device, *, rank: int = 0, world_size: int = 1) -> dict[str, float]:
+    """Mean loss over the first `eval_batches` global batches of `dataset`, and its perplexity.
+
+    Each rank evaluates its share of every global batch and the sums are all-reduced, so the
+    result does not depend on how many processes share the work.
+    """
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # on device: NCCL reduces only there
+    step = config.batch_size * world_size
     with torch.no_grad(), _autocast(config, device):
         for b in range(config.eval_batches):
-            rows = torch.arange(b * config.batch_size, (b + 1) * config.batch_size) % len(dataset)
+            start = b * step + rank * config.batch_size
+            rows = torch.arange(start, start + config.batch_size) % len(dataset)
             batch = {k: v.to(device) for k, v in dataset.batch(rows).items()}
             n = int((batch["labels"] != IGNORE_INDEX).sum())
+            loss = model(**batch)[1]  # every rank runs forward: FSDP gathers weights collectively
             if n:
-                total += float(model(**batch)[1]) * n
-                count += n
+                sums += torch.tensor([float(loss) * n, n], dtype=torch.float64, device=device)
+    if world_size > 1:
+        torch.distributed.all_reduce(sums)
     model.train(was_training)
-    loss = total / max(count, 1)
+    loss = float(sums[0] / sums[1].clamp(min=1))
     return {"eval_loss": loss, "eval_ppl": math.exp(min(loss, 50.0))}
 
 
@@ -104,6 +112,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
     elif config.resume:
         resume_dir = resolve_checkpoint(config.resume)
 
+    if d.mode == "fsdp" and config.lora.enabled:
+        raise ConfigError("LoRA with parallel=fsdp is not supported; use parallel=ddp (the default)")
     model = build_model(config, resume_dir)
     start_step, position = 0, 0
     if resume_dir is not None:
@@ -155,7 +165,7 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
                            for m in range(config.grad_accum)]
                 position += config.grad_accum * global_micro
                 counts = [int((b["labels"] != IGNORE_INDEX).sum()) for b in batches]
-                n_global = int(_distributed.all_reduce_sum(torch.tensor(sum(counts)), d))
+                n_global = int(_distributed.all_reduce_sum(torch.tensor(sum(counts), device=d.device), d))
                 if n_global == 0:
                     raise DataError(f"step {step} has no target tokens (every label is masked); "
                                     f"check data.mode and the response fields")
@@ -201,7 +211,7 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
 
             done = step + 1
             if val_ds is not None and config.eval_every and (done % config.eval_every == 0 or done == config.steps):
-                result = evaluate(model, val_ds, config, d.device)
+                result = evaluate(model, val_ds, config, d.device, rank=d.rank, world_size=d.world_size)
                 state.history.append({"step": step, **result})
                 _write_line(metrics_file, {"step": step, **result})
                 if d.is_main:
