@@ -27,7 +27,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import TracerError
 from tracer._format import StepFile
-from tracer._stats import decode_packed, device_stats, empty_stats
+from tracer._stats import decode_packed, device_stats, element_bits, empty_stats
 from tracer._writer import RecordMeta, Writer, snapshot
 
 _STOP = ("stop",)
@@ -219,7 +219,7 @@ class AsyncWriter(Writer):
             elif staged[0] == "cuda":
                 _, done, host_packed, snap = staged
                 done.synchronize()
-                stats = decode_packed(host_packed.tolist())
+                stats = decode_packed(host_packed.tolist(), element_bits(dtype))
             else:
                 _, stats, snap = staged
             row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap)

@@ -159,19 +159,33 @@ def host_stats(t: torch.Tensor) -> dict:
     return out
 
 
+def element_bits(dtype: torch.dtype) -> int:
+    """Width in bits of the integers the checksum sums for `dtype` (see `_bits_view`)."""
+    size = dtype.itemsize
+    return 8 if dtype == torch.bool else (size * 8 if size in _INT_OF_WIDTH else 64)
+
+
+# float64 NaN as int64 bits, so packed vectors are filled without a host-to-device copy
+_NAN_BITS = 0x7FF8000000000000
+
+
 def device_stats(t: torch.Tensor) -> torch.Tensor:
     """STAT_FIELDS packed in one int64 tensor on t's device, without a host sync.
 
-    Floats are stored as the bits of float64 values; decode with `decode_packed`.
+    Floats are stored as the bits of float64 values; decode with
+    `decode_packed(values, element_bits(t.dtype))`. Nothing here copies from the host (a
+    `torch.tensor(..., device="cuda")` would wait for the device), only kernels are queued.
     """
     flat = _flat(t)
     n = flat.numel()
     dev = flat.device
+    i64, f64 = torch.int64, torch.float64
     if n == 0:
-        return encode_stats(empty_stats(), device=dev)
-    bits_t, bits = _bits_view(flat)
+        packed = torch.zeros(9, dtype=i64, device=dev)
+        packed[:4] = _NAN_BITS
+        return packed
+    bits_t, _ = _bits_view(flat)
     cdt = _compute_dtype(flat.dtype)
-    f64 = torch.float64
     if cdt is None:
         nan_f = torch.full((4,), _NAN, dtype=f64, device=dev)
         parts = torch.view_as_real(flat)
@@ -181,37 +195,30 @@ def device_stats(t: torch.Tensor) -> torch.Tensor:
     else:
         c = flat.to(cdt) if flat.dtype != cdt else flat
         mn, mx = torch.aminmax(c)
-        wide = c.to(f64)  # no overflow worries; GPU bandwidth makes the widening cheap
-        total = wide.sum()
-        norm = torch.linalg.vector_norm(wide)
+        # float64 accumulation: no overflow worries, and cheap on a GPU (slow on CPU, which
+        # takes host_stats instead)
+        total = c.sum(dtype=f64)
+        norm = torch.linalg.vector_norm(c, dtype=f64)
         nan_f = torch.stack([mn.to(f64), mx.to(f64), total / n, norm])
-        if cdt.is_floating_point and flat.dtype.is_floating_point:
+        if flat.dtype.is_floating_point:
             counts = torch.stack([c.isnan().sum(), (c == math.inf).sum(), (c == -math.inf).sum(),
                                   n - torch.count_nonzero(c)])
             # min/max/mean/norm are NaN when any element is NaN (aminmax already propagates)
             nan_f = torch.where(counts[0] > 0, torch.full_like(nan_f, _NAN), nan_f)
         else:
-            zero = torch.zeros((), dtype=torch.int64, device=dev)
+            zero = torch.zeros((), dtype=i64, device=dev)
             counts = torch.stack([zero, zero, zero, n - torch.count_nonzero(c)])
-    checksum = bits_t.sum(dtype=torch.int64)  # widened: wrapped to the element width on decode
-    width = torch.tensor(bits, dtype=torch.int64, device=dev)
-    return torch.cat([nan_f.view(torch.int64), counts.to(torch.int64),
-                      checksum.reshape(1), width.reshape(1)])
+    checksum = bits_t.sum(dtype=i64)  # widened: wrapped to the element width on decode
+    return torch.cat([nan_f.view(i64), counts.to(i64), checksum.reshape(1)])
 
 
-def encode_stats(stats: dict, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The packed form of a stats dict (used for empty tensors)."""
-    floats = torch.tensor([stats[k] for k in STAT_FIELDS[:4]], dtype=torch.float64)
-    ints = torch.tensor([stats[k] for k in STAT_FIELDS[4:]] + [64], dtype=torch.int64)
-    return torch.cat([floats.view(torch.int64), ints]).to(device)
-
-
-def decode_packed(values: list[int]) -> dict:
-    """Turn a packed vector (as a list of Python ints) back into a stats dict."""
+def decode_packed(values: list[int], bits: int) -> dict:
+    """Turn a packed vector (as a list of Python ints) back into a stats dict; `bits` is
+    `element_bits(dtype)` of the tensor it describes."""
     import struct
 
     floats = struct.unpack("<4d", struct.pack("<4q", *values[:4]))
     out = dict(zip(STAT_FIELDS[:4], floats))
     out.update(nan=values[4], posinf=values[5], neginf=values[6], zeros=values[7],
-               checksum=_wrap(values[8], values[9]))
+               checksum=_wrap(values[8], bits))
     return out

@@ -19,8 +19,8 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
-from tracer._stats import (decode_packed, device_stats, dtype_name, empty_stats, host_stats,
-                           shape_str)
+from tracer._stats import (decode_packed, device_stats, dtype_name, element_bits, empty_stats,
+                           host_stats, shape_str)
 
 
 class RecordMeta(NamedTuple):
@@ -153,7 +153,7 @@ class Writer:
         return out
 
     def _notify(self, row: dict) -> None:
-        for observer in self.observers:
+        for observer in tuple(self.observers):  # another thread may remove one meanwhile
             observer(row)
 
     def _storage_error(self, e: BaseException, where: str) -> None:
@@ -243,7 +243,8 @@ def _capture_now(t: torch.Tensor, keep_bytes: bool) -> tuple[dict | None, torch.
         return host_stats(t), None
     packed = device_stats(t)
     if not t.is_cuda:  # other accelerators: plain blocking copies
-        return decode_packed(packed.cpu().tolist()), snapshot(t) if keep_bytes else None
+        return (decode_packed(packed.cpu().tolist(), element_bits(t.dtype)),
+                snapshot(t) if keep_bytes else None)
     # CUDA: queue both copies into pinned memory, then wait once
     host_packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
     host_packed.copy_(packed, non_blocking=True)
@@ -253,4 +254,4 @@ def _capture_now(t: torch.Tensor, keep_bytes: bool) -> tuple[dict | None, torch.
         snap = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         snap.copy_(src, non_blocking=True)
     torch.cuda.current_stream(t.device).synchronize()  # the one host sync of this record
-    return decode_packed(host_packed.tolist()), snap
+    return decode_packed(host_packed.tolist(), element_bits(t.dtype)), snap

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tracer._stats import decode_packed, device_stats, host_stats
+from tracer._stats import decode_packed, device_stats, element_bits, host_stats
 
 INF, NAN = math.inf, math.nan
 
@@ -46,7 +46,7 @@ def same(a: float, b: float) -> bool:
 
 def check(t: torch.Tensor) -> None:
     ref = reference(t)
-    for got in (host_stats(t), decode_packed(device_stats(t).tolist())):
+    for got in (host_stats(t), decode_packed(device_stats(t).tolist(), element_bits(t.dtype))):
         for k in ("nan", "posinf", "neginf", "zeros", "checksum"):
             assert got[k] == ref[k], (k, got[k], ref[k], t.dtype)
         for k in ("min", "max", "mean", "norm"):
