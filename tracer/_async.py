@@ -31,6 +31,7 @@ from tracer._stats import decode_packed, device_stats, element_bits, empty_stats
 from tracer._writer import RecordMeta, Writer, snapshot
 
 _STOP = ("stop",)
+_RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 
 
 class AsyncWriter(Writer):
@@ -83,8 +84,9 @@ class AsyncWriter(Writer):
             self._in_step = False
             self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
             return
+        # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
-                   tensor.numel(), staged), nbytes)
+                   tensor.numel(), staged), max(nbytes, _RECORD_FLOOR_BYTES))
 
     def add_hit(self, hit: dict) -> None:
         if threading.get_ident() == self._thread.ident:
