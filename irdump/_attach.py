@@ -172,6 +172,10 @@ def attach_from_env() -> GraphSaver | None:
         return None
     if os.environ.get("RANK", "0") != "0":
         return None
+    # importing torch may itself run sleuth's auto-attach, which calls this function: let it
+    # finish first so that it and this call share one saver
+    import torch  # noqa: F401
+
     if _ATTACHED is None or _ATTACHED.removed:
         _ATTACHED = GraphSaver(output_dir(),
                                os.environ.get("SLEUTH_SAVE_GRAPHS_SORT_MODE") or None)

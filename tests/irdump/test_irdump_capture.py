@@ -102,3 +102,11 @@ def test_list_graphs(tmp_path):
     assert df["ir"][0].endswith("02_backward.ir") and df["svg"][0] is None
     assert df["sorted_ir"].isna().all()
     assert irdump.list_graphs(tmp_path / "missing").empty
+
+
+def test_sort_mode_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLEUTH_SAVE_GRAPHS_SORT_MODE", "op")
+    paths = irdump.save_graphs(make_branchy(), torch.ones(1, 8), tmp_path, formats=("sorted",),
+                               stages=("forward_eager",))
+    text = paths[0].read_text()
+    assert "# sort: op" in text and "# op aten.addmm" in text

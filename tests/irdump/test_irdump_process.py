@@ -1,0 +1,77 @@
+"""The SLEUTH_SAVE_GRAPHS=1 trigger in real training scripts: byte-stable across processes,
+and training is bit-identical with and without it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+TRAIN = """
+import sys, torch, irdump
+handle = irdump.attach_from_env()
+print("attached" if handle is not None else "detached")
+from irdump_models import make_tiny
+torch.manual_seed(0)
+model = make_tiny()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(4, 16)
+    loss = (model(x) - 0.25).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("checksum", repr(sum(float(p.double().sum()) for p in model.parameters())))
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])
+    env.update(extra)
+    return env
+
+
+def _start(code: str, *args: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=REPO, env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_env_trigger_is_byte_stable_and_does_not_disturb_training(tmp_path):
+    """Two traced processes (one per output variable) and one plain process, side by side."""
+    run, graphs = tmp_path / "run", tmp_path / "graphs"
+    procs = [_start(TRAIN, SLEUTH_SAVE_GRAPHS="1", SLEUTH_RUN_DIR=str(run)),
+             _start(TRAIN, SLEUTH_SAVE_GRAPHS="1", SLEUTH_SAVE_GRAPHS_PATH=str(graphs)),
+             _start(TRAIN)]
+    outs = [_wait(p).splitlines() for p in procs]
+    assert [o[0] for o in outs] == ["attached", "attached", "detached"]
+    # the same parameters, bit for bit, with and without graph saving
+    assert outs[0][-1] == outs[1][-1] == outs[2][-1]
+    names = sorted(p.name for p in (run / "ir").iterdir())
+    assert names == sorted(f"{i:02d}_{s}{ext}" for i, s in enumerate(
+        ["forward", "forward_aten_decomposed", "backward", "forward_eager"])
+        for ext in (".ir", ".sorted.ir", ".dot", ".svg"))
+    # two processes, two output folders, identical bytes
+    assert sorted(p.name for p in graphs.iterdir()) == names
+    for name in names:
+        assert (run / "ir" / name).read_bytes() == (graphs / name).read_bytes(), name
+    backward = (run / "ir" / "02_backward.ir").read_text()
+    assert "# capture: autograd" in backward
+    assert "forward=head::aten.addmm.forward.0" in backward
+    assert "<none>::MeanBackward0.backward.0" in backward  # the loss runs outside the model
+    assert "# capture: torch.export" in (run / "ir" / "00_forward.ir").read_text()
+    eager = (run / "ir" / "03_forward_eager.ir").read_text()
+    assert str(tmp_path) not in eager and str(REPO) not in eager and " at 0x" not in eager
+    assert "# tests/irdump/irdump_models.py:" in eager
