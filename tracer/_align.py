@@ -28,14 +28,13 @@ def _groups(df: Any) -> dict[tuple[str, str], tuple[list[int], list[tuple], list
     cols = {c: df[c].tolist() for c in ("module", "phase", "op", "direction", "index", "dtype",
                                          "shape", "checksum", "nan")}
     order = np.argsort(df["seq"].to_numpy(), kind="stable")
+    module, phase, op, direction, index, dtype, shape, checksum, nan = cols.values()
     for i in order.tolist():
-        rows, keys, prints = groups.setdefault((cols["module"][i], cols["phase"][i]),
-                                               ([], [], []))
+        rows, keys, prints = groups.setdefault((module[i], phase[i]), ([], [], []))
         rows.append(i)
-        key = (cols["op"][i], cols["direction"][i], int(cols["index"][i]))
+        key = (op[i], direction[i], index[i])
         keys.append(key)
-        prints.append(key + (cols["dtype"][i], cols["shape"][i], int(cols["checksum"][i]),
-                             int(cols["nan"][i])))
+        prints.append((key, dtype[i], shape[i], checksum[i], nan[i]))
     return groups
 
 

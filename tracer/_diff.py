@@ -158,6 +158,12 @@ def _plan(sa: _Side, sb: _Side, step: int | None, rank: int | None, b_step: int 
 
 
 # -- comparing -------------------------------------------------------------------------------------
+def _rows(df: Any) -> list[dict[str, Any]]:
+    """The rows of a table as dicts (DataFrame.to_dict("records") is ~10x slower)."""
+    cols = list(df.columns)
+    return [dict(zip(cols, vals)) for vals in zip(*(df[c].tolist() for c in cols))]
+
+
 def _has_data(row: dict[str, Any]) -> bool:
     return int(row.get("data_offset", -1)) >= 0 and int(row.get("data_nbytes", 0)) > 0
 
@@ -229,7 +235,7 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
     for start in range(0, n, CHUNK_ELEMENTS):
         count = min(CHUNK_ELEMENTS, n - start)
         acc.add_raw(fa.read(oa + start * ia, count * ia), fb.read(ob + start * ib, count * ib),
-                    da, db)
+                    da, db, norms=n > CHUNK_ELEMENTS)
         progress(count * (ia + ib))
     m = acc.result()
     m.pop("identical")
@@ -377,9 +383,9 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         tb = sb.dump.stats(plan[2], plan[3])
         pairs = align(ta, tb)
         tables.append((plan, ta, tb, pairs))
-        for ia, ib in pairs:
-            if ia is not None and ib is not None:
-                total += int(ta["data_nbytes"].iat[ia]) + int(tb["data_nbytes"].iat[ib])
+        na, nb = ta["data_nbytes"].to_numpy(), tb["data_nbytes"].to_numpy()
+        total += sum(int(na[ia]) + int(nb[ib]) for ia, ib in pairs
+                     if ia is not None and ib is not None)
     bar = _StderrProgress(total, progress)
     rows: list[dict] = []
     kinds: set[str] = set()
@@ -392,8 +398,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
                 if la != lb:
                     notes.append(f"levels differ: A is {la}, B is {lb}; only shared records "
                                  "are compared")
-                recs_a = ta.to_dict("records")
-                recs_b = tb.to_dict("records")
+                recs_a, recs_b = _rows(ta), _rows(tb)
                 pairs.sort(key=lambda p: (p[0] is None, p[0] if p[0] is not None else p[1]))
                 matched = 0
                 for ia, ib in pairs:
