@@ -3,6 +3,7 @@
 Layout of one checkpoint (S = optimizer steps completed):
   model.pt       the model's state dict (LoRA-wrapped layers included when LoRA is on)
   trainer.pt     {"optimizer": state dict, "step": int, "data_position": int, "rng": {...}}
+  adapter.pt     LoRA adapters only (when LoRA is on), the format `trainer.load_lora` reads
   meta.json      format_version, step, the resolved config; written last, so its presence
                  marks a complete checkpoint
 Everything is tensors, ints, floats and strings, so `torch.load(weights_only=True)` reads it.
@@ -44,8 +45,12 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 
 def save_checkpoint(directory: Path, *, model_state: dict[str, torch.Tensor], optimizer_state: dict,
-                    step: int, data_position: int, config: dict[str, Any]) -> Path:
-    """Write a complete checkpoint directory atomically and return its path."""
+                    step: int, data_position: int, config: dict[str, Any],
+                    extra: dict[str, Any] | None = None) -> Path:
+    """Write a complete checkpoint directory atomically and return its path.
+
+    `extra` maps further file names (e.g. "adapter.pt") to objects saved alongside.
+    """
     partial = directory.with_name(directory.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)
@@ -53,6 +58,8 @@ def save_checkpoint(directory: Path, *, model_state: dict[str, torch.Tensor], op
     _save(model_state, partial / "model.pt")
     _save({"optimizer": optimizer_state, "step": step, "data_position": data_position,
            "rng": rng_state()}, partial / "trainer.pt")
+    for name, obj in (extra or {}).items():
+        _save(obj, partial / name)
     meta = {"format_version": FORMAT_VERSION, "step": step, "config": config}
     with open(partial / "meta.json", "w") as f:
         json.dump(meta, f, indent=2)

@@ -221,14 +221,17 @@ class Sampler:
 
     def rows(self, position: int, count: int) -> torch.Tensor:
         """Rows of global positions [position, position + count), crossing epochs as needed."""
-        out = []
-        for p in range(position, position + count):
-            epoch, i = divmod(p, self.size)
-            if epoch != self._epoch:
-                g = torch.Generator().manual_seed(self.seed + epoch)
-                self._epoch, self._perm = epoch, torch.randperm(self.size, generator=g)
-            out.append(self._perm[i])
-        return torch.stack(out)
+        epoch, i = divmod(position, self.size)
+        if i + count <= self.size:  # the common case: one slice of one epoch's permutation
+            return self._permutation(epoch)[i:i + count]
+        head = self._permutation(epoch)[i:]
+        return torch.cat([head, self.rows((epoch + 1) * self.size, count - len(head))])
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._epoch, self._perm = epoch, torch.randperm(self.size, generator=g)
+        return self._perm
 
     def local_rows(self, position: int, batch_size: int) -> torch.Tensor:
         """This rank's `batch_size` rows of the global micro-batch starting at `position`."""

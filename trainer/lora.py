@@ -85,16 +85,20 @@ def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
             if k.endswith(".lora_A") or k.endswith(".lora_B")}
 
 
+def adapter_blob(model: nn.Module) -> dict:
+    """What an adapter file holds: format version, adapter tensors, per-layer (rank, alpha)."""
+    meta = {n: torch.tensor([m.rank, m.alpha], dtype=torch.float64)
+            for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+    return {"format_version": ADAPTER_FORMAT_VERSION, "adapters": lora_state_dict(model), "rank_alpha": meta}
+
+
 def save_lora(model: nn.Module, path: str | Path) -> Path:
     """Write the adapters (plus their rank and alpha) atomically to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {n: torch.tensor([m.rank, m.alpha], dtype=torch.float64)
-            for n, m in model.named_modules() if isinstance(m, LoRALinear)}
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as f:
-        torch.save({"format_version": ADAPTER_FORMAT_VERSION, "adapters": lora_state_dict(model),
-                    "rank_alpha": meta}, f)
+        torch.save(adapter_blob(model), f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(partial, path)

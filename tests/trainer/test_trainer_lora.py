@@ -35,7 +35,11 @@ def test_training_changes_only_adapters(make_config, tmp_path):
         assert torch.equal(value, base_state[plain]), f"{key} changed although frozen"
     lora_b = [v for k, v in tuned.model.state_dict().items() if k.endswith("lora_B")]
     assert len(lora_b) == 4 and all(b.abs().sum() > 0 for b in lora_b)  # B starts at zero
-    assert (tmp_path / "tuned" / "checkpoints" / "step3" / "adapter.pt").is_file()
+    fresh = _model()
+    apply_lora(fresh, LoRAConfig(enabled=True, rank=4))
+    load_lora(fresh, tmp_path / "tuned" / "checkpoints" / "step3" / "adapter.pt")
+    for key, value in lora_state_dict(tuned.model).items():
+        assert torch.equal(lora_state_dict(fresh)[key], value)
     # the generation loader merges the adapters back into plain Linear layers
     merged = load_model(tmp_path / "tuned")
     assert not any(isinstance(m, LoRALinear) for m in merged.modules())
