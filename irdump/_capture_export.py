@@ -9,7 +9,11 @@ only equal the tracer's record names where the op is the same; the `forward_eage
 """
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import operator
+import os
 from collections import defaultdict
 from typing import Any
 
@@ -42,14 +46,28 @@ def module_table(model: Any) -> tuple[tuple[str, str], ...]:
 
 
 def export_program(model: Any, args: tuple, kwargs: dict) -> Any:
-    """`torch.export.export(model, args, kwargs, strict=False)`, errors as CaptureError."""
+    """`torch.export.export(model, args, kwargs, strict=False)`, errors as CaptureError.
+
+    A failure is expected (the caller falls back and says so in the header), so export's own
+    stderr dump of the partial graph and its log lines are silenced meanwhile.
+    """
     import torch
 
+    loggers = [logging.getLogger(n) for n in ("torch.export", "torch._export", "torch.fx",
+                                              "torch._dynamo", "torch._subclasses")]
+    levels = [lg.level for lg in loggers]
     try:
-        return torch.export.export(model, args, kwargs, strict=False)
+        for lg in loggers:
+            lg.setLevel(logging.CRITICAL)
+        with contextlib.redirect_stderr(io.StringIO()):
+            return torch.export.export(model, args, kwargs, strict=False)
     except Exception as e:  # noqa: BLE001 - export raises many unrelated exception types
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        first = first.replace(os.getcwd() + os.sep, "")  # keep headers free of absolute paths
         raise CaptureError(f"torch.export failed: {type(e).__name__}: {first}") from e
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def graph_from_export(program: Any, model: Any, stage: str, method: str) -> Graph:
