@@ -28,7 +28,8 @@ class Profile:
 
     ops: rank, window, name, input_shapes, calls, cpu_total_us, cpu_self_us, device_us, flops.
     modules: rank, window, module, type, calls, forward_total_us, forward_self_us,
-        backward_self_us, backward_total_us, device_us.
+        backward_self_us, backward_total_us, forward_device_us (kernels launched inside the
+        module's forward, nested modules included), backward_device_us (by its autograd nodes).
     steps: rank, window, step, step_us, source, data_us, forward_us, backward_us,
         optimizer_us, other_us, comm_us.
     memory: rank, window, time_us, device, bytes, allocated_bytes, reserved_bytes.
@@ -97,7 +98,8 @@ def write_window_tables(d: Path, k: int, fmt: str = "parquet") -> None:
 _COLUMNS = {
     "ops": ["name", "input_shapes", "calls", "cpu_total_us", "cpu_self_us", "device_us", "flops"],
     "modules": ["module", "type", "calls", "forward_total_us", "forward_self_us",
-                "backward_self_us", "backward_total_us", "device_us"],
+                "backward_self_us", "backward_total_us", "forward_device_us",
+                "backward_device_us"],
     "steps": ["step", "step_us", "source", "data_us", "forward_us", "backward_us",
               "optimizer_us", "other_us", "comm_us"],
     "memory": ["time_us", "device", "bytes", "allocated_bytes", "reserved_bytes"],

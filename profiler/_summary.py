@@ -14,6 +14,7 @@ bins+1 edges, then the bins counts).
 """
 from __future__ import annotations
 
+import atexit
 import difflib
 import os
 import time
@@ -91,6 +92,7 @@ class SummaryWriter:
         self._last_flush = time.monotonic()
         self._file: Any = None
         self._open()
+        atexit.register(self.close)  # records buffered at exit are not lost
 
     # ---- file ------------------------------------------------------------------------------
     def _choose_path(self, folder: Path) -> Path:
@@ -206,6 +208,7 @@ class SummaryWriter:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         try:
             self.flush()
         finally:

@@ -163,12 +163,25 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         times = [ev.ts for ev in host] or [0.0]
         win0, win1 = min(times), max([ev.end for ev in host] or [0.0])
 
-    # Device time per launching host op, through the kernels' "External id".
-    by_ext: dict[Any, float] = defaultdict(float)
+    # Device time per launching host op: a kernel's "correlation" names the runtime call
+    # (cudaLaunchKernel ...) that launched it, whose innermost enclosing cpu_op is the owner;
+    # without a matching runtime event, the kernel's "External id" names the op.
+    runtime = {ev.args["correlation"]: ev for ev in host
+               if ev.cat in ("cuda_runtime", "cuda_driver") and "correlation" in ev.args}
+    ext_to_op = {ev.args["External id"]: ev for ev in host
+                 if ev.cat == "cpu_op" and "External id" in ev.args}
+    by_ext: dict[int, float] = defaultdict(float)  # id(host op event) -> device us
     for k in device:
-        ext = k.args.get("External id")
-        if ext is not None:
-            by_ext[ext] += k.dur
+        owner = None
+        rt = runtime.get(k.args.get("correlation"))
+        if rt is not None:
+            owner = rt.parent
+            while owner is not None and owner.cat != "cpu_op":
+                owner = owner.parent
+        if owner is None:
+            owner = ext_to_op.get(k.args.get("External id"))
+        if owner is not None:
+            by_ext[id(owner)] += k.dur
 
     # ---- ops ----------------------------------------------------------------------------
     flop_counts: dict[str, float] = meta.get("flop_counts") or {}
@@ -185,7 +198,7 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         row["calls"] += 1
         row["cpu_total_us"] += ev.dur
         row["cpu_self_us"] += ev.self_us
-        row["device_us"] += by_ext.get(ev.args.get("External id"), 0.0)
+        row["device_us"] += by_ext.get(id(ev), 0.0)
     op_rows = list(ops.values())
     # FLOPs are counted per op name on one step; shared out over the shape groups by calls.
     calls_by_name: dict[str, int] = defaultdict(int)
@@ -206,7 +219,7 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             row = mods[name] = {"module": name, "type": module_types.get(name, ""), "calls": 0,
                                 "forward_total_us": 0.0, "forward_self_us": 0.0,
                                 "backward_self_us": 0.0, "backward_total_us": 0.0,
-                                "device_us": 0.0}
+                                "forward_device_us": 0.0, "backward_device_us": 0.0}
         return row
 
     seq_to_module: dict[Any, str] = {}
@@ -225,6 +238,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             else:
                 stack.extend(c.children)
         row["forward_self_us"] += max(0.0, ev.dur - inner)
+        if by_ext:
+            row["forward_device_us"] += _subtree_device(ev, by_ext)
     if module_ranges:
         # A forward op belongs to the innermost module range around it; its Sequence number
         # ties it to the autograd node that runs its backward.
@@ -238,7 +253,6 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
                 p = p.parent
             if p is not None:
                 seq_to_module.setdefault(ev.args["Sequence number"], _module_name(p))
-                mod_row(_module_name(p))["device_us"] += by_ext.get(ev.args.get("External id"), 0.0)
         has_eval = any(ev.name.startswith(_BACKWARD_EVAL) for ev in host)
         for ev in host:
             if has_eval:
@@ -249,6 +263,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             owner = seq_to_module.get(ev.args.get("Sequence number"))
             if owner is not None:
                 mods[owner]["backward_self_us"] += ev.dur
+                if by_ext:
+                    mods[owner]["backward_device_us"] += _subtree_device(ev, by_ext)
         for name, row in mods.items():
             row["backward_total_us"] = sum(r["backward_self_us"] for n, r in mods.items()
                                            if _is_within(n, name))
@@ -347,3 +363,13 @@ def _is_within(name: str, scope: str) -> bool:
     if scope == "<root>":
         return not name.startswith("<")
     return name.startswith(scope + ".")
+
+
+def _subtree_device(ev: _Ev, by_ext: dict[int, float]) -> float:
+    """Device time of the kernels launched by `ev` or any host event nested in it."""
+    total, stack = 0.0, [ev]
+    while stack:
+        e = stack.pop()
+        total += by_ext.get(id(e), 0.0)
+        stack.extend(e.children)
+    return total

@@ -53,7 +53,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_rank_cluster_table(tmp_path):
+def test_two_rank_cluster_table(tmp_path, capsys):
     script = tmp_path / "dist.py"
     script.write_text(DIST)
     run = tmp_path / "run"
@@ -69,7 +69,11 @@ def test_two_rank_cluster_table(tmp_path):
     assert prof.summary["ranks"] == 2 and prof.summary["slowest_rank"] in (0, 1)
     assert prof.summary["step_time_spread"] >= 0 and 0 < prof.summary["comm_share"] < 1
     assert len(prof.traces) == 2
-    assert profiler.read_profile(run).steps.groupby("rank").size().tolist() == [2, 2]
+    assert prof.steps.groupby("rank").size().tolist() == [2, 2]
+    from sleuth.cli import main
+    assert main(["profile", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "ranks:" in out and "slowest rank" in out
 
 
 ATTACHED = textwrap.dedent("""

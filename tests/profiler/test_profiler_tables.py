@@ -30,6 +30,10 @@ def test_device_time_comm_share_and_memory():
     events = [X("ProfilerStep#3", 0, 1000, cat="user_annotation"),
               X("aten::mm", 100, 50, **{"External id": 7}),
               X("c10d::allreduce_", 200, 100), X("gloo:all_reduce", 250, 100),
+              X("aten::addmm", 600, 50, **{"External id": 9}),
+              X("cudaLaunchKernel", 610, 5, cat="cuda_runtime", correlation=33),
+              {"ph": "X", "cat": "kernel", "name": "gemm2", "pid": 0, "tid": 7, "ts": 700,
+               "dur": 12, "args": {"correlation": 33, "External id": 999}},
               {"ph": "X", "cat": "kernel", "name": "sgemm", "pid": 0, "tid": 7, "ts": 120,
                "dur": 30, "args": {"External id": 7}},
               {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce", "pid": 0, "tid": 7,
@@ -41,6 +45,8 @@ def test_device_time_comm_share_and_memory():
                                                "peak_tflops": 1.0})
     mm = next(r for r in t["ops"] if r["name"] == "aten::mm")
     assert mm["device_us"] == 30
+    addmm = next(r for r in t["ops"] if r["name"] == "aten::addmm")
+    assert addmm["device_us"] == 12  # through the runtime call's correlation id
     step = t["steps"][0]
     assert step["step"] == 3 and step["comm_us"] == pytest.approx(250)  # union of 200-350 and 400-500
     assert t["summary"]["comm_share"] == pytest.approx(0.25)
@@ -73,12 +79,20 @@ def test_module_backward_is_attributed_by_sequence_number():
               X("autograd::engine::evaluate_function: AddmmBackward0", 500, 40,
                 **{"Sequence number": 5}),
               X("autograd::engine::evaluate_function: ReluBackward0", 560, 10,
-                **{"Sequence number": 6})]
+                **{"Sequence number": 6}),
+              X("aten::addmm", 32, 40, **{"External id": 11}),  # launches a kernel in fc
+              X("aten::mm", 505, 20, **{"External id": 12}),    # inside AddmmBackward0
+              {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 40,
+               "dur": 25, "args": {"External id": 11}},
+              {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 510,
+               "dur": 7, "args": {"External id": 12}}]
     mods = {r["module"]: r for r in build_tables({"traceEvents": events},
                                                  {"module_types": {"fc": "Linear"}})["modules"]}
     assert mods["fc"]["type"] == "Linear" and mods["fc"]["backward_self_us"] == 40
     assert mods["<root>"]["backward_self_us"] == 10 and mods["<root>"]["backward_total_us"] == 50
     assert mods["<root>"]["forward_self_us"] == 200 and mods["fc"]["forward_total_us"] == 100
+    assert mods["fc"]["forward_device_us"] == 25 and mods["<root>"]["forward_device_us"] == 25
+    assert mods["fc"]["backward_device_us"] == 7 and mods["<root>"]["backward_device_us"] == 0
 
 
 def test_load_trace_gz_and_errors(tmp_path):
