@@ -145,8 +145,12 @@ def write_graphs(graphs: Sequence[Graph], path: str | os.PathLike,
         stem = f"{STAGES[g.stage]:02d}_{g.stage}"
         dot = to_dot(g, depth=depth) if {"dot", "svg"} & set(formats) else ""
         for fmt in formats:
-            text = {"ir": lambda: to_ir(g), "sorted": lambda: to_sorted_ir(g, mode),  # type: ignore[arg-type]
-                    "dot": lambda: dot, "svg": lambda: render_svg(dot)}[fmt]()
+            if fmt == "ir":
+                text = to_ir(g)
+            elif fmt == "sorted":
+                text = to_sorted_ir(g, mode)  # type: ignore[arg-type]
+            else:
+                text = dot if fmt == "dot" else render_svg(dot)
             target = out / (stem + EXTENSIONS[fmt])
             write_atomic(target, text)
             written.append(target)
