@@ -125,7 +125,8 @@ def _series_from_wide(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """Wide rows (step, loss, lr, ...) to one [step, wall_time, value] frame per numeric column."""
     if df.empty or "step" not in df:
         return {}
-    df = df.sort_values("step", kind="stable")
+    # A header line ({"format_version": ..., "kind": ...}) has no step: it is not a data row.
+    df = df[pd.to_numeric(df["step"], errors="coerce").notna()].sort_values("step", kind="stable")
     step = df["step"].to_numpy(dtype=np.float64)
     wall = None
     for col in _TIME_COLUMNS:
@@ -245,20 +246,15 @@ def dump_stats(root: Path, rank: int, step: int) -> pd.DataFrame:
 
 
 def dump_hits(root: Path, rank: int, step: int) -> pd.DataFrame:
-    """Watchpoint hits of one step (tracer.check over that step), empty when unavailable."""
+    """Watchpoint hits of one step: `tracer.check` over that step (the dump config's watchpoints
+    plus NaN/Inf, and the hits recorded live); empty when unavailable."""
     try:
         check = _api("tracer", "check", "watchpoint hits")
-        df = _cached(("hits", root), dump_stamp(root), lambda: check(root))
+        df = _cached(("hits", root, rank, step), dump_stamp(root),
+                     lambda: check(root, rank=rank, step=step, first_nan=False))
     except Exception:  # noqa: BLE001 - hits are an overlay: the table shows without them
         return pd.DataFrame()
-    if df is None or df.empty:
-        return pd.DataFrame()
-    mask = pd.Series(True, index=df.index)
-    if "rank" in df:
-        mask &= df["rank"] == rank
-    if "step" in df:
-        mask &= df["step"] == step
-    return df[mask]
+    return df if df is not None else pd.DataFrame()
 
 
 def dump_stamp(root: Path) -> tuple:

@@ -13,10 +13,11 @@ from dash import Input, Output, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import diff_figure, empty_figure
-from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns
+from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns, table_records
 
-METRICS = ("max_abs_err", "max_rel_err", "rmse", "cosine", "within_tol")
-_WORST_BY = ("max_rel_err", "max_abs_err", "rmse")
+METRICS = ("max_abs_err", "max_rel_err", "rmse", "cosine", "within")
+STAT_METRICS = ("norm_rdiff", "mean_rdiff", "max_rdiff", "min_rdiff")  # statistics-only diffs
+_WORST_BY = ("max_rel_err", "max_abs_err", "rmse", "norm_rdiff", "max_rdiff")
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
@@ -54,7 +55,11 @@ def first_order(first: dict[str, Any] | None, records: pd.DataFrame) -> int | No
     """The x position (execution order) of the first divergent record."""
     if not first:
         return None
-    for key in ("seq", "seq_a", "order"):
+    if "verdict" in records and "order" in records:
+        hit = records.loc[records["verdict"] == "diverged", "order"]
+        if len(hit):
+            return int(hit.iloc[0])
+    for key in ("order", "seq"):
         if first.get(key) is not None:
             return int(first[key])
     name = first.get("name")
@@ -63,6 +68,14 @@ def first_order(first: dict[str, Any] | None, records: pd.DataFrame) -> int | No
         if len(hit):
             return int(hit.iloc[0])
     return None
+
+
+def plotted_metrics(records: pd.DataFrame) -> list[str]:
+    """Tensor error metrics when tensors were compared, else the statistics' relative diffs."""
+    def useful(c: str) -> bool:
+        return c in records and pd.api.types.is_numeric_dtype(records[c]) and records[c].notna().any()
+
+    return [m for m in METRICS if useful(m)] or [m for m in STAT_METRICS if useful(m)]
 
 
 def worst(records: pd.DataFrame, n: int = 50) -> pd.DataFrame:
@@ -92,11 +105,16 @@ def register(app: Any, ctx: Context) -> None:
         except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on
             return empty_state(f"the diff failed: {e}")
         records = getattr(result, "records", pd.DataFrame())
+        if "verdict" in records:
+            counts = records["verdict"].value_counts().to_dict()
+        else:
+            counts = {}
         first = getattr(result, "first_divergence", None)
         x = first_order(first, records)
         status = str(getattr(result, "status", "?"))
         head = [html.Span(f"status: {status}", id="diff-status",
-                          className="sleuth-badge " + ("off" if status == "diverged" else "on"))]
+                          className="sleuth-badge " + ("off" if status == "diverged" else "on")),
+                html.Span(" · ".join(f"{k} {v}" for k, v in counts.items()), className="sleuth-note")]
         if first:
             where = " · ".join(f"{k}: {first[k]}" for k in ("name", "module", "op", "source") if first.get(k))
             node = _data.node_name_for_record(str(first.get("name", "")))
@@ -104,11 +122,12 @@ def register(app: Any, ctx: Context) -> None:
             if node:
                 head.append(dcc.Link(f"show {node} in the graph of run A",
                                      href="/graph?" + urlencode({"run": a, "node": node})))
-        metrics = [m for m in METRICS if m in records]
-        fig = diff_figure(records, metrics, first=x) if metrics else empty_figure("no error metrics")
+        metrics = plotted_metrics(records)
+        order = "order" if "order" in records else "seq"
+        fig = diff_figure(records, metrics, first=x, order=order) if metrics else empty_figure("no error metrics")
         bad = worst(records)
-        cols = [c for c in ("seq", "name", *METRICS, "source") if c in bad]
-        rows = bad[cols].astype(object).where(bad[cols].notna(), None).to_dict("records")
+        cols = [c for c in (order, "step", "name", "verdict", *metrics, "source", "reason") if c in bad]
+        rows = table_records(bad, cols)
         return [html.Div(head), dcc.Graph(id="diff-graph", figure=fig),
                 html.H3("worst records"),
                 data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]

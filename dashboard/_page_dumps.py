@@ -12,7 +12,7 @@ from dash import Input, Output, State, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import empty_figure, tensor_histogram
-from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns
+from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns, table_records
 
 COLUMNS = ("seq", "name", "phase", "direction", "dtype", "shape", "min", "max", "mean", "norm",
            "nonfinite", "zeros", "hit", "source")
@@ -51,8 +51,7 @@ def table_rows(stats: pd.DataFrame) -> list[dict[str, Any]]:
     df["nonfinite"] = df["nan"] + df["posinf"] + df["neginf"]
     df["hit"] = df["hit"].replace("", NO_HIT) if "hit" in df else NO_HIT
     cols = [c for c in COLUMNS if c in df]
-    out = df[cols].astype(object).where(df[cols].notna(), None)  # NaN is not JSON
-    rows = out.to_dict("records")
+    rows = table_records(df, cols)
     for row, seq in zip(rows, df["seq"] if "seq" in df else range(len(df))):
         row["id"] = int(seq)
     return rows

@@ -40,45 +40,66 @@ def pick(df: pd.DataFrame, candidates: tuple[str, ...], *, numeric: bool = False
     return None
 
 
-def profile_figures(prof: Any) -> dict[str, Any]:
-    """The page's figures from a Profile, by panel name (pure: tested without a browser)."""
+def profile_figures(prof: Any, *, rank: int | None = None) -> dict[str, Any]:
+    """The page's figures from a Profile, by panel name (pure: tested without a browser).
+
+    Op and module times are summed over profiling windows (and over ranks unless `rank` is
+    given); the step breakdown and memory timeline show `rank` (default: the lowest rank).
+    """
     figs: dict[str, Any] = {}
     ops = _frame(prof, "ops")
+    if rank is None and "rank" in ops and len(ops):
+        rank = int(ops["rank"].min())
+    ops = _only(ops, rank)
     op_label = pick(ops, ("name", "op", "key"))
-    op_value = pick(ops, ("self_time_us", "self_cpu_time_us", "self_device_time_us"), numeric=True,
-                    contains=("self",)) or pick(ops, (), numeric=True, contains=("time", "_us", "_ms"))
-    figs["ops"] = (bar_top(ops, op_label, op_value, title="top ops (self time)") if op_label and op_value
-                   else empty_figure("no op table in this profile"))
-    mods = _frame(prof, "modules")
+    op_value = pick(ops, ("cpu_self_us", "self_time_us", "self_cpu_time_us"), numeric=True, contains=("self",))
+    if op_label and op_value:
+        agg = ops.groupby(op_label, as_index=False)[op_value].sum()
+        figs["ops"] = bar_top(agg, op_label, op_value, title="top ops by self CPU time", unit="")
+    else:
+        figs["ops"] = empty_figure("no op table in this profile")
+    mods = _only(_frame(prof, "modules"), rank)
     mod_label = pick(mods, ("module", "name"))
-    mod_value = pick(mods, ("self_time_us", "total_time_us", "time_us"), numeric=True, contains=("time",))
-    figs["modules"] = (bar_top(mods, mod_label, mod_value, title="modules by time") if mod_label and mod_value
-                       else empty_figure("no module table in this profile"))
-    steps = _frame(prof, "steps")
-    parts = [c for c in steps.columns if any(p in str(c).lower() for p in _PHASES)
-             and pd.api.types.is_numeric_dtype(steps[c])]
+    parts = [c for c in ("forward_self_us", "backward_self_us") if c in mods]
+    if mod_label and parts:
+        agg = mods.groupby(mod_label, as_index=False)[parts].sum()
+        agg["self_us"] = agg[parts].sum(axis=1)
+        figs["modules"] = bar_top(agg, mod_label, "self_us", title="modules by self time (forward + backward)")
+    else:
+        mod_value = pick(mods, ("total_time_us",), numeric=True, contains=("time", "_us"))
+        figs["modules"] = (bar_top(mods, mod_label, mod_value, title="modules by time")
+                           if mod_label and mod_value else empty_figure("no module table in this profile"))
+    steps = _only(_frame(prof, "steps"), rank)
+    parts = [c for c in steps.columns if str(c).endswith("_us") and pd.api.types.is_numeric_dtype(steps[c])
+             and any(str(c).startswith(p) for p in _PHASES)]
     if "step" in steps and parts:
-        figs["steps"] = stacked_steps(steps, "step", parts, title="step time breakdown")
+        figs["steps"] = stacked_steps(steps.groupby("step", as_index=False)[parts].sum(), "step", parts,
+                                      title="step time breakdown (us)")
     elif "step" in steps:
-        y = pick(steps, ("step_time_us", "step_time_ms", "step_time_s"), numeric=True, contains=("time",))
+        y = pick(steps, ("step_us",), numeric=True, contains=("time", "_us"))
         figs["steps"] = lines(steps, "step", [y] if y else [], title="step time")
     else:
         figs["steps"] = empty_figure("no step table in this profile")
-    mem = _frame(prof, "memory")
-    t = pick(mem, ("time_us", "time_ms", "time_s", "time", "ts", "t"))
-    ys = [c for c in mem.columns if c != t and c != "rank" and pd.api.types.is_numeric_dtype(mem[c])
-          and any(s in str(c).lower() for s in ("alloc", "reserv", "bytes", "mem", "mib", "mb"))]
-    figs["memory"] = (lines(mem, t, ys, title="memory timeline", group="rank" if mem.get("rank") is not None
-                            and mem["rank"].nunique() > 1 else None)
-                      if t and ys else empty_figure("no memory timeline in this profile"))
-    clu = _frame(prof, "cluster")
-    cv = pick(clu, ("step_time_us", "step_time_ms", "mean_step_time_us"), numeric=True, contains=("time",))
-    if "rank" in clu and cv:
-        c = clu.assign(rank=clu["rank"].map(lambda r: f"rank {r}"))
-        figs["cluster"] = bar_top(c, "rank", cv, n=len(c), title="per-rank step time")
+    mem = _only(_frame(prof, "memory"), rank)
+    ys = [c for c in ("allocated_bytes", "reserved_bytes", "bytes") if c in mem]
+    if "time_us" in mem and ys:
+        mem = mem.assign(**{c: mem[c] / 2**20 for c in ys}).rename(columns={c: c.replace("bytes", "MiB") for c in ys})
+        ys = [c.replace("bytes", "MiB") for c in ys]
+        figs["memory"] = lines(mem, "time_us", ys, title="memory timeline (MiB)",
+                               group="window" if "window" in mem and mem["window"].nunique() > 1 else None)
     else:
-        figs["cluster"] = empty_figure("one rank only: the cluster view needs a multi-rank run")
+        figs["memory"] = empty_figure("no memory timeline in this profile (profile_memory off)")
+    clu = _frame(prof, "cluster")
+    if "rank" in clu and "step_time_s" in clu and len(clu) > 1:
+        c = clu.assign(rank=clu["rank"].map(lambda r: f"rank {r}"))
+        figs["cluster"] = bar_top(c, "rank", "step_time_s", n=len(c), title="per-rank step time (s)")
+    else:
+        figs["cluster"] = empty_figure("one rank only: the cluster view compares the ranks of a multi-process run")
     return figs
+
+
+def _only(df: pd.DataFrame, rank: int | None) -> pd.DataFrame:
+    return df[df["rank"] == rank] if rank is not None and "rank" in df else df
 
 
 def _frame(prof: Any, name: str) -> pd.DataFrame:
@@ -98,7 +119,10 @@ def register(app: Any, ctx: Context) -> None:
         except _data.NoData as e:
             return empty_state(str(e))
         figs = profile_figures(prof)
-        panels = [dcc.Graph(id=f"profile-{k}", figure=f, config={"displaylogo": False},
+        summary = getattr(prof, "summary", None) or {}
+        head = html.P(" · ".join(f"{k}: {_fmt(v)}" for k, v in summary.items() if not isinstance(v, (dict, list))),
+                      id="profile-summary", className="sleuth-note")
+        panels = [head] + [dcc.Graph(id=f"profile-{k}", figure=f, config={"displaylogo": False},
                             className="sleuth-panel") for k, f in figs.items()]
         traces = [Path(p) for p in (getattr(prof, "traces", None) or [])]
         links = [html.A(p.name, href=f"{FILE_ROUTE}/{int(run)}/{p.resolve().relative_to(root).as_posix()}",
@@ -107,6 +131,10 @@ def register(app: Any, ctx: Context) -> None:
             panels.append(html.Div([html.Span("traces (open in ui.perfetto.dev): "), *links],
                                    className="sleuth-links"))
         return panels
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def _under(p: Path, root: Path) -> bool:

@@ -69,19 +69,36 @@ _GROUP = re.compile(r'<g id="(?P<id>[^"]+)" class="node">\s*<title>(?P<title>[^<
                     re.S)
 
 
-def highlight_svg(svg: str, name: str) -> str:
+_TEXT_XY = re.compile(r'<text[^>]* x="(?P<x>-?[\d.]+)" y="(?P<y>-?[\d.]+)"')
+_TRANSLATE = re.compile(r'<g id="graph0" class="graph" transform="[^"]*translate\((?P<tx>-?[\d.]+)[ ,](?P<ty>-?[\d.]+)\)')
+_SVG_OPEN = re.compile(r"<svg\b[^>]*>", re.S)
+
+
+def highlight_svg(svg: str, name: str, *, focus: tuple[float, float] = (1400.0, 900.0)) -> str:
     """Graphviz SVG with the nodes whose title or label contains `name` marked `sleuth-hit`
-    (filled yellow, outlined red). A pure string transform, tested without a server."""
+    (filled yellow, outlined red), the view cropped to a `focus`-sized window around the first
+    one so a large graph opens on the match. A pure string transform, tested without a server."""
     if not name:
         return svg
     needle = _escape(name)
+    first: list[tuple[float, float]] = []
 
     def mark(m: re.Match[str]) -> str:
         if needle in m.group("title") or needle in m.group("body"):
+            xy = _TEXT_XY.search(m.group("body"))
+            if xy and not first:
+                first.append((float(xy.group("x")), float(xy.group("y"))))
             return m.group(0).replace('class="node"', 'class="node sleuth-hit"', 1)
         return m.group(0)
 
     out = _GROUP.sub(mark, svg)
+    tr = _TRANSLATE.search(out)
+    if first and tr:
+        w, h = focus
+        cx, cy = first[0][0] + float(tr.group("tx")), first[0][1] + float(tr.group("ty"))
+        view = f'<svg width="100%" height="100%" viewBox="{cx - w / 2:.0f} {cy - h / 2:.0f} {w:.0f} {h:.0f}"'
+        out = _SVG_OPEN.sub(lambda m: re.sub(r"^<svg\b(\s+(width|height|viewBox)=\"[^\"]*\")*", view, m.group(0)),
+                            out, count=1)
     end = out.rfind("</svg>")
     return out if end < 0 else out[:end] + _HIGHLIGHT_STYLE + out[end:]
 

@@ -66,5 +66,23 @@ def table_columns(names: Sequence[str]) -> list[dict[str, Any]]:
 
 
 _FLOATS = {"min", "max", "mean", "norm", "value", "cosine", "max_abs_err", "max_rel_err", "rmse",
-           "within_tol"}
+           "within", "mean_abs_err", "norm_rdiff", "mean_rdiff", "max_rdiff", "min_rdiff"}
+
+
+def table_records(df: Any, cols: Sequence[str]) -> list[dict[str, Any]]:
+    """DataFrame rows for a DataTable: NaN becomes empty and +-Inf the strings 'inf'/'-inf'
+    (JSON has neither), numpy scalars become Python numbers."""
+    import math
+
+    rows = []
+    for rec in df[list(cols)].to_dict("records"):
+        out = {}
+        for k, v in rec.items():
+            if hasattr(v, "item"):
+                v = v.item()
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+            out[k] = v
+        rows.append(out)
+    return rows
 _INTS = {"numel", "nan", "posinf", "neginf", "zeros", "seq", "index", "call", "rank", "step"}

@@ -140,3 +140,70 @@ def screenshot(driver, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     driver.save_screenshot(str(path))
     return path
+
+
+def write_tool_data(root: Path, *, seed: int = 0, nan_step: int | None = None, steps: int = 4) -> dict[str, str]:
+    """Train a tiny model for a few steps with every tool's PUBLIC writer on: tracer.Dumper
+    (mix level, full mode), profiler.Collector, profiler.SummaryWriter and irdump.save_graphs.
+    Returns {tool: "ok" or the reason it could not write}, so a page's data test can skip with
+    that reason while its empty state stays tested."""
+    import torch
+
+    done: dict[str, str] = {}
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(123))
+    tools: dict[str, object] = {}
+    try:
+        import tracer
+
+        tools["dump"] = tracer.Dumper(model, {"steps": "all", "level": "mix", "mode": "full",
+                                              "path": str(root)}, rank=0, world_size=1)
+    except Exception as e:  # noqa: BLE001 - reported as the skip reason
+        done["dump"] = f"tracer.Dumper unavailable: {e}"
+    try:
+        import profiler
+
+        tools["profile"] = profiler.Collector(root, config=profiler.CollectorConfig(
+            wait=0, warmup=1, active=2, activities=("cpu",), tokens_per_step=48), rank=0)
+        tools["profile"].start()
+    except Exception as e:  # noqa: BLE001
+        done["profile"] = f"profiler.Collector unavailable: {e}"
+    try:
+        import profiler
+
+        tools["summary"] = profiler.SummaryWriter(root, rank=0)
+    except Exception as e:  # noqa: BLE001
+        done["summary"] = f"profiler.SummaryWriter unavailable: {e}"
+    try:
+        for step in range(steps):
+            inp = x.clone()
+            if nan_step is not None and step >= nan_step:
+                inp[0, 0] = float("nan")
+            loss = model(inp).pow(2).mean()
+            loss.backward()
+            if "summary" in tools:
+                tools["summary"].add_scalar("train/loss", float(loss.detach()), step)
+                tools["summary"].add_model_histograms(model, step, kinds=("weights", "grads"))
+            opt.step()
+            opt.zero_grad()
+            if "dump" in tools:
+                tools["dump"].step()
+            if "profile" in tools:
+                tools["profile"].step()
+    finally:
+        for name, tool in tools.items():
+            try:
+                tool.close()
+                done[name] = "ok"
+            except Exception as e:  # noqa: BLE001
+                done[name] = f"{name} writer failed: {e}"
+    try:
+        import irdump
+
+        irdump.save_graphs(model, (x,), root / "ir")
+        done["ir"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        done["ir"] = f"irdump.save_graphs failed: {e}"
+    return done

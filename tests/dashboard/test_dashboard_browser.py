@@ -4,11 +4,12 @@ artifacts/screenshots/."""
 from __future__ import annotations
 
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
 
-from conftest import free_port, screenshot, severe_logs, wait_idle, write_summary
+from conftest import free_port, screenshot, severe_logs, wait_idle, write_tool_data
 
 pytestmark = pytest.mark.browser
 
@@ -16,11 +17,26 @@ PAGES = ("/", "/scalars", "/histograms", "/profile", "/dumps", "/diff", "/graph"
 
 
 @pytest.fixture(scope="module")
-def server(runs_dir):
+def tools(runs_dir) -> dict[str, dict[str, str]]:
+    """Both runs also get a dump, a profile, a summary and IR graphs from the tools' public
+    writers; `lr-up` feeds a NaN from step 2 on, so its dump has NaN rows and the diff diverges."""
+    return {"base": write_tool_data(runs_dir / "base"),
+            "lr-up": write_tool_data(runs_dir / "lr-up", nan_step=2)}
+
+
+def need(tools, kind: str) -> None:
+    for run, done in tools.items():
+        if done.get(kind) != "ok":
+            pytest.skip(f"no {kind} data for run {run}: {done.get(kind)}")
+
+
+@pytest.fixture(scope="module")
+def server(runs_dir, tools):
     import dashboard
 
     app = dashboard.create_app([runs_dir / "base", runs_dir / "lr-up"], refresh_s=1.0)
     handle = dashboard.serve(app, port=free_port(), background=True)
+    handle.runs = [runs_dir / "base", runs_dir / "lr-up"]
     try:
         yield handle
     finally:
@@ -55,7 +71,7 @@ def test_runs_page_lists_runs_and_their_data(browser, server):
     cards = browser.find_elements(By.CSS_SELECTOR, ".sleuth-card")
     assert [c.find_element(By.TAG_NAME, "h3").text for c in cards] == ["base", "lr-up"]
     text = cards[0].text
-    assert "world size" in text and "metrics: yes" in text and "dump: no" in text
+    assert "world size" in text and "metrics: yes" in text and "dump: yes" in text and "checkpoints: no" in text
 
 
 def set_input(browser, css: str, text: str) -> None:
@@ -115,4 +131,117 @@ def test_scalars_overlay_smoothing_and_zoom(browser, server):
     traces = wait_for(lambda: (t := _traces(browser, "scalars-graph")) and t[0]["x0"] >= 99 and t)
     assert all(99 <= t["x0"] and t["x1"] <= 121 for t in traces), traces
     screenshot(browser, "scalars-zoomed")
+    assert severe_logs(browser) == []
+
+
+def test_scalars_refresh_while_training(browser, server, runs_dir):
+    import json
+
+    open_page(browser, server, "/scalars?run=0")
+    assert wait_for(lambda: (t := _traces(browser, "scalars-graph")) and t[0]["x1"] == 399)
+    with open(runs_dir / "base" / "metrics.jsonl", "a") as f:  # the run trains on
+        for s in range(400, 450):
+            f.write(json.dumps({"step": s, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0,
+                                "tokens_per_s": 1.0, "wall_time": 1_700_000_100.0 + s}) + "\n")
+    assert wait_for(lambda: (t := _traces(browser, "scalars-graph")) and t[0]["x1"] == 449, timeout=20)
+
+
+def test_histograms_heatmap(browser, server, tools):
+    need(tools, "summary")
+    open_page(browser, server, "/histograms?run=0")
+    kinds = wait_for(lambda: browser.execute_script(
+        "var g = document.querySelector('#hist-graph .js-plotly-plot');"
+        "return g && g._fullData ? g._fullData.map(t => t.type + ':' + t.x.length) : null;"))
+    assert kinds and kinds[0].startswith("heatmap:") and kinds[0] != "heatmap:0"
+    screenshot(browser, "histograms")
+    assert severe_logs(browser) == []
+
+
+def test_profile_panels(browser, server, tools):
+    from selenium.webdriver.common.by import By
+
+    need(tools, "profile")
+    open_page(browser, server, "/profile?run=0")
+    n = wait_for(lambda: browser.execute_script(
+        "var g = document.querySelector('#profile-ops .js-plotly-plot');"
+        "return g && g._fullData && g._fullData.length ? g._fullData[0].y.length : 0;"))
+    assert n > 0
+    assert browser.find_elements(By.CSS_SELECTOR, "#profile-steps .js-plotly-plot")
+    assert "step_time_s" in browser.find_element(By.ID, "profile-summary").text
+    screenshot(browser, "profile")
+    assert severe_logs(browser) == []
+
+
+def test_dumps_table_highlight_filter_and_tensor(browser, server, tools):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    import tracer
+
+    need(tools, "dump")
+    dump = tracer.open_dump(server.runs[1])
+    bad = [s for s in dump.steps(0) if (dump.stats(0, s)[["nan", "posinf", "neginf"]].to_numpy() > 0).any()]
+    assert bad, "fixture run lr-up should have NaN records"
+    open_page(browser, server, f"/dumps?run=1&rank=0&step={bad[0]}")
+    rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dumps-table tr td[data-dash-column='name']"))
+    assert rows
+    note = browser.find_element(By.ID, "dumps-detail").text
+    assert "with NaN/Inf" in note and not note.startswith("0 records")
+    # filter the NaN/Inf rows: all of them are highlighted red
+    nonfinite = browser.find_element(By.CSS_SELECTOR, "#dumps-table th.dash-filter[data-dash-column='nonfinite'] input")
+    nonfinite.send_keys("> 0", Keys.ENTER)
+    time.sleep(0.5)
+    red = browser.execute_script(
+        "return Array.from(document.querySelectorAll(\"#dumps-table td[data-dash-column='nonfinite']\"))"
+        ".map(td => getComputedStyle(td).backgroundColor);")
+    assert red and all(c in ("rgb(253, 224, 220)", "rgb(251, 196, 189)") for c in red), red
+    screenshot(browser, "dumps")
+    nonfinite.send_keys(Keys.CONTROL, "a")
+    nonfinite.send_keys(Keys.DELETE, Keys.ENTER)
+    # filter by name
+    box = browser.find_element(By.CSS_SELECTOR, "#dumps-table th.dash-filter[data-dash-column='name'] input")
+    box.send_keys("aten.addmm", Keys.ENTER)
+    time.sleep(0.5)
+    names = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#dumps-table td[data-dash-column='name']")]
+    assert names and all("aten.addmm" in n for n in names), names
+    # click a record: its tensor's histogram and a link to the graph
+    browser.find_element(By.CSS_SELECTOR, "#dumps-table td[data-dash-column='name']").click()
+    assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dumps-tensor .js-plotly-plot"))
+    link = browser.find_element(By.ID, "dumps-graph-link").get_attribute("href")
+    assert "/graph?" in link and "aten.addmm.forward." in urllib.parse.unquote(link)
+    screenshot(browser, "dumps-tensor")
+    assert severe_logs(browser) == []
+
+
+def test_diff_marks_first_divergence(browser, server, tools):
+    from selenium.webdriver.common.by import By
+
+    need(tools, "dump")
+    open_page(browser, server, "/diff?a=0&b=1")
+    status = wait_for(lambda: browser.find_elements(By.ID, "diff-status"), timeout=30)
+    assert status and "diverged" in status[0].text
+    first = browser.find_element(By.ID, "diff-first").text
+    assert "<root>.forward.0.input.0" in first  # the NaN entered with the input at step 2
+    shapes = wait_for(lambda: browser.execute_script(
+        "var g = document.querySelector('#diff-graph .js-plotly-plot');"
+        "return g && g.layout ? (g.layout.shapes || []).length : 0;"))
+    assert shapes >= 1
+    assert browser.find_elements(By.CSS_SELECTOR, "#diff-table td[data-dash-column='name']")
+    screenshot(browser, "diff")
+    assert severe_logs(browser) == []
+
+
+def test_graph_search_highlights_node(browser, server, tools):
+    from selenium.webdriver.common.by import By
+
+    need(tools, "ir")
+    open_page(browser, server, "/graph?run=0&stage=3&node=aten.addmm")
+    items = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#graph-match-list li"))
+    assert items and all("aten.addmm" in li.text for li in items)
+    src = browser.find_element(By.ID, "graph-svg").get_attribute("src")
+    assert "highlight=aten.addmm" in src
+    svg = urllib.request.urlopen(src).read().decode()
+    assert 'class="node sleuth-hit"' in svg
+    time.sleep(0.5)
+    screenshot(browser, "graph")
     assert severe_logs(browser) == []
