@@ -89,11 +89,12 @@ class Dumper:
         self._snapshots: dict[int, torch.Tensor] = {}
         self._optimizer_recorded = False
         self._handles: list[Any] = []
+        self._failed = False
+        self._mode: Any = None
         self.enabled = self.config.wants_rank(self.rank)
         if not self.enabled:
             return
         self._tracker = ModuleTracker(self, model)
-        self._mode = None
         if self.config.level in ("op", "mix"):
             from tracer._op_mode import OpMode
 
@@ -115,6 +116,7 @@ class Dumper:
         After the first explicit call, optimizer steps no longer end steps by themselves.
         """
         self._explicit = True
+        self._remove_after_failure()
         if not self.enabled:
             self.current_step += 1
             return
@@ -129,6 +131,7 @@ class Dumper:
             return
         self._closed = True
         try:
+            self._remove_after_failure()
             if self.enabled:
                 self._end(final=True)
         finally:
@@ -150,8 +153,11 @@ class Dumper:
         """Hand one tensor to the writer under its record name (called from the hooks)."""
         if self._busy or not self.capturing:
             return
+        error = None
         with self._lock:
             self._busy = True
+            mode = self._mode
+            suspended = mode is not None and mode.suspend()
             try:
                 if not self._open:
                     self._open_step()
@@ -159,11 +165,14 @@ class Dumper:
                                   module=module, op=op, phase=phase, direction=direction,
                                   index=index, call=call, source=source)
                 self._writer.add(meta, tensor)
-            except Exception as e:  # noqa: BLE001 - routed through on_error
-                self._busy = False
-                self._fail(e)
+            except Exception as e:  # noqa: BLE001 - routed through on_error below
+                error = e
             finally:
+                if suspended:
+                    mode.resume()
                 self._busy = False
+        if error is not None:
+            self._fail(error)
 
     def _open_step(self) -> None:
         if self._writer is None:
@@ -184,8 +193,16 @@ class Dumper:
                               f'"on_error": "warn" to keep training without the dump') from error
         warnings.warn(f"sleuth tracer: dumping stopped at step {self.current_step}: {error}",
                       RuntimeWarning, stacklevel=3)
-        self._uninstall()
+        # hooks come off at the next step boundary: this may run inside the dispatch mode's
+        # handler, where popping the mode would pop someone else's
+        self.capturing = False
         self.enabled = False
+        self._failed = True
+
+    def _remove_after_failure(self) -> None:
+        if self._failed:
+            self._failed = False
+            self._uninstall()
 
     # -- steps ----------------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -263,6 +280,7 @@ class Dumper:
                 self._busy = False
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._remove_after_failure()
         if self._closed or not self.enabled:
             return
         if self.capturing and self.config.params:

@@ -371,3 +371,35 @@ def test_hooks_removed_after_close_even_on_error(writers):
             model(torch.randn(2, 3))  # wrong shape
     assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
     assert not torch._C._len_torch_dispatch_stack()
+
+
+def test_on_error_warn_stops_dumping_and_training_goes_on(writers, monkeypatch):
+    from torch.nn.modules import module as nn_module
+
+    class Broken(FakeWriter):
+        def add(self, meta, tensor):
+            raise OSError("disk full")
+
+    monkeypatch.setattr(dumper_module, "_make_writer", lambda *a: Broken())
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(RuntimeWarning, match="disk full"):
+        with tracer.Dumper(model, cfg(level="mix", on_error="warn")) as d:
+            for _ in range(2):
+                model(torch.randn(2, 8)).sum().backward()
+                opt.step()
+            assert not d.enabled
+    assert not nn_module._global_forward_pre_hooks and not torch._C._len_torch_dispatch_stack()
+
+
+def test_on_error_raise_names_the_fix(writers, monkeypatch):
+    class Broken(FakeWriter):
+        def add(self, meta, tensor):
+            raise OSError("disk full")
+
+    monkeypatch.setattr(dumper_module, "_make_writer", lambda *a: Broken())
+    model = MLP()
+    with pytest.raises(tracer.TracerError, match="on_error"):
+        with tracer.Dumper(model, cfg(level="op")):
+            model(torch.randn(2, 8))
+    assert not torch._C._len_torch_dispatch_stack()

@@ -1,0 +1,160 @@
+"""Tracer overhead: training-step time with a Dumper attached, as a ratio to no dump.
+
+Every condition runs on the same GPT (vocab 512, 4 layers, d 256, seq 128, batch 8; the
+trainer's GPT when importable) in one process, interleaved round by round so machine noise hits
+all conditions alike; the ratio is median step time over median baseline step time. Prints one
+JSON object. Conditions and goals (issue 3):
+
+  module_statistics     level module, statistics, sync writer          goal <= 1.15x
+  op_statistics         level op, statistics, sync writer              goal <= 1.5x
+  op_tensor_async       level op, tensor, async writer                 goal <= 4x
+  attached_unselected   Dumper attached, current step not selected     goal <= 1.02x
+  module/op_capture_only  hooks and dispatch mode with a writer that drops every record
+
+msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
+4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import tracer  # noqa: E402
+import tracer._dumper as dumper_module  # noqa: E402
+
+real_writer = dumper_module._make_writer
+
+VOCAB, LAYERS, D, HEADS, SEQ, BATCH = 512, 4, 256, 4, 128, 8
+
+CONDITIONS = {
+    "baseline": None,
+    "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
+    "op_statistics": {"level": "op", "mode": "statistics", "writer": "sync"},
+    "op_tensor_async": {"level": "op", "mode": "tensor", "writer": "async"},
+    "attached_unselected": {"level": "mix", "steps": "1000000"},
+    # capture alone (hooks, dispatch mode, naming, source lines) with a writer that drops
+    # records: separates the tracer's capture cost from the statistics and storage cost
+    "module_capture_only": {"level": "module", "_null_writer": True},
+    "op_capture_only": {"level": "op", "_null_writer": True},
+}
+GOALS = {"module_statistics": 1.15, "op_statistics": 1.5, "op_tensor_async": 4.0,
+         "attached_unselected": 1.02}
+MSPROBE_REFERENCE = {"L0_statistics": 1.9, "L1_statistics": 4.9, "L1_tensor": 22.9}
+
+
+def make_model() -> nn.Module:
+    try:
+        from trainer import GPT, ModelConfig
+
+        return GPT(ModelConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=LAYERS, n_head=HEADS,
+                               n_embd=D, dropout=0.0))
+    except ImportError:  # a checkout without the trainer: the same shape, defined here
+        layer = nn.TransformerEncoderLayer(D, HEADS, 4 * D, dropout=0.0, batch_first=True,
+                                           norm_first=True)
+
+        class GPT(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.wte, self.wpe = nn.Embedding(VOCAB, D), nn.Embedding(SEQ, D)
+                self.h = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
+                self.head = nn.Linear(D, VOCAB, bias=False)
+
+            def forward(self, ids, labels):
+                x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
+                mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+                logits = self.head(self.h(x, mask=mask, is_causal=True))
+                return logits, F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1))
+
+        return GPT()
+
+
+class _NullWriter:
+    """Writer API, stores nothing."""
+
+    observers: list = []
+
+    def begin_step(self, step): pass
+    def add(self, meta, tensor): pass
+    def end_step(self): pass
+    def close(self): pass
+
+
+def train_steps(model, opt, batches, dumper=None) -> list[float]:
+    times = []
+    for ids, labels in batches:
+        t0 = time.perf_counter()
+        _, loss = model(ids, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per condition per round")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [(torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, SEQ)))
+               for _ in range(args.steps + 1)]
+    work = Path(tempfile.mkdtemp(prefix="sleuth_bench_"))
+    times: dict[str, list[float]] = {name: [] for name in CONDITIONS}
+    records: dict[str, int] = {}
+    try:
+        train_steps(model, opt, batches[:2])  # warm up kernels and the optimizer state
+        for _ in range(args.rounds):
+            for name, config in CONDITIONS.items():
+                if config is None:
+                    times[name] += train_steps(model, opt, batches)[1:]
+                    continue
+                path = work / name
+                config = dict(config)
+                null = config.pop("_null_writer", False)
+                dumper_module._make_writer = (lambda *a: _NullWriter()) if null else real_writer
+                with tracer.Dumper(model, {**config, "path": str(path)}) as d:
+                    # the first step also opens the writer: measured separately from the rest
+                    times[name] += train_steps(model, opt, batches, d)[1:]
+                if name not in records and (path / "dump").exists():
+                    dump = tracer.open_dump(path)
+                    records[name] = len(dump.stats(0, dump.steps(0)[-1]))
+                shutil.rmtree(path, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = statistics.median(times["baseline"])
+    result = {
+        "benchmark": "tracer_overhead",
+        "model": {"params": sum(p.numel() for p in model.parameters()), "vocab": VOCAB,
+                  "layers": LAYERS, "d": D, "seq": SEQ, "batch": BATCH,
+                  "torch_threads": torch.get_num_threads()},
+        "baseline_step_s": round(base, 4),
+        "ratios": {name: round(statistics.median(t) / base, 3)
+                   for name, t in times.items() if name != "baseline"},
+        "goals": GOALS,
+        "records_per_step": records,
+        "samples_per_condition": len(times["baseline"]),
+        "msprobe_reference": MSPROBE_REFERENCE,
+    }
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
