@@ -117,9 +117,14 @@ def _shapes(args: dict[str, Any]) -> str:
     return json.dumps(dims, separators=(",", ":"))
 
 
-def _module_name(ev: _Ev) -> str | None:
+def _sleuth_module_name(ev: _Ev) -> str | None:
     if ev.name.startswith(MODULE_PREFIX):
         return ev.name[len(MODULE_PREFIX):]
+    return None
+
+
+def _stack_module_name(ev: _Ev) -> str | None:
+    # with_stack's Python tracer marks module calls as "nn.Module: Linear_0" (class names only)
     if ev.cat == "python_function" and ev.name.startswith("nn.Module: "):
         return ev.name[len("nn.Module: "):]
     return None
@@ -223,6 +228,10 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         return row
 
     seq_to_module: dict[Any, str] = {}
+    # sleuth's own ranges carry dotted names; with_stack's events are the fallback, never both
+    _module_name = (_sleuth_module_name
+                    if any(ev.name.startswith(MODULE_PREFIX) for ev in host)
+                    else _stack_module_name)
     module_ranges = [ev for ev in host if _module_name(ev) is not None]
     for ev in module_ranges:
         name = _module_name(ev)

@@ -32,6 +32,7 @@ def test_import_is_light():
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup")
 @pytest.mark.parametrize("kw", [
     dict(wait=1, warmup=1, active=3, repeat=1),
     dict(wait=0, warmup=0, active=1, repeat=0),

@@ -88,6 +88,8 @@ def test_inferred_breakdown_tables_written_and_stacks(tmp_path):
         (d / f"window0.{t}.parquet").unlink()
     built = profiler.read_profile(tmp_path)
     assert cached.ops.equals(built.ops) and cached.modules.equals(built.modules)
+    assert "blocks.0.attn" in set(built.modules["module"])
+    assert not built.modules["module"].str.contains("_0$").any()  # no with_stack duplicates
     steps = built.steps
     assert (steps["source"] == "inferred").all()
     parts = steps[["data_us", "forward_us", "backward_us", "optimizer_us", "other_us"]].sum(axis=1)
