@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from trainer._errors import ConfigError
+
 
 @dataclass
 class Dist:
@@ -37,6 +39,8 @@ def setup(parallel: str, device: str) -> Dist:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but torch sees no CUDA device; use device=auto or device=cpu")
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     dev = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:

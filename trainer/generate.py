@@ -9,7 +9,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from trainer._checkpoint import load_model_state, read_meta, resolve_checkpoint
 from trainer.config import LoRAConfig, ModelConfig

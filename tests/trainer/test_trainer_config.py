@@ -72,3 +72,14 @@ def test_tiny_step_is_well_under_a_second(make_config):
     assert len(state.history) == 3
     times = sorted(m["step_time_s"] for m in state.history)
     assert times[1] < 0.5  # the median step; typically about 10 ms on one core
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(make_config):
+    import torch
+
+    from trainer import train
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(ConfigError, match="device=cuda but torch sees no CUDA device"):
+        train(make_config("device=cuda"))
