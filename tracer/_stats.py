@@ -5,15 +5,16 @@ Speed matters here: the capture hooks call this for every record. Measured on th
 float32 sum, norm, `count_nonzero` and a same-width integer sum of the raw bits run near memory
 speed. So one pass of each cheap reduction runs over cache-sized chunks (the later passes then
 read from cache), and NaN/+Inf/-Inf are counted only when min, max or the sum says they exist
-(they propagate through all three). Sums are float32 for float32 data; on overflow the rare
-path redoes them in float64.
+(they propagate through all three). Sums are float32 for float32 data, per fixed block and
+combined exactly; on overflow the rare path redoes them in float64.
 
 Two entry points:
-- `host_stats(t)` returns a dict at once (a host sync on CUDA: the sync writer's path).
-- `device_stats(t)` returns the same values packed into one int64 tensor on t's device, with no
-  host sync (the async writer's path on CUDA: the vector is copied to pinned memory on a side
-  stream and decoded later by `decode_packed`). It counts NaN/Inf unconditionally, since
-  deciding would need a sync.
+- `host_stats(t)`: CPU tensors, a dict at once (both writers; the async one calls it in its
+  writer thread on the snapshot, with one block per op).
+- `device_stats(t)`: CUDA tensors, the same values packed into one int64 tensor on the device,
+  with no host sync (the vector is copied to pinned memory, on a side stream for the async
+  writer, and decoded by `decode_packed`). It counts NaN/Inf unconditionally, since deciding
+  would need a sync; and it sums in float64.
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ import math
 import torch
 
 STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
-_CHUNK = 1 << 18  # elements; 1 MiB of float32 fits in L2, so passes 2..5 read from cache
+# Float sums are taken per block of _BLOCK elements (torch's parallel grain size, 128 KiB of
+# float32): one op over one block runs on one thread. Several blocks per op by default, since
+# 1 MiB of float32 still fits in L2 and the later passes then read from cache.
+_BLOCK = 1 << 15
 _NAN = float("nan")
 
 # Signed integer of the element width, for the checksum over raw bits.
@@ -63,16 +67,16 @@ def _bits_view(flat: torch.Tensor) -> tuple[torch.Tensor, int]:
     return flat.view(torch.int64), 64
 
 
-def _checksum(flat: torch.Tensor) -> int:
+def _checksum(flat: torch.Tensor, chunk: int) -> int:
     bits_t, bits = _bits_view(flat)
     # summing in the element's own width wraps exactly like the format asks, and is 10x faster
     # on CPU than widening to int64
     n = bits_t.numel()
-    if n <= _CHUNK:  # the common small record: no slicing ops
+    if n <= chunk:  # the common small record: no slicing ops
         return _wrap(int(bits_t.sum(dtype=bits_t.dtype)), bits)
     total = 0
-    for i in range(0, n, _CHUNK):
-        total += int(bits_t[i:i + _CHUNK].sum(dtype=bits_t.dtype))
+    for i in range(0, n, chunk):
+        total += int(bits_t[i:i + chunk].sum(dtype=bits_t.dtype))
     return _wrap(total, bits)
 
 
@@ -94,7 +98,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1)
 
 
-def _counts(flat: torch.Tensor) -> tuple[int, int, int]:
+def _counts(flat: torch.Tensor, chunk: int) -> tuple[int, int, int]:
     if flat.dtype.is_complex:
         parts = torch.view_as_real(flat)
         nan = int(parts.isnan().any(-1).sum())
@@ -102,8 +106,8 @@ def _counts(flat: torch.Tensor) -> tuple[int, int, int]:
     if not flat.dtype.is_floating_point:
         return 0, 0, 0
     nan = posinf = neginf = 0
-    for i in range(0, flat.numel(), _CHUNK):
-        c = flat[i:i + _CHUNK]
+    for i in range(0, flat.numel(), chunk):
+        c = flat[i:i + chunk]
         if c.dtype not in _DIRECT_FLOATS:
             c = c.float()
         nan += int(c.isnan().sum())
@@ -112,23 +116,57 @@ def _counts(flat: torch.Tensor) -> tuple[int, int, int]:
     return nan, posinf, neginf
 
 
-def host_stats(t: torch.Tensor) -> dict:
-    """Statistics of `t` as a dict with the keys of STAT_FIELDS (Python floats and ints)."""
+def _block_sums(c: torch.Tensor, sums: list[float], norms: list[float]) -> None:
+    """Append the sum and L2 norm of each _BLOCK-element block of `c` (the last may be short).
+
+    Summation order is fixed per block, and blocks are combined with math.fsum (exact), so the
+    result does not depend on how many blocks one call covers: the sync writer (big chunks) and
+    the async writer thread (one block per op, so its kernels stay single-threaded) agree to
+    the bit.
+    """
+    k = c.numel() // _BLOCK
+    if k:
+        rows = c[:k * _BLOCK].view(k, _BLOCK)
+        sums += rows.sum(1).tolist()
+        norms += torch.linalg.vector_norm(rows, dim=1).tolist()
+    if c.numel() % _BLOCK:
+        tail = c[k * _BLOCK:].view(1, -1)
+        sums += tail.sum(1).tolist()
+        norms += torch.linalg.vector_norm(tail, dim=1).tolist()
+
+
+def _exact_sum(values: list[float]) -> float:
+    try:
+        return math.fsum(values)
+    except ValueError:  # +inf and -inf
+        return _NAN
+
+
+def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
+    """Statistics of `t` as a dict with the keys of STAT_FIELDS (Python floats and ints).
+
+    `blocks_per_op` sets how many elements one torch call reduces (x _BLOCK): 1 keeps every
+    kernel below torch's parallel grain size, for a background thread that should not compete
+    with the training thread's thread pool. The result is the same for every value.
+    """
     flat = _flat(t)
     n = flat.numel()
     if n == 0 or flat.device.type == "meta":
         return empty_stats()
+    chunk = _BLOCK * max(1, blocks_per_op)
     out = empty_stats()
-    out["checksum"] = _checksum(flat)
+    out["checksum"] = _checksum(flat, chunk)
     cdt = _compute_dtype(flat.dtype)
     if cdt is None:  # complex: counts only
         out["zeros"] = n - int(torch.count_nonzero(flat))
-        out["nan"], out["posinf"], out["neginf"] = _counts(flat)
+        out["nan"], out["posinf"], out["neginf"] = _counts(flat, chunk)
         return out
-    lo, hi, total, sq, nonzero = math.inf, -math.inf, 0.0, 0.0, 0
+    lo, hi, nonzero = math.inf, -math.inf, 0
+    sums: list[float] = []
+    norms: list[float] = []
     saw_nan = False
-    for i in range(0, n, _CHUNK):
-        c = flat[i:i + _CHUNK] if n > _CHUNK else flat
+    for i in range(0, n, chunk):
+        c = flat[i:i + chunk] if n > chunk else flat
         if c.dtype != cdt:
             c = c.to(cdt)
         cmin, cmax = torch.aminmax(c)
@@ -137,20 +175,20 @@ def host_stats(t: torch.Tensor) -> dict:
             saw_nan = True
         else:
             lo, hi = min(lo, cmin), max(hi, cmax)
-        total += float(c.sum())
-        sq += float(torch.linalg.vector_norm(c)) ** 2
+        _block_sums(c, sums, norms)
         nonzero += int(torch.count_nonzero(c))
     out["zeros"] = n - nonzero
     finite = not saw_nan and math.isfinite(lo) and math.isfinite(hi)
+    total = _exact_sum(sums)
+    sq = _exact_sum([v * v for v in norms])
     if finite and not (math.isfinite(total) and math.isfinite(sq)):
-        # every element is finite but float32 overflowed: redo the sums wide (rare)
-        total, sq = 0.0, 0.0
-        for i in range(0, n, _CHUNK):
-            c = flat[i:i + _CHUNK].to(torch.float64)
-            total += float(c.sum())
-            sq += float(c.square().sum())
+        # every element is finite but a float32 block sum overflowed: redo wide (rare)
+        sums, norms = [], []
+        for i in range(0, n, chunk):
+            _block_sums(flat[i:i + chunk].to(torch.float64), sums, norms)
+        total, sq = _exact_sum(sums), _exact_sum([v * v for v in norms])
     if not finite:
-        out["nan"], out["posinf"], out["neginf"] = _counts(flat)
+        out["nan"], out["posinf"], out["neginf"] = _counts(flat, chunk)
         if out["nan"]:
             lo = hi = _NAN
     out["min"], out["max"] = lo, hi

@@ -80,6 +80,8 @@ class Writer:
         self._spill_bytes = max(1 << 20, config.async_max_queued_mb * (1 << 20) // 2)
         self._disabled = False
         self._closed = False
+        # elements per torch call in host_stats, in blocks (the result is the same for any)
+        self._stats_blocks = 8
         self.files_written: list[Path] = []
 
     # -- API ---------------------------------------------------------------------------------
@@ -134,7 +136,8 @@ class Writer:
         `stats` None means: compute them from `snap` (the CPU snapshot) here.
         """
         if stats is None:
-            stats = host_stats(snap) if snap is not None else empty_stats()
+            stats = (host_stats(snap, blocks_per_op=self._stats_blocks) if snap is not None
+                     else empty_stats())
         offset, nbytes = -1, 0
         if self.keep_bytes and snap is not None:
             data = tensor_bytes(snap)

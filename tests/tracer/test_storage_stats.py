@@ -130,3 +130,11 @@ def test_requires_grad_and_views_are_fine():
     w = torch.randn(8, 8, requires_grad=True)
     check(w * 2)
     check(w[2:5])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.float64])
+def test_result_does_not_depend_on_the_chunking(dtype):
+    # the sync writer uses big chunks, the async writer thread one block per op
+    t = (torch.randn(8 * 32768 * 2 + 1001) * 7 + 3).to(dtype)
+    results = [host_stats(t, blocks_per_op=b) for b in (1, 3, 8, 100)]
+    assert all(r == results[0] for r in results[1:])

@@ -128,10 +128,19 @@ def test_snapshot_survives_in_place_changes(tmp_path):
 
 
 def test_back_pressure_blocks_and_loses_nothing(tmp_path):
-    # 1 MiB bound, 256 KiB records, an observer that makes the writer slow
+    # 1 MiB bound, 256 KiB records; the writer is held at its first record for 0.5 s
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="tensor",
                                async_max_queued_mb=1), rank=0, world_size=1)
-    w.observers.append(lambda row: time.sleep(0.01))
+    gate = threading.Event()
+    w.observers.append(lambda row: gate.wait(30))
+
+    def release_when_full():  # hold the writer until the queue is full, then 0.5 s longer
+        while w.queued_bytes < 1 << 20:
+            time.sleep(0.005)
+        time.sleep(0.5)
+        gate.set()
+
+    threading.Thread(target=release_when_full, daemon=True).start()
     peak = 0
     w.begin_step(0)
     for i in range(40):
@@ -140,7 +149,7 @@ def test_back_pressure_blocks_and_loses_nothing(tmp_path):
     w.end_step()
     w.close()
     assert peak <= 1 << 20
-    assert w.blocked_s > 0.05  # the producer really waited
+    assert w.blocked_s > 0.3  # the producer really waited for the writer
     d = open_dump(tmp_path)
     df = d.stats(0, 0)
     assert len(df) == 40 and list(df.seq) == list(range(40))
