@@ -138,3 +138,22 @@ def test_phases_are_marked_for_the_profiler(make_config):
         train(make_config("steps=1"))
     names = {e.name for e in prof.events()}
     assert {"sleuth.data", "sleuth.forward", "sleuth.backward", "sleuth.optimizer"} <= names
+
+
+def test_sft_accumulation_weights_every_response_token_equally(make_config):
+    # SFT micro-batches hold different numbers of target tokens; the step loss is still the
+    # mean over all of them, so accumulation matches the big batch
+    sft = ("data.mode=sft", "data.train_files=[]", "data.val_files=[]", "steps=2")
+    big = train(make_config(*sft, "batch_size=8", run="sft_big"))
+    acc = train(make_config(*sft, "batch_size=2", "grad_accum=4", run="sft_acc"))
+    torch.testing.assert_close(torch.tensor(_losses(acc)), torch.tensor(_losses(big)), rtol=1e-5, atol=1e-6)
+    assert big.history[0]["tokens"] < 8 * 64  # prompts and padding are not counted
+
+
+def test_micro_batch_without_targets_is_harmless(make_config, tmp_path):
+    data = tmp_path / "sft.jsonl"
+    rows = [{"prompt": "x" * 100, "response": "cut off"}, {"prompt": "short", "response": "kept"}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows * 4))
+    state = train(make_config("data.mode=sft", f"data.train_files={data}", "data.val_files=[]",
+                              "data.val_fraction=0", "batch_size=1", "grad_accum=2", "steps=2"))
+    assert all(torch.isfinite(torch.tensor(_losses(state))))
