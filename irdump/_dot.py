@@ -17,7 +17,7 @@ from collections import defaultdict
 from irdump._errors import RenderError
 from irdump._graph import FORMAT_VERSION, Graph, Node
 
-DEFAULT_MAX_NODES = 1000
+DEFAULT_MAX_NODES = 500  # dot needs seconds beyond this, and nobody reads it
 
 
 def op_color(op: str) -> str:
