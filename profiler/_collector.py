@@ -182,6 +182,11 @@ class Collector:
 
     # ---- window output -------------------------------------------------------------------------
     def _on_trace_ready(self, prof: Any) -> None:
+        cfg = self.config
+        recorded = sorted(s for s in self._step_wall if cfg.schedule_action(s).startswith("record"))
+        if not recorded:
+            # closed right as a window began: its only step never ran, nothing worth a file
+            return
         k = self._window
         self._window += 1
         trace = self.dir / f"window{k}.trace.json.gz"
@@ -192,16 +197,13 @@ class Collector:
         stacks = None
         if self.config.with_stack:
             stacks = self._export_stacks(prof, k)
-        cfg = self.config
-        steps = sorted(s for s in self._step_wall if s <= self._step)
         meta = {
             "format_version": FORMAT_VERSION, "kind": "sleuth.profile.window",
             "rank": self.rank, "world_size": world_size_from_env(), "window": k,
             "created": datetime.now(timezone.utc).isoformat(),
             "trace": trace.name, "stacks": stacks,
-            "steps": [s for s in steps if cfg.schedule_action(s).startswith("record")],
-            "step_wall_s": {str(s): self._step_wall[s] for s in steps
-                            if cfg.schedule_action(s).startswith("record")},
+            "steps": recorded,
+            "step_wall_s": {str(s): self._step_wall[s] for s in recorded},
             "device": "cuda" if self._cuda else "cpu",
             "tokens_per_step": cfg.tokens_per_step,
             "peak_tflops": cfg.peak_tflops or (DEFAULT_PEAK_TFLOPS_CUDA if self._cuda

@@ -110,6 +110,11 @@ def test_repeating_windows_and_cut_short_window(tmp_path):
     assert len(prof.traces) == 3
     assert sorted(prof.steps["step"]) == [1, 2, 4, 5, 7]
     assert prof.modules.empty
+    # closing as a window begins (its step never ran) writes no empty window
+    run2 = tmp_path / "run2"
+    with Collector(run2, config=cfg) as c:
+        train(4, c, labels=False)  # step 4 starts window 2 and never runs
+    assert len(profiler.read_profile(run2).traces) == 1
 
 
 @pytest.mark.cuda
