@@ -217,7 +217,7 @@ class Collector:
         write_json_atomic(self.dir / f"window{k}.json", meta)
         if cfg.write_tables:
             from profiler._reader import write_window_tables
-            write_window_tables(self.dir, k)
+            write_window_tables(self.dir, k, cfg.table_format)
 
     def _export_stacks(self, prof: Any, k: int) -> str | None:
         # export_stacks writes an empty file when the profiler kept no stacks

@@ -63,8 +63,10 @@ class CollectorConfig:
     tokens_per_step: int | None = None
     """Tokens processed per optimizer step on this rank, for tokens/s; None: not reported."""
     write_tables: bool = False
-    """Also build the tables when a window closes and write parquet next to the trace.
+    """Also build the tables when a window closes and write them next to the trace.
     False (default) keeps training-time work to the trace export; readers build tables."""
+    table_format: Literal["parquet", "csv"] = "parquet"
+    """Format of the tables written with write_tables (readers reuse parquet only)."""
 
     def __post_init__(self) -> None:
         for name in ("wait", "warmup", "repeat", "skip_first"):
@@ -83,6 +85,8 @@ class CollectorConfig:
             raise ConfigError(f"activities must be a non-empty subset of {_ACTIVITIES}, "
                               f"got {self.activities!r}")
         object.__setattr__(self, "activities", activities)
+        if self.table_format not in ("parquet", "csv"):
+            raise ConfigError(f"table_format must be 'parquet' or 'csv', got {self.table_format!r}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             raise ConfigError(f"peak_tflops must be > 0 TFLOP/s, got {self.peak_tflops!r}")
         if self.tokens_per_step is not None and self.tokens_per_step < 1:

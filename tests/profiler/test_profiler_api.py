@@ -64,6 +64,8 @@ def test_config_validation_and_json(tmp_path):
         CollectorConfig(active=0)
     with pytest.raises(profiler.ConfigError, match="activities"):
         CollectorConfig(activities=("tpu",))
+    with pytest.raises(profiler.ConfigError, match="table_format"):
+        CollectorConfig(table_format="xlsx")
     with pytest.raises(TypeError):
         CollectorConfig(1)  # keyword-only
     path = tmp_path / "c.json"
