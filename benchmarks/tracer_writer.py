@@ -73,7 +73,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--small-records", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads (0: leave torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     n = args.tensor_kib * 256
     tensors = [torch.randn(n, generator=g) for _ in range(args.mib_per_step * 1024
@@ -109,6 +113,8 @@ def main() -> None:
         "mib_written": round(mib, 1),
         "tensor_kib": args.tensor_kib,
         "rounds": args.rounds,
+        "torch_threads": torch.get_num_threads(),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
         "raw_mib_s": round(mib / med["raw"], 1),
         "async_mib_s": round(mib / med["async"], 1),
         "sync_mib_s": round(mib / med["sync"], 1),
