@@ -90,11 +90,13 @@ def register(app: Any, ctx: Context) -> None:
                   Input("scalars-log", "value"), Input("scalars-graph", "relayoutData"),
                   Input("data-version", "data"))
     def figure(run_ids, tags, smoothing, x, log, relayout, _v):
-        trigger = dash_ctx.triggered_id
+        # Several inputs can fire in one call (a new tag list and the graph's first autosize):
+        # skip only when the graph's relayout is the sole trigger and leaves x unchanged.
+        triggers = set(dash_ctx.triggered_prop_ids.values())
         x_range = x_range_from_relayout(relayout)
-        if trigger == "scalars-graph" and x_range is False:
-            return no_update  # the event did not change the x window
-        if trigger == "scalars-x" or x_range is False:
+        if triggers == {"scalars-graph"} and x_range is False:
+            return no_update
+        if "scalars-x" in triggers or x_range is False:
             x_range = None
         series = {ctx.label(i): _data.scalars(ctx.root(i)) for i in run_ids or [] if ctx.root(i)}
         if not tags:

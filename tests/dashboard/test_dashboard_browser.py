@@ -34,7 +34,10 @@ def need(tools, kind: str) -> None:
 def server(runs_dir, tools):
     import dashboard
 
-    app = dashboard.create_app([runs_dir / "base", runs_dir / "lr-up"], refresh_s=1.0)
+    empty = runs_dir / "empty"  # a run that has only its run.json: every page shows its empty state
+    empty.mkdir(exist_ok=True)
+    (empty / "run.json").write_text('{"name": "empty", "world_size": 1}')
+    app = dashboard.create_app([runs_dir / "base", runs_dir / "lr-up", empty], refresh_s=1.0)
     handle = dashboard.serve(app, port=free_port(), background=True)
     handle.runs = [runs_dir / "base", runs_dir / "lr-up"]
     try:
@@ -69,7 +72,7 @@ def test_runs_page_lists_runs_and_their_data(browser, server):
 
     open_page(browser, server, "/")
     cards = browser.find_elements(By.CSS_SELECTOR, ".sleuth-card")
-    assert [c.find_element(By.TAG_NAME, "h3").text for c in cards] == ["base", "lr-up"]
+    assert [c.find_element(By.TAG_NAME, "h3").text for c in cards] == ["base", "lr-up", "empty"]
     text = cards[0].text
     assert "world size" in text and "metrics: yes" in text and "dump: yes" in text and "checkpoints: no" in text
 
@@ -218,8 +221,8 @@ def test_diff_marks_first_divergence(browser, server, tools):
 
     need(tools, "dump")
     open_page(browser, server, "/diff?a=0&b=1")
-    status = wait_for(lambda: browser.find_elements(By.ID, "diff-status"), timeout=30)
-    assert status and "diverged" in status[0].text
+    status = wait_for(lambda: (e := browser.find_elements(By.ID, "diff-status")) and e[0].text, timeout=30)
+    assert status and "diverged" in status
     first = browser.find_element(By.ID, "diff-first").text
     assert "<root>.forward.0.input.0" in first  # the NaN entered with the input at step 2
     shapes = wait_for(lambda: browser.execute_script(
@@ -244,4 +247,25 @@ def test_graph_search_highlights_node(browser, server, tools):
     assert 'class="node sleuth-hit"' in svg
     time.sleep(0.5)
     screenshot(browser, "graph")
+    assert severe_logs(browser) == []
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/scalars?run=2", "logged no scalars"),
+    ("/histograms?run=2", "no summary histograms: run with --summary"),
+    ("/profile?run=2", "no profile: run with --profile"),
+    ("/dumps?run=2", "no tensor dump: run with --dump"),
+    ("/diff?a=2&b=0", "has no tensor dump to diff"),
+    ("/graph?run=2", "no IR graphs: run with --save-graphs"),
+])
+def test_empty_states(browser, server, path, message):
+    from selenium.webdriver.common.by import By
+
+    severe_logs(browser)
+    open_page(browser, server, path)
+    texts = wait_for(lambda: [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".sleuth-empty")
+                              if message in e.text])
+    assert texts, f"{path}: no empty state saying {message!r}"
+    if path.startswith("/profile"):
+        screenshot(browser, "empty-profile")
     assert severe_logs(browser) == []

@@ -1,0 +1,75 @@
+"""Data adapters: metrics.jsonl read incrementally as a run trains, summary scalars merged, and
+clear empty states for missing data or a missing reader."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import write_run
+from dashboard import _data
+
+
+def test_metrics_series_and_incremental_tail(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    path = run / "metrics.jsonl"
+    path.write_text(json.dumps({"format_version": "1.0", "kind": "sleuth.trainer.metrics"}) + "\n"
+                    + "".join(json.dumps({"step": s, "loss": 1.0 / (s + 1), "lr": 0.1, "step_time_s": 0.5})
+                              + "\n" for s in range(3)))
+    s = _data.scalars(run)
+    assert set(s) >= {"loss", "lr", "step_time_s"}
+    assert list(s["loss"]["step"]) == [0, 1, 2]  # the header line is not a data row
+    assert list(s["loss"]["wall_time"]) == [0.5, 1.0, 1.5]  # no wall clock: cumulative step time
+    with open(path, "a") as f:  # a NaN loss and a half-written line, as a crashing run leaves them
+        f.write(json.dumps({"step": 3, "loss": float("nan"), "lr": 0.1, "step_time_s": 0.5}) + "\n")
+        f.write('{"step": 4, "lo')
+    s = _data.scalars(run)
+    assert list(s["loss"]["step"]) == [0, 1, 2, 3] and math.isnan(s["loss"]["value"].iloc[-1])
+    with open(path, "a") as f:
+        f.write('ss": 0.2, "lr": 0.1, "step_time_s": 0.5}\n')
+    assert list(_data.scalars(run)["loss"]["step"]) == [0, 1, 2, 3, 4]
+
+
+def test_summary_scalars_are_merged(tmp_path):
+    profiler = pytest.importorskip("profiler")
+    run = write_run(tmp_path / "r", name="r", steps=5)
+    w = profiler.SummaryWriter(run, rank=0)
+    for step in range(5):
+        w.add_scalar("loss", 2.0, step)
+        w.add_scalar("weights/norm", 1.0 + step, step)
+    w.close()
+    s = _data.scalars(run)
+    assert "summary/loss" in s and "loss" in s  # a clash keeps both
+    assert list(s["weights/norm"]["value"]) == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("reader, args, message", [
+    (_data.histograms, (), "no summary histograms: run with --summary"),
+    (_data.profile, (), "no profile: run with --profile"),
+    (_data.dump, (), "no tensor dump: run with --dump"),
+    (_data.graphs, (), "no IR graphs: run with --save-graphs"),
+])
+def test_empty_states_say_how_to_get_the_data(tmp_path, reader, args, message):
+    run = write_run(tmp_path / "r", name="r", steps=2)
+    with pytest.raises(_data.NoData, match=message):
+        reader(run, *args)
+
+
+def test_missing_reader_is_an_empty_state(tmp_path, monkeypatch):
+    run = write_run(tmp_path / "r", name="r", steps=2)
+    (run / "profile" / "rank0").mkdir(parents=True)
+    (run / "profile" / "rank0" / "x").write_text("")
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name == "profiler":
+            raise ImportError("No module named 'profiler'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(_data.importlib, "import_module", fake)
+    with pytest.raises(_data.NoData, match="needs `profiler.read_profile`"):
+        _data.profile(run)
