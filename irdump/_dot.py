@@ -83,7 +83,10 @@ def to_dot(graph: Graph, depth: int | None = None, max_nodes: int = DEFAULT_MAX_
     lines_of: dict[str, str] = {}
     for n in graph.nodes:
         if vis[n.index].startswith("n"):
-            label = f"{n.op}\n{n.name}\n{_shape(n)}" if n.kind == "op" else f"{n.name}\n{_shape(n) or n.op}"
+            if n.kind == "op":
+                label = f"{n.op}\n{n.name}\n{_shape(n)}"
+            else:
+                label = f"{n.name}\n{_shape(n) or n.op}"
             shape = "box" if n.kind == "op" else "ellipse"
             lines_of[vis[n.index]] = (f"{vis[n.index]} [label={_q(label)}, shape={shape}, "
                                       f"fillcolor={_q(op_color(n.op))}];")

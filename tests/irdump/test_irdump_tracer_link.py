@@ -1,4 +1,4 @@
-"""IR node names equal the tracer's op record stems, so a diff's first divergence is in the graph."""
+"""IR node names equal the tracer's op record stems: a diff's first divergence is in the graph."""
 from __future__ import annotations
 
 import pytest
