@@ -70,12 +70,18 @@ def _cfg(run, corpus, *extra):
 
 @pytest.mark.slow
 def test_ddp_two_processes_match_one(tmp_path, single, corpus):
-    _torchrun(tmp_path, *_settings(corpus), "batch_size=2")
-    _compare(single, tmp_path)
-    info = json.loads((tmp_path / "run.json").read_text())
+    _torchrun(tmp_path / "ddp", *_settings(corpus), "batch_size=2", "checkpoint_every=1")
+    _compare(single, tmp_path / "ddp")
+    info = json.loads((tmp_path / "ddp" / "run.json").read_text())
     assert info["world_size"] == 2
-    assert (tmp_path / "metrics.rank1.jsonl").is_file()  # each rank its own metrics file
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step3"]
+    assert (tmp_path / "ddp" / "metrics.rank1.jsonl").is_file()  # each rank its own metrics file
+    assert sorted(p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir()) == ["step1", "step2", "step3"]
+    # a DDP checkpoint resumes in one process (same global batch) and lands on the same weights
+    resumed = train(_cfg(tmp_path / "resumed", corpus, "batch_size=4",
+                         f"resume={tmp_path / 'ddp' / 'checkpoints' / 'step2'}"))
+    assert [m["step"] for m in resumed.history if "loss" in m] == [2]
+    for name, value in load_model_state(single / "checkpoints" / "step3").items():
+        torch.testing.assert_close(resumed.model.state_dict()[name], value, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
