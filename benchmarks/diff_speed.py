@@ -8,6 +8,12 @@ JSON object: median seconds, the diff/read ratio (goal <= 3), records per second
 page-cache state (warm: every file read once before timing).
 
     python benchmarks/diff_speed.py [--mb 360] [--repeat 3] [--dir /tmp/x]
+        [--msprobe-python /path/to/venv/bin/python]
+
+With --msprobe-python (a Python that has `mindstudio-probe` and torch), the same model (15
+Linear(1024, 1024) layers, forward and backward, inputs 1e-4 apart) is dumped by msprobe
+(task tensor, level L1) and by sleuth (level op, mode tensor), and msprobe's `pt_compare` is
+timed against `tracer.diff` on dumps of about the same size.
 """
 from __future__ import annotations
 
@@ -59,12 +65,77 @@ def read_all(path: Path) -> int:
     return total
 
 
+MSPROBE_SCRIPT = r"""
+import glob, json, sys, time, torch
+mode, path = sys.argv[1], sys.argv[2]
+if mode == "dump":
+    from msprobe.pytorch import PrecisionDebugger
+    cfg = {"task": "tensor", "dump_path": path, "rank": [], "step": [0], "level": "L1",
+           "tensor": {"scope": [], "list": [], "data_mode": ["all"]}}
+    json.dump(cfg, open(path + ".json", "w"))
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(15)])
+    x = torch.randn(1024, 1024) * (1 + float(sys.argv[3]))
+    dbg = PrecisionDebugger(config_path=path + ".json")
+    dbg.start(m); m(x).sum().backward(); dbg.stop(); dbg.step()
+else:
+    from msprobe.pytorch.compare.pt_compare import pt_compare
+    a = glob.glob(path + "/step0/proc*/")[0]; b = glob.glob(sys.argv[3] + "/step0/proc*/")[0]
+    p = {"npu_path": a + "dump.json", "bench_path": b + "dump.json",
+         "stack_path": a + "stack.json", "is_print_compare_log": False}
+    t = time.perf_counter(); pt_compare(p, sys.argv[4])
+    print(json.dumps({"s": time.perf_counter() - t}))
+"""
+
+
+def _du(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+
+
+def msprobe_side_by_side(python: str, root: Path) -> dict:
+    import subprocess
+
+    import torch
+
+    import tracer
+
+    script = root / "msprobe_bench.py"
+    script.write_text(MSPROBE_SCRIPT)
+    for name, eps in (("ma", "0"), ("mb", "1e-4")):
+        subprocess.run([python, str(script), "dump", str(root / name), eps], check=True,
+                       capture_output=True)
+    for name, eps in (("sa", 0.0), ("sb", 1e-4)):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(15)])
+        x = torch.randn(1024, 1024) * (1 + eps)
+        with tracer.Dumper(m, {"path": str(root / name), "level": "op", "mode": "tensor",
+                               "writer": "sync", "params": False}):
+            m(x).sum().backward()
+    (root / "mout").mkdir(exist_ok=True)
+    out = subprocess.run([python, str(script), "compare", str(root / "ma"), str(root / "mb"),
+                          str(root / "mout")], check=True, capture_output=True, text=True)
+    ms_s = json.loads(out.stdout.strip().splitlines()[-1])["s"]
+    t0 = time.perf_counter()
+    tracer.diff(root / "sa", root / "sb")
+    ours = time.perf_counter() - t0
+    ms_mb, our_mb = _du(root / "ma"), _du(root / "sa")
+    # sleuth's op level records every aten op (backward too), so its dump is larger: compare
+    # throughput, not only seconds
+    return {"msprobe_dump_mb_each": round(ms_mb, 1), "sleuth_dump_mb_each": round(our_mb, 1),
+            "msprobe_compare_s": round(ms_s, 2), "sleuth_diff_s": round(ours, 2),
+            "msprobe_mb_per_s": round(2 * ms_mb / ms_s, 1),
+            "sleuth_mb_per_s": round(2 * our_mb / ours, 1),
+            "throughput_ratio": round((2 * our_mb / ours) / (2 * ms_mb / ms_s), 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", type=int, default=360)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--stats-records", type=int, default=20000)
+    ap.add_argument("--msprobe-python", default=None,
+                    help="a Python with mindstudio-probe installed: also time msprobe compare")
     args = ap.parse_args()
     import tracer
 
@@ -109,8 +180,10 @@ def main() -> None:
         tracer.diff(root / "sa", root / "sb")
         t_stats.append(time.perf_counter() - t0)
     stats_s = statistics.median(t_stats)
+    side = msprobe_side_by_side(args.msprobe_python, root) if args.msprobe_python else None
     print(json.dumps({
         "benchmark": "diff_speed",
+        "msprobe_side_by_side": side,
         "dump_mb_each": round(nbytes / 2 / 2**20, 1),
         "records_each": n_rec,
         "read_both_h5py_s": round(read_s, 3),
