@@ -24,9 +24,13 @@ class TrainState:
     model: torch.nn.Module
     """The unwrapped model (not the DDP wrapper)."""
     optimizer: torch.optim.Optimizer
+    """The AdamW optimizer over the trainable parameters."""
     run_dir: Path
+    """The run directory (run.json, metrics.jsonl, checkpoints/, and the tools' folders)."""
     rank: int
+    """This process's rank (0 without torchrun)."""
     world_size: int
+    """Number of processes."""
     config: Any
     """The TrainConfig of the run."""
     example_batch: dict[str, torch.Tensor]
