@@ -95,3 +95,11 @@ def test_cli_subprocess_exit_codes(tmp_path, sleuth_cli):
     assert res.returncode == 1, res.stderr
     assert json.loads(res.stdout)["first_divergence"]["module"] == "layers.1"
     assert sleuth_cli("diff", a, a).returncode == 0
+
+
+def test_progress_on_stderr_only_when_asked(tmp_path, capsys):
+    a, b = _pair(tmp_path, eps=0.5)
+    main(["diff", a, b])
+    assert "diff:" not in capsys.readouterr().err  # not a terminal here
+    main(["diff", a, b, "--progress"])
+    assert "diff:" in capsys.readouterr().err

@@ -220,3 +220,27 @@ def test_diff_does_not_import_torch(tmp_path, data):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a"), str(tmp_path / "b")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_chunked_reads_bound_memory_and_match(tmp_path, monkeypatch):
+    import tracemalloc
+
+    import tracer
+    import tracer._diff as d
+
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal(1 << 22).astype(np.float32)  # 16 MiB
+    other = big + np.float32(1e-3) * rng.standard_normal(big.size).astype(np.float32)
+    other[5] = np.nan
+    write_step(tmp_path / "a", [rec("m", "forward", "output", big)])
+    write_step(tmp_path / "b", [rec("m", "forward", "output", other)])
+    whole = tracer.diff(tmp_path / "a", tmp_path / "b").records.iloc[0]
+    monkeypatch.setattr(d, "CHUNK_ELEMENTS", 1 << 16)
+    tracemalloc.start()
+    chunked = tracer.diff(tmp_path / "a", tmp_path / "b").records.iloc[0]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 4 << 20, f"peak {peak / 2**20:.1f} MiB for a 16 MiB tensor pair"
+    for k in ("cosine", "max_abs_err", "max_rel_err", "rmse", "within", "nan_diff"):
+        assert chunked[k] == pytest.approx(whole[k], rel=1e-5), k
+    assert chunked["nan_diff"] == 1 and chunked["verdict"] == "diverged"
