@@ -102,11 +102,47 @@ def train_steps(model, opt, batches, dumper=None) -> list[float]:
     return times
 
 
+def msprobe_steps(model, opt, batches, debugger) -> list[float]:
+    """The same steps under msprobe's documented loop: start(model) ... stop(); step()."""
+    times = []
+    for ids, labels in batches:
+        t0 = time.perf_counter()
+        debugger.start(model)
+        _, loss = model(ids, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        debugger.stop()
+        debugger.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def make_msprobe(which: str, work: Path):
+    """msprobe's PrecisionDebugger for "L0_statistics", "L1_statistics" or "L1_tensor".
+
+    It is a process-wide singleton (the first config wins), so one msprobe configuration is
+    measured per process, interleaved with the baseline.
+    """
+    from msprobe.pytorch import PrecisionDebugger
+
+    level, task = which.split("_", 1)
+    config = {"task": task, "dump_path": str(work / "msprobe"), "rank": [], "step": [],
+              "level": level, "async_dump": False,
+              task: {"scope": [], "list": [], "data_mode": ["all"]}}
+    path = work / "msprobe.json"
+    path.write_text(json.dumps(config))
+    return PrecisionDebugger(config_path=str(path))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per condition per round")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--msprobe", choices=sorted(MSPROBE_REFERENCE), default=None,
+                    help="measure this msprobe configuration against the baseline instead of "
+                         "the tracer (pip install mindstudio-probe)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -116,14 +152,23 @@ def main(argv: list[str] | None = None) -> int:
     batches = [(torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, SEQ)))
                for _ in range(args.steps + 1)]
     work = Path(tempfile.mkdtemp(prefix="sleuth_bench_"))
-    times: dict[str, list[float]] = {name: [] for name in CONDITIONS}
+    conditions = dict(CONDITIONS)
+    debugger = None
+    if args.msprobe:
+        conditions = {"baseline": None, f"msprobe_{args.msprobe}": "msprobe"}
+        debugger = make_msprobe(args.msprobe, work)
+    times: dict[str, list[float]] = {name: [] for name in conditions}
     records: dict[str, int] = {}
     try:
         train_steps(model, opt, batches[:2])  # warm up kernels and the optimizer state
         for _ in range(args.rounds):
-            for name, config in CONDITIONS.items():
+            for name, config in conditions.items():
                 if config is None:
                     times[name] += train_steps(model, opt, batches)[1:]
+                    continue
+                if config == "msprobe":
+                    times[name] += msprobe_steps(model, opt, batches, debugger)[1:]
+                    shutil.rmtree(work / "msprobe", ignore_errors=True)
                     continue
                 path = work / name
                 config = dict(config)
@@ -147,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_step_s": round(base, 4),
         "ratios": {name: round(statistics.median(t) / base, 3)
                    for name, t in times.items() if name != "baseline"},
-        "goals": GOALS,
+        "goals": {k: v for k, v in GOALS.items() if k in conditions},
         "records_per_step": records,
         "samples_per_condition": len(times["baseline"]),
         "msprobe_reference": MSPROBE_REFERENCE,
