@@ -40,9 +40,6 @@ class AsyncWriter(Writer):
     def __init__(self, config: DumpConfig, *, rank: int, world_size: int) -> None:
         super().__init__(config, rank=rank, world_size=world_size)
         self._cap = config.async_max_queued_mb << 20
-        # single-threaded kernels in the writer thread: it must not fight the training
-        # thread's thread pool for the cores (oversubscribed, reductions ran 7x slower)
-        self._stats_blocks = 1
         self._cond = threading.Condition()
         self._queue: deque[tuple[tuple, int]] = deque()
         self._queued = 0
