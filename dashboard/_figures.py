@@ -198,6 +198,16 @@ def diff_figure(records: pd.DataFrame, metrics: Sequence[str], *, first: int | N
                                  line=dict(color=PALETTE[row - 1]), name=m, text=names,
                                  hovertemplate="%{text}<br>" + m + " %{y:.4g}<extra></extra>"),
                       row=row, col=1)
+    if "verdict" in records:
+        # A NaN or Inf error has no y position: mark every diverged record on the top row instead
+        # so divergences after the first one stay visible.
+        bad = records[records["verdict"] == "diverged"]
+        if len(bad):
+            bx = bad[order] if order in bad else bad.index
+            fig.add_trace(go.Scatter(x=bx, y=[0] * len(bad), mode="markers", name="diverged",
+                                     marker=dict(symbol="x", color="red", size=6), yaxis="y",
+                                     text=bad[label].astype(str) if label in bad else None,
+                                     hovertemplate="%{text}<br>diverged<extra></extra>"), row=1, col=1)
     if first is not None:
         fig.add_vline(x=first, line=dict(color="red", width=2, dash="dash"))
         fig.add_annotation(x=first, y=1.0, yref="paper", text="first divergence", showarrow=False,

@@ -92,9 +92,11 @@ def test_tensor_histogram_reports_nonfinite():
 
 def test_diff_figure_marks_first_divergence():
     rec = pd.DataFrame({"order": range(10), "name": [f"r{i}" for i in range(10)],
-                        "max_abs_err": [0.0] * 6 + [1.0] * 4, "cosine": [1.0] * 6 + [0.5] * 4})
+                        "max_abs_err": [0.0] * 6 + [1.0] * 3 + [np.nan], "cosine": [1.0] * 6 + [0.5] * 4,
+                        "verdict": ["same"] * 6 + ["diverged"] * 4})
     fig = diff_figure(rec, ["max_abs_err", "cosine"], first=6, order="order")
-    assert len(fig.data) == 2
+    assert len(fig.data) == 3  # two metrics, and the diverged records (NaN errors included)
+    assert list(fig.data[2].x) == [6, 7, 8, 9]
     assert any(s.x0 == 6 for s in fig.layout.shapes)
     assert any(a.text == "first divergence" for a in fig.layout.annotations)
 
