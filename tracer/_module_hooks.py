@@ -238,6 +238,13 @@ class ModuleTracker:
             if len(rest) == 2:
                 flatten_tensors(rest[0], stop)
             self._tag(outputs, stop, name, seq)
+        if self._inner_code is None and len(rest) == 2 and rest[0] and self.record \
+                and self.want_in and self.want_fw and not recomputing and self.wants(name):
+            # torch changed _call_impl: keyword inputs could not be read before forward ran
+            offset = len(flatten_tensors(args, []))
+            source = user_source(2)
+            for i, t in enumerate(flatten_tensors(rest[0], [])):
+                self._dumper.emit(name, name, "", "forward", "input", offset + i, call, source, t)
         if not (self.record and self.want_out and self.wants(name)):
             return
         if outputs is None:
