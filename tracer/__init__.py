@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "TracerError": "tracer._errors",
     "ConfigError": "tracer._errors",
     "DumpFormatError": "tracer._errors",
+    "WatchpointHit": "tracer._errors",
     "DumpWriteError": "tracer._errors",
     "RecordNotFoundError": "tracer._errors",
     # capture
@@ -29,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "DiffResult": "tracer._diff",
     "Tolerance": "tracer._compare",
     "check": "tracer._check",
+    "first_nan_origin": "tracer._check",
     "WatchConfig": "tracer._watch",
 }
 
