@@ -28,6 +28,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--run-dir", metavar="DIR", help="run directory (default: the config's run_dir)")
     p.add_argument("--resume", metavar="CKPT", help="checkpoint or run directory to continue from, or 'latest'")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    tools = p.add_argument_group("tools (write into the run directory)")
+    tools.add_argument("--dump", metavar="CONFIG.json",
+                       help="dump tensors with this dump config (docs/dump-config.md)")
+    tools.add_argument("--profile", nargs="?", const="1", metavar="CONFIG.json",
+                       help="profile steps (default schedule: wait 1, warmup 1, active 3); "
+                       "optional collector config")
+    tools.add_argument("--summary", action="store_true",
+                       help="log scalars every step and weight/gradient histograms every 10 steps")
+    tools.add_argument("--save-graphs", action="store_true",
+                       help="export IR graphs (text, ordered text, dot, svg) before the first step")
     p.set_defaults(run=_run)
 
 
@@ -47,22 +57,29 @@ def build_config(args: argparse.Namespace):
 
 
 def build_callbacks(args: argparse.Namespace, config: Any) -> list:
-    """The tools' callbacks for this run, from the tool flags (none yet)."""
-    return []
+    """The tools' callbacks for this run, from the tool flags."""
+    from sleuth._tools import callbacks_from_flags
+
+    return callbacks_from_flags(dump=args.dump, profile=args.profile, summary=args.summary,
+                                save_graphs=args.save_graphs)
 
 
 def _run(args: argparse.Namespace) -> int:
     import json
 
+    import irdump
+    import profiler
+    import tracer
     import trainer
 
     config = build_config(args)
     if args.print_config:
         print(json.dumps(config.to_dict(), indent=2))
         return 0
-    callbacks = build_callbacks(args, config)
     try:
+        callbacks = build_callbacks(args, config)
         trainer.train(config, callbacks=callbacks, argv=["sleuth", *sys.argv[1:]])
-    except trainer.TrainerError as e:
+    except (trainer.TrainerError, tracer.TracerError, profiler.ProfilerError,
+            irdump.IrDumpError) as e:
         raise CliError(str(e)) from e
     return 0

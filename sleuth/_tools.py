@@ -18,13 +18,15 @@ class DumpCallback(trainer.Callback):
     """Dump tensors with `tracer.Dumper`; one dump step per optimizer step."""
 
     def __init__(self, config_path: str) -> None:
-        self.config_path = config_path
+        import tracer
+
+        self.config = tracer.DumpConfig.from_json(config_path)  # a bad file fails before training
         self.dumper: Any = None
 
     def on_run_start(self, state: trainer.TrainState) -> None:
         import tracer
 
-        config = tracer.DumpConfig.from_json(self.config_path)
+        config = self.config
         if not config.path:  # the dump belongs in this run's directory unless told otherwise
             config = dataclasses.replace(config, path=str(state.run_dir))
         self.dumper = tracer.Dumper(state.model, config, rank=state.rank,
@@ -42,14 +44,16 @@ class ProfileCallback(trainer.Callback):
     """Profile steps with `profiler.Collector` on its wait/warmup/active schedule."""
 
     def __init__(self, config_path: str | None) -> None:
-        self.config_path = config_path
+        import profiler
+
+        self.config = (profiler.CollectorConfig.from_json(config_path) if config_path
+                       else profiler.CollectorConfig())
         self.collector: Any = None
 
     def on_run_start(self, state: trainer.TrainState) -> None:
         import profiler
 
-        config = (profiler.CollectorConfig.from_json(self.config_path) if self.config_path
-                  else profiler.CollectorConfig())
+        config = self.config
         if config.tokens_per_step is None:
             c = state.config
             tokens = c.batch_size * c.grad_accum * c.data.seq_len * state.world_size
