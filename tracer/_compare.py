@@ -158,7 +158,7 @@ def decode(raw: np.ndarray, dtype: str) -> np.ndarray:
 
 
 # -- streamed tensor metrics -----------------------------------------------------------------------
-_SUB = 1 << 15  # elements per inner pass: the ~6 temporaries stay in L2 (measured best of 2^14..2^17)
+_SUB = 1 << 15  # elements per inner pass: the temporaries stay in L2 (best of 2^14..2^17)
 
 
 class TensorMetrics:

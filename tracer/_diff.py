@@ -331,19 +331,37 @@ def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
 
 
 class _StderrProgress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = max(total, 1), 0, enabled
+    """Progress on stderr: by bytes compared when there are tensors, else by records."""
+
+    def __init__(self, total_bytes: int, total_records: int, enabled: bool) -> None:
+        self.total_bytes, self.total_records = total_bytes, max(total_records, 1)
+        self.bytes = self.records = 0
+        self.enabled = enabled
         self.last = 0.0
         self.t0 = time.monotonic()
 
-    def __call__(self, n: int) -> None:
-        self.done += n
+    def __call__(self, nbytes: int) -> None:
+        self.bytes += nbytes
+        self._show()
+
+    def record(self) -> None:
+        self.records += 1
+        if self.records % 256 == 0:
+            self._show()
+
+    def _show(self) -> None:
         now = time.monotonic()
-        if self.enabled and now - self.last > 0.5:
-            self.last = now
-            rate = self.done / max(now - self.t0, 1e-9) / 2**20
-            print(f"\rdiff: {100 * self.done / self.total:5.1f}% of {self.total / 2**20:.0f} MiB "
-                  f"({rate:.0f} MiB/s)", end="", file=sys.stderr, flush=True)
+        if not self.enabled or now - self.last < 0.5:
+            return
+        self.last = now
+        if self.total_bytes:
+            rate = self.bytes / max(now - self.t0, 1e-9) / 2**20
+            share = 100 * self.bytes / self.total_bytes
+            done = f"{share:5.1f}% of {self.total_bytes / 2**20:.0f} MiB ({rate:.0f} MiB/s)"
+        else:
+            share = 100 * self.records / self.total_records
+            done = f"{share:5.1f}% of {self.total_records} records"
+        print(f"\rdiff: {done}", end="", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.enabled and self.last:
@@ -386,7 +404,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         na, nb = ta["data_nbytes"].to_numpy(), tb["data_nbytes"].to_numpy()
         total += sum(int(na[ia]) + int(nb[ib]) for ia, ib in pairs
                      if ia is not None and ib is not None)
-    bar = _StderrProgress(total, progress)
+    bar = _StderrProgress(total, sum(len(t[3]) for t in tables), progress)
     rows: list[dict] = []
     kinds: set[str] = set()
     try:
@@ -406,6 +424,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
                     rb = recs_b[ib] if ib is not None else None
                     matched += ra is not None and rb is not None
                     row = _compare_pair(ra, rb, fa, fb, tol, plan, bar)
+                    bar.record()
                     if row["compared"] in ("tensor", "statistics"):
                         kinds.add(row["compared"])
                     rows.append(row)

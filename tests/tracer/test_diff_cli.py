@@ -51,9 +51,11 @@ def test_diverged_table_json_csv(tmp_path, capsys):
 
 
 def test_tolerance_flags(tmp_path, capsys):
-    a, b = _pair(tmp_path, eps=1.00001e-5)
-    assert main(["diff", a, b, "--rtol", "1e-2", "--atol", "1e-3"]) == 0
-    assert main(["diff", a, b, "--rtol", "0", "--atol", "0", "--json"]) in (0, 1)
+    a, b = _pair(tmp_path, eps=0.5)
+    assert main(["diff", a, b]) == 1
+    assert main(["diff", a, b, "--rtol", "10", "--atol", "10", "--cosine-min", "-1"]) == 0
+    assert main(["diff", a, b, "--rtol", "-1"]) == 2
+    assert "rtol: must be >= 0" in capsys.readouterr().err
 
 
 def test_errors_exit_2(tmp_path, capsys):
