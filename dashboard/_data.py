@@ -75,44 +75,55 @@ def _need_dir(root: Path, sub: str, message: str) -> Path:
 
 class _JsonlTail:
     """metrics.jsonl read incrementally: a run that is still training appends lines, and only
-    the new complete lines are parsed on each refresh."""
+    the new complete lines are parsed on each refresh. `present` records which keys each line
+    had, so an eval line ({"step": 4, "eval_loss": ...}) does not punch a NaN hole into `loss`,
+    while a logged NaN loss stays a NaN."""
 
     def __init__(self) -> None:
         self.offset = 0
-        self.frames: list[pd.DataFrame] = []
         self.frame = pd.DataFrame()
+        self.present = pd.DataFrame()
 
-    def update(self, path: Path) -> pd.DataFrame:
+    def update(self, path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         with open(path, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
         end = chunk.rfind(b"\n") + 1  # a half-written last line waits for the next refresh
         if end:
-            self.frames.append(_parse_jsonl(chunk[:end]))
+            frame, present = _parse_jsonl(chunk[:end])
             self.offset += end
-            self.frame = pd.concat(self.frames, ignore_index=True) if len(self.frames) > 1 else self.frames[0]
-            self.frames = [self.frame]
-        return self.frame
+            if self.frame.empty:
+                self.frame, self.present = frame, present
+            else:
+                self.frame = pd.concat([self.frame, frame], ignore_index=True)
+                self.present = pd.concat([self.present, present], ignore_index=True).fillna(False).astype(bool)
+        return self.frame, self.present
 
 
-def _parse_jsonl(data: bytes) -> pd.DataFrame:
+def _parse_jsonl(data: bytes) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The rows of JSON lines, and a same-shaped frame saying which keys each line had."""
     try:
-        import pyarrow.json as pj
         import pyarrow as pa
+        import pyarrow.json as pj
 
-        return pj.read_json(pa.BufferReader(data)).to_pandas()
+        table = pj.read_json(pa.BufferReader(data))
+        present = pd.DataFrame({name: table.column(name).is_valid().to_numpy(zero_copy_only=False)
+                                for name in table.column_names})
+        return table.to_pandas(), present
     except Exception:  # noqa: BLE001 - NaN/Infinity literals or mixed types: the slow, lenient path
         rows = [json.loads(line) for line in data.splitlines() if line.strip()]
-        return pd.DataFrame.from_records(rows)
+        frame = pd.DataFrame.from_records(rows)
+        present = pd.DataFrame([{k: True for k in r} for r in rows], columns=frame.columns)
+        return frame, present.fillna(False).astype(bool)
 
 
 _tails: dict[Path, _JsonlTail] = {}
 
 
-def _metrics_frame(root: Path) -> pd.DataFrame:
+def _metrics_frame(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     path = root / "metrics.jsonl"
     if not path.is_file():
-        return pd.DataFrame()
+        return pd.DataFrame(), pd.DataFrame()
     with _lock:
         tail = _tails.get(path)
         size = path.stat().st_size
@@ -121,12 +132,16 @@ def _metrics_frame(root: Path) -> pd.DataFrame:
         return tail.update(path)
 
 
-def _series_from_wide(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
-    """Wide rows (step, loss, lr, ...) to one [step, wall_time, value] frame per numeric column."""
+def _series_from_wide(df: pd.DataFrame, present: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """Wide rows (step, loss, lr, ...) to one [step, wall_time, value] frame per numeric column,
+    each from the rows that carry that key (`present`; all rows when None)."""
     if df.empty or "step" not in df:
         return {}
     # A header line ({"format_version": ..., "kind": ...}) has no step: it is not a data row.
-    df = df[pd.to_numeric(df["step"], errors="coerce").notna()].sort_values("step", kind="stable")
+    keep = pd.to_numeric(df["step"], errors="coerce").notna()
+    order = df[keep].sort_values("step", kind="stable").index
+    df = df.loc[order]
+    present = present.loc[order] if present is not None else None
     step = df["step"].to_numpy(dtype=np.float64)
     wall = None
     for col in _TIME_COLUMNS:
@@ -142,8 +157,9 @@ def _series_from_wide(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
     for col in df.columns:
         if col in _NOT_SERIES or not pd.api.types.is_numeric_dtype(df[col]):
             continue
-        out[str(col)] = pd.DataFrame({"step": step, "wall_time": wall,
-                                      "value": df[col].to_numpy(dtype=np.float64)})
+        rows = present[col].to_numpy(bool) if present is not None and col in present else slice(None)
+        out[str(col)] = pd.DataFrame({"step": step[rows], "wall_time": wall[rows],
+                                      "value": df[col].to_numpy(dtype=np.float64)[rows]})
     return out
 
 
@@ -176,7 +192,7 @@ def scalars(root: Path) -> dict[str, pd.DataFrame]:
     frame has columns step, wall_time (seconds since the first record), value, sorted by step."""
     metrics_path = root / "metrics.jsonl"
     m = _cached(("metrics", root), _stamp(metrics_path),
-                lambda: _series_from_wide(_metrics_frame(root)))
+                lambda: _series_from_wide(*_metrics_frame(root)))
     s = _cached(("summary-scalars", root), fingerprint(root)[2:3] + tuple(_dir_stamps(root / "summary")),
                 lambda: _summary_series(root))
     out = dict(m)

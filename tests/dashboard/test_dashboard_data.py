@@ -73,3 +73,20 @@ def test_missing_reader_is_an_empty_state(tmp_path, monkeypatch):
     monkeypatch.setattr(_data.importlib, "import_module", fake)
     with pytest.raises(_data.NoData, match="needs `profiler.read_profile`"):
         _data.profile(run)
+
+
+def test_eval_lines_do_not_punch_holes(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    lines = [{"step": 0, "loss": 3.0}, {"step": 1, "loss": 2.5}, {"step": 1, "eval_loss": 2.7},
+             {"step": 2, "loss": 2.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s = _data.scalars(run)
+    assert list(s["loss"]["value"]) == [3.0, 2.5, 2.0]
+    assert list(s["eval_loss"]["step"]) == [1]
+    with open(run / "metrics.jsonl", "a") as f:  # NaN literals take the lenient parser
+        f.write(json.dumps({"step": 3, "loss": float("nan")}) + "\n")
+        f.write(json.dumps({"step": 3, "eval_loss": 2.1}) + "\n")
+    s = _data.scalars(run)
+    assert list(s["loss"]["step"]) == [0, 1, 2, 3] and math.isnan(s["loss"]["value"].iloc[-1])
+    assert list(s["eval_loss"]["value"]) == [2.7, 2.1]
