@@ -64,16 +64,19 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
     dump = open_dump(path)
     explicit = parse_watch(list(watch)) if watch is not None else None
     rows: list[dict] = []
+    watchers: dict[int, Watcher] = {}  # one per rank: weight conditions look across steps
     for r, s in _selected(dump, rank, step):
         points = explicit
         if points is None:
             points = _configured_watch(dump, r, s)
             if not any(w.condition == "nan_inf" for w in points):
                 points.append(WatchConfig(condition="nan_inf"))
-        watcher = Watcher(points)
+        watcher = watchers.setdefault(r, Watcher(points))
+        watcher.watch = points
         df = dump.stats(r, s)
         seen = set()
         for rec in df.to_dict("records"):
+            rec["step"] = s
             for _, hit in watcher.check(rec):
                 seen.add((int(rec["seq"]), hit["condition"]))
                 rows.append({"rank": r, "step": s, "seq": int(rec["seq"]), "name": rec["name"],

@@ -191,28 +191,67 @@ def describe_hit(hit: dict[str, Any]) -> str:
 
 
 class Watcher:
-    """Evaluates watchpoints row by row; remembers weight norms for the weight conditions."""
+    """Evaluates watchpoints row by row; remembers weight norms for the weight conditions.
+
+    Weight conditions read the `update` records (value after minus value before the optimizer
+    step). A dump without them (`"params"` records but no optimizer step seen) falls back to
+    comparing a weight with its value at the previous dumped step: `unchanged_weight` by
+    checksum, `weight_change_*` by the relative change of the norm (a lower bound of the true
+    change).
+    """
 
     def __init__(self, watch: Iterable[WatchConfig]) -> None:
         self.watch = list(watch)
         self._param_norm: dict[str, float] = {}
+        self._has_update: set[str] = set()
+        self._prev: dict[str, tuple[Any, float, int, str]] = {}  # scope -> step, norm, sum, dtype
 
     def check(self, row: dict[str, Any]) -> list[tuple[WatchConfig, dict[str, Any]]]:
         """The hits of one row, each as (watchpoint, hit dict)."""
-        if row.get("phase") == "optimizer" and row.get("direction") == "param":
-            self._param_norm[_owner_scope(str(row.get("name", "")))] = float(row.get("norm", 0))
         hits = []
+        if row.get("phase") == "optimizer":
+            scope = _owner_scope(str(row.get("name", "")))
+            if row.get("direction") == "param":
+                self._param_norm[scope] = float(row.get("norm", 0))
+                hits += self._between_steps(scope, row)
+            elif row.get("direction") == "update":
+                self._has_update.add(scope)
         for w in self.watch:
             pn = None
             if w.condition.startswith("weight_change"):
                 pn = self._param_norm.get(_owner_scope(str(row.get("name", ""))))
             value = w.evaluate(row, pn)
             if value is not None:
-                hit = {k: row.get(k) for k in ("seq", "name", "module", "op", "phase", "source",
-                                                "step", "rank")}
-                hit.update(condition=w.condition, value=float(value), on_hit=w.on_hit)
-                hits.append((w, hit))
+                hits.append((w, _hit(row, w, value)))
         return hits
+
+    def _between_steps(self, scope: str, row: dict[str, Any]) -> list:
+        step, norm = row.get("step"), float(row.get("norm", 0))
+        prev = self._prev.get(scope)
+        self._prev[scope] = (step, norm, int(row.get("checksum", 0)), str(row.get("dtype")))
+        if prev is None or scope in self._has_update or prev[0] == step:
+            return []
+        hits = []
+        for w in self.watch:
+            if w.names and not any(fnmatch.fnmatchcase(str(row.get("name")), p) for p in w.names):
+                continue
+            if w.condition == "unchanged_weight":
+                if prev[2] == int(row.get("checksum", 0)) and prev[3] == str(row.get("dtype")):
+                    hits.append((w, _hit(row, w, 0.0)))
+            elif w.condition.startswith("weight_change") and prev[1] > 0:
+                ratio = abs(norm - prev[1]) / prev[1]
+                limit = w.limit
+                assert limit is not None
+                if ratio > limit if w.condition.endswith("gt") else ratio < limit:
+                    hits.append((w, _hit(row, w, ratio)))
+        return hits
+
+
+def _hit(row: dict[str, Any], w: WatchConfig, value: float) -> dict[str, Any]:
+    hit = {k: row.get(k) for k in ("seq", "name", "module", "op", "phase", "source", "step",
+                                   "rank")}
+    hit.update(condition=w.condition, value=float(value), on_hit=w.on_hit)
+    return hit
 
 
 class _WatchHandle:

@@ -137,3 +137,25 @@ def test_live_watch_record_stores_hits(tmp_path, capsys):
     assert main(["check", str(tmp_path / "run")]) == 1
     out = capsys.readouterr().out
     assert "first NaN/Inf: <root>::aten.sqrt.forward.0.output.0" in out
+
+
+def test_unchanged_weight_between_steps_without_update_records(tmp_path):
+    """A hand-written update loop that misses a layer; no optimizer, so no update records: the
+    weight is compared with its value at the previous dumped step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    config = {"path": str(tmp_path), "writer": "sync"}
+    with tracer.Dumper(model, config) as d:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            with torch.no_grad():
+                for p in model[1].parameters():  # bug: layer 0 is never updated
+                    p -= 0.1 * p.grad
+            model.zero_grad()
+            d.step()
+    hits = tracer.check(tmp_path, watch=[{"condition": "unchanged_weight"},
+                                         {"condition": "weight_change_gt", "threshold": 1e-4}])
+    unchanged = set(hits[hits.condition == "unchanged_weight"]["name"])
+    assert unchanged == {"0.weight.optimizer.0.param.0", "0.bias.optimizer.0.param.0"}
+    changed = set(hits[hits.condition == "weight_change_gt"]["name"])
+    assert "1.weight.optimizer.0.param.0" in changed and not changed & unchanged
