@@ -190,7 +190,7 @@ class _TensorReader:
                 offset = self.data.id.get_offset()
             except Exception:  # noqa: BLE001 - any h5py refusal means: use slicing
                 offset = None
-            if offset is not None and self.data.compression is None:
+            if offset is not None and self.data.compression is None and hasattr(os, "preadv"):
                 self.base = int(offset)
                 self.fd = os.open(path, os.O_RDONLY)
         self._bufs: dict[int, np.ndarray] = {}
