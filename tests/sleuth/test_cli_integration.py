@@ -66,7 +66,7 @@ def test_train_flags_reject_a_bad_dump_config_before_training(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_train_with_every_tool_then_diff_and_demo(tmp_path, capsys):
+def test_train_with_tools_then_diff(tmp_path, capsys):
     import profiler
     import tracer
 
@@ -82,10 +82,15 @@ def test_train_with_every_tool_then_diff_and_demo(tmp_path, capsys):
     assert tracer.open_dump(runs[0]).steps(rank=0) == [0, 2]
     tags = set(profiler.read_scalars(runs[0])["tag"])
     assert {"train/loss", "train/lr", "train/grad_norm"} <= tags
-    # Same seed and data: step 0's forward agrees; a larger learning rate shows from step 2 on.
-    assert main(["diff", str(runs[0]), str(runs[1]), "--step", "0"]) == 0
+    # Same seed and data, another learning rate: step 0 agrees until the optimizer's update;
+    # by step 2 the weights the step starts from differ, and the diff blames them, not the
+    # forward activations they cause.
+    for step, kind in (("0", ".update.0"), ("2", ".param.0")):
+        capsys.readouterr()
+        assert main(["diff", str(runs[0]), str(runs[1]), "--step", step, "--json"]) == 1
+        report = json.loads(capsys.readouterr().out)
+        assert report["status"] == "diverged"
+        assert report["first_divergence"]["phase"] == "optimizer"
+        assert report["first_divergence"]["name"].endswith(kind), report["first_divergence"]
     capsys.readouterr()
-    assert main(["diff", str(runs[0]), str(runs[1]), "--step", "2", "--json"]) == 1
-    report = json.loads(capsys.readouterr().out)
-    assert report["status"] == "diverged"
-    assert report["first_divergence"]["phase"] == "forward"
+    assert main(["diff", str(runs[0]), str(runs[0]), "--step", "2"]) == 0
