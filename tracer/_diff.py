@@ -446,6 +446,12 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     if "statistics" in kinds:
         notes.append("statistics compared (no tensor bytes on at least one side): min, max, "
                      "mean, norm, NaN/Inf counts and checksum")
+    mixed = [r for r in rows if r["dtype"] and r["b_dtype"] and r["dtype"] != r["b_dtype"]]
+    if mixed:
+        r = mixed[0]
+        notes.append(f"{len(mixed)} matched records differ in dtype, the first at {r['name']} "
+                     f"({r['dtype']} vs {r['b_dtype']}, {r['source'] or 'unknown source'}); "
+                     "they are judged with the looser dtype's tolerance")
     first = _first_divergence(rows)
     compared = ("mixed" if len(kinds) == 2 else next(iter(kinds))) if kinds else "none"
     return DiffResult(status="diverged" if first else "same", first_divergence=first,

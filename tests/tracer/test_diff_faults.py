@@ -130,8 +130,12 @@ def test_layernorm_eps(ref, tmp_path):
 
 
 def test_bf16_autocast_block(ref, tmp_path):
-    fd = _first(ref, run(tmp_path / "b", bf16_block=1))
+    res = tracer.diff(ref, run(tmp_path / "b", bf16_block=1))
+    fd = res.first_divergence
     assert fd["module"].startswith("layers.1") and fd["phase"] == "forward", fd
+    # the hint points at where the dtype changed, inside the same block
+    assert any("differ in dtype, the first at layers.1." in n and "bfloat16" in n
+               for n in res.notes), res.notes
 
 
 def test_wrong_custom_backward(ref, tmp_path):
