@@ -9,6 +9,7 @@ import json
 import os
 from typing import Any, Iterable
 
+from tracer._diff import _rows
 from tracer._watch import Watcher, WatchConfig, parse_watch
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
@@ -75,7 +76,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
         watcher.watch = points
         df = dump.stats(r, s)
         seen = set()
-        for rec in df.to_dict("records"):
+        for rec in _rows(df):
             rec["step"] = s
             for _, hit in watcher.check(rec):
                 seen.add((int(rec["seq"]), hit["condition"]))
@@ -123,7 +124,7 @@ def _roles(rec: dict) -> str:
 def origin_in_step(df: Any) -> dict[str, Any] | None:
     """The first record of one step's statistics table whose call made non-finite values from
     finite inputs, or None when the step holds no NaN/Inf."""
-    recs = sorted(df.to_dict("records"), key=lambda r: int(r["seq"]))
+    recs = sorted(_rows(df), key=lambda r: int(r["seq"]))
     bad = [r for r in recs if _nonfinite(r)]
     if not bad:
         return None

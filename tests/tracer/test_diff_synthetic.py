@@ -216,6 +216,8 @@ def test_diff_does_not_import_torch(tmp_path, data):
     write_step(tmp_path / "b", model_records(x, w=w, eps=0.5))
     code = ("import sys, tracer; r = tracer.diff(sys.argv[1], sys.argv[2]); "
             "assert r.status == 'diverged', r.status; "
+            "h = tracer.check(sys.argv[1], watch=[{'condition': 'max_abs_gt', 'threshold': 0}]); "
+            "assert len(h) > 0; "
             "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a"), str(tmp_path / "b")],
                          capture_output=True, text=True, cwd=REPO, timeout=120)
