@@ -120,8 +120,7 @@ def _parse_jsonl(data: bytes) -> tuple[pd.DataFrame, pd.DataFrame]:
 _tails: dict[Path, _JsonlTail] = {}
 
 
-def _metrics_frame(root: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    path = root / "metrics.jsonl"
+def _metrics_frame(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     if not path.is_file():
         return pd.DataFrame(), pd.DataFrame()
     with _lock:
@@ -188,17 +187,24 @@ def _summary_series(root: Path) -> dict[str, pd.DataFrame]:
 
 def scalars(root: Path) -> dict[str, pd.DataFrame]:
     """Every scalar series of a run, by tag: metrics.jsonl columns (loss, lr, grad_norm,
-    tokens_per_s, ...) and the summary's scalars (prefixed `summary/` on a name clash). Each
-    frame has columns step, wall_time (seconds since the first record), value, sorted by step."""
-    metrics_path = root / "metrics.jsonl"
-    m = _cached(("metrics", root), _stamp(metrics_path),
-                lambda: _series_from_wide(*_metrics_frame(root)))
-    s = _cached(("summary-scalars", root), fingerprint(root)[2:3] + tuple(_dir_stamps(root / "summary")),
+    tokens_per_s, ...), other ranks' metrics.rank{R}.jsonl (tags suffixed ` [rank R]`), and the
+    summary's scalars (prefixed `summary/` on a name clash). Each frame has columns step,
+    wall_time (seconds since the first record), value, sorted by step."""
+    out: dict[str, pd.DataFrame] = {}
+    for path in [root / "metrics.jsonl", *sorted(root.glob("metrics.rank*.jsonl"), key=_rank_of)]:
+        m = _cached(("metrics", path), _stamp(path), lambda p=path: _series_from_wide(*_metrics_frame(p)))
+        suffix = "" if path.name == "metrics.jsonl" else f" [rank {_rank_of(path)}]"
+        out.update({f"{tag}{suffix}": frame for tag, frame in m.items()})
+    s = _cached(("summary-scalars", root), tuple(_dir_stamps(root / "summary")),
                 lambda: _summary_series(root))
-    out = dict(m)
     for tag, frame in s.items():
         out[f"summary/{tag}" if tag in out else tag] = frame
     return out
+
+
+def _rank_of(path: Path) -> int:
+    digits = "".join(ch for ch in path.name.split(".")[1] if ch.isdigit())
+    return int(digits) if digits else 0
 
 
 def _dir_stamps(p: Path) -> list[tuple[int, int]]:

@@ -29,13 +29,19 @@ def layout(ctx: Context, q: dict[str, str]) -> html.Div:
                   run_picker("diff-b", ctx.runs, value=b, label="run B"),
                   control("rank", dcc.Input(id="diff-rank", type="number", min=0, value=0, debounce=True), "diff-rank"),
                   control("step (empty: all)", dcc.Input(id="diff-step", type="number", min=0, debounce=True),
-                          "diff-step")], className="sleuth-controls"),
+                          "diff-step"),
+                  control("rank B (empty: same)", dcc.Input(id="diff-b-rank", type="number", min=0, debounce=True),
+                          "diff-b-rank"),
+                  control("step B (empty: same)", dcc.Input(id="diff-b-step", type="number", min=0, debounce=True),
+                          "diff-b-step")], className="sleuth-controls"),
         dcc.Loading(html.Div(id="diff-body")),
     ], id="page-diff")
 
 
-def call_diff(root_a: Any, root_b: Any, rank: int | None, step: int | None) -> Any:
-    """tracer.diff on two runs, passing rank/step when its signature takes them."""
+def call_diff(root_a: Any, root_b: Any, rank: int | None, step: int | None,
+              b_rank: int | None = None, b_step: int | None = None) -> Any:
+    """tracer.diff on two runs (or two ranks or steps of one run), passing rank/step and B's
+    rank/step when its signature takes them."""
     fn = _data._api("tracer", "diff", "the diff page")
     try:
         params = inspect.signature(fn).parameters
@@ -46,8 +52,10 @@ def call_diff(root_a: Any, root_b: Any, rank: int | None, step: int | None) -> A
         kwargs["rank"] = int(rank)
     if step is not None and "step" in params:
         kwargs["step"] = int(step)
-    elif step is not None and "steps" in params:
-        kwargs["steps"] = [int(step)]
+    if b_rank is not None and "b_rank" in params:
+        kwargs["b_rank"] = int(b_rank)
+    if b_step is not None and "b_step" in params:
+        kwargs["b_step"] = int(b_step)
     return _data.diff(root_a, root_b, **kwargs)
 
 
@@ -89,8 +97,9 @@ def worst(records: pd.DataFrame, n: int = 50) -> pd.DataFrame:
 
 def register(app: Any, ctx: Context) -> None:
     @app.callback(Output("diff-body", "children"), Input("diff-a", "value"), Input("diff-b", "value"),
-                  Input("diff-rank", "value"), Input("diff-step", "value"), Input("data-version", "data"))
-    def body(a, b, rank, step, _v):
+                  Input("diff-rank", "value"), Input("diff-step", "value"), Input("diff-b-rank", "value"),
+                  Input("diff-b-step", "value"), Input("data-version", "data"))
+    def body(a, b, rank, step, b_rank, b_step, _v):
         ra, rb = ctx.root(a), ctx.root(b)
         if ra is None or rb is None:
             return empty_state("choose two runs")
@@ -99,7 +108,7 @@ def register(app: Any, ctx: Context) -> None:
         else:
             note = None
         try:
-            result = call_diff(ra, rb, rank, step)
+            result = call_diff(ra, rb, rank, step, b_rank, b_step)
         except _data.NoData as e:
             return [empty_state(str(e)), empty_state(note) if note else None]
         except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on

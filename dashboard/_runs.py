@@ -92,6 +92,11 @@ def fingerprint(root: Path) -> tuple[int, ...]:
                     stamps.append(entry.stat().st_mtime_ns)
                 except OSError:
                     pass
+    for p in sorted(root.glob("metrics.rank*.jsonl")):  # other ranks' metrics grow in place
+        try:
+            stamps.append(p.stat().st_mtime_ns)
+        except OSError:
+            pass
     return tuple(stamps)
 
 

@@ -90,3 +90,12 @@ def test_eval_lines_do_not_punch_holes(tmp_path):
     s = _data.scalars(run)
     assert list(s["loss"]["step"]) == [0, 1, 2, 3] and math.isnan(s["loss"]["value"].iloc[-1])
     assert list(s["eval_loss"]["value"]) == [2.7, 2.1]
+
+
+def test_other_ranks_metrics(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "loss": 1.0}) + "\n")
+    (run / "metrics.rank1.jsonl").write_text(json.dumps({"step": 0, "loss": 1.5}) + "\n")
+    s = _data.scalars(run)
+    assert list(s["loss"]["value"]) == [1.0] and list(s["loss [rank 1]"]["value"]) == [1.5]

@@ -166,3 +166,20 @@ def test_graph_search_and_svg_highlight():
     out = highlight_svg(svg, "aten.mm")
     assert out.count('class="node sleuth-hit"') == 1 and ".sleuth-hit" in out
     assert '<g id="node2" class="node">' in out
+
+
+def test_diff_passes_ranks_and_steps_to_tracer(monkeypatch, tmp_path):
+    from dashboard import _data
+    from dashboard._page_diff import call_diff
+
+    seen = {}
+
+    def fake_diff(a, b, *, step=None, rank=0, b_step=None, b_rank=None):
+        seen.update(a=a, b=b, step=step, rank=rank, b_step=b_step, b_rank=b_rank)
+        return SimpleNamespace(status="same", first_divergence=None, records=pd.DataFrame())
+
+    monkeypatch.setattr(_data, "_api", lambda *a: fake_diff)
+    for r in ("a", "b"):
+        (tmp_path / r / "dump" / "rank0").mkdir(parents=True)
+    call_diff(tmp_path / "a", tmp_path / "b", 0, 3, 1, 4)
+    assert seen == {"a": tmp_path / "a", "b": tmp_path / "b", "step": 3, "rank": 0, "b_step": 4, "b_rank": 1}
