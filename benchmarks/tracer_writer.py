@@ -4,8 +4,8 @@ Each round writes STEPS step files of RECORDS float32 tensors (mode "tensor": by
 statistics the format always fills) three ways, interleaved in one process so the machine's
 state is shared: `raw` (plain `os.write` of every tensor's bytes into one file per step, then
 fsync and rename: the floor any writer pays), `sync` and `async` (tracer writers, from the
-first `begin_step` until `close()` returned: everything on disk). It also times the async hot
-path alone (until the last `end_step` returned) and the per-record cost of statistics-only
+first `begin_step` until `close()` returned: everything on disk), and `raw_plus_stats` (raw
+plus the format's statistics of each tensor, serially). It also times the async hot path alone (until the last `end_step` returned) and the per-record cost of statistics-only
 dumping of small tensors. Prints ONE JSON object; ratios are throughput ratios (>1 = faster
 than the reference).
 
@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from tracer._config import DumpConfig  # noqa: E402
+from tracer._stats import host_stats  # noqa: E402
 from tracer._writer import RecordMeta, make_writer  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def meta(i: int) -> RecordMeta:
                       0, 0, "bench.py:1")
 
 
-def raw_write(root: Path, tensors: list[torch.Tensor], steps: int) -> float:
+def raw_write(root: Path, tensors: list[torch.Tensor], steps: int, stats: bool = False) -> float:
     start = time.perf_counter()
     for step in range(steps):
         final = root / f"step{step}.bin"
@@ -44,6 +45,8 @@ def raw_write(root: Path, tensors: list[torch.Tensor], steps: int) -> float:
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             for t in tensors:
+                if stats:
+                    host_stats(t, blocks_per_op=1)
                 os.write(fd, memoryview(t.numpy()).cast("B"))
             os.fsync(fd)
         finally:
@@ -83,17 +86,20 @@ def main() -> None:
     tensors = [torch.randn(n, generator=g) for _ in range(args.mib_per_step * 1024
                                                           // args.tensor_kib)]
     mib = len(tensors) * n * 4 / 2**20 * args.steps
-    times: dict[str, list[float]] = {"raw": [], "sync": [], "async": [], "async_hot": []}
+    times: dict[str, list[float]] = {"raw": [], "raw_stats": [], "sync": [], "async": [],
+                                     "async_hot": []}
     small = [torch.randn(4096, generator=g) for _ in range(args.small_records)]
     per_rec: dict[str, list[float]] = {"sync": [], "async": []}
     base = Path(tempfile.mkdtemp(prefix="sleuth-bench-"))
     try:
         for r in range(args.rounds):
-            for kind in ("raw", "async", "sync") if r % 2 == 0 else ("sync", "async", "raw"):
+            order = ("raw", "async", "raw_stats", "sync")
+            for kind in order if r % 2 == 0 else order[::-1]:
                 root = base / f"{kind}{r}"
                 root.mkdir()
-                if kind == "raw":
-                    times["raw"].append(raw_write(root, tensors, args.steps))
+                if kind.startswith("raw"):
+                    times[kind].append(raw_write(root, tensors, args.steps,
+                                                 stats=kind == "raw_stats"))
                 else:
                     total, hot = tracer_write(root, tensors, args.steps, kind)
                     times[kind].append(total)
@@ -121,11 +127,15 @@ def main() -> None:
         "async_vs_raw_throughput": round(med["raw"] / med["async"], 3),
         "sync_vs_raw_throughput": round(med["raw"] / med["sync"], 3),
         "async_hot_path_vs_raw": round(med["raw"] / med["async_hot"], 3),
+        "raw_plus_stats_mib_s": round(mib / med["raw_stats"], 1),
+        "async_vs_raw_plus_stats_throughput": round(med["raw_stats"] / med["async"], 3),
         "goal_async_vs_raw": 0.7,
         "small_stats_only_us_per_record": {k: round(statistics.median(v), 1)
                                            for k, v in per_rec.items()},
         "note": "mode tensor (bytes + statistics); raw = os.write + fsync + rename of the "
-                "same bytes; medians over interleaved rounds",
+                "same bytes; raw_plus_stats = the same plus host_stats per tensor in one thread "
+                "(the least work any writer filling the format does); medians over "
+                "interleaved rounds",
     }
     print(json.dumps(out))
 

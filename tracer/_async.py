@@ -135,8 +135,8 @@ class AsyncWriter(Writer):
             return ("ready", empty_stats(), None), 0
         if t.is_cuda:
             return self._stage_cuda(t)
-        snap = snapshot(t)  # CPU clone, or a blocking copy from another accelerator
-        return ("cpu", snap), snap.numel() * snap.element_size()
+        snap, release = snapshot(t, self._pool)  # CPU copy, or blocking from an accelerator
+        return ("cpu", snap, release), snap.numel() * snap.element_size()
 
     def _stage_cuda(self, t: torch.Tensor) -> tuple[tuple, int]:
         device = t.device
@@ -214,8 +214,11 @@ class AsyncWriter(Writer):
         kind = item[0]
         if kind == "rec":
             _, step, seq, meta, dtype, shape, numel, staged = item
-            if self._wfile is None:
-                return  # its step was dropped after an error
+            release = staged[2] if staged[0] == "cpu" else None
+            if self._wfile is None:  # its step was dropped after an error
+                if release is not None:
+                    release()
+                return
             if staged[0] == "cpu":
                 stats, snap = None, staged[1]
             elif staged[0] == "cuda":
@@ -224,7 +227,8 @@ class AsyncWriter(Writer):
                 stats = decode_packed(host_packed.tolist(), element_bits(dtype))
             else:
                 _, stats, snap = staged
-            row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap)
+            row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
+                               release)
             try:
                 self._notify(row)
             except Exception as e:  # noqa: BLE001 - raised in the training thread

@@ -18,7 +18,7 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import h5py
 import numpy as np
@@ -111,6 +111,7 @@ class StepFile:
         self.hits: list[tuple] = []
         self._spill_bytes = max(1, spill_bytes)
         self._buffers: list[memoryview] = []  # in memory, not yet spilled
+        self._released: list[Callable[[], None]] = []  # to call once those are written
         self._buffered = 0
         self._spilled = 0  # bytes already in the side file
         self._spill_fd: int | None = None
@@ -124,13 +125,19 @@ class StepFile:
     def spill_path(self) -> Path:
         return self.path.with_name(self.path.name + ".data.partial")
 
-    def add_bytes(self, data: np.ndarray | memoryview | bytes) -> int:
-        """Append one tensor's bytes to /tensors; returns its offset. Keeps a reference."""
+    def add_bytes(self, data: np.ndarray | memoryview | bytes,
+                  on_written: Callable[[], None] | None = None) -> int:
+        """Append one tensor's bytes to /tensors; returns its offset. Keeps a reference until
+        the bytes are written (spilled, finished or aborted), then calls `on_written`."""
         view = memoryview(data).cast("B")
         offset = self.nbytes
         if not view.nbytes:
+            if on_written is not None:
+                on_written()
             return offset
         self._buffers.append(view)
+        if on_written is not None:
+            self._released.append(on_written)
         self._buffered += view.nbytes
         self.nbytes += view.nbytes
         if self._buffered >= self._spill_bytes:
@@ -149,6 +156,12 @@ class StepFile:
             self._spill_fd = os.open(self.spill_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._spilled += _pwrite_all(self._spill_fd, self._buffers, self._spilled)
         self._buffers, self._buffered = [], 0
+        self._release()
+
+    def _release(self) -> None:
+        callbacks, self._released = self._released, []
+        for callback in callbacks:
+            callback()
 
     def finish(self, *, complete: bool = True) -> Path:
         """Write the file atomically and return its final path."""
@@ -165,6 +178,7 @@ class StepFile:
             os.close(fd)
             self._drop_spill()
         self._buffers = []
+        self._release()
         os.replace(partial, self.path)
         _fsync_dir(self.path.parent)
         return self.path
@@ -173,6 +187,7 @@ class StepFile:
         """Forget this step, removing what it wrote."""
         self._drop_spill()
         self._buffers = []
+        self._release()
         try:
             self.partial_path.unlink()
         except OSError:  # best effort: the error that brought us here is the one to report

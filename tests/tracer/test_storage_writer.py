@@ -314,3 +314,24 @@ def test_cuda_pinned_side_stream_matches_cpu(tmp_path):
         assert (s.tensor(0, 0, name, raw=True).bits.tobytes()
                 == a.tensor(0, 0, name, raw=True).bits.tobytes()
                 == c.tensor(0, 0, name, raw=True).bits.tobytes())
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_reused_staging_buffers_never_mix_records(tmp_path, writer, mode):
+    # 100 KiB and 300 KiB records come from the staging pool and go back after each write
+    w = make_writer(DumpConfig(path=str(tmp_path), writer=writer, mode=mode,
+                               async_max_queued_mb=1), rank=0, world_size=1)
+    for step in range(4):
+        w.begin_step(step)
+        for i in range(6):
+            w.add(meta(f"m{i}"), torch.full((25_600 * (1 + 2 * (i % 2)),), step * 10.0 + i))
+        w.end_step()
+    w.close()
+    d = open_dump(tmp_path)
+    for step in range(4):
+        df = d.stats(0, step)
+        assert list(df["max"]) == list(df["min"]) == [step * 10.0 + i for i in range(6)]
+        if mode == "tensor":
+            for i, name in enumerate(df.name):
+                assert (d.tensor(0, step, name) == step * 10.0 + i).all()
