@@ -137,9 +137,11 @@ def make_msprobe(which: str, work: Path):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps per condition per round")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per condition per round")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (0: leave as is); 1 by default because OpenMP threads on a "
+                         "shared, oversubscribed machine made the baseline 10x slower and noisy")
     ap.add_argument("--msprobe", choices=sorted(MSPROBE_REFERENCE), default=None,
                     help="measure this msprobe configuration against the baseline instead of "
                          "the tracer (pip install mindstudio-probe)")
@@ -161,8 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     records: dict[str, int] = {}
     try:
         train_steps(model, opt, batches[:2])  # warm up kernels and the optimizer state
-        for _ in range(args.rounds):
-            for name, config in conditions.items():
+        order = list(conditions.items())
+        for r in range(args.rounds):
+            # rotate the order each round so no condition always follows the same one (memory
+            # freed by a tensor-mode condition makes the next one fault pages back in)
+            for name, config in order[r % len(order):] + order[:r % len(order)]:
                 if config is None:
                     times[name] += train_steps(model, opt, batches)[1:]
                     continue
@@ -195,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         "goals": {k: v for k, v in GOALS.items() if k in conditions},
         "records_per_step": records,
         "samples_per_condition": len(times["baseline"]),
+        "spread": {name: [round(min(t) / base, 3), round(max(t) / base, 3)]
+                   for name, t in times.items()},
         "msprobe_reference": MSPROBE_REFERENCE,
     }
     print(json.dumps(result, indent=1))
