@@ -83,19 +83,6 @@ def root_attrs(*, rank: int, world_size: int, step: int, level: str, mode: str,
     }
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some filesystems do not open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class StepFile:
     """One step file being assembled: rows, tensor bytes and hits, written by `finish()`.
 
@@ -179,8 +166,9 @@ class StepFile:
             self._drop_spill()
         self._buffers = []
         self._release()
+        # no fsync of the directory: the rename is atomic either way, and on ext4 a directory
+        # fsync waits for a journal commit (tens of ms per step when other processes write)
         os.replace(partial, self.path)
-        _fsync_dir(self.path.parent)
         return self.path
 
     def abort(self) -> None:
