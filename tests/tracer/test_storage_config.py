@@ -106,3 +106,12 @@ def test_frozen_and_keyword_only():
     with pytest.raises(TypeError):
         DumpConfig("run")  # type: ignore[misc]
     assert DumpConfig.keys()[0] == "path" and "watch" in DumpConfig.keys()
+
+
+def test_watchpoints_are_validated_by_the_watch_module():
+    pytest.importorskip("tracer._watch")
+    with pytest.raises(ConfigError, match=r"watch\[1\]: .*'nan_in'.*did you mean 'nan_inf'"):
+        DumpConfig(watch=[{"condition": "all_zero"}, {"condition": "nan_in"}])
+    c = DumpConfig.from_dict({"watch": [{"condition": "nan_inf", "on_hit": "raise"}]})
+    assert c.watch == ({"condition": "nan_inf", "on_hit": "raise"},)
+    assert DumpConfig.from_dict(c.to_dict()) == c
