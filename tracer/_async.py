@@ -8,6 +8,10 @@ tensor/full, the tensor are copied into pinned host memory on a side stream; the
 waits on that copy's event. Either way the writer thread runs the same `Writer._record` as the
 sync writer, so both write the same content.
 
+Files: when a step ends, a second thread (the flusher) writes its bytes, fsyncs and renames it
+while the writer thread goes on with the next step, so disk waits overlap statistics work; one
+file at a time is in flight.
+
 Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
 full and never drops a record. One record larger than the bound is let through alone.
 
@@ -20,6 +24,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +61,8 @@ class AsyncWriter(Writer):
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1
+        self._flusher: ThreadPoolExecutor | None = None
+        self._finishing: Future | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"sleuth-dump-writer-rank{self.rank}")
         self._thread.start()
@@ -186,17 +194,22 @@ class AsyncWriter(Writer):
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
-        while True:
+        stop = False
+        while not stop:
             with self._cond:
                 while not self._queue:
                     self._cond.wait()
                 item, nbytes = self._queue.popleft()
             try:
                 if item is _STOP:
+                    stop = True
                     self._finish_file(complete=False)
-                    return
-                if item[0] == "flush":
-                    item[1].set()
+                    self._wait_finishing()
+                elif item[0] == "flush":
+                    try:
+                        self._wait_finishing()
+                    finally:
+                        item[1].set()
                 elif self._error is None:
                     self._process(item)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
@@ -209,6 +222,8 @@ class AsyncWriter(Writer):
                 with self._cond:
                     self._queued -= nbytes
                     self._cond.notify_all()
+        if self._flusher is not None:
+            self._flusher.shutdown(wait=True)
 
     def _process(self, item: tuple) -> None:
         kind = item[0]
@@ -252,6 +267,32 @@ class AsyncWriter(Writer):
             raise AssertionError(f"unknown queue item {kind!r}")
 
     def _finish_file(self, *, complete: bool) -> None:
+        """Hand the open step file to the flusher thread, which writes its bytes, fsyncs and
+        renames it while this thread goes on with the next step's statistics (I/O and CPU
+        overlap). One file at a time is in flight, so memory stays bounded."""
         file, self._wfile = self._wfile, None
-        if file is not None:
-            self.files_written.append(file.finish(complete=complete))
+        if file is None:
+            return
+        try:
+            self._wait_finishing()
+        except BaseException:
+            file.abort()
+            raise
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"sleuth-dump-flush-rank{self.rank}")
+        self._finishing = self._flusher.submit(_finish_or_abort, file, complete)
+
+    def _wait_finishing(self) -> None:
+        """Wait for the file in flight; its error is raised here (in the writer thread)."""
+        future, self._finishing = self._finishing, None
+        if future is not None:
+            self.files_written.append(future.result())
+
+
+def _finish_or_abort(file: StepFile, complete: bool) -> Path:
+    try:
+        return file.finish(complete=complete)
+    except BaseException:
+        file.abort()
+        raise
