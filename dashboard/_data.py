@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from dashboard._runs import fingerprint
 
 T = TypeVar("T")
 

@@ -74,29 +74,26 @@ def available(root: Path) -> dict[str, bool]:
     return out
 
 
-def fingerprint(root: Path) -> tuple[int, ...]:
-    """A cheap token that changes when any data of the run changes (mtimes of files and of the
-    folders that gain files), polled by the page's refresh interval."""
-    stamps: list[int] = []
-    for rel in ("run.json", "metrics.jsonl", "summary", "dump", "profile", "ir"):
-        p = root / rel
-        try:
-            stamps.append(p.stat().st_mtime_ns)
-        except OSError:
-            stamps.append(0)
-            continue
-        if p.is_dir():
-            # New step files land in rank sub-folders and summary files grow in place.
-            for entry in os.scandir(p):
-                try:
-                    stamps.append(entry.stat().st_mtime_ns)
-                except OSError:
-                    pass
-    for p in sorted(root.glob("metrics.rank*.jsonl")):  # other ranks' metrics grow in place
-        try:
-            stamps.append(p.stat().st_mtime_ns)
-        except OSError:
-            pass
+# The data files of each kind, as the writers name them. Readers may write caches next to them
+# (the profiler's table cache, an index): those must not count as new data, or reading a run
+# would make every open page re-read it once more.
+_DATA_FILES: tuple[tuple[str, str], ...] = (
+    (".", "run.json"), (".", "metrics*.jsonl"), ("summary", "rank*.h5"), ("dump/rank*", "step*.h5"),
+    ("profile/rank*", "window*.trace.json*"), ("ir", "*.ir"), ("ir", "*.svg"),
+)
+
+
+def fingerprint(root: Path) -> tuple[tuple[str, int, int], ...]:
+    """A token that changes when any data file of the run appears or changes (name, mtime,
+    size), polled by the page's refresh interval; cheap: a few directory listings."""
+    stamps: list[tuple[str, int, int]] = []
+    for folder, pattern in _DATA_FILES:
+        for p in sorted(root.glob(f"{folder}/{pattern}")):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            stamps.append((str(p.relative_to(root)), st.st_mtime_ns, st.st_size))
     return tuple(stamps)
 
 

@@ -1,62 +1,11 @@
-"""Dashboard test fixtures: run directories in the documented formats, a served app, and a real
-headless Chromium (one server and one browser per test module)."""
+"""Dashboard test fixtures: two run directories and one headless Chromium per test module."""
 from __future__ import annotations
 
-import json
-import math
-import shutil
-import socket
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-SCREENSHOTS = REPO / "artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROME_ARGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               "--no-first-run", "--window-size=1400,1000")
-
-
-def write_run(root: Path, *, name: str, steps: int = 400, lr: float = 1e-3, nan_at: int | None = None,
-              world_size: int = 1) -> Path:
-    """A run directory with run.json and metrics.jsonl as the trainer writes them."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "run.json").write_text(json.dumps({
-        "format_version": "1.0", "name": name, "created": "2026-11-29T12:00:00Z",
-        "argv": ["sleuth", "train", "--preset", "tiny"], "world_size": world_size,
-        "torch_version": "2.13.0", "sleuth_version": "0.1.0",
-        "config": {"train": {"lr": lr, "steps": steps, "batch_size": 8}}}))
-    with open(root / "metrics.jsonl", "w") as f:
-        for s in range(steps):
-            loss = 4.0 * math.exp(-s * lr * 2) + 0.1 * math.sin(s / 7) + 0.5
-            if nan_at is not None and s >= nan_at:
-                loss = float("nan")
-            f.write(json.dumps({"step": s, "loss": loss, "lr": lr * min(1.0, (s + 1) / 50),
-                                "grad_norm": 1.0 + 0.5 * math.cos(s / 11), "tokens_per_s": 1000.0 + s,
-                                "wall_time": 1_700_000_000.0 + 0.25 * s}) + "\n")
-    return root
-
-
-def write_summary(root: Path, steps: int = 30) -> bool:
-    """Scalars and histograms through the public profiler.SummaryWriter; False when absent."""
-    try:
-        import numpy as np
-        from profiler import SummaryWriter
-    except (ImportError, AttributeError):
-        return False
-    w = SummaryWriter(root, rank=0)
-    rng = np.random.default_rng(0)
-    try:
-        for s in range(steps):
-            w.add_scalar("weight_norm/layers.0", 1.0 + 0.01 * s, s)
-            w.add_histogram("weights/layers.0.mlp.fc.weight", rng.normal(0, 1 + s / steps, 2000), s)
-            w.add_histogram("grads/layers.0.mlp.fc.weight", rng.normal(0, 0.1, 2000), s)
-    finally:
-        w.close()
-    return True
+from dashboard_helpers import have_chromium, make_driver, write_run
 
 
 @pytest.fixture(scope="module")
@@ -65,40 +14,6 @@ def runs_dir(tmp_path_factory) -> Path:
     write_run(base / "base", name="base", lr=1e-3)
     write_run(base / "lr-up", name="lr-up", lr=3e-3, nan_at=350)
     return base
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def have_chromium() -> str | None:
-    """None when the browser tests can run, else the reason they are skipped."""
-    for p in (CHROMIUM, CHROMEDRIVER):
-        if not Path(p).exists() and not shutil.which(Path(p).name):
-            return f"{p} is not installed (apt-get install chromium chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install 'selenium>=4.15')"
-    return None
-
-
-def make_driver(profile_dir: Path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
-    for a in CHROME_ARGS:
-        opts.add_argument(a)
-    opts.add_argument(f"--user-data-dir={profile_dir}")
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver_path = CHROMEDRIVER if Path(CHROMEDRIVER).exists() else shutil.which("chromedriver")
-    driver = webdriver.Chrome(service=Service(driver_path), options=opts)
-    driver.set_page_load_timeout(30)
-    return driver
 
 
 @pytest.fixture(scope="module")
@@ -111,99 +26,3 @@ def browser(tmp_path_factory):
         yield driver
     finally:
         driver.quit()
-
-
-def severe_logs(driver) -> list[dict]:
-    """SEVERE entries of the browser console since the last call (reading clears them)."""
-    return [e for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-
-
-def wait_idle(driver, timeout: float = 20.0) -> None:
-    """Wait until Dash has rendered and no callback is pending."""
-    from selenium.webdriver.common.by import By
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready = driver.execute_script("return document.readyState") == "complete"
-        entry = driver.find_elements(By.CSS_SELECTOR, "#page > div")
-        loading = driver.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']")
-        if ready and entry and not loading:
-            time.sleep(0.3)  # let chained callbacks start before the final check
-            if not driver.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']"):
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"page did not settle in {timeout}s: {driver.current_url}")
-
-
-def screenshot(driver, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
-    driver.save_screenshot(str(path))
-    return path
-
-
-def write_tool_data(root: Path, *, seed: int = 0, nan_step: int | None = None, steps: int = 4) -> dict[str, str]:
-    """Train a tiny model for a few steps with every tool's PUBLIC writer on: tracer.Dumper
-    (mix level, full mode), profiler.Collector, profiler.SummaryWriter and irdump.save_graphs.
-    Returns {tool: "ok" or the reason it could not write}, so a page's data test can skip with
-    that reason while its empty state stays tested."""
-    import torch
-
-    done: dict[str, str] = {}
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(123))
-    tools: dict[str, object] = {}
-    try:
-        import tracer
-
-        tools["dump"] = tracer.Dumper(model, {"steps": "all", "level": "mix", "mode": "full",
-                                              "path": str(root)}, rank=0, world_size=1)
-    except Exception as e:  # noqa: BLE001 - reported as the skip reason
-        done["dump"] = f"tracer.Dumper unavailable: {e}"
-    try:
-        import profiler
-
-        tools["profile"] = profiler.Collector(root, config=profiler.CollectorConfig(
-            wait=0, warmup=1, active=2, activities=("cpu",), tokens_per_step=48), rank=0)
-        tools["profile"].start()
-    except Exception as e:  # noqa: BLE001
-        done["profile"] = f"profiler.Collector unavailable: {e}"
-    try:
-        import profiler
-
-        tools["summary"] = profiler.SummaryWriter(root, rank=0)
-    except Exception as e:  # noqa: BLE001
-        done["summary"] = f"profiler.SummaryWriter unavailable: {e}"
-    try:
-        for step in range(steps):
-            inp = x.clone()
-            if nan_step is not None and step >= nan_step:
-                inp[0, 0] = float("nan")
-            loss = model(inp).pow(2).mean()
-            loss.backward()
-            if "summary" in tools:
-                tools["summary"].add_scalar("train/loss", float(loss.detach()), step)
-                tools["summary"].add_model_histograms(model, step, kinds=("weights", "grads"))
-            opt.step()
-            opt.zero_grad()
-            if "dump" in tools:
-                tools["dump"].step()
-            if "profile" in tools:
-                tools["profile"].step()
-    finally:
-        for name, tool in tools.items():
-            try:
-                tool.close()
-                done[name] = "ok"
-            except Exception as e:  # noqa: BLE001
-                done[name] = f"{name} writer failed: {e}"
-    try:
-        import irdump
-
-        irdump.save_graphs(model, (x,), root / "ir")
-        done["ir"] = "ok"
-    except Exception as e:  # noqa: BLE001
-        done["ir"] = f"irdump.save_graphs failed: {e}"
-    return done

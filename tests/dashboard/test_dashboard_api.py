@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import dashboard
-from conftest import REPO
+from dashboard_helpers import REPO
 
 
 def test_all_is_pinned():

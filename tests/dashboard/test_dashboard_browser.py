@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from conftest import free_port, screenshot, severe_logs, wait_idle, write_tool_data
+from dashboard_helpers import free_port, screenshot, severe_logs, wait_idle, write_tool_data
 
 pytestmark = pytest.mark.browser
 
@@ -91,13 +91,25 @@ def set_input(browser, css: str, text: str) -> None:
 
 
 def wait_for(fn, timeout: float = 15.0):
-    """Poll `fn()` until it returns something truthy (Plotly draws after Dash settles)."""
+    """Poll `fn()` until it returns something truthy (Plotly draws after Dash settles; a
+    re-render can replace an element between finding and reading it)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.monotonic() + timeout
     while True:
-        value = fn()
+        try:
+            value = fn()
+        except StaleElementReferenceException:
+            value = None
         if value or time.monotonic() > deadline:
             return value
         time.sleep(0.1)
+
+
+def text_of(browser, element_id: str, timeout: float = 15.0) -> str:
+    from selenium.webdriver.common.by import By
+
+    return wait_for(lambda: (e := browser.find_elements(By.ID, element_id)) and e[0].text, timeout) or ""
 
 
 def _traces(browser, graph_id: str) -> list[dict]:
@@ -140,8 +152,12 @@ def test_scalars_overlay_smoothing_and_zoom(browser, server):
 def test_scalars_refresh_while_training(browser, server, runs_dir):
     import json
 
+    from selenium.webdriver.common.by import By
+
     open_page(browser, server, "/scalars?run=0")
-    assert wait_for(lambda: (t := _traces(browser, "scalars-graph")) and t[0]["x1"] == 399)
+    ok = wait_for(lambda: (t := _traces(browser, "scalars-graph")) and t[0]["x1"] == 399)
+    assert ok, (_traces(browser, "scalars-graph"), browser.get_log("browser"),
+                browser.find_element(By.ID, "page").text[:500])
     with open(runs_dir / "base" / "metrics.jsonl", "a") as f:  # the run trains on
         for s in range(400, 450):
             f.write(json.dumps({"step": s, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0,
@@ -170,7 +186,7 @@ def test_profile_panels(browser, server, tools):
         "return g && g._fullData && g._fullData.length ? g._fullData[0].y.length : 0;"))
     assert n > 0
     assert browser.find_elements(By.CSS_SELECTOR, "#profile-steps .js-plotly-plot")
-    assert "step_time_s" in browser.find_element(By.ID, "profile-summary").text
+    assert "step_time_s" in text_of(browser, "profile-summary")
     screenshot(browser, "profile")
     assert severe_logs(browser) == []
 
@@ -188,7 +204,7 @@ def test_dumps_table_highlight_filter_and_tensor(browser, server, tools):
     open_page(browser, server, f"/dumps?run=1&rank=0&step={bad[0]}")
     rows = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dumps-table tr td[data-dash-column='name']"))
     assert rows
-    note = browser.find_element(By.ID, "dumps-detail").text
+    note = text_of(browser, "dumps-detail")
     assert "with NaN/Inf" in note and not note.startswith("0 records")
     # filter the NaN/Inf rows: all of them are highlighted red
     nonfinite = browser.find_element(By.CSS_SELECTOR, "#dumps-table th.dash-filter[data-dash-column='nonfinite'] input")
@@ -210,7 +226,7 @@ def test_dumps_table_highlight_filter_and_tensor(browser, server, tools):
     # click a record: its tensor's histogram and a link to the graph
     browser.find_element(By.CSS_SELECTOR, "#dumps-table td[data-dash-column='name']").click()
     assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dumps-tensor .js-plotly-plot"))
-    link = browser.find_element(By.ID, "dumps-graph-link").get_attribute("href")
+    link = wait_for(lambda: (e := browser.find_elements(By.ID, "dumps-graph-link")) and e[0].get_attribute("href"))
     assert "/graph?" in link and "aten.addmm.forward." in urllib.parse.unquote(link)
     screenshot(browser, "dumps-tensor")
     assert severe_logs(browser) == []
@@ -223,7 +239,7 @@ def test_diff_marks_first_divergence(browser, server, tools):
     open_page(browser, server, "/diff?a=0&b=1")
     status = wait_for(lambda: (e := browser.find_elements(By.ID, "diff-status")) and e[0].text, timeout=30)
     assert status and "diverged" in status
-    first = browser.find_element(By.ID, "diff-first").text
+    first = text_of(browser, "diff-first")
     assert "<root>.forward.0.input.0" in first  # the NaN entered with the input at step 2
     shapes = wait_for(lambda: browser.execute_script(
         "var g = document.querySelector('#diff-graph .js-plotly-plot');"
@@ -241,7 +257,7 @@ def test_graph_search_highlights_node(browser, server, tools):
     open_page(browser, server, "/graph?run=0&stage=3&node=aten.addmm")
     items = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#graph-match-list li"))
     assert items and all("aten.addmm" in li.text for li in items)
-    src = browser.find_element(By.ID, "graph-svg").get_attribute("src")
+    src = wait_for(lambda: (e := browser.find_elements(By.ID, "graph-svg")) and e[0].get_attribute("src"))
     assert "highlight=aten.addmm" in src
     svg = urllib.request.urlopen(src).read().decode()
     assert 'class="node sleuth-hit"' in svg

@@ -9,7 +9,7 @@ import sys
 import time
 import urllib.request
 
-from conftest import REPO, free_port, write_run
+from dashboard_helpers import REPO, free_port, write_run
 from sleuth.cli import main
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import write_run
+from dashboard_helpers import write_run
 from dashboard import _data
 
 

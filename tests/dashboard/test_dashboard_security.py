@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import free_port, write_run
+from dashboard_helpers import free_port, write_run
 from dashboard._errors import UnsafePathError
 from dashboard._runs import safe_path
 
