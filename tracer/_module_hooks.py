@@ -99,6 +99,7 @@ class ModuleTracker:
         self._seq = 0  # never reset: node tags compare call order across steps
         self._handles: list[Any] = []
         self._inner_code = _call_impl_inner_code()
+        self._param_cache: tuple[int, list] | None = None
         if model is not None:
             self.add_root(model)
 
@@ -137,6 +138,9 @@ class ModuleTracker:
     def param_names(self) -> list[tuple[str, str, torch.nn.Parameter]]:
         """(parameter name, owning module name, parameter) of every root, each tensor once
         (tied parameters keep the first name ``named_parameters()`` gives them)."""
+        cached = self._param_cache
+        if cached is not None and cached[0] == len(self.roots):
+            return cached[1]
         seen: set[int] = set()
         out = []
         for k, root in enumerate(self.roots):
@@ -149,6 +153,7 @@ class ModuleTracker:
                     owner = f"{prefix}{mod_name}" if mod_name else (ROOT if k == 0 else f"<root{k}>")
                     full = f"{prefix}{mod_name}.{p_name}" if mod_name else f"{prefix}{p_name}"
                     out.append((full, owner, p))
+        self._param_cache = (len(self.roots), out)  # parameters are registered once, in __init__
         return out
 
     # -- install / remove -----------------------------------------------------------------------
