@@ -62,6 +62,19 @@ def _api(package: str, name: str, what: str) -> Any:
         raise NoData(f"{what} needs `{package}.{name}`, which this installation lacks ({e})") from e
 
 
+def _reading(what: str, fn: Callable[[], T]) -> Callable[[], T]:
+    """`fn` with a reader's error (a corrupt or half-written file, an unknown format version)
+    turned into NoData, so the page shows the reader's message instead of failing."""
+    def run() -> T:
+        try:
+            return fn()
+        except NoData:
+            raise
+        except Exception as e:  # noqa: BLE001 - any reader error becomes the page's empty state
+            raise NoData(f"could not read {what}: {e}") from e
+    return run
+
+
 def _need_dir(root: Path, sub: str, message: str) -> Path:
     p = root / sub
     if not p.is_dir() or not any(p.iterdir()):
@@ -224,7 +237,7 @@ def histograms(root: Path) -> pd.DataFrame:
         df = read(root)
         return df if df is not None else pd.DataFrame()
 
-    df = _cached(("histograms", root), tuple(_dir_stamps(root / "summary")), make)
+    df = _cached(("histograms", root), tuple(_dir_stamps(root / "summary")), _reading("the histograms", make))
     if df.empty:
         raise NoData("this run logged no histograms: run with --summary")
     return df
@@ -238,7 +251,7 @@ def profile(root: Path) -> Any:
     prof = _need_dir(root, "profile", "this run has no profile: run with --profile")
     read = _api("profiler", "read_profile", "the profile page")
     stamp = tuple(_stamp(Path(d)) for d, _, _ in os.walk(prof))
-    return _cached(("profile", root), stamp, lambda: read(root))
+    return _cached(("profile", root), stamp, _reading("the profile", lambda: read(root)))
 
 
 # ---------------------------------------------------------------- dumps
@@ -249,14 +262,14 @@ def dump(root: Path) -> Any:
     d = _need_dir(root, "dump", "this run has no tensor dump: run with --dump CONFIG")
     open_dump = _api("tracer", "open_dump", "the dump page")
     stamp = tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) for s in _dir_stamps(r))
-    return _cached(("dump", root), stamp, lambda: open_dump(root))
+    return _cached(("dump", root), stamp, _reading("the dump", lambda: open_dump(root)))
 
 
 def dump_stats(root: Path, rank: int, step: int) -> pd.DataFrame:
     """The statistics table of one step of one rank, with a `hit` column naming the watchpoint
     conditions each record hit (empty string when none)."""
     d = dump(root)
-    df = d.stats(rank=rank, step=step).copy()
+    df = _reading(f"rank {rank} step {step} of the dump", lambda: d.stats(rank=rank, step=step))().copy()
     hits = dump_hits(root, rank, step)
     if not hits.empty and "seq" in hits:
         by_seq = hits.groupby("seq")["condition"].agg(lambda c: ",".join(sorted(set(map(str, c)))))
@@ -304,7 +317,8 @@ def diff(root_a: Path, root_b: Path, **kwargs: Any) -> Any:
         _need_dir(root, "dump", f"run {root.name!r} has no tensor dump to diff: run both with --dump CONFIG")
     run_diff = _api("tracer", "diff", "the diff page")
     key = ("diff", root_a, root_b, tuple(sorted(kwargs.items())))
-    return _cached(key, (dump_stamp(root_a), dump_stamp(root_b)), lambda: run_diff(root_a, root_b, **kwargs))
+    return _cached(key, (dump_stamp(root_a), dump_stamp(root_b)),
+                   _reading("the diff", lambda: run_diff(root_a, root_b, **kwargs)))
 
 
 # ---------------------------------------------------------------- graphs
@@ -314,7 +328,7 @@ def graphs(root: Path) -> pd.DataFrame:
     """The run's graphs: DataFrame[stage, name, ir, sorted_ir, dot, svg] (irdump's lister)."""
     ir = _need_dir(root, "ir", "this run has no IR graphs: run with --save-graphs")
     list_graphs = _api("irdump", "list_graphs", "the graph page")
-    df = _cached(("graphs", root), tuple(_dir_stamps(ir)), lambda: list_graphs(root))
+    df = _cached(("graphs", root), tuple(_dir_stamps(ir)), _reading("the graphs", lambda: list_graphs(root)))
     if df is None or df.empty:
         raise NoData("this run has no IR graphs: run with --save-graphs")
     return df
@@ -323,7 +337,7 @@ def graphs(root: Path) -> pd.DataFrame:
 def ir_nodes(path: Path) -> pd.DataFrame:
     """The nodes of one `.ir` file: DataFrame[index, name, op, module, source, ...]."""
     read_ir = _api("irdump", "read_ir", "graph search")
-    return _cached(("ir", path), _stamp(path), lambda: read_ir(path))
+    return _cached(("ir", path), _stamp(path), _reading(path.name, lambda: read_ir(path)))
 
 
 def node_name_for_record(record: str) -> str | None:

@@ -67,14 +67,18 @@ def register(app: Any, ctx: Context) -> None:
         if root is None:
             return [], None, empty_state("choose a run")
         try:
-            ranks = list(_data.dump(root).ranks)
+            d = _data.dump(root)
+            ranks = list(d.ranks)
         except _data.NoData as e:
             return [], None, empty_state(str(e))
+        skipped = list(getattr(d, "skipped", None) or [])
+        note = (html.P(f"{len(skipped)} partial or unreadable step file(s) skipped (a run still "
+                       f"writing, or a crash): {skipped[0]}", className="sleuth-note") if skipped else None)
         if not ranks:
             return [], None, empty_state("this dump holds no complete step file yet")
         wanted = int(want["rank"]) if (want or {}).get("rank") not in (None, "") else None
         value = next((r for r in (current, wanted) if r in ranks), ranks[0])
-        return [{"label": f"rank {r}", "value": r} for r in ranks], value, None
+        return [{"label": f"rank {r}", "value": r} for r in ranks], value, note
 
     @app.callback(Output("dumps-step", "options"), Output("dumps-step", "value"),
                   Input("dumps-rank", "value"), Input("data-version", "data"),

@@ -99,3 +99,19 @@ def test_other_ranks_metrics(tmp_path):
     (run / "metrics.rank1.jsonl").write_text(json.dumps({"step": 0, "loss": 1.5}) + "\n")
     s = _data.scalars(run)
     assert list(s["loss"]["value"]) == [1.0] and list(s["loss [rank 1]"]["value"]) == [1.5]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the dump reader warns about the file it skips
+def test_corrupt_files_become_empty_states(tmp_path):
+    pytest.importorskip("profiler")
+    pytest.importorskip("tracer")
+    run = write_run(tmp_path / "r", name="r", steps=2)
+    (run / "profile" / "rank0").mkdir(parents=True)
+    (run / "profile" / "rank0" / "window0.json").write_text("{not json")
+    (run / "profile" / "rank0" / "window0.trace.json").write_text("{not json")
+    (run / "dump" / "rank0").mkdir(parents=True)
+    (run / "dump" / "rank0" / "step0.h5").write_bytes(b"not hdf5")
+    with pytest.raises(_data.NoData, match="could not read the profile"):
+        _data.profile(run)
+    with pytest.raises(_data.NoData):
+        _data.dump_stats(run, 0, 0)
