@@ -123,7 +123,7 @@ def screenshot(driver, name: str) -> Path:
 
 def write_tool_data(root: Path, *, seed: int = 0, nan_step: int | None = None, steps: int = 4) -> dict[str, str]:
     """Train a tiny model for a few steps with every tool's PUBLIC writer on: tracer.Dumper
-    (mix level, full mode), profiler.Collector, profiler.SummaryWriter and irdump.save_graphs.
+    (mix level, full mode; optimizer steps end its steps), profiler.Collector, profiler.SummaryWriter and irdump.save_graphs.
     Returns {tool: "ok" or the reason it could not write}, so a page's data test can skip with
     that reason while its empty state stays tested."""
     import torch
@@ -167,8 +167,6 @@ def write_tool_data(root: Path, *, seed: int = 0, nan_step: int | None = None, s
                 tools["summary"].add_model_histograms(model, step, kinds=("weights", "grads"))
             opt.step()
             opt.zero_grad()
-            if "dump" in tools:
-                tools["dump"].step()
             if "profile" in tools:
                 tools["profile"].step()
     finally:
