@@ -17,6 +17,7 @@ msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     debugger = None
     if args.msprobe:
         conditions = {"baseline": None, f"msprobe_{args.msprobe}": "msprobe"}
-        debugger = make_msprobe(args.msprobe, work)
+        with contextlib.redirect_stdout(sys.stderr):  # msprobe logs to stdout
+            debugger = make_msprobe(args.msprobe, work)
     times: dict[str, list[float]] = {name: [] for name in conditions}
     records: dict[str, int] = {}
     try:
@@ -172,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                     times[name] += train_steps(model, opt, batches)[1:]
                     continue
                 if config == "msprobe":
-                    times[name] += msprobe_steps(model, opt, batches, debugger)[1:]
+                    with contextlib.redirect_stdout(sys.stderr):
+                        times[name] += msprobe_steps(model, opt, batches, debugger)[1:]
                     shutil.rmtree(work / "msprobe", ignore_errors=True)
                     continue
                 path = work / name
