@@ -46,8 +46,27 @@ def attach_from_env() -> Dumper | None:
     else:
         config = DumpConfig.from_json(value)
     _active = Dumper(None, config)
-    atexit.register(_close_at_exit)
+    _register_exit(_close_at_exit)
     return _active
+
+
+def _register_exit(fn) -> None:
+    """Run `fn` at interpreter exit while the writer's machinery still works.
+
+    Plain atexit is too late twice over: threading's exit hooks (which shut down the
+    concurrent.futures pools the async writer uses) run before it, and h5py's own atexit handler,
+    registered on first import, closes the HDF5 library before later-registered handlers run.
+    threading's hooks run last-registered first, before either, once both modules are loaded.
+    """
+    import concurrent.futures.thread  # noqa: F401  (registers its hook first)
+    import threading
+
+    import h5py  # noqa: F401
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # not CPython >= 3.9: plain atexit, h5py imported first
+        atexit.register(fn)
+    else:
+        register(fn)
 
 
 def _close_at_exit() -> None:

@@ -35,6 +35,19 @@ if TYPE_CHECKING:
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
+
+
+def _make_fake_check() -> Callable[[], bool]:
+    key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+    if key is None:  # older torch: no mode keys; export then goes unnoticed
+        return lambda: False
+    get_mode = torch._C._get_dispatch_mode
+    return lambda: get_mode(key) is not None
+
+
+# True while a FakeTensorMode runs: torch.export and torch.compile tracing the model (irdump's
+# graph capture, for one). Those calls are not the training step: they neither record nor count.
+fake_mode_active = _make_fake_check()
 _Tensor = torch.Tensor
 TAG = "sleuth_module"
 
@@ -193,7 +206,7 @@ class ModuleTracker:
         return name
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
-        if self._dumper._busy:
+        if self._dumper._busy or fake_mode_active():
             return
         name = self._name_of(module)
         if name is None:
@@ -227,7 +240,7 @@ class ModuleTracker:
         # with_kwargs gives (kwargs, output); the always_call path after an exception gives (output,)
         output = rest[-1]
         stack = self.stack
-        if not stack or self._dumper._busy:
+        if not stack or self._dumper._busy or fake_mode_active():
             return
         for pos in range(len(stack) - 1, -1, -1):
             if stack[pos][0] is module:

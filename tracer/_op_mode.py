@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer._module_hooks import TAG, ModuleTracker
+from tracer._module_hooks import TAG, ModuleTracker, fake_mode_active
 from tracer._naming import NONE, op_name, op_scope
 from tracer._source import user_source
 
@@ -73,7 +73,7 @@ class OpMode(TorchDispatchMode):
         if info is None:
             name = op_name(func)
             info = self._ops[func] = (name, dumper.config.wants_op(name))
-        if not info[1] or dumper._busy or not dumper.capturing:
+        if not info[1] or dumper._busy or not dumper.capturing or fake_mode_active():
             return func(*args, **kwargs)
         if _graph_task_id() != -1:
             if _grad_enabled() or not self.want_bw:
