@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tracer._errors import ConfigError, TracerError
+from tracer._reader import decode_bits, element_size
 
 # (rtol, atol, cosine_min) per dtype family, loosest last. A pair is judged with the looser of
 # its two dtypes, so fp32 against bf16 gets bf16's tolerance instead of a sea of false alarms.
@@ -32,21 +33,6 @@ DTYPE_DEFAULTS: dict[str, tuple[float, float, float]] = {
     "float8": (0.25, 0.05, 0.99),
 }
 _LOOSENESS = list(DTYPE_DEFAULTS)
-
-_NUMPY_DTYPES = {
-    "float64": np.float64, "float32": np.float32, "float16": np.float16,
-    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8,
-    "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
-    "bool": np.bool_, "complex64": np.complex64, "complex128": np.complex128,
-}
-# float8 layouts: exponent bits, mantissa bits, bias, kind of special values
-_FP8 = {
-    "float8_e4m3fn": (4, 3, 7, "fn"),
-    "float8_e5m2": (5, 2, 15, "ieee"),
-    "float8_e4m3fnuz": (4, 3, 8, "fnuz"),
-    "float8_e5m2fnuz": (5, 2, 16, "fnuz"),
-}
-
 
 def dtype_family(dtype: str) -> str:
     """The tolerance family of a logical dtype name ("bfloat16" -> "bfloat16", "int8" -> "int")."""
@@ -63,15 +49,11 @@ def dtype_family(dtype: str) -> str:
 
 def itemsize(dtype: str) -> int:
     """Bytes per element of a logical dtype name."""
-    if dtype == "bfloat16":
-        return 2
-    if dtype in _FP8:
-        return 1
-    try:
-        return np.dtype(_NUMPY_DTYPES[dtype]).itemsize
-    except KeyError:
-        raise TracerError(f"cannot compare dtype {dtype!r}: this release decodes "
-                          f"{sorted([*_NUMPY_DTYPES, 'bfloat16', *_FP8])}") from None
+    size = element_size(dtype)
+    if not size:
+        raise TracerError(f"cannot compare dtype {dtype!r}: numpy cannot decode it; compare "
+                          f"with Dump.tensor_torch() in Python instead")
+    return size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,46 +96,17 @@ def _resolve(rtol: float | None, atol: float | None, cosine_min: float | None, d
 
 
 # -- decoding --------------------------------------------------------------------------------------
-_fp8_tables: dict[str, np.ndarray] = {}
-
-
-def _fp8_table(dtype: str) -> np.ndarray:
-    table = _fp8_tables.get(dtype)
-    if table is None:
-        ebits, mbits, bias, kind = _FP8[dtype]
-        bits = np.arange(256, dtype=np.int64)
-        sign = np.where(bits >> 7, -1.0, 1.0)
-        exp = (bits >> mbits) & ((1 << ebits) - 1)
-        man = bits & ((1 << mbits) - 1)
-        normal = (1.0 + man / (1 << mbits)) * np.exp2(exp - bias)
-        subnormal = (man / (1 << mbits)) * np.exp2(1 - bias)
-        table = sign * np.where(exp == 0, subnormal, normal)
-        top = (1 << ebits) - 1
-        if kind == "ieee":
-            table = np.where((exp == top) & (man == 0), sign * np.inf, table)
-            table = np.where((exp == top) & (man != 0), np.nan, table)
-        elif kind == "fn":
-            table = np.where((exp == top) & (man == (1 << mbits) - 1), np.nan, table)
-        else:  # fnuz: the only NaN is the negative zero pattern
-            table = np.where(bits == 0x80, np.nan, table)
-        table = table.astype(np.float32)
-        _fp8_tables[dtype] = table
-    return table
-
-
 def decode(raw: np.ndarray, dtype: str) -> np.ndarray:
     """Decode a 1-D uint8 array of raw element bytes into a numeric numpy array: floats stay
     float (bf16/fp8 become float32, exactly), ints and bool become float64, complex becomes its
     interleaved real/imaginary float parts."""
-    if dtype == "bfloat16":
-        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    if dtype in _FP8:
-        return _fp8_table(dtype)[raw]
-    arr = raw.view(_NUMPY_DTYPES[dtype])
+    arr = decode_bits(raw, dtype, (-1,))  # the reader's decoding: one table per float8 format
     if dtype.startswith("complex"):
         return arr.view(np.float64 if dtype == "complex128" else np.float32)
-    if dtype in ("float64", "float32", "float16"):
-        return arr.astype(np.float32) if dtype == "float16" else arr
+    if dtype == "float16":
+        return arr.astype(np.float32)
+    if dtype in ("float64", "float32", "bfloat16") or dtype.startswith("float8"):
+        return arr
     return arr.astype(np.float64)
 
 

@@ -236,7 +236,7 @@ class Dump:
         """
         data, dtype, shape = self._bytes(rank, step, name)
         if raw:
-            size = _element_size(dtype)
+            size = element_size(dtype)
             uint = _UINT_OF_SIZE.get(size)
             bits = data.view(uint) if uint is not None else data.view(np.uint64)
             return RawTensor(bits.reshape(shape) if uint is not None else bits, dtype)
@@ -343,7 +343,8 @@ class Dump:
         return np.ascontiguousarray(data, dtype=np.uint8), dtype, shape
 
 
-def _element_size(dtype: str) -> int:
+def element_size(dtype: str) -> int:
+    """Bytes per element of a logical dtype name; 0 when numpy cannot decode it."""
     if dtype in _NATIVE:
         return np.dtype(_NATIVE[dtype]).itemsize
     if dtype == "bfloat16":
