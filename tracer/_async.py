@@ -75,9 +75,10 @@ class AsyncWriter(Writer):
         if self._in_step:
             self._put(("end", False), 0)
         self._step, self._seq, self._in_step = int(step), 0, True
+        self._seen.clear()
         self._put(("begin", self._step), 0)
 
-    def add(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
+    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True) -> None:
         self._raise_pending()
         if not self.enabled:
             return
@@ -86,7 +87,13 @@ class AsyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            staged, nbytes = self._stage(tensor)
+            share, hit = self._reuse(tensor, stable)
+            if hit and not self.keep_bytes:
+                # the same tensor, unchanged, is already queued: no snapshot, and the writer
+                # thread takes the statistics that record leaves in `share`
+                staged, nbytes = ("ready", None, None), 0
+            else:
+                staged, nbytes = self._stage(tensor)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._put(("end", None), 0)  # drop the half-made step
             self._in_step = False
@@ -94,7 +101,7 @@ class AsyncWriter(Writer):
             return
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
-                   tensor.numel(), staged), max(nbytes, _RECORD_FLOOR_BYTES))
+                   tensor.numel(), staged, share), max(nbytes, _RECORD_FLOOR_BYTES))
 
     def add_hit(self, hit: dict) -> None:
         if threading.get_ident() == self._thread.ident:
@@ -228,7 +235,7 @@ class AsyncWriter(Writer):
     def _process(self, item: tuple) -> None:
         kind = item[0]
         if kind == "rec":
-            _, step, seq, meta, dtype, shape, numel, staged = item
+            _, step, seq, meta, dtype, shape, numel, staged, share = item
             release = staged[2] if staged[0] == "cpu" else None
             if self._wfile is None:  # its step was dropped after an error
                 if release is not None:
@@ -243,7 +250,7 @@ class AsyncWriter(Writer):
             else:
                 _, stats, snap = staged
             row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
-                               release)
+                               release, share)
             try:
                 self._notify(row)
             except Exception as e:  # noqa: BLE001 - raised in the training thread

@@ -149,8 +149,13 @@ class Dumper:
 
     # -- recording ------------------------------------------------------------------------------
     def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
-             call: int, source: str, tensor: torch.Tensor) -> None:
-        """Hand one tensor to the writer under its record name (called from the hooks)."""
+             call: int, source: str, tensor: torch.Tensor, stable: bool = True) -> None:
+        """Hand one tensor to the writer under its record name (called from the hooks).
+
+        `stable` False: the tensor's version counter was already bumped by an in-place op that
+        has not run yet (an op's inputs inside the dispatch mode), so its statistics must not be
+        reused for a later record of the same tensor at that version.
+        """
         if self._busy or not self.capturing:
             return
         error = None
@@ -164,7 +169,10 @@ class Dumper:
                 meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}",
                                   module=module, op=op, phase=phase, direction=direction,
                                   index=index, call=call, source=source)
-                self._writer.add(meta, tensor)
+                if stable:
+                    self._writer.add(meta, tensor)
+                else:  # writers without reuse (test doubles) take it as a plain add
+                    getattr(self._writer, "add_unstable", self._writer.add)(meta, tensor)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:

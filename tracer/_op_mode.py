@@ -47,6 +47,15 @@ def _flat(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return out
 
 
+def _mutates(func: Any) -> bool:
+    """True when the op's schema says it writes one of its arguments (in-place, out=)."""
+    try:
+        return any(a.alias_info is not None and a.alias_info.is_write
+                   for a in func._schema.arguments)
+    except AttributeError:  # no schema: assume the worst
+        return True
+
+
 class OpMode(TorchDispatchMode):
     """Records inputs and outputs of aten ops; entered only while a dumped step runs."""
 
@@ -55,7 +64,8 @@ class OpMode(TorchDispatchMode):
         cfg = dumper.config
         self._dumper = dumper
         self._tracker = tracker
-        self._ops: dict[Any, tuple[str, bool]] = {}
+        # per op: (aten name, wanted by the filters, writes one of its arguments in place)
+        self._ops: dict[Any, tuple[str, bool, bool]] = {}
         self._scopes: dict[tuple[str, str], str] = {}
         self.want_in = cfg.io in ("input", "both")
         self.want_out = cfg.io in ("output", "both")
@@ -72,7 +82,7 @@ class OpMode(TorchDispatchMode):
         info = self._ops.get(func)
         if info is None:
             name = op_name(func)
-            info = self._ops[func] = (name, dumper.config.wants_op(name))
+            info = self._ops[func] = (name, dumper.config.wants_op(name), _mutates(func))
         if not info[1] or dumper._busy or not dumper.capturing or fake_mode_active():
             return func(*args, **kwargs)
         if _graph_task_id() != -1:
@@ -102,8 +112,11 @@ class OpMode(TorchDispatchMode):
         source = user_source(2)
         emit = dumper.emit
         if self.want_in:
+            # an in-place op's arguments had their version bumped before reaching this mode:
+            # their statistics (taken before the op runs) must not be reused at that version
+            stable = not info[2]
             for i, t in enumerate(_flat(args, kwargs)):
-                emit(scope, module, info[0], phase, "input", i, call, source, t)
+                emit(scope, module, info[0], phase, "input", i, call, source, t, stable)
         out = func(*args, **kwargs)
         if self.want_out:
             if isinstance(out, _Tensor):

@@ -19,7 +19,9 @@ Two entry points:
 from __future__ import annotations
 
 import math
+import threading
 
+import numpy as np
 import torch
 
 STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
@@ -119,10 +121,11 @@ def _counts(flat: torch.Tensor, chunk: int) -> tuple[int, int, int]:
 def _block_sums(c: torch.Tensor, sums: list[float], norms: list[float]) -> None:
     """Append the sum and L2 norm of each _BLOCK-element block of `c` (the last may be short).
 
-    Summation order is fixed per block, and blocks are combined with math.fsum (exact), so the
-    result does not depend on how many blocks one call covers: the sync writer (big chunks) and
-    the async writer thread (one block per op, so its kernels stay single-threaded) agree to
-    the bit.
+    Summation order is fixed per block (full blocks as rows of one 2-D reduction, a short last
+    block as one 1-D reduction), and blocks are combined with math.fsum (exact), so the result
+    does not depend on how many blocks one call covers: the sync writer (big chunks) and the
+    async writer thread (one block per op, so its kernels stay single-threaded) agree to the
+    bit.
     """
     k = c.numel() // _BLOCK
     if k:
@@ -130,9 +133,9 @@ def _block_sums(c: torch.Tensor, sums: list[float], norms: list[float]) -> None:
         sums += rows.sum(1).tolist()
         norms += torch.linalg.vector_norm(rows, dim=1).tolist()
     if c.numel() % _BLOCK:
-        tail = c[k * _BLOCK:].view(1, -1)
-        sums += tail.sum(1).tolist()
-        norms += torch.linalg.vector_norm(tail, dim=1).tolist()
+        tail = c[k * _BLOCK:] if k else c
+        sums.append(float(tail.sum()))
+        norms.append(float(torch.linalg.vector_norm(tail)))
 
 
 def _exact_sum(values: list[float]) -> float:
@@ -140,6 +143,20 @@ def _exact_sum(values: list[float]) -> float:
         return math.fsum(values)
     except ValueError:  # +inf and -inf
         return _NAN
+
+
+_scratch = threading.local()
+
+
+def _zeros_in(a: np.ndarray) -> int:
+    """Elements of `a` equal to zero (+0 and -0). `np.equal` into a reused bool buffer and
+    numpy's vectorised bool count run at ~4x the speed of `torch.count_nonzero` here."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < a.size:
+        buf = _scratch.buf = np.empty(max(a.size, _BLOCK), dtype=np.bool_)
+    view = buf[:a.size]
+    np.equal(a, 0, out=view)
+    return int(np.count_nonzero(view))
 
 
 def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
@@ -161,7 +178,7 @@ def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
         out["zeros"] = n - int(torch.count_nonzero(flat))
         out["nan"], out["posinf"], out["neginf"] = _counts(flat, chunk)
         return out
-    lo, hi, nonzero = math.inf, -math.inf, 0
+    lo, hi, zeros = math.inf, -math.inf, 0
     sums: list[float] = []
     norms: list[float] = []
     saw_nan = False
@@ -169,15 +186,18 @@ def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
         c = flat[i:i + chunk] if n > chunk else flat
         if c.dtype != cdt:
             c = c.to(cdt)
-        cmin, cmax = torch.aminmax(c)
-        cmin, cmax = float(cmin), float(cmax)
+        a = c.numpy()
+        # numpy's min and max (two vectorised passes over a cached chunk) beat torch.aminmax
+        # by 2x here; both propagate NaN, and min/max are exact, so any method gives the same
+        cmin, cmax = float(a.min()), float(a.max())
         if cmin != cmin or cmax != cmax:
             saw_nan = True
         else:
             lo, hi = min(lo, cmin), max(hi, cmax)
         _block_sums(c, sums, norms)
-        nonzero += int(torch.count_nonzero(c))
-    out["zeros"] = n - nonzero
+        if not (cmin > 0 or cmax < 0):  # a zero is possible only when 0 is in [min, max]
+            zeros += _zeros_in(a)
+    out["zeros"] = zeros
     finite = not saw_nan and math.isfinite(lo) and math.isfinite(hi)
     total = _exact_sum(sums)
     sq = _exact_sum([v * v for v in norms])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -110,6 +111,19 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     return torch.from_numpy(dst).view(t.dtype).reshape(t.shape), release
 
 
+def reuse_key(t: torch.Tensor) -> tuple | None:
+    """What must be unchanged for a tensor recorded earlier in the step to hold the same values
+    now: its version counter (every in-place op, autograd's or not, bumps it), storage address,
+    dtype, shape and strides. None for tensors that have no version counter (inference mode) or
+    no plain storage; those are always computed afresh."""
+    try:
+        if t.layout != torch.strided or t.is_inference() or t.device.type == "meta":
+            return None
+        return (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
 def tensor_bytes(c: torch.Tensor):
     """The raw bytes of a contiguous CPU tensor as a uint8 numpy array (no copy)."""
     return c.reshape(-1).view(torch.uint8).numpy()
@@ -140,6 +154,12 @@ class Writer:
         # faster, whenever the cores were busy with anything else
         self._stats_blocks = 1
         self.files_written: list[Path] = []
+        # id(tensor) -> (weak reference, reuse_key, [stats or None]) of this step's records: a
+        # tensor recorded again unchanged (an op's output is the next op's input, a module's
+        # output the next module's input) reuses the first record's statistics. The weak
+        # reference keeps ids from being mistaken after a tensor dies; the holder is filled
+        # where the statistics are computed (the writer thread for async, in queue order).
+        self._seen: dict[int, tuple] = {}
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -147,9 +167,16 @@ class Writer:
         first, marked incomplete."""
         raise NotImplementedError
 
-    def add(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
-        """Record one tensor: statistics always, an exact copy with mode tensor/full."""
+    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True) -> None:
+        """Record one tensor: statistics always, an exact copy with mode tensor/full.
+
+        `stable` False: an in-place op has already bumped the tensor's version but not run yet,
+        so these statistics are not offered for reuse (see `Dumper.emit`)."""
         raise NotImplementedError
+
+    def add_unstable(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
+        """`add` for an input of an in-place op (see `add`'s `stable`)."""
+        self.add(meta, tensor, stable=False)
 
     def add_hit(self, hit: dict) -> None:
         """Record a watchpoint hit (keys of /hits: seq, name, condition, value, source) in the
@@ -179,6 +206,21 @@ class Writer:
         self.close()
 
     # -- shared work ---------------------------------------------------------------------------
+    def _reuse(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool]:
+        """(holder, hit): the holder of an earlier identical record's statistics (hit True), or
+        a new empty holder that this record fills (hit False), or None when not reusable."""
+        key = reuse_key(t)
+        if key is None:
+            return None, False
+        entry = self._seen.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == key:
+            return entry[2], True
+        if not stable:
+            return None, False
+        holder: list = [None]
+        self._seen[id(t)] = (weakref.ref(t), key, holder)
+        return holder, False
+
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
                            level=self.config.level, mode=self.config.mode,
@@ -188,15 +230,22 @@ class Writer:
 
     def _record(self, file: StepFile, step: int, seq: int, meta: RecordMeta, dtype: torch.dtype,
                 shape: tuple, numel: int, stats: dict | None, snap: torch.Tensor | None,
-                release: Callable[[], None] | None = None) -> dict:
+                release: Callable[[], None] | None = None, share: list | None = None) -> dict:
         """Add one record's row (and bytes) to `file`; returns the row as a dict.
 
-        `stats` None means: compute them from `snap` (the CPU snapshot) here. `release` is
-        called once `snap` is no longer needed (its bytes written, or not kept).
+        `stats` None means: take them from `share` when an earlier record filled it, else
+        compute them from `snap` (the CPU snapshot) here. `release` is called once `snap` is no
+        longer needed (its bytes written, or not kept). An empty `share` is filled with them.
         """
+        if stats is None and share is not None:
+            stats = share[0]
         if stats is None:
+            if snap is None and share is not None:  # pragma: no cover - internal invariant
+                raise AssertionError("reused statistics were never computed")
             stats = (host_stats(snap, blocks_per_op=self._stats_blocks) if snap is not None
                      else empty_stats())
+        if share is not None and share[0] is None:
+            share[0] = stats
         offset, nbytes = -1, 0
         if self.keep_bytes and snap is not None:
             data = tensor_bytes(snap)
@@ -245,9 +294,10 @@ class SyncWriter(Writer):
         if self._file is not None:
             self._finish(complete=False)
         self._step, self._seq = int(step), 0
+        self._seen.clear()
         self._file = self._new_file(self._step)
 
-    def add(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
+    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True) -> None:
         if not self.enabled:
             return
         if self._file is None:
@@ -255,9 +305,13 @@ class SyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
+            share, hit = self._reuse(tensor, stable)
+            if hit and not self.keep_bytes:
+                stats, snap, release = None, None, None
+            else:
+                stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
             row = self._record(self._file, self._step, seq, meta, tensor.dtype,
-                               tuple(tensor.shape), tensor.numel(), stats, snap, release)
+                               tuple(tensor.shape), tensor.numel(), stats, snap, release, share)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
