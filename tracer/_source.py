@@ -12,6 +12,10 @@ import sys
 import types
 
 _TOOL_PACKAGES = ("tracer", "profiler", "irdump", "sleuth", "dashboard")
+# Sleuth's reference trainer is the user's code even when installed into site-packages; its
+# locations print relative to the folder holding the packages ("trainer/model.py:33").
+_PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_USER_PACKAGE_ROOTS = (os.path.join(_PACKAGES_ROOT, "trainer") + os.sep,)
 
 
 def _internal_prefixes() -> tuple[str, ...]:
@@ -35,7 +39,7 @@ def _is_internal(code: types.CodeType) -> bool:
     if _PREFIXES is None:
         _PREFIXES = _internal_prefixes()
     path = code.co_filename
-    internal = (
+    internal = not path.startswith(_USER_PACKAGE_ROOTS) and (
         path.startswith(_PREFIXES)
         or "site-packages" in path
         or "dist-packages" in path
@@ -52,7 +56,12 @@ def _relative(path: str) -> str:
         try:
             cwd = os.getcwd()
             absolute = os.path.abspath(path)
-            rel = os.path.relpath(absolute, cwd) if absolute.startswith(cwd + os.sep) else path
+            if absolute.startswith(_USER_PACKAGE_ROOTS):
+                rel = os.path.relpath(absolute, _PACKAGES_ROOT)
+            elif absolute.startswith(cwd + os.sep):
+                rel = os.path.relpath(absolute, cwd)
+            else:
+                rel = path
         except (OSError, ValueError):  # a deleted cwd or another drive: keep the path as given
             rel = path
         _relpath[path] = rel
