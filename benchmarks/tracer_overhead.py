@@ -8,6 +8,7 @@ JSON object. Conditions and goals (issue 3):
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
   op_tensor_async       level op, tensor, async writer                 goal <= 4x
+  module/op_statistics_async  the same statistics with the async writer (no goal of its own)
   attached_unselected   Dumper attached, current step not selected     goal <= 1.02x
   module/op_capture_only  hooks and dispatch mode with a writer that drops every record
 
@@ -43,6 +44,9 @@ CONDITIONS = {
     "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
     "op_statistics": {"level": "op", "mode": "statistics", "writer": "sync"},
     "op_tensor_async": {"level": "op", "mode": "tensor", "writer": "async"},
+    # statistics computed in the async writer's thread from a snapshot (the hot path copies)
+    "module_statistics_async": {"level": "module", "mode": "statistics", "writer": "async"},
+    "op_statistics_async": {"level": "op", "mode": "statistics", "writer": "async"},
     "attached_unselected": {"level": "mix", "steps": "1000000"},
     # capture alone (hooks, dispatch mode, naming, source lines) with a writer that drops
     # records: separates the tracer's capture cost from the statistics and storage cost
@@ -87,6 +91,7 @@ class _NullWriter:
 
     def begin_step(self, step): pass
     def add(self, meta, tensor): pass
+    def add_unstable(self, meta, tensor): pass
     def end_step(self): pass
     def close(self): pass
 

@@ -152,9 +152,9 @@ class Dumper:
              call: int, source: str, tensor: torch.Tensor, stable: bool = True) -> None:
         """Hand one tensor to the writer under its record name (called from the hooks).
 
-        `stable` False: the tensor's version counter was already bumped by an in-place op that
-        has not run yet (an op's inputs inside the dispatch mode), so its statistics must not be
-        reused for a later record of the same tensor at that version.
+        `stable` False: the tensor is an argument or output of an in-place op running in the
+        dispatch mode; torch bumps its version counter only after the op returns, so the writer
+        must not match its statistics to (or offer them for) another record at that version.
         """
         if self._busy or not self.capturing:
             return
@@ -181,6 +181,12 @@ class Dumper:
                 self._busy = False
         if error is not None:
             self._fail(error)
+
+    def forget(self, tensors: list[torch.Tensor]) -> None:
+        """Tell the writer these tensors are being written in place (see `Writer.forget`)."""
+        forget = getattr(self._writer, "forget", None)
+        if forget is not None:
+            forget(tensors)
 
     def _open_step(self) -> None:
         if self._writer is None:

@@ -49,8 +49,12 @@ def _flat(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 def _mutates(func: Any) -> bool:
     """True when the op's schema says it writes one of its arguments (in-place, out=)."""
+    if "batch_norm" in func.__name__ or "instance_norm" in func.__name__:
+        return True  # native_batch_norm updates running statistics its schema does not mark
     try:
-        return any(a.alias_info is not None and a.alias_info.is_write
+        # an optional argument's alias_info reads None from Python even when written
+        # (`Tensor(a!)? running_mean` of native_batch_norm): read the schema text instead
+        return any(a.alias_info is not None and a.alias_info.is_write or "!" in str(a)
                    for a in func._schema.arguments)
     except AttributeError:  # no schema: assume the worst
         return True
@@ -83,6 +87,10 @@ class OpMode(TorchDispatchMode):
         if info is None:
             name = op_name(func)
             info = self._ops[func] = (name, dumper.config.wants_op(name), _mutates(func))
+        if info[2]:
+            # some ops write arguments without bumping their version counter (BatchNorm's
+            # running statistics): the writer forgets what it knew of every in-place argument
+            dumper.forget(_flat(args, kwargs))
         if not info[1] or dumper._busy or not dumper.capturing or fake_mode_active():
             return func(*args, **kwargs)
         if _graph_task_id() != -1:
@@ -111,21 +119,21 @@ class OpMode(TorchDispatchMode):
         call = self.calls.next(scope, phase)
         source = user_source(2)
         emit = dumper.emit
+        # an in-place op's tensors get their version bumped only after the op returned from
+        # this mode: before and after it they carry the same version, so no reuse for them
+        stable = not info[2]
         if self.want_in:
-            # an in-place op's arguments had their version bumped before reaching this mode:
-            # their statistics (taken before the op runs) must not be reused at that version
-            stable = not info[2]
             for i, t in enumerate(_flat(args, kwargs)):
                 emit(scope, module, info[0], phase, "input", i, call, source, t, stable)
         out = func(*args, **kwargs)
         if self.want_out:
             if isinstance(out, _Tensor):
-                emit(scope, module, info[0], phase, "output", 0, call, source, out)
+                emit(scope, module, info[0], phase, "output", 0, call, source, out, stable)
             elif isinstance(out, (list, tuple)):
                 i = 0
                 for t in out:  # non-tensor outputs (None, ints) are skipped, as in pytree order
                     if isinstance(t, _Tensor):
-                        emit(scope, module, info[0], phase, "output", i, call, source, t)
+                        emit(scope, module, info[0], phase, "output", i, call, source, t, stable)
                         i += 1
         return out
 

@@ -170,13 +170,21 @@ class Writer:
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True) -> None:
         """Record one tensor: statistics always, an exact copy with mode tensor/full.
 
-        `stable` False: an in-place op has already bumped the tensor's version but not run yet,
-        so these statistics are not offered for reuse (see `Dumper.emit`)."""
+        `stable` False: the tensor is an argument of an in-place op, whose version counter is
+        bumped only after the op ran, so it is neither matched to nor offered for reuse (see
+        `Dumper.emit`)."""
         raise NotImplementedError
 
     def add_unstable(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
-        """`add` for an input of an in-place op (see `add`'s `stable`)."""
+        """`add` for an input or output of an in-place op (see `add`'s `stable`)."""
         self.add(meta, tensor, stable=False)
+
+    def forget(self, tensors: list[torch.Tensor]) -> None:
+        """Drop what the step knew of these tensors' values: they are being changed by an op
+        that may not bump their version counter. Called from the training thread."""
+        seen = self._seen
+        for t in tensors:
+            seen.pop(id(t), None)
 
     def add_hit(self, hit: dict) -> None:
         """Record a watchpoint hit (keys of /hits: seq, name, condition, value, source) in the
@@ -209,14 +217,12 @@ class Writer:
     def _reuse(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool]:
         """(holder, hit): the holder of an earlier identical record's statistics (hit True), or
         a new empty holder that this record fills (hit False), or None when not reusable."""
-        key = reuse_key(t)
+        key = reuse_key(t) if stable else None
         if key is None:
             return None, False
         entry = self._seen.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == key:
             return entry[2], True
-        if not stable:
-            return None, False
         holder: list = [None]
         self._seen[id(t)] = (weakref.ref(t), key, holder)
         return holder, False

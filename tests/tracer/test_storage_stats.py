@@ -138,3 +138,71 @@ def test_result_does_not_depend_on_the_chunking(dtype):
     t = (torch.randn(8 * 32768 * 2 + 1001) * 7 + 3).to(dtype)
     results = [host_stats(t, blocks_per_op=b) for b in (1, 3, 8, 100)]
     assert all(r == results[0] for r in results[1:])
+
+
+def _stats_equal(row, stats: dict) -> bool:
+    return all(row[k] == stats[k] or (math.isnan(row[k]) and math.isnan(stats[k]))
+               for k in ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros",
+                         "checksum"))
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_reused_statistics_match_the_stored_tensor(tmp_path, writer):
+    # Records of one tensor seen again unchanged reuse the first record's statistics; in-place
+    # ops (mul_, add_, ReLU(inplace), BatchNorm's running stats, the optimizer) must never
+    # let a stale value through: every row must equal the statistics of its stored bytes.
+    import tracer
+    from models import InplaceModel, SmallCNN
+
+    torch.manual_seed(0)
+    for k, model in enumerate((InplaceModel(), SmallCNN())):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(2, 4) if k == 0 else torch.randn(2, 3, 8, 8)
+        run = tmp_path / f"m{k}"
+        with tracer.Dumper(model, {"path": str(run), "level": "mix", "mode": "full",
+                                   "writer": writer, "steps": "0-1"}):
+            for _ in range(2):
+                out = model(x)
+                out = out if isinstance(out, torch.Tensor) else out[0]
+                out.float().pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+        dump = tracer.open_dump(run)
+        for step in (0, 1):
+            df = dump.stats(0, step)
+            assert len(df) > 20
+            for row in df.to_dict("records"):
+                t = dump.tensor_torch(0, step, row["name"])
+                assert _stats_equal(row, host_stats(t)), row["name"]
+        if k == 0:
+            df = dump.stats(0, 0).set_index("name")
+            before = df.loc["<root>::aten.mul_.forward.0.input.0"]
+            after = df.loc["<root>::aten.mul_.forward.0.output.0"]
+            assert after["max"] == 2 * before["max"] and after["checksum"] != before["checksum"]
+
+
+def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
+    import tracer._writer as writer_module
+    from tracer._config import DumpConfig
+    from tracer._writer import RecordMeta, make_writer
+
+    calls = []
+    real = writer_module.host_stats
+    monkeypatch.setattr(writer_module, "host_stats", lambda t, **kw: calls.append(1) or real(t, **kw))
+    rows = []
+    w = make_writer(DumpConfig(path=str(tmp_path), mode="statistics"), rank=0, world_size=1)
+    w.observers.append(rows.append)
+    t = torch.randn(100)
+    m = RecordMeta("a", "a", "", "forward", "output", 0, 0, "x.py:1")
+    w.begin_step(0)
+    w.add(m, t)
+    w.add(m._replace(name="b"), t)            # same tensor, same version: reused
+    w.add(m._replace(name="c"), t.clone())    # another tensor: computed
+    t.mul_(2)
+    w.add(m._replace(name="d"), t)            # changed in place: computed again
+    w.add_unstable(m._replace(name="e"), t)   # an in-place op's tensor: never reused
+    w.end_step()
+    w.close()
+    assert len(calls) == 4
+    assert rows[0]["max"] == rows[1]["max"] == rows[2]["max"]
+    assert rows[3]["max"] == 2 * rows[0]["max"] == rows[4]["max"]
