@@ -93,10 +93,29 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype | None:
     return torch.float64  # bool and integers: exact below 2**53
 
 
+def dense_span(t: torch.Tensor) -> bool:
+    """True when `t`'s elements fill exactly `numel` consecutive slots of its storage (a
+    transpose or permutation of a contiguous tensor): it can be read in memory order without
+    a copy."""
+    expected = 1
+    for size, stride in sorted(((s, st) for s, st in zip(t.shape, t.stride()) if s != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a 1-D tensor: in logical order when contiguous, in memory order when its elements
+    fill a dense span (statistics do not depend on element order except for the last bits of
+    float sums, and a strided copy cost more than all the statistics), else copied."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
+    if not t.is_contiguous() and t.device.type == "cpu" and not (t.is_conj() or t.is_neg()) \
+            and dense_span(t):
+        return t.as_strided((t.numel(),), (1,), t.storage_offset())
     return t.reshape(-1)
 
 

@@ -23,8 +23,8 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
-from tracer._stats import (decode_packed, device_stats, dtype_name, element_bits, empty_stats,
-                           host_stats, shape_str)
+from tracer._stats import (decode_packed, dense_span, device_stats, dtype_name, element_bits,
+                           empty_stats, host_stats, shape_str)
 
 
 class RecordMeta(NamedTuple):
@@ -87,17 +87,27 @@ class StagingPool:
 
 def snapshot(t: torch.Tensor, pool: StagingPool | None = None
              ) -> tuple[torch.Tensor, Callable[[], None] | None]:
-    """A contiguous CPU copy of `t` that later in-place changes to `t` do not touch, and the
-    callback that hands its buffer back to `pool` (None when it did not come from the pool)."""
+    """A CPU copy of `t` that later in-place changes to `t` do not touch, and the callback
+    that hands its buffer back to `pool` (None when it did not come from the pool).
+
+    The copy is contiguous, or, when `t` is a transpose or permutation of a dense block, has
+    `t`'s strides (a plain memcpy of the block instead of a strided copy; statistics read it in
+    the same memory order as `t`, and `tensor_bytes` makes it C-contiguous where it is kept)."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
     t = t.resolve_conj().resolve_neg()
     if t.device.type != "cpu":
         return t.to("cpu", memory_format=torch.contiguous_format), None
-    if not t.is_contiguous() or not t.numel():
+    if not t.numel():
         return t.clone(memory_format=torch.contiguous_format), None
-    src = t.reshape(-1).view(torch.uint8).numpy()
+    if t.is_contiguous():
+        span, strides = t.reshape(-1), None
+    elif dense_span(t):
+        span, strides = t.as_strided((t.numel(),), (1,), t.storage_offset()), t.stride()
+    else:
+        return t.clone(memory_format=torch.contiguous_format), None
+    src = span.view(torch.uint8).numpy()
     buf = pool.get(src.nbytes) if pool is not None else None
     if buf is None:
         dst = src.copy()
@@ -108,7 +118,10 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     # a single-threaded memcpy: torch's parallel copy collapsed (6x slower) when the cores
     # were busy, and the hook runs while training uses them
     np.copyto(dst, src)
-    return torch.from_numpy(dst).view(t.dtype).reshape(t.shape), release
+    flat = torch.from_numpy(dst).view(t.dtype)
+    if strides is not None:
+        return flat.as_strided(t.shape, strides), release
+    return flat.reshape(t.shape), release
 
 
 def reuse_key(t: torch.Tensor) -> tuple | None:
@@ -125,8 +138,9 @@ def reuse_key(t: torch.Tensor) -> tuple | None:
 
 
 def tensor_bytes(c: torch.Tensor):
-    """The raw bytes of a contiguous CPU tensor as a uint8 numpy array (no copy)."""
-    return c.reshape(-1).view(torch.uint8).numpy()
+    """The raw bytes of a CPU tensor in C order as a uint8 numpy array (no copy when it is
+    contiguous)."""
+    return c.contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 class Writer:
