@@ -165,8 +165,10 @@ class Writer:
         self._closed = False
         # elements per torch call in host_stats, in blocks (the result is the same for any):
         # one block keeps each kernel single-threaded; parallel reductions were 7x slower, not
-        # faster, whenever the cores were busy with anything else
-        self._stats_blocks = 1
+        # faster, whenever the cores were busy with anything else. With one torch thread every
+        # kernel is single-threaded anyway, and bigger chunks cut the Python work per MiB
+        # (which holds the GIL against the training thread) by 2x.
+        self._stats_blocks = 8 if torch.get_num_threads() == 1 else 1
         self.files_written: list[Path] = []
         # id(tensor) -> (weak reference, reuse_key, [stats or None]) of this step's records: a
         # tensor recorded again unchanged (an op's output is the next op's input, a module's
