@@ -124,15 +124,23 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     return flat.reshape(t.shape), release
 
 
-def reuse_key(t: torch.Tensor) -> tuple | None:
-    """What must be unchanged for a tensor recorded earlier in the step to hold the same values
-    now: its version counter (every in-place op, autograd's or not, bumps it), storage address,
-    dtype, shape and strides. None for tensors that have no version counter (inference mode) or
-    no plain storage; those are always computed afresh."""
+def reuse_key(t: torch.Tensor) -> tuple[tuple, tuple] | None:
+    """(where, state): records whose `where` and `state` are equal hold the same statistics.
+
+    A tensor that the statistics read as one dense span of memory (contiguous, or on CPU a
+    transpose/permutation of a dense block, read in memory order: see `_stats._flat`) is found
+    by its span, so a view (`aten.view`, `aten.t`, ...) of a tensor recorded earlier reuses its
+    statistics; any other by its identity. `state` is the version counter, shared by a tensor
+    and all its views and bumped by every in-place op, plus shape and strides for identity
+    keys. None for tensors without a version counter (inference mode) or plain storage: those
+    are always computed afresh."""
     try:
         if t.layout != torch.strided or t.is_inference() or t.device.type == "meta":
             return None
-        return (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        if t.is_contiguous() or (t.device.type == "cpu" and not (t.is_conj() or t.is_neg())
+                                 and dense_span(t)):
+            return ("span", t.data_ptr(), t.numel(), t.dtype, t.device), (t._version,)
+        return ("id", id(t)), (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
     except (RuntimeError, NotImplementedError, AttributeError):
         return None
 
@@ -170,11 +178,11 @@ class Writer:
         # (which holds the GIL against the training thread) by 2x.
         self._stats_blocks = 8 if torch.get_num_threads() == 1 else 1
         self.files_written: list[Path] = []
-        # id(tensor) -> (weak reference, reuse_key, [stats or None]) of this step's records: a
-        # tensor recorded again unchanged (an op's output is the next op's input, a module's
-        # output the next module's input) reuses the first record's statistics. The weak
-        # reference keeps ids from being mistaken after a tensor dies; the holder is filled
-        # where the statistics are computed (the writer thread for async, in queue order).
+        # reuse_key "where" -> (weak reference, "state", [stats or None]) of this step's
+        # records: a tensor recorded again unchanged (an op's output is the next op's input, a
+        # module's output the next module's input, a view of either) reuses the first record's
+        # statistics. The holder is filled where the statistics are computed (the writer
+        # thread for async, in queue order).
         self._seen: dict[int, tuple] = {}
 
     # -- API ---------------------------------------------------------------------------------
@@ -200,7 +208,10 @@ class Writer:
         that may not bump their version counter. Called from the training thread."""
         seen = self._seen
         for t in tensors:
-            seen.pop(id(t), None)
+            seen.pop(("id", id(t)), None)
+            key = reuse_key(t)
+            if key is not None:
+                seen.pop(key[0], None)
 
     def add_hit(self, hit: dict) -> None:
         """Record a watchpoint hit (keys of /hits: seq, name, condition, value, source) in the
@@ -236,11 +247,16 @@ class Writer:
         key = reuse_key(t) if stable else None
         if key is None:
             return None, False
-        entry = self._seen.get(id(t))
-        if entry is not None and entry[0]() is t and entry[1] == key:
-            return entry[2], True
+        where, state = key
+        entry = self._seen.get(where)
+        # the weak reference: the tensor that made the entry is alive, so its memory (for a
+        # span key) or its id (for an identity key) still means the same tensor
+        if entry is not None and entry[1] == state:
+            owner = entry[0]()
+            if owner is not None and (where[0] == "span" or owner is t):
+                return entry[2], True
         holder: list = [None]
-        self._seen[id(t)] = (weakref.ref(t), key, holder)
+        self._seen[where] = (weakref.ref(t), state, holder)
         return holder, False
 
     def _new_file(self, step: int) -> StepFile:

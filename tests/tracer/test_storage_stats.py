@@ -213,8 +213,20 @@ def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     t.mul_(2)
     w.add(m._replace(name="d"), t)            # changed in place: computed again
     w.add_unstable(m._replace(name="e"), t)   # an in-place op's tensor: never reused
+    x = torch.randn(30, 20)
+    w.add(m._replace(name="f"), x)
+    w.add(m._replace(name="g"), x.t())        # a view over the same span: reused
+    w.add(m._replace(name="h"), x.view(-1))   # likewise
+    w.add(m._replace(name="i"), x[:, :5])     # not a dense span: computed
+    part_max = float(x[:, :5].max())
+    x[0].fill_(100.0)                         # through a view: bumps the shared version
+    w.add(m._replace(name="j"), x.t())        # computed again
     w.end_step()
     w.close()
-    assert len(calls) == 4
+    assert len(calls) == 7
     assert rows[0]["max"] == rows[1]["max"] == rows[2]["max"]
     assert rows[3]["max"] == 2 * rows[0]["max"] == rows[4]["max"]
+    stat = ("min", "max", "mean", "norm", "zeros", "checksum")
+    assert [rows[5][k] for k in stat] == [rows[6][k] for k in stat] == [rows[7][k] for k in stat]
+    assert rows[8]["max"] == part_max
+    assert rows[9]["max"] == 100.0 and rows[9]["checksum"] != rows[5]["checksum"]
