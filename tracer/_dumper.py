@@ -192,10 +192,10 @@ class Dumper:
         if self._writer is None:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
-            if self.config.watch:
-                from tracer._watch import install_watch
+            from tracer._watch import install_watch
 
-                install_watch(self._writer, self.config)  # removed with the writer at close
+            # watchpoints and the flight recorder; removed with the writer at close
+            install_watch(self._writer, self.config)
         self._writer.begin_step(self.current_step)
         self._open = True
 

@@ -53,13 +53,14 @@ class FlightRecorder:
         with self._lock:
             if not self.steps or self.steps[-1][0] != step:
                 self.steps.append((step, []))
-            # a tuple of the kept columns: a third of a dict's memory over thousands of rows
-            self.steps[-1][1].append(tuple(step if c == "step" else _cell(row.get(c), c)
-                                           for c in _COLS))
+            # The writer hands each observer a fresh dict, so keeping it is safe, and it is the
+            # cheapest thing to do on every record; rows become tuples only when saved.
+            self.steps[-1][1].append((step, row))
 
     def rows(self) -> list[tuple]:
         with self._lock:
-            return [r for _, rows in self.steps for r in rows]
+            return [tuple(step if c == "step" else _cell(row.get(c), c) for c in _COLS)
+                    for _, rows in self.steps for step, row in rows]
 
     # -- writing --------------------------------------------------------------------------------
     def save(self, reason: str) -> Path:

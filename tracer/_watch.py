@@ -278,20 +278,23 @@ def install_watch(writer: Any, config: Any) -> _WatchHandle | None:
     `writer` makes: hits go to `writer.add_hit`, and `on_hit: raise` raises WatchpointHit.
 
     Also keeps a flight recorder (the last steps' statistics) that is written next to the dump
-    when a watchpoint raises, on an uncaught exception, or on SIGTERM. Returns None (and costs
-    nothing) when there is no watchpoint.
+    when a watchpoint raises, on an uncaught exception, or on SIGTERM, with or without
+    watchpoints ($SLEUTH_FLIGHT_STEPS=0 turns it off). Returns None when there is no watchpoint.
     """
-    watch = parse_watch(getattr(config, "watch", config))
-    if not watch:
-        return None
-    watcher = Watcher(watch)
     recorder = None
     try:
         from tracer._flight import install_flight_recorder
 
         recorder = install_flight_recorder(writer, config)
-    except Exception:  # noqa: BLE001 - the flight recorder is a best-effort extra
-        recorder = None
+    except Exception as e:  # noqa: BLE001 - the flight recorder is a best-effort extra
+        import warnings
+
+        warnings.warn(f"sleuth tracer: no flight recorder for this run ({e})", RuntimeWarning,
+                      stacklevel=2)
+    watch = parse_watch(getattr(config, "watch", config))
+    if not watch:
+        return None
+    watcher = Watcher(watch)
 
     def observer(row: dict[str, Any]) -> None:
         for w, hit in watcher.check(row):

@@ -31,11 +31,15 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path: Path, action: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, action: str, *, watch: bool = True) -> subprocess.CompletedProcess:
     import os
 
     env = {**os.environ, "PYTHONPATH": str(REPO), "SLEUTH_FLIGHT_STEPS": "2"}
-    return subprocess.run([sys.executable, "-c", SCRIPT.format(action=action), str(tmp_path)],
+    script = SCRIPT.format(action=action)
+    if not watch:
+        script = script.replace(', "watch": [{"condition": "nan_inf"}]', "")
+        assert "watch" not in script
+    return subprocess.run([sys.executable, "-c", script, str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
 
 
@@ -50,6 +54,15 @@ def test_uncaught_exception_writes_flight_recorder(tmp_path):
     assert sorted(set(df["step"])) == [2, 3]  # the last two steps, as configured
     assert (df["name"] == "0.forward.0.output.0").sum() == 2
     assert not list(path.parent.glob("*.partial"))
+
+
+@pytest.mark.slow
+def test_flight_recorder_runs_without_watchpoints(tmp_path):
+    res = _run(tmp_path, 'raise RuntimeError("loss exploded")', watch=False)
+    assert res.returncode == 1 and "loss exploded" in res.stderr
+    df = read_flight_recorder(tmp_path / "dump" / "rank0" / "flight_recorder.h5")
+    assert sorted(set(df["step"])) == [2, 3]
+    assert {"forward", "backward", "optimizer"} <= set(df["phase"])
 
 
 @pytest.mark.slow
