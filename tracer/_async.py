@@ -4,7 +4,8 @@ Hot path (`add`): on CPU, a contiguous clone of the tensor (statistics are then 
 writer thread from the clone: torch releases the GIL in its kernels, so that work overlaps the
 training thread, and a clone costs ~1-2 reads where statistics cost ~5). A tensor recorded
 again unchanged in the same step (an op's output that is the next op's input) is not copied in
-statistics mode: its record takes the first record's statistics in the writer thread. On CUDA, statistics are
+statistics mode (nor in tensor mode when its bytes are the first record's): its record takes
+the first record's statistics (and byte range) in the writer thread. On CUDA, statistics are
 computed on the device into one packed int64 vector (no host sync), and it and, with mode
 tensor/full, the tensor are copied into pinned host memory on a side stream; the writer thread
 waits on that copy's event. Either way the writer thread runs the same `Writer._record` as the
@@ -89,10 +90,12 @@ class AsyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            share, hit = self._reuse(tensor, stable)
-            if hit and not self.keep_bytes:
-                # the same tensor, unchanged, is already queued: no snapshot, and the writer
-                # thread takes the statistics that record leaves in `share`
+            share, hit, same_bytes = self._reuse(tensor, stable)
+            shared = hit and same_bytes and self.keep_bytes
+            if hit and (shared or not self.keep_bytes):
+                # the same tensor (or bytes), unchanged, is already queued: no snapshot, and the
+                # writer thread takes the statistics (and byte range) that record leaves in
+                # `share`
                 staged, nbytes = ("ready", None, None), 0
             else:
                 staged, nbytes = self._stage(tensor)
@@ -103,7 +106,7 @@ class AsyncWriter(Writer):
             return
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
-                   tensor.numel(), staged, share), max(nbytes, _RECORD_FLOOR_BYTES))
+                   tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
 
     def add_hit(self, hit: dict) -> None:
         if threading.get_ident() == self._thread.ident:
@@ -237,7 +240,7 @@ class AsyncWriter(Writer):
     def _process(self, item: tuple) -> None:
         kind = item[0]
         if kind == "rec":
-            _, step, seq, meta, dtype, shape, numel, staged, share = item
+            _, step, seq, meta, dtype, shape, numel, staged, share, shared = item
             release = staged[2] if staged[0] == "cpu" else None
             if self._wfile is None:  # its step was dropped after an error
                 if release is not None:
@@ -252,7 +255,7 @@ class AsyncWriter(Writer):
             else:
                 _, stats, snap = staged
             row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
-                               release, share)
+                               release, share, shared)
             try:
                 self._notify(row)
             except Exception as e:  # noqa: BLE001 - raised in the training thread

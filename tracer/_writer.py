@@ -133,12 +133,13 @@ def reuse_key(t: torch.Tensor) -> tuple[tuple, tuple] | None:
     statistics; any other by its identity. `state` is the version counter, shared by a tensor
     and all its views and bumped by every in-place op, plus shape and strides for identity
     keys. None for tensors without a version counter (inference mode) or plain storage: those
-    are always computed afresh."""
+    are always computed afresh. A conjugate or negative view shares its base's memory but not
+    its values, so it is only ever found by identity."""
     try:
         if t.layout != torch.strided or t.is_inference() or t.device.type == "meta":
             return None
-        if t.is_contiguous() or (t.device.type == "cpu" and not (t.is_conj() or t.is_neg())
-                                 and dense_span(t)):
+        if not (t.is_conj() or t.is_neg()) and (
+                t.is_contiguous() or (t.device.type == "cpu" and dense_span(t))):
             return ("span", t.data_ptr(), t.numel(), t.dtype, t.device), (t._version,)
         return ("id", id(t)), (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
     except (RuntimeError, NotImplementedError, AttributeError):
@@ -178,11 +179,12 @@ class Writer:
         # (which holds the GIL against the training thread) by 2x.
         self._stats_blocks = 8 if torch.get_num_threads() == 1 else 1
         self.files_written: list[Path] = []
-        # reuse_key "where" -> (weak reference, "state", [stats or None]) of this step's
+        # reuse_key "where" -> (weak reference, "state", holder, contiguous) of this step's
         # records: a tensor recorded again unchanged (an op's output is the next op's input, a
         # module's output the next module's input, a view of either) reuses the first record's
-        # statistics. The holder is filled where the statistics are computed (the writer
-        # thread for async, in queue order).
+        # statistics, and, when both are contiguous (the same bytes in C order), its stored
+        # bytes. The holder, [stats or None, (data_offset, data_nbytes) or None], is filled
+        # where the first record is written (the writer thread for async, in queue order).
         self._seen: dict[int, tuple] = {}
 
     # -- API ---------------------------------------------------------------------------------
@@ -241,23 +243,28 @@ class Writer:
         self.close()
 
     # -- shared work ---------------------------------------------------------------------------
-    def _reuse(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool]:
-        """(holder, hit): the holder of an earlier identical record's statistics (hit True), or
-        a new empty holder that this record fills (hit False), or None when not reusable."""
+    def _reuse(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool, bool]:
+        """(holder, hit, same_bytes): the holder of an earlier identical record's statistics
+        (hit True), or a new empty holder that this record fills (hit False), or None when not
+        reusable. `same_bytes`: on a hit, this record's C-order bytes are provably the earlier
+        record's (the same tensor object, or both contiguous over the same span), so it can
+        point at them instead of storing its own (docs/dump-format.md, /tensors)."""
         key = reuse_key(t) if stable else None
         if key is None:
-            return None, False
+            return None, False, False
         where, state = key
         entry = self._seen.get(where)
+        contiguous = where[0] == "id" or t.is_contiguous()
         # the weak reference: the tensor that made the entry is alive, so its memory (for a
         # span key) or its id (for an identity key) still means the same tensor
         if entry is not None and entry[1] == state:
             owner = entry[0]()
             if owner is not None and (where[0] == "span" or owner is t):
-                return entry[2], True
-        holder: list = [None]
-        self._seen[where] = (weakref.ref(t), state, holder)
-        return holder, False
+                # a transpose over the same span has other C-order bytes: statistics only
+                return entry[2], True, contiguous and entry[3]
+        holder: list = [None, None]
+        self._seen[where] = (weakref.ref(t), state, holder, contiguous)
+        return holder, False, False
 
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
@@ -268,12 +275,15 @@ class Writer:
 
     def _record(self, file: StepFile, step: int, seq: int, meta: RecordMeta, dtype: torch.dtype,
                 shape: tuple, numel: int, stats: dict | None, snap: torch.Tensor | None,
-                release: Callable[[], None] | None = None, share: list | None = None) -> dict:
+                release: Callable[[], None] | None = None, share: list | None = None,
+                shared_bytes: bool = False) -> dict:
         """Add one record's row (and bytes) to `file`; returns the row as a dict.
 
         `stats` None means: take them from `share` when an earlier record filled it, else
         compute them from `snap` (the CPU snapshot) here. `release` is called once `snap` is no
-        longer needed (its bytes written, or not kept). An empty `share` is filled with them.
+        longer needed (its bytes written, or not kept). An empty `share` is filled with them
+        and with where this record's bytes are. `shared_bytes`: store no bytes, point at those
+        of the record that filled `share` (the same C-order bytes, see `_reuse`).
         """
         if stats is None and share is not None:
             stats = share[0]
@@ -285,12 +295,21 @@ class Writer:
         if share is not None and share[0] is None:
             share[0] = stats
         offset, nbytes = -1, 0
-        if self.keep_bytes and snap is not None:
-            data = tensor_bytes(snap)
-            nbytes = int(data.nbytes)
-            offset = file.add_bytes(data, release)
-        elif release is not None:
-            release()
+        if shared_bytes and self.keep_bytes:
+            if share is None or share[1] is None:  # pragma: no cover - internal invariant
+                raise AssertionError("shared bytes were never stored")
+            offset, nbytes = share[1]
+            if release is not None:
+                release()
+        else:
+            if self.keep_bytes and snap is not None:
+                data = tensor_bytes(snap)
+                nbytes = int(data.nbytes)
+                offset = file.add_bytes(data, release)
+            elif release is not None:
+                release()
+            if share is not None and share[1] is None:
+                share[1] = (offset, nbytes)
         row = (seq, meta.name, meta.module, meta.op, meta.phase, meta.direction, int(meta.index),
                int(meta.call), dtype_name(dtype), shape_str(shape), int(numel),
                float(stats["min"]), float(stats["max"]), float(stats["mean"]),
@@ -343,13 +362,15 @@ class SyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            share, hit = self._reuse(tensor, stable)
-            if hit and not self.keep_bytes:
+            share, hit, same_bytes = self._reuse(tensor, stable)
+            shared = hit and same_bytes and self.keep_bytes
+            if hit and (shared or not self.keep_bytes):
                 stats, snap, release = None, None, None
             else:
                 stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
             row = self._record(self._file, self._step, seq, meta, tensor.dtype,
-                               tuple(tensor.shape), tensor.numel(), stats, snap, release, share)
+                               tuple(tensor.shape), tensor.numel(), stats, snap, release, share,
+                               shared)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")

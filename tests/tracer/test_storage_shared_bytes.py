@@ -1,0 +1,146 @@
+"""Records that reuse an unchanged tensor's statistics share its stored bytes (one byte range
+for several records, docs/dump-format.md) and still read back exactly."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import tracer
+import tracer._dumper as dumper_module
+from tracer._config import DumpConfig
+from tracer._diff import diff
+from tracer._reader import open_dump
+from tracer._writer import RecordMeta, make_writer
+
+
+def meta(name: str) -> RecordMeta:
+    return RecordMeta(f"{name}.forward.0.output.0", name, "", "forward", "output", 0, 0,
+                      "model.py:7")
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-exact equality, NaNs included."""
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+
+
+def write_views(run, writer: str):
+    """Writes records of views and copies of one tensor; returns the reference tensors as they
+    were when recorded."""
+    w = make_writer(DumpConfig(path=str(run), writer=writer, mode="tensor"), rank=0,
+                    world_size=1)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    x[0, 0] = float("nan")
+    items = [("x", x), ("again", x), ("flat", x.view(-1)), ("reshaped", x.view(2, 12)),
+             ("t", x.t()), ("t_again", x.t()), ("head", x[:2]), ("tail", x[2:]),
+             ("clone", x.clone()), ("bf16", x.bfloat16())]
+    c = torch.randn(5, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
+    # a conjugate view shares the memory but not the values
+    items += [("c", c), ("c_conj", c.conj())]
+    refs = {}
+    w.begin_step(0)
+    for name, t in items:
+        w.add(meta(name), t)
+        refs[name] = t.resolve_conj().clone()
+    x.mul_(2)  # bumps the version: a record after this must store its own bytes
+    w.add(meta("after"), x)
+    refs["after"] = x.clone()
+    w.add(meta("after_view"), x.view(-1))
+    refs["after_view"] = x.view(-1).clone()
+    w.end_step()
+    w.close()
+    return refs
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_shared_records_read_back_exactly(tmp_path, writer):
+    refs = write_views(tmp_path, writer)
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0).set_index("module")
+    for name, ref in refs.items():
+        got = d.tensor_torch(0, 0, f"{name}.forward.0.output.0")
+        assert same(got, ref), name
+    loc = {m: (int(r.data_offset), int(r.data_nbytes)) for m, r in df.iterrows()}
+    # same contiguous span, same dtype: one byte range
+    assert loc["again"] == loc["flat"] == loc["reshaped"] == loc["x"]
+    assert loc["after_view"] == loc["after"]
+    # other C-order bytes, other elements, or changed values: bytes of their own
+    others = [loc[k] for k in ("x", "t", "head", "tail", "clone", "bf16", "after", "c",
+                               "c_conj")]
+    assert len(set(others)) == len(others)
+    assert loc["t_again"] != loc["x"]
+    # the file holds each distinct range once
+    distinct = {v for v in loc.values()}
+    assert d.summary().tensor_bytes.iloc[0] == sum(n for _, n in distinct)
+
+
+def test_sync_and_async_write_the_same_content(tmp_path):
+    write_views(tmp_path / "s", "sync")
+    write_views(tmp_path / "a", "async")
+    ds, da = open_dump(tmp_path / "s"), open_dump(tmp_path / "a")
+    ss, sa = ds.stats(0, 0), da.stats(0, 0)
+    assert ss.equals(sa)
+    for name in ss.name:
+        assert same(ds.tensor_torch(0, 0, name), da.tensor_torch(0, 0, name)), name
+    assert diff(tmp_path / "s", tmp_path / "a").status == "same"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        return self.fc2(h.view(-1, 16)).sum()
+
+
+def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
+    """An op-level tensor dump of one training step; returns each record's tensor as it was
+    when recorded."""
+    refs: dict[str, torch.Tensor] = {}
+
+    real = dumper_module._make_writer
+
+    def recording_writer(config, rank, world_size):
+        w = real(config, rank, world_size)
+        add = w.add
+
+        def add_and_keep(m, t, stable=True):
+            refs[m.name] = t.detach().resolve_conj().resolve_neg().clone()
+            add(m, t, stable)
+
+        w.add = add_and_keep
+        return w
+
+    monkeypatch.setattr(dumper_module, "_make_writer", recording_writer)
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 8)
+    with tracer.Dumper(model, {"path": str(run), "level": "op", "mode": "tensor",
+                               "writer": writer}):
+        model(x).backward()
+        opt.step()
+        opt.zero_grad()
+    return refs
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, monkeypatch):
+    refs = dump_model(tmp_path, writer, monkeypatch)
+    d = open_dump(tmp_path)
+    step = d.steps(0)[0]
+    df = d.stats(0, step)
+    assert len(df) == len(refs) > 10
+    for name in df.name:
+        assert same(d.tensor_torch(0, step, name), refs[name]), name
+    stored = df[df.data_offset >= 0]
+    ranges = stored.groupby(["data_offset", "data_nbytes"]).size()
+    assert (ranges > 1).any(), "no record shared another's bytes"
+    assert d.summary().tensor_bytes.iloc[0] == int(
+        stored.drop_duplicates("data_offset").data_nbytes.sum())
+    assert np.all(stored.data_offset.to_numpy() + stored.data_nbytes.to_numpy()
+                  <= d.summary().tensor_bytes.iloc[0])
