@@ -6,7 +6,9 @@ the GIL while it writes, which stalls the training thread. So tensor bytes never
 h5py: `/tensors` is a contiguous dataset whose file space HDF5 allocates up front (and never
 fills), and after HDF5 has closed the file its bytes are written with `os.pwritev` /
 `os.copy_file_range`, which release the GIL. Bytes of a large step are spilled as they come to a
-side file (`step{S}.h5.data.partial`) so memory stays bounded, then copied in by the kernel.
+side file (`step{S}.h5.data.partial`) so memory stays bounded, at the offset `/tensors` will have
+(`SPILL_OFFSET`, which HDF5's alignment setting gives it); at the end the few bytes HDF5 wrote
+are copied around them and the side file becomes the step file, so the bulk is written once.
 
 The file is built as `step{S}.h5.partial`, fsynced and renamed: a file without the suffix is
 always complete.
@@ -14,6 +16,7 @@ always complete.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 from functools import lru_cache
@@ -46,6 +49,10 @@ HIT_DTYPE = np.dtype(list(HIT_COLUMNS))
 HIT_FIELDS = tuple(name for name, _ in HIT_COLUMNS)
 
 _IOV_MAX = 1024
+SPILL_OFFSET = 16 << 20
+"""Offset of /tensors in a step file whose bytes were spilled: HDF5's metadata (records,
+hits, attributes) must fit below it, else the spilled bytes are copied to where /tensors is.
+Unwritten, the gap stays a hole in the file on filesystems that have them."""
 
 
 def step_path(run_dir: str | os.PathLike, rank: int, step: int) -> Path:
@@ -141,7 +148,8 @@ class StepFile:
         if self._spill_fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._spill_fd = os.open(self.spill_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        self._spilled += _pwrite_all(self._spill_fd, self._buffers, self._spilled)
+        self._spilled += _pwrite_all(self._spill_fd, self._buffers,
+                                     SPILL_OFFSET + self._spilled)
         self._buffers, self._buffered = [], 0
         self._release()
 
@@ -154,11 +162,13 @@ class StepFile:
         """Write the file atomically and return its final path."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.partial_path
-        offset = self._write_hdf5(partial, complete)
+        offset = self._write_hdf5(partial, complete, spilled=self._spill_fd is not None)
+        if offset == SPILL_OFFSET and self._spill_fd is not None:
+            return self._finish_in_side_file(partial)
         fd = os.open(partial, os.O_WRONLY)
         try:
             if self._spill_fd is not None:
-                _copy_range(self._spill_fd, fd, self._spilled, offset)
+                _copy_range(self._spill_fd, fd, self._spilled, offset, SPILL_OFFSET)
             _pwrite_all(fd, self._buffers, offset + self._spilled)
             os.fsync(fd)
         finally:
@@ -169,6 +179,37 @@ class StepFile:
         # no fsync of the directory: the rename is atomic either way, and on ext4 a directory
         # fsync waits for a journal commit (tens of ms per step when other processes write)
         os.replace(partial, self.path)
+        return self.path
+
+    def _finish_in_side_file(self, partial: Path) -> Path:
+        """The spilled bytes already lie where /tensors is: copy HDF5's bytes (everything
+        outside /tensors) into the side file, add the unspilled tail, and make it the step file.
+        """
+        fd = self._spill_fd
+        assert fd is not None
+        try:
+            src = os.open(partial, os.O_RDONLY)
+            try:
+                end = os.fstat(src).st_size
+                tensors_end = SPILL_OFFSET + self.nbytes
+                for start, stop in _data_extents(src, 0, min(SPILL_OFFSET, end)):
+                    _copy_range(src, fd, stop - start, start, start)
+                if end > tensors_end:
+                    _copy_range(src, fd, end - tensors_end, tensors_end, tensors_end)
+            finally:
+                os.close(src)
+            _pwrite_all(fd, self._buffers, SPILL_OFFSET + self._spilled)
+            os.fsync(fd)
+            os.replace(self.spill_path, self.path)
+        finally:
+            self._spill_fd = None
+            os.close(fd)
+            try:
+                partial.unlink()
+            except OSError:
+                pass
+        self._buffers = []
+        self._release()
         return self.path
 
     def abort(self) -> None:
@@ -190,9 +231,14 @@ class StepFile:
             except OSError:
                 pass
 
-    def _write_hdf5(self, partial: Path, complete: bool) -> int:
-        """Write metadata, /records and /hits; allocate /tensors. Returns its file offset."""
-        with h5py.File(partial, "w") as f:
+    def _write_hdf5(self, partial: Path, complete: bool, spilled: bool = False) -> int:
+        """Write metadata, /records and /hits; allocate /tensors. Returns its file offset.
+
+        `spilled`: align allocations as large as /tensors (only it, unless a table is that
+        large) to SPILL_OFFSET, so that /tensors is there when the metadata fits below it."""
+        align = ({"alignment_threshold": max(1, self.nbytes), "alignment_interval": SPILL_OFFSET}
+                 if spilled and self.nbytes else {})
+        with h5py.File(partial, "w", **align) as f:
             for key, value in self.attrs.items():
                 f.attrs[key] = value
             f.attrs["complete"] = int(complete)
@@ -232,19 +278,44 @@ def _pwrite_all(fd: int, buffers: list[memoryview], offset: int) -> int:
     return written
 
 
-def _copy_range(src: int, dst: int, nbytes: int, dst_offset: int) -> None:
-    """Copy `nbytes` from the start of `src` to `dst_offset` of `dst`, in the kernel if it can."""
+def _data_extents(fd: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """The ranges of [start, stop) of `fd` that hold data (not holes); all of it where the
+    filesystem cannot tell."""
+    out = []
+    pos = start
+    try:
+        while pos < stop:
+            try:
+                data = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # only a hole is left
+                    break
+                raise
+            if data >= stop:
+                break
+            hole = min(os.lseek(fd, data, os.SEEK_HOLE), stop)
+            out.append((data, hole))
+            pos = hole
+    except (AttributeError, OSError):
+        return [(start, stop)] if stop > start else []
+    return out
+
+
+def _copy_range(src: int, dst: int, nbytes: int, dst_offset: int, src_offset: int = 0) -> None:
+    """Copy `nbytes` from `src_offset` of `src` to `dst_offset` of `dst`, in the kernel if it
+    can."""
     done = 0
     try:
         while done < nbytes:
-            n = os.copy_file_range(src, dst, nbytes - done, done, dst_offset + done)
+            n = os.copy_file_range(src, dst, nbytes - done, src_offset + done,
+                                   dst_offset + done)
             if n == 0:
                 break
             done += n
     except OSError:  # not supported across these filesystems: copy through user space
         pass
     while done < nbytes:
-        chunk = os.pread(src, min(64 << 20, nbytes - done), done)
+        chunk = os.pread(src, min(64 << 20, nbytes - done), src_offset + done)
         if not chunk:
             raise OSError(f"spill file ended after {done} of {nbytes} bytes")
         _pwrite_all(dst, [memoryview(chunk)], dst_offset + done)

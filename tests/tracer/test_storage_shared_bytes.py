@@ -2,6 +2,7 @@
 for several records, docs/dump-format.md) and still read back exactly."""
 from __future__ import annotations
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch.nn as nn
 
 import tracer
 import tracer._dumper as dumper_module
+from tracer import _format
 from tracer._config import DumpConfig
 from tracer._diff import diff
 from tracer._reader import open_dump
@@ -144,3 +146,49 @@ def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, monkeypa
         stored.drop_duplicates("data_offset").data_nbytes.sum())
     assert np.all(stored.data_offset.to_numpy() + stored.data_nbytes.to_numpy()
                   <= d.summary().tensor_bytes.iloc[0])
+
+
+def spill_items() -> dict[str, torch.Tensor]:
+    return {f"m{i}": torch.arange(300_000, dtype=torch.float32) * (i + 1) for i in range(8)}
+
+
+def write_spilled(run, writer: str) -> None:
+    w = make_writer(DumpConfig(path=str(run), writer=writer, mode="tensor",
+                               async_max_queued_mb=1), rank=0, world_size=1)
+    w.begin_step(0)
+    for name, t in spill_items().items():
+        w.add(meta(name), t)
+    w.end_step()
+    w.close()
+
+
+def tensors_offset(run) -> int:
+    with h5py.File(run / "dump" / "rank0" / "step0.h5", "r") as f:
+        return int(f["tensors"].id.get_offset())
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_spilled_bytes_are_written_in_place(tmp_path, writer):
+    write_spilled(tmp_path, writer)
+    d = open_dump(tmp_path)
+    for name, ref in spill_items().items():
+        assert same(d.tensor_torch(0, 0, f"{name}.forward.0.output.0"), ref), name
+    assert tensors_offset(tmp_path) == _format.SPILL_OFFSET
+    assert sorted(p.name for p in (tmp_path / "dump" / "rank0").iterdir()) == ["step0.h5"]
+
+
+def test_spilled_bytes_are_copied_when_the_metadata_does_not_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(_format, "SPILL_OFFSET", 4096)  # the records table alone is larger
+    write_spilled(tmp_path, "sync")
+    d = open_dump(tmp_path)
+    for name, ref in spill_items().items():
+        assert same(d.tensor_torch(0, 0, f"{name}.forward.0.output.0"), ref), name
+    assert tensors_offset(tmp_path) != 4096
+    assert sorted(p.name for p in (tmp_path / "dump" / "rank0").iterdir()) == ["step0.h5"]
+
+
+def test_spilled_sync_and_async_dumps_diff_the_same(tmp_path):
+    write_spilled(tmp_path / "s", "sync")
+    write_spilled(tmp_path / "a", "async")
+    assert open_dump(tmp_path / "s").stats(0, 0).equals(open_dump(tmp_path / "a").stats(0, 0))
+    assert diff(tmp_path / "s", tmp_path / "a").status == "same"
