@@ -90,9 +90,8 @@ class AsyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            share, hit, same_bytes = self._reuse(tensor, stable)
-            shared = hit and same_bytes and self.keep_bytes
-            if hit and (shared or not self.keep_bytes):
+            share, shared, skip = self._plan(tensor, stable)
+            if skip:
                 # the same tensor (or bytes), unchanged, is already queued: no snapshot, and the
                 # writer thread takes the statistics (and byte range) that record leaves in
                 # `share`

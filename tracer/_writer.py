@@ -266,6 +266,14 @@ class Writer:
         self._seen[where] = (weakref.ref(t), state, holder, contiguous)
         return holder, False, False
 
+    def _plan(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool, bool]:
+        """(holder, shared, skip) for one record, the decision both writers make the same way:
+        `shared` when it points at an earlier record's bytes; `skip` when it needs no snapshot
+        and no statistics of its own (it reuses them, and either shares bytes or stores none)."""
+        holder, hit, same_bytes = self._reuse(t, stable)
+        shared = hit and same_bytes and self.keep_bytes
+        return holder, shared, hit and (shared or not self.keep_bytes)
+
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
                            level=self.config.level, mode=self.config.mode,
@@ -362,9 +370,8 @@ class SyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            share, hit, same_bytes = self._reuse(tensor, stable)
-            shared = hit and same_bytes and self.keep_bytes
-            if hit and (shared or not self.keep_bytes):
+            share, shared, skip = self._plan(tensor, stable)
+            if skip:
                 stats, snap, release = None, None, None
             else:
                 stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
