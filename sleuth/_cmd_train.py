@@ -45,13 +45,9 @@ def build_config(args: argparse.Namespace):
     """The TrainConfig the flags describe (CliError on a bad key or value)."""
     import trainer
 
-    overrides = list(args.overrides)
-    if args.run_dir:
-        overrides.append(f"run_dir={args.run_dir}")
-    if args.resume:
-        overrides.append(f"resume={args.resume}")
     try:
-        return trainer.load_config(args.config, preset=args.preset, overrides=overrides)
+        return trainer.load_config(args.config, preset=args.preset, overrides=args.overrides,
+                                   run_dir=args.run_dir, resume=args.resume)
     except trainer.ConfigError as e:
         raise CliError(str(e)) from e
 

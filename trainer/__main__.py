@@ -16,13 +16,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", help="run directory (overrides run_dir)")
     parser.add_argument("--resume", help="checkpoint or run directory to continue from, or 'latest'")
     args = parser.parse_args(argv)
-    overrides = list(args.overrides)
-    if args.run_dir:
-        overrides.append(f"run_dir={args.run_dir}")
-    if args.resume:
-        overrides.append(f"resume={args.resume}")
     try:
-        train(load_config(args.config, preset=args.preset, overrides=overrides),
+        train(load_config(args.config, preset=args.preset, overrides=args.overrides,
+                          run_dir=args.run_dir, resume=args.resume),
               argv=[sys.executable, "-m", "trainer", *(sys.argv[1:] if argv is None else argv)])
     except (ConfigError, TrainerError) as e:
         print(f"trainer: error: {e}", file=sys.stderr)

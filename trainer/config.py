@@ -220,8 +220,10 @@ PRESETS = {"tiny": tiny, "small": small}
 
 
 def load_config(path: str | Path | None = None, *, preset: str = "tiny",
-                overrides: Iterable[str] = ()) -> TrainConfig:
-    """Preset, then the JSON file at `path` (any subset of keys), then `key.sub=value` overrides.
+                overrides: Iterable[str] = (), run_dir: str | None = None,
+                resume: str | None = None) -> TrainConfig:
+    """Preset, then the JSON file at `path` (any subset of keys), then `key.sub=value` overrides,
+    then `run_dir` and `resume` when given (the command lines' --run-dir and --resume).
 
     Raises:
         ConfigError: unknown preset or key (with the closest name), a value of the wrong type,
@@ -232,6 +234,11 @@ def load_config(path: str | Path | None = None, *, preset: str = "tiny",
     merged = PRESETS[preset]().to_dict()
     if path is not None:
         _merge(merged, _read_json(path))
+    overrides = list(overrides)
+    if run_dir:
+        overrides.append(f"run_dir={run_dir}")
+    if resume:
+        overrides.append(f"resume={resume}")
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
