@@ -226,8 +226,11 @@ class Collector:
         tmp = self.dir / f".window{k}.stacks.tmp"
         try:
             prof.export_stacks(str(tmp), "self_cuda_time_total" if self._cuda else "self_cpu_time_total")
-        except Exception:
+        except Exception as e:  # noqa: BLE001 - torch raises several types here; the trace is kept
             tmp.unlink(missing_ok=True)
+            warnings.warn(f"sleuth profiler: no stacks file for window {k} ({type(e).__name__}: "
+                          f"{e}); the trace and tables are unaffected", RuntimeWarning,
+                          stacklevel=2)
             return None
         if not tmp.exists() or tmp.stat().st_size == 0:
             tmp.unlink(missing_ok=True)
