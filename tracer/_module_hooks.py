@@ -226,15 +226,7 @@ class ModuleTracker:
                 flatten_tensors(kwargs, inputs)
         if not inputs:
             return
-        source = user_source(2)
-        emit = self._dumper.emit
-        if self.want_fw and not recomputing:
-            for i, t in enumerate(inputs):
-                emit(name, name, "", "forward", "input", i, call, source, t)
-        if self.want_bw:
-            for i, t in enumerate(inputs):
-                if t.requires_grad:
-                    t.register_hook(self._grad_hook(name, "input", i, call))
+        self._record(name, "input", inputs, call, recomputing)
 
     def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
         # with_kwargs gives (kwargs, output); the always_call path after an exception gives (output,)
@@ -269,15 +261,20 @@ class ModuleTracker:
             outputs = flatten_tensors(output, [])
         if not outputs:
             return
+        self._record(name, "output", outputs, call, recomputing)
+
+    def _record(self, name: str, direction: str, tensors: list[torch.Tensor], call: int,
+                recomputing: bool) -> None:
+        """Emit a module call's forward inputs or outputs now, and hook their gradients."""
         if self.want_fw and not recomputing:
-            source = user_source(2)
+            source = user_source(3)  # above this, the hook, then torch's _call_impl
             emit = self._dumper.emit
-            for i, t in enumerate(outputs):
-                emit(name, name, "", "forward", "output", i, call, source, t)
+            for i, t in enumerate(tensors):
+                emit(name, name, "", "forward", direction, i, call, source, t)
         if self.want_bw:
-            for i, t in enumerate(outputs):
+            for i, t in enumerate(tensors):
                 if t.requires_grad:
-                    t.register_hook(self._grad_hook(name, "output", i, call))
+                    t.register_hook(self._grad_hook(name, direction, i, call))
 
     def _grad_hook(self, name: str, direction: str, index: int,
                    call: int) -> Callable[[torch.Tensor], None]:
