@@ -35,6 +35,15 @@ def _torchrun(run_dir: Path, *overrides: str) -> None:
     for o in overrides:
         cmd += ["--set", o]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    if out.returncode != 0 and "received by PID" in out.stderr:
+        # Once in about twenty full-suite runs a gloo worker died of SIGABRT on this 2-core
+        # machine (not reproduced in isolation); a worker killed by a signal gets one more try,
+        # a worker that fails on its own does not.
+        first = out.stderr[-1500:]
+        cmd[cmd.index(next(a for a in cmd if a.startswith("--master_port=")))] = \
+            f"--master_port={_free_port()}"
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 0, f"failed twice; first: {first}\nsecond: {out.stderr[-3000:]}"
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
 
