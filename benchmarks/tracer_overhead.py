@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--msprobe", choices=sorted(MSPROBE_REFERENCE), default=None,
                     help="measure this msprobe configuration against the baseline instead of "
                          "the tracer (pip install mindstudio-probe)")
+    ap.add_argument("--conditions", default="",
+                    help="comma-separated subset of: " + ", ".join(list(CONDITIONS)[1:]))
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -161,6 +163,12 @@ def main(argv: list[str] | None = None) -> int:
                for _ in range(args.steps + 1)]
     work = Path(tempfile.mkdtemp(prefix="sleuth_bench_"))
     conditions = dict(CONDITIONS)
+    if args.conditions:
+        wanted = args.conditions.split(",")
+        unknown = sorted(set(wanted) - set(CONDITIONS))
+        if unknown:
+            ap.error(f"unknown condition(s) {unknown}; choose from {list(CONDITIONS)[1:]}")
+        conditions = {k: v for k, v in CONDITIONS.items() if k == "baseline" or k in wanted}
     debugger = None
     if args.msprobe:
         conditions = {"baseline": None, f"msprobe_{args.msprobe}": "msprobe"}

@@ -26,3 +26,10 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 "$py" -m pip install -q torch==2.13.0
 extra=""; [ "$want_test" = 1 ] && extra="[test]"
 "$py" -m pip install -q ".${extra}"
+# The checkout's own copy of the tracer gets the C statistics kernel too (tests and
+# benchmarks import the packages from here); optional, like in the installed package.
+if [ -f setup.py ]; then
+  "$py" -c "import setuptools" 2>/dev/null || "$py" -m pip install -q "setuptools>=68"
+  "$py" setup.py -q build_ext --inplace >/dev/null 2>&1 \
+    || echo "note: tracer/_fused.c did not build here; the tracer uses its numpy statistics" >&2
+fi

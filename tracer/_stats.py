@@ -1,15 +1,22 @@
 """Per-record tensor statistics: min, max, mean, L2 norm, NaN/Inf/zero counts and a checksum.
 
-Speed matters here: the capture hooks call this for every record. Measured on the 2-core CPU
-(see DESIGN.md): `isnan().sum()` and `(x == 0).sum()` cost 15-40x a plain read, while numpy's
-min and max, torch's float32 sum and norm, and a same-width integer sum of the raw bits run near
-memory speed (numpy's min+max at half the time of `torch.aminmax`; `np.equal` into a reused bool
-buffer plus numpy's count at a quarter of `torch.count_nonzero`). So one pass of each cheap
-reduction runs over cache-sized chunks (the later passes then read from cache); zeros are
-counted only when 0 lies in [min, max], and NaN/+Inf/-Inf only when min, max or the sum says
-they exist (they propagate through all three). Sums are float32 for float32 data, per fixed
-block and combined exactly; on overflow the rare path redoes them in float64. A transposed or
-permuted tensor whose elements fill a dense span is read in memory order, without a copy.
+Speed matters here: the capture hooks call this for every record. float32, bfloat16 and
+float16 on CPU go through `tracer._fused`, a small C kernel (tracer/_fused.c, built by setup.py
+where a C compiler exists) that reads the tensor once and computes every statistic in that
+pass, with the GIL released, at 3-4x the speed of the numpy path below (benchmarks/RESULTS.md).
+
+Without the kernel, and for other dtypes, `numpy_host_stats` runs cheap reductions. Measured on
+the 2-core CPU (see DESIGN.md): `isnan().sum()` and `(x == 0).sum()` cost 15-40x a plain read,
+while numpy's min and max, torch's float32 sum and norm, and a same-width integer sum of the raw
+bits run near memory speed. So one pass of each cheap reduction runs over cache-sized chunks
+(the later passes then read from cache); zeros are counted only when 0 lies in [min, max], and
+NaN/+Inf/-Inf only when min, max or the sum says they exist (they propagate through all three).
+Sums are float32 for float32 data, per fixed block and combined exactly; on overflow the rare
+path redoes them in float64. A transposed or permuted tensor whose elements fill a dense span is
+read in memory order, without a copy (both paths).
+
+The two paths agree exactly on min, max, counts and checksum, and to float rounding on mean and
+norm; one process always uses the same path, so the sync and async writers agree to the bit.
 
 Two entry points:
 - `host_stats(t)`: CPU tensors, a dict at once (both writers; the async one calls it in its
@@ -22,6 +29,7 @@ Two entry points:
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import numpy as np
@@ -33,6 +41,15 @@ STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros",
 # 1 MiB of float32 still fits in L2 and the later passes then read from cache.
 _BLOCK = 1 << 15
 _NAN = float("nan")
+
+try:  # the optional one-pass C kernel (setup.py builds it where a C compiler exists)
+    from tracer import _fused
+except ImportError:
+    _fused = None
+# dtype -> the kernel's dtype code; SLEUTH_FUSED_STATS=0 switches the kernel off
+_FUSED_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+if os.environ.get("SLEUTH_FUSED_STATS", "1") == "0":
+    _fused = None
 
 # Signed integer of the element width, for the checksum over raw bits.
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -183,6 +200,41 @@ def _zeros_in(a: np.ndarray) -> int:
 
 def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
     """Statistics of `t` as a dict with the keys of STAT_FIELDS (Python floats and ints).
+
+    float32, bfloat16 and float16 go through the one-pass C kernel when it was built
+    (`fused_available()`); everything else, or every dtype without the kernel, through
+    `numpy_host_stats`.
+    """
+    flat = _flat(t)
+    n = flat.numel()
+    if n == 0 or flat.device.type == "meta":
+        return empty_stats()
+    code = _FUSED_CODES.get(flat.dtype) if _fused is not None else None
+    if code is not None and flat.device.type == "cpu":
+        return _fused_stats(flat, n, code)
+    return numpy_host_stats(flat, blocks_per_op=blocks_per_op)
+
+
+def fused_available() -> bool:
+    """True when the one-pass C kernel (tracer/_fused.c) was built and is in use."""
+    return _fused is not None
+
+
+def _fused_stats(flat: torch.Tensor, n: int, code: int) -> dict:
+    """host_stats through the C kernel; `flat` is a contiguous 1-D CPU tensor."""
+    mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = _fused.stats(flat.data_ptr(), n,
+                                                                           code)
+    if nan:
+        mn = mx = mean = norm = _NAN
+    else:
+        mean, norm = total / n, math.sqrt(sq)
+    return {"min": mn, "max": mx, "mean": mean, "norm": norm, "nan": nan, "posinf": posinf,
+            "neginf": neginf, "zeros": zeros,
+            "checksum": _wrap(checksum, 32 if code == 0 else 16)}
+
+
+def numpy_host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
+    """`host_stats` with torch and numpy reductions only (any dtype; no C kernel needed).
 
     `blocks_per_op` sets how many elements one torch call reduces (x _BLOCK): 1 keeps every
     kernel below torch's parallel grain size, for a background thread that should not compete

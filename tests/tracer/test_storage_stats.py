@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from tracer._stats import decode_packed, device_stats, element_bits, host_stats
+import shutil
+
+from tracer._stats import (decode_packed, device_stats, element_bits, fused_available,
+                           host_stats, numpy_host_stats)
 
 INF, NAN = math.inf, math.nan
 
@@ -56,7 +59,10 @@ def test_transposed_tensors_are_read_without_a_copy_and_agree():
 
 def check(t: torch.Tensor) -> None:
     ref = reference(t)
-    for got in (host_stats(t), decode_packed(device_stats(t).tolist(), element_bits(t.dtype))):
+    # host_stats takes the C kernel for float32/bfloat16/float16 when it is built;
+    # numpy_host_stats is the path without it; device_stats the CUDA one (run here on CPU)
+    for got in (host_stats(t), numpy_host_stats(t),
+                decode_packed(device_stats(t).tolist(), element_bits(t.dtype))):
         for k in ("nan", "posinf", "neginf", "zeros", "checksum"):
             assert got[k] == ref[k], (k, got[k], ref[k], t.dtype)
         for k in ("min", "max", "mean", "norm"):
@@ -131,9 +137,41 @@ def test_complex_counts_only():
 
 
 def test_float32_overflowing_sum_is_redone_wide():
-    s = host_stats(torch.full((10,), 3e38))
-    assert s["posinf"] == 0 and math.isclose(s["mean"], 3e38, rel_tol=1e-6)
-    assert math.isclose(s["norm"], 3e38 * math.sqrt(10), rel_tol=1e-6)
+    for stats in (host_stats, numpy_host_stats):
+        s = stats(torch.full((10,), 3e38))
+        assert s["posinf"] == 0 and math.isclose(s["mean"], 3e38, rel_tol=1e-6)
+        assert math.isclose(s["norm"], 3e38 * math.sqrt(10), rel_tol=1e-6)
+
+
+def test_the_c_kernel_is_built_where_a_compiler_is():
+    # the install builds tracer/_fused.c (setup.py; install.sh also in place for the checkout):
+    # without this, every statistics test above would quietly test only the numpy path
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the tracer runs on its numpy path")
+    assert fused_available(), "tracer._fused is missing: run bash scripts/install.sh"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernel_edges_lengths_and_special_positions(dtype):
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 7, 15, 16, 17, 511, 512, 513, 4099):  # vector tails, sub-run boundaries
+        check((torch.randn(n, generator=g) * 3).to(dtype))
+    for pos in (0, 5, 16, 600, 4098):  # NaN / Inf inside a run, in the tail, first, last
+        for value in (NAN, INF, -INF, 0.0, -0.0):
+            t = torch.randn(4099, generator=g)
+            t[pos] = value
+            check(t.to(dtype))
+    check(torch.full((1000,), NAN).to(dtype))  # all NaN
+    check(torch.zeros(1000).to(dtype).neg())  # all -0.0
+    # float16 subnormals and the largest values go through the kernel's own conversion
+    if dtype == torch.float16:
+        check(torch.tensor([6e-8, -6e-8, 3e-5, 1e-7, 0.5], dtype=dtype))
+        check(torch.tensor([65504.0, -65504.0, 0.5], dtype=dtype))
+        every = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)
+        check(every)  # every float16 bit pattern, NaNs and infinities included
+    if dtype == torch.bfloat16:
+        every = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(dtype)
+        check(every)
 
 
 def test_requires_grad_and_views_are_fine():
