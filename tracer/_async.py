@@ -150,7 +150,7 @@ class AsyncWriter(Writer):
 
     def _stage(self, t: torch.Tensor) -> tuple[tuple, int]:
         """Snapshot `t` for the writer thread; returns (staged, bytes it holds)."""
-        if t.device.type == "meta":
+        if t.is_meta:
             return ("ready", empty_stats(), None), 0
         if t.is_cuda:
             return self._stage_cuda(t)

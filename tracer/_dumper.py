@@ -87,6 +87,9 @@ class Dumper:
         self._open = False
         self._lock = threading.Lock()
         self._snapshots: dict[int, torch.Tensor] = {}
+        # id(parameter) -> a buffer reused for its pre-step copy from one optimizer step to the
+        # next while steps are dumped (a fresh clone page-faults its memory in every time)
+        self._snapshot_buffers: dict[int, torch.Tensor] = {}
         self._optimizer_recorded = False
         self._handles: list[Any] = []
         self._failed = False
@@ -138,6 +141,7 @@ class Dumper:
             for handle in self._handles:
                 handle.remove()
             self._handles = []
+            self._snapshot_buffers = {}
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
@@ -221,6 +225,7 @@ class Dumper:
     # -- steps ----------------------------------------------------------------------------------
     def _begin(self) -> None:
         if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
+            self._snapshot_buffers = {}  # memory the size of the model: not kept between dumps
             return
         self._tracker.reset_step()
         self._optimizer_recorded = False
@@ -272,7 +277,9 @@ class Dumper:
             if before is not None:
                 self._busy = True  # the subtraction is ours, not the model's
                 try:
-                    update = p.detach() - before
+                    # into the buffer: its param record is already taken (statistics computed
+                    # or bytes staged), and the version bump keeps the two records apart
+                    update = torch.sub(p.detach(), before, out=before)
                 finally:
                     self._busy = False
                 self.emit(name, owner, "", "optimizer", "update", 0, call, source, update)
@@ -288,10 +295,18 @@ class Dumper:
             self._busy = True
             try:
                 with torch.no_grad():
-                    self._snapshots = {id(p): p.detach().clone()
+                    self._snapshots = {id(p): self._snapshot_param(p)
                                        for _, _, p in self._wanted_params(optimizer)}
             finally:
                 self._busy = False
+
+    def _snapshot_param(self, param: torch.Tensor) -> torch.Tensor:
+        p = param.detach()
+        buf = self._snapshot_buffers.get(id(param))
+        if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device \
+                or buf.stride() != p.stride():
+            buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
+        return buf.copy_(p)
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._remove_after_failure()

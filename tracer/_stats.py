@@ -56,14 +56,26 @@ _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _DIRECT_FLOATS = (torch.float32, torch.float64)
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_SHAPE_STRS: dict[tuple, str] = {}
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """`torch.bfloat16` -> "bfloat16" (the format's dtype column)."""
-    return str(dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
 
 
 def shape_str(shape) -> str:
-    """(8, 128) -> "8,128"; () -> ""."""
-    return ",".join(str(int(s)) for s in shape)
+    """(8, 128) -> "8,128"; () -> "". Cached: a step repeats the same few shapes."""
+    text = _SHAPE_STRS.get(shape)
+    if text is None:
+        text = ",".join(str(int(s)) for s in shape)
+        if len(_SHAPE_STRS) < 65536:
+            _SHAPE_STRS[tuple(shape)] = text
+    return text
 
 
 def empty_stats() -> dict:
@@ -133,10 +145,12 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
-    if not t.is_contiguous() and t.device.type == "cpu" and not (t.is_conj() or t.is_neg()) \
+    if not t.is_contiguous() and t.is_cpu and not (t.is_conj() or t.is_neg()) \
             and dense_span(t):
         return t.as_strided((t.numel(),), (1,), t.storage_offset())
-    return t.reshape(-1)
+    # reshape may return a view with stride 0 (an expanded scalar): readers of raw memory need
+    # the elements laid out one after another
+    return t.reshape(-1).contiguous()
 
 
 def _counts(flat: torch.Tensor, chunk: int) -> tuple[int, int, int]:
@@ -205,12 +219,17 @@ def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
     (`fused_available()`); everything else, or every dtype without the kernel, through
     `numpy_host_stats`.
     """
+    code = _FUSED_CODES.get(t.dtype) if _fused is not None else None
+    if code is not None and t.is_cpu and t.layout == torch.strided and t.is_contiguous() \
+            and not t.is_neg():
+        # the common record: straight to the kernel, no detach or reshape (~2 us saved)
+        n = t.numel()
+        return _fused_stats(t, n, code) if n else empty_stats()
     flat = _flat(t)
     n = flat.numel()
-    if n == 0 or flat.device.type == "meta":
+    if n == 0 or flat.is_meta:
         return empty_stats()
-    code = _FUSED_CODES.get(flat.dtype) if _fused is not None else None
-    if code is not None and flat.device.type == "cpu":
+    if code is not None and flat.is_cpu:
         return _fused_stats(flat, n, code)
     return numpy_host_stats(flat, blocks_per_op=blocks_per_op)
 
@@ -221,7 +240,7 @@ def fused_available() -> bool:
 
 
 def _fused_stats(flat: torch.Tensor, n: int, code: int) -> dict:
-    """host_stats through the C kernel; `flat` is a contiguous 1-D CPU tensor."""
+    """host_stats through the C kernel; `flat` is a contiguous CPU tensor of `n` elements."""
     mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = _fused.stats(flat.data_ptr(), n,
                                                                            code)
     if nan:
@@ -242,7 +261,7 @@ def numpy_host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
     """
     flat = _flat(t)
     n = flat.numel()
-    if n == 0 or flat.device.type == "meta":
+    if n == 0 or flat.is_meta:
         return empty_stats()
     chunk = _BLOCK * max(1, blocks_per_op)
     out = empty_stats()

@@ -97,7 +97,7 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     if t.layout != torch.strided:
         t = t.to_dense()
     t = t.resolve_conj().resolve_neg()
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         return t.to("cpu", memory_format=torch.contiguous_format), None
     if not t.numel():
         return t.clone(memory_format=torch.contiguous_format), None
@@ -136,10 +136,10 @@ def reuse_key(t: torch.Tensor) -> tuple[tuple, tuple] | None:
     are always computed afresh. A conjugate or negative view shares its base's memory but not
     its values, so it is only ever found by identity."""
     try:
-        if t.layout != torch.strided or t.is_inference() or t.device.type == "meta":
+        if t.layout != torch.strided or t.is_inference() or t.is_meta:
             return None
         if not (t.is_conj() or t.is_neg()) and (
-                t.is_contiguous() or (t.device.type == "cpu" and dense_span(t))):
+                t.is_contiguous() or (t.is_cpu and dense_span(t))):
             return ("span", t.data_ptr(), t.numel(), t.dtype, t.device), (t._version,)
         return ("id", id(t)), (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
     except (RuntimeError, NotImplementedError, AttributeError):
@@ -419,9 +419,9 @@ class SyncWriter(Writer):
 def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool
                  ) -> tuple[dict | None, torch.Tensor | None, Callable[[], None] | None]:
     """Sync path: statistics now, and a snapshot when bytes are kept (one host sync on CUDA)."""
-    if t.device.type == "meta":
+    if t.is_meta:
         return empty_stats(), None, None
-    if t.device.type == "cpu":
+    if t.is_cpu:
         if keep_bytes:
             snap, release = snapshot(t, pool)
             return None, snap, release  # statistics from the snapshot, in _record

@@ -121,6 +121,8 @@ def test_edge_shapes():
     check(torch.randn(30, 40).t())  # non-contiguous
     check(torch.randn(10, 10)[::3, 1::2])
     check(torch.arange(12.0).reshape(3, 4).expand(2, 3, 4))
+    check(torch.tensor(1.5).expand(2, 5))  # flattens to a view with stride 0
+    check(torch.ones(2, 1, dtype=torch.bfloat16).expand(2, 5))
 
 
 def test_empty_stats_are_nan_with_zero_counts():
