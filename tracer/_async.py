@@ -1,8 +1,9 @@
 """The asynchronous dump writer: the hook snapshots and enqueues; one thread writes.
 
-Hot path (`add`): on CPU, a contiguous clone of the tensor (statistics are then computed in the
-writer thread from the clone: torch releases the GIL in its kernels, so that work overlaps the
-training thread, and a clone costs ~1-2 reads where statistics cost ~5). A tensor recorded
+Hot path (`add`): on CPU in statistics mode with the C kernel built, the statistics themselves
+(one pass over the tensor, as cheap as the copy a snapshot would be); otherwise a contiguous
+clone of the tensor (statistics are then computed in the writer thread from the clone, with the
+GIL released in the kernel, so that work overlaps the training thread). A tensor recorded
 again unchanged in the same step (an op's output that is the next op's input) is not copied in
 statistics mode (nor in tensor mode when its bytes are the first record's): its record takes
 the first record's statistics (and byte range) in the writer thread. On CUDA, statistics are
@@ -36,7 +37,8 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import TracerError
 from tracer._format import StepFile
-from tracer._stats import decode_packed, device_stats, element_bits, empty_stats
+from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
+                           fused_available, host_stats)
 from tracer._writer import RecordMeta, Writer, snapshot
 
 _STOP = ("stop",)
@@ -154,6 +156,10 @@ class AsyncWriter(Writer):
             return ("ready", empty_stats(), None), 0
         if t.is_cuda:
             return self._stage_cuda(t)
+        if not self.keep_bytes and t.is_cpu and fused_available():
+            # statistics only: the one-pass kernel reads the tensor once, which costs no more
+            # than the copy a snapshot would make, and nothing is left to hold in memory
+            return ("ready", host_stats(t), None), 0
         snap, release = snapshot(t, self._pool)  # CPU copy, or blocking from an accelerator
         return ("cpu", snap, release), snap.numel() * snap.element_size()
 
