@@ -1,9 +1,10 @@
 """Tracer overhead: training-step time with a Dumper attached, as a ratio to no dump.
 
-Every condition runs on the same GPT (vocab 512, 4 layers, d 256, seq 128, batch 8; the
-trainer's GPT when importable) in one process, interleaved round by round so machine noise hits
-all conditions alike; the ratio is median step time over median baseline step time. Prints one
-JSON object. Conditions and goals (issue 3):
+Two models, as issue 3 asks: `gpt` (vocab 512, 4 layers, d 256, seq 128, batch 8; the trainer's
+GPT when importable) and `tiny` (the trainer's tiny preset: 2 layers, d 64, seq 64, batch 8,
+where per-record costs dominate). For each, every condition runs in one process, interleaved
+round by round so machine noise hits all conditions alike; the ratio is median step time over
+median baseline step time. Prints one JSON object. Conditions and goals (issue 3):
 
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
@@ -14,6 +15,7 @@ JSON object. Conditions and goals (issue 3):
 
 msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
 4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
+[--models gpt,tiny] [--conditions a,b]
 """
 from __future__ import annotations
 
@@ -56,6 +58,14 @@ CONDITIONS = {
 GOALS = {"module_statistics": 1.15, "op_statistics": 1.5, "op_tensor_async": 4.0,
          "attached_unselected": 1.02}
 MSPROBE_REFERENCE = {"L0_statistics": 1.9, "L1_statistics": 4.9, "L1_tensor": 22.9}
+
+
+def make_tiny() -> tuple[nn.Module, int, int, int]:
+    """The trainer's tiny preset: (model, vocab, seq, batch)."""
+    from trainer import GPT, config
+
+    cfg = config.tiny()
+    return GPT(cfg.model), cfg.model.vocab_size, cfg.data.seq_len, cfg.batch_size
 
 
 def make_model() -> nn.Module:
@@ -153,15 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                          "the tracer (pip install mindstudio-probe)")
     ap.add_argument("--conditions", default="",
                     help="comma-separated subset of: " + ", ".join(list(CONDITIONS)[1:]))
+    ap.add_argument("--models", default="gpt,tiny",
+                    help="comma-separated: gpt (4 layers, d 256), tiny (the trainer's preset)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = [(torch.randint(0, VOCAB, (BATCH, SEQ)), torch.randint(0, VOCAB, (BATCH, SEQ)))
-               for _ in range(args.steps + 1)]
-    work = Path(tempfile.mkdtemp(prefix="sleuth_bench_"))
     conditions = dict(CONDITIONS)
     if args.conditions:
         wanted = args.conditions.split(",")
@@ -169,6 +175,29 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown condition(s) {unknown}; choose from {list(CONDITIONS)[1:]}")
         conditions = {k: v for k, v in CONDITIONS.items() if k == "baseline" or k in wanted}
+    models = args.models.split(",")
+    if set(models) - {"gpt", "tiny"}:
+        ap.error(f"--models: choose from gpt, tiny (got {args.models!r})")
+    result = {"benchmark": "tracer_overhead", "torch_threads": torch.get_num_threads(),
+              "goals": {k: v for k, v in GOALS.items() if k in conditions},
+              "msprobe_reference": MSPROBE_REFERENCE}
+    for which in models:
+        result[which] = measure(which, conditions, args)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
+    """Interleaved rounds of every condition on one model; its part of the JSON."""
+    torch.manual_seed(0)
+    if which == "tiny":
+        model, vocab, seq, batch = make_tiny()
+    else:
+        model, vocab, seq, batch = make_model(), VOCAB, SEQ, BATCH
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [(torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq)))
+               for _ in range(args.steps + 1)]
+    work = Path(tempfile.mkdtemp(prefix="sleuth_bench_"))
     debugger = None
     if args.msprobe:
         conditions = {"baseline": None, f"msprobe_{args.msprobe}": "msprobe"}
@@ -176,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             debugger = make_msprobe(args.msprobe, work)
     times: dict[str, list[float]] = {name: [] for name in conditions}
     records: dict[str, int] = {}
+    stored_mb: dict[str, float] = {}
     try:
         train_steps(model, opt, batches[:2])  # warm up kernels and the optimizer state
         order = list(conditions.items())
@@ -201,27 +231,24 @@ def main(argv: list[str] | None = None) -> int:
                 if name not in records and (path / "dump").exists():
                     dump = tracer.open_dump(path)
                     records[name] = len(dump.stats(0, dump.steps(0)[-1]))
+                    stored_mb[name] = round(
+                        float(dump.summary().tensor_bytes.iloc[-1]) / 1e6, 1)
                 shutil.rmtree(path, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(times["baseline"])
-    result = {
-        "benchmark": "tracer_overhead",
-        "model": {"params": sum(p.numel() for p in model.parameters()), "vocab": VOCAB,
-                  "layers": LAYERS, "d": D, "seq": SEQ, "batch": BATCH,
-                  "torch_threads": torch.get_num_threads()},
+    return {
+        "model": {"params": sum(p.numel() for p in model.parameters()), "vocab": vocab,
+                  "seq": seq, "batch": batch},
         "baseline_step_s": round(base, 4),
         "ratios": {name: round(statistics.median(t) / base, 3)
                    for name, t in times.items() if name != "baseline"},
-        "goals": {k: v for k, v in GOALS.items() if k in conditions},
         "records_per_step": records,
+        "tensor_mb_per_step": {k: v for k, v in stored_mb.items() if v},
         "samples_per_condition": len(times["baseline"]),
         "spread": {name: [round(min(t) / base, 3), round(max(t) / base, 3)]
                    for name, t in times.items()},
-        "msprobe_reference": MSPROBE_REFERENCE,
     }
-    print(json.dumps(result, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 from tracer._align import align
 from tracer._compare import (TensorMetrics, Tolerance, compare_stats, itemsize, judge_tensor)
 from tracer._errors import DumpFormatError, TracerError
+from tracer._reader import c_order_bytes
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
@@ -232,11 +233,27 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
     oa, ob = int(ra["data_offset"]), int(rb["data_offset"])
     if int(ra["data_nbytes"]) != n * ia or int(rb["data_nbytes"]) != n * ib:
         raise DumpFormatError(f"record {ra['name']}: stored bytes do not match dtype and shape")
-    for start in range(0, n, CHUNK_ELEMENTS):
-        count = min(CHUNK_ELEMENTS, n - start)
-        acc.add_raw(fa.read(oa + start * ia, count * ia), fb.read(ob + start * ib, count * ib),
-                    da, db, norms=n > CHUNK_ELEMENTS)
-        progress(count * (ia + ib))
+    sa, sb = str(ra.get("strides") or ""), str(rb.get("strides") or "")
+    if sa == sb:  # the same layout on both sides: element i of A's bytes is element i of B's
+        for start in range(0, n, CHUNK_ELEMENTS):
+            count = min(CHUNK_ELEMENTS, n - start)
+            acc.add_raw(fa.read(oa + start * ia, count * ia),
+                        fb.read(ob + start * ib, count * ib), da, db, norms=n > CHUNK_ELEMENTS)
+            progress(count * (ia + ib))
+    else:  # a permutation stored in memory order on one side: both whole, in C order
+        shape = tuple(int(x) for x in str(ra["shape"]).split(",")) if str(ra["shape"]) else ()
+        whole = []
+        for f, o, size, strides in ((fa, oa, ia, sa), (fb, ob, ib, sb)):
+            raw = f.read(o, n * size)
+            if strides:
+                raw = c_order_bytes(raw, size, shape, tuple(int(x) for x in strides.split(",")))
+            whole.append(raw)
+        for start in range(0, n, CHUNK_ELEMENTS):
+            count = min(CHUNK_ELEMENTS, n - start)
+            acc.add_raw(whole[0][start * ia:(start + count) * ia],
+                        whole[1][start * ib:(start + count) * ib], da, db,
+                        norms=n > CHUNK_ELEMENTS)
+            progress(count * (ia + ib))
     m = acc.result()
     m.pop("identical")
     m.update(judge_tensor(m, cos_min))

@@ -26,8 +26,8 @@ from typing import Any, Callable
 import h5py
 import numpy as np
 
-FORMAT_VERSION = "1.0"
-FORMAT_MAJOR = 1
+FORMAT_VERSION = "2.0"
+FORMAT_MAJOR = 2
 
 _STR = h5py.string_dtype("utf-8")
 RECORD_COLUMNS: tuple[tuple[str, Any], ...] = (
@@ -36,7 +36,7 @@ RECORD_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("shape", _STR), ("numel", np.int64), ("min", np.float64), ("max", np.float64),
     ("mean", np.float64), ("norm", np.float64), ("nan", np.int64), ("posinf", np.int64),
     ("neginf", np.int64), ("zeros", np.int64), ("checksum", np.int64), ("source", _STR),
-    ("data_offset", np.int64), ("data_nbytes", np.int64),
+    ("data_offset", np.int64), ("data_nbytes", np.int64), ("strides", _STR),
 )
 RECORD_DTYPE = np.dtype(list(RECORD_COLUMNS))
 RECORD_FIELDS = tuple(name for name, _ in RECORD_COLUMNS)

@@ -7,6 +7,7 @@ stored as raw bits and decoded here from the `dtype` column (docs/dump-format.md
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import warnings
 from collections import OrderedDict
@@ -21,7 +22,8 @@ from tracer._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
 _RANK_RE = re.compile(r"^rank(\d+)$")
-_STR_FIELDS_REC = ("name", "module", "op", "phase", "direction", "dtype", "shape", "source")
+_STR_FIELDS_REC = ("name", "module", "op", "phase", "direction", "dtype", "shape", "source",
+                   "strides")
 _STR_FIELDS_HIT = ("name", "condition", "source")
 _OPEN_FILES = 8  # h5py handles kept open per Dump
 _CACHED_TABLES = 4  # /records tables kept decoded per Dump
@@ -107,7 +109,11 @@ def _table_to_frame(arr: np.ndarray, fields: tuple[str, ...], str_fields: tuple[
     import pandas as pd
 
     cols: dict[str, Any] = {}
+    names = arr.dtype.names or ()
     for f in fields:
+        if f not in names:  # a column newer than the file (1.x files have no `strides`)
+            cols[f] = [""] * len(arr) if f in str_fields else np.zeros(len(arr), np.int64)
+            continue
         col = arr[f]
         if f in str_fields:
             col = [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in col]
@@ -127,8 +133,8 @@ def _check_version(f: h5py.File, path: Path) -> None:
         raise DumpFormatError(f"{path}: bad format_version {version!r}") from e
     if major > FORMAT_MAJOR:
         raise DumpFormatError(
-            f"{path} has dump format_version {version}; this sleuth reads format "
-            f"{FORMAT_MAJOR}.x only: upgrade sleuth to a release that reads format {major}.x")
+            f"{path} has dump format_version {version}; this sleuth reads formats 1.x to "
+            f"{FORMAT_MAJOR}.x: upgrade sleuth to a release that reads format {major}.x")
 
 
 class Dump:
@@ -214,7 +220,9 @@ class Dump:
         """One record's row as a dict."""
         arr, index = self._table(rank, step)
         row = arr[self._row_index(rank, step, index, name)]
-        return {f: (row[f].decode() if isinstance(row[f], bytes) else row[f].item())
+        names = arr.dtype.names or ()
+        return {f: ("" if f not in names else row[f].decode() if isinstance(row[f], bytes)
+                    else row[f] if isinstance(row[f], str) else row[f].item())
                 for f in RECORD_FIELDS}
 
     def hits(self, rank: int = 0, step: int | None = None):
@@ -241,6 +249,14 @@ class Dump:
             bits = data.view(uint) if uint is not None else data.view(np.uint64)
             return RawTensor(bits.reshape(shape) if uint is not None else bits, dtype)
         return decode_bits(data, dtype, shape)
+
+    def tensor_strides(self, rank: int, step: int, name: str) -> tuple[int, ...] | None:
+        """The element strides the record's tensor had when it was recorded, where the dump
+        kept them (format 2.0: a transpose or permutation stored in memory order); None when it
+        was C-contiguous or the file does not say. `tensor()` and `tensor_torch()` always
+        return C-contiguous data."""
+        strides = self.record(rank, step, name).get("strides") or ""
+        return _parse_shape(strides) if strides else None
 
     def tensor_torch(self, rank: int, step: int, name: str):
         """The tensor of record `name` as a torch.Tensor in its logical dtype, bit for bit."""
@@ -340,7 +356,37 @@ class Dump:
                                   f"data: the dump was made with mode {mode!r}; dump with mode "
                                   f"'tensor' or 'full' to keep tensors")
         data = self._open(rank, step)["tensors"][offset:offset + nbytes]
-        return np.ascontiguousarray(data, dtype=np.uint8), dtype, shape
+        names = arr.dtype.names or ()
+        strides = row["strides"] if "strides" in names else ""
+        strides = strides.decode() if isinstance(strides, bytes) else str(strides)
+        data = np.ascontiguousarray(data, dtype=np.uint8)
+        if strides:
+            itemsize = data.nbytes // max(1, math.prod(shape))
+            data = c_order_bytes(data, itemsize, shape, _parse_shape(strides))
+        return data, dtype, shape
+
+
+def c_order_bytes(raw: np.ndarray, itemsize: int, shape: tuple[int, ...],
+                  strides: tuple[int, ...]) -> np.ndarray:
+    """Bytes stored in memory order of a tensor with these element `strides` -> the same
+    tensor's bytes in C order (uint8, a new array)."""
+    if len(strides) != len(shape):
+        raise DumpFormatError(f"strides {strides} do not match shape {shape}")
+    if not raw.size:
+        return raw
+    uint = _UINT_OF_SIZE.get(itemsize)
+    if uint is None:  # 16-byte elements (complex128): move them as pairs of uint64
+        elems = raw.view(np.uint64).reshape(-1, itemsize // 8)
+        view = np.lib.stride_tricks.as_strided(
+            elems, shape + (itemsize // 8,), tuple(s * itemsize for s in strides) + (8,))
+    else:
+        elems = raw.view(uint)
+        view = np.lib.stride_tricks.as_strided(elems, shape,
+                                               tuple(s * itemsize for s in strides))
+    if view.size and (min(strides) < 0
+                      or sum((n - 1) * s for n, s in zip(shape, strides)) >= elems.shape[0]):
+        raise DumpFormatError(f"strides {strides} of shape {shape} reach past the stored bytes")
+    return np.ascontiguousarray(view).reshape(-1).view(np.uint8)
 
 
 def element_size(dtype: str) -> int:

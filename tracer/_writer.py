@@ -92,7 +92,7 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
 
     The copy is contiguous, or, when `t` is a transpose or permutation of a dense block, has
     `t`'s strides (a plain memcpy of the block instead of a strided copy; statistics read it in
-    the same memory order as `t`, and `tensor_bytes` makes it C-contiguous where it is kept)."""
+    the same memory order as `t`, and `stored_bytes` keeps that order, with the strides)."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
@@ -146,10 +146,20 @@ def reuse_key(t: torch.Tensor) -> tuple[tuple, tuple] | None:
         return None
 
 
-def tensor_bytes(c: torch.Tensor):
-    """The raw bytes of a CPU tensor in C order as a uint8 numpy array (no copy when it is
-    contiguous)."""
-    return c.contiguous().reshape(-1).view(torch.uint8).numpy()
+SAME_LAYOUT = "="
+"""`shared` of a record that is the very tensor of the record it shares bytes with."""
+
+
+def stored_bytes(c: torch.Tensor) -> tuple[np.ndarray, str]:
+    """The bytes to store for a CPU snapshot and their strides: a contiguous tensor's bytes
+    (C order, strides ""), a dense permutation's bytes in memory order with its strides
+    ("1,256"), anything else copied to C order. Returns (uint8 numpy array, strides)."""
+    if c.is_contiguous():
+        return c.reshape(-1).view(torch.uint8).numpy(), ""
+    if c.layout == torch.strided and not (c.is_conj() or c.is_neg()) and dense_span(c):
+        span = c.as_strided((c.numel(),), (1,), c.storage_offset())
+        return span.view(torch.uint8).numpy(), shape_str(c.stride())
+    return c.contiguous().reshape(-1).view(torch.uint8).numpy(), ""
 
 
 class Writer:
@@ -244,35 +254,43 @@ class Writer:
 
     # -- shared work ---------------------------------------------------------------------------
     def _reuse(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool, bool]:
-        """(holder, hit, same_bytes): the holder of an earlier identical record's statistics
-        (hit True), or a new empty holder that this record fills (hit False), or None when not
-        reusable. `same_bytes`: on a hit, this record's C-order bytes are provably the earlier
-        record's (the same tensor object, or both contiguous over the same span), so it can
-        point at them instead of storing its own (docs/dump-format.md, /tensors)."""
+        """(holder, hit, same_object): the holder of an earlier identical record's statistics and bytes (hit
+        True), or a new empty holder that this record fills (hit False), or None when not
+        reusable. On a hit the earlier record's stored bytes are this record's too: a span is
+        always stored in memory order, and this record reads it with its own strides
+        (docs/dump-format.md, /tensors). `same_object`: the hit was by identity (the same
+        tensor object, stored in whatever layout its first record chose)."""
         key = reuse_key(t) if stable else None
         if key is None:
             return None, False, False
         where, state = key
         entry = self._seen.get(where)
-        contiguous = where[0] == "id" or t.is_contiguous()
         # the weak reference: the tensor that made the entry is alive, so its memory (for a
         # span key) or its id (for an identity key) still means the same tensor
         if entry is not None and entry[1] == state:
             owner = entry[0]()
             if owner is not None and (where[0] == "span" or owner is t):
-                # a transpose over the same span has other C-order bytes: statistics only
-                return entry[2], True, contiguous and entry[3]
+                return entry[2], True, where[0] == "id"
         holder: list = [None, None]
-        self._seen[where] = (weakref.ref(t), state, holder, contiguous)
+        self._seen[where] = (weakref.ref(t), state, holder)
         return holder, False, False
 
-    def _plan(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool, bool]:
+    def _plan(self, t: torch.Tensor, stable: bool) -> tuple[list | None, str | None, bool]:
         """(holder, shared, skip) for one record, the decision both writers make the same way:
-        `shared` when it points at an earlier record's bytes; `skip` when it needs no snapshot
-        and no statistics of its own (it reuses them, and either shares bytes or stores none)."""
-        holder, hit, same_bytes = self._reuse(t, stable)
-        shared = hit and same_bytes and self.keep_bytes
-        return holder, shared, hit and (shared or not self.keep_bytes)
+        `shared` is None, or, when the record points at an earlier record's bytes, its strides
+        over them ("" for C order); `skip` when it needs no snapshot and no statistics of its
+        own (it reuses them, and either shares bytes or stores none)."""
+        holder, hit, same_object = self._reuse(t, stable)
+        if not hit:
+            return holder, None, False
+        if not self.keep_bytes:
+            return holder, None, True
+        if same_object:
+            return holder, SAME_LAYOUT, True
+        # a span hit: contiguous, or (on CPU) a dense permutation of the span, which is stored
+        # in memory order
+        strided = not t.is_contiguous() and t.is_cpu and dense_span(t)
+        return holder, (shape_str(t.stride()) if strided else ""), True
 
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
@@ -284,14 +302,14 @@ class Writer:
     def _record(self, file: StepFile, step: int, seq: int, meta: RecordMeta, dtype: torch.dtype,
                 shape: tuple, numel: int, stats: dict | None, snap: torch.Tensor | None,
                 release: Callable[[], None] | None = None, share: list | None = None,
-                shared_bytes: bool = False) -> dict:
+                shared: str | None = None) -> dict:
         """Add one record's row (and bytes) to `file`; returns the row as a dict.
 
         `stats` None means: take them from `share` when an earlier record filled it, else
         compute them from `snap` (the CPU snapshot) here. `release` is called once `snap` is no
         longer needed (its bytes written, or not kept). An empty `share` is filled with them
-        and with where this record's bytes are. `shared_bytes`: store no bytes, point at those
-        of the record that filled `share` (the same C-order bytes, see `_reuse`).
+        and with where this record's bytes are. `shared` (not None): store no bytes, point at
+        those of the record that filled `share`, read with these strides (see `_plan`).
         """
         if stats is None and share is not None:
             stats = share[0]
@@ -302,28 +320,30 @@ class Writer:
                      else empty_stats())
         if share is not None and share[0] is None:
             share[0] = stats
-        offset, nbytes = -1, 0
-        if shared_bytes and self.keep_bytes:
+        offset, nbytes, strides = -1, 0, ""
+        if shared is not None and self.keep_bytes:
             if share is None or share[1] is None:  # pragma: no cover - internal invariant
                 raise AssertionError("shared bytes were never stored")
-            offset, nbytes = share[1]
+            offset, nbytes, strides = share[1]
+            if shared != SAME_LAYOUT:
+                strides = shared
             if release is not None:
                 release()
         else:
             if self.keep_bytes and snap is not None:
-                data = tensor_bytes(snap)
+                data, strides = stored_bytes(snap)
                 nbytes = int(data.nbytes)
                 offset = file.add_bytes(data, release)
             elif release is not None:
                 release()
             if share is not None and share[1] is None:
-                share[1] = (offset, nbytes)
+                share[1] = (offset, nbytes, strides)
         row = (seq, meta.name, meta.module, meta.op, meta.phase, meta.direction, int(meta.index),
                int(meta.call), dtype_name(dtype), shape_str(shape), int(numel),
                float(stats["min"]), float(stats["max"]), float(stats["mean"]),
                float(stats["norm"]), int(stats["nan"]), int(stats["posinf"]),
                int(stats["neginf"]), int(stats["zeros"]), int(stats["checksum"]), meta.source,
-               offset, nbytes)
+               offset, nbytes, strides)
         file.add_row(row)
         out = dict(zip(RECORD_FIELDS, row))
         out["step"] = step

@@ -57,7 +57,7 @@ def write_step(run: Path, records: list[dict], *, rank: int = 0, step: int = 0,
         if mode != "statistics":
             off, nbytes = sf.add_bytes(t.reshape(-1).view(np.uint8)), t.nbytes
         row = dict(r, seq=seq, shape=",".join(map(str, t.shape)), data_offset=off,
-                   data_nbytes=nbytes, **st)
+                   data_nbytes=nbytes, strides="", **st)
         sf.add_row(tuple(row[k] for k in RECORD_FIELDS))
     return sf.finish()
 

@@ -1,4 +1,4 @@
-"""A step file written by format 1.0 (checked in) still reads: pins the on-disk format.
+"""Step files written by format 1.0 and 2.0 (checked in) still read: pin the on-disk format.
 
 Regenerate only when the format changes on purpose (and bump format_version): see the
 script in this file's history (a sync writer, mode full, rank 1 of 2, step 7).
@@ -47,3 +47,51 @@ def test_golden_1_0_file_reads(tmp_path):
     hits = d.hits(1, 7)
     assert hits.to_dict("records") == [dict(seq=2, name="attn.forward.0.output.0",
                                             condition="nan_inf", value=1.0, source="golden.py:3")]
+
+
+GOLDEN_2_0 = Path(__file__).parent / "data" / "dump_format_2_0_rank0_step3.h5"
+
+
+def _golden_2_0_tensors() -> dict[str, torch.Tensor]:
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4) - 5.5
+    y = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4).bfloat16()
+    return {"x": x, "xt": x.t(), "yp": y.permute(2, 0, 1), "gap": x[:, ::2]}
+
+
+def write_golden_2_0(path: Path) -> None:
+    """How the checked-in 2.0 file was made (SLEUTH_UPDATE_GOLDEN=1 rewrites it)."""
+    import os
+    import tempfile
+
+    from tracer._config import DumpConfig
+    from tracer._writer import RecordMeta, make_writer
+
+    run = Path(tempfile.mkdtemp())
+    w = make_writer(DumpConfig(path=str(run), writer="sync", mode="full"), rank=0,
+                    world_size=1)
+    w.begin_step(3)
+    for i, (name, t) in enumerate(_golden_2_0_tensors().items()):
+        w.add(RecordMeta(f"{name}.forward.0.output.0", name, "", "forward", "output", 0, 0,
+                         f"golden.py:{i + 1}"), t)
+    w.end_step()
+    w.close()
+    os.replace(run / "dump" / "rank0" / "step3.h5", path)
+
+
+def test_golden_2_0_file_reads():
+    import os
+
+    if os.environ.get("SLEUTH_UPDATE_GOLDEN") == "1":
+        write_golden_2_0(GOLDEN_2_0)
+    d = open_dump(GOLDEN_2_0)
+    assert d.attrs(0, 3)["format_version"] == "2.0"
+    df = d.stats(0, 3).set_index("module")
+    # the transpose shares x's bytes, the permutation is stored in memory order, the strided
+    # slice with gaps is a C-order copy
+    assert df.loc["xt", "strides"] == "1,4" and df.loc["xt", "data_offset"] == df.loc["x", "data_offset"]
+    assert df.loc["yp", "strides"] == "1,12,4" and df.loc["gap", "strides"] == ""
+    assert d.summary().tensor_bytes.iloc[0] == 48 + 48 + 24
+    for name, ref in _golden_2_0_tensors().items():
+        got = d.tensor_torch(0, 3, f"{name}.forward.0.output.0")
+        assert got.dtype == ref.dtype and torch.equal(got, ref.contiguous()), name
+        assert got.is_contiguous()

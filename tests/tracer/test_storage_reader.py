@@ -101,10 +101,14 @@ def test_newer_major_version_is_refused(tmp_path):
         f.attrs["format_version"] = "1.7"
     assert open_dump(tmp_path).steps(0) == [0]  # any 1.x reads
     with h5py.File(path, "r+") as f:
-        f.attrs["format_version"] = "2.0"
-    with pytest.raises(DumpFormatError, match="format_version 2.0; this sleuth reads format 1.x"):
+        f.attrs["format_version"] = "2.4"
+    assert open_dump(tmp_path).steps(0) == [0]  # and any 2.x
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = "3.0"
+    with pytest.raises(DumpFormatError,
+                       match="format_version 3.0; this sleuth reads formats 1.x to 2.x"):
         open_dump(tmp_path)
-    with pytest.raises(DumpFormatError, match="2.0"):
+    with pytest.raises(DumpFormatError, match="3.0"):
         open_dump(path)
 
 

@@ -1,5 +1,6 @@
 """Records that reuse an unchanged tensor's statistics share its stored bytes (one byte range
-for several records, docs/dump-format.md) and still read back exactly."""
+for several records, docs/dump-format.md; a transpose reads them with its own strides) and
+still read back exactly."""
 from __future__ import annotations
 
 import h5py
@@ -65,14 +66,18 @@ def test_shared_records_read_back_exactly(tmp_path, writer):
         got = d.tensor_torch(0, 0, f"{name}.forward.0.output.0")
         assert same(got, ref), name
     loc = {m: (int(r.data_offset), int(r.data_nbytes)) for m, r in df.iterrows()}
-    # same contiguous span, same dtype: one byte range
-    assert loc["again"] == loc["flat"] == loc["reshaped"] == loc["x"]
+    # same span, same dtype: one byte range; the transposes read it with their strides
+    assert loc["again"] == loc["flat"] == loc["reshaped"] == loc["x"] == loc["t"] \
+        == loc["t_again"]
     assert loc["after_view"] == loc["after"]
-    # other C-order bytes, other elements, or changed values: bytes of their own
-    others = [loc[k] for k in ("x", "t", "head", "tail", "clone", "bf16", "after", "c",
-                               "c_conj")]
+    strides = df["strides"].to_dict()
+    assert strides["t"] == strides["t_again"] == "1,6"
+    assert all(strides[k] == "" for k in strides if k not in ("t", "t_again"))
+    assert d.tensor_strides(0, 0, "t.forward.0.output.0") == (1, 6)
+    assert d.tensor_strides(0, 0, "x.forward.0.output.0") is None
+    # other elements, or changed values: bytes of their own
+    others = [loc[k] for k in ("x", "head", "tail", "clone", "bf16", "after", "c", "c_conj")]
     assert len(set(others)) == len(others)
-    assert loc["t_again"] != loc["x"]
     # the file holds each distinct range once
     distinct = {v for v in loc.values()}
     assert d.summary().tensor_bytes.iloc[0] == sum(n for _, n in distinct)
@@ -192,3 +197,53 @@ def test_spilled_sync_and_async_dumps_diff_the_same(tmp_path):
     write_spilled(tmp_path / "a", "async")
     assert open_dump(tmp_path / "s").stats(0, 0).equals(open_dump(tmp_path / "a").stats(0, 0))
     assert diff(tmp_path / "s", tmp_path / "a").status == "same"
+
+
+def test_a_transpose_recorded_first_is_stored_in_memory_order(tmp_path):
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="sync", mode="tensor"), rank=0,
+                    world_size=1)
+    x = torch.randn(3, 4, 5, generator=torch.Generator().manual_seed(2))
+    p = x.permute(2, 0, 1)
+    w.begin_step(0)
+    w.add(meta("p"), p)  # no copy to C order: its memory-order bytes and strides
+    w.add(meta("x"), x)  # the same span, C order: shares them
+    w.add(meta("odd"), x[:, ::2])  # not a dense span: a C-order copy of its own
+    w.end_step()
+    w.close()
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0).set_index("module")
+    assert df.loc["p", "strides"] == "1,20,5" and df.loc["x", "strides"] == ""
+    assert df.loc["odd", "strides"] == ""
+    assert df.loc["p", "data_offset"] == df.loc["x", "data_offset"]
+    for name, ref in (("p", p), ("x", x), ("odd", x[:, ::2])):
+        got = d.tensor_torch(0, 0, f"{name}.forward.0.output.0")
+        assert got.is_contiguous() and same(got, ref.contiguous()), name
+        assert np.array_equal(d.tensor(0, 0, f"{name}.forward.0.output.0"), ref.numpy())
+    assert d.tensor_strides(0, 0, "p.forward.0.output.0") == (1, 20, 5)
+
+
+def test_diff_compares_a_permutation_with_its_c_order_copy(tmp_path):
+    """Two runs that recorded the same values in different layouts compare element by element
+    in logical order."""
+    x = torch.randn(6, 7, generator=torch.Generator().manual_seed(3))
+    for run, t in (("a", x.t()), ("b", x.t().contiguous())):
+        w = make_writer(DumpConfig(path=str(tmp_path / run), writer="sync", mode="tensor"),
+                        rank=0, world_size=1)
+        w.begin_step(0)
+        w.add(meta("t"), t)
+        w.end_step()
+        w.close()
+    assert open_dump(tmp_path / "a").stats(0, 0).strides.tolist() == ["1,7"]
+    assert open_dump(tmp_path / "b").stats(0, 0).strides.tolist() == [""]
+    assert diff(tmp_path / "a", tmp_path / "b").status == "same"
+    # and a real difference in one element is found in the permuted layout too
+    y = x.t().contiguous()
+    y[2, 3] += 1.0
+    w = make_writer(DumpConfig(path=str(tmp_path / "c"), writer="sync", mode="tensor"),
+                    rank=0, world_size=1)
+    w.begin_step(0)
+    w.add(meta("t"), y)
+    w.end_step()
+    w.close()
+    result = diff(tmp_path / "a", tmp_path / "c")
+    assert result.status != "same"

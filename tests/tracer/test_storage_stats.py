@@ -238,9 +238,13 @@ def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     from tracer._config import DumpConfig
     from tracer._writer import RecordMeta, make_writer
 
+    import tracer._async as async_module
+
     calls = []
     real = writer_module.host_stats
-    monkeypatch.setattr(writer_module, "host_stats", lambda t, **kw: calls.append(1) or real(t, **kw))
+    counting = lambda t, **kw: calls.append(1) or real(t, **kw)  # noqa: E731
+    monkeypatch.setattr(writer_module, "host_stats", counting)
+    monkeypatch.setattr(async_module, "host_stats", counting)  # statistics in the hook
     rows = []
     w = make_writer(DumpConfig(path=str(tmp_path), mode="statistics"), rank=0, world_size=1)
     w.observers.append(rows.append)
