@@ -177,7 +177,9 @@ class Writer:
         self.keep_bytes = config.mode in ("tensor", "full")
         self.run_dir = config.run_dir()
         self._config_dict = config.to_dict()
-        self._pool = StagingPool(min(config.async_max_queued_mb << 20, 512 << 20))
+        # as much as the queue may hold: a step's snapshots reuse the previous step's buffers
+        # instead of faulting fresh memory in (slow on a VM's first touch)
+        self._pool = StagingPool(config.async_max_queued_mb << 20)
         # beyond this many bytes a step's tensor data goes to a side file instead of memory
         self._spill_bytes = max(1 << 20, config.async_max_queued_mb * (1 << 20) // 2)
         self._disabled = False
