@@ -83,7 +83,8 @@ class AsyncWriter(Writer):
         self._seen.clear()
         self._put(("begin", self._step), 0)
 
-    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True) -> None:
+    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
+            version: int | None = None) -> None:
         self._raise_pending()
         if not self.enabled:
             return
@@ -92,7 +93,7 @@ class AsyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            share, shared, skip = self._plan(tensor, stable)
+            share, shared, skip = self._plan(tensor, stable, version)
             if skip:
                 # the same tensor (or bytes), unchanged, is already queued: no snapshot, and the
                 # writer thread takes the statistics (and byte range) that record leaves in

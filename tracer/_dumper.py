@@ -153,12 +153,15 @@ class Dumper:
 
     # -- recording ------------------------------------------------------------------------------
     def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
-             call: int, source: str, tensor: torch.Tensor, stable: bool = True) -> None:
+             call: int, source: str, tensor: torch.Tensor, stable: bool = True,
+             version: int | None = None) -> None:
         """Hand one tensor to the writer under its record name (called from the hooks).
 
         `stable` False: the tensor is an argument or output of an in-place op running in the
         dispatch mode; torch bumps its version counter only after the op returns, so the writer
         must not match its statistics to (or offer them for) another record at that version.
+        `version`: the output of a view op in the dispatch mode, which shares its base's
+        version counter only after the mode returns: the base's version (`Writer.add_view`).
         """
         if self._busy or not self.capturing:
             return
@@ -173,10 +176,16 @@ class Dumper:
                 meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}",
                                   module=module, op=op, phase=phase, direction=direction,
                                   index=index, call=call, source=source)
-                if stable:
-                    self._writer.add(meta, tensor)
-                else:  # writers without reuse (test doubles) take it as a plain add
+                if not stable:  # writers without reuse (test doubles) take a plain add
                     getattr(self._writer, "add_unstable", self._writer.add)(meta, tensor)
+                elif version is not None:
+                    add_view = getattr(self._writer, "add_view", None)
+                    if add_view is not None:
+                        add_view(meta, tensor, version)
+                    else:
+                        self._writer.add(meta, tensor)
+                else:
+                    self._writer.add(meta, tensor)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:

@@ -60,6 +60,21 @@ def _mutates(func: Any) -> bool:
         return True
 
 
+def _view_source(func: Any) -> int:
+    """Schema position of the argument a view op's outputs alias (`t(Tensor(a) self) ->
+    Tensor(a)`, `split`, `detach`, ...), or -1 when the outputs are new tensors."""
+    try:
+        schema = func._schema
+        if not any(r.alias_info is not None for r in schema.returns):
+            return -1
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and not a.alias_info.is_write:
+                return i
+    except AttributeError:  # no schema: treat the outputs as new tensors
+        pass
+    return -1
+
+
 class OpMode(TorchDispatchMode):
     """Records inputs and outputs of aten ops; entered only while a dumped step runs."""
 
@@ -68,8 +83,9 @@ class OpMode(TorchDispatchMode):
         cfg = dumper.config
         self._dumper = dumper
         self._tracker = tracker
-        # per op: (aten name, wanted by the filters, writes one of its arguments in place)
-        self._ops: dict[Any, tuple[str, bool, bool]] = {}
+        # per op: (aten name, wanted by the filters, writes one of its arguments in place,
+        # schema position of the argument its outputs are views of or -1)
+        self._ops: dict[Any, tuple[str, bool, bool, int]] = {}
         self._scopes: dict[tuple[str, str], str] = {}
         self.want_in = cfg.io in ("input", "both")
         self.want_out = cfg.io in ("output", "both")
@@ -86,7 +102,9 @@ class OpMode(TorchDispatchMode):
         info = self._ops.get(func)
         if info is None:
             name = op_name(func)
-            info = self._ops[func] = (name, dumper.config.wants_op(name), _mutates(func))
+            mutates = _mutates(func)
+            info = self._ops[func] = (name, dumper.config.wants_op(name), mutates,
+                                      -1 if mutates else _view_source(func))
         if info[2]:
             # some ops write arguments without bumping their version counter (BatchNorm's
             # running statistics): the writer forgets what it knew of every in-place argument
@@ -127,13 +145,18 @@ class OpMode(TorchDispatchMode):
                 emit(scope, module, info[0], phase, "input", i, call, source, t, stable)
         out = func(*args, **kwargs)
         if self.want_out:
+            # a view's output gets its base's version counter only after this mode returns
+            base = args[info[3]] if 0 <= info[3] < len(args) else None
+            version = base._version if isinstance(base, _Tensor) else None
             if isinstance(out, _Tensor):
-                emit(scope, module, info[0], phase, "output", 0, call, source, out, stable)
+                emit(scope, module, info[0], phase, "output", 0, call, source, out, stable,
+                     version)
             elif isinstance(out, (list, tuple)):
                 i = 0
                 for t in out:  # non-tensor outputs (None, ints) are skipped, as in pytree order
                     if isinstance(t, _Tensor):
-                        emit(scope, module, info[0], phase, "output", i, call, source, t, stable)
+                        emit(scope, module, info[0], phase, "output", i, call, source, t,
+                             stable, version)
                         i += 1
         return out
 

@@ -124,7 +124,7 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     return flat.reshape(t.shape), release
 
 
-def reuse_key(t: torch.Tensor) -> tuple[tuple, tuple] | None:
+def reuse_key(t: torch.Tensor, version: int | None = None) -> tuple[tuple, tuple] | None:
     """(where, state): records whose `where` and `state` are equal hold the same statistics.
 
     A tensor that the statistics read as one dense span of memory (contiguous, or on CPU a
@@ -134,14 +134,17 @@ def reuse_key(t: torch.Tensor) -> tuple[tuple, tuple] | None:
     and all its views and bumped by every in-place op, plus shape and strides for identity
     keys. None for tensors without a version counter (inference mode) or plain storage: those
     are always computed afresh. A conjugate or negative view shares its base's memory but not
-    its values, so it is only ever found by identity."""
+    its values, so it is only ever found by identity. `version` replaces `t._version`: a view
+    made inside a dispatch mode gets its base's version counter only after the mode returns,
+    so the mode passes the base's version (see `Writer.add_view`)."""
     try:
         if t.layout != torch.strided or t.is_inference() or t.is_meta:
             return None
+        v = t._version if version is None else version
         if not (t.is_conj() or t.is_neg()) and (
                 t.is_contiguous() or (t.is_cpu and dense_span(t))):
-            return ("span", t.data_ptr(), t.numel(), t.dtype, t.device), (t._version,)
-        return ("id", id(t)), (t._version, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+            return ("span", t.data_ptr(), t.numel(), t.dtype, t.device), (v,)
+        return ("id", id(t)), (v, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
     except (RuntimeError, NotImplementedError, AttributeError):
         return None
 
@@ -205,17 +208,24 @@ class Writer:
         first, marked incomplete."""
         raise NotImplementedError
 
-    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True) -> None:
+    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
+            version: int | None = None) -> None:
         """Record one tensor: statistics always, an exact copy with mode tensor/full.
 
         `stable` False: the tensor is an argument of an in-place op, whose version counter is
         bumped only after the op ran, so it is neither matched to nor offered for reuse (see
-        `Dumper.emit`)."""
+        `Dumper.emit`). `version`: see `add_view`."""
         raise NotImplementedError
 
     def add_unstable(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
         """`add` for an input or output of an in-place op (see `add`'s `stable`)."""
         self.add(meta, tensor, stable=False)
+
+    def add_view(self, meta: RecordMeta, tensor: torch.Tensor, version: int) -> None:
+        """`add` for the output of a view op seen inside a dispatch mode: torch shares the
+        base's version counter with it only after the mode returned, so `version` (the base's)
+        stands in for its own until then."""
+        self.add(meta, tensor, True, version)
 
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """Drop what the step knew of these tensors' values: they are being changed by an op
@@ -255,14 +265,15 @@ class Writer:
         self.close()
 
     # -- shared work ---------------------------------------------------------------------------
-    def _reuse(self, t: torch.Tensor, stable: bool) -> tuple[list | None, bool, bool]:
+    def _reuse(self, t: torch.Tensor, stable: bool, version: int | None = None
+               ) -> tuple[list | None, bool, bool]:
         """(holder, hit, same_object): the holder of an earlier identical record's statistics and bytes (hit
         True), or a new empty holder that this record fills (hit False), or None when not
         reusable. On a hit the earlier record's stored bytes are this record's too: a span is
         always stored in memory order, and this record reads it with its own strides
         (docs/dump-format.md, /tensors). `same_object`: the hit was by identity (the same
         tensor object, stored in whatever layout its first record chose)."""
-        key = reuse_key(t) if stable else None
+        key = reuse_key(t, version) if stable else None
         if key is None:
             return None, False, False
         where, state = key
@@ -277,12 +288,13 @@ class Writer:
         self._seen[where] = (weakref.ref(t), state, holder)
         return holder, False, False
 
-    def _plan(self, t: torch.Tensor, stable: bool) -> tuple[list | None, str | None, bool]:
+    def _plan(self, t: torch.Tensor, stable: bool, version: int | None = None
+              ) -> tuple[list | None, str | None, bool]:
         """(holder, shared, skip) for one record, the decision both writers make the same way:
         `shared` is None, or, when the record points at an earlier record's bytes, its strides
         over them ("" for C order); `skip` when it needs no snapshot and no statistics of its
         own (it reuses them, and either shares bytes or stores none)."""
-        holder, hit, same_object = self._reuse(t, stable)
+        holder, hit, same_object = self._reuse(t, stable, version)
         if not hit:
             return holder, None, False
         if not self.keep_bytes:
@@ -384,7 +396,8 @@ class SyncWriter(Writer):
         self._seen.clear()
         self._file = self._new_file(self._step)
 
-    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True) -> None:
+    def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
+            version: int | None = None) -> None:
         if not self.enabled:
             return
         if self._file is None:
@@ -392,7 +405,7 @@ class SyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            share, shared, skip = self._plan(tensor, stable)
+            share, shared, skip = self._plan(tensor, stable, version)
             if skip:
                 stats, snap, release = None, None, None
             else:

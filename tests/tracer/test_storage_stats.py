@@ -274,3 +274,56 @@ def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     assert [rows[5][k] for k in stat] == [rows[6][k] for k in stat] == [rows[7][k] for k in stat]
     assert rows[8]["max"] == part_max
     assert rows[9]["max"] == 100.0 and rows[9]["checksum"] != rows[5]["checksum"]
+
+
+def test_view_outputs_take_their_base_version(tmp_path, monkeypatch):
+    """Inside the dispatch mode a view's output has a version counter of its own (0) until the
+    mode returns; the mode passes the base's version, so the view reuses the base's statistics,
+    and a later view of the changed base does not reuse stale ones."""
+    import tracer._writer as writer_module
+    from tracer._config import DumpConfig
+    from tracer._writer import RecordMeta, make_writer
+
+    calls = []
+    real = writer_module.host_stats
+    monkeypatch.setattr(writer_module, "host_stats",
+                        lambda t, **kw: calls.append(1) or real(t, **kw))
+    rows = []
+    w = make_writer(DumpConfig(path=str(tmp_path), mode="statistics", writer="sync"), rank=0,
+                    world_size=1)
+    w.observers.append(rows.append)
+    base = torch.randn(30, 20)
+    base.add_(1.0)  # version 1
+    m = RecordMeta("a", "a", "", "forward", "output", 0, 0, "x.py:1")
+    w.begin_step(0)
+    w.add(m, base)
+    # a transpose of the same memory whose own version counter says 0, as in the mode
+    first = torch.from_numpy(base.numpy()).t()
+    assert first._version == 0 != base._version
+    w.add_view(m._replace(name="b"), first, base._version)  # reused
+    base.mul_(3.0)  # outside any mode: nothing tells the writer
+    second = torch.from_numpy(base.numpy()).t()  # version 0 again
+    w.add_view(m._replace(name="c"), second, base._version)  # new values: computed
+    w.end_step()
+    w.close()
+    assert len(calls) == 2
+    assert rows[1]["max"] == rows[0]["max"] and rows[2]["max"] == float(base.max())
+    assert rows[2]["max"] != rows[0]["max"]
+
+
+def test_op_level_transpose_of_a_weight_reuses_its_statistics(tmp_path, monkeypatch):
+    import tracer
+    import tracer._writer as writer_module
+
+    seen = []
+    real = writer_module.host_stats
+    monkeypatch.setattr(writer_module, "host_stats",
+                        lambda t, **kw: seen.append(tuple(t.shape)) or real(t, **kw))
+    lin = torch.nn.Linear(40, 30)
+    with tracer.Dumper(lin, {"path": str(tmp_path), "level": "op", "mode": "statistics",
+                             "writer": "sync", "params": False, "phases": "forward"}):
+        lin(torch.randn(5, 40))
+    df = tracer.open_dump(tmp_path).stats(0, 0).set_index("name")
+    t_in, t_out = df.loc["<root>::aten.t.forward.0.input.0"], df.loc["<root>::aten.t.forward.0.output.0"]
+    assert t_in.checksum == t_out.checksum and t_in["max"] == t_out["max"]
+    assert (30, 40) in seen and (40, 30) not in seen  # the transpose was not read again
