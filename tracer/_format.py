@@ -242,7 +242,10 @@ class StepFile:
             for key, value in self.attrs.items():
                 f.attrs[key] = value
             f.attrs["complete"] = int(complete)
-            f.create_dataset("records", data=np.array(self.rows, dtype=RECORD_DTYPE))
+            rows = self.rows
+            if any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1)):
+                rows = sorted(rows)  # rows made in two threads (async writer): seq order
+            f.create_dataset("records", data=np.array(rows, dtype=RECORD_DTYPE))
             if self.hits:
                 f.create_dataset("hits", data=np.array(self.hits, dtype=HIT_DTYPE))
             if not self.nbytes:

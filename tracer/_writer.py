@@ -174,9 +174,10 @@ class Writer:
         self.world_size = int(world_size)
         self.observers: list[Callable[[dict], None]] = []
         """Called with each record's statistics row (a dict of the /records columns plus
-        `step` and `rank`) once it is computed: in the training thread for the sync writer, in
-        the writer thread for the async one. An observer's exception reaches the training
-        thread whatever `on_error` says (async: at the next add/end_step/close)."""
+        `step` and `rank`) once it is computed: in the training thread for the sync writer and
+        for the async writer's statistics-mode CPU records, else in the async writer's thread.
+        An observer's exception reaches the training thread whatever `on_error` says (from
+        the writer thread: at the next add/end_step/close)."""
         self.keep_bytes = config.mode in ("tensor", "full")
         self.run_dir = config.run_dir()
         self._config_dict = config.to_dict()
