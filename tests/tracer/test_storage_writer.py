@@ -335,3 +335,21 @@ def test_reused_staging_buffers_never_mix_records(tmp_path, writer, mode):
         if mode == "tensor":
             for i, name in enumerate(df.name):
                 assert (d.tensor(0, step, name) == step * 10.0 + i).all()
+
+
+def test_non_ascii_names_round_trip(tmp_path):
+    # format 2.0 stores strings as fixed-length UTF-8: a name numpy cannot encode as ASCII
+    # takes the per-value path
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="sync", mode="statistics"), rank=0,
+                    world_size=1)
+    w.begin_step(0)
+    for name in ("blöck.forward.0.output.0", "a.forward.0.output.0", "注意.forward.0.output.0"):
+        w.add(RecordMeta(name, name.split(".")[0], "", "forward", "output", 0, 0, "módel.py:3"),
+              torch.ones(2))
+    w.end_step()
+    w.close()
+    df = open_dump(tmp_path).stats(0, 0)
+    assert list(df.name) == ["blöck.forward.0.output.0", "a.forward.0.output.0",
+                             "注意.forward.0.output.0"]
+    assert list(df.module) == ["blöck", "a", "注意"] and set(df.source) == {"módel.py:3"}
+    assert open_dump(tmp_path).record(0, 0, "注意.forward.0.output.0")["module"] == "注意"
