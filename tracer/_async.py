@@ -14,9 +14,11 @@ with mode tensor/full, the tensor are copied into pinned host memory on a side s
 writer thread waits on that copy's event. Every path runs the same `Writer._record` as the sync
 writer, so both write the same content. Observers see a row in the thread that made it.
 
-Files: when a step ends, a second thread (the flusher) writes its bytes, fsyncs and renames it
-while the writer thread goes on with the next step, so disk waits overlap statistics work; one
-file at a time is in flight.
+Files: when a step ends, a second thread (the flusher) writes its metadata and bytes while the
+writer thread goes on with the next step, and a third (the syncer) fsyncs and renames it while
+the flusher writes the next one, so disk waits overlap both; one file at a time is being
+written (memory stays bounded), at most four written files wait for their fsync, and `flush()`
+and `close()` return once every file is renamed.
 
 Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
 full and never drops a record. One record larger than the bound is let through alone.
@@ -38,7 +40,7 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import TracerError
-from tracer._format import StepFile
+from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats)
 from tracer._writer import RecordMeta, Writer, snapshot
@@ -58,6 +60,7 @@ class _RowBuffer:
 
     def add_bytes(self, data: Any, on_written: Any = None) -> int:  # pragma: no cover
         raise AssertionError("rows made in the training thread carry no bytes")
+_MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
 _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 
 
@@ -86,6 +89,8 @@ class AsyncWriter(Writer):
         self._wstep = -1
         self._flusher: ThreadPoolExecutor | None = None
         self._finishing: Future | None = None
+        self._syncer: ThreadPoolExecutor | None = None
+        self._commits: deque[Future] = deque()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"sleuth-dump-writer-rank{self.rank}")
         self._thread.start()
@@ -286,8 +291,9 @@ class AsyncWriter(Writer):
                 with self._cond:
                     self._queued -= nbytes
                     self._cond.notify_all()
-        if self._flusher is not None:
-            self._flusher.shutdown(wait=True)
+        for pool in (self._flusher, self._syncer):
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def _process(self, item: tuple) -> None:
         kind = item[0]
@@ -334,32 +340,61 @@ class AsyncWriter(Writer):
             raise AssertionError(f"unknown queue item {kind!r}")
 
     def _finish_file(self, *, complete: bool) -> None:
-        """Hand the open step file to the flusher thread, which writes its bytes, fsyncs and
-        renames it while this thread goes on with the next step's statistics (I/O and CPU
-        overlap). One file at a time is in flight, so memory stays bounded."""
+        """Hand the open step file to the flusher thread, which writes its metadata and bytes
+        while this thread goes on with the next step (I/O and CPU overlap); then a syncer
+        thread fsyncs and renames it while the flusher writes the next one (disk waits overlap
+        writes). One file at a time is being written, so memory stays bounded; at most
+        _MAX_UNSYNCED written files wait for their fsync."""
         file, self._wfile = self._wfile, None
         if file is None:
             return
         try:
-            self._wait_finishing()
+            self._wait_written()
+            self._collect_commits(keep=_MAX_UNSYNCED - 1)
         except BaseException:
             file.abort()
             raise
         if self._flusher is None:
             self._flusher = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"sleuth-dump-flush-rank{self.rank}")
-        self._finishing = self._flusher.submit(_finish_or_abort, file, complete)
+        self._finishing = self._flusher.submit(_write_or_abort, file, complete)
+
+    def _wait_written(self) -> None:
+        """Wait for the file being written and queue its commit; its error is raised here."""
+        future, self._finishing = self._finishing, None
+        if future is None:
+            return
+        pending = future.result()
+        if self._syncer is None:
+            self._syncer = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"sleuth-dump-sync-rank{self.rank}")
+        self._commits.append(self._syncer.submit(_commit_or_abort, pending))
+
+    def _collect_commits(self, keep: int = 0) -> None:
+        """Take finished commits in order (raising the first error), waiting until at most
+        `keep` are left."""
+        while self._commits and (len(self._commits) > keep or self._commits[0].done()):
+            self.files_written.append(self._commits.popleft().result())
 
     def _wait_finishing(self) -> None:
-        """Wait for the file in flight; its error is raised here (in the writer thread)."""
-        future, self._finishing = self._finishing, None
-        if future is not None:
-            self.files_written.append(future.result())
+        """Wait until every file handed over is written, fsynced and renamed."""
+        try:
+            self._wait_written()
+        finally:
+            self._collect_commits()
 
 
-def _finish_or_abort(file: StepFile, complete: bool) -> Path:
+def _write_or_abort(file: StepFile, complete: bool) -> PendingFile:
     try:
-        return file.finish(complete=complete)
+        return file.write(complete=complete)
     except BaseException:
         file.abort()
+        raise
+
+
+def _commit_or_abort(pending: PendingFile) -> Path:
+    try:
+        return pending.commit()
+    except BaseException:
+        pending.abort()
         raise

@@ -160,30 +160,35 @@ class StepFile:
 
     def finish(self, *, complete: bool = True) -> Path:
         """Write the file atomically and return its final path."""
+        return self.write(complete=complete).commit()
+
+    def write(self, *, complete: bool = True) -> PendingFile:
+        """Write everything (metadata and bytes; the memory they held is released), but leave
+        it under its temporary name: `commit()` of the result fsyncs and renames. Split so an
+        async writer can write the next step while the disk syncs this one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.partial_path
         offset = self._write_hdf5(partial, complete, spilled=self._spill_fd is not None)
         if offset == SPILL_OFFSET and self._spill_fd is not None:
-            return self._finish_in_side_file(partial)
+            return self._write_in_side_file(partial)
         fd = os.open(partial, os.O_WRONLY)
         try:
             if self._spill_fd is not None:
                 _copy_range(self._spill_fd, fd, self._spilled, offset, SPILL_OFFSET)
             _pwrite_all(fd, self._buffers, offset + self._spilled)
-            os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        finally:
             self._drop_spill()
         self._buffers = []
         self._release()
-        # no fsync of the directory: the rename is atomic either way, and on ext4 a directory
-        # fsync waits for a journal commit (tens of ms per step when other processes write)
-        os.replace(partial, self.path)
-        return self.path
+        return PendingFile(fd, partial, self.path)
 
-    def _finish_in_side_file(self, partial: Path) -> Path:
+    def _write_in_side_file(self, partial: Path) -> PendingFile:
         """The spilled bytes already lie where /tensors is: copy HDF5's bytes (everything
-        outside /tensors) into the side file, add the unspilled tail, and make it the step file.
+        outside /tensors) into the side file and add the unspilled tail; the side file becomes
+        the step file at commit.
         """
         fd = self._spill_fd
         assert fd is not None
@@ -199,18 +204,18 @@ class StepFile:
             finally:
                 os.close(src)
             _pwrite_all(fd, self._buffers, SPILL_OFFSET + self._spilled)
-            os.fsync(fd)
-            os.replace(self.spill_path, self.path)
+        except BaseException:
+            self._drop_spill()
+            raise
         finally:
-            self._spill_fd = None
-            os.close(fd)
             try:
                 partial.unlink()
             except OSError:
                 pass
+        self._spill_fd = None  # the pending file owns it now
         self._buffers = []
         self._release()
-        return self.path
+        return PendingFile(fd, self.spill_path, self.path)
 
     def abort(self) -> None:
         """Forget this step, removing what it wrote."""
@@ -287,6 +292,45 @@ def table_array(rows: list[tuple], columns: tuple[tuple[str, Any], ...]) -> np.n
     for (name, _), a in zip(fields, arrays):
         out[name] = a
     return out
+
+
+class PendingFile:
+    """A step file whose bytes are all written under a temporary name, not yet durable."""
+
+    def __init__(self, fd: int, temp: Path, final: Path) -> None:
+        self._fd: int | None = fd
+        self.temp = temp
+        self.path = final
+
+    def commit(self) -> Path:
+        """fsync and rename to the final name (a file without `.partial` is complete)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            raise RuntimeError(f"{self.path}: committed or aborted already")
+        try:
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            self._unlink()
+            raise
+        os.close(fd)
+        # no fsync of the directory: the rename is atomic either way, and on ext4 a directory
+        # fsync waits for a journal commit (tens of ms per step when other processes write)
+        os.replace(self.temp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Close and remove the temporary file."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+            self._unlink()
+
+    def _unlink(self) -> None:
+        try:
+            self.temp.unlink()
+        except OSError:
+            pass
 
 
 def _pwrite_all(fd: int, buffers: list[memoryview], offset: int) -> int:
