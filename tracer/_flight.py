@@ -39,6 +39,7 @@ class FlightRecorder:
         self.steps: collections.deque[tuple[int, list[tuple]]] = collections.deque(maxlen=steps)
         self._step_of = step_of  # callable giving the current step when rows do not carry it
         self._lock = threading.Lock()
+        self._current: tuple[int, list] | None = None  # the newest entry of `steps`
         self._prev_hook: Any = None
         self._prev_sigterm: Any = None
         self._installed = False
@@ -50,12 +51,16 @@ class FlightRecorder:
         if step is None and self._step_of is not None:
             step = self._step_of()
         step = -1 if step is None else int(step)
-        with self._lock:
-            if not self.steps or self.steps[-1][0] != step:
-                self.steps.append((step, []))
-            # The writer hands each observer a fresh dict, so keeping it is safe, and it is the
-            # cheapest thing to do on every record; rows become tuples only when saved.
-            self.steps[-1][1].append((step, row))
+        current = self._current
+        if current is None or current[0] != step:
+            with self._lock:
+                if not self.steps or self.steps[-1][0] != step:
+                    self.steps.append((step, []))
+                current = self._current = self.steps[-1]
+        # The writer hands each observer a fresh dict, so keeping it is safe, and it is the
+        # cheapest thing to do on every record; rows become tuples only when saved. A list
+        # append needs no lock (atomic under the GIL; `rows()` copies under the lock).
+        current[1].append((step, row))
 
     def rows(self) -> list[tuple]:
         with self._lock:

@@ -22,7 +22,7 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
-from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+from tracer._format import StepFile, root_attrs, step_path
 from tracer._stats import (decode_packed, dense_span, device_stats, dtype_name, element_bits,
                            empty_stats, host_stats, shape_str)
 
@@ -138,15 +138,21 @@ def reuse_key(t: torch.Tensor, version: int | None = None) -> tuple[tuple, tuple
     made inside a dispatch mode gets its base's version counter only after the mode returns,
     so the mode passes the base's version (see `Writer.add_view`)."""
     try:
-        if t.layout != torch.strided or t.is_inference() or t.is_meta:
+        if t.layout != _STRIDED or t.is_inference() or t.is_meta:
             return None
         v = t._version if version is None else version
-        if not (t.is_conj() or t.is_neg()) and (
-                t.is_contiguous() or (t.is_cpu and dense_span(t))):
-            return ("span", t.data_ptr(), t.numel(), t.dtype, t.device), (v,)
-        return ("id", id(t)), (v, t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+        dtype = t.dtype
+        # the conjugate bit exists only on complex tensors; the negative bit on real ones
+        # only through torch._neg_view, rare enough to test after is_contiguous
+        if (t.is_contiguous() or (t.is_cpu and dense_span(t))) and not (
+                (dtype.is_complex and t.is_conj()) or t.is_neg()):
+            return ("span", t.data_ptr(), t.numel(), dtype, t.device), (v,)
+        return ("id", id(t)), (v, t.data_ptr(), dtype, tuple(t.shape), t.stride())
     except (RuntimeError, NotImplementedError, AttributeError):
         return None
+
+
+_STRIDED = torch.strided
 
 
 SAME_LAYOUT = "="
@@ -353,17 +359,21 @@ class Writer:
                 release()
             if share is not None and share[1] is None:
                 share[1] = (offset, nbytes, strides)
-        row = (seq, meta.name, meta.module, meta.op, meta.phase, meta.direction, int(meta.index),
-               int(meta.call), dtype_name(dtype), shape_str(shape), int(numel),
-               float(stats["min"]), float(stats["max"]), float(stats["mean"]),
-               float(stats["norm"]), int(stats["nan"]), int(stats["posinf"]),
-               int(stats["neginf"]), int(stats["zeros"]), int(stats["checksum"]), meta.source,
-               offset, nbytes, strides)
-        file.add_row(row)
-        out = dict(zip(RECORD_FIELDS, row))
-        out["step"] = step
-        out["rank"] = self.rank
-        return out
+        name, module, op, phase, direction, index, call, source = meta
+        dtype_s, shape_s = dtype_name(dtype), shape_str(shape)
+        mn, mx, mean, norm = stats["min"], stats["max"], stats["mean"], stats["norm"]
+        nan, posinf, neginf = stats["nan"], stats["posinf"], stats["neginf"]
+        zeros, checksum = stats["zeros"], stats["checksum"]
+        file.add_row((seq, name, module, op, phase, direction, index, call, dtype_s, shape_s,
+                      numel, mn, mx, mean, norm, nan, posinf, neginf, zeros, checksum, source,
+                      offset, nbytes, strides))
+        # a dict display: ~3x faster than dict(zip(RECORD_FIELDS, row)) (keys: RECORD_FIELDS)
+        return {"seq": seq, "name": name, "module": module, "op": op, "phase": phase,
+                "direction": direction, "index": index, "call": call, "dtype": dtype_s,
+                "shape": shape_s, "numel": numel, "min": mn, "max": mx, "mean": mean,
+                "norm": norm, "nan": nan, "posinf": posinf, "neginf": neginf, "zeros": zeros,
+                "checksum": checksum, "source": source, "data_offset": offset,
+                "data_nbytes": nbytes, "strides": strides, "step": step, "rank": self.rank}
 
     def _notify(self, row: dict) -> None:
         for observer in tuple(self.observers):  # another thread may remove one meanwhile
