@@ -3,8 +3,9 @@
 Two models, as issue 3 asks: `gpt` (vocab 512, 4 layers, d 256, seq 128, batch 8; the trainer's
 GPT when importable) and `tiny` (the trainer's tiny preset: 2 layers, d 64, seq 64, batch 8,
 where per-record costs dominate). For each, every condition runs in one process, interleaved
-round by round so machine noise hits all conditions alike; the ratio is median step time over
-median baseline step time. Prints one JSON object. Conditions and goals (issue 3):
+round by round so machine noise hits all conditions alike; a condition's ratio is the median
+over rounds of (its median step time in the round / the baseline's median step time in the
+same round), which cancels the slow drifts of a shared machine. Prints one JSON object. Conditions and goals (issue 3):
 
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
@@ -204,6 +205,7 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
         with contextlib.redirect_stdout(sys.stderr):  # msprobe logs to stdout
             debugger = make_msprobe(args.msprobe, work)
     times: dict[str, list[float]] = {name: [] for name in conditions}
+    per_round: dict[str, list[float]] = {name: [] for name in conditions}  # round medians
     records: dict[str, int] = {}
     stored_mb: dict[str, float] = {}
     try:
@@ -214,11 +216,15 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
             # freed by a tensor-mode condition makes the next one fault pages back in)
             for name, config in order[r % len(order):] + order[:r % len(order)]:
                 if config is None:
-                    times[name] += train_steps(model, opt, batches)[1:]
+                    steps = train_steps(model, opt, batches)[1:]
+                    times[name] += steps
+                    per_round[name].append(statistics.median(steps))
                     continue
                 if config == "msprobe":
                     with contextlib.redirect_stdout(sys.stderr):
-                        times[name] += msprobe_steps(model, opt, batches, debugger)[1:]
+                        steps = msprobe_steps(model, opt, batches, debugger)[1:]
+                    times[name] += steps
+                    per_round[name].append(statistics.median(steps))
                     shutil.rmtree(work / "msprobe", ignore_errors=True)
                     continue
                 path = work / name
@@ -227,7 +233,9 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
                 dumper_module._make_writer = (lambda *a: _NullWriter()) if null else real_writer
                 with tracer.Dumper(model, {**config, "path": str(path)}) as d:
                     # the first step also opens the writer: measured separately from the rest
-                    times[name] += train_steps(model, opt, batches, d)[1:]
+                    steps = train_steps(model, opt, batches, d)[1:]
+                times[name] += steps
+                per_round[name].append(statistics.median(steps))
                 if name not in records and (path / "dump").exists():
                     dump = tracer.open_dump(path)
                     records[name] = len(dump.stats(0, dump.steps(0)[-1]))
@@ -241,8 +249,11 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
         "model": {"params": sum(p.numel() for p in model.parameters()), "vocab": vocab,
                   "seq": seq, "batch": batch},
         "baseline_step_s": round(base, 4),
-        "ratios": {name: round(statistics.median(t) / base, 3)
-                   for name, t in times.items() if name != "baseline"},
+        "ratios": {name: round(statistics.median(
+                       m / b for m, b in zip(rounds, per_round["baseline"])), 3)
+                   for name, rounds in per_round.items() if name != "baseline"},
+        "ratios_of_pooled_medians": {name: round(statistics.median(t) / base, 3)
+                                     for name, t in times.items() if name != "baseline"},
         "records_per_step": records,
         "tensor_mb_per_step": {k: v for k, v in stored_mb.items() if v},
         "samples_per_condition": len(times["baseline"]),

@@ -42,7 +42,7 @@ from tracer._config import DumpConfig
 from tracer._errors import TracerError
 from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                           fused_available, host_stats)
+                           fused_available, host_stats, refresh_stats_threads)
 from tracer._writer import RecordMeta, Writer, snapshot
 
 _STOP = ("stop",)
@@ -105,6 +105,7 @@ class AsyncWriter(Writer):
             self._put(("end", False), 0)
         self._step, self._seq, self._in_step = int(step), 0, True
         self._seen.clear()
+        refresh_stats_threads()
         self._put(("begin", self._step), 0)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,

@@ -1,13 +1,15 @@
 /* tracer._fused: one-pass tensor statistics over raw memory (see tracer/_stats.py).
  *
- * stats(address, count, code) reads `count` elements at `address` (float32, bfloat16 or
- * float16, by `code`) once and returns
+ * stats(address, count, code, threads=1) reads `count` elements at `address` (float32,
+ * bfloat16 or float16, by `code`) once and returns
  *     (min, max, sum, sum_of_squares, zeros, nan, posinf, neginf, checksum)
- * with min/max over the non-NaN elements, sums accumulated in double precision in a fixed lane
- * order (the result depends only on the data, not on threads or chunking), zeros counting +0
- * and -0, and checksum the sum of the raw element bits modulo 2**64 (the caller wraps it to the
- * element width). NaN and Inf are counted in a second pass, run only when the first pass shows
- * they exist (they propagate into the sum or reach min/max). The GIL is released while it runs.
+ * with min/max over the non-NaN elements, zeros counting +0 and -0, and checksum the sum of the
+ * raw element bits modulo 2**64 (the caller wraps it to the element width). Sums run in float32
+ * lanes over short runs, then in float64 per chunk of 64K elements, and chunk results are added
+ * in chunk order: the result depends only on the data, not on threads. NaN and Inf are counted
+ * in a second pass, run only when the first pass shows they exist (they propagate into the sum
+ * or reach min/max). The GIL is released while it runs; with threads=2 a helper thread shares
+ * the chunks of a large tensor (see run_shared).
  *
  * The numpy/torch path in _stats.py makes five passes and ~10 torch calls per chunk; this one
  * pass runs near memory speed. The build is optional (setup.py): without a C compiler the
@@ -25,8 +27,13 @@ enum { CODE_F32 = 0, CODE_BF16 = 1, CODE_F16 = 2 };
 #define VL 8
 #define UNROLL 2
 #define LANES (VL * UNROLL)
-/* elements per block: per-lane 32-bit counters cannot overflow inside one block */
-#define BLOCK (1 << 24)
+/* Elements per chunk. Each chunk's sum and sum of squares is reduced on its own and the chunk
+ * results are added in chunk order, so the result is the same whether one thread or two
+ * computed the chunks; per-lane 32-bit counters cannot overflow inside one chunk. */
+#define CHUNK (1 << 16)
+/* Tensors of at least this many elements are split between the caller and the helper thread. */
+#define SPLIT_MIN (1 << 18)
+#define STACK_CHUNKS 256
 
 typedef struct {
     float mn, mx;
@@ -178,11 +185,167 @@ DEFINE_COUNT(count_f32, uint32_t, f32_identity)
 DEFINE_COUNT(count_bf16, uint16_t, bf16_to_f32)
 DEFINE_COUNT(count_f16, uint16_t, f16_to_f32)
 
+/* Chunks [c0, c1) of the tensor at `base`: min/max/zeros/checksum into `acc`, each chunk's sum
+ * and sum of squares into sums[c], sqs[c]. */
+static void run_chunks(const char *base, int64_t count, int code, int64_t c0, int64_t c1,
+                       acc_t *acc, double *sums, double *sqs) {
+    const size_t width = code == CODE_F32 ? 4 : 2;
+    for (int64_t c = c0; c < c1; c++) {
+        int64_t start = c * CHUNK;
+        int64_t n = count - start < CHUNK ? count - start : CHUNK;
+        const void *p = base + (size_t)start * width;
+        acc_t part = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
+        if (code == CODE_F32) pass_f32((const uint32_t *)p, n, &part);
+        else if (code == CODE_BF16) pass_bf16((const uint16_t *)p, n, &part);
+        else pass_f16((const uint16_t *)p, n, &part);
+        acc->mn = part.mn < acc->mn ? part.mn : acc->mn;
+        acc->mx = part.mx > acc->mx ? part.mx : acc->mx;
+        acc->zeros += part.zeros;
+        acc->checksum += part.checksum;
+        sums[c] = part.sum;
+        sqs[c] = part.sq;
+    }
+}
+
+/* One helper thread, started on first use, shares the chunks of large tensors with the caller:
+ * both take the next chunk from an atomic counter until none is left, so a helper that is slow
+ * to wake (an idle virtual CPU can take hundreds of microseconds) costs nothing: the caller just
+ * does more chunks. Each chunk's sums land in its own slot and are combined in chunk order, so
+ * the result never depends on who did what. The caller closes the job when its loop ends and
+ * waits only for a chunk the helper is still computing. After a job the helper spins (yielding
+ * the core) for SPIN_NS, since hooks call in bursts, then sleeps. A caller that finds the helper
+ * in use by another thread works alone. After fork() the child starts its own helper. */
+#ifndef _WIN32
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+#define HAVE_HELPER 1
+#define SPIN_NS 2000000
+enum { JOB_IDLE = 0, JOB_POSTED = 1, JOB_RUNNING = 2, JOB_DONE = 3, JOB_CLOSED = 4 };
+static pthread_mutex_t helper_mu = PTHREAD_MUTEX_INITIALIZER;  /* with helper_cv: sleeping */
+static pthread_cond_t helper_cv = PTHREAD_COND_INITIALIZER;
+static pthread_mutex_t helper_owner = PTHREAD_MUTEX_INITIALIZER;  /* held by the caller using it */
+static int helper_started = 0, helper_failed = 0;
+static atomic_int job_state = JOB_IDLE;
+static atomic_llong job_next;  /* the next chunk to take */
+static struct {
+    const char *base;
+    int64_t count, nchunks;
+    int code;
+    acc_t acc;  /* the helper's min/max/counts */
+    double *sums, *sqs;
+} job;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Take chunks until none is left; min/max/counts into acc, sums into the job's slots. */
+static void take_chunks(acc_t *acc) {
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&job_next, 1, memory_order_relaxed);
+        if (c >= job.nchunks) return;
+        run_chunks(job.base, job.count, job.code, c, c + 1, acc, job.sums, job.sqs);
+    }
+}
+
+static void *helper_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        int64_t until = now_ns() + SPIN_NS;
+        unsigned spins = 0;
+        int expected = JOB_POSTED;
+        while (!atomic_compare_exchange_weak_explicit(&job_state, &expected, JOB_RUNNING,
+                                                      memory_order_acquire,
+                                                      memory_order_relaxed)) {
+            expected = JOB_POSTED;
+            if ((++spins & 63) == 0) {
+                if (now_ns() > until) { /* idle: sleep until a job is posted */
+                    pthread_mutex_lock(&helper_mu);
+                    while (atomic_load_explicit(&job_state, memory_order_acquire) != JOB_POSTED)
+                        pthread_cond_wait(&helper_cv, &helper_mu);
+                    pthread_mutex_unlock(&helper_mu);
+                    until = now_ns() + SPIN_NS;
+                }
+                sched_yield();
+            }
+        }
+        acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
+        take_chunks(&acc);
+        job.acc = acc;
+        atomic_store_explicit(&job_state, JOB_DONE, memory_order_release);
+    }
+    return NULL;
+}
+
+static void helper_after_fork(void) {
+    pthread_mutex_init(&helper_mu, NULL);
+    pthread_cond_init(&helper_cv, NULL);
+    pthread_mutex_init(&helper_owner, NULL);
+    helper_started = 0;
+    helper_failed = 0;
+    atomic_store(&job_state, JOB_IDLE);
+}
+
+/* 1 when the helper is ours until we unlock helper_owner; 0 when the caller works alone. */
+static int helper_acquire(void) {
+    if (helper_failed || pthread_mutex_trylock(&helper_owner) != 0) return 0;
+    if (!helper_started) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, helper_main, NULL) != 0) {
+            helper_failed = 1;
+            pthread_attr_destroy(&attr);
+            pthread_mutex_unlock(&helper_owner);
+            return 0;
+        }
+        pthread_attr_destroy(&attr);
+        helper_started = 1;
+    }
+    return 1;
+}
+
+/* All chunks, shared with the helper; its min/max/counts are merged into acc. */
+static void run_shared(const char *base, int64_t count, int code, int64_t nchunks, acc_t *acc,
+                       double *sums, double *sqs) {
+    job.base = base; job.count = count; job.code = code; job.nchunks = nchunks;
+    job.sums = sums; job.sqs = sqs;
+    atomic_store_explicit(&job_next, 0, memory_order_relaxed);
+    atomic_store_explicit(&job_state, JOB_POSTED, memory_order_release);
+    pthread_mutex_lock(&helper_mu); /* wakes it if it sleeps (it checks the state locked) */
+    pthread_cond_signal(&helper_cv);
+    pthread_mutex_unlock(&helper_mu);
+    take_chunks(acc);
+    int expected = JOB_POSTED;
+    if (atomic_compare_exchange_strong_explicit(&job_state, &expected, JOB_CLOSED,
+                                                memory_order_acq_rel, memory_order_acquire)) {
+        atomic_store_explicit(&job_state, JOB_IDLE, memory_order_release);
+        return; /* the helper never started on it */
+    }
+    unsigned spins = 0; /* it is running: at most the chunk it holds is left */
+    while (atomic_load_explicit(&job_state, memory_order_acquire) != JOB_DONE)
+        if ((++spins & 63) == 0) sched_yield();
+    acc_t other = job.acc;
+    atomic_store_explicit(&job_state, JOB_IDLE, memory_order_release);
+    acc->mn = other.mn < acc->mn ? other.mn : acc->mn;
+    acc->mx = other.mx > acc->mx ? other.mx : acc->mx;
+    acc->zeros += other.zeros;
+    acc->checksum += other.checksum;
+}
+#else
+#define HAVE_HELPER 0
+#endif
+
 static PyObject *fused_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     long long count;
-    int code;
-    if (!PyArg_ParseTuple(args, "KLi", &address, &count, &code))
+    int code, threads = 1;
+    if (!PyArg_ParseTuple(args, "KLi|i", &address, &count, &code, &threads))
         return NULL;
     if (count < 1 || address == 0) {
         PyErr_SetString(PyExc_ValueError, "stats() needs a non-null address and count >= 1");
@@ -192,17 +355,30 @@ static PyObject *fused_stats(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "stats(): unknown dtype code %d", code);
         return NULL;
     }
+    int64_t nchunks = (count + CHUNK - 1) / CHUNK;
+    double stack_sums[STACK_CHUNKS], stack_sqs[STACK_CHUNKS];
+    double *sums = stack_sums, *sqs = stack_sqs;
+    if (nchunks > STACK_CHUNKS) {
+        sums = PyMem_RawMalloc(sizeof(double) * (size_t)nchunks * 2);
+        if (sums == NULL) return PyErr_NoMemory();
+        sqs = sums + nchunks;
+    }
     acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
     uint64_t nan = 0, pinf = 0, ninf = 0;
-    const size_t width = code == CODE_F32 ? 4 : 2;
     const char *base = (const char *)(uintptr_t)address;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t start = 0; start < count; start += BLOCK) {
-        int64_t n = count - start < BLOCK ? count - start : BLOCK;
-        const void *p = base + (size_t)start * width;
-        if (code == CODE_F32) pass_f32((const uint32_t *)p, n, &acc);
-        else if (code == CODE_BF16) pass_bf16((const uint16_t *)p, n, &acc);
-        else pass_f16((const uint16_t *)p, n, &acc);
+    int split = 0;
+#if HAVE_HELPER
+    if (threads > 1 && count >= SPLIT_MIN && nchunks >= 2 && helper_acquire()) {
+        run_shared(base, count, code, nchunks, &acc, sums, sqs);
+        pthread_mutex_unlock(&helper_owner);
+        split = 1;
+    }
+#endif
+    if (!split) run_chunks(base, count, code, 0, nchunks, &acc, sums, sqs);
+    for (int64_t c = 0; c < nchunks; c++) { /* chunk order: the same for any split */
+        acc.sum += sums[c];
+        acc.sq += sqs[c];
     }
     /* NaN makes the sum NaN; Inf reaches min or max (or makes the sum NaN as +Inf + -Inf) */
     if (isnan(acc.sum) || isinf(acc.mn) || isinf(acc.mx)) {
@@ -211,6 +387,7 @@ static PyObject *fused_stats(PyObject *self, PyObject *args) {
         else count_f16((const uint16_t *)base, count, &nan, &pinf, &ninf);
     }
     Py_END_ALLOW_THREADS
+    if (sums != stack_sums) PyMem_RawFree(sums);
     return Py_BuildValue("ddddKKKKK", (double)acc.mn, (double)acc.mx, acc.sum, acc.sq,
                          (unsigned long long)acc.zeros, (unsigned long long)nan,
                          (unsigned long long)pinf, (unsigned long long)ninf,
@@ -219,11 +396,17 @@ static PyObject *fused_stats(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"stats", fused_stats, METH_VARARGS,
-     "stats(address, count, code) -> (min, max, sum, sumsq, zeros, nan, posinf, neginf, "
-     "checksum); code 0 float32, 1 bfloat16, 2 float16"},
+     "stats(address, count, code, threads=1) -> (min, max, sum, sumsq, zeros, nan, posinf, "
+     "neginf, checksum); code 0 float32, 1 bfloat16, 2 float16; threads 2 lets a helper "
+     "thread take half of a large tensor (the result does not change)"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fused(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fused(void) {
+#if HAVE_HELPER
+    pthread_atfork(NULL, NULL, helper_after_fork);
+#endif
+    return PyModule_Create(&module);
+}

@@ -3,7 +3,9 @@
 Speed matters here: the capture hooks call this for every record. float32, bfloat16 and
 float16 on CPU go through `tracer._fused`, a small C kernel (tracer/_fused.c, built by setup.py
 where a C compiler exists) that reads the tensor once and computes every statistic in that
-pass, with the GIL released, at 3-4x the speed of the numpy path below (benchmarks/RESULTS.md).
+pass, with the GIL released, at 3-4x the speed of the numpy path below (benchmarks/RESULTS.md);
+a tensor of 256K elements or more is shared with one helper thread when torch leaves a core
+free (`STATS_THREADS`).
 
 Without the kernel, and for other dtypes, `numpy_host_stats` runs cheap reductions. Measured on
 the 2-core CPU (see DESIGN.md): `isnan().sum()` and `(x == 0).sum()` cost 15-40x a plain read,
@@ -50,6 +52,39 @@ except ImportError:
 _FUSED_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 if os.environ.get("SLEUTH_FUSED_STATS", "1") == "0":
     _fused = None
+
+
+def _env_threads() -> int | None:
+    value = os.environ.get("SLEUTH_STATS_THREADS", "")
+    if not value:
+        return None
+    try:
+        return min(2, max(1, int(value)))
+    except ValueError:
+        import warnings
+
+        warnings.warn(f"SLEUTH_STATS_THREADS={value!r} is not 1 or 2; ignored", RuntimeWarning,
+                      stacklevel=2)
+        return None
+
+
+_ENV_THREADS = _env_threads()
+STATS_THREADS = 1
+"""Threads the C kernel uses for one tensor of 256K elements or more: 2 (it and a helper thread
+share the chunks) when a core is left over by torch (`torch.get_num_threads()` below the CPU
+count), else 1; SLEUTH_STATS_THREADS=1 or 2 forces it. Set by `refresh_stats_threads()`, which
+the writers call at each step start. The result is the same for 1 or 2."""
+
+
+def refresh_stats_threads() -> int:
+    """Re-read SLEUTH_STATS_THREADS and torch's thread count into STATS_THREADS."""
+    global STATS_THREADS
+    if _ENV_THREADS is not None:
+        STATS_THREADS = _ENV_THREADS
+    else:
+        STATS_THREADS = 2 if (os.cpu_count() or 1) > torch.get_num_threads() else 1
+    return STATS_THREADS
+
 
 # Signed integer of the element width, for the checksum over raw bits.
 _INT_OF_WIDTH = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -241,8 +276,8 @@ def fused_available() -> bool:
 
 def _fused_stats(flat: torch.Tensor, n: int, code: int) -> dict:
     """host_stats through the C kernel; `flat` is a contiguous CPU tensor of `n` elements."""
-    mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = _fused.stats(flat.data_ptr(), n,
-                                                                           code)
+    mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = _fused.stats(
+        flat.data_ptr(), n, code, STATS_THREADS)
     if nan:
         mn = mx = mean = norm = _NAN
     else:

@@ -24,7 +24,7 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import StepFile, root_attrs, step_path
 from tracer._stats import (decode_packed, dense_span, device_stats, dtype_name, element_bits,
-                           empty_stats, host_stats, shape_str)
+                           empty_stats, host_stats, refresh_stats_threads, shape_str)
 
 
 class RecordMeta(NamedTuple):
@@ -405,6 +405,7 @@ class SyncWriter(Writer):
             self._finish(complete=False)
         self._step, self._seq = int(step), 0
         self._seen.clear()
+        refresh_stats_threads()
         self._file = self._new_file(self._step)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,

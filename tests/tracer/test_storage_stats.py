@@ -327,3 +327,85 @@ def test_op_level_transpose_of_a_weight_reuses_its_statistics(tmp_path, monkeypa
     t_in, t_out = df.loc["<root>::aten.t.forward.0.input.0"], df.loc["<root>::aten.t.forward.0.output.0"]
     assert t_in.checksum == t_out.checksum and t_in["max"] == t_out["max"]
     assert (30, 40) in seen and (40, 30) not in seen  # the transpose was not read again
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_helper_thread_gives_the_same_result(dtype, monkeypatch):
+    """A large tensor's statistics split with the kernel's helper thread equal one thread's,
+    bit for bit (chunk results are combined in chunk order either way)."""
+    import tracer._stats as stats_module
+
+    if not fused_available():
+        pytest.skip("no C kernel")
+    g = torch.Generator().manual_seed(5)
+    for n in (1 << 18, (1 << 18) + 12345, 3_000_001):
+        t = (torch.randn(n, generator=g) * 5 + 1).to(dtype)
+        t[n // 3] = 0.0
+        results = []
+        for threads in (1, 2):
+            monkeypatch.setattr(stats_module, "STATS_THREADS", threads)
+            results.append(host_stats(t))
+        assert results[0] == results[1]
+        check(t)
+    t = torch.randn(1 << 19, generator=g).to(dtype)
+    t[7] = NAN
+    monkeypatch.setattr(stats_module, "STATS_THREADS", 2)
+    check(t)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_helper_thread_works_after_fork():
+    """A forked child (a DataLoader worker, say) starts its own helper thread."""
+    import os
+
+    import tracer._stats as stats_module
+
+    if not fused_available():
+        pytest.skip("no C kernel")
+    t = torch.randn(1 << 20, generator=torch.Generator().manual_seed(6))
+    old = stats_module.STATS_THREADS
+    stats_module.STATS_THREADS = 2
+    try:
+        expected = host_stats(t)  # the parent's helper is running now
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: must not deadlock on the parent's helper state
+            try:
+                ok = host_stats(t) == expected
+                os.write(w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        import select
+        import signal
+
+        os.close(w)
+        ready, _, _ = select.select([r], [], [], 60)
+        if not ready:  # a deadlocked child: kill it and fail
+            os.kill(pid, signal.SIGKILL)
+        got = os.read(r, 1) if ready else b""
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+        assert got == b"1" and status == 0
+    finally:
+        stats_module.STATS_THREADS = old
+
+
+def test_helper_thread_only_when_torch_leaves_a_core(monkeypatch):
+    import os
+
+    import tracer._stats as stats_module
+
+    old = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(stats_module, "_ENV_THREADS", None)
+        torch.set_num_threads(max(1, os.cpu_count() or 1))
+        assert stats_module.refresh_stats_threads() == 1
+        if (os.cpu_count() or 1) >= 2:
+            torch.set_num_threads(1)
+            assert stats_module.refresh_stats_threads() == 2
+        monkeypatch.setattr(stats_module, "_ENV_THREADS", 1)  # SLEUTH_STATS_THREADS=1
+        assert stats_module.refresh_stats_threads() == 1
+    finally:
+        torch.set_num_threads(old)
+        monkeypatch.undo()
+        stats_module.refresh_stats_threads()
