@@ -29,6 +29,7 @@ dumping is off. The writer thread keeps draining so producers never block on a d
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -40,6 +41,7 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import TracerError
+from tracer._filer import FileProcess
 from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
@@ -60,6 +62,7 @@ class _RowBuffer:
 
     def add_bytes(self, data: Any, on_written: Any = None) -> int:  # pragma: no cover
         raise AssertionError("rows made in the training thread carry no bytes")
+_USE_FILER = os.environ.get("SLEUTH_FILE_PROCESS", "1") != "0"
 _MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
 _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 
@@ -83,6 +86,8 @@ class AsyncWriter(Writer):
         self._seq = 0
         self._streams: dict[torch.device, Any] = {}
         self._fused = fused_available()
+        # statistics-only step files are written by a helper process (tracer._filer)
+        self._filer = FileProcess(self.rank) if not self.keep_bytes and _USE_FILER else None
         self._rows = _RowBuffer()  # rows made in the training thread (see `_inline`)
         # writer-thread state
         self._wfile: StepFile | None = None
@@ -295,6 +300,8 @@ class AsyncWriter(Writer):
         for pool in (self._flusher, self._syncer):
             if pool is not None:
                 pool.shutdown(wait=True)
+        if self._filer is not None:
+            self._filer.close()
 
     def _process(self, item: tuple) -> None:
         kind = item[0]
@@ -358,7 +365,21 @@ class AsyncWriter(Writer):
         if self._flusher is None:
             self._flusher = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"sleuth-dump-flush-rank{self.rank}")
-        self._finishing = self._flusher.submit(_write_or_abort, file, complete)
+        self._finishing = self._flusher.submit(self._write_file, file, complete)
+
+    def _write_file(self, file: StepFile, complete: bool) -> PendingFile | _Committed:
+        """On the flusher thread: a file without tensor bytes goes to the file-writer process
+        (h5py there does not hold this process's GIL); any other, or when that process is
+        unavailable, is written here. The file is aborted (its partial removed) on error."""
+        try:
+            if self._filer is not None and not file.nbytes and not file.spilled:
+                path = self._filer.finish(file, complete)
+                if path is not None:
+                    return _Committed(path)
+            return file.write(complete=complete)
+        except BaseException:
+            file.abort()
+            raise
 
     def _wait_written(self) -> None:
         """Wait for the file being written and queue its commit; its error is raised here."""
@@ -385,12 +406,17 @@ class AsyncWriter(Writer):
             self._collect_commits()
 
 
-def _write_or_abort(file: StepFile, complete: bool) -> PendingFile:
-    try:
-        return file.write(complete=complete)
-    except BaseException:
-        file.abort()
-        raise
+class _Committed:
+    """What the file-writer process returns: a file already fsynced and renamed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def commit(self) -> Path:
+        return self.path
+
+    def abort(self) -> None:
+        pass
 
 
 def _commit_or_abort(pending: PendingFile) -> Path:

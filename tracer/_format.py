@@ -103,6 +103,9 @@ class StepFile:
         self.attrs = attrs
         self.rows: list[tuple] = []
         self.hits: list[tuple] = []
+        # prebuilt /records and /hits arrays (the file-writer process gets tables, not rows)
+        self.table: np.ndarray | None = None
+        self.hit_table: np.ndarray | None = None
         self._spill_bytes = max(1, spill_bytes)
         self._buffers: list[memoryview] = []  # in memory, not yet spilled
         self._released: list[Callable[[], None]] = []  # to call once those are written
@@ -110,6 +113,11 @@ class StepFile:
         self._spilled = 0  # bytes already in the side file
         self._spill_fd: int | None = None
         self.nbytes = 0  # offset of the next tensor in /tensors
+
+    @property
+    def spilled(self) -> bool:
+        """True once tensor bytes went to the side file."""
+        return self._spill_fd is not None
 
     @property
     def partial_path(self) -> Path:
@@ -140,6 +148,21 @@ class StepFile:
 
     def add_row(self, row: tuple) -> None:
         self.rows.append(row)
+
+    def records_table(self) -> np.ndarray:
+        """The /records array: the prebuilt `table`, or the rows in seq order."""
+        if self.table is not None:
+            return self.table
+        rows = self.rows
+        if any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1)):
+            rows = sorted(rows)  # rows made in two threads (async writer): seq order
+        return table_array(rows, RECORD_COLUMNS)
+
+    def hits_table(self) -> np.ndarray | None:
+        """The /hits array, or None when the step has no hits."""
+        if self.hit_table is not None:
+            return self.hit_table
+        return table_array(self.hits, HIT_COLUMNS) if self.hits else None
 
     def add_hit(self, hit: dict) -> None:
         self.hits.append(tuple(hit.get(k, "" if dt is _STR else 0) for k, dt in HIT_COLUMNS))
@@ -247,12 +270,10 @@ class StepFile:
             for key, value in self.attrs.items():
                 f.attrs[key] = value
             f.attrs["complete"] = int(complete)
-            rows = self.rows
-            if any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1)):
-                rows = sorted(rows)  # rows made in two threads (async writer): seq order
-            f.create_dataset("records", data=table_array(rows, RECORD_COLUMNS))
-            if self.hits:
-                f.create_dataset("hits", data=table_array(self.hits, HIT_COLUMNS))
+            f.create_dataset("records", data=self.records_table())
+            hits = self.hits_table()
+            if hits is not None:
+                f.create_dataset("hits", data=hits)
             if not self.nbytes:
                 f.create_dataset("tensors", shape=(0,), dtype=np.uint8)
                 return 0

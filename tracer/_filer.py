@@ -1,0 +1,180 @@
+"""A helper process that writes statistics-only step files for the async writer.
+
+h5py holds the GIL while it writes, so an HDF5 file written by a thread stalls the training
+thread for as long (3-5 ms a step here, half of a small model's step). A step without tensor
+bytes is fully described by its root attributes and its /records and /hits tables, so the async
+writer sends those to this process, which writes, fsyncs and renames the file (`StepFile`, the
+same code as in-process) and answers with the path.
+
+Protocol, over the child's stdin and stdout (no pickle): a request is three length-prefixed
+parts (8-byte little-endian lengths): a JSON header {"path", "attrs", "complete"}, the records
+table as a .npy array, and the hits table as a .npy array (length 0 when none). The answer is
+one JSON line: {"ok": path} or {"error": message}. End of input ends the process, so it exits
+with its parent even when the parent is killed.
+
+Started as `python -m tracer._filer`, not through multiprocessing: spawning would re-import the
+user's training script in the child.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from tracer._format import StepFile
+
+_LEN = struct.Struct("<Q")
+
+
+def _npy(arr: np.ndarray | None) -> bytes:
+    if arr is None:
+        return b""
+    # .npy keeps no dtype metadata (h5py's string encoding): plain fields, re-marked in _utf8
+    plain = arr.view(np.dtype([(n, arr.dtype[n].str) for n in arr.dtype.names or ()]))
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, plain, allow_pickle=False)
+    return buf.getvalue()
+
+
+def _read_exact(stream: IO[bytes], n: int) -> bytes | None:
+    data = stream.read(n)
+    if data is None or len(data) < n:
+        return None
+    return data
+
+
+def _read_part(stream: IO[bytes]) -> bytes | None:
+    head = _read_exact(stream, _LEN.size)
+    if head is None:
+        return None
+    (n,) = _LEN.unpack(head)
+    return _read_exact(stream, n) if n else b""
+
+
+class FileProcess:
+    """The parent's end: starts the helper on first use and writes files through it.
+
+    `finish` returns None when the helper cannot be used (it failed to start or died), after
+    one warning; the caller then writes the file itself, so no step is lost.
+    """
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self._proc: subprocess.Popen | None = None
+        self._failed = False
+        self._lock = threading.Lock()
+        self.files = 0
+        """Files written through the helper (for tests and benchmarks)."""
+
+    def finish(self, file: StepFile, complete: bool) -> Path | None:
+        """Write `file` (rows and hits only) through the helper; its final path, or None."""
+        with self._lock:
+            if self._failed:
+                return None
+            header = json.dumps({"path": str(file.path), "attrs": file.attrs,
+                                 "complete": bool(complete)}).encode()
+            parts = (header, _npy(file.records_table()), _npy(file.hits_table()))
+            payload = b"".join(_LEN.pack(len(p)) + p for p in parts)
+            try:
+                proc = self._start()
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(payload)
+                proc.stdin.flush()
+                line = proc.stdout.readline()
+            except OSError as e:
+                self._give_up(f"{type(e).__name__}: {e}")
+                return None
+            if not line:
+                self._give_up(f"it exited with {proc.poll()}")
+                return None
+            reply = json.loads(line)
+            if "error" in reply:  # the write itself failed (disk full, ...): the caller's error
+                raise OSError(reply["error"])
+            self.files += 1
+            return Path(reply["ok"])
+
+    def close(self) -> None:
+        """End the helper (it finishes the file in hand first)."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is not None:
+            return self._proc
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        for key in [k for k in env if k.startswith("SLEUTH_")]:
+            del env[key]  # the helper must not attach tools to itself
+        self._proc = subprocess.Popen([sys.executable, "-m", "tracer._filer"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                      start_new_session=True)
+        return self._proc
+
+    def _give_up(self, why: str) -> None:
+        self._failed = True
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        warnings.warn(f"sleuth dump (rank {self.rank}): the file-writer process failed ({why}); "
+                      f"the writer thread writes statistics files itself from now on",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
+    """The helper's loop: one request, one answer, until end of input."""
+    import h5py
+
+    while True:
+        header = _read_part(stdin)
+        if header is None:
+            return
+        records, hits = _read_part(stdin), _read_part(stdin)
+        if records is None or hits is None:
+            return
+        try:
+            request = json.loads(header)
+            file = StepFile(Path(request["path"]), request["attrs"], spill_bytes=1 << 62)
+            file.table = _utf8(np.lib.format.read_array(io.BytesIO(records),
+                                                        allow_pickle=False), h5py)
+            if hits:
+                file.hit_table = _utf8(np.lib.format.read_array(io.BytesIO(hits),
+                                                                allow_pickle=False), h5py)
+            answer: dict[str, Any] = {"ok": str(file.finish(complete=request["complete"]))}
+        except Exception as e:  # noqa: BLE001 - answered, raised in the parent
+            answer = {"error": f"{type(e).__name__}: {e}"}
+        stdout.write(json.dumps(answer).encode() + b"\n")
+        stdout.flush()
+
+
+def _utf8(arr: np.ndarray, h5py: Any) -> np.ndarray:
+    """.npy drops h5py's string encoding: mark the byte-string fields UTF-8 again."""
+    fields = [(n, h5py.string_dtype("utf-8", arr.dtype[n].itemsize) if arr.dtype[n].kind == "S"
+               else arr.dtype[n]) for n in arr.dtype.names or ()]
+    return arr.view(np.dtype(fields))
+
+
+if __name__ == "__main__":
+    # Ctrl-C goes to the parent, which closes our input when it is done
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _serve(sys.stdin.buffer, sys.stdout.buffer)
