@@ -18,7 +18,9 @@ Files: when a step ends, a second thread (the flusher) writes its metadata and b
 writer thread goes on with the next step, and a third (the syncer) fsyncs and renames it while
 the flusher writes the next one, so disk waits overlap both; one file at a time is being
 written (memory stays bounded), at most four written files wait for their fsync, and `flush()`
-and `close()` return once every file is renamed.
+and `close()` return once every file is renamed. A step file without tensor bytes (statistics
+mode) is written by a helper process instead (tracer._filer), so h5py's GIL-holding work does
+not stall the training thread.
 
 Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
 full and never drops a record. One record larger than the bound is let through alone.
