@@ -90,6 +90,8 @@ class AsyncWriter(Writer):
         self._fused = fused_available()
         # statistics-only step files are written by a helper process (tracer._filer)
         self._filer = FileProcess(self.rank) if not self.keep_bytes and _USE_FILER else None
+        if self._filer is not None:
+            self._filer.start()
         self._rows = _RowBuffer()  # rows made in the training thread (see `_inline`)
         # writer-thread state
         self._wfile: StepFile | None = None

@@ -103,6 +103,16 @@ class FileProcess:
             self.files += 1
             return Path(reply["ok"])
 
+    def start(self) -> None:
+        """Start the helper now, so its imports overlap the first step's capture; a failure
+        shows at the first `finish` (which then falls back)."""
+        with self._lock:
+            if self._proc is None and not self._failed:
+                try:
+                    self._start()
+                except OSError:
+                    pass
+
     def close(self) -> None:
         """End the helper (it finishes the file in hand first)."""
         with self._lock:
