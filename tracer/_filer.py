@@ -97,7 +97,11 @@ class FileProcess:
             if not line:
                 self._give_up(f"it exited with {proc.poll()}")
                 return None
-            reply = json.loads(line)
+            try:
+                reply = json.loads(line)
+            except ValueError:
+                self._give_up(f"unreadable answer {line[:80]!r}")
+                return None
             if "error" in reply:  # the write itself failed (disk full, ...): the caller's error
                 raise OSError(reply["error"])
             self.files += 1
@@ -187,4 +191,8 @@ def _utf8(arr: np.ndarray, h5py: Any) -> np.ndarray:
 if __name__ == "__main__":
     # Ctrl-C goes to the parent, which closes our input when it is done
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    # answers go to the original stdout; anything a library prints goes to stderr
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = sys.stderr
+    _serve(sys.stdin.buffer, answers)
