@@ -88,7 +88,8 @@ class Dumper:
         self._lock = threading.Lock()
         self._snapshots: dict[int, torch.Tensor] = {}
         # id(parameter) -> a buffer reused for its pre-step copy from one optimizer step to the
-        # next while steps are dumped (a fresh clone page-faults its memory in every time)
+        # next while steps are dumped (a fresh clone page-faults its memory in every time); CPU
+        # parameters only (see _snapshot_param)
         self._snapshot_buffers: dict[int, torch.Tensor] = {}
         self._optimizer_recorded = False
         self._handles: list[Any] = []
@@ -286,9 +287,12 @@ class Dumper:
             if before is not None:
                 self._busy = True  # the subtraction is ours, not the model's
                 try:
-                    # into the buffer: its param record is already taken (statistics computed
-                    # or bytes staged), and the version bump keeps the two records apart
-                    update = torch.sub(p.detach(), before, out=before)
+                    # on CPU into the buffer: its param record is already taken (statistics
+                    # computed, bytes copied in the hook) and the version bump keeps the two
+                    # records apart. On a device the async writer may still be copying it on a
+                    # side stream, so the update is a new tensor there.
+                    update = (torch.sub(p.detach(), before, out=before) if before.is_cpu
+                              else p.detach() - before)
                 finally:
                     self._busy = False
                 self.emit(name, owner, "", "optimizer", "update", 0, call, source, update)
@@ -311,6 +315,8 @@ class Dumper:
 
     def _snapshot_param(self, param: torch.Tensor) -> torch.Tensor:
         p = param.detach()
+        if not p.is_cpu:  # a side-stream copy of last step's buffer may still be in flight
+            return p.clone()
         buf = self._snapshot_buffers.get(id(param))
         if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device \
                 or buf.stride() != p.stride():
