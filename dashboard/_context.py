@@ -24,6 +24,11 @@ class Context:
             return None
         return self.runs[i].root if 0 <= i < len(self.runs) else None
 
+    def run_in(self, q: dict[str, str], key: str = "run") -> int | None:
+        """The run index the query parameter `key` names, or None when it names no run."""
+        value = q.get(key, "")
+        return int(value) if value.isdigit() and self.root(value) else None
+
     def label(self, index: int) -> str:
         return self.runs[int(index)].label
 

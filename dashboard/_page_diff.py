@@ -21,8 +21,10 @@ _WORST_BY = ("max_rel_err", "max_abs_err", "rmse", "norm_rdiff", "max_rdiff")
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
-    a = int(q["a"]) if q.get("a", "").isdigit() and ctx.root(q["a"]) else 0
-    b = int(q["b"]) if q.get("b", "").isdigit() and ctx.root(q["b"]) else min(1, len(ctx.runs) - 1)
+    a = ctx.run_in(q, "a")
+    a = 0 if a is None else a
+    b = ctx.run_in(q, "b")
+    b = min(1, len(ctx.runs) - 1) if b is None else b
     return html.Div([
         html.H2("Diff"),
         html.Div([run_picker("diff-a", ctx.runs, value=a, label="run A"),

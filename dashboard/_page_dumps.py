@@ -11,7 +11,7 @@ from dash import Input, Output, State, dcc, html
 
 from dashboard import _data
 from dashboard._context import Context
-from dashboard._figures import empty_figure, tensor_histogram
+from dashboard._figures import tensor_histogram
 from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns, table_records
 
 COLUMNS = ("seq", "name", "phase", "direction", "dtype", "shape", "min", "max", "mean", "norm",
@@ -26,7 +26,7 @@ HIGHLIGHT = [
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
-    run = int(q["run"]) if q.get("run", "").isdigit() and ctx.root(q["run"]) else None
+    run = ctx.run_in(q)
     return html.Div([
         html.H2("Dumps"),
         html.Div([run_picker("dumps-run", ctx.runs, value=run),

@@ -18,7 +18,7 @@ MAX_MATCHES = 50
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
-    run = int(q["run"]) if q.get("run", "").isdigit() and ctx.root(q["run"]) else None
+    run = ctx.run_in(q)
     return html.Div([
         html.H2("Graph"),
         html.Div([run_picker("graph-run", ctx.runs, value=run),

@@ -13,7 +13,7 @@ from dashboard._widgets import control, empty_state, run_picker
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
-    run = int(q["run"]) if q.get("run", "").isdigit() and ctx.root(q["run"]) else None
+    run = ctx.run_in(q)
     return html.Div([
         html.H2("Histograms"),
         html.Div([run_picker("hist-run", ctx.runs, value=run),

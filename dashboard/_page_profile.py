@@ -18,7 +18,7 @@ _PHASES = ("data", "forward", "backward", "optimizer", "other")
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
-    run = int(q["run"]) if q.get("run", "").isdigit() and ctx.root(q["run"]) else None
+    run = ctx.run_in(q)
     return html.Div([html.H2("Profile"),
                      html.Div([run_picker("profile-run", ctx.runs, value=run)], className="sleuth-controls"),
                      dcc.Loading(html.Div(id="profile-body"))], id="page-profile")

@@ -20,7 +20,8 @@ _AUTO_KEY = re.compile(r"^xaxis\d*\.autorange$")
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
-    runs = [int(q["run"])] if q.get("run", "").isdigit() and ctx.root(q["run"]) else None
+    run = ctx.run_in(q)
+    runs = [run] if run is not None else None
     return html.Div([
         html.H2("Scalars"),
         html.Div([

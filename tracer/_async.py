@@ -51,6 +51,10 @@ from tracer._writer import RecordMeta, Writer, snapshot
 
 _STOP = ("stop",)
 
+_USE_FILER = os.environ.get("SLEUTH_FILE_PROCESS", "1") != "0"
+_MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
+_RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
+
 
 class _RowBuffer:
     """Where `Writer._record` puts rows made in the training thread; they reach the step file
@@ -64,9 +68,6 @@ class _RowBuffer:
 
     def add_bytes(self, data: Any, on_written: Any = None) -> int:  # pragma: no cover
         raise AssertionError("rows made in the training thread carry no bytes")
-_USE_FILER = os.environ.get("SLEUTH_FILE_PROCESS", "1") != "0"
-_MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
-_RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 
 
 class AsyncWriter(Writer):
@@ -92,7 +93,7 @@ class AsyncWriter(Writer):
         self._filer = FileProcess(self.rank) if not self.keep_bytes and _USE_FILER else None
         if self._filer is not None:
             self._filer.start()
-        self._rows = _RowBuffer()  # rows made in the training thread (see `_inline`)
+        self._rows = _RowBuffer()  # rows made in the training thread (see `add`)
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1
@@ -126,9 +127,11 @@ class AsyncWriter(Writer):
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
         seq = self._seq
         self._seq += 1
+        # statistics mode on CPU (or meta) with the kernel built: the row is made here
+        inline = not self.keep_bytes and self._fused and (tensor.is_cpu or tensor.is_meta)
         try:
             share, shared, skip = self._plan(tensor, stable, version)
-            if self._inline(tensor):
+            if inline:
                 # statistics only, on CPU: the one-pass kernel costs no more than a snapshot,
                 # and the row is made here too, so the writer thread has nothing to do per
                 # record (a writer thread running Python per record makes the training thread
@@ -151,7 +154,7 @@ class AsyncWriter(Writer):
             self._in_step = False
             self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
             return
-        if self._inline(tensor):
+        if inline:
             try:
                 self._notify(row)
             except Exception as e:  # noqa: BLE001 - raised in the training thread
@@ -161,11 +164,6 @@ class AsyncWriter(Writer):
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
-
-    def _inline(self, tensor: torch.Tensor) -> bool:
-        """True when `add` makes the record's row itself (statistics mode, CPU or meta, and
-        the C kernel built)."""
-        return not self.keep_bytes and self._fused and (tensor.is_cpu or tensor.is_meta)
 
     def _hand_over_rows(self) -> None:
         """Queue the rows made in the training thread for the open step file."""

@@ -21,7 +21,7 @@ import numpy as np
 from tracer._align import align
 from tracer._compare import (TensorMetrics, Tolerance, compare_stats, itemsize, judge_tensor)
 from tracer._errors import DumpFormatError, TracerError
-from tracer._reader import c_order_bytes
+from tracer._reader import parse_shape, c_order_bytes
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
@@ -235,29 +235,30 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
         raise DumpFormatError(f"record {ra['name']}: stored bytes do not match dtype and shape")
     sa, sb = str(ra.get("strides") or ""), str(rb.get("strides") or "")
     if sa == sb:  # the same layout on both sides: element i of A's bytes is element i of B's
-        for start in range(0, n, CHUNK_ELEMENTS):
-            count = min(CHUNK_ELEMENTS, n - start)
-            acc.add_raw(fa.read(oa + start * ia, count * ia),
-                        fb.read(ob + start * ib, count * ib), da, db, norms=n > CHUNK_ELEMENTS)
-            progress(count * (ia + ib))
+        read_a = lambda start, count: fa.read(oa + start * ia, count * ia)  # noqa: E731
+        read_b = lambda start, count: fb.read(ob + start * ib, count * ib)  # noqa: E731
     else:  # a permutation stored in memory order on one side: both whole, in C order
-        shape = tuple(int(x) for x in str(ra["shape"]).split(",")) if str(ra["shape"]) else ()
-        whole = []
-        for f, o, size, strides in ((fa, oa, ia, sa), (fb, ob, ib, sb)):
-            raw = f.read(o, n * size)
-            if strides:
-                raw = c_order_bytes(raw, size, shape, tuple(int(x) for x in strides.split(",")))
-            whole.append(raw)
-        for start in range(0, n, CHUNK_ELEMENTS):
-            count = min(CHUNK_ELEMENTS, n - start)
-            acc.add_raw(whole[0][start * ia:(start + count) * ia],
-                        whole[1][start * ib:(start + count) * ib], da, db,
-                        norms=n > CHUNK_ELEMENTS)
-            progress(count * (ia + ib))
+        read_a = _whole_in_c_order(fa, oa, ia, n, str(ra["shape"]), sa)
+        read_b = _whole_in_c_order(fb, ob, ib, n, str(rb["shape"]), sb)
+    for start in range(0, n, CHUNK_ELEMENTS):
+        count = min(CHUNK_ELEMENTS, n - start)
+        acc.add_raw(read_a(start, count), read_b(start, count), da, db,
+                    norms=n > CHUNK_ELEMENTS)
+        progress(count * (ia + ib))
     m = acc.result()
     m.pop("identical")
     m.update(judge_tensor(m, cos_min))
     return m
+
+
+def _whole_in_c_order(f: _TensorReader, offset: int, size: int, n: int, shape: str,
+                      strides: str) -> Callable[[int, int], np.ndarray]:
+    """Read one record's `n` elements whole (a copy: the next read reuses the reader's buffer)
+    in C order; returns a reader of element ranges of it."""
+    raw = f.read(offset, n * size)
+    raw = (c_order_bytes(raw, size, parse_shape(shape), parse_shape(strides)) if strides
+           else raw.copy())
+    return lambda start, count: raw[start * size:(start + count) * size]
 
 
 def _row_base(ra: dict | None, rb: dict | None, plan: tuple[int, int, int, int]) -> dict:

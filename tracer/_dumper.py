@@ -37,6 +37,24 @@ def _record_meta() -> Any:
     return RecordMeta
 
 
+def _bind_add(writer: Any) -> Any:
+    """`add(meta, tensor, stable, version)` of `writer`: its own for a tracer writer; for a
+    stand-in with a plain `add(meta, tensor)` (a test double), the stable flag picks
+    `add_unstable` when it has one and the version is dropped."""
+    from tracer._writer import Writer
+
+    if isinstance(writer, Writer):
+        return writer.add
+    add = writer.add
+    unstable = getattr(writer, "add_unstable", add)
+
+    def plain(meta: Any, tensor: torch.Tensor, stable: bool = True,
+              version: int | None = None) -> None:
+        (add if stable else unstable)(meta, tensor)
+
+    return plain
+
+
 def resolve_config(config: DumpConfig | dict | str | os.PathLike | None) -> DumpConfig:
     """A DumpConfig from a config, a dict, inline JSON (``{...}``), a JSON path, or None
     (the defaults)."""
@@ -83,6 +101,7 @@ class Dumper:
         self._explicit = False
         self._closed = False
         self._writer: Any = None
+        self._add: Any = None  # the writer's add, bound when it opens (see _bind_add)
         self._meta: Any = None
         self._open = False
         self._lock = threading.Lock()
@@ -177,16 +196,7 @@ class Dumper:
                 meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}",
                                   module=module, op=op, phase=phase, direction=direction,
                                   index=index, call=call, source=source)
-                if not stable:  # writers without reuse (test doubles) take a plain add
-                    getattr(self._writer, "add_unstable", self._writer.add)(meta, tensor)
-                elif version is not None:
-                    add_view = getattr(self._writer, "add_view", None)
-                    if add_view is not None:
-                        add_view(meta, tensor, version)
-                    else:
-                        self._writer.add(meta, tensor)
-                else:
-                    self._writer.add(meta, tensor)
+                self._add(meta, tensor, stable, version)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:
@@ -206,6 +216,7 @@ class Dumper:
         if self._writer is None:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
+            self._add = _bind_add(self._writer)
             from tracer._watch import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
@@ -318,8 +329,7 @@ class Dumper:
         if not p.is_cpu:  # a side-stream copy of last step's buffer may still be in flight
             return p.clone()
         buf = self._snapshot_buffers.get(id(param))
-        if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device \
-                or buf.stride() != p.stride():
+        if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype, p.stride()):
             buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
         return buf.copy_(p)
 

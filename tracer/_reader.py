@@ -101,8 +101,21 @@ def decode_bits(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarr
                           f"Dump.tensor_torch() or raw=True")
 
 
-def _parse_shape(shape: str) -> tuple[int, ...]:
+def parse_shape(shape: str) -> tuple[int, ...]:
+    """The `shape` (or `strides`) column's text -> a tuple: "8,128" -> (8, 128); "" -> ()."""
     return tuple(int(s) for s in shape.split(",")) if shape else ()
+
+
+def _cell(row: np.void, field: str) -> Any:
+    """One column of a /records row as a Python value: strings decoded, "" for a column the
+    file does not have (1.x files have no `strides`)."""
+    names = row.dtype.names or ()
+    if field not in names:
+        return ""
+    value = row[field]
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    return value if isinstance(value, str) else value.item()
 
 
 def _table_to_frame(arr: np.ndarray, fields: tuple[str, ...], str_fields: tuple[str, ...]):
@@ -220,10 +233,7 @@ class Dump:
         """One record's row as a dict."""
         arr, index = self._table(rank, step)
         row = arr[self._row_index(rank, step, index, name)]
-        names = arr.dtype.names or ()
-        return {f: ("" if f not in names else row[f].decode() if isinstance(row[f], bytes)
-                    else row[f] if isinstance(row[f], str) else row[f].item())
-                for f in RECORD_FIELDS}
+        return {f: _cell(row, f) for f in RECORD_FIELDS}
 
     def hits(self, rank: int = 0, step: int | None = None):
         """The /hits table (watchpoint hits) of a step as a DataFrame; empty when none."""
@@ -256,7 +266,7 @@ class Dump:
         was C-contiguous or the file does not say. `tensor()` and `tensor_torch()` always
         return C-contiguous data."""
         strides = self.record(rank, step, name).get("strides") or ""
-        return _parse_shape(strides) if strides else None
+        return parse_shape(strides) if strides else None
 
     def tensor_torch(self, rank: int, step: int, name: str):
         """The tensor of record `name` as a torch.Tensor in its logical dtype, bit for bit."""
@@ -347,22 +357,18 @@ class Dump:
         arr, index = self._table(rank, step)
         row = arr[self._row_index(rank, step, index, name)]
         offset, nbytes = int(row["data_offset"]), int(row["data_nbytes"])
-        dtype = row["dtype"].decode() if isinstance(row["dtype"], bytes) else str(row["dtype"])
-        shape = _parse_shape(row["shape"].decode() if isinstance(row["shape"], bytes)
-                             else str(row["shape"]))
+        dtype, shape = _cell(row, "dtype"), parse_shape(_cell(row, "shape"))
         if offset < 0:
             mode = self.attrs(rank, step).get("mode")
             raise DumpFormatError(f"record {name!r} (rank {rank} step {step}) has no tensor "
                                   f"data: the dump was made with mode {mode!r}; dump with mode "
                                   f"'tensor' or 'full' to keep tensors")
         data = self._open(rank, step)["tensors"][offset:offset + nbytes]
-        names = arr.dtype.names or ()
-        strides = row["strides"] if "strides" in names else ""
-        strides = strides.decode() if isinstance(strides, bytes) else str(strides)
+        strides = _cell(row, "strides")
         data = np.ascontiguousarray(data, dtype=np.uint8)
         if strides:
             itemsize = data.nbytes // max(1, math.prod(shape))
-            data = c_order_bytes(data, itemsize, shape, _parse_shape(strides))
+            data = c_order_bytes(data, itemsize, shape, parse_shape(strides))
         return data, dtype, shape
 
 

@@ -173,19 +173,31 @@ def dense_span(t: torch.Tensor) -> bool:
     return True
 
 
+def memory_span(t: torch.Tensor) -> torch.Tensor | None:
+    """`t`'s elements as a 1-D view in memory order when they fill one dense block of CPU
+    memory (contiguous, or a transpose or permutation of a dense block), else None. Statistics
+    do not depend on element order (except the last bits of float sums), so they, the
+    snapshots and the stored bytes all read such a tensor this way, without a strided copy.
+    A conjugate or negative view is excluded: its memory does not hold its values."""
+    if t.layout != torch.strided or not t.is_cpu or t.is_conj() or t.is_neg():
+        return None
+    if t.is_contiguous():
+        return t.reshape(-1)
+    if dense_span(t):
+        return t.as_strided((t.numel(),), (1,), t.storage_offset())
+    return None
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """`t` as a 1-D tensor: in logical order when contiguous, in memory order when its elements
-    fill a dense span (statistics do not depend on element order except for the last bits of
-    float sums, and a strided copy cost more than all the statistics), else copied."""
+    """`t` as a contiguous 1-D tensor: its memory span when it has one (see `memory_span`),
+    else a copy in logical order (a strided copy cost more than all the statistics)."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
-    if not t.is_contiguous() and t.is_cpu and not (t.is_conj() or t.is_neg()) \
-            and dense_span(t):
-        return t.as_strided((t.numel(),), (1,), t.storage_offset())
+    span = memory_span(t)
     # reshape may return a view with stride 0 (an expanded scalar): readers of raw memory need
     # the elements laid out one after another
-    return t.reshape(-1).contiguous()
+    return span if span is not None else t.reshape(-1).contiguous()
 
 
 def _counts(flat: torch.Tensor, chunk: int) -> tuple[int, int, int]:

@@ -24,7 +24,8 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import StepFile, root_attrs, step_path
 from tracer._stats import (decode_packed, dense_span, device_stats, dtype_name, element_bits,
-                           empty_stats, host_stats, refresh_stats_threads, shape_str)
+                           empty_stats, host_stats, memory_span, refresh_stats_threads,
+                           shape_str)
 
 
 class RecordMeta(NamedTuple):
@@ -101,12 +102,10 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
         return t.to("cpu", memory_format=torch.contiguous_format), None
     if not t.numel():
         return t.clone(memory_format=torch.contiguous_format), None
-    if t.is_contiguous():
-        span, strides = t.reshape(-1), None
-    elif dense_span(t):
-        span, strides = t.as_strided((t.numel(),), (1,), t.storage_offset()), t.stride()
-    else:
+    span = memory_span(t)
+    if span is None:
         return t.clone(memory_format=torch.contiguous_format), None
+    strides = None if t.is_contiguous() else t.stride()
     src = span.view(torch.uint8).numpy()
     buf = pool.get(src.nbytes) if pool is not None else None
     if buf is None:
@@ -122,6 +121,9 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     if strides is not None:
         return flat.as_strided(t.shape, strides), release
     return flat.reshape(t.shape), release
+
+
+_STRIDED = torch.strided
 
 
 def reuse_key(t: torch.Tensor, version: int | None = None) -> tuple[tuple, tuple] | None:
@@ -152,9 +154,6 @@ def reuse_key(t: torch.Tensor, version: int | None = None) -> tuple[tuple, tuple
         return None
 
 
-_STRIDED = torch.strided
-
-
 SAME_LAYOUT = "="
 """`shared` of a record that is the very tensor of the record it shares bytes with."""
 
@@ -163,12 +162,10 @@ def stored_bytes(c: torch.Tensor) -> tuple[np.ndarray, str]:
     """The bytes to store for a CPU snapshot and their strides: a contiguous tensor's bytes
     (C order, strides ""), a dense permutation's bytes in memory order with its strides
     ("1,256"), anything else copied to C order. Returns (uint8 numpy array, strides)."""
-    if c.is_contiguous():
-        return c.reshape(-1).view(torch.uint8).numpy(), ""
-    if c.layout == torch.strided and not (c.is_conj() or c.is_neg()) and dense_span(c):
-        span = c.as_strided((c.numel(),), (1,), c.storage_offset())
-        return span.view(torch.uint8).numpy(), shape_str(c.stride())
-    return c.contiguous().reshape(-1).view(torch.uint8).numpy(), ""
+    span = memory_span(c)
+    if span is None:
+        return c.contiguous().reshape(-1).view(torch.uint8).numpy(), ""
+    return span.view(torch.uint8).numpy(), "" if c.is_contiguous() else shape_str(c.stride())
 
 
 class Writer:
@@ -274,10 +271,10 @@ class Writer:
     # -- shared work ---------------------------------------------------------------------------
     def _reuse(self, t: torch.Tensor, stable: bool, version: int | None = None
                ) -> tuple[list | None, bool, bool]:
-        """(holder, hit, same_object): the holder of an earlier identical record's statistics and bytes (hit
-        True), or a new empty holder that this record fills (hit False), or None when not
-        reusable. On a hit the earlier record's stored bytes are this record's too: a span is
-        always stored in memory order, and this record reads it with its own strides
+        """(holder, hit, same_object): the holder of an earlier identical record's statistics
+        and bytes (hit True), or a new empty holder that this record fills (hit False), or None
+        when not reusable. On a hit the earlier record's stored bytes are this record's too: a
+        span is always stored in memory order, and this record reads it with its own strides
         (docs/dump-format.md, /tensors). `same_object`: the hit was by identity (the same
         tensor object, stored in whatever layout its first record chose)."""
         key = reuse_key(t, version) if stable else None
@@ -310,7 +307,7 @@ class Writer:
             return holder, SAME_LAYOUT, True
         # a span hit: contiguous, or (on CPU) a dense permutation of the span, which is stored
         # in memory order
-        strided = not t.is_contiguous() and t.is_cpu and dense_span(t)
+        strided = not t.is_contiguous() and memory_span(t) is not None
         return holder, (shape_str(t.stride()) if strided else ""), True
 
     def _new_file(self, step: int) -> StepFile:
