@@ -67,3 +67,15 @@ def test_a_failed_write_in_the_helper_is_the_writers_error(tmp_path):
     with pytest.raises(DumpWriteError, match="writer thread"):
         write_steps(w, 1)
         w.close()
+
+
+def test_without_the_helper_process_the_threads_write_the_files(tmp_path, monkeypatch):
+    import tracer._async as async_module
+
+    monkeypatch.setattr(async_module, "_USE_FILER", False)  # SLEUTH_FILE_PROCESS=0
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics"), rank=0,
+                    world_size=1)
+    assert w._filer is None
+    write_steps(w, 2)
+    w.close()
+    assert open_dump(tmp_path).steps(0) == [0, 1]

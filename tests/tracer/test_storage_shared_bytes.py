@@ -247,3 +247,23 @@ def test_diff_compares_a_permutation_with_its_c_order_copy(tmp_path):
     w.close()
     result = diff(tmp_path / "a", tmp_path / "c")
     assert result.status != "same"
+
+
+def test_strides_that_reach_past_the_bytes_are_refused(tmp_path):
+    """A damaged `strides` cell is a clear format error, not a read out of bounds."""
+    from tracer._errors import DumpFormatError
+    from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+
+    f = StepFile(step_path(tmp_path, 0, 0), root_attrs(rank=0, world_size=1, step=0,
+                                                       level="module", mode="tensor", config={}),
+                 spill_bytes=1 << 30)
+    data = np.arange(12, dtype=np.float32)
+    off = f.add_bytes(data.view(np.uint8))
+    row = dict(seq=0, name="t.forward.0.output.0", module="t", op="", phase="forward",
+               direction="output", index=0, call=0, dtype="float32", shape="3,4", numel=12,
+               min=0.0, max=11.0, mean=5.5, norm=1.0, nan=0, posinf=0, neginf=0, zeros=1,
+               checksum=0, source="x.py:1", data_offset=off, data_nbytes=48, strides="1,5")
+    f.add_row(tuple(row[k] for k in RECORD_FIELDS))
+    f.finish()
+    with pytest.raises(DumpFormatError, match="reach past the stored bytes"):
+        open_dump(tmp_path).tensor(0, 0, "t.forward.0.output.0")

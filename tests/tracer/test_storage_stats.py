@@ -409,3 +409,14 @@ def test_helper_thread_only_when_torch_leaves_a_core(monkeypatch):
         torch.set_num_threads(old)
         monkeypatch.undo()
         stats_module.refresh_stats_threads()
+
+
+def test_stats_threads_variable_is_checked(monkeypatch):
+    import tracer._stats as stats_module
+
+    for value, expected in (("1", 1), ("2", 2), ("8", 2), ("", None)):
+        monkeypatch.setenv("SLEUTH_STATS_THREADS", value)
+        assert stats_module._env_threads() == expected
+    monkeypatch.setenv("SLEUTH_STATS_THREADS", "two")
+    with pytest.warns(RuntimeWarning, match="SLEUTH_STATS_THREADS='two' is not 1 or 2; ignored"):
+        assert stats_module._env_threads() is None
