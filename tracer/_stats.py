@@ -20,9 +20,12 @@ read in memory order, without a copy (both paths).
 The two paths agree exactly on min, max, counts and checksum, and to float rounding on mean and
 norm; one process always uses the same path, so the sync and async writers agree to the bit.
 
-Two entry points:
+Entry points:
 - `host_stats(t)`: CPU tensors, a dict at once (both writers; the async one calls it in its
   writer thread on the snapshot; the result does not depend on the chunk size).
+- `copy_stats(dst, src)` and `difference_stats(a, b, out)`: the kernel's fused forms for the
+  parameter records (a copy, or the update `a - b`, and its statistics in the same pass, while
+  each chunk is in cache); None where the kernel cannot, and the caller uses torch.
 - `device_stats(t)`: CUDA tensors, the same values packed into one int64 tensor on the device,
   with no host sync (the vector is copied to pinned memory, on a side stream for the async
   writer, and decoded by `decode_packed`). It counts NaN/Inf unconditionally, since deciding
@@ -43,6 +46,7 @@ STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros",
 # 1 MiB of float32 still fits in L2 and the later passes then read from cache.
 _BLOCK = 1 << 15
 _NAN = float("nan")
+_STRIDED = torch.strided
 
 try:  # the optional one-pass C kernel (setup.py builds it where a C compiler exists)
     from tracer import _fused
@@ -288,8 +292,12 @@ def fused_available() -> bool:
 
 def _fused_stats(flat: torch.Tensor, n: int, code: int) -> dict:
     """host_stats through the C kernel; `flat` is a contiguous CPU tensor of `n` elements."""
-    mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = _fused.stats(
-        flat.data_ptr(), n, code, STATS_THREADS)
+    return _fused_dict(_fused.stats(flat.data_ptr(), n, code, STATS_THREADS), n, code)
+
+
+def _fused_dict(result: tuple, n: int, code: int) -> dict:
+    """The stats dict of a kernel result tuple over `n` elements of dtype `code`."""
+    mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = result
     if nan:
         mn = mx = mean = norm = _NAN
     else:
@@ -297,6 +305,46 @@ def _fused_stats(flat: torch.Tensor, n: int, code: int) -> dict:
     return {"min": mn, "max": mx, "mean": mean, "norm": norm, "nan": nan, "posinf": posinf,
             "neginf": neginf, "zeros": zeros,
             "checksum": _wrap(checksum, 32 if code == 0 else 16)}
+
+
+def _plain_cpu(*tensors: torch.Tensor) -> bool:
+    """True when every tensor is a contiguous, non-empty CPU tensor whose memory holds its
+    values, all of one dtype and shape (what the fused copy and difference read and write)."""
+    first = tensors[0]
+    dtype, shape = first.dtype, first.shape
+    for t in tensors:
+        if not (t.is_cpu and t.layout == _STRIDED and t.is_contiguous() and not t.is_neg()
+                and t.dtype == dtype and t.shape == shape):
+            return False
+    return first.numel() > 0
+
+
+def copy_stats(dst: torch.Tensor, src: torch.Tensor) -> dict | None:
+    """Copy `src` into `dst` and return the statistics of the copy, in one pass over memory
+    (`host_stats(dst)` exactly); None, with nothing copied, where the kernel cannot: not
+    built, a dtype other than float32/bfloat16/float16, or not two contiguous CPU tensors of
+    one dtype and shape. The copy bypasses torch: `dst`'s version counter is not bumped."""
+    code = _FUSED_CODES.get(src.dtype) if _fused is not None else None
+    if code is None or not _plain_cpu(dst, src):
+        return None
+    n = src.numel()
+    return _fused_dict(_fused.copy_stats(dst.data_ptr(), src.data_ptr(), n, code, STATS_THREADS),
+                       n, code)
+
+
+def difference_stats(a: torch.Tensor, b: torch.Tensor,
+                     out: torch.Tensor | None = None) -> dict | None:
+    """The statistics of the float32 difference `a - b` (`host_stats(a - b)` exactly), in one
+    pass over `a` and `b`; the difference is written to `out` when given (`out` may be `a`
+    or `b`; its version counter is not bumped). None, with nothing written, where the kernel
+    cannot: not built, not float32, or not contiguous CPU tensors of one shape."""
+    if _fused is None or a.dtype != torch.float32 or not _plain_cpu(a, b, *(
+            () if out is None else (out,))):
+        return None
+    n = a.numel()
+    result = _fused.diff_stats(a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr(),
+                               n, STATS_THREADS)
+    return _fused_dict(result, n, 0)
 
 
 def numpy_host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:

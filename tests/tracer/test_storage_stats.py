@@ -420,3 +420,66 @@ def test_stats_threads_variable_is_checked(monkeypatch):
     monkeypatch.setenv("SLEUTH_STATS_THREADS", "two")
     with pytest.warns(RuntimeWarning, match="SLEUTH_STATS_THREADS='two' is not 1 or 2; ignored"):
         assert stats_module._env_threads() is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_copy_gives_the_copy_and_its_statistics(dtype, threads, monkeypatch):
+    """copy_stats copies bit for bit and returns exactly host_stats of the copy, with NaN, Inf,
+    -0.0 and sizes around the vector, run and chunk boundaries."""
+    import tracer._stats as stats_module
+
+    if not fused_available():
+        pytest.skip("no C kernel")
+    monkeypatch.setattr(stats_module, "STATS_THREADS", threads)
+    g = torch.Generator().manual_seed(7)
+    for n in (1, 15, 17, 513, 65537, 300_001):
+        src = (torch.randn(n, generator=g) * 3).to(dtype)
+        src[n // 2] = -0.0
+        if n > 20:
+            src[3], src[11] = NAN, INF
+        dst = torch.full_like(src, 7.0)
+        got = stats_module.copy_stats(dst, src)
+        assert torch.equal(dst.view(torch.uint8), src.view(torch.uint8))
+        assert got == host_stats(src)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_difference_equals_the_statistics_of_the_subtraction(threads, monkeypatch):
+    """difference_stats(a, b) is host_stats(a - b) exactly, whether the difference is written
+    (into a third tensor, or over b as the Dumper does) or only measured."""
+    import tracer._stats as stats_module
+
+    if not fused_available():
+        pytest.skip("no C kernel")
+    monkeypatch.setattr(stats_module, "STATS_THREADS", threads)
+    g = torch.Generator().manual_seed(8)
+    for n in (1, 9, 4097, 65536 * 3 + 5, 400_000):
+        a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+        b[n // 2] = a[n // 2]  # an exact zero
+        if n > 10:
+            a[1], b[2], a[5], b[5] = NAN, INF, INF, INF  # NaN, -Inf, and Inf - Inf = NaN
+        expected = host_stats(a - b)
+        assert stats_module.difference_stats(a, b) == expected
+        out = torch.empty_like(a)
+        assert stats_module.difference_stats(a, b, out=out) == expected
+        assert torch.equal(out.view(torch.int32), (a - b).view(torch.int32))
+        over = b.clone()
+        assert stats_module.difference_stats(a, over, out=over) == expected
+        assert torch.equal(over.view(torch.int32), (a - b).view(torch.int32))
+
+
+def test_fused_copy_and_difference_decline_what_they_cannot_read():
+    """None (and nothing written) for other dtypes, strided or mismatched tensors: the caller
+    falls back to torch."""
+    import tracer._stats as stats_module
+
+    src = torch.randn(4, 6)
+    dst = torch.zeros(6, 4).t()
+    assert stats_module.copy_stats(dst, src) is None and not dst.any()
+    assert stats_module.copy_stats(torch.zeros(4, 6, dtype=torch.float64),
+                                   src.double()) is None
+    assert stats_module.copy_stats(torch.zeros(5, 6), src) is None
+    assert stats_module.difference_stats(src.half(), src.half()) is None
+    assert stats_module.difference_stats(src, src.t().contiguous().t()) is None
+    assert stats_module.copy_stats(torch.zeros(0), torch.zeros(0)) is None
