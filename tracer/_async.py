@@ -119,7 +119,7 @@ class AsyncWriter(Writer):
         self._put(("begin", self._step), 0)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None) -> None:
+            version: int | None = None, stats: dict | None = None) -> None:
         self._raise_pending()
         if not self.enabled:
             return
@@ -127,25 +127,33 @@ class AsyncWriter(Writer):
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
         seq = self._seq
         self._seq += 1
-        # statistics mode on CPU (or meta) with the kernel built: the row is made here
-        inline = not self.keep_bytes and self._fused and (tensor.is_cpu or tensor.is_meta)
+        # statistics mode on CPU (or meta) with the kernel built, or statistics the caller
+        # computed: the row is made here
+        inline = not self.keep_bytes and (stats is not None or self._fused and (
+            tensor.is_cpu or tensor.is_meta))
         try:
-            share, shared, skip = self._plan(tensor, stable, version)
+            if stats is not None:  # computed by the caller (see Writer.add)
+                share, shared, skip = None, None, True
+            else:
+                share, shared, skip = self._plan(tensor, stable, version)
             if inline:
                 # statistics only, on CPU: the one-pass kernel costs no more than a snapshot,
                 # and the row is made here too, so the writer thread has nothing to do per
                 # record (a writer thread running Python per record makes the training thread
                 # wait for the GIL, up to the 5 ms switch interval each time)
-                stats = None if skip else (empty_stats() if tensor.is_meta
-                                           else host_stats(tensor))
+                if not skip:
+                    stats = empty_stats() if tensor.is_meta else host_stats(tensor)
                 row = self._record(self._rows, self._step, seq, meta, tensor.dtype,
                                    tuple(tensor.shape), tensor.numel(), stats, None, None,
                                    share, shared)
+            elif stats is not None:  # tensor/full mode: the bytes are still needed
+                snap, release = snapshot(tensor, self._pool)
+                staged, nbytes = ("ready", stats, snap, release), snap.nbytes
             elif skip:
                 # the same tensor (or bytes), unchanged, is already queued: no snapshot, and the
                 # writer thread takes the statistics (and byte range) that record leaves in
                 # `share`
-                staged, nbytes = ("ready", None, None), 0
+                staged, nbytes = ("ready", None, None, None), 0
             else:
                 staged, nbytes = self._stage(tensor)
         except Exception as e:  # noqa: BLE001 - on_error decides
@@ -217,7 +225,7 @@ class AsyncWriter(Writer):
     def _stage(self, t: torch.Tensor) -> tuple[tuple, int]:
         """Snapshot `t` for the writer thread; returns (staged, bytes it holds)."""
         if t.is_meta:
-            return ("ready", empty_stats(), None), 0
+            return ("ready", empty_stats(), None, None), 0
         if t.is_cuda:
             return self._stage_cuda(t)
         snap, release = snapshot(t, self._pool)  # CPU copy, or blocking from an accelerator
@@ -309,7 +317,8 @@ class AsyncWriter(Writer):
         kind = item[0]
         if kind == "rec":
             _, step, seq, meta, dtype, shape, numel, staged, share, shared = item
-            release = staged[2] if staged[0] == "cpu" else None
+            release = staged[2] if staged[0] == "cpu" else (
+                staged[3] if staged[0] == "ready" else None)
             if self._wfile is None:  # its step was dropped after an error
                 if release is not None:
                     release()
@@ -320,8 +329,8 @@ class AsyncWriter(Writer):
                 _, done, host_packed, snap = staged
                 done.synchronize()
                 stats = decode_packed(host_packed.tolist(), element_bits(dtype))
-            else:
-                _, stats, snap = staged
+            else:  # ("ready", statistics or None, snapshot or None, its release or None)
+                _, stats, snap, _ = staged
             row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
                                release, share, shared)
             try:

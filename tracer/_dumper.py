@@ -23,6 +23,11 @@ from tracer._config import DumpConfig
 from tracer._errors import ConfigError, TracerError, WatchpointHit
 from tracer._module_hooks import ModuleTracker
 from tracer._source import user_source
+from tracer._stats import copy_stats, difference_stats
+
+# bumps a tensor's version counter after a write torch did not see (the fused kernels')
+_increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version",
+                             None) or torch._C._increment_version
 
 
 def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
@@ -38,9 +43,9 @@ def _record_meta() -> Any:
 
 
 def _bind_add(writer: Any) -> Any:
-    """`add(meta, tensor, stable, version)` of `writer`: its own for a tracer writer; for a
-    stand-in with a plain `add(meta, tensor)` (a test double), the stable flag picks
-    `add_unstable` when it has one and the version is dropped."""
+    """`add(meta, tensor, stable, version, stats)` of `writer`: its own for a tracer writer;
+    for a stand-in with a plain `add(meta, tensor)` (a test double), the stable flag picks
+    `add_unstable` when it has one, and the version and statistics are dropped."""
     from tracer._writer import Writer
 
     if isinstance(writer, Writer):
@@ -49,7 +54,7 @@ def _bind_add(writer: Any) -> Any:
     unstable = getattr(writer, "add_unstable", add)
 
     def plain(meta: Any, tensor: torch.Tensor, stable: bool = True,
-              version: int | None = None) -> None:
+              version: int | None = None, stats: dict | None = None) -> None:
         (add if stable else unstable)(meta, tensor)
 
     return plain
@@ -102,10 +107,11 @@ class Dumper:
         self._closed = False
         self._writer: Any = None
         self._add: Any = None  # the writer's add, bound when it opens (see _bind_add)
+        self._takes_stats = False  # the writer takes computed statistics (a tracer Writer)
         self._meta: Any = None
         self._open = False
         self._lock = threading.Lock()
-        self._snapshots: dict[int, torch.Tensor] = {}
+        self._snapshots: dict[int, tuple[torch.Tensor, dict | None]] = {}
         # id(parameter) -> a buffer reused for its pre-step copy from one optimizer step to the
         # next while steps are dumped (a fresh clone page-faults its memory in every time); CPU
         # parameters only (see _snapshot_param)
@@ -174,7 +180,7 @@ class Dumper:
     # -- recording ------------------------------------------------------------------------------
     def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
              call: int, source: str, tensor: torch.Tensor, stable: bool = True,
-             version: int | None = None) -> None:
+             version: int | None = None, stats: dict | None = None) -> None:
         """Hand one tensor to the writer under its record name (called from the hooks).
 
         `stable` False: the tensor is an argument or output of an in-place op running in the
@@ -182,6 +188,7 @@ class Dumper:
         must not match its statistics to (or offer them for) another record at that version.
         `version`: the output of a view op in the dispatch mode, which shares its base's
         version counter only after the mode returns: the base's version (`Writer.add_view`).
+        `stats`: statistics computed already (see `Writer.add`).
         """
         if self._busy or not self.capturing:
             return
@@ -196,7 +203,7 @@ class Dumper:
                 meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}",
                                   module=module, op=op, phase=phase, direction=direction,
                                   index=index, call=call, source=source)
-                self._add(meta, tensor, stable, version)
+                self._add(meta, tensor, stable, version, stats)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:
@@ -217,6 +224,9 @@ class Dumper:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
             self._add = _bind_add(self._writer)
+            from tracer._writer import Writer
+
+            self._takes_stats = isinstance(self._writer, Writer)
             from tracer._watch import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
@@ -289,25 +299,49 @@ class Dumper:
     def _record_params(self, call: int, with_update: bool,
                        optimizer: torch.optim.Optimizer | None = None) -> None:
         source = user_source(3)
+        # the update's values are needed unless a tracer writer keeps only the statistics
+        materialize = self.config.mode != "statistics" or not self._takes_stats
         for name, owner, p in self._wanted_params(optimizer):
-            before = self._snapshots.get(id(p)) if with_update else None
+            before, before_stats = self._snapshots.get(id(p), (None, None)) if with_update \
+                else (None, None)
             self.emit(name, owner, "", "optimizer", "param", 0, call, source,
-                      before if before is not None else p.detach())
+                      before if before is not None else p.detach(), stats=before_stats)
             if p.grad is not None:
                 self.emit(name, owner, "", "optimizer", "grad", 0, call, source, p.grad.detach())
-            if before is not None:
-                self._busy = True  # the subtraction is ours, not the model's
-                try:
-                    # on CPU into the buffer: its param record is already taken (statistics
-                    # computed, bytes copied in the hook) and the version bump keeps the two
-                    # records apart. On a device the async writer may still be copying it on a
-                    # side stream, so the update is a new tensor there.
-                    update = (torch.sub(p.detach(), before, out=before) if before.is_cpu
-                              else p.detach() - before)
-                finally:
-                    self._busy = False
-                self.emit(name, owner, "", "optimizer", "update", 0, call, source, update)
+            if before is None:
+                continue
+            self._busy = True  # the subtraction is ours, not the model's
+            try:
+                update, update_stats = self._update(p.detach(), before, materialize)
+            finally:
+                self._busy = False
+            self.emit(name, owner, "", "optimizer", "update", 0, call, source, update,
+                      stats=update_stats)
         self._snapshots.clear()
+
+    @staticmethod
+    def _update(p: torch.Tensor, before: torch.Tensor, materialize: bool
+                ) -> tuple[torch.Tensor, dict | None]:
+        """The parameter update `p - before` and, from the fused kernel, its statistics.
+
+        On CPU the difference goes into `before`: its param record is already taken
+        (statistics computed, bytes copied in the hook). The kernel reads both tensors once and
+        computes the statistics on the way; unless `materialize`, it writes nothing, and
+        `before` (unchanged) stands in for the update's dtype and shape only. On a device the async
+        writer may still be copying `before` on a side stream, so the update is a new tensor
+        there."""
+        if not before.is_cpu:
+            return p - before, None
+        if materialize:
+            stats = difference_stats(p, before, out=before)
+            if stats is not None:
+                _increment_version(before)  # the kernel wrote it behind torch's back
+                return before, stats
+        else:
+            stats = difference_stats(p, before)
+            if stats is not None:
+                return before, stats
+        return torch.sub(p, before, out=before), None
 
     # -- optimizer hooks ------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -324,14 +358,20 @@ class Dumper:
             finally:
                 self._busy = False
 
-    def _snapshot_param(self, param: torch.Tensor) -> torch.Tensor:
+    def _snapshot_param(self, param: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
+        """A copy of `param` before the optimizer changes it, and, when the fused kernel made
+        the copy, its statistics (the param record's, taken while the bytes are in cache)."""
         p = param.detach()
         if not p.is_cpu:  # a side-stream copy of last step's buffer may still be in flight
-            return p.clone()
+            return p.clone(), None
         buf = self._snapshot_buffers.get(id(param))
         if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype, p.stride()):
             buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
-        return buf.copy_(p)
+        stats = copy_stats(buf, p)
+        if stats is None:
+            return buf.copy_(p), None
+        _increment_version(buf)  # the kernel wrote it behind torch's back
+        return buf, stats
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._remove_after_failure()

@@ -213,12 +213,15 @@ class Writer:
         raise NotImplementedError
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None) -> None:
+            version: int | None = None, stats: dict | None = None) -> None:
         """Record one tensor: statistics always, an exact copy with mode tensor/full.
 
         `stable` False: the tensor is an argument of an in-place op, whose version counter is
         bumped only after the op ran, so it is neither matched to nor offered for reuse (see
-        `Dumper.emit`). `version`: see `add_view`."""
+        `Dumper.emit`). `version`: see `add_view`. `stats`: the record's statistics, already
+        computed (by a fused kernel that produced the values, see `Dumper._record_params`);
+        `tensor` is then a CPU tensor that supplies dtype and shape, and its bytes only with
+        mode tensor/full; such a record takes no part in reuse."""
         raise NotImplementedError
 
     def add_unstable(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
@@ -406,7 +409,7 @@ class SyncWriter(Writer):
         self._file = self._new_file(self._step)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None) -> None:
+            version: int | None = None, stats: dict | None = None) -> None:
         if not self.enabled:
             return
         if self._file is None:
@@ -414,11 +417,15 @@ class SyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            share, shared, skip = self._plan(tensor, stable, version)
-            if skip:
-                stats, snap, release = None, None, None
+            if stats is not None:  # computed by the caller (see Writer.add)
+                share, shared = None, None
+                snap, release = snapshot(tensor, self._pool) if self.keep_bytes else (None, None)
             else:
-                stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
+                share, shared, skip = self._plan(tensor, stable, version)
+                if skip:
+                    snap, release = None, None
+                else:
+                    stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
             row = self._record(self._file, self._step, seq, meta, tensor.dtype,
                                tuple(tensor.shape), tensor.numel(), stats, snap, release, share,
                                shared)

@@ -59,6 +59,46 @@ def test_tensor_mode_inplace_values_read_back(tmp_path):
     assert torch.equal(before, expected) and torch.equal(after, expected * 2)
 
 
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_parameter_records_match_the_tensors_they_describe(tmp_path, writer, monkeypatch):
+    """The param, grad and update records' statistics (taken by the fused copy and difference
+    on CPU) are exactly the statistics of the tensors, and the stored update is exactly the
+    parameter after the step minus the one before."""
+    import tracer._dumper as dumper_module
+    from tracer._stats import STAT_FIELDS, fused_available, host_stats
+
+    fused = []
+    for name in ("copy_stats", "difference_stats"):
+        def spy(*args, _real=getattr(dumper_module, name), **kwargs):
+            result = _real(*args, **kwargs)
+            fused.append(result is not None)
+            return result
+        monkeypatch.setattr(dumper_module, name, spy)
+
+    def optimizer_rows(dump, step):
+        stats = dump.stats(0, step)
+        return stats[stats["phase"] == "optimizer"].set_index("name")
+
+    kept = run(MLP, lambda: (torch.randn(4, 8),), tmp_path / "t", level="module", mode="full",
+               writer=writer)
+    only = run(MLP, lambda: (torch.randn(4, 8),), tmp_path / "s", level="module",
+               mode="statistics", writer=writer)
+    for step in (0, 1):
+        full, stats_only = optimizer_rows(kept, step), optimizer_rows(only, step)
+        assert len(full) == 4 * 3  # two Linear layers: weight and bias, each param/grad/update
+        for name, row in full.iterrows():
+            t = kept.tensor_torch(0, step, name)
+            expected = host_stats(t)
+            for field in STAT_FIELDS:
+                assert row[field] == expected[field], (name, field)
+                assert stats_only.loc[name, field] == expected[field], (name, field)
+    after = kept.tensor_torch(0, 1, "fc1.weight.optimizer.0.param.0")
+    before = kept.tensor_torch(0, 0, "fc1.weight.optimizer.0.param.0")
+    update = kept.tensor_torch(0, 0, "fc1.weight.optimizer.0.update.0")
+    assert torch.equal(update, after - before)
+    assert fused and all(fused) == fused_available()  # the fused path ran where it exists
+
+
 def test_bf16_autocast_round_trips_bit_exactly(tmp_path):
     torch.manual_seed(0)
     model = MLP()
