@@ -24,7 +24,7 @@ class _BuildPyWithPth(build_py):
 
 
 _FUSED = Extension(
-    "tracer._fused", ["tracer/_fused.c"], optional=True,
+    "tracer._fused", ["tracer/_fused.c"], depends=["tracer/_fused_helper.h"], optional=True,
     # no FMA contraction: the sums must not depend on which CPU built the kernel
     extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-psabi"],
 )

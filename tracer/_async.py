@@ -111,6 +111,7 @@ class AsyncWriter(Writer):
         if not self.enabled:
             return
         if self._in_step:
+            self.settle()
             self._hand_over_rows()
             self._put(("end", False), 0)
         self._step, self._seq, self._in_step = int(step), 0, True
@@ -119,12 +120,15 @@ class AsyncWriter(Writer):
         self._put(("begin", self._step), 0)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None, stats: dict | None = None) -> None:
+            version: int | None = None, stats: dict | None = None,
+            defer: bool = False) -> None:
         self._raise_pending()
         if not self.enabled:
             return
         if not self._in_step:
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
+        if self._waiting:
+            self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
         # statistics mode on CPU (or meta) with the kernel built, or statistics the caller
@@ -141,11 +145,14 @@ class AsyncWriter(Writer):
                 # and the row is made here too, so the writer thread has nothing to do per
                 # record (a writer thread running Python per record makes the training thread
                 # wait for the GIL, up to the 5 ms switch interval each time)
+                ticket = None
                 if not skip:
-                    stats = empty_stats() if tensor.is_meta else host_stats(tensor)
-                row = self._record(self._rows, self._step, seq, meta, tensor.dtype,
-                                   tuple(tensor.shape), tensor.numel(), stats, None, None,
-                                   share, shared)
+                    if tensor.is_meta:
+                        stats = empty_stats()
+                    elif not defer or (ticket := self._waiting.submit(tensor)) is None:
+                        stats = host_stats(tensor)
+                row = self._row(self._rows, self._step, seq, meta, tensor, stats, None, None,
+                                share, shared, ticket)
             elif stats is not None:  # tensor/full mode: the bytes are still needed
                 snap, release = snapshot(tensor, self._pool)
                 staged, nbytes = ("ready", stats, snap, release), snap.nbytes
@@ -157,21 +164,26 @@ class AsyncWriter(Writer):
             else:
                 staged, nbytes = self._stage(tensor)
         except Exception as e:  # noqa: BLE001 - on_error decides
+            self._waiting.drop()
             self._rows.rows.clear()
             self._put(("end", None), 0)  # drop the half-made step
             self._in_step = False
             self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
             return
         if inline:
-            try:
-                self._notify(row)
-            except Exception as e:  # noqa: BLE001 - raised in the training thread
-                if self._observer_error is None:
-                    self._observer_error = e
+            if row is not None:
+                self._deliver(row)
             return
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
+
+    def _deliver(self, row: dict) -> None:
+        try:
+            self._notify(row)
+        except Exception as e:  # noqa: BLE001 - raised in the training thread
+            if self._observer_error is None:
+                self._observer_error = e
 
     def _hand_over_rows(self) -> None:
         """Queue the rows made in the training thread for the open step file."""
@@ -192,6 +204,7 @@ class AsyncWriter(Writer):
         self._raise_pending()
         if self.enabled and self._in_step:
             self._in_step = False
+            self.settle()
             self._hand_over_rows()
             self._put(("end", True), 0)
 
@@ -208,6 +221,7 @@ class AsyncWriter(Writer):
             return
         try:
             if self.enabled and self._in_step:
+                self.settle()
                 self._hand_over_rows()
                 self._put(("end", False), 0)
             self._in_step = False

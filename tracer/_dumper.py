@@ -25,6 +25,7 @@ from tracer._module_hooks import ModuleTracker
 from tracer._source import user_source
 from tracer._stats import copy_stats, difference_stats
 
+_graph_task_id = torch._C._current_graph_task_id
 # bumps a tensor's version counter after a write torch did not see (the fused kernels')
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version",
                              None) or torch._C._increment_version
@@ -43,9 +44,9 @@ def _record_meta() -> Any:
 
 
 def _bind_add(writer: Any) -> Any:
-    """`add(meta, tensor, stable, version, stats)` of `writer`: its own for a tracer writer;
-    for a stand-in with a plain `add(meta, tensor)` (a test double), the stable flag picks
-    `add_unstable` when it has one, and the version and statistics are dropped."""
+    """`add(meta, tensor, stable, version, stats, defer)` of `writer`: its own for a tracer
+    writer; for a stand-in with a plain `add(meta, tensor)` (a test double), the stable flag
+    picks `add_unstable` when it has one, and the rest is dropped."""
     from tracer._writer import Writer
 
     if isinstance(writer, Writer):
@@ -54,7 +55,8 @@ def _bind_add(writer: Any) -> Any:
     unstable = getattr(writer, "add_unstable", add)
 
     def plain(meta: Any, tensor: torch.Tensor, stable: bool = True,
-              version: int | None = None, stats: dict | None = None) -> None:
+              version: int | None = None, stats: dict | None = None,
+              defer: bool = False) -> None:
         (add if stable else unstable)(meta, tensor)
 
     return plain
@@ -108,6 +110,7 @@ class Dumper:
         self._writer: Any = None
         self._add: Any = None  # the writer's add, bound when it opens (see _bind_add)
         self._takes_stats = False  # the writer takes computed statistics (a tracer Writer)
+        self._settle_task: int | None = None  # the backward pass that settles the writer's queue
         self._meta: Any = None
         self._open = False
         self._lock = threading.Lock()
@@ -180,7 +183,8 @@ class Dumper:
     # -- recording ------------------------------------------------------------------------------
     def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
              call: int, source: str, tensor: torch.Tensor, stable: bool = True,
-             version: int | None = None, stats: dict | None = None) -> None:
+             version: int | None = None, stats: dict | None = None,
+             defer: bool = False) -> None:
         """Hand one tensor to the writer under its record name (called from the hooks).
 
         `stable` False: the tensor is an argument or output of an in-place op running in the
@@ -188,10 +192,14 @@ class Dumper:
         must not match its statistics to (or offer them for) another record at that version.
         `version`: the output of a view op in the dispatch mode, which shares its base's
         version counter only after the mode returns: the base's version (`Writer.add_view`).
-        `stats`: statistics computed already (see `Writer.add`).
+        `stats`: statistics computed already (see `Writer.add`). `defer`: a gradient handed to
+        a backward hook, which autograd does not write again: its statistics may be taken on
+        the helper thread until this backward pass ends (tracer._queued).
         """
         if self._busy or not self.capturing:
             return
+        if defer and self._settle_task != _graph_task_id():
+            self._settle_when_backward_ends()
         error = None
         with self._lock:
             self._busy = True
@@ -203,12 +211,38 @@ class Dumper:
                 meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}",
                                   module=module, op=op, phase=phase, direction=direction,
                                   index=index, call=call, source=source)
-                self._add(meta, tensor, stable, version, stats)
+                self._add(meta, tensor, stable, version, stats, defer)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:
                 if suspended:
                     mode.resume()
+                self._busy = False
+        if error is not None:
+            self._fail(error)
+
+    def _settle_when_backward_ends(self) -> None:
+        """Have the writer make the rows of queued records when this backward pass ends (an
+        autograd engine callback), so no statistics are pending once `backward()` returns."""
+        task = _graph_task_id()
+        if task == -1:  # not inside a backward pass: nothing would settle the queue
+            return
+        self._settle_task = task
+        torch.autograd.Variable._execution_engine.queue_callback(self._settle)
+
+    def _settle(self) -> None:
+        self._settle_task = None
+        settle = getattr(self._writer, "settle", None)
+        if settle is None:
+            return
+        error = None
+        with self._lock:
+            self._busy = True
+            try:
+                settle()
+            except Exception as e:  # noqa: BLE001 - routed through on_error below
+                error = e
+            finally:
                 self._busy = False
         if error is not None:
             self._fail(error)

@@ -16,7 +16,9 @@
  *                                                    the copy, chunk by chunk while in cache
  *     diff_stats(a, b, out, count, threads=1)        float32: the statistics of a - b, written
  *                                                    to `out` when it is not 0 (out may be b)
- * Both return exactly what stats() returns for the resulting tensor.
+ * Both return exactly what stats() returns for the resulting tensor. And a queue for
+ * statistics the caller does not wait for (_fused_helper.h):
+ *     submit(address, count, code) -> ticket,  ready(ticket),  collect(ticket) -> result
  *
  * The numpy/torch path in _stats.py makes five passes and ~10 torch calls per chunk; this one
  * pass runs near memory speed. The build is optional (setup.py): without a C compiler the
@@ -267,140 +269,39 @@ static void run_chunks(const work_t *w, int64_t c0, int64_t c1, acc_t *acc, doub
     }
 }
 
-/* One helper thread, started on first use, shares the chunks of large tensors with the caller:
- * both take the next chunk from an atomic counter until none is left, so a helper that is slow
- * to wake (an idle virtual CPU can take hundreds of microseconds) costs nothing: the caller just
- * does more chunks. Each chunk's sums land in its own slot and are combined in chunk order, so
- * the result never depends on who did what. The caller closes the job when its loop ends and
- * waits only for a chunk the helper is still computing. After a job the helper spins (yielding
- * the core) for SPIN_NS, since hooks call in bursts, then sleeps. A caller that finds the helper
- * in use by another thread works alone. After fork() the child starts its own helper. */
-#ifndef _WIN32
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
-#include <time.h>
-#define HAVE_HELPER 1
-#define SPIN_NS 2000000
-enum { JOB_IDLE = 0, JOB_POSTED = 1, JOB_RUNNING = 2, JOB_DONE = 3, JOB_CLOSED = 4 };
-static pthread_mutex_t helper_mu = PTHREAD_MUTEX_INITIALIZER;  /* with helper_cv: sleeping */
-static pthread_cond_t helper_cv = PTHREAD_COND_INITIALIZER;
-static pthread_mutex_t helper_owner = PTHREAD_MUTEX_INITIALIZER;  /* held by the caller using it */
-static int helper_started = 0, helper_failed = 0;
-static atomic_int job_state = JOB_IDLE;
-static atomic_llong job_next;  /* the next chunk to take */
-static struct {
-    const work_t *work;
-    int64_t nchunks;
-    acc_t acc;  /* the helper's min/max/counts */
-    double *sums, *sqs;
-    float *scratch[2];  /* OP_DIFF without dst: the caller's, the helper's */
-} job;
+#include "_fused_helper.h"
 
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
-/* Take chunks until none is left; min/max/counts into acc, sums into the job's slots. */
-static void take_chunks(acc_t *acc, float *scratch) {
-    for (;;) {
-        int64_t c = atomic_fetch_add_explicit(&job_next, 1, memory_order_relaxed);
-        if (c >= job.nchunks) return;
-        run_chunks(job.work, c, c + 1, acc, job.sums, job.sqs, scratch);
-    }
-}
-
-static void *helper_main(void *arg) {
-    (void)arg;
-    for (;;) {
-        int64_t until = now_ns() + SPIN_NS;
-        unsigned spins = 0;
-        int expected = JOB_POSTED;
-        while (!atomic_compare_exchange_weak_explicit(&job_state, &expected, JOB_RUNNING,
-                                                      memory_order_acquire,
-                                                      memory_order_relaxed)) {
-            expected = JOB_POSTED;
-            if ((++spins & 63) == 0) {
-                if (now_ns() > until) { /* idle: sleep until a job is posted */
-                    pthread_mutex_lock(&helper_mu);
-                    while (atomic_load_explicit(&job_state, memory_order_acquire) != JOB_POSTED)
-                        pthread_cond_wait(&helper_cv, &helper_mu);
-                    pthread_mutex_unlock(&helper_mu);
-                    until = now_ns() + SPIN_NS;
-                }
-                sched_yield();
-            }
+/* Count NaN, +Inf and -Inf in the values `w` produced: the input, the copy, the written
+ * difference, or (a difference into scratch) the difference again, element by element. */
+static void count_special(const work_t *w, uint64_t *nan, uint64_t *pinf, uint64_t *ninf) {
+    const char *values = w->op == OP_STATS ? w->src : w->dst;
+    int64_t count = w->count;
+    if (values == NULL) {
+        const float *a = (const float *)w->src, *b = (const float *)w->src2;
+        uint64_t n = 0, p = 0, m = 0;
+        for (int64_t i = 0; i < count; i++) {
+            float v = a[i] - b[i];
+            n += v != v;
+            p += v == INFINITY;
+            m += v == -INFINITY;
         }
-        acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
-        take_chunks(&acc, job.scratch[1]);
-        job.acc = acc;
-        atomic_store_explicit(&job_state, JOB_DONE, memory_order_release);
+        *nan = n; *pinf = p; *ninf = m;
+    } else if (w->code == CODE_F32) {
+        count_f32((const uint32_t *)values, count, nan, pinf, ninf);
+    } else if (w->code == CODE_BF16) {
+        count_bf16((const uint16_t *)values, count, nan, pinf, ninf);
+    } else {
+        count_f16((const uint16_t *)values, count, nan, pinf, ninf);
     }
-    return NULL;
 }
 
-static void helper_after_fork(void) {
-    pthread_mutex_init(&helper_mu, NULL);
-    pthread_cond_init(&helper_cv, NULL);
-    pthread_mutex_init(&helper_owner, NULL);
-    helper_started = 0;
-    helper_failed = 0;
-    atomic_store(&job_state, JOB_IDLE);
+static PyObject *result_tuple(const acc_t *acc, uint64_t nan, uint64_t pinf, uint64_t ninf) {
+    return Py_BuildValue("ddddKKKKK", (double)acc->mn, (double)acc->mx, acc->sum, acc->sq,
+                         (unsigned long long)acc->zeros, (unsigned long long)nan,
+                         (unsigned long long)pinf, (unsigned long long)ninf,
+                         (unsigned long long)acc->checksum);
 }
-
-/* 1 when the helper is ours until we unlock helper_owner; 0 when the caller works alone. */
-static int helper_acquire(void) {
-    if (helper_failed || pthread_mutex_trylock(&helper_owner) != 0) return 0;
-    if (!helper_started) {
-        pthread_t t;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, helper_main, NULL) != 0) {
-            helper_failed = 1;
-            pthread_attr_destroy(&attr);
-            pthread_mutex_unlock(&helper_owner);
-            return 0;
-        }
-        pthread_attr_destroy(&attr);
-        helper_started = 1;
-    }
-    return 1;
-}
-
-/* All chunks, shared with the helper; its min/max/counts are merged into acc. */
-static void run_shared(const work_t *w, int64_t nchunks, acc_t *acc, double *sums, double *sqs,
-                       float *scratch0, float *scratch1) {
-    job.work = w; job.nchunks = nchunks;
-    job.sums = sums; job.sqs = sqs;
-    job.scratch[0] = scratch0; job.scratch[1] = scratch1;
-    atomic_store_explicit(&job_next, 0, memory_order_relaxed);
-    atomic_store_explicit(&job_state, JOB_POSTED, memory_order_release);
-    pthread_mutex_lock(&helper_mu); /* wakes it if it sleeps (it checks the state locked) */
-    pthread_cond_signal(&helper_cv);
-    pthread_mutex_unlock(&helper_mu);
-    take_chunks(acc, scratch0);
-    int expected = JOB_POSTED;
-    if (atomic_compare_exchange_strong_explicit(&job_state, &expected, JOB_CLOSED,
-                                                memory_order_acq_rel, memory_order_acquire)) {
-        atomic_store_explicit(&job_state, JOB_IDLE, memory_order_release);
-        return; /* the helper never started on it */
-    }
-    unsigned spins = 0; /* it is running: at most the chunk it holds is left */
-    while (atomic_load_explicit(&job_state, memory_order_acquire) != JOB_DONE)
-        if ((++spins & 63) == 0) sched_yield();
-    acc_t other = job.acc;
-    atomic_store_explicit(&job_state, JOB_IDLE, memory_order_release);
-    acc->mn = other.mn < acc->mn ? other.mn : acc->mn;
-    acc->mx = other.mx > acc->mx ? other.mx : acc->mx;
-    acc->zeros += other.zeros;
-    acc->checksum += other.checksum;
-}
-#else
-#define HAVE_HELPER 0
-#endif
 
 /* Runs `w` (with the helper when threads > 1 and it is large) and builds the result tuple. */
 static PyObject *run_work(const work_t *w, int threads) {
@@ -439,34 +340,12 @@ static PyObject *run_work(const work_t *w, int threads) {
         acc.sum += sums[c];
         acc.sq += sqs[c];
     }
-    /* NaN makes the sum NaN; Inf reaches min or max (or makes the sum NaN as +Inf + -Inf).
-     * The counting pass reads the values: the copy, the written difference, or (a difference
-     * into scratch) the difference again, element by element. */
-    if (isnan(acc.sum) || isinf(acc.mn) || isinf(acc.mx)) {
-        const char *values = w->op == OP_STATS ? w->src : w->dst;
-        if (values == NULL) {
-            const float *a = (const float *)w->src, *b = (const float *)w->src2;
-            for (int64_t i = 0; i < count; i++) {
-                float v = a[i] - b[i];
-                nan += v != v;
-                pinf += v == INFINITY;
-                ninf += v == -INFINITY;
-            }
-        } else if (w->code == CODE_F32) {
-            count_f32((const uint32_t *)values, count, &nan, &pinf, &ninf);
-        } else if (w->code == CODE_BF16) {
-            count_bf16((const uint16_t *)values, count, &nan, &pinf, &ninf);
-        } else {
-            count_f16((const uint16_t *)values, count, &nan, &pinf, &ninf);
-        }
-    }
+    /* NaN makes the sum NaN; Inf reaches min or max (or makes the sum NaN as +Inf + -Inf) */
+    if (isnan(acc.sum) || isinf(acc.mn) || isinf(acc.mx)) count_special(w, &nan, &pinf, &ninf);
     Py_END_ALLOW_THREADS
     if (sums != stack_sums) PyMem_RawFree(sums);
     PyMem_RawFree(scratch);
-    return Py_BuildValue("ddddKKKKK", (double)acc.mn, (double)acc.mx, acc.sum, acc.sq,
-                         (unsigned long long)acc.zeros, (unsigned long long)nan,
-                         (unsigned long long)pinf, (unsigned long long)ninf,
-                         (unsigned long long)acc.checksum);
+    return result_tuple(&acc, nan, pinf, ninf);
 }
 
 static int check_args(unsigned long long address, long long count, int code, const char *fn) {
@@ -523,6 +402,62 @@ static PyObject *fused_diff_stats(PyObject *self, PyObject *args) {
     return run_work(&w, threads);
 }
 
+static PyObject *fused_submit(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    long long count;
+    int code;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLi", &address, &count, &code)) return NULL;
+    if (check_args(address, count, code, "submit") < 0) return NULL;
+#if HAVE_HELPER
+    work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
+    return PyLong_FromLongLong(queue_submit(&w));
+#else
+    return PyLong_FromLong(-1);
+#endif
+}
+
+static PyObject *fused_ready(PyObject *self, PyObject *args) {
+    long long ticket;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "L", &ticket)) return NULL;
+#if HAVE_HELPER
+    slot_t *slot = queue_slot(ticket);
+    if (slot == NULL) {
+        PyErr_Format(PyExc_ValueError, "ready(): no job with ticket %lld", ticket);
+        return NULL;
+    }
+    return PyBool_FromLong(atomic_load(&slot->state) != SLOT_QUEUED);
+#else
+    PyErr_Format(PyExc_ValueError, "ready(): no job with ticket %lld", ticket);
+    return NULL;
+#endif
+}
+
+static PyObject *fused_collect(PyObject *self, PyObject *args) {
+    long long ticket;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "L", &ticket)) return NULL;
+#if HAVE_HELPER
+    slot_t *slot = queue_slot(ticket);
+    if (slot == NULL) {
+        PyErr_Format(PyExc_ValueError, "collect(): no job with ticket %lld", ticket);
+        return NULL;
+    }
+    int state;
+    Py_BEGIN_ALLOW_THREADS
+    state = queue_wait(slot);
+    Py_END_ALLOW_THREADS
+    PyObject *out = state == SLOT_DONE
+        ? result_tuple(&slot->acc, slot->nan, slot->pinf, slot->ninf) : Py_NewRef(Py_None);
+    atomic_store(&slot->state, SLOT_FREE);
+    return out;
+#else
+    PyErr_Format(PyExc_ValueError, "collect(): no job with ticket %lld", ticket);
+    return NULL;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"stats", fused_stats, METH_VARARGS,
      "stats(address, count, code, threads=1) -> (min, max, sum, sumsq, zeros, nan, posinf, "
@@ -531,6 +466,14 @@ static PyMethodDef methods[] = {
     {"copy_stats", fused_copy_stats, METH_VARARGS,
      "copy_stats(dst, src, count, code, threads=1): copy count elements from src to dst and "
      "return stats() of them, computed chunk by chunk while cached"},
+    {"submit", fused_submit, METH_VARARGS,
+     "submit(address, count, code) -> ticket: queue stats() of up to 4M elements for the "
+     "helper thread and return at once; -1 when not queued (compute them yourself). The "
+     "memory must stay alive and unchanged until collected"},
+    {"ready", fused_ready, METH_VARARGS, "ready(ticket) -> True once the job is computed"},
+    {"collect", fused_collect, METH_VARARGS,
+     "collect(ticket) -> stats() tuple, waiting for it (GIL released); None when the job was "
+     "lost (queued before a fork, in the child)"},
     {"diff_stats", fused_diff_stats, METH_VARARGS,
      "diff_stats(a, b, out, count, threads=1): stats() of the float32 difference a - b, "
      "written to out unless out is 0 (out may be a or b)"},

@@ -282,8 +282,10 @@ class ModuleTracker:
 
         def hook(grad: torch.Tensor) -> None:
             if dumper.capturing and grad is not None:
+                # autograd does not write a gradient again once hooks have seen it: its
+                # statistics may be taken while backward goes on (Dumper.emit's `defer`)
                 dumper.emit(name, name, "", "backward", direction, index, call,
-                            user_source(2), grad)
+                            user_source(2), grad, defer=True)
 
         return hook
 

@@ -26,6 +26,8 @@ Entry points:
 - `copy_stats(dst, src)` and `difference_stats(a, b, out)`: the kernel's fused forms for the
   parameter records (a copy, or the update `a - b`, and its statistics in the same pass, while
   each chunk is in cache); None where the kernel cannot, and the caller uses torch.
+- `submit_stats(t)` / `collect_stats(ticket)`: statistics computed by the kernel's helper
+  thread while the caller goes on (tracer._queued).
 - `device_stats(t)`: CUDA tensors, the same values packed into one int64 tensor on the device,
   with no host sync (the vector is copied to pinned memory, on a side stream for the async
   writer, and decoded by `decode_packed`). It counts NaN/Inf unconditionally, since deciding
@@ -345,6 +347,36 @@ def difference_stats(a: torch.Tensor, b: torch.Tensor,
     result = _fused.diff_stats(a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr(),
                                n, STATS_THREADS)
     return _fused_dict(result, n, 0)
+
+
+def submit_stats(t: torch.Tensor) -> tuple[int, int, int] | None:
+    """Queue `host_stats(t)` to the kernel's helper thread and return at once: a ticket for
+    `collect_stats` (the caller keeps `t` alive and unchanged until then), or None when it was
+    not queued (no kernel, another dtype, not one dense span, over 4M elements, queue full)."""
+    code = _FUSED_CODES.get(t.dtype) if _fused is not None else None
+    if code is None:
+        return None
+    span = memory_span(t)
+    if span is None:
+        return None
+    n = span.numel()
+    if not n:
+        return None
+    job = _fused.submit(span.data_ptr(), n, code)
+    return None if job < 0 else (job, n, code)
+
+
+def stats_ready(ticket: tuple[int, int, int]) -> bool:
+    """True once the queued statistics of `ticket` are computed."""
+    return _fused.ready(ticket[0])
+
+
+def collect_stats(ticket: tuple[int, int, int]) -> dict | None:
+    """The statistics queued under `ticket` (waiting for them, GIL released), or None when the
+    job was lost (queued before a fork; the caller computes them itself)."""
+    job, n, code = ticket
+    result = _fused.collect(job)
+    return None if result is None else _fused_dict(result, n, code)
 
 
 def numpy_host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:

@@ -23,6 +23,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import StepFile, root_attrs, step_path
+from tracer._queued import QueuedRows
 from tracer._stats import (decode_packed, dense_span, device_stats, dtype_name, element_bits,
                            empty_stats, host_stats, memory_span, refresh_stats_threads,
                            shape_str)
@@ -205,6 +206,7 @@ class Writer:
         # bytes. The holder, [stats or None, (data_offset, data_nbytes) or None], is filled
         # where the first record is written (the writer thread for async, in queue order).
         self._seen: dict[int, tuple] = {}
+        self._waiting = QueuedRows(self)
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -213,7 +215,8 @@ class Writer:
         raise NotImplementedError
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None, stats: dict | None = None) -> None:
+            version: int | None = None, stats: dict | None = None,
+            defer: bool = False) -> None:
         """Record one tensor: statistics always, an exact copy with mode tensor/full.
 
         `stable` False: the tensor is an argument of an in-place op, whose version counter is
@@ -221,8 +224,15 @@ class Writer:
         `Dumper.emit`). `version`: see `add_view`. `stats`: the record's statistics, already
         computed (by a fused kernel that produced the values, see `Dumper._record_params`);
         `tensor` is then a CPU tensor that supplies dtype and shape, and its bytes only with
-        mode tensor/full; such a record takes no part in reuse."""
+        mode tensor/full; such a record takes no part in reuse. `defer`: nothing writes the
+        tensor again, so in statistics mode they may be taken on the helper thread while the
+        caller goes on (tracer._queued; rows are made by `settle`)."""
         raise NotImplementedError
+
+    def settle(self) -> None:
+        """Make the rows of records whose statistics were queued (waiting for them); the Dumper
+        calls it when a backward pass ends, the writers before a step file is written."""
+        self._waiting.settle(block=True)
 
     def add_unstable(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
         """`add` for an input or output of an in-place op (see `add`'s `stable`)."""
@@ -375,6 +385,25 @@ class Writer:
                 "checksum": checksum, "source": source, "data_offset": offset,
                 "data_nbytes": nbytes, "strides": strides, "step": step, "rank": self.rank}
 
+    def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
+             stats: dict | None, snap: torch.Tensor | None, release: Callable[[], None] | None,
+             share: list | None, shared: str | None, ticket: tuple | None = None
+             ) -> dict | None:
+        """`_record` now, or, when its statistics were queued (`ticket`) or earlier records
+        wait in the queue, queue it behind them (returns None; `settle` makes the row)."""
+        if ticket is not None or self._waiting:
+            if snap is not None:  # pragma: no cover - internal invariant
+                raise AssertionError("records with bytes are never queued")
+            self._waiting.add(target, step, seq, meta, tensor, ticket, stats, share, shared)
+            return None
+        return self._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
+                            tensor.numel(), stats, snap, release, share, shared)
+
+    def _deliver(self, row: dict) -> None:
+        """Show a row made from the queue to the observers (the async writer keeps their
+        exception for the training thread's next call)."""
+        self._notify(row)
+
     def _notify(self, row: dict) -> None:
         for observer in tuple(self.observers):  # another thread may remove one meanwhile
             observer(row)
@@ -402,6 +431,7 @@ class SyncWriter(Writer):
         if not self.enabled:
             return
         if self._file is not None:
+            self.settle()
             self._finish(complete=False)
         self._step, self._seq = int(step), 0
         self._seen.clear()
@@ -409,13 +439,17 @@ class SyncWriter(Writer):
         self._file = self._new_file(self._step)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None, stats: dict | None = None) -> None:
+            version: int | None = None, stats: dict | None = None,
+            defer: bool = False) -> None:
         if not self.enabled:
             return
         if self._file is None:
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
+        if self._waiting:
+            self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
+        ticket = None
         try:
             if stats is not None:  # computed by the caller (see Writer.add)
                 share, shared = None, None
@@ -424,16 +458,19 @@ class SyncWriter(Writer):
                 share, shared, skip = self._plan(tensor, stable, version)
                 if skip:
                     snap, release = None, None
+                elif defer and not self.keep_bytes and \
+                        (ticket := self._waiting.submit(tensor)) is not None:
+                    snap, release = None, None
                 else:
                     stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
-            row = self._record(self._file, self._step, seq, meta, tensor.dtype,
-                               tuple(tensor.shape), tensor.numel(), stats, snap, release, share,
-                               shared)
+            row = self._row(self._file, self._step, seq, meta, tensor, stats, snap, release,
+                            share, shared, ticket)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
             return
-        self._notify(row)
+        if row is not None:
+            self._notify(row)
 
     def add_hit(self, hit: dict) -> None:
         if self.enabled and self._file is not None:
@@ -441,6 +478,7 @@ class SyncWriter(Writer):
 
     def end_step(self) -> None:
         if self.enabled and self._file is not None:
+            self.settle()
             self._finish(complete=True)
 
     def close(self) -> None:
@@ -448,7 +486,10 @@ class SyncWriter(Writer):
             return
         try:
             if self.enabled and self._file is not None:
-                self._finish(complete=False)
+                try:
+                    self.settle()
+                finally:
+                    self._finish(complete=False)
         finally:
             self._closed = True
 
@@ -462,6 +503,7 @@ class SyncWriter(Writer):
             self._storage_error(e, f"writing {file.path}")
 
     def _abort(self) -> None:
+        self._waiting.drop()
         if self._file is not None:
             self._file.abort()
             self._file = None

@@ -115,9 +115,9 @@ def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
         w = real(config, rank, world_size)
         add = w.add
 
-        def add_and_keep(m, t, stable=True, version=None, stats=None):
+        def add_and_keep(m, t, stable=True, version=None, stats=None, defer=False):
             refs[m.name] = t.detach().resolve_conj().resolve_neg().clone()
-            add(m, t, stable, version, stats)
+            add(m, t, stable, version, stats, defer)
 
         w.add = add_and_keep
         return w

@@ -1,0 +1,115 @@
+"""Records whose statistics the kernel's helper thread computes while training goes on.
+
+In statistics mode the writers take each record's statistics in the hook, so the training thread
+waits for them. For one kind of record it need not: a module's backward record, the gradient
+autograd hands to a tensor hook. Once the hooks have seen that gradient, autograd does not write
+it again: it is accumulated into a buffer only when nobody else holds it (the queued record
+does), and the backward formulas that consume it make new tensors. So its statistics are queued
+to the helper thread (`tracer._stats.submit_stats`), and the backward pass goes on on the
+training thread's core while the helper reads the gradient on the other. The Dumper marks such
+records (`defer`), and settles the queue when the backward pass ends (an autograd engine
+callback); the writers also settle it before a step file is written.
+
+While anything is queued, every later record of the step waits behind it (its statistics already
+taken, or taken from an earlier record's), so rows are made and observers see them in record
+order, and a record that reuses a queued record's statistics finds them. A queued tensor whose
+version counter moved before its statistics were collected was changed in place (by user code
+outside autograd's rules): that is warned about once, naming the record. Queued tensors are
+held until their statistics are computed; beyond `MAX_QUEUED_BYTES` the hook waits. Only when
+torch leaves a core free (`tracer._stats.STATS_THREADS` is 2): otherwise the helper would compete
+with torch's own threads. `SLEUTH_DEFER_STATS=0` takes every statistic in the hook.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tracer import _stats
+from tracer._stats import collect_stats, host_stats, stats_ready, submit_stats
+
+if TYPE_CHECKING:
+    from tracer._writer import RecordMeta, Writer
+
+ENABLED = os.environ.get("SLEUTH_DEFER_STATS", "1") != "0"
+MIN_ELEMENTS = 1 << 14
+"""Smaller tensors are measured in the hook: queueing costs about what they do."""
+MAX_QUEUED_BYTES = 256 << 20
+
+
+class QueuedRows:
+    """The queue of one writer: records waiting for statistics, in record order."""
+
+    def __init__(self, writer: Writer) -> None:
+        self._writer = writer
+        # (target, step, seq, meta, tensor, version, ticket, stats, share, shared)
+        self._entries: deque[tuple] = deque()
+        self._bytes = 0
+        self._warned = False
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    @staticmethod
+    def submit(tensor: torch.Tensor) -> tuple | None:
+        """Queue `tensor`'s statistics if it is worth it; the ticket, or None (measure it now)."""
+        if not ENABLED or not tensor.is_cpu or tensor.numel() < MIN_ELEMENTS \
+                or _stats.STATS_THREADS < 2:
+            return None
+        return submit_stats(tensor)
+
+    def add(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
+            ticket: tuple | None, stats: dict | None, share: list | None,
+            shared: str | None) -> None:
+        """Queue one record behind the others; `ticket` (from `submit`) or `stats` (taken
+        already), or neither when it reuses an earlier record's statistics (`share`)."""
+        version = tensor._version if ticket is not None else None
+        self._entries.append((target, step, seq, meta, tensor, version, ticket, stats, share,
+                              shared))
+        if ticket is not None:
+            self._bytes += tensor.numel() * tensor.element_size()
+            if self._bytes > MAX_QUEUED_BYTES:
+                self.settle(block=True)
+
+    def settle(self, block: bool = True) -> None:
+        """Make the rows of queued records, in order: all of them (waiting for the helper), or
+        with `block` False only those whose statistics are ready. Rows go to the writer's
+        `_deliver`; an observer's exception propagates (the rest stay queued)."""
+        entries = self._entries
+        writer = self._writer
+        while entries:
+            target, step, seq, meta, tensor, version, ticket, stats, share, shared = entries[0]
+            if ticket is not None:
+                if not block and not stats_ready(ticket):
+                    return
+                stats = collect_stats(ticket)
+                self._bytes -= tensor.numel() * tensor.element_size()
+                if stats is None:  # lost (queued before a fork): measure it here
+                    stats = host_stats(tensor)
+                elif tensor._version != version:
+                    self._warn(meta.name)
+            entries.popleft()
+            row = writer._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
+                                 tensor.numel(), stats, None, None, share, shared)
+            writer._deliver(row)
+
+    def drop(self) -> None:
+        """Forget every queued record (its step is being dropped); waits for the helper to be
+        done with their memory."""
+        entries, self._entries = self._entries, deque()
+        self._bytes = 0
+        for entry in entries:
+            if entry[6] is not None:
+                collect_stats(entry[6])
+
+    def _warn(self, name: str) -> None:
+        if self._warned:
+            return
+        self._warned = True
+        warnings.warn(f"sleuth dump: {name!r} was changed in place after it was recorded, "
+                      f"while its statistics were being taken on the helper thread; they may "
+                      f"mix old and new values. SLEUTH_DEFER_STATS=0 takes every statistic in "
+                      f"the hook", RuntimeWarning, stacklevel=4)
