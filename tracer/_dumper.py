@@ -192,9 +192,10 @@ class Dumper:
         must not match its statistics to (or offer them for) another record at that version.
         `version`: the output of a view op in the dispatch mode, which shares its base's
         version counter only after the mode returns: the base's version (`Writer.add_view`).
-        `stats`: statistics computed already (see `Writer.add`). `defer`: a gradient handed to
-        a backward hook, which autograd does not write again: its statistics may be taken on
-        the helper thread until this backward pass ends (tracer._queued).
+        `stats`: statistics computed already (see `Writer.add`). `defer`: nothing writes the
+        tensor until the queue is settled (a gradient handed to a backward hook: settled when
+        the backward pass ends; a parameter's gradient in `_record_params`: settled there), so
+        its statistics may be taken on the helper thread meanwhile (tracer._queued).
         """
         if self._busy or not self.capturing:
             return
@@ -341,7 +342,10 @@ class Dumper:
             self.emit(name, owner, "", "optimizer", "param", 0, call, source,
                       before if before is not None else p.detach(), stats=before_stats)
             if p.grad is not None:
-                self.emit(name, owner, "", "optimizer", "grad", 0, call, source, p.grad.detach())
+                # measured on the helper thread while this loop goes on; settled below, before
+                # user code could write the gradient again
+                self.emit(name, owner, "", "optimizer", "grad", 0, call, source, p.grad.detach(),
+                          defer=True)
             if before is None:
                 continue
             self._busy = True  # the subtraction is ours, not the model's
@@ -352,6 +356,7 @@ class Dumper:
             self.emit(name, owner, "", "optimizer", "update", 0, call, source, update,
                       stats=update_stats)
         self._snapshots.clear()
+        self._settle()
 
     @staticmethod
     def _update(p: torch.Tensor, before: torch.Tensor, materialize: bool

@@ -267,9 +267,10 @@ class StepFile:
         align = ({"alignment_threshold": max(1, self.nbytes), "alignment_interval": SPILL_OFFSET}
                  if spilled and self.nbytes else {})
         with h5py.File(partial, "w", **align) as f:
+            attrs = f.attrs  # one AttributeManager: h5py makes a new one per `f.attrs`
             for key, value in self.attrs.items():
-                f.attrs[key] = value
-            f.attrs["complete"] = int(complete)
+                attrs[key] = value
+            attrs["complete"] = int(complete)
             f.create_dataset("records", data=self.records_table())
             hits = self.hits_table()
             if hits is not None:
