@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -248,6 +249,10 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
                     stored_mb[name] = round(
                         float(dump.summary().tensor_bytes.iloc[-1]) / 1e6, 1)
                 shutil.rmtree(path, ignore_errors=True)
+                # untimed: write back what this condition left dirty in the page cache, so the
+                # kernel's writeback (290 MB a step in tensor mode) does not slow the next one
+                if hasattr(os, "sync"):
+                    os.sync()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(times["baseline"])

@@ -232,6 +232,7 @@ class Dumper:
         torch.autograd.Variable._execution_engine.queue_callback(self._settle)
 
     def _settle(self) -> None:
+        """Make the rows of the writer's queued records now (errors go through on_error)."""
         self._settle_task = None
         settle = getattr(self._writer, "settle", None)
         if settle is None:
@@ -239,17 +240,24 @@ class Dumper:
         error = None
         with self._lock:
             self._busy = True
+            mode = self._mode
+            suspended = mode is not None and mode.suspend()
             try:
                 settle()
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:
+                if suspended:
+                    mode.resume()
                 self._busy = False
         if error is not None:
             self._fail(error)
 
     def forget(self, tensors: list[torch.Tensor]) -> None:
-        """Tell the writer these tensors are being written in place (see `Writer.forget`)."""
+        """Tell the writer these tensors are being written in place (see `Writer.forget`); the
+        statistics it has queued are taken first (the op mode calls this before the write)."""
+        if getattr(self._writer, "waiting", False):
+            self._settle()
         forget = getattr(self._writer, "forget", None)
         if forget is not None:
             forget(tensors)
@@ -387,6 +395,8 @@ class Dumper:
         if not self.capturing:
             return
         if self._mode is not None:
+            # queued statistics first: the optimizer writes parameters outside the mode
+            self._settle()
             self._mode.pop()  # the optimizer's own ops are not records
         if self.config.params:
             self._busy = True

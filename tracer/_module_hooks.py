@@ -107,6 +107,11 @@ class ModuleTracker:
         self.want_out = cfg.io in ("output", "both")
         self.want_fw = cfg.phases in ("forward", "both")
         self.want_bw = cfg.phases in ("backward", "both")
+        # backward gradients' statistics may be queued to the helper thread (Dumper.emit's
+        # `defer`) at module level only: the queue holds them a little longer, which changes
+        # the ops autograd runs (it copies a gradient instead of taking it over), so op-level
+        # records would differ from run to run
+        self.defer_grads = cfg.level == "module"
         self.calls = CallCounter()
         self._recompute_calls = CallCounter()
         self._seq = 0  # never reset: node tags compare call order across steps
@@ -279,13 +284,14 @@ class ModuleTracker:
     def _grad_hook(self, name: str, direction: str, index: int,
                    call: int) -> Callable[[torch.Tensor], None]:
         dumper = self._dumper
+        defer = self.defer_grads
 
         def hook(grad: torch.Tensor) -> None:
             if dumper.capturing and grad is not None:
                 # autograd does not write a gradient again once hooks have seen it: its
                 # statistics may be taken while backward goes on (Dumper.emit's `defer`)
                 dumper.emit(name, name, "", "backward", direction, index, call,
-                            user_source(2), grad, defer=True)
+                            user_source(2), grad, defer=defer)
 
         return hook
 

@@ -1,23 +1,28 @@
 """Records whose statistics the kernel's helper thread computes while training goes on.
 
 In statistics mode the writers take each record's statistics in the hook, so the training thread
-waits for them. For one kind of record it need not: a module's backward record, the gradient
-autograd hands to a tensor hook. Once the hooks have seen that gradient, autograd does not write
-it again: it is accumulated into a buffer only when nobody else holds it (the queued record
-does), and the backward formulas that consume it make new tensors. So its statistics are queued
-to the helper thread (`tracer._stats.submit_stats`), and the backward pass goes on on the
-training thread's core while the helper reads the gradient on the other. The Dumper marks such
-records (`defer`), and settles the queue when the backward pass ends (an autograd engine
-callback); the writers also settle it before a step file is written.
+waits for them. For two kinds of record it need not:
 
-While anything is queued, every later record of the step waits behind it (its statistics already
-taken, or taken from an earlier record's), so rows are made and observers see them in record
-order, and a record that reuses a queued record's statistics finds them. A queued tensor whose
-version counter moved before its statistics were collected was changed in place (by user code
-outside autograd's rules): that is warned about once, naming the record. Queued tensors are
-held until their statistics are computed; beyond `MAX_QUEUED_BYTES` the hook waits. Only when
-torch leaves a core free (`tracer._stats.STATS_THREADS` is 2): otherwise the helper would compete
-with torch's own threads. `SLEUTH_DEFER_STATS=0` takes every statistic in the hook.
+- a module's backward record (level `module`), the gradient autograd hands to a tensor hook.
+  Once the hooks have seen it, autograd does not write it again: it accumulates into a gradient
+  buffer in place only when nobody else holds it (the queued record does), and the backward
+  formulas that consume it make new tensors. The Dumper settles the queue when the backward
+  pass ends (an autograd engine callback). Not at level `op`/`mix`: holding gradients changes
+  which ops autograd runs (it copies a gradient instead of taking it over), so op records would
+  differ from run to run.
+- a parameter's gradient at step end (any level): `Dumper._record_params` queues it, measures
+  the update meanwhile, and settles the queue before returning to user code.
+
+The Dumper marks such records (`defer`); the writers also settle the queue before a step file is
+written. While anything is queued, every later record of the step waits behind it (its
+statistics already taken, or taken from an earlier record's), so rows are made and observers
+see them in record order, and a record that reuses a queued record's statistics finds them. A
+queued tensor whose version counter moved before its statistics were collected was changed in
+place (by user code outside autograd's rules): that is warned about once, naming the record.
+Queued tensors are held until their statistics are computed; beyond `MAX_QUEUED_BYTES` the hook
+waits. Only when torch leaves a core free (`tracer._stats.STATS_THREADS` is 2): otherwise the
+helper would compete with torch's own threads. `SLEUTH_DEFER_STATS=0` takes every statistic in
+the hook.
 """
 from __future__ import annotations
 

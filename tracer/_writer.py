@@ -229,6 +229,11 @@ class Writer:
         caller goes on (tracer._queued; rows are made by `settle`)."""
         raise NotImplementedError
 
+    @property
+    def waiting(self) -> bool:
+        """True while records wait for queued statistics (see `settle`)."""
+        return bool(self._waiting)
+
     def settle(self) -> None:
         """Make the rows of records whose statistics were queued (waiting for them); the Dumper
         calls it when a backward pass ends, the writers before a step file is written."""

@@ -168,3 +168,64 @@ def test_nothing_is_queued_without_a_free_core(tmp_path, monkeypatch):
     tickets = count_submits(monkeypatch)
     dump_rows(tmp_path, MLP, lambda: (torch.randn(4, 8),), writer="sync", level="module")
     assert tickets == []
+
+
+@pytest.fixture
+def lazy_helper(monkeypatch):
+    """A stand-in helper that reads a queued tensor only when its statistics are collected:
+    the latest a real helper could. Anything that writes a queued tensor before the queue is
+    settled then shows up as wrong statistics."""
+    monkeypatch.setattr(queued, "MIN_ELEMENTS", 1)
+    held = {}
+
+    def submit(t):
+        ticket = (len(held), t.numel(), 0)
+        held[ticket] = t
+        return ticket
+
+    monkeypatch.setattr(queued, "submit_stats", submit)
+    monkeypatch.setattr(queued, "stats_ready", lambda ticket: False)
+    monkeypatch.setattr(queued, "collect_stats",
+                        lambda ticket: stats_module.host_stats(held.pop(ticket)))
+    return held
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+@pytest.mark.parametrize("model_fn,batch_fn,micro", [
+    (MLP, lambda: (torch.randn(4, 8),), 1),
+    (lambda: TinyCausalLM(TinyConfig()), lm_batch, 1),
+    (CheckpointedMLP, lambda: (torch.randn(4, 8),), 3),  # gradients accumulate in place
+])
+def test_records_queued_until_the_last_moment_are_still_right(
+        tmp_path, monkeypatch, writer, model_fn, batch_fn, micro, lazy_helper):
+    """The queue is settled before anything writes a queued gradient (autograd accumulating
+    the next micro-batch, the optimizer, the user's next step): even a helper that reads as
+    late as possible sees the recorded values."""
+    monkeypatch.setattr(queued, "ENABLED", False)
+    expected = dump_rows(tmp_path / "hook", model_fn, batch_fn, writer=writer, micro=micro,
+                         level="module")
+    monkeypatch.setattr(queued, "ENABLED", True)
+    got = dump_rows(tmp_path / "queued", model_fn, batch_fn, writer=writer, micro=micro,
+                    level="module")
+    assert not lazy_helper  # everything queued was collected
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        assert a.equals(b)
+
+
+@pytest.mark.parametrize("level", ["op", "mix"])
+def test_op_records_are_never_queued(tmp_path, monkeypatch, level):
+    """Holding gradients in the queue changes which ops autograd runs (a copy instead of
+    taking a gradient over), so with op records only parameter gradients, measured after
+    backward, are queued: the records are the same as without the queue."""
+    monkeypatch.setattr(queued, "MIN_ELEMENTS", 1)
+    monkeypatch.setattr(queued, "ENABLED", False)
+    expected = dump_rows(tmp_path / "hook", MLP, lambda: (torch.randn(4, 8),), writer="sync",
+                         level=level)
+    monkeypatch.setattr(queued, "ENABLED", True)
+    tickets = count_submits(monkeypatch)
+    got = dump_rows(tmp_path / "queued", MLP, lambda: (torch.randn(4, 8),), writer="sync",
+                    level=level)
+    assert len(tickets) == 2 * 4  # two steps, four parameter gradients
+    for a, b in zip(got, expected):
+        assert a.equals(b)
