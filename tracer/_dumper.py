@@ -201,26 +201,37 @@ class Dumper:
             return
         if defer and self._settle_task != _graph_task_id():
             self._settle_when_backward_ends()
-        error = None
+        error = self._quietly(self._add_record, scope, module, op, phase, direction, index, call,
+                              source, tensor, stable, version, stats, defer)
+        if error is not None:
+            self._fail(error)
+
+    def _add_record(self, scope: str, module: str, op: str, phase: str, direction: str,
+                    index: int, call: int, source: str, tensor: torch.Tensor, stable: bool,
+                    version: int | None, stats: dict | None, defer: bool) -> None:
+        if not self._open:
+            self._open_step()
+        meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}", module=module,
+                          op=op, phase=phase, direction=direction, index=index, call=call,
+                          source=source)
+        self._add(meta, tensor, stable, version, stats, defer)
+
+    def _quietly(self, work: Any, *args: Any) -> Exception | None:
+        """Run the dump's own `work(*args)` under the lock, marked busy (the hooks ignore what
+        it runs) and with the op mode off the dispatch stack; returns its exception."""
         with self._lock:
             self._busy = True
             mode = self._mode
             suspended = mode is not None and mode.suspend()
             try:
-                if not self._open:
-                    self._open_step()
-                meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}",
-                                  module=module, op=op, phase=phase, direction=direction,
-                                  index=index, call=call, source=source)
-                self._add(meta, tensor, stable, version, stats, defer)
-            except Exception as e:  # noqa: BLE001 - routed through on_error below
-                error = e
+                work(*args)
+            except Exception as e:  # noqa: BLE001 - the caller routes it through on_error
+                return e
             finally:
                 if suspended:
                     mode.resume()
                 self._busy = False
-        if error is not None:
-            self._fail(error)
+        return None
 
     def _settle_when_backward_ends(self) -> None:
         """Have the writer make the rows of queued records when this backward pass ends (an
@@ -237,19 +248,7 @@ class Dumper:
         settle = getattr(self._writer, "settle", None)
         if settle is None:
             return
-        error = None
-        with self._lock:
-            self._busy = True
-            mode = self._mode
-            suspended = mode is not None and mode.suspend()
-            try:
-                settle()
-            except Exception as e:  # noqa: BLE001 - routed through on_error below
-                error = e
-            finally:
-                if suspended:
-                    mode.resume()
-                self._busy = False
+        error = self._quietly(settle)
         if error is not None:
             self._fail(error)
 

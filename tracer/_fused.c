@@ -417,33 +417,40 @@ static PyObject *fused_submit(PyObject *self, PyObject *args) {
 #endif
 }
 
-static PyObject *fused_ready(PyObject *self, PyObject *args) {
-    long long ticket;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "L", &ticket)) return NULL;
 #if HAVE_HELPER
+/* The slot of the ticket in `args`, or NULL with a ValueError naming `fn`. */
+static slot_t *ticket_slot(PyObject *args, const char *fn) {
+    long long ticket;
+    if (!PyArg_ParseTuple(args, "L", &ticket)) return NULL;
     slot_t *slot = queue_slot(ticket);
-    if (slot == NULL) {
-        PyErr_Format(PyExc_ValueError, "ready(): no job with ticket %lld", ticket);
-        return NULL;
-    }
+    if (slot == NULL) PyErr_Format(PyExc_ValueError, "%s(): no job with ticket %lld", fn, ticket);
+    return slot;
+}
+#else
+static void *ticket_slot(PyObject *args, const char *fn) {
+    long long ticket;
+    if (PyArg_ParseTuple(args, "L", &ticket))
+        PyErr_Format(PyExc_ValueError, "%s(): no job with ticket %lld", fn, ticket);
+    return NULL;
+}
+#endif
+
+static PyObject *fused_ready(PyObject *self, PyObject *args) {
+    (void)self;
+#if HAVE_HELPER
+    slot_t *slot = ticket_slot(args, "ready");
+    if (slot == NULL) return NULL;
     return PyBool_FromLong(atomic_load(&slot->state) != SLOT_QUEUED);
 #else
-    PyErr_Format(PyExc_ValueError, "ready(): no job with ticket %lld", ticket);
-    return NULL;
+    return ticket_slot(args, "ready");
 #endif
 }
 
 static PyObject *fused_collect(PyObject *self, PyObject *args) {
-    long long ticket;
     (void)self;
-    if (!PyArg_ParseTuple(args, "L", &ticket)) return NULL;
 #if HAVE_HELPER
-    slot_t *slot = queue_slot(ticket);
-    if (slot == NULL) {
-        PyErr_Format(PyExc_ValueError, "collect(): no job with ticket %lld", ticket);
-        return NULL;
-    }
+    slot_t *slot = ticket_slot(args, "collect");
+    if (slot == NULL) return NULL;
     int state;
     Py_BEGIN_ALLOW_THREADS
     state = queue_wait(slot);
@@ -453,8 +460,7 @@ static PyObject *fused_collect(PyObject *self, PyObject *args) {
     atomic_store(&slot->state, SLOT_FREE);
     return out;
 #else
-    PyErr_Format(PyExc_ValueError, "collect(): no job with ticket %lld", ticket);
-    return NULL;
+    return ticket_slot(args, "collect");
 #endif
 }
 

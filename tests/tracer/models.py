@@ -229,3 +229,22 @@ class FakeWriter:
 
     def names(self, step=None):
         return [m.name for s, m, _ in self.records if step is None or s == step]
+
+
+def train_and_dump(model_fn, batch_fn, path, steps=2, micro=1, **config):
+    """Train `steps` SGD steps of `micro` backward passes each under a Dumper writing to `path`
+    with `config`; returns `tracer.open_dump(path)`."""
+    import tracer
+
+    torch.manual_seed(0)
+    model = model_fn()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with tracer.Dumper(model, {"path": str(path), **config}):
+        for _ in range(steps):
+            for _ in range(micro):
+                out = model(*batch_fn())
+                loss = out["loss"] if isinstance(out, dict) else out.float().pow(2).mean()
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return tracer.open_dump(path)

@@ -6,22 +6,11 @@ import torch
 
 import tracer
 from models import (MLP, CheckpointedMLP, InplaceModel, SmallCNN, SmallLSTM, TinyCausalLM,
-                    TinyConfig)
+                    TinyConfig, train_and_dump)
 
 
 def run(model_fn, batch_fn, tmp_path, steps=2, micro=1, **config):
-    torch.manual_seed(0)
-    model = model_fn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with tracer.Dumper(model, {"path": str(tmp_path), **config}):
-        for _ in range(steps):
-            for _ in range(micro):
-                out = model(*batch_fn())
-                loss = out["loss"] if isinstance(out, dict) else out.float().pow(2).mean()
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
-    return tracer.open_dump(tmp_path)
+    return train_and_dump(model_fn, batch_fn, tmp_path, steps, micro, **config)
 
 
 def lm_batch():

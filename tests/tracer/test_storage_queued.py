@@ -14,7 +14,7 @@ import torch.nn as nn
 import tracer
 import tracer._queued as queued
 import tracer._stats as stats_module
-from models import MLP, CheckpointedMLP, TinyCausalLM, TinyConfig
+from models import MLP, CheckpointedMLP, TinyCausalLM, TinyConfig, train_and_dump
 
 pytestmark = pytest.mark.skipif(not stats_module.fused_available(), reason="needs the C kernel")
 
@@ -27,18 +27,7 @@ def a_free_core(monkeypatch):
 
 
 def dump_rows(tmp_path, model_fn, batch_fn, *, writer, micro=1, **config):
-    torch.manual_seed(0)
-    model = model_fn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    with tracer.Dumper(model, {"path": str(tmp_path), "writer": writer, **config}):
-        for _ in range(2):
-            for _ in range(micro):
-                out = model(*batch_fn())
-                loss = out["loss"] if isinstance(out, dict) else out.float().pow(2).mean()
-                loss.backward()
-            opt.step()
-            opt.zero_grad()
-    dump = tracer.open_dump(tmp_path)
+    dump = train_and_dump(model_fn, batch_fn, tmp_path, micro=micro, writer=writer, **config)
     return [dump.stats(0, s).drop(columns=["source"]) for s in dump.steps(0)]
 
 
