@@ -3,9 +3,11 @@
 Two models, as issue 3 asks: `gpt` (vocab 512, 4 layers, d 256, seq 128, batch 8; the trainer's
 GPT when importable) and `tiny` (the trainer's tiny preset: 2 layers, d 64, seq 64, batch 8,
 where per-record costs dominate). For each, every condition runs in one process, interleaved
-round by round so machine noise hits all conditions alike; a condition's ratio is the median
-over rounds of (its median step time in the round / the baseline's median step time in the
-same round), which cancels the slow drifts of a shared machine. Prints one JSON object. Conditions and goals (issue 3):
+round by round, and each condition's block of steps is bracketed by two baseline blocks; a
+condition's ratio is the median over rounds of (its median step time / the mean of the two
+baseline medians around it), which cancels the drifts of a shared machine, down to the seconds
+between blocks. `baseline_again` (no Dumper, measured like a condition) shows what is left.
+Prints one JSON object. Conditions and goals (issue 3):
 
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -212,47 +215,56 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
         with contextlib.redirect_stdout(sys.stderr):  # msprobe logs to stdout
             debugger = make_msprobe(args.msprobe, work)
     times: dict[str, list[float]] = {name: [] for name in conditions}
-    per_round: dict[str, list[float]] = {name: [] for name in conditions}  # round medians
+    # per round, each condition's median step over the mean of the baseline medians measured
+    # right before and right after it
+    bracketed: dict[str, list[float]] = {name: [] for name in conditions if name != "baseline"}
     records: dict[str, int] = {}
     stored_mb: dict[str, float] = {}
+
+    def baseline() -> float:
+        steps = train_steps(model, opt, batches)[1:]
+        times["baseline"] += steps
+        return statistics.median(steps)
+
+    def run(name: str, config: Any) -> list[float]:
+        if config == "baseline":
+            return train_steps(model, opt, batches)[1:]
+        if config == "msprobe":
+            with contextlib.redirect_stdout(sys.stderr):
+                steps = msprobe_steps(model, opt, batches, debugger)[1:]
+            shutil.rmtree(work / "msprobe", ignore_errors=True)
+            return steps
+        path = work / name
+        config = dict(config)
+        null = config.pop("_null_writer", False)
+        dumper_module._make_writer = (lambda *a: _NullWriter()) if null else real_writer
+        with tracer.Dumper(model, {**config, "path": str(path)}) as d:
+            # the first step also opens the writer: measured separately from the rest
+            steps = train_steps(model, opt, batches, d)[1:]
+        if name not in records and (path / "dump").exists():
+            dump = tracer.open_dump(path)
+            records[name] = len(dump.stats(0, dump.steps(0)[-1]))
+            stored_mb[name] = round(float(dump.summary().tensor_bytes.iloc[-1]) / 1e6, 1)
+        shutil.rmtree(path, ignore_errors=True)
+        # untimed: write back what this condition left dirty in the page cache, so the
+        # kernel's writeback (290 MB a step in tensor mode) does not slow what comes next
+        if hasattr(os, "sync"):
+            os.sync()
+        return steps
+
     try:
         train_steps(model, opt, batches[:2])  # warm up kernels and the optimizer state
-        order = list(conditions.items())
+        order = [(k, v) for k, v in conditions.items() if k != "baseline"]
         for r in range(args.rounds):
             # rotate the order each round so no condition always follows the same one (memory
             # freed by a tensor-mode condition makes the next one fault pages back in)
+            before = baseline()
             for name, config in order[r % len(order):] + order[:r % len(order)]:
-                if config is None or config == "baseline":
-                    steps = train_steps(model, opt, batches)[1:]
-                    times[name] += steps
-                    per_round[name].append(statistics.median(steps))
-                    continue
-                if config == "msprobe":
-                    with contextlib.redirect_stdout(sys.stderr):
-                        steps = msprobe_steps(model, opt, batches, debugger)[1:]
-                    times[name] += steps
-                    per_round[name].append(statistics.median(steps))
-                    shutil.rmtree(work / "msprobe", ignore_errors=True)
-                    continue
-                path = work / name
-                config = dict(config)
-                null = config.pop("_null_writer", False)
-                dumper_module._make_writer = (lambda *a: _NullWriter()) if null else real_writer
-                with tracer.Dumper(model, {**config, "path": str(path)}) as d:
-                    # the first step also opens the writer: measured separately from the rest
-                    steps = train_steps(model, opt, batches, d)[1:]
+                steps = run(name, config)
                 times[name] += steps
-                per_round[name].append(statistics.median(steps))
-                if name not in records and (path / "dump").exists():
-                    dump = tracer.open_dump(path)
-                    records[name] = len(dump.stats(0, dump.steps(0)[-1]))
-                    stored_mb[name] = round(
-                        float(dump.summary().tensor_bytes.iloc[-1]) / 1e6, 1)
-                shutil.rmtree(path, ignore_errors=True)
-                # untimed: write back what this condition left dirty in the page cache, so the
-                # kernel's writeback (290 MB a step in tensor mode) does not slow the next one
-                if hasattr(os, "sync"):
-                    os.sync()
+                after = baseline()
+                bracketed[name].append(statistics.median(steps) / ((before + after) / 2))
+                before = after
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(times["baseline"])
@@ -260,9 +272,7 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
         "model": {"params": sum(p.numel() for p in model.parameters()), "vocab": vocab,
                   "seq": seq, "batch": batch},
         "baseline_step_s": round(base, 4),
-        "ratios": {name: round(statistics.median(
-                       m / b for m, b in zip(rounds, per_round["baseline"])), 3)
-                   for name, rounds in per_round.items() if name != "baseline"},
+        "ratios": {name: round(statistics.median(r), 3) for name, r in bracketed.items()},
         "ratios_of_pooled_medians": {name: round(statistics.median(t) / base, 3)
                                      for name, t in times.items() if name != "baseline"},
         "records_per_step": records,
