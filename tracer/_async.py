@@ -171,14 +171,15 @@ class AsyncWriter(Writer):
             self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
             return
         if inline:
-            if row is not None:
-                self._deliver(row)
+            self._deliver(row)
             return
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
 
-    def _deliver(self, row: dict) -> None:
+    def _deliver(self, row: dict | None) -> None:
+        if row is None:
+            return
         try:
             self._notify(row)
         except Exception as e:  # noqa: BLE001 - raised in the training thread
@@ -347,11 +348,7 @@ class AsyncWriter(Writer):
                 _, stats, snap, _ = staged
             row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
                                release, share, shared)
-            try:
-                self._notify(row)
-            except Exception as e:  # noqa: BLE001 - raised in the training thread
-                if self._observer_error is None:
-                    self._observer_error = e
+            self._deliver(row)
         elif kind == "begin":
             self._finish_file(complete=False)
             self._wstep = item[1]

@@ -2,7 +2,8 @@
 and written to `RUN/dump/rank{R}/flight_recorder.h5` when a watchpoint stops the run, on an
 uncaught exception, or on SIGTERM, so that a crashed run still tells what led to the crash.
 
-It is an observer of the writer (one dict append per record, no tensor bytes). The previous
+It is a row sink of the writer (one tuple append per record, no tensor bytes), or an observer
+of writers without sinks. The previous
 `sys.excepthook` and SIGTERM handler are chained, not replaced, and restored by `remove()`.
 """
 from __future__ import annotations
@@ -47,25 +48,37 @@ class FlightRecorder:
 
     # -- observer -------------------------------------------------------------------------------
     def __call__(self, row: dict[str, Any]) -> None:
+        """Keep a row dict (the observer API, for writers without `row_sinks`)."""
         step = row.get("step")
         if step is None and self._step_of is not None:
             step = self._step_of()
-        step = -1 if step is None else int(step)
+        self._keep(-1 if step is None else int(step), row)
+
+    def add_row(self, row: tuple, step: int) -> None:
+        """Keep a /records row tuple (a tracer writer's `row_sinks`: no dict per record)."""
+        self._keep(step, row)
+
+    def _keep(self, step: int, row: Any) -> None:
         current = self._current
         if current is None or current[0] != step:
             with self._lock:
                 if not self.steps or self.steps[-1][0] != step:
                     self.steps.append((step, []))
                 current = self._current = self.steps[-1]
-        # The writer hands each observer a fresh dict, so keeping it is safe, and it is the
-        # cheapest thing to do on every record; rows become tuples only when saved. A list
+        # Writers hand over a fresh dict or an immutable tuple, so keeping it is safe, and it is
+        # the cheapest thing to do on every record; rows become tables only when saved. A list
         # append needs no lock (atomic under the GIL; `rows()` copies under the lock).
         current[1].append((step, row))
 
     def rows(self) -> list[tuple]:
+        from tracer._format import RECORD_FIELDS
+
+        where = {c: RECORD_FIELDS.index(c) for c in _COLS if c != "step"}
         with self._lock:
-            return [tuple(step if c == "step" else _cell(row.get(c), c) for c in _COLS)
-                    for _, rows in self.steps for step, row in rows]
+            kept = [item for _, rows in self.steps for item in rows]
+        return [tuple(step if c == "step" else _cell(
+                    row[where[c]] if isinstance(row, tuple) else row.get(c), c) for c in _COLS)
+                for step, row in kept]
 
     # -- writing --------------------------------------------------------------------------------
     def save(self, reason: str) -> Path:
@@ -180,7 +193,7 @@ def read_flight_recorder(path: str | os.PathLike) -> Any:
 
 def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None,
                             steps: int | None = None) -> FlightRecorder | None:
-    """Attach a flight recorder to `writer` (an object with an `observers` list) for the run
+    """Attach a flight recorder to `writer` (its `row_sinks`, else its `observers`) for the run
     directory of `config` (DumpConfig). Steps kept: `steps`, else $SLEUTH_FLIGHT_STEPS, else 3;
     0 returns None."""
     if steps is None:
@@ -202,7 +215,11 @@ def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None
         recorder.steps = collections.deque(maxlen=steps)
         recorder.saved = None
     recorder._step_of = lambda: getattr(writer, "step", None)
-    writer.observers.append(recorder)
+    sinks = getattr(writer, "row_sinks", None)
+    if sinks is not None:  # a tracer writer: row tuples, no dict per record
+        sinks.append(recorder.add_row)
+    else:
+        writer.observers.append(recorder)
     return recorder.install()
 
 

@@ -182,6 +182,9 @@ class Writer:
         for the async writer's statistics-mode CPU records, else in the async writer's thread.
         An observer's exception reaches the training thread whatever `on_error` says (from
         the writer thread: at the next add/end_step/close)."""
+        self.row_sinks: list[Callable[[tuple, int], None]] = []
+        """Called with each record's /records row as a tuple (RECORD_FIELDS order) and its
+        step, where observers would be; no dict is built for them (the flight recorder)."""
         self.keep_bytes = config.mode in ("tensor", "full")
         self.run_dir = config.run_dir()
         self._config_dict = config.to_dict()
@@ -338,8 +341,9 @@ class Writer:
     def _record(self, file: StepFile, step: int, seq: int, meta: RecordMeta, dtype: torch.dtype,
                 shape: tuple, numel: int, stats: dict | None, snap: torch.Tensor | None,
                 release: Callable[[], None] | None = None, share: list | None = None,
-                shared: str | None = None) -> dict:
-        """Add one record's row (and bytes) to `file`; returns the row as a dict.
+                shared: str | None = None) -> dict | None:
+        """Add one record's row (and bytes) to `file` and hand it to the row sinks; returns it
+        as a dict for the observers, or None when there are none.
 
         `stats` None means: take them from `share` when an earlier record filled it, else
         compute them from `snap` (the CPU snapshot) here. `release` is called once `snap` is no
@@ -379,9 +383,14 @@ class Writer:
         mn, mx, mean, norm = stats["min"], stats["max"], stats["mean"], stats["norm"]
         nan, posinf, neginf = stats["nan"], stats["posinf"], stats["neginf"]
         zeros, checksum = stats["zeros"], stats["checksum"]
-        file.add_row((seq, name, module, op, phase, direction, index, call, dtype_s, shape_s,
-                      numel, mn, mx, mean, norm, nan, posinf, neginf, zeros, checksum, source,
-                      offset, nbytes, strides))
+        row = (seq, name, module, op, phase, direction, index, call, dtype_s, shape_s, numel, mn,
+               mx, mean, norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes,
+               strides)
+        file.add_row(row)
+        for sink in self.row_sinks:
+            sink(row, step)
+        if not self.observers:
+            return None
         # a dict display: ~3x faster than dict(zip(RECORD_FIELDS, row)) (keys: RECORD_FIELDS)
         return {"seq": seq, "name": name, "module": module, "op": op, "phase": phase,
                 "direction": direction, "index": index, "call": call, "dtype": dtype_s,
@@ -404,10 +413,11 @@ class Writer:
         return self._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
                             tensor.numel(), stats, snap, release, share, shared)
 
-    def _deliver(self, row: dict) -> None:
+    def _deliver(self, row: dict | None) -> None:
         """Show a row made from the queue to the observers (the async writer keeps their
         exception for the training thread's next call)."""
-        self._notify(row)
+        if row is not None:
+            self._notify(row)
 
     def _notify(self, row: dict) -> None:
         for observer in tuple(self.observers):  # another thread may remove one meanwhile

@@ -86,3 +86,18 @@ def test_ring_buffer_keeps_last_steps_and_chains_hooks(tmp_path):
     rec.remove()  # idempotent
     df = read_flight_recorder(rec.save("test"))
     assert list(df["step"]) == [2, 2, 2, 3, 3, 3] and df.attrs["reason"] == "test"
+
+
+def test_row_tuples_and_row_dicts_are_kept_alike(tmp_path):
+    """A tracer writer hands the recorder /records tuples (no dict per record); other writers
+    hand it observer dicts. Both end up as the same saved row."""
+    from tracer._format import RECORD_FIELDS
+
+    row = (7, "fc.forward.0.output.0", "fc", "", "forward", "output", 0, 0, "float32", "3,4", 12,
+           -1.5, 2.5, 0.25, 3.0, 0, 1, 0, 2, 12345, "train.py:9", -1, 0, "")
+    by_tuple = FlightRecorder(tmp_path / "a.h5")
+    by_tuple.add_row(row, 4)
+    by_dict = FlightRecorder(tmp_path / "b.h5")
+    by_dict({**dict(zip(RECORD_FIELDS, row)), "step": 4, "rank": 0})
+    assert by_tuple.rows() == by_dict.rows()
+    assert by_tuple.rows()[0][:3] == (4, 7, "fc.forward.0.output.0")
