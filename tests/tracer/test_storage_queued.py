@@ -218,3 +218,55 @@ def test_op_records_are_never_queued(tmp_path, monkeypatch, level):
     assert len(tickets) == 2 * 4  # two steps, four parameter gradients
     for a, b in zip(got, expected):
         assert a.equals(b)
+
+
+def test_helper_serves_shared_and_queued_jobs_from_several_threads_exactly():
+    """Shared jobs (a large tensor split with the helper), fused copies and queued jobs from
+    four threads at once, for a few seconds: every result is the single-thread one, and
+    nothing hangs."""
+    import threading
+    import time
+
+    from tracer import _fused
+
+    g = torch.Generator().manual_seed(1)
+    ts = [torch.randn(n, generator=g) for n in (1 << 16, 300_001, 1 << 20)]
+    ref = [_fused.stats(t.data_ptr(), t.numel(), 0, 1) for t in ts]
+    errors: list = []
+    stop = time.monotonic() + 3
+
+    def shared():
+        i = 0
+        while time.monotonic() < stop:
+            k = i % len(ts)
+            i += 1
+            if _fused.stats(ts[k].data_ptr(), ts[k].numel(), 0, 2) != ref[k]:
+                errors.append(("shared", k))
+
+    def copies():
+        out = [torch.empty_like(t) for t in ts]
+        i = 0
+        while time.monotonic() < stop:
+            k = i % len(ts)
+            i += 1
+            if _fused.copy_stats(out[k].data_ptr(), ts[k].data_ptr(), ts[k].numel(), 0, 2) \
+                    != ref[k]:
+                errors.append(("copy", k))
+
+    def queued_jobs():
+        i = 0
+        while time.monotonic() < stop:
+            tickets = [(_fused.submit(ts[k].data_ptr(), ts[k].numel(), 0), k)
+                       for k in (i % 3, (i + 1) % 3, (i + 2) % 3)]
+            i += 1
+            for ticket, k in tickets:
+                if ticket >= 0 and _fused.collect(ticket) != ref[k]:
+                    errors.append(("queued", k))
+
+    threads = [threading.Thread(target=f) for f in (shared, copies, queued_jobs, queued_jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert errors == []
