@@ -111,9 +111,7 @@ class AsyncWriter(Writer):
         if not self.enabled:
             return
         if self._in_step:
-            self.settle()
-            self._hand_over_rows()
-            self._put(("end", False), 0)
+            self._close_step(complete=False)
         self._step, self._seq, self._in_step = int(step), 0, True
         self._seen.clear()
         refresh_stats_threads()
@@ -186,11 +184,14 @@ class AsyncWriter(Writer):
             if self._observer_error is None:
                 self._observer_error = e
 
-    def _hand_over_rows(self) -> None:
-        """Queue the rows made in the training thread for the open step file."""
+    def _close_step(self, *, complete: bool) -> None:
+        """Make the queued records' rows, hand the rows made in the training thread to the
+        writer thread, and end the step's file there (marked complete or not)."""
+        self.settle()
         if self._rows.rows:
             rows, self._rows.rows = self._rows.rows, []
             self._put(("rows", rows), 0)
+        self._put(("end", complete), 0)
 
     def add_hit(self, hit: dict) -> None:
         if threading.get_ident() == self._thread.ident:
@@ -205,9 +206,7 @@ class AsyncWriter(Writer):
         self._raise_pending()
         if self.enabled and self._in_step:
             self._in_step = False
-            self.settle()
-            self._hand_over_rows()
-            self._put(("end", True), 0)
+            self._close_step(complete=True)
 
     def flush(self) -> None:
         """Wait until everything queued so far is written; raise a pending error."""
@@ -222,9 +221,7 @@ class AsyncWriter(Writer):
             return
         try:
             if self.enabled and self._in_step:
-                self.settle()
-                self._hand_over_rows()
-                self._put(("end", False), 0)
+                self._close_step(complete=False)
             self._in_step = False
         finally:
             self._closed = True
@@ -244,7 +241,7 @@ class AsyncWriter(Writer):
         if t.is_cuda:
             return self._stage_cuda(t)
         snap, release = snapshot(t, self._pool)  # CPU copy, or blocking from an accelerator
-        return ("cpu", snap, release), snap.numel() * snap.element_size()
+        return ("ready", None, snap, release), snap.numel() * snap.element_size()
 
     def _stage_cuda(self, t: torch.Tensor) -> tuple[tuple, int]:
         device = t.device
@@ -332,19 +329,16 @@ class AsyncWriter(Writer):
         kind = item[0]
         if kind == "rec":
             _, step, seq, meta, dtype, shape, numel, staged, share, shared = item
-            release = staged[2] if staged[0] == "cpu" else (
-                staged[3] if staged[0] == "ready" else None)
+            release = staged[3] if staged[0] == "ready" else None
             if self._wfile is None:  # its step was dropped after an error
                 if release is not None:
                     release()
                 return
-            if staged[0] == "cpu":
-                stats, snap = None, staged[1]
-            elif staged[0] == "cuda":
+            if staged[0] == "cuda":
                 _, done, host_packed, snap = staged
                 done.synchronize()
                 stats = decode_packed(host_packed.tolist(), element_bits(dtype))
-            else:  # ("ready", statistics or None, snapshot or None, its release or None)
+            else:  # ("ready", statistics or None: from the snapshot, snapshot, its release)
                 _, stats, snap, _ = staged
             row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
                                release, share, shared)

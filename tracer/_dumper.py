@@ -43,14 +43,10 @@ def _record_meta() -> Any:
     return RecordMeta
 
 
-def _bind_add(writer: Any) -> Any:
-    """`add(meta, tensor, stable, version, stats, defer)` of `writer`: its own for a tracer
-    writer; for a stand-in with a plain `add(meta, tensor)` (a test double), the stable flag
-    picks `add_unstable` when it has one, and the rest is dropped."""
-    from tracer._writer import Writer
-
-    if isinstance(writer, Writer):
-        return writer.add
+def _plain_add(writer: Any) -> Any:
+    """`add(meta, tensor, stable, version, stats, defer)` for a stand-in writer with a plain
+    `add(meta, tensor)` (a test double): the stable flag picks `add_unstable` when it has one,
+    and the rest is dropped."""
     add = writer.add
     unstable = getattr(writer, "add_unstable", add)
 
@@ -108,7 +104,7 @@ class Dumper:
         self._explicit = False
         self._closed = False
         self._writer: Any = None
-        self._add: Any = None  # the writer's add, bound when it opens (see _bind_add)
+        self._add: Any = None  # the writer's add, bound when it opens (see _open_step)
         self._takes_stats = False  # the writer takes computed statistics (a tracer Writer)
         self._settle_task: int | None = None  # the backward pass that settles the writer's queue
         self._meta: Any = None
@@ -199,8 +195,13 @@ class Dumper:
         """
         if self._busy or not self.capturing:
             return
-        if defer and self._settle_task != _graph_task_id():
-            self._settle_when_backward_ends()
+        if defer:
+            # inside a backward pass: have the writer make the rows of queued records when it
+            # ends (an autograd engine callback), so nothing is pending once backward() returns
+            task = _graph_task_id()
+            if task != -1 and task != self._settle_task:
+                self._settle_task = task
+                torch.autograd.Variable._execution_engine.queue_callback(self._settle)
         error = self._quietly(self._add_record, scope, module, op, phase, direction, index, call,
                               source, tensor, stable, version, stats, defer)
         if error is not None:
@@ -233,15 +234,6 @@ class Dumper:
                 self._busy = False
         return None
 
-    def _settle_when_backward_ends(self) -> None:
-        """Have the writer make the rows of queued records when this backward pass ends (an
-        autograd engine callback), so no statistics are pending once `backward()` returns."""
-        task = _graph_task_id()
-        if task == -1:  # not inside a backward pass: nothing would settle the queue
-            return
-        self._settle_task = task
-        torch.autograd.Variable._execution_engine.queue_callback(self._settle)
-
     def _settle(self) -> None:
         """Make the rows of the writer's queued records now (errors go through on_error)."""
         self._settle_task = None
@@ -253,10 +245,7 @@ class Dumper:
             self._fail(error)
 
     def forget(self, tensors: list[torch.Tensor]) -> None:
-        """Tell the writer these tensors are being written in place (see `Writer.forget`); the
-        statistics it has queued are taken first (the op mode calls this before the write)."""
-        if getattr(self._writer, "waiting", False):
-            self._settle()
+        """Tell the writer these tensors are being written in place (see `Writer.forget`)."""
         forget = getattr(self._writer, "forget", None)
         if forget is not None:
             forget(tensors)
@@ -265,10 +254,11 @@ class Dumper:
         if self._writer is None:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
-            self._add = _bind_add(self._writer)
             from tracer._writer import Writer
 
+            # a tracer writer takes the full call; a stand-in gets the plain one
             self._takes_stats = isinstance(self._writer, Writer)
+            self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
             from tracer._watch import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
@@ -378,24 +368,18 @@ class Dumper:
         there."""
         if not before.is_cpu:
             return p - before, None
+        stats = difference_stats(p, before, out=before if materialize else None)
+        if stats is None:
+            return torch.sub(p, before, out=before), None
         if materialize:
-            stats = difference_stats(p, before, out=before)
-            if stats is not None:
-                _increment_version(before)  # the kernel wrote it behind torch's back
-                return before, stats
-        else:
-            stats = difference_stats(p, before)
-            if stats is not None:
-                return before, stats
-        return torch.sub(p, before, out=before), None
+            _increment_version(before)  # the kernel wrote it behind torch's back
+        return before, stats
 
     # -- optimizer hooks ------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.capturing:
             return
         if self._mode is not None:
-            # queued statistics first: the optimizer writes parameters outside the mode
-            self._settle()
             self._mode.pop()  # the optimizer's own ops are not records
         if self.config.params:
             self._busy = True

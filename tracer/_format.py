@@ -191,8 +191,8 @@ class StepFile:
         async writer can write the next step while the disk syncs this one."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.partial_path
-        offset = self._write_hdf5(partial, complete, spilled=self._spill_fd is not None)
-        if offset == SPILL_OFFSET and self._spill_fd is not None:
+        offset = self._write_hdf5(partial, complete, spilled=self.spilled)
+        if offset == SPILL_OFFSET and self.spilled:
             return self._write_in_side_file(partial)
         fd = os.open(partial, os.O_WRONLY)
         try:

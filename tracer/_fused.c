@@ -348,9 +348,16 @@ static PyObject *run_work(const work_t *w, int threads) {
     return result_tuple(&acc, nan, pinf, ninf);
 }
 
-static int check_args(unsigned long long address, long long count, int code, const char *fn) {
+/* 0, or -1 with a ValueError naming `fn`; `second` (the copy's destination, the difference's
+ * subtrahend, named `second_name`) must be non-null unless `second_name` is NULL. */
+static int check_args(unsigned long long address, long long count, int code, const char *fn,
+                      unsigned long long second, const char *second_name) {
     if (count < 1 || address == 0) {
         PyErr_Format(PyExc_ValueError, "%s() needs a non-null address and count >= 1", fn);
+        return -1;
+    }
+    if (second_name != NULL && second == 0) {
+        PyErr_Format(PyExc_ValueError, "%s() needs a non-null %s", fn, second_name);
         return -1;
     }
     if (code != CODE_F32 && code != CODE_BF16 && code != CODE_F16) {
@@ -366,7 +373,7 @@ static PyObject *fused_stats(PyObject *self, PyObject *args) {
     int code, threads = 1;
     (void)self;
     if (!PyArg_ParseTuple(args, "KLi|i", &address, &count, &code, &threads)) return NULL;
-    if (check_args(address, count, code, "stats") < 0) return NULL;
+    if (check_args(address, count, code, "stats", 0, NULL) < 0) return NULL;
     work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
     return run_work(&w, threads);
 }
@@ -377,11 +384,7 @@ static PyObject *fused_copy_stats(PyObject *self, PyObject *args) {
     int code, threads = 1;
     (void)self;
     if (!PyArg_ParseTuple(args, "KKLi|i", &dst, &src, &count, &code, &threads)) return NULL;
-    if (check_args(src, count, code, "copy_stats") < 0) return NULL;
-    if (dst == 0) {
-        PyErr_SetString(PyExc_ValueError, "copy_stats() needs a non-null destination");
-        return NULL;
-    }
+    if (check_args(src, count, code, "copy_stats", dst, "destination") < 0) return NULL;
     work_t w = {(const char *)(uintptr_t)src, NULL, (char *)(uintptr_t)dst, count, code, OP_COPY};
     return run_work(&w, threads);
 }
@@ -392,11 +395,7 @@ static PyObject *fused_diff_stats(PyObject *self, PyObject *args) {
     int threads = 1;
     (void)self;
     if (!PyArg_ParseTuple(args, "KKKL|i", &a, &b, &out, &count, &threads)) return NULL;
-    if (check_args(a, count, CODE_F32, "diff_stats") < 0) return NULL;
-    if (b == 0) {
-        PyErr_SetString(PyExc_ValueError, "diff_stats() needs a non-null subtrahend");
-        return NULL;
-    }
+    if (check_args(a, count, CODE_F32, "diff_stats", b, "subtrahend") < 0) return NULL;
     work_t w = {(const char *)(uintptr_t)a, (const char *)(uintptr_t)b, (char *)(uintptr_t)out,
                 count, CODE_F32, OP_DIFF};
     return run_work(&w, threads);
@@ -408,7 +407,7 @@ static PyObject *fused_submit(PyObject *self, PyObject *args) {
     int code;
     (void)self;
     if (!PyArg_ParseTuple(args, "KLi", &address, &count, &code)) return NULL;
-    if (check_args(address, count, code, "submit") < 0) return NULL;
+    if (check_args(address, count, code, "submit", 0, NULL) < 0) return NULL;
 #if HAVE_HELPER
     work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
     return PyLong_FromLongLong(queue_submit(&w));
@@ -417,51 +416,39 @@ static PyObject *fused_submit(PyObject *self, PyObject *args) {
 #endif
 }
 
-#if HAVE_HELPER
-/* The slot of the ticket in `args`, or NULL with a ValueError naming `fn`. */
-static slot_t *ticket_slot(PyObject *args, const char *fn) {
+/* ready(ticket) (`collect` 0) or collect(ticket) (`collect` 1): a ValueError naming `fn` when
+ * no job with that ticket is outstanding (always, without the helper: nothing is queued). */
+static PyObject *ticket_call(PyObject *args, const char *fn, int collect) {
     long long ticket;
     if (!PyArg_ParseTuple(args, "L", &ticket)) return NULL;
+#if HAVE_HELPER
     slot_t *slot = queue_slot(ticket);
-    if (slot == NULL) PyErr_Format(PyExc_ValueError, "%s(): no job with ticket %lld", fn, ticket);
-    return slot;
-}
+    if (slot != NULL) {
+        if (!collect) return PyBool_FromLong(atomic_load(&slot->state) != SLOT_QUEUED);
+        int state;
+        Py_BEGIN_ALLOW_THREADS
+        state = queue_wait(slot);
+        Py_END_ALLOW_THREADS
+        PyObject *out = state == SLOT_DONE
+            ? result_tuple(&slot->acc, slot->nan, slot->pinf, slot->ninf) : Py_NewRef(Py_None);
+        atomic_store(&slot->state, SLOT_FREE);
+        return out;
+    }
 #else
-static void *ticket_slot(PyObject *args, const char *fn) {
-    long long ticket;
-    if (PyArg_ParseTuple(args, "L", &ticket))
-        PyErr_Format(PyExc_ValueError, "%s(): no job with ticket %lld", fn, ticket);
+    (void)collect;
+#endif
+    PyErr_Format(PyExc_ValueError, "%s(): no job with ticket %lld", fn, ticket);
     return NULL;
 }
-#endif
 
 static PyObject *fused_ready(PyObject *self, PyObject *args) {
     (void)self;
-#if HAVE_HELPER
-    slot_t *slot = ticket_slot(args, "ready");
-    if (slot == NULL) return NULL;
-    return PyBool_FromLong(atomic_load(&slot->state) != SLOT_QUEUED);
-#else
-    return ticket_slot(args, "ready");
-#endif
+    return ticket_call(args, "ready", 0);
 }
 
 static PyObject *fused_collect(PyObject *self, PyObject *args) {
     (void)self;
-#if HAVE_HELPER
-    slot_t *slot = ticket_slot(args, "collect");
-    if (slot == NULL) return NULL;
-    int state;
-    Py_BEGIN_ALLOW_THREADS
-    state = queue_wait(slot);
-    Py_END_ALLOW_THREADS
-    PyObject *out = state == SLOT_DONE
-        ? result_tuple(&slot->acc, slot->nan, slot->pinf, slot->ninf) : Py_NewRef(Py_None);
-    atomic_store(&slot->state, SLOT_FREE);
-    return out;
-#else
-    return ticket_slot(args, "collect");
-#endif
+    return ticket_call(args, "collect", 1);
 }
 
 static PyMethodDef methods[] = {

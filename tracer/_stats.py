@@ -340,8 +340,8 @@ def difference_stats(a: torch.Tensor, b: torch.Tensor,
     pass over `a` and `b`; the difference is written to `out` when given (`out` may be `a`
     or `b`; its version counter is not bumped). None, with nothing written, where the kernel
     cannot: not built, not float32, or not contiguous CPU tensors of one shape."""
-    if _fused is None or a.dtype != torch.float32 or not _plain_cpu(a, b, *(
-            () if out is None else (out,))):
+    tensors = (a, b) if out is None else (a, b, out)
+    if _fused is None or a.dtype != torch.float32 or not _plain_cpu(*tensors):
         return None
     n = a.numel()
     result = _fused.diff_stats(a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr(),

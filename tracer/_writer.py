@@ -232,11 +232,6 @@ class Writer:
         caller goes on (tracer._queued; rows are made by `settle`)."""
         raise NotImplementedError
 
-    @property
-    def waiting(self) -> bool:
-        """True while records wait for queued statistics (see `settle`)."""
-        return bool(self._waiting)
-
     def settle(self) -> None:
         """Make the rows of records whose statistics were queued (waiting for them); the Dumper
         calls it when a backward pass ends, the writers before a step file is written."""
@@ -414,8 +409,8 @@ class Writer:
                             tensor.numel(), stats, snap, release, share, shared)
 
     def _deliver(self, row: dict | None) -> None:
-        """Show a row made from the queue to the observers (the async writer keeps their
-        exception for the training thread's next call)."""
+        """Show a row to the observers, if it was made for them (see `_record`); the async
+        writer keeps their exception for the training thread's next call."""
         if row is not None:
             self._notify(row)
 
@@ -484,8 +479,7 @@ class SyncWriter(Writer):
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
             return
-        if row is not None:
-            self._notify(row)
+        self._deliver(row)
 
     def add_hit(self, hit: dict) -> None:
         if self.enabled and self._file is not None:
