@@ -31,7 +31,6 @@ dumping is off. The writer thread keeps draining so producers never block on a d
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
@@ -41,7 +40,7 @@ from typing import Any
 
 import torch
 
-from tracer._config import DumpConfig
+from tracer._config import DumpConfig, env_switch
 from tracer._errors import TracerError
 from tracer._filer import FileProcess
 from tracer._format import PendingFile, StepFile
@@ -51,7 +50,7 @@ from tracer._writer import RecordMeta, Writer, snapshot
 
 _STOP = ("stop",)
 
-_USE_FILER = os.environ.get("SLEUTH_FILE_PROCESS", "1") != "0"
+_USE_FILER = env_switch("SLEUTH_FILE_PROCESS")
 _MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
 _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 

@@ -196,6 +196,27 @@ class DumpConfig:
 
 
 # -- helpers ------------------------------------------------------------------------------------
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+def env_switch(name: str, default: bool = True) -> bool:
+    """The on/off environment variable `name` (1/0, true/false, yes/no, on/off; unset or empty:
+    `default`). Any other value is warned about, naming the accepted ones, and `default`
+    holds, so a typo never silently flips a switch the user meant the other way."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in _ON or value in _OFF:
+        return value in _ON
+    import warnings
+
+    warnings.warn(f"{name}={os.environ[name]!r} is not one of 0/1, true/false, yes/no, on/off; "
+                  f"ignored ({name} stays {'on' if default else 'off'})", RuntimeWarning,
+                  stacklevel=2)
+    return default
+
+
 def _suggest(value: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""

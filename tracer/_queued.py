@@ -26,7 +26,6 @@ the hook.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -34,12 +33,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tracer import _stats
+from tracer._config import env_switch
 from tracer._stats import collect_stats, host_stats, stats_ready, submit_stats
 
 if TYPE_CHECKING:
     from tracer._writer import RecordMeta, Writer
 
-ENABLED = os.environ.get("SLEUTH_DEFER_STATS", "1") != "0"
+ENABLED = env_switch("SLEUTH_DEFER_STATS")
 MIN_ELEMENTS = 1 << 14
 """Smaller tensors are measured in the hook: queueing costs about what they do."""
 MAX_QUEUED_BYTES = 256 << 20

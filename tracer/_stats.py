@@ -42,6 +42,8 @@ import threading
 import numpy as np
 import torch
 
+from tracer._config import env_switch
+
 STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
 # Float sums are taken per block of _BLOCK elements (torch's parallel grain size, 128 KiB of
 # float32): one op over one block runs on one thread. Several blocks per op by default, since
@@ -56,7 +58,7 @@ except ImportError:
     _fused = None
 # dtype -> the kernel's dtype code; SLEUTH_FUSED_STATS=0 switches the kernel off
 _FUSED_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-if os.environ.get("SLEUTH_FUSED_STATS", "1") == "0":
+if not env_switch("SLEUTH_FUSED_STATS"):
     _fused = None
 
 

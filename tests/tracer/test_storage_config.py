@@ -115,3 +115,24 @@ def test_watchpoints_are_validated_by_the_watch_module():
     c = DumpConfig.from_dict({"watch": [{"condition": "nan_inf", "on_hit": "raise"}]})
     assert c.watch == ({"condition": "nan_inf", "on_hit": "raise"},)
     assert DumpConfig.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize("value,expected", [("", True), ("0", False), ("1", True),
+                                            ("off", False), ("True", True), (" no ", False)])
+def test_env_switch_reads_the_usual_spellings(monkeypatch, value, expected):
+    from tracer._config import env_switch
+
+    monkeypatch.setenv("SLEUTH_TEST_SWITCH", value)
+    assert env_switch("SLEUTH_TEST_SWITCH") is expected
+
+
+def test_env_switch_warns_about_a_value_it_cannot_read_and_keeps_the_default(monkeypatch):
+    """SLEUTH_DEFER_STATS=nope must not silently turn queueing off (or on): it says so."""
+    from tracer._config import env_switch
+
+    monkeypatch.setenv("SLEUTH_TEST_SWITCH", "nope")
+    with pytest.warns(RuntimeWarning, match=r"SLEUTH_TEST_SWITCH='nope' is not one of 0/1.*"
+                                            r"stays on"):
+        assert env_switch("SLEUTH_TEST_SWITCH") is True
+    monkeypatch.delenv("SLEUTH_TEST_SWITCH")
+    assert env_switch("SLEUTH_TEST_SWITCH", default=False) is False
