@@ -46,27 +46,66 @@ from tracer._filer import FileProcess
 from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
-from tracer._writer import RecordMeta, Writer, snapshot
+from tracer._writer import RecordMeta, Writer, snapshot, snapshot_stats
 
 _STOP = ("stop",)
 
 _USE_FILER = env_switch("SLEUTH_FILE_PROCESS")
 _MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
 _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
+# tensor bytes snapshotted in the training thread go to the writer thread in chunks this large:
+# one queue item (and one wake-up of the writer thread) per chunk, not per record
+_BYTES_CHUNK = 4 << 20
 
 
 class _RowBuffer:
-    """Where `Writer._record` puts rows made in the training thread; they reach the step file
-    in one queue item when the step ends (StepFile orders rows by `seq`)."""
+    """Where `Writer._record` puts what it makes in the training thread: rows, which reach the
+    step file in one queue item when the step ends (StepFile orders rows by `seq`), and tensor
+    bytes, handed to the writer thread in chunks of about `chunk` bytes (`take`). The training
+    thread assigns every record's offset in /tensors: `nbytes` also counts the bytes of records
+    the writer thread stores (`reserve`), which are queued after the chunks before them."""
 
-    def __init__(self) -> None:
+    def __init__(self, chunk: int) -> None:
+        self.chunk = chunk
         self.rows: list[tuple] = []
+        self.nbytes = 0  # offset of the step's next tensor bytes
+        self.pending: list[tuple[memoryview, Any]] = []  # (bytes, on_written) not handed over
+        self.pending_bytes = 0
 
     def add_row(self, row: tuple) -> None:
         self.rows.append(row)
 
-    def add_bytes(self, data: Any, on_written: Any = None) -> int:  # pragma: no cover
-        raise AssertionError("rows made in the training thread carry no bytes")
+    def add_bytes(self, data: Any, on_written: Any = None) -> int:
+        view = memoryview(data).cast("B")
+        offset = self.nbytes
+        if view.nbytes:
+            self.pending.append((view, on_written))
+            self.pending_bytes += view.nbytes
+            self.nbytes += view.nbytes
+        elif on_written is not None:
+            on_written()
+        return offset
+
+    def reserve(self, nbytes: int) -> None:
+        """Count bytes that a record made in the writer thread stores."""
+        self.nbytes += nbytes
+
+    def take(self) -> tuple[tuple, int] | None:
+        """The pending bytes as a ("bytes", first offset, [(bytes, on_written)]) queue item and
+        their size, or None when there are none."""
+        if not self.pending:
+            return None
+        pending, size = self.pending, self.pending_bytes
+        self.pending, self.pending_bytes = [], 0
+        return ("bytes", self.nbytes - size, pending), size
+
+    def reset(self) -> None:
+        """Forget the step: rows dropped, pending bytes' buffers handed back."""
+        self.rows = []
+        for _, on_written in self.pending:
+            if on_written is not None:
+                on_written()
+        self.pending, self.pending_bytes, self.nbytes = [], 0, 0
 
 
 class AsyncWriter(Writer):
@@ -92,7 +131,8 @@ class AsyncWriter(Writer):
         self._filer = FileProcess(self.rank) if not self.keep_bytes and _USE_FILER else None
         if self._filer is not None:
             self._filer.start()
-        self._rows = _RowBuffer()  # rows made in the training thread (see `add`)
+        # rows and bytes made in the training thread (see `add`)
+        self._rows = _RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1
@@ -112,6 +152,7 @@ class AsyncWriter(Writer):
         if self._in_step:
             self._close_step(complete=False)
         self._step, self._seq, self._in_step = int(step), 0, True
+        self._rows.reset()
         self._seen.clear()
         refresh_stats_threads()
         self._put(("begin", self._step), 0)
@@ -128,29 +169,36 @@ class AsyncWriter(Writer):
             self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
-        # statistics mode on CPU (or meta) with the kernel built, or statistics the caller
-        # computed: the row is made here
-        inline = not self.keep_bytes and (stats is not None or self._fused and (
-            tensor.is_cpu or tensor.is_meta))
+        # made here (inline): records on CPU (or meta) with the kernel built, and records whose
+        # statistics the caller computed; the writer thread gets their bytes in chunks
+        inline = (stats is not None and not self.keep_bytes) or (
+            (self._fused or stats is not None) and (tensor.is_cpu or tensor.is_meta))
         try:
             if stats is not None:  # computed by the caller (see Writer.add)
                 share, shared, skip = None, None, True
             else:
                 share, shared, skip = self._plan(tensor, stable, version)
             if inline:
-                # statistics only, on CPU: the one-pass kernel costs no more than a snapshot,
-                # and the row is made here too, so the writer thread has nothing to do per
-                # record (a writer thread running Python per record makes the training thread
-                # wait for the GIL, up to the 5 ms switch interval each time)
-                ticket = None
-                if not skip:
+                # the one-pass kernel (statistics, or copy and statistics) costs no more than a
+                # snapshot, and the row is made here too, so the writer thread has nothing to do
+                # per record (a writer thread running Python per record makes the training
+                # thread wait for the GIL, up to the 5 ms switch interval each time)
+                ticket = snap = release = None
+                if stats is not None:
+                    if self.keep_bytes and not tensor.is_meta:
+                        snap, release = snapshot(tensor, self._pool)
+                elif not skip:
                     if tensor.is_meta:
                         stats = empty_stats()
+                    elif self.keep_bytes:
+                        snap, release, stats = snapshot_stats(tensor, self._pool)
                     elif not defer or (ticket := self._waiting.submit(tensor)) is None:
                         stats = host_stats(tensor)
-                row = self._row(self._rows, self._step, seq, meta, tensor, stats, None, None,
+                row = self._row(self._rows, self._step, seq, meta, tensor, stats, snap, release,
                                 share, shared, ticket)
-            elif stats is not None:  # tensor/full mode: the bytes are still needed
+                chunk = self._rows.take() if self._rows.pending_bytes >= self._rows.chunk \
+                    else None
+            elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
                 snap, release = snapshot(tensor, self._pool)
                 staged, nbytes = ("ready", stats, snap, release), snap.nbytes
             elif skip:
@@ -162,14 +210,22 @@ class AsyncWriter(Writer):
                 staged, nbytes = self._stage(tensor)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._waiting.drop()
-            self._rows.rows.clear()
+            self._rows.reset()
             self._put(("end", None), 0)  # drop the half-made step
             self._in_step = False
             self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
             return
         if inline:
+            if chunk is not None:
+                self._put(*chunk)
             self._deliver(row)
             return
+        # the writer thread stores this record's bytes after the chunks made before it
+        chunk = self._rows.take()
+        if chunk is not None:
+            self._put(*chunk)
+        if self.keep_bytes:
+            self._rows.reserve(nbytes)
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
@@ -187,6 +243,9 @@ class AsyncWriter(Writer):
         """Make the queued records' rows, hand the rows made in the training thread to the
         writer thread, and end the step's file there (marked complete or not)."""
         self.settle()
+        chunk = self._rows.take()
+        if chunk is not None:
+            self._put(*chunk)
         if self._rows.rows:
             rows, self._rows.rows = self._rows.rows, []
             self._put(("rows", rows), 0)
@@ -353,6 +412,18 @@ class AsyncWriter(Writer):
                     self._wfile = None
             else:
                 self._finish_file(complete=item[1])
+        elif kind == "bytes":
+            _, offset, pending = item
+            if self._wfile is None:  # its step was dropped after an error
+                for _, on_written in pending:
+                    if on_written is not None:
+                        on_written()
+                return
+            if self._wfile.nbytes != offset:  # pragma: no cover - internal invariant
+                raise AssertionError(f"tensor bytes out of order: the training thread placed "
+                                     f"them at {offset}, the file is at {self._wfile.nbytes}")
+            for view, on_written in pending:
+                self._wfile.add_bytes(view, on_written)
         elif kind == "rows":
             if self._wfile is not None:
                 self._wfile.rows.extend(item[1])

@@ -336,6 +336,19 @@ def copy_stats(dst: torch.Tensor, src: torch.Tensor) -> dict | None:
                        n, code)
 
 
+def copy_stats_at(dst_address: int, src_address: int, count: int,
+                  dtype: torch.dtype) -> dict | None:
+    """`copy_stats` between raw host addresses: copy `count` elements of `dtype` from
+    `src_address` to `dst_address` and return the copy's statistics, or None, with nothing
+    copied, where the kernel cannot (not built, or a dtype other than float32, bfloat16,
+    float16). The caller vouches for both ranges (the snapshot path, whose checks are done)."""
+    code = _FUSED_CODES.get(dtype) if _fused is not None else None
+    if code is None or count <= 0:
+        return None
+    return _fused_dict(_fused.copy_stats(dst_address, src_address, count, code, STATS_THREADS),
+                       count, code)
+
+
 def difference_stats(a: torch.Tensor, b: torch.Tensor,
                      out: torch.Tensor | None = None) -> dict | None:
     """The statistics of the float32 difference `a - b` (`host_stats(a - b)` exactly), in one

@@ -24,9 +24,9 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import StepFile, root_attrs, step_path
 from tracer._queued import QueuedRows
-from tracer._stats import (decode_packed, dense_span, device_stats, dtype_name, element_bits,
-                           empty_stats, host_stats, memory_span, refresh_stats_threads,
-                           shape_str)
+from tracer._stats import (copy_stats_at, decode_packed, dense_span, device_stats, dtype_name,
+                           element_bits, empty_stats, host_stats, memory_span,
+                           refresh_stats_threads, shape_str)
 
 
 class RecordMeta(NamedTuple):
@@ -95,33 +95,49 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     The copy is contiguous, or, when `t` is a transpose or permutation of a dense block, has
     `t`'s strides (a plain memcpy of the block instead of a strided copy; statistics read it in
     the same memory order as `t`, and `stored_bytes` keeps that order, with the strides)."""
+    snap, release, _ = snapshot_stats(t, pool, measure=False)
+    return snap, release
+
+
+def snapshot_stats(t: torch.Tensor, pool: StagingPool | None = None, *, measure: bool = True
+                   ) -> tuple[torch.Tensor, Callable[[], None] | None, dict | None]:
+    """`snapshot`, plus the copy's statistics (`host_stats(snap)` exactly) when `measure` and
+    the C kernel copies this dtype (float32, bfloat16, float16 on CPU): the copy and the
+    statistics are then one pass over memory, taken while the tensor is in cache. Else the
+    statistics are None (the caller computes them from the snapshot)."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
     t = t.resolve_conj().resolve_neg()
     if not t.is_cpu:
-        return t.to("cpu", memory_format=torch.contiguous_format), None
-    if not t.numel():
-        return t.clone(memory_format=torch.contiguous_format), None
-    span = memory_span(t)
-    if span is None:
-        return t.clone(memory_format=torch.contiguous_format), None
-    strides = None if t.is_contiguous() else t.stride()
-    src = span.view(torch.uint8).numpy()
-    buf = pool.get(src.nbytes) if pool is not None else None
+        return t.to("cpu", memory_format=torch.contiguous_format), None, None
+    n = t.numel()
+    if not n:
+        return t.clone(memory_format=torch.contiguous_format), None, None
+    strides = None
+    if not t.is_contiguous():
+        if not dense_span(t):
+            return t.clone(memory_format=torch.contiguous_format), None, None
+        strides = t.stride()
+    nbytes = n * t.element_size()
+    buf = pool.get(nbytes) if pool is not None else None
     if buf is None:
-        dst = src.copy()
+        dst = np.empty(nbytes, dtype=np.uint8)
         release = None
     else:
-        dst = buf[:src.nbytes]
+        dst = buf[:nbytes]
         release = functools.partial(pool.put, buf)  # type: ignore[union-attr]
-    # a single-threaded memcpy: torch's parallel copy collapsed (6x slower) when the cores
-    # were busy, and the hook runs while training uses them
-    np.copyto(dst, src)
+    # the span starts at t.data_ptr() (a dense permutation's smallest stride is 1, so its
+    # first element in memory is element 0)
+    stats = copy_stats_at(dst.ctypes.data, t.data_ptr(), n, t.dtype) if measure else None
+    if stats is None:
+        # a single-threaded memcpy: torch's parallel copy collapsed (6x slower) when the cores
+        # were busy, and the hook runs while training uses them
+        np.copyto(dst, memory_span(t).view(torch.uint8).numpy())  # type: ignore[union-attr]
     flat = torch.from_numpy(dst).view(t.dtype)
     if strides is not None:
-        return flat.as_strided(t.shape, strides), release
-    return flat.reshape(t.shape), release
+        return flat.as_strided(t.shape, strides), release, stats
+    return flat.view(t.shape), release, stats
 
 
 _STRIDED = torch.strided
@@ -525,8 +541,10 @@ def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool
         return empty_stats(), None, None
     if t.is_cpu:
         if keep_bytes:
-            snap, release = snapshot(t, pool)
-            return None, snap, release  # statistics from the snapshot, in _record
+            # statistics taken in the copy's pass where the kernel can, else from the
+            # snapshot in _record
+            snap, release, stats = snapshot_stats(t, pool)
+            return stats, snap, release
         return host_stats(t), None, None
     packed = device_stats(t)
     if not t.is_cuda:  # other accelerators: plain blocking copies

@@ -483,3 +483,40 @@ def test_fused_copy_and_difference_decline_what_they_cannot_read():
     assert stats_module.difference_stats(src.half(), src.half()) is None
     assert stats_module.difference_stats(src, src.t().contiguous().t()) is None
     assert stats_module.copy_stats(torch.zeros(0), torch.zeros(0)) is None
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s elements in C order as integers of their width (NaN payloads and -0.0 compare)."""
+    c = t.contiguous()
+    return c.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[c.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_snapshot_takes_statistics_in_the_copy(dtype):
+    """snapshot_stats: the snapshot is the tensor bit for bit (a transpose keeps its strides,
+    copied in memory order), its statistics are exactly host_stats of the snapshot where the
+    kernel copies the dtype, and None (measured later) where it does not; pooled buffers too."""
+    from tracer._writer import StagingPool, snapshot_stats
+
+    g = torch.Generator().manual_seed(9)
+    base = (torch.randn(300, 257, generator=g) * 50).to(dtype)
+    if dtype.is_floating_point:
+        base[7, 3], base[0, 0], base[299, 256] = NAN, -0.0, INF
+    pool = StagingPool(64 << 20)
+    # contiguous, a transpose (a dense span), a small slice, a slice that is not a dense span
+    for t, dense in ((base, True), (base.t(), True), (base[:1, :5], True), (base[:, 1:], False)):
+        snap, release, stats = snapshot_stats(t, pool)
+        assert snap.dtype == t.dtype and snap.shape == t.shape
+        assert torch.equal(bits(snap), bits(t))
+        if fused_available() and dtype != torch.int64 and dense:
+            assert snap.is_contiguous() if t.is_contiguous() else snap.stride() == t.stride()
+            assert stats == host_stats(snap)
+        else:
+            assert stats is None
+        if release is not None:
+            release()
+    t = torch.randn(8)
+    snap, _, stats = snapshot_stats(t, measure=False)
+    assert stats is None and torch.equal(snap, t)
+    t.add_(1)  # a snapshot does not follow later changes
+    assert not torch.equal(snap, t)

@@ -132,7 +132,13 @@ def test_back_pressure_blocks_and_loses_nothing(tmp_path):
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="tensor",
                                async_max_queued_mb=1), rank=0, world_size=1)
     gate = threading.Event()
-    w.observers.append(lambda row: gate.wait(30))
+    process = w._process
+
+    def held(item):  # the writer thread waits at each queue item until the gate opens
+        gate.wait(30)
+        process(item)
+
+    w._process = held
 
     def release_when_full():  # hold the writer until the queue is full, then 0.5 s longer
         while w.queued_bytes < 1 << 20:
@@ -154,6 +160,29 @@ def test_back_pressure_blocks_and_loses_nothing(tmp_path):
     df = d.stats(0, 0)
     assert len(df) == 40 and list(df.seq) == list(range(40))
     assert [float(d.tensor(0, 0, n)[0]) for n in df.name] == [float(i) for i in range(40)]
+
+
+def test_bytes_from_both_threads_land_where_their_rows_say(tmp_path):
+    # async tensor mode: records with the caller's statistics keep their bytes in the training
+    # thread (handed over in chunks), the others (here: no kernel) are stored by the writer
+    # thread; the training thread places both in /tensors, in record order
+    from tracer._stats import host_stats
+
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="tensor",
+                               async_max_queued_mb=1), rank=0, world_size=1)
+    w._fused = False
+    items = {f"m{i}": torch.full((40_000 + i,), float(i)) for i in range(12)}
+    items["strided"] = torch.arange(12.0).reshape(3, 4).t()
+    w.begin_step(0)
+    for i, (name, t) in enumerate(items.items()):
+        w.add(meta(name), t, stats=host_stats(t) if i % 3 else None)
+    w.end_step()
+    w.close()
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0)
+    assert list(df.seq) == list(range(len(items)))
+    for name, t in items.items():
+        assert torch.equal(d.tensor_torch(0, 0, meta(name).name), t), name
 
 
 def test_one_record_larger_than_the_bound_goes_through(tmp_path):
@@ -286,7 +315,8 @@ def test_async_add_does_not_wait_for_the_disk(tmp_path):
     gate = threading.Event()
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="tensor"), rank=0,
                     world_size=1)
-    w.observers.append(lambda row: gate.wait(5))
+    process = w._process
+    w._process = lambda item: (gate.wait(5), process(item))  # the writer thread is held
     start = time.perf_counter()
     w.begin_step(0)
     for i in range(20):
