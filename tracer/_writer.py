@@ -99,12 +99,23 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     return snap, release
 
 
+class StoredBytes(NamedTuple):
+    """A snapshot already in the form a step file stores (see `stored_bytes`): its bytes in
+    memory order, as uint8, and its strides ("" for C order)."""
+
+    data: np.ndarray
+    strides: str
+
+
 def snapshot_stats(t: torch.Tensor, pool: StagingPool | None = None, *, measure: bool = True
-                   ) -> tuple[torch.Tensor, Callable[[], None] | None, dict | None]:
-    """`snapshot`, plus the copy's statistics (`host_stats(snap)` exactly) when `measure` and
-    the C kernel copies this dtype (float32, bfloat16, float16 on CPU): the copy and the
-    statistics are then one pass over memory, taken while the tensor is in cache. Else the
-    statistics are None (the caller computes them from the snapshot)."""
+                   ) -> tuple[torch.Tensor | StoredBytes, Callable[[], None] | None,
+                              dict | None]:
+    """`snapshot`, plus the copy's statistics (`host_stats` of it exactly) when `measure` and
+    the C kernel copies this dtype (float32, bfloat16, float16 on CPU, one dense span): the
+    copy and the statistics are then one pass over memory, taken while the tensor is in cache,
+    and the snapshot comes as `StoredBytes` (no tensor is made of it: the statistics were all
+    it was needed for besides its bytes). Else the statistics are None (the caller computes
+    them from the snapshot, a tensor)."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
@@ -127,17 +138,20 @@ def snapshot_stats(t: torch.Tensor, pool: StagingPool | None = None, *, measure:
     else:
         dst = buf[:nbytes]
         release = functools.partial(pool.put, buf)  # type: ignore[union-attr]
-    # the span starts at t.data_ptr() (a dense permutation's smallest stride is 1, so its
-    # first element in memory is element 0)
-    stats = copy_stats_at(dst.ctypes.data, t.data_ptr(), n, t.dtype) if measure else None
-    if stats is None:
-        # a single-threaded memcpy: torch's parallel copy collapsed (6x slower) when the cores
-        # were busy, and the hook runs while training uses them
-        np.copyto(dst, memory_span(t).view(torch.uint8).numpy())  # type: ignore[union-attr]
+    # the span starts at t.data_ptr(): no stride is negative, so element 0 has the lowest
+    # address of a dense span
+    if measure:
+        stats = copy_stats_at(dst.ctypes.data, t.data_ptr(), n, t.dtype)
+        if stats is not None:
+            return StoredBytes(dst, "" if strides is None else shape_str(strides)), release, \
+                stats
+    # a single-threaded memcpy: torch's parallel copy collapsed (6x slower) when the cores
+    # were busy, and the hook runs while training uses them
+    np.copyto(dst, memory_span(t).view(torch.uint8).numpy())  # type: ignore[union-attr]
     flat = torch.from_numpy(dst).view(t.dtype)
     if strides is not None:
-        return flat.as_strided(t.shape, strides), release, stats
-    return flat.view(t.shape), release, stats
+        return flat.as_strided(t.shape, strides), release, None
+    return flat.view(t.shape), release, None
 
 
 _STRIDED = torch.strided
@@ -350,14 +364,16 @@ class Writer:
                         spill_bytes=self._spill_bytes)
 
     def _record(self, file: StepFile, step: int, seq: int, meta: RecordMeta, dtype: torch.dtype,
-                shape: tuple, numel: int, stats: dict | None, snap: torch.Tensor | None,
+                shape: tuple, numel: int, stats: dict | None,
+                snap: torch.Tensor | StoredBytes | None,
                 release: Callable[[], None] | None = None, share: list | None = None,
                 shared: str | None = None) -> dict | None:
         """Add one record's row (and bytes) to `file` and hand it to the row sinks; returns it
         as a dict for the observers, or None when there are none.
 
         `stats` None means: take them from `share` when an earlier record filled it, else
-        compute them from `snap` (the CPU snapshot) here. `release` is called once `snap` is no
+        compute them from `snap` (the CPU snapshot; `StoredBytes` only with `stats`) here.
+        `release` is called once `snap` is no
         longer needed (its bytes written, or not kept). An empty `share` is filled with them
         and with where this record's bytes are. `shared` (not None): store no bytes, point at
         those of the record that filled `share`, read with these strides (see `_plan`).
@@ -382,7 +398,7 @@ class Writer:
                 release()
         else:
             if self.keep_bytes and snap is not None:
-                data, strides = stored_bytes(snap)
+                data, strides = snap if type(snap) is StoredBytes else stored_bytes(snap)
                 nbytes = int(data.nbytes)
                 offset = file.add_bytes(data, release)
             elif release is not None:
@@ -411,7 +427,7 @@ class Writer:
                 "data_nbytes": nbytes, "strides": strides, "step": step, "rank": self.rank}
 
     def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
-             stats: dict | None, snap: torch.Tensor | None, release: Callable[[], None] | None,
+             stats: dict | None, snap: torch.Tensor | StoredBytes | None, release: Callable[[], None] | None,
              share: list | None, shared: str | None, ticket: tuple | None = None
              ) -> dict | None:
         """`_record` now, or, when its statistics were queued (`ticket`) or earlier records
@@ -535,7 +551,8 @@ class SyncWriter(Writer):
 
 
 def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool
-                 ) -> tuple[dict | None, torch.Tensor | None, Callable[[], None] | None]:
+                 ) -> tuple[dict | None, torch.Tensor | StoredBytes | None,
+                            Callable[[], None] | None]:
     """Sync path: statistics now, and a snapshot when bytes are kept (one host sync on CUDA)."""
     if t.is_meta:
         return empty_stats(), None, None
