@@ -16,6 +16,8 @@ Prints one JSON object. Conditions and goals (issue 3):
   attached_unselected   Dumper attached, current step not selected     goal <= 1.02x
   module/op_capture_only  hooks and dispatch mode with a writer that drops every record
   baseline_again        no Dumper, timed like a condition: the run's noise floor
+  floor_module_hooks    no Dumper: no-op global module hooks and output gradient hooks
+  floor_dispatch_mode   no Dumper: a TorchDispatchMode that only runs each op
 
 msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
 4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import tracer  # noqa: E402
@@ -62,6 +65,12 @@ CONDITIONS = {
     "op_capture_only": {"level": "op", "_null_writer": True},
     # no Dumper at all, measured like a condition: its ratio is the noise floor of the run
     "baseline_again": "baseline",
+    # what torch's own mechanisms cost before any tool does anything (no Dumper): global
+    # module forward hooks plus a no-op gradient hook on every module output, the least a
+    # module-level dump attaches; and a TorchDispatchMode that only calls each op, the least
+    # an op-level dump attaches. A goal below these cannot be met by hooks in Python.
+    "floor_module_hooks": "floor_module_hooks",
+    "floor_dispatch_mode": "floor_dispatch_mode",
 }
 GOALS = {"module_statistics": 1.15, "op_statistics": 1.5, "op_tensor_async": 4.0,
          "attached_unselected": 1.02}
@@ -100,6 +109,43 @@ def make_model() -> nn.Module:
                 return logits, F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1))
 
         return GPT()
+
+
+class _NoopMode(TorchDispatchMode):
+    """Runs every op and nothing else: the floor of any op-level capture."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _noop_grad(grad):
+    return None
+
+
+def _noop_pre(module, args):
+    return None
+
+
+def _noop_post(module, args, kwargs, output):
+    for t in output if isinstance(output, (tuple, list)) else (output,):
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            t.register_hook(_noop_grad)
+
+
+@contextlib.contextmanager
+def floor(kind: str):
+    """The hooks (or mode) of a floor condition, attached for the duration."""
+    if kind == "floor_dispatch_mode":
+        with _NoopMode():
+            yield
+        return
+    handles = [nn.modules.module.register_module_forward_pre_hook(_noop_pre),
+               nn.modules.module.register_module_forward_hook(_noop_post, with_kwargs=True)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 class _NullWriter:
@@ -229,6 +275,9 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
     def run(name: str, config: Any) -> list[float]:
         if config == "baseline":
             return train_steps(model, opt, batches)[1:]
+        if isinstance(config, str) and config.startswith("floor_"):
+            with floor(config):
+                return train_steps(model, opt, batches)[1:]
         if config == "msprobe":
             with contextlib.redirect_stdout(sys.stderr):
                 steps = msprobe_steps(model, opt, batches, debugger)[1:]
