@@ -1,18 +1,21 @@
 """The asynchronous dump writer: the hook snapshots and enqueues; one thread writes.
 
-Hot path (`add`), statistics mode on CPU with the C kernel built: the statistics and the row
-are made right there (one pass over the tensor, as cheap as the copy a snapshot would be), and
-the step's rows reach the writer thread in one queue item when the step ends, so the writer
-thread runs no Python per record (if it did, the training thread would wait for the GIL, up to
-the 5 ms switch interval each time: measured 195 us per small op, against 39 us now).
-Otherwise (tensor/full mode, or no kernel): a snapshot of the tensor (statistics are then
-computed in the writer thread from it, with the GIL released in the kernel). A tensor recorded
-again unchanged in the same step (an op's output that is the next op's input, a view of it) is
-not read again: its record takes the first record's statistics and byte range. On CUDA,
-statistics are computed on the device into one packed int64 vector (no host sync), and it and,
-with mode tensor/full, the tensor are copied into pinned host memory on a side stream; the
-writer thread waits on that copy's event. Every path runs the same `Writer._record` as the sync
-writer, so both write the same content. Observers see a row in the thread that made it.
+Hot path (`add`), a CPU tensor with the C kernel built: the record is made right there. In
+statistics mode the kernel measures the tensor in one pass; in tensor/full mode it copies it
+into a reused buffer and measures the copy in the same pass (`snapshot_stats`). The row is made
+in the hook too, and the training thread assigns each record's place in /tensors: rows reach
+the writer thread in one queue item when the step ends, tensor bytes in chunks of about 4 MiB.
+So the writer thread runs no Python per record (if it did, the training thread would wait for
+the GIL, up to the 5 ms switch interval each time: measured 195 us per small op, against 39 us
+now). Otherwise (CUDA, or no kernel): a snapshot of the tensor is queued and the writer thread
+computes the statistics from it (GIL released in the kernel) and stores its bytes where the
+training thread counted them. A tensor recorded again unchanged in the same step (an op's
+output that is the next op's input, a view of it) is not read again: its record takes the first
+record's statistics and byte range. On CUDA, statistics are computed on the device into one
+packed int64 vector (no host sync), and it and, with mode tensor/full, the tensor are copied
+into pinned host memory on a side stream; the writer thread waits on that copy's event. Every
+path runs the same `Writer._record` as the sync writer, so both write the same content.
+Observers see a row in the thread that made it.
 
 Files: when a step ends, a second thread (the flusher) writes its metadata and bytes while the
 writer thread goes on with the next step, and a third (the syncer) fsyncs and renames it while

@@ -209,7 +209,8 @@ class Writer:
         self.observers: list[Callable[[dict], None]] = []
         """Called with each record's statistics row (a dict of the /records columns plus
         `step` and `rank`) once it is computed: in the training thread for the sync writer and
-        for the async writer's statistics-mode CPU records, else in the async writer's thread.
+        for the async writer's CPU records (with the C kernel built), else in the async
+        writer's thread.
         An observer's exception reaches the training thread whatever `on_error` says (from
         the writer thread: at the next add/end_step/close)."""
         self.row_sinks: list[Callable[[tuple, int], None]] = []
