@@ -21,9 +21,9 @@ Files: when a step ends, a second thread (the flusher) writes its metadata and b
 writer thread goes on with the next step, and a third (the syncer) fsyncs and renames it while
 the flusher writes the next one, so disk waits overlap both; one file at a time is being
 written (memory stays bounded), at most four written files wait for their fsync, and `flush()`
-and `close()` return once every file is renamed. A step file without tensor bytes (statistics
-mode) is written by a helper process instead (tracer._filer), so h5py's GIL-holding work does
-not stall the training thread.
+and `close()` return once every file is renamed. The HDF5 part of each step file (metadata,
+/records, /hits) is written by a helper process (tracer._filer), so h5py's GIL-holding work does
+not stall the training thread; a file without tensor bytes is written there entirely.
 
 Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
 full and never drops a record. One record larger than the bound is let through alone.
@@ -130,8 +130,8 @@ class AsyncWriter(Writer):
         self._seq = 0
         self._streams: dict[torch.device, Any] = {}
         self._fused = fused_available()
-        # statistics-only step files are written by a helper process (tracer._filer)
-        self._filer = FileProcess(self.rank) if not self.keep_bytes and _USE_FILER else None
+        # step files' HDF5 part is written by a helper process (tracer._filer)
+        self._filer = FileProcess(self.rank) if _USE_FILER else None
         if self._filer is not None:
             self._filer.start()
         # rows and bytes made in the training thread (see `add`)
@@ -457,15 +457,18 @@ class AsyncWriter(Writer):
         self._finishing = self._flusher.submit(self._write_file, file, complete)
 
     def _write_file(self, file: StepFile, complete: bool) -> PendingFile | _Committed:
-        """On the flusher thread: a file without tensor bytes goes to the file-writer process
-        (h5py there does not hold this process's GIL); any other, or when that process is
-        unavailable, is written here. The file is aborted (its partial removed) on error."""
+        """On the flusher thread, with the file-writer process (h5py there does not hold this
+        process's GIL): a file without tensor bytes is written there entirely; of any other,
+        the HDF5 part is written there and the bytes here. Without that process, all is
+        written here. The file is aborted (its partial removed) on error."""
         try:
-            if self._filer is not None and not file.nbytes and not file.spilled:
+            if self._filer is None:
+                return file.write(complete=complete)
+            if not file.nbytes and not file.spilled:
                 path = self._filer.finish(file, complete)
                 if path is not None:
                     return _Committed(path)
-            return file.write(complete=complete)
+            return file.write(complete=complete, metadata=self._filer.write_metadata)
         except BaseException:
             file.abort()
             raise

@@ -185,13 +185,20 @@ class StepFile:
         """Write the file atomically and return its final path."""
         return self.write(complete=complete).commit()
 
-    def write(self, *, complete: bool = True) -> PendingFile:
+    def write(self, *, complete: bool = True,
+              metadata: Callable[[StepFile, bool], int | None] | None = None) -> PendingFile:
         """Write everything (metadata and bytes; the memory they held is released), but leave
         it under its temporary name: `commit()` of the result fsyncs and renames. Split so an
-        async writer can write the next step while the disk syncs this one."""
+        async writer can write the next step while the disk syncs this one.
+
+        `metadata(file, complete)`: writes the HDF5 part in the partial path instead of this
+        thread (`write_metadata` in another process, tracer._filer) and returns the offset of
+        /tensors, or None to have it written here."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.partial_path
-        offset = self._write_hdf5(partial, complete, spilled=self.spilled)
+        offset = metadata(self, complete) if metadata is not None else None
+        if offset is None:
+            offset = self.write_metadata(complete)
         if offset == SPILL_OFFSET and self.spilled:
             return self._write_in_side_file(partial)
         fd = os.open(partial, os.O_WRONLY)
@@ -259,14 +266,18 @@ class StepFile:
             except OSError:
                 pass
 
-    def _write_hdf5(self, partial: Path, complete: bool, spilled: bool = False) -> int:
-        """Write metadata, /records and /hits; allocate /tensors. Returns its file offset.
+    def write_metadata(self, complete: bool, *, spilled: bool | None = None) -> int:
+        """Write the partial file's metadata, /records and /hits, and allocate /tensors
+        (`nbytes`); returns its file offset. The bytes are written by `write`.
 
-        `spilled`: align allocations as large as /tensors (only it, unless a table is that
-        large) to SPILL_OFFSET, so that /tensors is there when the metadata fits below it."""
+        `spilled` (default: whether bytes went to the side file): align allocations as large
+        as /tensors (only it, unless a table is that large) to SPILL_OFFSET, so that /tensors
+        is there when the metadata fits below it."""
+        if spilled is None:
+            spilled = self.spilled
         align = ({"alignment_threshold": max(1, self.nbytes), "alignment_interval": SPILL_OFFSET}
                  if spilled and self.nbytes else {})
-        with h5py.File(partial, "w", **align) as f:
+        with h5py.File(self.partial_path, "w", **align) as f:
             attrs = f.attrs  # one AttributeManager: h5py makes a new one per `f.attrs`
             for key, value in self.attrs.items():
                 attrs[key] = value

@@ -1,5 +1,6 @@
-"""Statistics-only step files of the async writer are written by a helper process
-(tracer._filer), which the parent falls back from without losing a step."""
+"""The async writer's step files are written by a helper process (tracer._filer): whole
+statistics-only files, and the HDF5 part of files with tensor bytes (the bytes are written by
+the parent); the parent falls back from it without losing a step."""
 from __future__ import annotations
 
 import warnings
@@ -79,3 +80,42 @@ def test_without_the_helper_process_the_threads_write_the_files(tmp_path, monkey
     write_steps(w, 2)
     w.close()
     assert open_dump(tmp_path).steps(0) == [0, 1]
+
+
+def tensor_items() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return {"f32": torch.randn(300, 70, generator=g), "bf16": torch.randn(999, generator=g).bfloat16(),
+            "i64": torch.arange(12).reshape(3, 4), "t": torch.randn(40, 30, generator=g).t(),
+            "big": torch.randn(200_000, generator=g)}
+
+
+def write_tensor_steps(run, writer: str, mb: int):
+    """Two steps of tensor_items() in mode full; returns the writer and the record names."""
+    w = make_writer(DumpConfig(path=str(run), writer=writer, mode="full",
+                               async_max_queued_mb=mb), rank=0, world_size=1)
+    names = [f"{name}.forward.0.output.0" for name in tensor_items()]
+    for step in range(2):
+        w.begin_step(step)
+        for name, (module, t) in zip(names, tensor_items().items()):
+            m = RecordMeta(name, module, "", "forward", "output", 0, 0, "x.py:1")
+            w.add(m, t * (step + 1) if t.is_floating_point() else t)
+        w.end_step()
+    w.close()
+    return w, names
+
+
+@pytest.mark.parametrize("mb", [64, 1])  # 1 MiB: the bytes spill to the side file first
+def test_tensor_files_get_their_metadata_from_the_helper_and_match_sync(tmp_path, mb):
+    a, names = write_tensor_steps(tmp_path / "a", "async", mb)
+    assert a._filer.files == 2
+    write_tensor_steps(tmp_path / "s", "sync", mb)
+    da, ds = open_dump(tmp_path / "a"), open_dump(tmp_path / "s")
+    for step in range(2):
+        sa, ss = da.stats(0, step), ds.stats(0, step)
+        cols = [c for c in ss.columns if c not in ("data_offset",)]
+        assert sa[cols].equals(ss[cols])
+        for name in names:
+            ta, ts = da.tensor_torch(0, step, name), ds.tensor_torch(0, step, name)
+            assert ta.dtype == ts.dtype and ta.shape == ts.shape and ta.stride() == ts.stride()
+            assert torch.equal(ta.contiguous().view(torch.uint8), ts.contiguous().view(torch.uint8))
+
