@@ -258,8 +258,8 @@ class ModuleTracker:
             # torch changed _call_impl: keyword inputs could not be read before forward ran
             offset = len(flatten_tensors(args, []))
             source = user_source(2)
-            for i, t in enumerate(flatten_tensors(rest[0], [])):
-                self._dumper.emit(name, name, "", "forward", "input", offset + i, call, source, t)
+            self._dumper.emit_all(name, name, "", "forward", "input", call, source,
+                                  flatten_tensors(rest[0], []), first=offset)
         if not (self.record and self.want_out and self.wants(name)):
             return
         if outputs is None:
@@ -273,9 +273,7 @@ class ModuleTracker:
         """Emit a module call's forward inputs or outputs now, and hook their gradients."""
         if self.want_fw and not recomputing:
             source = user_source(3)  # above this, the hook, then torch's _call_impl
-            emit = self._dumper.emit
-            for i, t in enumerate(tensors):
-                emit(name, name, "", "forward", direction, i, call, source, t)
+            self._dumper.emit_all(name, name, "", "forward", direction, call, source, tensors)
         if self.want_bw:
             for i, t in enumerate(tensors):
                 if t.requires_grad:

@@ -136,28 +136,26 @@ class OpMode(TorchDispatchMode):
             scope = self._scopes[key] = op_scope(module, info[0])
         call = self.calls.next(scope, phase)
         source = user_source(2)
-        emit = dumper.emit
         # an in-place op's tensors get their version bumped only after the op returned from
         # this mode: before and after it they carry the same version, so no reuse for them
         stable = not info[2]
         if self.want_in:
-            for i, t in enumerate(_flat(args, kwargs)):
-                emit(scope, module, info[0], phase, "input", i, call, source, t, stable)
+            dumper.emit_all(scope, module, info[0], phase, "input", call, source,
+                            _flat(args, kwargs), stable)
         out = func(*args, **kwargs)
         if self.want_out:
             # a view's output gets its base's version counter only after this mode returns
             base = args[info[3]] if 0 <= info[3] < len(args) else None
             version = base._version if isinstance(base, _Tensor) else None
             if isinstance(out, _Tensor):
-                emit(scope, module, info[0], phase, "output", 0, call, source, out, stable,
-                     version)
+                outs = [out]
             elif isinstance(out, (list, tuple)):
-                i = 0
-                for t in out:  # non-tensor outputs (None, ints) are skipped, as in pytree order
-                    if isinstance(t, _Tensor):
-                        emit(scope, module, info[0], phase, "output", i, call, source, t,
-                             stable, version)
-                        i += 1
+                # non-tensor outputs (None, ints) are skipped, as in pytree order
+                outs = [t for t in out if isinstance(t, _Tensor)]
+            else:
+                outs = []
+            dumper.emit_all(scope, module, info[0], phase, "output", call, source, outs, stable,
+                            version)
         return out
 
     def suspend(self) -> bool:

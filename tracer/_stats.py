@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from typing import Any
 
 import numpy as np
 import torch
@@ -336,16 +337,16 @@ def copy_stats(dst: torch.Tensor, src: torch.Tensor) -> dict | None:
                        n, code)
 
 
-def copy_stats_at(dst_address: int, src_address: int, count: int,
-                  dtype: torch.dtype) -> dict | None:
-    """`copy_stats` between raw host addresses: copy `count` elements of `dtype` from
-    `src_address` to `dst_address` and return the copy's statistics, or None, with nothing
-    copied, where the kernel cannot (not built, or a dtype other than float32, bfloat16,
-    float16). The caller vouches for both ranges (the snapshot path, whose checks are done)."""
+def copy_stats_into(dst: Any, src_address: int, count: int, dtype: torch.dtype) -> dict | None:
+    """`copy_stats` from a raw host address into a writable buffer (a uint8 numpy array of at
+    least `count` elements' bytes): copy `count` elements of `dtype` from `src_address` and
+    return the copy's statistics, or None, with nothing copied, where the kernel cannot (not
+    built, or a dtype other than float32, bfloat16, float16). The caller vouches for the
+    source range (the snapshot path, whose checks are done)."""
     code = _FUSED_CODES.get(dtype) if _fused is not None else None
     if code is None or count <= 0:
         return None
-    return _fused_dict(_fused.copy_stats(dst_address, src_address, count, code, STATS_THREADS),
+    return _fused_dict(_fused.copy_stats_into(dst, src_address, count, code, STATS_THREADS),
                        count, code)
 
 

@@ -24,7 +24,7 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import StepFile, root_attrs, step_path
 from tracer._queued import QueuedRows
-from tracer._stats import (copy_stats_at, decode_packed, dense_span, device_stats, dtype_name,
+from tracer._stats import (copy_stats_into, decode_packed, dense_span, device_stats, dtype_name,
                            element_bits, empty_stats, host_stats, memory_span,
                            refresh_stats_threads, shape_str)
 
@@ -99,6 +99,9 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     return snap, release
 
 
+_STRIDED = torch.strided
+
+
 class StoredBytes(NamedTuple):
     """A snapshot already in the form a step file stores (see `stored_bytes`): its bytes in
     memory order, as uint8, and its strides ("" for C order)."""
@@ -116,19 +119,21 @@ def snapshot_stats(t: torch.Tensor, pool: StagingPool | None = None, *, measure:
     and the snapshot comes as `StoredBytes` (no tensor is made of it: the statistics were all
     it was needed for besides its bytes). Else the statistics are None (the caller computes
     them from the snapshot, a tensor)."""
-    t = t.detach()
-    if t.layout != torch.strided:
-        t = t.to_dense()
-    t = t.resolve_conj().resolve_neg()
-    if not t.is_cpu:
-        return t.to("cpu", memory_format=torch.contiguous_format), None, None
+    # a plain CPU tensor (the hot path) needs no detach and no resolve: only its memory is read
+    if t.layout != _STRIDED or not t.is_cpu or t.is_conj() or t.is_neg():
+        t = t.detach()
+        if t.layout != _STRIDED:
+            t = t.to_dense()
+        t = t.resolve_conj().resolve_neg()
+        if not t.is_cpu:
+            return t.to("cpu", memory_format=torch.contiguous_format), None, None
     n = t.numel()
     if not n:
-        return t.clone(memory_format=torch.contiguous_format), None, None
+        return t.detach().clone(memory_format=torch.contiguous_format), None, None
     strides = None
     if not t.is_contiguous():
         if not dense_span(t):
-            return t.clone(memory_format=torch.contiguous_format), None, None
+            return t.detach().clone(memory_format=torch.contiguous_format), None, None
         strides = t.stride()
     nbytes = n * t.element_size()
     buf = pool.get(nbytes) if pool is not None else None
@@ -141,7 +146,7 @@ def snapshot_stats(t: torch.Tensor, pool: StagingPool | None = None, *, measure:
     # the span starts at t.data_ptr(): no stride is negative, so element 0 has the lowest
     # address of a dense span
     if measure:
-        stats = copy_stats_at(dst.ctypes.data, t.data_ptr(), n, t.dtype)
+        stats = copy_stats_into(dst, t.data_ptr(), n, t.dtype)
         if stats is not None:
             return StoredBytes(dst, "" if strides is None else shape_str(strides)), release, \
                 stats
@@ -152,9 +157,6 @@ def snapshot_stats(t: torch.Tensor, pool: StagingPool | None = None, *, measure:
     if strides is not None:
         return flat.as_strided(t.shape, strides), release, None
     return flat.view(t.shape), release, None
-
-
-_STRIDED = torch.strided
 
 
 def reuse_key(t: torch.Tensor, version: int | None = None) -> tuple[tuple, tuple] | None:

@@ -469,6 +469,27 @@ def test_fused_difference_equals_the_statistics_of_the_subtraction(threads, monk
         assert torch.equal(over.view(torch.int32), (a - b).view(torch.int32))
 
 
+def test_copy_into_a_buffer_checks_its_size_and_that_it_is_writable():
+    """copy_stats_into writes into a numpy buffer (the snapshot path) what copy_stats writes,
+    and refuses a buffer too small for the elements or one it may not write, naming why."""
+    import numpy as np
+
+    import tracer._stats as stats_module
+
+    if not fused_available():
+        pytest.skip("no C kernel")
+    src = torch.randn(1000)
+    dst = np.zeros(4000, dtype=np.uint8)
+    got = stats_module.copy_stats_into(dst, src.data_ptr(), 1000, torch.float32)
+    assert got == host_stats(src)
+    assert torch.equal(torch.from_numpy(dst).view(torch.float32), src)
+    with pytest.raises(ValueError, match="holds 3999 bytes, fewer than 1000 elements"):
+        stats_module.copy_stats_into(dst[:3999], src.data_ptr(), 1000, torch.float32)
+    with pytest.raises(TypeError):
+        stats_module.copy_stats_into(bytes(4000), src.data_ptr(), 1000, torch.float32)
+    assert stats_module.copy_stats_into(dst, src.data_ptr(), 1000, torch.float64) is None
+
+
 def test_fused_copy_and_difference_decline_what_they_cannot_read():
     """None (and nothing written) for other dtypes, strided or mismatched tensors: the caller
     falls back to torch."""
