@@ -11,7 +11,7 @@
  * (they propagate into the sum or reach min/max). The GIL is released while it runs; with
  * threads=2 a helper thread shares the chunks of a large tensor (see run_shared).
  *
- * Two fused forms serve the parameter records, whose memory is cold by the time a step ends:
+ * Fused forms serve the async snapshots and the parameter records (memory cold by step end):
  *     copy_stats(dst, src, count, code, threads=1)   copies, and returns the statistics of
  *                                                    the copy, chunk by chunk while in cache
  *     copy_stats_into(buffer, src, count, code, threads=1)   the same into a writable buffer
@@ -240,41 +240,6 @@ static void sub_f32(float *out, const float *a, const float *b, int64_t n) {
     for (; i < n; i++) out[i] = a[i] - b[i];
 }
 
-/* memcpy, with non-temporal stores on x86-64 for blocks of at least STREAM_MIN bytes: a
- * snapshot is read again only by the writer, later, so writing it through the cache would
- * evict what training uses next (measured: Python code in the hooks ran 2.5x slower on a cold
- * cache). run_chunks fences (stream_fence) in the thread that copied before it returns. */
-#define STREAM_MIN (16 << 10)
-static void copy_stream(char *dst, const char *src, size_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (n >= STREAM_MIN) {
-        size_t head = (16 - ((uintptr_t)dst & 15)) & 15;
-        memcpy(dst, src, head);
-        dst += head; src += head; n -= head;
-        size_t i = 0;
-        for (; i + 64 <= n; i += 64) {
-            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
-            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
-            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
-            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
-            _mm_stream_si128((__m128i *)(dst + i), a);
-            _mm_stream_si128((__m128i *)(dst + i + 16), b);
-            _mm_stream_si128((__m128i *)(dst + i + 32), c);
-            _mm_stream_si128((__m128i *)(dst + i + 48), d);
-        }
-        memcpy(dst + i, src + i, n - i);
-        return;
-    }
-#endif
-    memcpy(dst, src, n);
-}
-
-static void stream_fence(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    _mm_sfence();
-#endif
-}
-
 /* Chunks [c0, c1) of `w`: min/max/zeros/checksum into `acc`, each chunk's sum and sum of
  * squares into sums[c], sqs[c]. `scratch` holds CHUNK float32 for OP_DIFF without `dst`. */
 static void run_chunks(const work_t *w, int64_t c0, int64_t c1, acc_t *acc, double *sums,
@@ -287,9 +252,8 @@ static void run_chunks(const work_t *w, int64_t c0, int64_t c1, acc_t *acc, doub
         size_t offset = (size_t)start * width;
         const void *p = w->src + offset;
         if (w->op == OP_COPY) {
-            /* measure the source, in cache since the op just wrote it, and copy it with
-             * stores that bypass the cache (the copy is read again only by the writer) */
-            copy_stream(w->dst + offset, p, (size_t)n * width);
+            memcpy(w->dst + offset, p, (size_t)n * width);
+            p = w->dst + offset;
         } else if (w->op == OP_DIFF) {
             float *out = w->dst != NULL ? (float *)(w->dst + offset) : scratch;
             sub_f32(out, (const float *)p, (const float *)(w->src2 + offset), n);
@@ -304,7 +268,6 @@ static void run_chunks(const work_t *w, int64_t c0, int64_t c1, acc_t *acc, doub
         sums[c] = part.sum;
         sqs[c] = part.sq;
     }
-    if (w->op == OP_COPY) stream_fence();
 }
 
 #include "_fused_helper.h"
