@@ -17,7 +17,7 @@
  *     copy_stats_into(buffer, src, count, code, threads=1)   the same into a writable buffer
  *     diff_stats(a, b, out, count, threads=1)        float32: the statistics of a - b, written
  *                                                    to `out` when it is not 0 (out may be b)
- * Both return exactly what stats() returns for the resulting tensor. And a queue for
+ * Each returns exactly what stats() returns for the resulting tensor. And a queue for
  * statistics the caller does not wait for (_fused_helper.h):
  *     submit(address, count, code) -> ticket,  ready(ticket),  collect(ticket) -> result
  *
