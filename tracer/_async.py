@@ -23,7 +23,9 @@ the flusher writes the next one, so disk waits overlap both; one file at a time 
 written (memory stays bounded), at most four written files wait for their fsync, and `flush()`
 and `close()` return once every file is renamed. The HDF5 part of each step file (metadata,
 /records, /hits) is written by a helper process (tracer._filer), so h5py's GIL-holding work does
-not stall the training thread; a file without tensor bytes is written there entirely.
+not stall the training thread; a file without tensor bytes is written there entirely. One
+helper serves the process's writers one after another; until it has started, the flusher
+writes the files itself.
 
 Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
 full and never drops a record. One record larger than the bound is let through alone.
@@ -45,7 +47,7 @@ import torch
 
 from tracer._config import DumpConfig, env_switch
 from tracer._errors import TracerError
-from tracer._filer import FileProcess
+from tracer._filer import shared_file_process
 from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
@@ -130,8 +132,9 @@ class AsyncWriter(Writer):
         self._seq = 0
         self._streams: dict[torch.device, Any] = {}
         self._fused = fused_available()
-        # step files' HDF5 part is written by a helper process (tracer._filer)
-        self._filer = FileProcess(self.rank) if _USE_FILER else None
+        # step files' HDF5 part is written by a helper process (tracer._filer), one per
+        # training process, kept from writer to writer
+        self._filer = shared_file_process(self.rank) if _USE_FILER else None
         if self._filer is not None:
             self._filer.start()
         # rows and bytes made in the training thread (see `add`)
@@ -383,8 +386,6 @@ class AsyncWriter(Writer):
         for pool in (self._flusher, self._syncer):
             if pool is not None:
                 pool.shutdown(wait=True)
-        if self._filer is not None:
-            self._filer.close()
 
     def _process(self, item: tuple) -> None:
         kind = item[0]

@@ -14,17 +14,21 @@ Protocol, over the child's stdin and stdout (no pickle): a request is three leng
 parts (8-byte little-endian lengths): a JSON header {"path", "attrs", "complete"}, plus
 "nbytes" and "spilled" for a step with tensor bytes, the records table as a .npy array, and
 the hits table as a .npy array (length 0 when none). The answer is one JSON line: {"ok": path},
-{"offset": offset of /tensors} or {"error": message}. End of input ends the process, so it
-exits with its parent even when the parent is killed.
+{"offset": offset of /tensors} or {"error": message}. Once its imports are done the helper
+says {"ready": true}; until then the writer writes its files itself instead of waiting (the
+start takes ~0.4 s, longer than a short run's first steps). End of input ends the process, so
+it exits with its parent even when the parent is killed.
 
 Started as `python -m tracer._filer`, not through multiprocessing: spawning would re-import the
 user's training script in the child.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -39,6 +43,7 @@ import numpy as np
 from tracer._format import StepFile
 
 _LEN = struct.Struct("<Q")
+_READY = b'{"ready": true}'
 
 
 def _npy(arr: np.ndarray | None) -> bytes:
@@ -69,13 +74,15 @@ def _read_part(stream: IO[bytes]) -> bytes | None:
 class FileProcess:
     """The parent's end: starts the helper on first use and writes files through it.
 
-    `finish` returns None when the helper cannot be used (it failed to start or died), after
-    one warning; the caller then writes the file itself, so no step is lost.
+    `finish` returns None when the helper cannot be used yet (still starting) or at all (it
+    failed to start or died, warned once); the caller then writes the file itself, so no step
+    is lost and none waits for the helper's start.
     """
 
     def __init__(self, rank: int = 0) -> None:
         self.rank = rank
         self._proc: subprocess.Popen | None = None
+        self._ready = False  # the helper said it has imported h5py
         self._failed = False
         self._lock = threading.Lock()
         self.files = 0
@@ -101,18 +108,54 @@ class FileProcess:
         self.files += 1
         return int(reply["offset"])
 
-    def _request(self, file: StepFile, fields: dict[str, Any]) -> dict | None:
-        """Send one request (see the module docstring); the answer, or None when the helper
-        failed (after one warning). An error the helper met while writing is raised."""
+    def wait_ready(self, timeout: float = 60.0) -> bool:
+        """Start the helper if needed and wait until it can take files; False when it failed
+        to start or died (warned once)."""
         with self._lock:
             if self._failed:
+                return False
+            try:
+                self._start()
+            except OSError as e:
+                self._give_up(f"{type(e).__name__}: {e}")
+                return False
+            return self._check_ready(timeout)
+
+    def _check_ready(self, timeout: float) -> bool:
+        """True once the helper's "ready" line arrived (waiting up to `timeout` seconds)."""
+        if self._ready:
+            return True
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        if not select.select([proc.stdout], [], [], timeout)[0]:
+            return False
+        line = proc.stdout.readline()
+        if line.strip() != _READY:
+            self._give_up(f"it exited with {proc.poll()}" if not line
+                          else f"unreadable greeting {line[:80]!r}")
+            return False
+        self._ready = True
+        return True
+
+    def _request(self, file: StepFile, fields: dict[str, Any]) -> dict | None:
+        """Send one request (see the module docstring); the answer, or None when the helper
+        is still starting (the caller writes this file itself rather than wait) or failed
+        (after one warning). An error the helper met while writing is raised."""
+        with self._lock:
+            if self._failed:
+                return None
+            try:
+                proc = self._start()
+            except OSError as e:
+                self._give_up(f"{type(e).__name__}: {e}")
+                return None
+            if not self._check_ready(0):
                 return None
             header = json.dumps({"path": str(file.path), "attrs": file.attrs,
                                  **fields}).encode()
             parts = (header, _npy(file.records_table()), _npy(file.hits_table()))
             payload = b"".join(_LEN.pack(len(p)) + p for p in parts)
             try:
-                proc = self._start()
                 assert proc.stdin is not None and proc.stdout is not None
                 proc.stdin.write(payload)
                 proc.stdin.flush()
@@ -143,11 +186,15 @@ class FileProcess:
                     pass
 
     def close(self) -> None:
-        """End the helper (it finishes the file in hand first)."""
+        """End the helper (it finishes the file in hand first; one still starting has none and
+        is killed rather than waited for)."""
         with self._lock:
             proc, self._proc = self._proc, None
+            ready = self._ready
         if proc is None:
             return
+        if not ready:
+            proc.kill()
         try:
             if proc.stdin is not None:
                 proc.stdin.close()
@@ -155,6 +202,8 @@ class FileProcess:
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
     def _start(self) -> subprocess.Popen:
         if self._proc is not None:
@@ -175,15 +224,41 @@ class FileProcess:
         if proc is not None:
             proc.kill()
             proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    try:
+                        pipe.close()
+                    except OSError:  # a write into the dead helper left unflushed bytes
+                        pass
         warnings.warn(f"sleuth dump (rank {self.rank}): the file-writer process failed ({why}); "
-                      f"the writer thread writes statistics files itself from now on",
+                      f"the writer's threads write the step files themselves from now on",
                       RuntimeWarning, stacklevel=3)
+
+
+_shared: FileProcess | None = None
+_shared_pid = -1
+_shared_lock = threading.Lock()
+
+
+def shared_file_process(rank: int = 0) -> FileProcess:
+    """The process-wide helper: started once and kept for every later writer (its start costs
+    ~0.4 s of CPU, which a Dumper made per epoch, or per benchmark block, would pay each time),
+    ended at exit. A new one replaces it after it failed, and in a forked child (which must not
+    write into its parent's pipes)."""
+    global _shared, _shared_pid
+    with _shared_lock:
+        if _shared is None or _shared._failed or _shared_pid != os.getpid():
+            _shared, _shared_pid = FileProcess(rank), os.getpid()
+            atexit.register(_shared.close)
+        return _shared
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
     """The helper's loop: one request, one answer, until end of input."""
     import h5py
 
+    stdout.write(_READY + b"\n")  # imports done: the parent sends files from now on
+    stdout.flush()
     while True:
         header = _read_part(stdin)
         if header is None:

@@ -31,9 +31,11 @@ def write_steps(w, steps, start: int = 0) -> None:
 def test_statistics_files_go_through_the_helper_and_match_sync(tmp_path):
     w = make_writer(DumpConfig(path=str(tmp_path / "a"), writer="async", mode="statistics"),
                     rank=0, world_size=1)
+    assert w._filer.wait_ready()
+    before = w._filer.files  # the helper is shared by the process's writers
     write_steps(w, 3)
     w.close()
-    assert w._filer.files == 3 and len(w.files_written) == 3
+    assert w._filer.files == before + 3 and len(w.files_written) == 3
     s = make_writer(DumpConfig(path=str(tmp_path / "s"), writer="sync", mode="statistics"),
                     rank=0, world_size=1)
     write_steps(s, 3)
@@ -41,15 +43,21 @@ def test_statistics_files_go_through_the_helper_and_match_sync(tmp_path):
     for step in range(3):
         assert open_dump(tmp_path / "a").stats(0, step).equals(
             open_dump(tmp_path / "s").stats(0, step))
-    assert w._filer._proc is None  # ended at close
+    # kept for the next writer: its start is paid once a process
+    again = make_writer(DumpConfig(path=str(tmp_path / "b"), writer="async",
+                                   mode="statistics"), rank=0, world_size=1)
+    assert again._filer is w._filer and w._filer._proc is not None
+    again.close()
 
 
 def test_a_dead_helper_falls_back_without_losing_a_step(tmp_path):
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics"), rank=0,
                     world_size=1)
+    assert w._filer.wait_ready()
+    before = w._filer.files
     write_steps(w, 1)
     w.flush()
-    assert w._filer.files == 1
+    assert w._filer.files == before + 1
     w._filer._proc.kill()
     w._filer._proc.wait()
     with warnings.catch_warnings(record=True) as caught:
@@ -58,7 +66,12 @@ def test_a_dead_helper_falls_back_without_losing_a_step(tmp_path):
         w.close()
     assert any("file-writer process failed" in str(c.message) for c in caught)
     assert open_dump(tmp_path).steps(0) == [0, 1, 2]
-    assert w._filer.files == 1  # the later steps were written by the writer's own threads
+    assert w._filer.files == before + 1  # the later steps: by the writer's own threads
+    # the next writer gets a new helper
+    again = make_writer(DumpConfig(path=str(tmp_path / "b"), writer="async",
+                                   mode="statistics"), rank=0, world_size=1)
+    assert again._filer is not w._filer and again._filer.wait_ready()
+    again.close()
 
 
 def test_a_failed_write_in_the_helper_is_the_writers_error(tmp_path):
@@ -68,6 +81,24 @@ def test_a_failed_write_in_the_helper_is_the_writers_error(tmp_path):
     with pytest.raises(DumpWriteError, match="writer thread"):
         write_steps(w, 1)
         w.close()
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_while_the_helper_starts_the_threads_write_the_files(tmp_path, monkeypatch, mode):
+    """A step ending before the helper has imported h5py is written by the writer's threads
+    at once (no waiting for the start, no warning, no lost step)."""
+    from tracer._filer import FileProcess
+
+    monkeypatch.setattr(FileProcess, "_check_ready", lambda self, timeout: False)
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode=mode), rank=0,
+                    world_size=1)
+    before = w._filer.files
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_steps(w, 2)
+        w.close()
+    assert w._filer.files == before
+    assert open_dump(tmp_path).steps(0) == [0, 1]
 
 
 def test_without_the_helper_process_the_threads_write_the_files(tmp_path, monkeypatch):
@@ -93,6 +124,9 @@ def write_tensor_steps(run, writer: str, mb: int):
     """Two steps of tensor_items() in mode full; returns the writer and the record names."""
     w = make_writer(DumpConfig(path=str(run), writer=writer, mode="full",
                                async_max_queued_mb=mb), rank=0, world_size=1)
+    if writer == "async":
+        assert w._filer.wait_ready()
+        w.files_before = w._filer.files
     names = [f"{name}.forward.0.output.0" for name in tensor_items()]
     for step in range(2):
         w.begin_step(step)
@@ -107,7 +141,7 @@ def write_tensor_steps(run, writer: str, mb: int):
 @pytest.mark.parametrize("mb", [64, 1])  # 1 MiB: the bytes spill to the side file first
 def test_tensor_files_get_their_metadata_from_the_helper_and_match_sync(tmp_path, mb):
     a, names = write_tensor_steps(tmp_path / "a", "async", mb)
-    assert a._filer.files == 2
+    assert a._filer.files == a.files_before + 2
     write_tensor_steps(tmp_path / "s", "sync", mb)
     da, ds = open_dump(tmp_path / "a"), open_dump(tmp_path / "s")
     for step in range(2):
