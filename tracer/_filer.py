@@ -249,8 +249,14 @@ def shared_file_process(rank: int = 0) -> FileProcess:
     with _shared_lock:
         if _shared is None or _shared._failed or _shared_pid != os.getpid():
             _shared, _shared_pid = FileProcess(rank), os.getpid()
-            atexit.register(_shared.close)
+            atexit.register(_close_at_exit, _shared, _shared_pid)
         return _shared
+
+
+def _close_at_exit(helper: FileProcess, pid: int) -> None:
+    # a forked child inherits the registration: only the process that started it closes it
+    if os.getpid() == pid:
+        helper.close()
 
 
 def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:

@@ -3,7 +3,11 @@ statistics-only files, and the HDF5 part of files with tensor bytes (the bytes a
 the parent); the parent falls back from it without losing a step."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +157,28 @@ def test_tensor_files_get_their_metadata_from_the_helper_and_match_sync(tmp_path
             assert ta.dtype == ts.dtype and ta.shape == ts.shape and ta.stride() == ts.stride()
             assert torch.equal(ta.contiguous().view(torch.uint8), ts.contiguous().view(torch.uint8))
 
+
+
+
+_FORK_SCRIPT = """
+import os, sys
+from tracer._filer import shared_file_process
+helper = shared_file_process()
+helper.start()
+pid = os.fork()  # while the helper starts: closing it then would kill it
+if pid == 0:  # the child exits the normal way: its exit handlers run
+    sys.exit(0 if shared_file_process() is not helper else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), helper.wait_ready(), shared_file_process() is helper)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_neither_shares_nor_ends_the_parents_helper():
+    """A child forked from a training process (a DataLoader worker, say) gets its own helper,
+    and its normal exit does not end the parent's (the exit handler is the parent's only)."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True,
+                         cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "True", "True"]
