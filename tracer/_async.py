@@ -96,11 +96,9 @@ class _RowBuffer:
         """Count bytes that a record made in the writer thread stores."""
         self.nbytes += nbytes
 
-    def take(self) -> tuple[tuple, int] | None:
+    def take(self) -> tuple[tuple, int]:
         """The pending bytes as a ("bytes", first offset, [(bytes, on_written)]) queue item and
-        their size, or None when there are none."""
-        if not self.pending:
-            return None
+        their size (the caller checks that some are pending)."""
         pending, size = self.pending, self.pending_bytes
         self.pending, self.pending_bytes = [], 0
         return ("bytes", self.nbytes - size, pending), size
@@ -203,8 +201,6 @@ class AsyncWriter(Writer):
                         stats = host_stats(tensor)
                 row = self._row(self._rows, self._step, seq, meta, tensor, stats, snap, release,
                                 share, shared, ticket)
-                chunk = self._rows.take() if self._rows.pending_bytes >= self._rows.chunk \
-                    else None
             elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
                 snap, release = snapshot(tensor, self._pool)
                 staged, nbytes = ("ready", stats, snap, release), snap.nbytes
@@ -223,19 +219,22 @@ class AsyncWriter(Writer):
             self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
             return
         if inline:
-            if chunk is not None:
-                self._put(*chunk)
+            if self._rows.pending_bytes >= self._rows.chunk:  # checked here: the hot path
+                self._hand_over_bytes()
             self._deliver(row)
             return
         # the writer thread stores this record's bytes after the chunks made before it
-        chunk = self._rows.take()
-        if chunk is not None:
-            self._put(*chunk)
+        self._hand_over_bytes()
         if self.keep_bytes:
             self._rows.reserve(nbytes)
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
+
+    def _hand_over_bytes(self) -> None:
+        """Queue the tensor bytes made in the training thread, if any, for the writer thread."""
+        if self._rows.pending_bytes:
+            self._put(*self._rows.take())
 
     def _deliver(self, row: dict | None) -> None:
         if row is None:
@@ -250,9 +249,7 @@ class AsyncWriter(Writer):
         """Make the queued records' rows, hand the rows made in the training thread to the
         writer thread, and end the step's file there (marked complete or not)."""
         self.settle()
-        chunk = self._rows.take()
-        if chunk is not None:
-            self._put(*chunk)
+        self._hand_over_bytes()
         if self._rows.rows:
             rows, self._rows.rows = self._rows.rows, []
             self._put(("rows", rows), 0)

@@ -13,6 +13,7 @@ import json
 import os
 import threading
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +203,8 @@ class Dumper:
             if task != -1 and task != self._settle_task:
                 self._settle_task = task
                 torch.autograd.Variable._execution_engine.queue_callback(self._settle)
-        error = self._quietly(self._add_record, scope, module, op, phase, direction, index, call,
-                              source, tensor, stable, version, stats, defer)
+        error = self._quietly(self._add_records, scope, module, op, phase, direction, call,
+                              source, (tensor,), stable, version, index, stats, defer)
         if error is not None:
             self._fail(error)
 
@@ -221,8 +222,9 @@ class Dumper:
             self._fail(error)
 
     def _add_records(self, scope: str, module: str, op: str, phase: str, direction: str,
-                     call: int, source: str, tensors: list[torch.Tensor], stable: bool,
-                     version: int | None, first: int) -> None:
+                     call: int, source: str, tensors: Sequence[torch.Tensor], stable: bool,
+                     version: int | None, first: int, stats: dict | None = None,
+                     defer: bool = False) -> None:
         if not self._open:
             self._open_step()
         meta, add = self._meta, self._add
@@ -230,17 +232,7 @@ class Dumper:
         for i, t in enumerate(tensors, first):
             # RecordMeta(name, module, op, phase, direction, index, call, source)
             add(meta(prefix + str(i), module, op, phase, direction, i, call, source), t, stable,
-                version, None, False)
-
-    def _add_record(self, scope: str, module: str, op: str, phase: str, direction: str,
-                    index: int, call: int, source: str, tensor: torch.Tensor, stable: bool,
-                    version: int | None, stats: dict | None, defer: bool) -> None:
-        if not self._open:
-            self._open_step()
-        meta = self._meta(name=f"{scope}.{phase}.{call}.{direction}.{index}", module=module,
-                          op=op, phase=phase, direction=direction, index=index, call=call,
-                          source=source)
-        self._add(meta, tensor, stable, version, stats, defer)
+                version, stats, defer)
 
     def _quietly(self, work: Any, *args: Any) -> Exception | None:
         """Run the dump's own `work(*args)` under the lock, marked busy (the hooks ignore what

@@ -83,6 +83,7 @@ class FileProcess:
         self.rank = rank
         self._proc: subprocess.Popen | None = None
         self._ready = False  # the helper said it has imported h5py
+        self._owner = os.getpid()  # a forked child must neither use nor close this helper
         self._failed = False
         self._lock = threading.Lock()
         self.files = 0
@@ -91,10 +92,7 @@ class FileProcess:
     def finish(self, file: StepFile, complete: bool) -> Path | None:
         """Write `file` (rows and hits only) through the helper; its final path, or None."""
         reply = self._request(file, {"complete": bool(complete)})
-        if reply is None:
-            return None
-        self.files += 1
-        return Path(reply["ok"])
+        return None if reply is None else Path(reply["ok"])
 
     def write_metadata(self, file: StepFile, complete: bool) -> int | None:
         """Write the HDF5 part of `file`, a step with tensor bytes, in its partial path
@@ -103,23 +101,23 @@ class FileProcess:
         writes the metadata itself). Meant as `StepFile.write`'s `metadata`."""
         reply = self._request(file, {"complete": bool(complete), "nbytes": file.nbytes,
                                      "spilled": file.spilled})
-        if reply is None:
-            return None
-        self.files += 1
-        return int(reply["offset"])
+        return None if reply is None else int(reply["offset"])
 
     def wait_ready(self, timeout: float = 60.0) -> bool:
         """Start the helper if needed and wait until it can take files; False when it failed
         to start or died (warned once)."""
         with self._lock:
-            if self._failed:
-                return False
-            try:
-                self._start()
-            except OSError as e:
-                self._give_up(f"{type(e).__name__}: {e}")
-                return False
-            return self._check_ready(timeout)
+            return self._started() is not None and self._check_ready(timeout)
+
+    def _started(self) -> subprocess.Popen | None:
+        """The helper, started if needed; None once it failed (warned once). Under the lock."""
+        if self._failed:
+            return None
+        try:
+            return self._start()
+        except OSError as e:
+            self._give_up(f"{type(e).__name__}: {e}")
+            return None
 
     def _check_ready(self, timeout: float) -> bool:
         """True once the helper's "ready" line arrived (waiting up to `timeout` seconds)."""
@@ -142,14 +140,8 @@ class FileProcess:
         is still starting (the caller writes this file itself rather than wait) or failed
         (after one warning). An error the helper met while writing is raised."""
         with self._lock:
-            if self._failed:
-                return None
-            try:
-                proc = self._start()
-            except OSError as e:
-                self._give_up(f"{type(e).__name__}: {e}")
-                return None
-            if not self._check_ready(0):
+            proc = self._started()
+            if proc is None or not self._check_ready(0):
                 return None
             header = json.dumps({"path": str(file.path), "attrs": file.attrs,
                                  **fields}).encode()
@@ -173,6 +165,7 @@ class FileProcess:
                 return None
             if "error" in reply:  # the write itself failed (disk full, ...): the caller's error
                 raise OSError(reply["error"])
+            self.files += 1
             return reply
 
     def start(self) -> None:
@@ -236,7 +229,6 @@ class FileProcess:
 
 
 _shared: FileProcess | None = None
-_shared_pid = -1
 _shared_lock = threading.Lock()
 
 
@@ -245,17 +237,17 @@ def shared_file_process(rank: int = 0) -> FileProcess:
     ~0.4 s of CPU, which a Dumper made per epoch, or per benchmark block, would pay each time),
     ended at exit. A new one replaces it after it failed, and in a forked child (which must not
     write into its parent's pipes)."""
-    global _shared, _shared_pid
+    global _shared
     with _shared_lock:
-        if _shared is None or _shared._failed or _shared_pid != os.getpid():
-            _shared, _shared_pid = FileProcess(rank), os.getpid()
-            atexit.register(_close_at_exit, _shared, _shared_pid)
+        if _shared is None or _shared._failed or _shared._owner != os.getpid():
+            _shared = FileProcess(rank)
+            atexit.register(_close_at_exit, _shared)
         return _shared
 
 
-def _close_at_exit(helper: FileProcess, pid: int) -> None:
+def _close_at_exit(helper: FileProcess) -> None:
     # a forked child inherits the registration: only the process that started it closes it
-    if os.getpid() == pid:
+    if os.getpid() == helper._owner:
         helper.close()
 
 

@@ -400,8 +400,9 @@ static PyObject *fused_copy_stats_into(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "w*KLi|i", &dst, &src, &count, &code, &threads)) return NULL;
     PyObject *result = NULL;
-    if (check_args(src, count, code, "copy_stats_into", 1, "destination") == 0) {
-        if ((long long)dst.len < count * (code == CODE_F32 ? 4 : 2) || !dst.buf)
+    if (check_args(src, count, code, "copy_stats_into", (uintptr_t)dst.buf,
+                   "destination") == 0) {
+        if ((long long)dst.len < count * (code == CODE_F32 ? 4 : 2))
             PyErr_Format(PyExc_ValueError, "copy_stats_into(): the destination holds %zd bytes, "
                          "fewer than %lld elements", dst.len, count);
         else {

@@ -376,8 +376,7 @@ class Writer:
 
         `stats` None means: take them from `share` when an earlier record filled it, else
         compute them from `snap` (the CPU snapshot; `StoredBytes` only with `stats`) here.
-        `release` is called once `snap` is no
-        longer needed (its bytes written, or not kept). An empty `share` is filled with them
+        `release` is called once `snap` is no longer needed (its bytes written, or not kept). An empty `share` is filled with them
         and with where this record's bytes are. `shared` (not None): store no bytes, point at
         those of the record that filled `share`, read with these strides (see `_plan`).
         """
@@ -430,8 +429,9 @@ class Writer:
                 "data_nbytes": nbytes, "strides": strides, "step": step, "rank": self.rank}
 
     def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
-             stats: dict | None, snap: torch.Tensor | StoredBytes | None, release: Callable[[], None] | None,
-             share: list | None, shared: str | None, ticket: tuple | None = None
+             stats: dict | None, snap: torch.Tensor | StoredBytes | None,
+             release: Callable[[], None] | None, share: list | None, shared: str | None,
+             ticket: tuple | None = None
              ) -> dict | None:
         """`_record` now, or, when its statistics were queued (`ticket`) or earlier records
         wait in the queue, queue it behind them (returns None; `settle` makes the row)."""
