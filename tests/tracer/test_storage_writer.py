@@ -311,6 +311,39 @@ def test_step_file_layout(tmp_path):
         assert f.attrs["level"] == "module" and '"writer": "async"' in f.attrs["config"]
 
 
+def test_step_file_objects_are_those_h5py_would_make(tmp_path):
+    """StepFile writes through h5py's low-level API; a reader must see what h5py's File,
+    attrs and create_dataset make of the same values."""
+    from tracer._format import RECORD_COLUMNS, StepFile, table_array
+
+    row = (0, "a.forward.0.output.0", "a", "", "forward", "output", 0, 0, "float32", "4", 4,
+           -1.0, 1.0, 0.5, 2.0, 0, 0, 0, 1, 7, "model.py:7", -1, 0, "")
+    attrs = {"format_version": "2.0", "step": 3, "scale": 0.5, "config": "{\"é\": 1}"}
+    file = StepFile(tmp_path / "step3.h5", attrs, spill_bytes=1 << 20)
+    file.add_row(row)
+    file.finish()
+    with h5py.File(tmp_path / "ref.h5", "w") as ref:
+        for key, value in attrs.items():
+            ref.attrs[key] = value
+        ref.attrs["complete"] = 1
+        ref.create_dataset("records", data=table_array([row], RECORD_COLUMNS))
+        ref.create_dataset("tensors", shape=(0,), dtype="uint8")
+    with h5py.File(tmp_path / "step3.h5") as ours, h5py.File(tmp_path / "ref.h5") as ref:
+        assert set(ours) == set(ref) and set(ours.attrs) == set(ref.attrs)
+        for key in ref.attrs:
+            assert ours.attrs[key] == ref.attrs[key]
+            assert type(ours.attrs[key]) is type(ref.attrs[key]), key
+            assert ours.attrs.get_id(key).get_type().get_class() == \
+                ref.attrs.get_id(key).get_type().get_class(), key
+        for name in ref:
+            assert ours[name].dtype == ref[name].dtype and ours[name].shape == ref[name].shape
+            assert ours[name].id.get_type().get_class() == ref[name].id.get_type().get_class()
+        assert ours["records"][()].tobytes() == ref["records"][()].tobytes()
+    bad = StepFile(tmp_path / "step4.h5", {"when": [1, 2]}, spill_bytes=1 << 20)
+    with pytest.raises(TypeError, match="'when'"):
+        bad.finish()
+
+
 def test_async_add_does_not_wait_for_the_disk(tmp_path):
     gate = threading.Event()
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="tensor"), rank=0,
