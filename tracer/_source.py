@@ -4,6 +4,9 @@ torch, site-packages or Sleuth's own tool packages.
 Hooks run deep inside torch, so this walks ``sys._getframe`` outward. Whether a code object is
 "internal" is decided once per code object and cached, and formatted locations are cached per
 (code, line), so a call costs a few dictionary look-ups per frame and never ``inspect.stack``.
+Hooks that autograd's engine runs in backward (gradient hooks, ops of backward formulas) all
+find the same user frame, the one that called ``backward()``, above the engine's entry frame:
+that walk is done once per backward pass (graph task) and its result reused.
 """
 from __future__ import annotations
 
@@ -29,15 +32,30 @@ def _internal_prefixes() -> tuple[str, ...]:
 
 
 _PREFIXES: tuple[str, ...] | None = None
+# torch.autograd.graph._engine_run_backward's code: what lies above that frame is fixed while
+# its graph task runs (None: an older torch without it; every walk then goes to the top)
+_ENGINE: types.CodeType | None = None
+_graph_task_id = None
+_engine_cache: tuple[int, str] = (-1, "")  # (graph task id, its source)
 _internal: dict[types.CodeType, bool] = {}
 _formatted: dict[tuple[types.CodeType, int], str] = {}
 _relpath: dict[str, str] = {}
 
 
+def _setup() -> None:
+    global _PREFIXES, _ENGINE, _graph_task_id
+    import torch
+
+    engine = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
+    _ENGINE = getattr(engine, "__code__", None)
+    _graph_task_id = torch._C._current_graph_task_id
+    _PREFIXES = _internal_prefixes()
+
+
 def _is_internal(code: types.CodeType) -> bool:
-    global _PREFIXES
     if _PREFIXES is None:
-        _PREFIXES = _internal_prefixes()
+        _setup()
+    assert _PREFIXES is not None
     path = code.co_filename
     internal = not path.startswith(_USER_PACKAGE_ROOTS) and (
         path.startswith(_PREFIXES)
@@ -73,19 +91,35 @@ def user_source(skip: int = 1) -> str:
 
     ``skip`` frames are skipped first (1 = the caller of this function).
     """
-    frame: types.FrameType | None = sys._getframe(skip)
+    return _walk(sys._getframe(skip), True)
+
+
+def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
+    global _engine_cache
     internal = _internal
     while frame is not None:
         code = frame.f_code
+        if code is _ENGINE and shortcut:
+            # reached through internal frames only: autograd's engine runs this hook, and the
+            # rest of the walk is the same for the whole backward pass (graph task)
+            task = _graph_task_id()  # type: ignore[misc]  # set with _ENGINE
+            if task == _engine_cache[0] and task != -1:
+                return _engine_cache[1]
+            text = _walk(frame.f_back, False)
+            _engine_cache = (task, text)
+            return text
         flag = internal.get(code)
         if flag is None:
             flag = _is_internal(code)
         if not flag:
-            key = (code, frame.f_lineno)
-            text = _formatted.get(key)
-            if text is None:
-                text = f"{_relative(code.co_filename)}:{frame.f_lineno}"
-                _formatted[key] = text
-            return text
+            return _format(code, frame.f_lineno)
         frame = frame.f_back
     return ""
+
+
+def _format(code: types.CodeType, line: int) -> str:
+    key = (code, line)
+    text = _formatted.get(key)
+    if text is None:
+        text = _formatted[key] = f"{_relative(code.co_filename)}:{line}"
+    return text

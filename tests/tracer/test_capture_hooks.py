@@ -99,6 +99,33 @@ def test_source_is_the_user_line(writers):
     assert by_name(w)["fc2.backward.0.output.0"][0].source == src
 
 
+def _line_of(source: str) -> str:
+    with open(__file__) as f:
+        return f.read().splitlines()[int(source.rsplit(":", 1)[1]) - 1]
+
+
+def test_backward_source_follows_each_backward_call(writers):
+    """Backward records of one backward() call share its line (found once per backward pass);
+    the next call, on another line, gets its own, and ops in a hand-written backward point at
+    that backward."""
+    torch.manual_seed(0)
+    model = CustomFnModel()
+    with tracer.Dumper(model, cfg(level="mix", params=False)) as d:
+        model(torch.randn(3, 4)).sum().backward()  # FIRST BACKWARD
+        model(torch.randn(3, 4)).sum().backward()  # SECOND BACKWARD
+        d.step()
+    records = [m for _, m, _ in writers[0].records if m.phase == "backward"]
+    # fc's module records count its calls; its ops' records (fc::aten.*) follow them
+    second_at = next(i for i, m in enumerate(records) if m.name == "fc.backward.1.output.0")
+    first = [m for m in records[:second_at] if m.module == "fc"]
+    second = [m for m in records[second_at:] if m.module == "fc"]
+    assert len(first) > 5 and len(second) > 5
+    assert {"FIRST BACKWARD" in _line_of(m.source) for m in first} == {True}
+    assert {"SECOND BACKWARD" in _line_of(m.source) for m in second} == {True}
+    custom = {m.source for m in records if m.module == "<root>" and m.op == "aten.mul"}
+    assert custom and all(s.rsplit(":", 1)[0].endswith("models.py") for s in custom), custom
+
+
 def test_module_called_twice_counts_calls(writers):
     model = SharedLayer()
     with tracer.Dumper(model, cfg(level="mix")) as d:
