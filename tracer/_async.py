@@ -51,7 +51,7 @@ from tracer._filer import shared_file_process
 from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
-from tracer._writer import RecordMeta, Writer, snapshot, snapshot_stats
+from tracer._writer import RecordMeta, Writer, snapshot, snapshot_bytes, snapshot_stats
 
 _STOP = ("stop",)
 
@@ -191,7 +191,7 @@ class AsyncWriter(Writer):
                 ticket = snap = release = None
                 if stats is not None:
                     if self.keep_bytes and not tensor.is_meta:
-                        snap, release = snapshot(tensor, self._pool)
+                        snap, release = snapshot_bytes(tensor, self._pool)
                 elif not skip:
                     if tensor.is_meta:
                         stats = empty_stats()

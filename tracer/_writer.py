@@ -99,6 +99,16 @@ def snapshot(t: torch.Tensor, pool: StagingPool | None = None
     return snap, release
 
 
+def snapshot_bytes(t: torch.Tensor, pool: StagingPool | None = None
+                   ) -> tuple[torch.Tensor | StoredBytes, Callable[[], None] | None]:
+    """`snapshot` for a record whose statistics the caller has (parameter and update records):
+    where the C kernel copies this dtype, its copy as `StoredBytes` (the statistics it takes on
+    the way are not used), with no tensor made of it and none turned back into bytes by
+    `stored_bytes`: 5-13 us a small parameter against 24-37 us."""
+    snap, release, _ = snapshot_stats(t, pool)
+    return snap, release
+
+
 _STRIDED = torch.strided
 
 
@@ -498,7 +508,8 @@ class SyncWriter(Writer):
         try:
             if stats is not None:  # computed by the caller (see Writer.add)
                 share, shared = None, None
-                snap, release = snapshot(tensor, self._pool) if self.keep_bytes else (None, None)
+                snap, release = (snapshot_bytes(tensor, self._pool) if self.keep_bytes
+                                 else (None, None))
             else:
                 share, shared, skip = self._plan(tensor, stable, version)
                 if skip:
