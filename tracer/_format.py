@@ -297,13 +297,17 @@ class StepFile:
 
 # HDF5 through h5py's low-level API: the high-level one took 5.0 ms for a statistics step
 # file of 204 records (File, 11 attributes, /records) where this takes 2.9 ms (same-process
-# A/B on the 2-core VM), most of the difference Python around each call. The objects made are those h5py's File, attrs and
-# create_dataset make for the same values (variable-length UTF-8 string and int64 scalar
-# attributes; contiguous datasets without modification times), so readers see no difference.
+# A/B on the 2-core VM), most of the difference Python around each call. The objects made are
+# those h5py's File, attrs and create_dataset make for the same values (variable-length UTF-8
+# string and int64 scalar attributes; contiguous datasets without modification times), so
+# readers see no difference.
 _SCALAR = h5s.create(h5s.SCALAR)
 _VLEN_STR = h5py.string_dtype("utf-8")
 _VLEN_STR_TYPE = h5t.py_create(_VLEN_STR, logical=True)
-_TABLE_TYPES: dict[np.dtype, tuple[Any, Any]] = {}  # numpy dtype -> (file type, memory type)
+# (numpy dtype, its fields' string encodings) -> (file type, memory type). The encodings are
+# part of the key because numpy dtypes that differ only in them (h5py keeps the encoding in
+# the dtype's metadata) compare and hash equal, while HDF5 stores them differently.
+_TABLE_TYPES: dict[tuple, tuple[Any, Any]] = {}
 
 
 def _write_attr(fid: Any, key: str, value: Any) -> None:
@@ -326,12 +330,13 @@ def _write_attr(fid: Any, key: str, value: Any) -> None:
 
 def _write_table(fid: Any, name: bytes, table: np.ndarray) -> None:
     """A 1-D contiguous dataset holding `table` (a compound array, see `table_array`)."""
-    types = _TABLE_TYPES.get(table.dtype)
+    dtype = table.dtype
+    key = (dtype, tuple((dtype[n].metadata or {}).get("h5py_encoding") for n in dtype.names or ()))
+    types = _TABLE_TYPES.get(key)
     if types is None:
         if len(_TABLE_TYPES) >= 64:  # string widths vary with the names: keep the latest
             _TABLE_TYPES.clear()
-        types = _TABLE_TYPES[table.dtype] = (h5t.py_create(table.dtype, logical=True),
-                                             h5t.py_create(table.dtype))
+        types = _TABLE_TYPES[key] = (h5t.py_create(dtype, logical=True), h5t.py_create(dtype))
     dcpl = h5p.create(h5p.DATASET_CREATE)
     dcpl.set_obj_track_times(False)
     dset = h5d.create(fid, name, types[0], h5s.create_simple((len(table),)), dcpl=dcpl)

@@ -386,9 +386,10 @@ class Writer:
 
         `stats` None means: take them from `share` when an earlier record filled it, else
         compute them from `snap` (the CPU snapshot; `StoredBytes` only with `stats`) here.
-        `release` is called once `snap` is no longer needed (its bytes written, or not kept). An empty `share` is filled with them
-        and with where this record's bytes are. `shared` (not None): store no bytes, point at
-        those of the record that filled `share`, read with these strides (see `_plan`).
+        `release` is called once `snap` is no longer needed (its bytes written, or not kept).
+        An empty `share` is filled with them and with where this record's bytes are. `shared`
+        (not None): store no bytes, point at those of the record that filled `share`, read with
+        these strides (see `_plan`).
         """
         if stats is None and share is not None:
             stats = share[0]

@@ -6,6 +6,7 @@ import time
 import warnings
 
 import h5py
+import numpy as np
 import pytest
 import torch
 
@@ -342,6 +343,18 @@ def test_step_file_objects_are_those_h5py_would_make(tmp_path):
     bad = StepFile(tmp_path / "step4.h5", {"when": [1, 2]}, spill_bytes=1 << 20)
     with pytest.raises(TypeError, match="'when'"):
         bad.finish()
+    # numpy calls a table of plain byte strings equal to the same table marked UTF-8; the
+    # cached HDF5 types must still tell them apart
+    plain = file.records_table()
+    plain = plain.view(np.dtype([(n, plain.dtype[n].str) for n in plain.dtype.names]))
+    assert plain.dtype == file.records_table().dtype
+    for name, table in (("ascii.h5", plain), ("utf8.h5", file.records_table())):
+        other = StepFile(tmp_path / name, attrs, spill_bytes=1 << 20)
+        other.table = table
+        other.finish()
+    with h5py.File(tmp_path / "ascii.h5") as a, h5py.File(tmp_path / "utf8.h5") as u:
+        name_type = [f["records"].id.get_type().get_member_type(1).get_cset() for f in (a, u)]
+        assert name_type == [h5py.h5t.CSET_ASCII, h5py.h5t.CSET_UTF8]
 
 
 def test_async_add_does_not_wait_for_the_disk(tmp_path):
