@@ -18,6 +18,7 @@ Prints one JSON object. Conditions and goals (issue 3):
   baseline_again        no Dumper, timed like a condition: the run's noise floor
   floor_module_hooks    no Dumper: no-op global module hooks and output gradient hooks
   floor_dispatch_mode   no Dumper: a TorchDispatchMode that only runs each op
+  floor_dispatch_mode_default  the same with torch's default dynamo wrapper per op
 
 msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
 4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
@@ -71,6 +72,9 @@ CONDITIONS = {
     # an op-level dump attaches. A goal below these cannot be met by hooks in Python.
     "floor_module_hooks": "floor_module_hooks",
     "floor_dispatch_mode": "floor_dispatch_mode",
+    # the same with torch's default dynamo `disable` wrapper around the handler, which the
+    # tracer opts out of (its cost per op is the difference)
+    "floor_dispatch_mode_default": "floor_dispatch_mode_default",
 }
 GOALS = {"module_statistics": 1.15, "op_statistics": 1.5, "op_tensor_async": 4.0,
          "attached_unselected": 1.02}
@@ -112,7 +116,20 @@ def make_model() -> nn.Module:
 
 
 class _NoopMode(TorchDispatchMode):
-    """Runs every op and nothing else: the floor of any op-level capture."""
+    """Runs every op and nothing else: the floor of any op-level capture. Like the tracer's
+    OpMode it opts out of the dynamo `disable` wrapper torch puts around a mode's handler by
+    default (`_DefaultNoopMode` keeps it)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls):
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _DefaultNoopMode(TorchDispatchMode):
+    """`_NoopMode` with torch's default wrapper around the handler."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
@@ -135,8 +152,8 @@ def _noop_post(module, args, kwargs, output):
 @contextlib.contextmanager
 def floor(kind: str):
     """The hooks (or mode) of a floor condition, attached for the duration."""
-    if kind == "floor_dispatch_mode":
-        with _NoopMode():
+    if kind in ("floor_dispatch_mode", "floor_dispatch_mode_default"):
+        with (_NoopMode() if kind == "floor_dispatch_mode" else _DefaultNoopMode()):
             yield
         return
     handles = [nn.modules.module.register_module_forward_pre_hook(_noop_pre),

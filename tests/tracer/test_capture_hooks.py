@@ -430,3 +430,29 @@ def test_on_error_raise_names_the_fix(writers, monkeypatch):
         with tracer.Dumper(model, cfg(level="op")):
             model(torch.randn(2, 8))
     assert not torch._C._len_torch_dispatch_stack()
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")
+def test_op_mode_runs_without_dynamo_wrapper_and_under_torch_compile(writers):
+    """OpMode opts out of torch's per-op dynamo `disable` wrapper (it costs ~10 us an op) and
+    keeps torch.compile out itself: a compiled model dumped at op level records what the
+    plain model records."""
+    import tracer._op_mode as op_mode
+
+    if op_mode._OWN_DYNAMO_GUARD:
+        assert op_mode.OpMode.__dict__["__torch_dispatch__"].__module__ == "tracer._op_mode"
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(2, 8)
+    compiled = torch.compile(model, backend="eager")
+    for run in (model, compiled):
+        with tracer.Dumper(model, cfg(level="op", params=False)) as d:
+            run(x).sum().backward()
+            d.step()
+        model.zero_grad(set_to_none=True)
+    plain, dumped = writers
+    assert dumped.names() == plain.names() and len(plain.names()) > 20
+    if op_mode._OWN_DYNAMO_GUARD:
+        from torch._dynamo import trace_rules
+
+        assert trace_rules.check(op_mode.OpMode.__dict__["__torch_dispatch__"].__code__)
