@@ -128,11 +128,15 @@ class _NoopMode(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class _DefaultNoopMode(TorchDispatchMode):
-    """`_NoopMode` with torch's default wrapper around the handler."""
+class _DefaultNoopMode(_NoopMode):
+    """`_NoopMode` with torch's default wrapper around the handler (torch wraps a handler the
+    class itself defines, hence the assignment)."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
+    @classmethod
+    def _should_skip_dynamo(cls):
+        return True
+
+    __torch_dispatch__ = _NoopMode.__torch_dispatch__
 
 
 def _noop_grad(grad):
@@ -152,8 +156,9 @@ def _noop_post(module, args, kwargs, output):
 @contextlib.contextmanager
 def floor(kind: str):
     """The hooks (or mode) of a floor condition, attached for the duration."""
-    if kind in ("floor_dispatch_mode", "floor_dispatch_mode_default"):
-        with (_NoopMode() if kind == "floor_dispatch_mode" else _DefaultNoopMode()):
+    modes = {"floor_dispatch_mode": _NoopMode, "floor_dispatch_mode_default": _DefaultNoopMode}
+    if kind in modes:
+        with modes[kind]():
             yield
         return
     handles = [nn.modules.module.register_module_forward_pre_hook(_noop_pre),

@@ -311,10 +311,11 @@ _TABLE_TYPES: dict[tuple, tuple[Any, Any]] = {}
 
 
 def _write_attr(fid: Any, key: str, value: Any) -> None:
-    """One scalar attribute of the root group, typed as h5py would type `value`."""
+    """One scalar attribute of the root group, stored as h5py stores a str (variable-length
+    UTF-8), an int (int64) or a float (float64); a bool is stored as an int."""
     if isinstance(value, str):
         data, ftype = np.array(value, dtype=_VLEN_STR), _VLEN_STR_TYPE
-    elif isinstance(value, (bool, int, np.integer)):
+    elif isinstance(value, (int, np.integer)):
         data, ftype = np.array(int(value), dtype=np.int64), h5t.STD_I64LE
     elif isinstance(value, (float, np.floating)):
         data, ftype = np.array(float(value), dtype=np.float64), h5t.IEEE_F64LE
