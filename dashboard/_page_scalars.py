@@ -39,6 +39,7 @@ def layout(ctx: Context, q: dict[str, str]) -> html.Div:
         ], className="sleuth-controls"),
         html.Div(id="scalars-empty"),
         dcc.Graph(id="scalars-graph", figure=empty_figure("loading"), config={"displaylogo": False}),
+        dcc.Store(id="scalars-drawn"),
     ], id="page-scalars")
 
 
@@ -85,26 +86,29 @@ def register(app: Any, ctx: Context) -> None:
             keep = [t for t in _DEFAULT_TAGS if t in names] or names[:3]
         return [{"label": t, "value": t} for t in names], keep, None
 
-    @app.callback(Output("scalars-graph", "figure"),
+    @app.callback(Output("scalars-graph", "figure"), Output("scalars-drawn", "data"),
                   Input("scalars-runs", "value"), Input("scalars-tags", "value"),
                   Input("scalars-smoothing", "value"), Input("scalars-x", "value"),
                   Input("scalars-log", "value"), Input("scalars-graph", "relayoutData"),
-                  Input("data-version", "data"))
-    def figure(run_ids, tags, smoothing, x, log, relayout, _v):
-        # Several inputs can fire in one call (a new tag list and the graph's first autosize):
-        # skip only when the graph's relayout is the sole trigger and leaves x unchanged.
+                  Input("data-version", "data"), State("scalars-drawn", "data"))
+    def figure(run_ids, tags, smoothing, x, log, relayout, version, drawn):
+        # Several inputs can fire in one call (a new tag list and the graph's first autosize).
+        # A relayout that leaves x unchanged (a resize, a y zoom) needs no redraw, but only when
+        # the figure on screen is the one these inputs make: the browser drops a call still
+        # running when the same callback fires again, so the graph's first autosize can cancel
+        # the first draw and must then draw in its place (`drawn` is None: still "loading").
+        key = [run_ids, tags, smoothing, x, log, version]
         triggers = set(dash_ctx.triggered_prop_ids.values())
         x_range = x_range_from_relayout(relayout)
-        if triggers == {"scalars-graph"} and x_range is False:
-            return no_update
+        if triggers == {"scalars-graph"} and x_range is False and drawn == key:
+            return no_update, no_update
         if "scalars-x" in triggers or x_range is False:
             x_range = None
         series = {ctx.label(i): _data.scalars(ctx.root(i)) for i in run_ids or [] if ctx.root(i)}
         if not tags:
-            return empty_figure("no series to show")
+            return empty_figure("no series to show"), key
         return scalars_figure(series, tags, x=x or "step", smoothing=float(smoothing or 0),
-                              log_y="log" in (log or []), x_range=x_range)
-
+                              log_y="log" in (log or []), x_range=x_range), key
 
 def _no_scalars(ctx: Context, run_ids: list[int] | None) -> Any:
     from dashboard._widgets import empty_state

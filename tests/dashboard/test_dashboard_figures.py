@@ -133,6 +133,46 @@ def test_scalars_relayout_parsing():
     assert f({"autosize": True}) is False and f(None) is False
 
 
+def _scalars_call(client, *, changed: str, drawn, version: str, relayout=None):
+    """POST the Scalars figure callback as the browser does: all inputs, one changed."""
+    inputs = [("scalars-runs", "value", [0]), ("scalars-tags", "value", ["loss"]),
+              ("scalars-smoothing", "value", 0), ("scalars-x", "value", "step"),
+              ("scalars-log", "value", []), ("scalars-graph", "relayoutData", relayout),
+              ("data-version", "data", version)]
+    body = {"output": "..scalars-graph.figure...scalars-drawn.data..",
+            "outputs": [{"id": "scalars-graph", "property": "figure"},
+                        {"id": "scalars-drawn", "property": "data"}],
+            "inputs": [{"id": i, "property": p, "value": v} for i, p, v in inputs],
+            "changedPropIds": [changed],
+            "state": [{"id": "scalars-drawn", "property": "data", "value": drawn}]}
+    return client.post("/_dash-update-component", json=body)
+
+
+def test_scalars_autosize_draws_when_the_first_draw_was_dropped(runs_dir):
+    """Dash's renderer drops a running callback when the same callback fires again: the graph's
+    first autosize (a relayout that leaves x alone) can cancel the first draw. That relayout
+    must then draw, not keep the "loading" placeholder; once drawn, a resize redraws nothing."""
+    import dashboard
+
+    app = dashboard.create_app([runs_dir / "base"], refresh_s=0)
+    client = app.server.test_client()
+    client.get("/")  # Dash finishes its set-up on the first request
+    version = app.layout["data-version"].data
+    first = _scalars_call(client, changed="scalars-runs.value", drawn=None, version=version)
+    assert first.status_code == 200
+    drawn = first.get_json()["response"]["scalars-drawn"]["data"]
+    # the first draw's reply never reached the page: the autosize call must draw
+    resp = _scalars_call(client, changed="scalars-graph.relayoutData", drawn=None, version=version,
+                         relayout={"autosize": True})
+    assert resp.status_code == 200
+    figure = resp.get_json()["response"]["scalars-graph"]["figure"]
+    assert [t["name"] for t in figure["data"]] == ["base"]
+    # the figure on the page is current: a resize updates nothing
+    again = _scalars_call(client, changed="scalars-graph.relayoutData", drawn=drawn, version=version,
+                          relayout={"autosize": True})
+    assert again.status_code in (200, 204) and not (again.get_json(silent=True) or {}).get("response")
+
+
 def test_dump_rows_flag_nonfinite_and_hits():
     from dashboard._page_dumps import table_rows
 
