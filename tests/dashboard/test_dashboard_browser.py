@@ -149,6 +149,33 @@ def test_scalars_overlay_smoothing_and_zoom(browser, server):
     assert severe_logs(browser) == []
 
 
+def test_scalars_slow_first_draw_still_draws(browser, runs_dir, monkeypatch):
+    """A slow server: the graph's first autosize fires while the first draw is still running,
+    and Dash's renderer drops that draw. The autosize call must then draw the figure (it used to
+    answer no_update and leave "loading" on the page for good: seen in CI)."""
+    import dashboard
+    import dashboard._page_scalars as page
+
+    draw = page.scalars_figure
+    calls: list[float] = []
+
+    def slow_first(*args, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            time.sleep(3.0)
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(page, "scalars_figure", slow_first)
+    app = dashboard.create_app([runs_dir / "base", runs_dir / "lr-up"], refresh_s=0)
+    handle = dashboard.serve(app, port=free_port(), background=True)
+    try:
+        open_page(browser, handle, "/scalars")
+        traces = wait_for(lambda: _traces(browser, "scalars-graph"), timeout=20.0)
+        assert traces is not None and len(traces) == 6, (len(calls), traces)
+    finally:
+        handle.close()
+
+
 def test_scalars_refresh_while_training(browser, server, runs_dir):
     import json
 
