@@ -19,6 +19,8 @@ Prints one JSON object. Conditions and goals (issue 3):
   floor_module_hooks    no Dumper: no-op global module hooks and output gradient hooks
   floor_dispatch_mode   no Dumper: a TorchDispatchMode that only runs each op
   floor_dispatch_mode_default  the same with torch's default dynamo wrapper per op
+  floor_op_observer     no Dumper: torch.profiler (CPU, record_shapes): torch's C++ per-op
+                        callbacks, reading every op's inputs, with no Python per op
 
 msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
 4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
@@ -75,6 +77,10 @@ CONDITIONS = {
     # the same with torch's default dynamo `disable` wrapper around the handler, which the
     # tracer opts out of (its cost per op is the difference)
     "floor_dispatch_mode_default": "floor_dispatch_mode_default",
+    # torch's C++ per-op callbacks (RecordFunction, what torch.profiler uses), reading every
+    # op's inputs: where an op-level capture in compiled code would start, next to the
+    # Python dispatch mode's floor
+    "floor_op_observer": "floor_op_observer",
 }
 GOALS = {"module_statistics": 1.15, "op_statistics": 1.5, "op_tensor_async": 4.0,
          "attached_unselected": 1.02}
@@ -159,6 +165,12 @@ def floor(kind: str):
     modes = {"floor_dispatch_mode": _NoopMode, "floor_dispatch_mode_default": _DefaultNoopMode}
     if kind in modes:
         with modes[kind]():
+            yield
+        return
+    if kind == "floor_op_observer":
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
             yield
         return
     handles = [nn.modules.module.register_module_forward_pre_hook(_noop_pre),
