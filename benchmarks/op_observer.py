@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import shutil
 import statistics
@@ -74,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         "observer": lambda: observed("observer", False),
         "observer_statistics": lambda: observed("observer_statistics", True),
     }
-    ratios: dict[str, list[float]] = {name: [] for name in conditions}
     baseline_s: list[float] = []
 
     def baseline() -> float:
@@ -82,16 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         baseline_s.append(t)
         return t
 
+    def steps_with(attach: Any) -> list[float]:
+        with attach():
+            return bench.train_steps(model, opt, batches)[1:]
+
     bench.train_steps(model, opt, batches[:2])  # warm up
-    order = list(conditions.items())
-    for r in range(args.rounds):
-        before = baseline()
-        for name, attach in order[r % len(order):] + order[:r % len(order)]:
-            with attach():
-                t = statistics.median(bench.train_steps(model, opt, batches)[1:])
-            after = baseline()
-            ratios[name].append(t / ((before + after) / 2))
-            before = after
+    ratios = bench.bracketed_rounds(args.rounds, baseline, {
+        name: functools.partial(steps_with, attach) for name, attach in conditions.items()})
     print(json.dumps({
         "benchmark": "op_observer", "model": "tiny", "torch_threads": 1,
         "baseline_step_s": round(statistics.median(baseline_s), 4),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -277,6 +278,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def bracketed_rounds(rounds: int, baseline: Callable[[], float],
+                     runs: dict[str, Callable[[], list[float]]]) -> dict[str, list[float]]:
+    """Each run's ratio per round: the median of its step times over the mean of the baseline
+    medians measured right before and right after it. The order rotates each round so no run
+    always follows the same one (memory freed by a tensor-mode condition makes the next one
+    fault pages back in)."""
+    ratios: dict[str, list[float]] = {name: [] for name in runs}
+    order = list(runs.items())
+    for r in range(rounds):
+        before = baseline()
+        for name, run in order[r % len(order):] + order[:r % len(order)]:
+            steps = run()
+            after = baseline()
+            ratios[name].append(statistics.median(steps) / ((before + after) / 2))
+            before = after
+    return ratios
+
+
 def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
     """Interleaved rounds of every condition on one model; its part of the JSON."""
     torch.manual_seed(0)
@@ -297,7 +316,6 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
     times: dict[str, list[float]] = {name: [] for name in conditions}
     # per round, each condition's median step over the mean of the baseline medians measured
     # right before and right after it
-    bracketed: dict[str, list[float]] = {name: [] for name in conditions if name != "baseline"}
     records: dict[str, int] = {}
     stored_mb: dict[str, float] = {}
 
@@ -337,17 +355,15 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
 
     try:
         train_steps(model, opt, batches[:2])  # warm up kernels and the optimizer state
-        order = [(k, v) for k, v in conditions.items() if k != "baseline"]
-        for r in range(args.rounds):
-            # rotate the order each round so no condition always follows the same one (memory
-            # freed by a tensor-mode condition makes the next one fault pages back in)
-            before = baseline()
-            for name, config in order[r % len(order):] + order[:r % len(order)]:
-                steps = run(name, config)
-                times[name] += steps
-                after = baseline()
-                bracketed[name].append(statistics.median(steps) / ((before + after) / 2))
-                before = after
+
+        def timed(name: str, config: Any) -> list[float]:
+            steps = run(name, config)
+            times[name] += steps
+            return steps
+
+        bracketed = bracketed_rounds(args.rounds, baseline, {
+            name: functools.partial(timed, name, config)
+            for name, config in conditions.items() if name != "baseline"})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     base = statistics.median(times["baseline"])

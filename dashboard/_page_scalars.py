@@ -110,6 +110,7 @@ def register(app: Any, ctx: Context) -> None:
         return scalars_figure(series, tags, x=x or "step", smoothing=float(smoothing or 0),
                               log_y="log" in (log or []), x_range=x_range), key
 
+
 def _no_scalars(ctx: Context, run_ids: list[int] | None) -> Any:
     from dashboard._widgets import empty_state
 

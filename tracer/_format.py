@@ -329,6 +329,13 @@ def _write_attr(fid: Any, key: str, value: Any) -> None:
         attr.close()
 
 
+def _dataset_plist() -> Any:
+    """Dataset creation properties as h5py's create_dataset sets them: no modification times."""
+    dcpl = h5p.create(h5p.DATASET_CREATE)
+    dcpl.set_obj_track_times(False)
+    return dcpl
+
+
 def _write_table(fid: Any, name: bytes, table: np.ndarray) -> None:
     """A 1-D contiguous dataset holding `table` (a compound array, see `table_array`)."""
     dtype = table.dtype
@@ -338,9 +345,8 @@ def _write_table(fid: Any, name: bytes, table: np.ndarray) -> None:
         if len(_TABLE_TYPES) >= 64:  # string widths vary with the names: keep the latest
             _TABLE_TYPES.clear()
         types = _TABLE_TYPES[key] = (h5t.py_create(dtype, logical=True), h5t.py_create(dtype))
-    dcpl = h5p.create(h5p.DATASET_CREATE)
-    dcpl.set_obj_track_times(False)
-    dset = h5d.create(fid, name, types[0], h5s.create_simple((len(table),)), dcpl=dcpl)
+    dset = h5d.create(fid, name, types[0], h5s.create_simple((len(table),)),
+                      dcpl=_dataset_plist())
     try:
         if len(table):
             dset.write(h5s.ALL, h5s.ALL, np.ascontiguousarray(table), mtype=types[1])
@@ -351,8 +357,7 @@ def _write_table(fid: Any, name: bytes, table: np.ndarray) -> None:
 def _allocate_tensors(fid: Any, nbytes: int) -> int:
     """/tensors: `nbytes` of uint8 whose file space HDF5 allocates now and never fills (the
     bytes are written around HDF5); returns its file offset (0 when empty)."""
-    dcpl = h5p.create(h5p.DATASET_CREATE)
-    dcpl.set_obj_track_times(False)
+    dcpl = _dataset_plist()
     if nbytes:
         dcpl.set_layout(h5d.CONTIGUOUS)
         dcpl.set_alloc_time(h5d.ALLOC_TIME_EARLY)
