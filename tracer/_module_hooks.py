@@ -27,7 +27,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
-from tracer._naming import ROOT, CallCounter, module_names
+from tracer._naming import ROOT, CallCounter, compiled_inner, module_names
 from tracer._source import user_source
 
 if TYPE_CHECKING:
@@ -50,6 +50,25 @@ def _make_fake_check() -> Callable[[], bool]:
 fake_mode_active = _make_fake_check()
 _Tensor = torch.Tensor
 TAG = "sleuth_module"
+_dynamo_kept_out: bool | None = None
+
+
+def keep_dynamo_out() -> bool:
+    """Put the tracer's package on torch.compile's skip list, so that dynamo never traces its
+    frames: a compiled model then calls the tracer's hooks as plain Python (a graph break, as
+    any hook that reads tensor memory needs), instead of trying to trace them and warning about
+    each builtin they call (`sys._getframe`, the statistics kernel, ...). Imports torch._dynamo
+    (~2.6 s here). Done once; False where this torch has no skip list."""
+    global _dynamo_kept_out
+    if _dynamo_kept_out is None:
+        try:
+            from torch._dynamo import trace_rules
+
+            trace_rules.add(__name__.partition(".")[0])
+            _dynamo_kept_out = True
+        except (ImportError, AttributeError, TypeError):
+            _dynamo_kept_out = False
+    return _dynamo_kept_out
 
 
 def flatten_tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -162,15 +181,12 @@ class ModuleTracker:
         seen: set[int] = set()
         out = []
         for k, root in enumerate(self.roots):
-            prefix = "" if k == 0 else f"<root{k}>."
-            for mod_name, module in root.named_modules():
+            for module, owner in module_names(root, ROOT if k == 0 else f"<root{k}>").items():
                 for p_name, p in module.named_parameters(recurse=False):
                     if id(p) in seen:
                         continue
                     seen.add(id(p))
-                    owner = f"{prefix}{mod_name}" if mod_name else (ROOT if k == 0 else f"<root{k}>")
-                    full = f"{prefix}{mod_name}.{p_name}" if mod_name else f"{prefix}{p_name}"
-                    out.append((full, owner, p))
+                    out.append((p_name if owner == ROOT else f"{owner}.{p_name}", owner, p))
         self._param_cache = (len(self.roots), out)  # parameters are registered once, in __init__
         return out
 
@@ -178,6 +194,8 @@ class ModuleTracker:
     def install(self) -> None:
         if self._handles:
             return
+        if "torch._dynamo" in sys.modules:  # loaded: torch.compile may run the model
+            keep_dynamo_out()
         self._handles = [
             _nn_module.register_module_forward_pre_hook(self._pre),
             _nn_module.register_module_forward_hook(self._post, with_kwargs=True,
@@ -200,8 +218,10 @@ class ModuleTracker:
         name = self.names.get(module)
         if name is not None:
             return name
-        if self.fixed:
-            return None  # not part of the model the user gave
+        if self.fixed or compiled_inner(module) is not None:
+            # not part of the model the user gave; or a torch.compile wrapper, named by the
+            # module it runs (whose hooks fire next)
+            return None
         if not self.stack:
             self.add_root(module)
             return self.names[module]

@@ -7,7 +7,8 @@ two runs of the same code produce the same names in the same order.
 """
 from __future__ import annotations
 
-from typing import Literal
+import sys
+from typing import Any, Literal
 
 ROOT = "<root>"
 NONE = "<none>"
@@ -35,22 +36,38 @@ def op_name(func: object) -> str:
     return str(func)
 
 
+def compiled_inner(module: object) -> object | None:
+    """The module that a torch.compile wrapper (``OptimizedModule``, what ``torch.compile(m)``
+    returns) runs, or None for any other module. Records are named as if the wrapper were not
+    there, so a compiled run and an eager run of the same model have the same record names."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # no wrapper exists before it loads
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    if wrapper is None or not isinstance(module, wrapper):
+        return None
+    return module._modules.get("_orig_mod")  # type: ignore[attr-defined]
+
+
 def module_names(model: object, root_name: str = ROOT) -> dict[object, str]:
     """Map each submodule object of ``model`` to its dotted name; the model itself is ``root_name``.
 
-    A module reachable under two names (shared submodules) keeps the first name that
-    ``named_modules()`` yields, like torch does.
+    The names and their order are ``named_modules()``'s, except that a torch.compile wrapper
+    gets no name and the module it wraps takes the wrapper's (``block`` rather than
+    ``block._orig_mod``, see `compiled_inner`). A module reachable under two names (shared
+    submodules) keeps the first one, like torch does.
     """
     names: dict[object, str] = {}
-    for name, module in model.named_modules():  # type: ignore[attr-defined]
+
+    def walk(module: Any, name: str) -> None:
+        while (inner := compiled_inner(module)) is not None:
+            module = inner
         if module in names:
-            continue
-        if not name:
-            names[module] = root_name
-        elif root_name == ROOT:
-            names[module] = name
-        else:
-            names[module] = f"{root_name}.{name}"
+            return
+        names[module] = name
+        for child_name, child in module._modules.items():
+            if child is not None:
+                walk(child, child_name if name == ROOT else f"{name}.{child_name}")
+
+    walk(model, root_name)
     return names
 
 

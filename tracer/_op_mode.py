@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer._module_hooks import TAG, ModuleTracker, fake_mode_active
+from tracer._module_hooks import TAG, ModuleTracker, fake_mode_active, keep_dynamo_out
 from tracer._naming import NONE, op_name, op_scope
 from tracer._source import user_source
 
@@ -82,19 +82,14 @@ def _view_source(func: Any) -> int:
 
 
 def _keep_dynamo_out() -> None:
-    """Put the tracer's package on torch.compile's skip list, so that dynamo never compiles its
-    frames (OpMode's handler among them); where this torch cannot, wrap the handler the way
-    torch does by default after all. Imports torch._dynamo (~2.6 s here; torch's default
-    wrapper imports it at the first op anyway). Done once, at the first push."""
+    """Keep dynamo out of the tracer's frames (OpMode's handler among them); where this torch
+    has no skip list, wrap the handler the way torch does by default after all. At the first
+    push."""
     global _dynamo_checked
     if _dynamo_checked:
         return
     _dynamo_checked = True
-    try:
-        from torch._dynamo import trace_rules
-
-        trace_rules.add(__name__.partition(".")[0])
-    except (ImportError, AttributeError, TypeError):
+    if not keep_dynamo_out():
         OpMode.__torch_dispatch__ = torch._disable_dynamo(  # type: ignore[method-assign]
             OpMode.__dict__["__torch_dispatch__"], recursive=True)
 
