@@ -3,9 +3,10 @@
 A Dumper counts steps, and while the current step is selected it installs the module hooks
 (and, for level op/mix, the dispatch mode); between selected steps nothing is installed, so an
 unselected step costs only torch's global optimizer hooks. Step rule: the first
-``optimizer.step()`` of any optimizer ends a step, until the script calls ``Dumper.step()``
-itself; from then on only explicit ``step()`` calls end steps (and each optimizer step inside a
-step adds one more ``call`` of parameter records).
+``optimizer.step()`` of any optimizer ends a step, and so does ``GradScaler.update()`` after an
+iteration whose optimizer step the scaler skipped (tracer._scaler), until the script calls
+``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps (and each
+optimizer step inside a step adds one more ``call`` of parameter records).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from torch.optim import optimizer as _optim
 from tracer._config import DumpConfig
 from tracer._errors import ConfigError, TracerError, WatchpointHit
 from tracer._module_hooks import ModuleTracker
+from tracer._scaler import on_scaler_update
+from tracer._scaler import rewrap as rewrap_scalers
 from tracer._source import user_source
 from tracer._stats import copy_stats, difference_stats
 
@@ -117,6 +120,7 @@ class Dumper:
         # parameters only (see _snapshot_param)
         self._snapshot_buffers: dict[int, torch.Tensor] = {}
         self._optimizer_recorded = False
+        self._stepped = False  # an optimizer step ended a step since the last scaler update
         self._handles: list[Any] = []
         self._failed = False
         self._mode: Any = None
@@ -129,7 +133,8 @@ class Dumper:
 
             self._mode = OpMode(self, self._tracker)
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
-                         _optim.register_optimizer_step_post_hook(self._optimizer_post)]
+                         _optim.register_optimizer_step_post_hook(self._optimizer_post),
+                         on_scaler_update(self._scaler_update)]
         self._begin()
 
     # -- public API -----------------------------------------------------------------------------
@@ -304,6 +309,7 @@ class Dumper:
 
     # -- steps ----------------------------------------------------------------------------------
     def _begin(self) -> None:
+        rewrap_scalers()  # a scaler class imported since (FSDP's)
         if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
             self._snapshot_buffers = {}  # memory the size of the model: not kept between dumps
             return
@@ -431,8 +437,22 @@ class Dumper:
             self._record_params(call=call, with_update=True, optimizer=optimizer)
             self._optimizer_recorded = True
         if not self._explicit:
+            self._stepped = True
             self._end()
             self.current_step += 1
             self._begin()
         elif self.capturing and self._mode is not None:
             self._mode.push()
+
+    def _scaler_update(self, scaler: Any) -> None:
+        """``GradScaler.update()`` ends an iteration. When the scaler skipped
+        ``optimizer.step()`` (Inf or NaN gradients), no optimizer hook ended the step: end it
+        here (its parameter and gradient records are taken as at any step end without an
+        optimizer step), so the next iteration gets a step, and names, of its own."""
+        stepped, self._stepped = self._stepped, False
+        self._remove_after_failure()
+        if stepped or self._explicit or self._closed or not self.enabled:
+            return
+        self._end()
+        self.current_step += 1
+        self._begin()
