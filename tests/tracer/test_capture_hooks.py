@@ -456,3 +456,113 @@ def test_op_mode_runs_without_dynamo_wrapper_and_under_torch_compile(writers):
         from torch._dynamo import trace_rules
 
         assert trace_rules.check(op_mode.OpMode.__dict__["__torch_dispatch__"].__code__)
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")
+@pytest.mark.parametrize("level", ["module", "mix"])
+def test_torch_compile_wrappers_are_transparent_to_names(writers, level):
+    """A compiled model records under the eager model's names (no `_orig_mod`, no record of the
+    wrapper itself), whether the wrapper, the plain model or nothing is given to the Dumper and
+    whether the whole model or one submodule is compiled; and dynamo does not try to trace the
+    tracer's hooks (it warned about each builtin they call)."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = nn.Sequential(MLP(), nn.Linear(4, 4))
+    x = torch.randn(2, 8)
+    whole = torch.compile(model, backend="eager")
+    inner = nn.Sequential(torch.compile(model[0], backend="eager"), model[1])
+    runs = [(model, None), (whole, None), (whole, whole), (whole, model), (inner, None),
+            (inner, inner)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for run, given in runs:
+            with tracer.Dumper(given, cfg(level=level)) as d:
+                run(x).sum().backward()
+                d.step()
+            model.zero_grad(set_to_none=True)
+    eager = writers[0].names()
+    assert "0.fc1.forward.0.output.0" in eager and "0.fc1.weight.optimizer.0.grad.0" in eager
+    for (run, given), w in zip(runs[1:], writers[1:]):
+        assert w.names() == eager, (run is whole, given)
+    dynamo = [str(c.message) for c in caught if "Dynamo" in str(c.message)]
+    assert not dynamo, dynamo[:2]
+
+
+def _scaled_training(dumper, iterations, explicit=False, backoff=1e-36):
+    """bf16 autocast with a GradScaler whose first scale overflows the gradients: the first
+    iteration's optimizer step is skipped, the scale drops to ~3e2, and the rest step (with
+    `backoff` 0.5 every step is skipped)."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    scaler = torch.amp.GradScaler("cpu", init_scale=3e38, backoff_factor=backoff)
+    skipped = []
+    for _ in range(iterations):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(2, 8)).float().pow(2).mean() * 1e4
+        scaler.scale(loss).backward()
+        before = model.fc1.weight.detach().clone()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(torch.equal(before, model.fc1.weight))
+        opt.zero_grad()
+        if explicit:
+            dumper.step()
+    return model, skipped
+
+
+def test_a_step_the_grad_scaler_skipped_is_a_step_of_its_own(writers):
+    """GradScaler skips optimizer.step() on Inf/NaN gradients; its update() then ends the step,
+    so each iteration has its own step and the same names (no call 1 from the next one)."""
+    from torch.amp.grad_scaler import GradScaler
+
+    original = GradScaler.__dict__["update"]
+    with tracer.Dumper(None, cfg(level="module")) as d:
+        _, skipped = _scaled_training(d, 4)
+        assert GradScaler.__dict__["update"] is not original
+    assert GradScaler.__dict__["update"] is original  # unwrapped once no Dumper listens
+    assert skipped == [True, False, False, False]
+    (w,) = writers
+    assert w.steps == [0, 1, 2, 3]
+    steps = [[(m, t) for s, m, t in w.records if s == k] for k in range(4)]
+    assert {m.call for step in steps for m, _ in step} == {0}
+    forward = [[m.name for m, _ in step if m.phase == "forward"] for step in steps]
+    assert forward[0] == forward[1] == forward[3] and len(forward[0]) == 8
+    # the skipped step: parameters and their (non-finite) gradients at step end, no update
+    grads = {m.name: t for m, t in steps[0] if m.direction == "grad"}
+    assert grads and not any(m.direction == "update" for m, _ in steps[0])
+    assert not all(torch.isfinite(t).all() for t in grads.values())
+    assert any(m.direction == "update" for m, _ in steps[1])
+
+
+def test_grad_scaler_leaves_explicit_steps_alone(writers):
+    """Every optimizer step skipped; once the script calls d.step() only it ends steps. The
+    first iteration ends before the first d.step() call, as an optimizer step would (the step
+    rule), so d.step() then closes a step of parameter records alone."""
+    with tracer.Dumper(None, cfg(level="module")) as d:
+        _, skipped = _scaled_training(d, 3, explicit=True, backoff=0.5)
+    assert skipped == [True, True, True]
+    (w,) = writers
+    assert w.steps == [0, 1, 2, 3]
+    assert {m.call for _, m, _ in w.records if m.phase == "forward"} == {0}
+
+
+def test_grad_scaler_subclass_calling_its_parent_notifies_once(writers):
+    from torch.amp.grad_scaler import GradScaler
+
+    class Scaler(GradScaler):
+        def update(self, new_scale=None):
+            super().update(new_scale)
+
+    seen = []
+    import tracer._scaler as scaler_module
+
+    handle = scaler_module.on_scaler_update(seen.append)
+    try:
+        scaler = Scaler("cpu", enabled=False)
+        scaler.update()
+    finally:
+        handle.remove()
+    assert seen == [scaler]
+    assert not hasattr(Scaler.__dict__["update"], "__wrapped__")  # put back
