@@ -184,7 +184,10 @@ class OpMode(TorchDispatchMode):
         if self.want_out:
             # a view's output gets its base's version counter only after this mode returns
             base = args[info[3]] if 0 <= info[3] < len(args) else None
-            version = base._version if isinstance(base, _Tensor) else None
+            try:
+                version = base._version if isinstance(base, _Tensor) else None
+            except RuntimeError:  # an inference tensor (torch.inference_mode) has no counter
+                version = None
             if isinstance(out, _Tensor):
                 outs = [out]
             elif isinstance(out, (list, tuple)):
