@@ -19,6 +19,7 @@ Choices (documented in docs/tracer.md):
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 from typing import TYPE_CHECKING, Any, Callable
@@ -72,8 +73,9 @@ def keep_dynamo_out() -> bool:
 
 
 def flatten_tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Append the tensors in ``obj`` (tensors, lists, tuples, dicts in insertion order, and
-    pytree-registered containers) to ``out`` in pytree order; other leaves are skipped."""
+    """Append the tensors in ``obj`` (tensors, lists, tuples, dicts in insertion order,
+    pytree-registered containers and dataclasses) to ``out`` in pytree order (a dataclass's in
+    field order); other leaves are skipped."""
     if isinstance(obj, _Tensor):
         out.append(obj)
     elif isinstance(obj, (list, tuple)):
@@ -91,6 +93,10 @@ def flatten_tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
         if not (len(leaves) == 1 and leaves[0] is obj):
             for item in leaves:
                 flatten_tensors(item, out)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            # a plain dataclass output (pytree does not know it): its fields in order
+            for field in dataclasses.fields(obj):
+                flatten_tensors(getattr(obj, field.name), out)
     return out
 
 
