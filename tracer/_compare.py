@@ -216,6 +216,8 @@ class TensorMetrics:
             "mean_abs_err": self.sae / f,
             "rmse": math.sqrt(self.sse / f),
             "within": self.within / self.n if self.n else 1.0,
+            # the larger side's RMS over the finite elements (see judge_tensor)
+            "rms": max(na, nb) / math.sqrt(f),
             "nan_diff": self.nan_diff,
             "inf_diff": self.inf_diff,
             "identical": self.identical,
@@ -241,20 +243,22 @@ def compare_arrays(a: np.ndarray, b: np.ndarray, tol: Tolerance | None = None,
     acc.identical = False
     acc.add(np.asarray(a).reshape(-1), np.asarray(b).reshape(-1))
     out = acc.result()
-    out.update(judge_tensor(out, cos_min))
+    out.update(judge_tensor(out, cos_min, atol))
     return out
 
 
-def judge_tensor(m: dict[str, Any], cosine_min: float) -> dict[str, str]:
+def judge_tensor(m: dict[str, Any], cosine_min: float, atol: float = 0.0) -> dict[str, str]:
     """Verdict of tensor metrics: every element within tolerance, NaN/Inf where the other side
-    has them too, and cosine at least `cosine_min`."""
+    has them too, and cosine at least `cosine_min`, where the cosine means something: not when
+    both sides' RMS is at most `atol` (rounding noise around zero, such as the gradient of a
+    bias that a following BatchNorm cancels, points anywhere), and the elements decide."""
     reasons = []
     if m["nan_diff"] or m["inf_diff"]:
         reasons.append(f"NaN/Inf differ at {m['nan_diff'] + m['inf_diff']} elements")
     if m["within"] < 1.0:
         reasons.append(f"{(1.0 - m['within']) * 100:.3g}% of elements out of tolerance "
                        f"(max abs err {m['max_abs_err']:.3g})")
-    if m["cosine"] < cosine_min:
+    if m["cosine"] < cosine_min and m.get("rms", math.inf) > atol:
         reasons.append(f"cosine {m['cosine']:.6g} < {cosine_min:.6g}")
     return {"verdict": "diverged" if reasons else "same", "reason": "; ".join(reasons)}
 

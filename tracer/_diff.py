@@ -247,7 +247,8 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
         progress(count * (ia + ib))
     m = acc.result()
     m.pop("identical")
-    m.update(judge_tensor(m, cos_min))
+    m.update(judge_tensor(m, cos_min, atol))
+    m.pop("rms")
     return m
 
 

@@ -115,3 +115,21 @@ def test_compare_stats():
 def test_judge_tensor_reports_reason():
     v = judge_tensor(dict(nan_diff=0, inf_diff=0, within=0.5, max_abs_err=1.0, cosine=0.9), 0.99)
     assert v["verdict"] == "diverged" and "50%" in v["reason"] and "cosine" in v["reason"]
+
+
+def test_cosine_of_rounding_noise_around_zero_is_not_judged():
+    """A conv bias followed by BatchNorm gets a gradient of rounding noise (~1e-9): its cosine
+    between two runs is meaningless, the elements are all within atol, and the record is the
+    same. The cosine still counts once either side rises above atol."""
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal(8) * 3e-9).astype(np.float32)
+    b = (rng.standard_normal(8) * 3e-9).astype(np.float32)
+    m = compare_arrays(a, b)
+    assert m["cosine"] < 0.99 and m["within"] == 1.0 and m["rms"] < 1e-5
+    assert m["verdict"] == "same", m["reason"]
+    # the same directions at a scale atol cannot excuse: the cosine decides
+    big = compare_arrays(a * 1e6, b * 1e6, Tolerance(rtol=2.0, atol=1e-5))
+    assert big["within"] == 1.0 and big["verdict"] == "diverged"
+    assert "cosine" in big["reason"]
+    # judge_tensor without the RMS (older callers) judges the cosine as before
+    assert judge_tensor({**m, "rms": math.inf}, 0.99999, 1e-5)["verdict"] == "diverged"
