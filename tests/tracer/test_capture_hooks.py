@@ -566,3 +566,49 @@ def test_grad_scaler_subclass_calling_its_parent_notifies_once(writers):
         handle.remove()
     assert seen == [scaler]
     assert not hasattr(Scaler.__dict__["update"], "__wrapped__")  # put back
+
+
+def test_dataclass_outputs_are_recorded_in_field_order(writers):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        loss: torch.Tensor
+        note: str
+        logits: torch.Tensor
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return Out(y.pow(2).mean(), "text", y)
+
+    model = Head()
+    with tracer.Dumper(model, cfg(level="module", params=False)) as d:
+        model(torch.randn(2, 4)).loss.backward()
+        d.step()
+    recs = by_name(writers[0])
+    loss, _ = recs["<root>.forward.0.output.0"]
+    logits, t = recs["<root>.forward.0.output.1"]
+    assert loss.direction == "output" and t.shape == (2, 4)
+    assert "<root>.backward.0.output.0" in recs  # the loss's gradient, hooked like any output
+
+
+def test_inference_mode_inside_a_dumped_op_level_step(writers):
+    """Evaluation under torch.inference_mode() inside a dumped step: inference tensors have no
+    version counter, which the op mode reads for view ops; the run goes on and records them."""
+    model = SmallCNN()
+    with tracer.Dumper(model, cfg(level="mix")) as d:
+        train(model, lambda: (torch.randn(2, 3, 8, 8),))
+        with torch.inference_mode():
+            model.eval()
+            model(torch.randn(2, 3, 8, 8))
+            model.train()
+        d.step()
+    names = writers[0].names(1)  # the optimizer step ended step 0
+    # Flatten: aten.flatten, a view op, undecomposed under inference mode
+    assert any(n.startswith("<root>::aten.") and n.endswith("output.0") for n in names)
+    assert "<root>.forward.0.output.0" in names
