@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,25 @@ def _plain_add(writer: Any) -> Any:
         (add if stable else unstable)(meta, tensor)
 
     return plain
+
+
+def _in_data_worker() -> bool:
+    """True in a DataLoader worker process once its loop runs (see `Dumper._leave_process`)."""
+    data = sys.modules.get("torch.utils.data")
+    info = getattr(data, "get_worker_info", None)
+    return info is not None and info() is not None
+
+
+_live: weakref.WeakSet[Dumper] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for dumper in list(_live):
+        dumper._leave_process(pop_mode=True)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def resolve_config(config: DumpConfig | dict | str | os.PathLike | None) -> DumpConfig:
@@ -127,6 +148,7 @@ class Dumper:
         self.enabled = self.config.wants_rank(self.rank)
         if not self.enabled:
             return
+        _live.add(self)
         self._tracker = ModuleTracker(self, model)
         if self.config.level in ("op", "mix"):
             from tracer._op_mode import OpMode
@@ -201,6 +223,9 @@ class Dumper:
         """
         if self._busy or not self.capturing:
             return
+        if not self._open and _in_data_worker():
+            self._leave_process()
+            return
         if defer:
             # inside a backward pass: have the writer make the rows of queued records when it
             # ends (an autograd engine callback), so nothing is pending once backward() returns
@@ -220,6 +245,9 @@ class Dumper:
         lock and the dispatch-mode suspension for all of them (the per-record Python around
         `Writer.add` runs on a cache that each op just cooled, ~3 us a level)."""
         if self._busy or not self.capturing or not tensors:
+            return
+        if not self._open and _in_data_worker():
+            self._leave_process()
             return
         error = self._quietly(self._add_records, scope, module, op, phase, direction, call,
                               source, tensors, stable, version, first)
@@ -301,6 +329,28 @@ class Dumper:
         self.capturing = False
         self.enabled = False
         self._failed = True
+
+    def _leave_process(self, pop_mode: bool = False) -> None:
+        """Stop for good in this process, touching neither the dump nor the writer.
+
+        Called in a forked child (the writer's threads and file helper stayed in the parent,
+        whose step files these are) and in a DataLoader worker, where nn.Module transforms run
+        but no training step does: with the zero-code attach a spawned worker has a Dumper of
+        its own, whose step files would overwrite the trainer's. The op mode is taken off the
+        dispatch stack only where it is on top and no handler of it runs (`pop_mode`, after a
+        fork); elsewhere it stays and passes every op through."""
+        self.capturing = self.enabled = False
+        self._closed = True
+        self._open = False
+        self._writer = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._tracker.remove()
+        mode = self._mode
+        if pop_mode and mode is not None and mode.on_top():
+            mode.pop()
+        _live.discard(self)
 
     def _remove_after_failure(self) -> None:
         if self._failed:

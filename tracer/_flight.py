@@ -45,6 +45,9 @@ class FlightRecorder:
         self._prev_sigterm: Any = None
         self._installed = False
         self.saved: Path | None = None
+        # a forked child (a DataLoader worker) inherits the hooks and a copy of the rows: only
+        # the process that made the recorder writes its file
+        self._owner = os.getpid()
 
     # -- observer -------------------------------------------------------------------------------
     def __call__(self, row: dict[str, Any]) -> None:
@@ -145,7 +148,8 @@ class FlightRecorder:
 
     def _excepthook(self, etype: Any, value: Any, tb: Any) -> None:
         try:
-            if self.saved is None:  # a watchpoint may have written it already, with its reason
+            if self.saved is None and os.getpid() == self._owner:
+                # (a watchpoint may have written it already, with its reason)
                 path = self.save(reason=f"uncaught {etype.__name__}: {value}")
                 print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - never hide the original error
@@ -154,8 +158,9 @@ class FlightRecorder:
 
     def _sigterm(self, signum: int, frame: Any) -> None:
         try:
-            path = self.save(reason="SIGTERM")
-            print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
+            if os.getpid() == self._owner:
+                path = self.save(reason="SIGTERM")
+                print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
         except Exception as e:  # noqa: BLE001
             print(f"sleuth tracer: could not write the flight recorder: {e}", file=sys.stderr)
         prev = self._prev_sigterm

@@ -202,11 +202,16 @@ class OpMode(TorchDispatchMode):
     def suspend(self) -> bool:
         """Take this mode off the dispatch stack while the dump computes statistics from a hook
         (a pass-through would cost ~18 us per op); True when it was on top and is now off."""
-        n = _stack_len()
+        n = _stack_len()  # on_top(), inline: this runs for every record
         if self.active and n and _stack_at(n - 1) is self:
             _stack_pop(None)
             return True
         return False
+
+    def on_top(self) -> bool:
+        """True while this mode is pushed and on top of the dispatch stack."""
+        n = _stack_len()
+        return self.active and bool(n) and _stack_at(n - 1) is self
 
     def resume(self) -> None:
         _stack_push(self)

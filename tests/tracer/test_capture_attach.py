@@ -80,3 +80,67 @@ def test_inline_json_and_rank_selection(tmp_path):
                         {"RANK": "1", "WORLD_SIZE": "2"})
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (tmp_path / "run" / "dump" / "rank1").glob("*.h5")] == ["step1.h5"]
+
+
+LOADER_SCRIPT = textwrap.dedent("""
+    import sys
+    import tracer
+    tracer.attach_from_env()  # what the .pth start-up hook does, in spawned workers too
+    import torch
+    import torch.nn as nn
+    from torch.utils.data import DataLoader, Dataset
+
+    class Normalize(nn.Module):  # a transform that is an nn.Module (torchvision v2 style)
+        def forward(self, x):
+            return (x - x.mean()) / (x.std() + 1e-6)
+
+    class Data(Dataset):
+        def __init__(self):
+            self.transform = Normalize()
+
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            return self.transform(torch.randn(8, generator=g)), torch.tensor(i % 2)
+
+    if __name__ == "__main__":
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(Data(), batch_size=8, num_workers=2,
+                            multiprocessing_context=sys.argv[1])
+        for x, y in loader:
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        print("trained")
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_dataloader_workers_leave_the_dump_to_the_trainer(tmp_path, start):
+    """DataLoader workers running nn.Module transforms under the zero-code attach: a forked
+    worker inherits the trainer's Dumper (hooks, writer, file helper) and a spawned one makes
+    its own; either used to record the transforms into the trainer's step files (rank 0 too),
+    and a spawned worker crashed the run at exit. Now workers record nothing, the run ends
+    normally and each step file holds the trainer's records only."""
+    (tmp_path / "train.py").write_text(LOADER_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env.update({"SLEUTH_DUMP_CONFIG": json.dumps({"level": "module"}), "PYTHONPATH": str(REPO),
+                "SLEUTH_RUN_DIR": str(tmp_path / "run")})
+    proc = subprocess.run([sys.executable, "train.py", start], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "trained" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "flight recorder" not in proc.stderr
+    import tracer
+
+    dump = tracer.open_dump(tmp_path / "run")
+    assert dump.steps(0) == [0, 1, 2, 3]
+    for step in dump.steps(0):
+        stats = dump.stats(0, step)
+        assert set(stats.module) == {"<root>", "0", "1", "2"}, step
+        assert (stats.call == 0).all()
