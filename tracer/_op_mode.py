@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracer._module_hooks import TAG, ModuleTracker, fake_mode_active, keep_dynamo_out
 from tracer._naming import NONE, op_name, op_scope
-from tracer._source import user_source
+from tracer._source import RECEIVED, user_source
 
 if TYPE_CHECKING:
     from tracer._dumper import Dumper
@@ -35,6 +35,13 @@ _eval_frame = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
 _eval_frame_callback = getattr(_eval_frame, "get_eval_frame_callback", None)
 _set_eval_frame = getattr(_eval_frame, "set_eval_frame", None)
 _OWN_DYNAMO_GUARD = _eval_frame_callback is not None and _set_eval_frame is not None
+
+
+# ops whose outputs are memory as the allocator found it (no values of their own)
+UNINITIALISED_OPS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided",
+                               "aten.new_empty", "aten.new_empty_strided",
+                               "aten.empty_permuted"})
+_MAX_FRESH = 256
 
 
 def _flat(args: tuple, kwargs: dict) -> list[torch.Tensor]:
@@ -115,8 +122,12 @@ class OpMode(TorchDispatchMode):
         self._dumper = dumper
         self._tracker = tracker
         # per op: (aten name, wanted by the filters, writes one of its arguments in place,
-        # schema position of the argument its outputs are views of or -1)
-        self._ops: dict[Any, tuple[str, bool, bool, int]] = {}
+        # schema position of the argument its outputs are views of or -1, its outputs are
+        # uninitialised memory)
+        self._ops: dict[Any, tuple[str, bool, bool, int, bool]] = {}
+        # data_ptr -> (tensor, version) of this step's uninitialised outputs not yet written
+        # (see _record_inputs); the reference keeps the address from being reused meanwhile
+        self._fresh: dict[int, tuple[torch.Tensor, int]] = {}
         self._scopes: dict[tuple[str, str], str] = {}
         self.want_in = cfg.io in ("input", "both")
         self.want_out = cfg.io in ("output", "both")
@@ -142,7 +153,8 @@ class OpMode(TorchDispatchMode):
             name = op_name(func)
             mutates = _mutates(func)
             info = self._ops[func] = (name, dumper.config.wants_op(name), mutates,
-                                      -1 if mutates else _view_source(func))
+                                      -1 if mutates else _view_source(func),
+                                      name in UNINITIALISED_OPS)
         if info[2]:
             # some ops write arguments without bumping their version counter (BatchNorm's
             # running statistics): the writer forgets what it knew of every in-place argument
@@ -172,18 +184,30 @@ class OpMode(TorchDispatchMode):
         scope = self._scopes.get(key)
         if scope is None:
             scope = self._scopes[key] = op_scope(module, info[0])
-        call = self.calls.next(scope, phase)
         source = user_source(2)
+        if source is RECEIVED:  # rebuilding a tensor another process sent: not the step's
+            return func(*args, **kwargs)
+        call = self.calls.next(scope, phase)
         # an in-place op's tensors get their version bumped only after the op returned from
         # this mode: before and after it they carry the same version, so no reuse for them
         stable = not info[2]
-        if self.want_in:
-            dumper.emit_all(scope, module, info[0], phase, "input", call, source,
-                            _flat(args, kwargs), stable)
+        inputs = _flat(args, kwargs) if self.want_in or self._fresh else None
+        uninitialised = False
+        if self._fresh:
+            uninitialised = self._record_inputs(scope, module, info[0], phase, call, source,
+                                                inputs, info[2])
+        elif self.want_in:
+            dumper.emit_all(scope, module, info[0], phase, "input", call, source, inputs,
+                            stable)
         out = func(*args, **kwargs)
+        if info[4]:
+            self._remember_fresh(out)
+            return out
+        base = args[info[3]] if 0 <= info[3] < len(args) else None
+        if uninitialised and base is not None and self._is_fresh(base):
+            return out  # a view of uninitialised memory (the detach inside Parameter(empty))
         if self.want_out:
             # a view's output gets its base's version counter only after this mode returns
-            base = args[info[3]] if 0 <= info[3] < len(args) else None
             try:
                 version = base._version if isinstance(base, _Tensor) else None
             except RuntimeError:  # an inference tensor (torch.inference_mode) has no counter
@@ -198,6 +222,45 @@ class OpMode(TorchDispatchMode):
             dumper.emit_all(scope, module, info[0], phase, "output", call, source, outs, stable,
                             version)
         return out
+
+    def _remember_fresh(self, out: Any) -> None:
+        """Note an uninitialised output (`aten.empty` & co), which is not recorded: what it
+        holds is whatever the allocator found, different in every run."""
+        if isinstance(out, _Tensor) and out.layout == torch.strided and not out.is_inference():
+            if len(self._fresh) >= _MAX_FRESH:
+                self._fresh.clear()
+            self._fresh[out.data_ptr()] = (out, out._version)
+
+    def _is_fresh(self, t: Any) -> bool:
+        """True when `t` is (a view at the start of) uninitialised memory not yet written."""
+        if not isinstance(t, _Tensor) or t.layout != torch.strided or t.is_inference():
+            return False
+        entry = self._fresh.get(t.data_ptr())
+        return entry is not None and t._version == entry[1]
+
+    def _record_inputs(self, scope: str, module: str, op: str, phase: str, call: int,
+                       source: str, inputs: list[torch.Tensor], writes: bool) -> bool:
+        """The op's input records, except those of uninitialised memory (what `empty` made,
+        read by the `detach` of `Parameter(empty)` or filled by `uniform_`, an `out=` buffer):
+        those are left out, keeping the others' indices; the first record of that memory is
+        the output of the op that writes it. True when any input was left out."""
+        dumper, want = self._dumper, self.want_in
+        skipped = False
+        first = 0
+        for i, t in enumerate(inputs):
+            if not self._is_fresh(t):
+                continue
+            skipped = True
+            if writes:
+                del self._fresh[t.data_ptr()]  # written by this op
+            if want:
+                dumper.emit_all(scope, module, op, phase, "input", call, source,
+                                inputs[first:i], not writes, None, first)
+            first = i + 1
+        if want:
+            dumper.emit_all(scope, module, op, phase, "input", call, source, inputs[first:],
+                            not writes, None, first)
+        return skipped
 
     def suspend(self) -> bool:
         """Take this mode off the dispatch stack while the dump computes statistics from a hook
@@ -219,6 +282,8 @@ class OpMode(TorchDispatchMode):
     def push(self) -> None:
         if _OWN_DYNAMO_GUARD:
             _keep_dynamo_out()
+        if not self.active:
+            self._fresh.clear()  # a new step (push also follows the optimizer's pause)
         if not self.active:
             self.__enter__()
             self.active = True

@@ -31,28 +31,35 @@ def _internal_prefixes() -> tuple[str, ...]:
     return tuple(prefixes)
 
 
+RECEIVED = "<received from another process>"
+"""What `user_source` returns for code that runs while torch rebuilds a tensor another process
+sent (torch/multiprocessing/reductions.py: a DataLoader worker's batch): not the user's."""
 _PREFIXES: tuple[str, ...] | None = None
+_RECEIVING: str | None = None  # the path of torch/multiprocessing/reductions.py
 # torch.autograd.graph._engine_run_backward's code: what lies above that frame is fixed while
 # its graph task runs (None: an older torch without it; every walk then goes to the top)
 _ENGINE: types.CodeType | None = None
 _graph_task_id = None
 _engine_cache: tuple[int, str] = (-1, "")  # (graph task id, its source)
-_internal: dict[types.CodeType, bool] = {}
+# code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED)
+_internal: dict[types.CodeType, int] = {}
 _formatted: dict[tuple[types.CodeType, int], str] = {}
 _relpath: dict[str, str] = {}
 
 
 def _setup() -> None:
-    global _PREFIXES, _ENGINE, _graph_task_id
+    global _PREFIXES, _ENGINE, _graph_task_id, _RECEIVING
     import torch
 
     engine = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
     _ENGINE = getattr(engine, "__code__", None)
     _graph_task_id = torch._C._current_graph_task_id
     _PREFIXES = _internal_prefixes()
+    _RECEIVING = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)),
+                              "multiprocessing", "reductions.py")
 
 
-def _is_internal(code: types.CodeType) -> bool:
+def _is_internal(code: types.CodeType) -> int:
     if _PREFIXES is None:
         _setup()
     assert _PREFIXES is not None
@@ -64,8 +71,9 @@ def _is_internal(code: types.CodeType) -> bool:
         or path.startswith("<frozen")
         or path.startswith(os.path.dirname(os.__file__) + os.sep)  # the standard library
     )
-    _internal[code] = internal
-    return internal
+    flag = 2 if internal and os.path.abspath(path) == _RECEIVING else int(internal)
+    _internal[code] = flag
+    return flag
 
 
 def _relative(path: str) -> str:
@@ -87,7 +95,8 @@ def _relative(path: str) -> str:
 
 
 def user_source(skip: int = 1) -> str:
-    """``file:line`` of the innermost user frame above the caller, or ``""`` when there is none.
+    """``file:line`` of the innermost user frame above the caller, or ``""`` when there is none,
+    or `RECEIVED` when torch is rebuilding a tensor received from another process.
 
     ``skip`` frames are skipped first (1 = the caller of this function).
     """
@@ -113,6 +122,8 @@ def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
             flag = _is_internal(code)
         if not flag:
             return _format(code, frame.f_lineno)
+        if flag == 2:
+            return RECEIVED
         frame = frame.f_back
     return ""
 
