@@ -144,3 +144,25 @@ def test_dataloader_workers_leave_the_dump_to_the_trainer(tmp_path, start):
         stats = dump.stats(0, step)
         assert set(stats.module) == {"<root>", "0", "1", "2"}, step
         assert (stats.call == 0).all()
+
+
+@pytest.mark.slow
+def test_op_level_runs_with_dataloader_workers_diff_the_same(tmp_path):
+    """The trainer rebuilds each batch a worker sent (aten.empty, aten.set_ under
+    torch/multiprocessing/reductions.py) whenever it arrives, so how many fall in a step
+    depends on prefetching: those ops are not records, and two identical runs diff the same."""
+    (tmp_path / "train.py").write_text(LOADER_SCRIPT)
+    import tracer
+
+    for run in ("a", "b"):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+        env.update({"SLEUTH_DUMP_CONFIG": json.dumps({"level": "mix", "mode": "full"}),
+                    "PYTHONPATH": str(REPO), "SLEUTH_RUN_DIR": str(tmp_path / run)})
+        proc = subprocess.run([sys.executable, "train.py", "fork"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = tracer.open_dump(tmp_path / "a").stats(0, 1)
+    assert not stats.source.str.contains("received").any()
+    assert not stats.op.isin(["aten.set_", "aten.empty"]).any()
+    result = tracer.diff(tmp_path / "a", tmp_path / "b")
+    assert result.status == "same", result.first_divergence

@@ -612,3 +612,55 @@ def test_inference_mode_inside_a_dumped_op_level_step(writers):
     # Flatten: aten.flatten, a view op, undecomposed under inference mode
     assert any(n.startswith("<root>::aten.") and n.endswith("output.0") for n in names)
     assert "<root>.forward.0.output.0" in names
+
+
+class _Buffered(nn.Module):
+    """Builds its layer inside forward's first call (an empty weight filled by uniform_) and
+    writes its output into an `empty` buffer with copy_."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        buf = torch.empty(x.shape[0], 4)
+        buf.copy_(self.fc(x))
+        return buf.relu()
+
+
+def test_uninitialised_memory_is_not_recorded(writers):
+    """What `aten.empty` & co return is whatever the allocator found: a different value in
+    every run, which a diff would name as the first divergence. Their outputs are not records,
+    nor is that memory when an op first reads or writes it (the detach inside
+    Parameter(empty), uniform_'s input, copy_'s destination); the other inputs keep their
+    indices, and the op writing the memory records its output."""
+    torch.manual_seed(0)
+    with tracer.Dumper(None, cfg(level="op", params=False)) as d:
+        model = _Buffered()  # constructed inside the dumped step, as under the zero-code attach
+        model(torch.randn(2, 4)).sum().backward()
+        d.step()
+    names = writers[0].names()
+    assert not [n for n in names if "::aten.empty" in n], names
+    uniform = [n for n in names if "::aten.uniform_." in n]
+    assert uniform and all(".output." in n for n in uniform)  # inputs were uninitialised
+    copy = [n for n in names if n.startswith("<root>::aten.copy_.forward.0.")]
+    assert copy == ["<root>::aten.copy_.forward.0.input.1", "<root>::aten.copy_.forward.0.output.0"]
+
+
+def test_two_runs_building_their_model_in_the_step_dump_the_same(tmp_path):
+    """End to end: two op-level tensor dumps of the same seeded run, each building its model
+    inside the dumped step, diff as the same (before, the uninitialised weights before
+    uniform_ and the empty buffer diverged at random)."""
+    for run in ("a", "b"):
+        torch.manual_seed(0)
+        with tracer.Dumper(None, {"path": str(tmp_path / run), "level": "op", "mode": "full",
+                                  "writer": "sync"}) as d:
+            model = nn.Sequential(_Buffered(), nn.Linear(4, 2))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(2):
+                model(torch.randn(3, 4)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+    result = tracer.diff(tmp_path / "a", tmp_path / "b")
+    assert result.status == "same", result.first_divergence
+    assert result.counts()["same"] > 50
