@@ -51,7 +51,8 @@ from tracer._filer import shared_file_process
 from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
-from tracer._writer import RecordMeta, Writer, snapshot, snapshot_bytes, snapshot_stats
+from tracer._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
+                            snapshot_stats)
 
 _STOP = ("stop",)
 
@@ -158,7 +159,7 @@ class AsyncWriter(Writer):
             self._close_step(complete=False)
         self._step, self._seq, self._in_step = int(step), 0, True
         self._rows.reset()
-        self._seen.clear()
+        self._reset_reuse()
         refresh_stats_threads()
         self._put(("begin", self._step), 0)
 
@@ -195,7 +196,7 @@ class AsyncWriter(Writer):
                 elif not skip:
                     if tensor.is_meta:
                         stats = empty_stats()
-                    elif self.keep_bytes:
+                    elif self.keep_bytes and shared is None:  # (a `Within` has its bytes)
                         snap, release, stats = snapshot_stats(tensor, self._pool)
                     elif not defer or (ticket := self._waiting.submit(tensor)) is None:
                         stats = host_stats(tensor)
@@ -209,6 +210,8 @@ class AsyncWriter(Writer):
                 # writer thread takes the statistics (and byte range) that record leaves in
                 # `share`
                 staged, nbytes = ("ready", None, None, None), 0
+            elif type(shared) is Within:  # its bytes are queued already: statistics only
+                staged, nbytes = ("ready", host_stats(tensor), None, None), 0
             else:
                 staged, nbytes = self._stage(tensor)
         except Exception as e:  # noqa: BLE001 - on_error decides

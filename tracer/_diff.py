@@ -21,7 +21,7 @@ import numpy as np
 from tracer._align import align
 from tracer._compare import (TensorMetrics, Tolerance, compare_stats, itemsize, judge_tensor)
 from tracer._errors import DumpFormatError, TracerError
-from tracer._reader import parse_shape, c_order_bytes
+from tracer._reader import c_order_bytes, dense_strides, parse_shape, stored_extent
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
@@ -231,13 +231,15 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
     ia, ib = itemsize(da), itemsize(db)
     n = int(ra["numel"])
     oa, ob = int(ra["data_offset"]), int(rb["data_offset"])
-    if int(ra["data_nbytes"]) != n * ia or int(rb["data_nbytes"]) != n * ib:
-        raise DumpFormatError(f"record {ra['name']}: stored bytes do not match dtype and shape")
     sa, sb = str(ra.get("strides") or ""), str(rb.get("strides") or "")
-    if sa == sb:  # the same layout on both sides: element i of A's bytes is element i of B's
+    if int(ra["data_nbytes"]) != _stored_nbytes(n, ia, str(ra["shape"]), sa) or \
+            int(rb["data_nbytes"]) != _stored_nbytes(n, ib, str(rb["shape"]), sb):
+        raise DumpFormatError(f"record {ra['name']}: stored bytes do not match dtype and shape")
+    if sa == sb and (not sa or dense_strides(parse_shape(str(ra["shape"])), parse_shape(sa))):
+        # the same dense layout on both sides: element i of A's bytes is element i of B's
         read_a = lambda start, count: fa.read(oa + start * ia, count * ia)  # noqa: E731
         read_b = lambda start, count: fb.read(ob + start * ib, count * ib)  # noqa: E731
-    else:  # a permutation stored in memory order on one side: both whole, in C order
+    else:  # a permutation, or a slice of another record's bytes: both whole, in C order
         read_a = _whole_in_c_order(fa, oa, ia, n, str(ra["shape"]), sa)
         read_b = _whole_in_c_order(fb, ob, ib, n, str(rb["shape"]), sb)
     for start in range(0, n, CHUNK_ELEMENTS):
@@ -252,11 +254,19 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
     return m
 
 
+def _stored_nbytes(n: int, size: int, shape: str, strides: str) -> int:
+    """The bytes a record with `n` elements of `size` bytes reads (`data_nbytes`)."""
+    if not strides:
+        return n * size
+    return stored_extent(parse_shape(shape), parse_shape(strides)) * size
+
+
 def _whole_in_c_order(f: _TensorReader, offset: int, size: int, n: int, shape: str,
                       strides: str) -> Callable[[int, int], np.ndarray]:
     """Read one record's `n` elements whole (a copy: the next read reuses the reader's buffer)
-    in C order; returns a reader of element ranges of it."""
-    raw = f.read(offset, n * size)
+    in C order; returns a reader of element ranges of it. With `strides`, the bytes read run
+    from the record's first element to its last (`stored_extent`)."""
+    raw = f.read(offset, _stored_nbytes(n, size, shape, strides))
     raw = (c_order_bytes(raw, size, parse_shape(shape), parse_shape(strides)) if strides
            else raw.copy())
     return lambda start, count: raw[start * size:(start + count) * size]

@@ -27,8 +27,8 @@ import h5py
 import numpy as np
 from h5py import h5a, h5d, h5f, h5p, h5s, h5t
 
-FORMAT_VERSION = "2.0"
-FORMAT_MAJOR = 2
+FORMAT_VERSION = "3.0"
+FORMAT_MAJOR = 3
 
 _STR = h5py.string_dtype("utf-8")
 RECORD_COLUMNS: tuple[tuple[str, Any], ...] = (

@@ -14,6 +14,7 @@ import functools
 import threading
 import warnings
 import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -200,6 +201,25 @@ def reuse_key(t: torch.Tensor, version: int | None = None) -> tuple[tuple, tuple
 SAME_LAYOUT = "="
 """`shared` of a record that is the very tensor of the record it shares bytes with."""
 
+# how many of the step's latest CPU span records a strided tensor's containing span is looked
+# for among (see `Writer._within`): a slice is nearly always taken right after its base is made
+_RECENT_SPANS = 64
+
+
+class Within(NamedTuple):
+    """`shared` of a record whose elements lie inside an earlier record's stored span, in
+    tensor/full mode: it stores no bytes and points into that record's (docs/dump-format.md,
+    3.0), while its statistics are its own."""
+
+    holder: list
+    """the holder of the record whose bytes hold this one's elements (`Writer._reuse`)"""
+    delta: int
+    """bytes from the start of that record's bytes to this tensor's first element"""
+    nbytes: int
+    """bytes from this tensor's first element to the end of its last one"""
+    strides: str
+    """this tensor's element strides over those bytes"""
+
 
 def stored_bytes(c: torch.Tensor) -> tuple[np.ndarray, str]:
     """The bytes to store for a CPU snapshot and their strides: a contiguous tensor's bytes
@@ -252,6 +272,9 @@ class Writer:
         # bytes. The holder, [stats or None, (data_offset, data_nbytes) or None], is filled
         # where the first record is written (the writer thread for async, in queue order).
         self._seen: dict[int, tuple] = {}
+        # the `where` of this step's latest CPU span entries, newest last, in tensor/full mode
+        # (None otherwise): where a strided slice's elements may already be stored (`_within`)
+        self._recent: deque | None = deque(maxlen=_RECENT_SPANS) if self.keep_bytes else None
         self._waiting = QueuedRows(self)
 
     # -- API ---------------------------------------------------------------------------------
@@ -328,41 +351,87 @@ class Writer:
         self.close()
 
     # -- shared work ---------------------------------------------------------------------------
+    def _reset_reuse(self) -> None:
+        """Forget the step's records (a new step begins)."""
+        self._seen.clear()
+        if self._recent is not None:
+            self._recent.clear()
+
     def _reuse(self, t: torch.Tensor, stable: bool, version: int | None = None
-               ) -> tuple[list | None, bool, bool]:
-        """(holder, hit, same_object): the holder of an earlier identical record's statistics
-        and bytes (hit True), or a new empty holder that this record fills (hit False), or None
+               ) -> tuple[list | None, bool, str | None]:
+        """(holder, hit, kind): the holder of an earlier identical record's statistics and
+        bytes (hit True), or a new empty holder that this record fills (hit False), or None
         when not reusable. On a hit the earlier record's stored bytes are this record's too: a
         span is always stored in memory order, and this record reads it with its own strides
-        (docs/dump-format.md, /tensors). `same_object`: the hit was by identity (the same
-        tensor object, stored in whatever layout its first record chose)."""
+        (docs/dump-format.md, /tensors). `kind`: "span" (found by its memory) or "id" (by
+        identity: on a hit, the same tensor object, stored in whatever layout its first record
+        chose), None when not reusable."""
         key = reuse_key(t, version) if stable else None
         if key is None:
-            return None, False, False
+            return None, False, None
         where, state = key
+        kind = where[0]
         entry = self._seen.get(where)
         # the weak reference: the tensor that made the entry is alive, so its memory (for a
         # span key) or its id (for an identity key) still means the same tensor
         if entry is not None and entry[1] == state:
             owner = entry[0]()
-            if owner is not None and (where[0] == "span" or owner is t):
-                return entry[2], True, where[0] == "id"
+            if owner is not None and (kind == "span" or owner is t):
+                return entry[2], True, kind
         holder: list = [None, None]
         self._seen[where] = (weakref.ref(t), state, holder)
-        return holder, False, False
+        if kind == "span" and self._recent is not None and where[4].type == "cpu":
+            self._recent.append(where)
+        return holder, False, kind
+
+    def _within(self, t: torch.Tensor, version: int | None, own: list | None
+                ) -> Within | None:
+        """Where an earlier record of this step already stores all of `t`'s elements, `t` a
+        strided CPU tensor (a slice, a view of one, an expansion, a dense piece of a larger
+        tensor): among the latest CPU span records, one of the same dtype whose memory holds
+        `t`'s, made by a tensor that is still alive (so that memory is still its storage's:
+        `t` shares it) and at the same version (unchanged since). Such a span is stored as its
+        memory, in memory order, so `t` is read from it at its own offset with its own
+        strides. `own`: the holder `t`'s record just made, which is not a candidate."""
+        if not t.is_cpu or t.is_neg() or (t.dtype.is_complex and t.is_conj()):
+            return None
+        n = t.numel()
+        if not n:
+            return None
+        size = t.element_size()
+        strides = t.stride()
+        lo = t.data_ptr()
+        hi = lo + size * (1 + sum((d - 1) * s for d, s in zip(t.shape, strides)))
+        dtype = t.dtype
+        state = (t._version if version is None else version,)
+        seen = self._seen
+        for where in reversed(self._recent):  # type: ignore[arg-type]
+            start = where[1]
+            if start <= lo and where[3] is dtype and hi <= start + where[2] * size:
+                entry = seen.get(where)
+                if entry is not None and entry[1] == state and entry[2] is not own \
+                        and entry[0]() is not None:
+                    return Within(entry[2], lo - start, hi - lo,
+                                  "" if t.is_contiguous() else shape_str(strides))
+        return None
 
     def _plan(self, t: torch.Tensor, stable: bool, version: int | None = None
-              ) -> tuple[list | None, str | None, bool]:
+              ) -> tuple[list | None, str | Within | None, bool]:
         """(holder, shared, skip) for one record, the decision both writers make the same way:
         `shared` is None, or, when the record points at an earlier record's bytes, its strides
-        over them ("" for C order); `skip` when it needs no snapshot and no statistics of its
-        own (it reuses them, and either shares bytes or stores none)."""
-        holder, hit, same_object = self._reuse(t, stable, version)
+        over them ("" for C order), or a `Within` (its statistics are still to be taken, but
+        no snapshot); `skip` when it needs no snapshot and no statistics of its own (it reuses
+        them, and either shares bytes or stores none)."""
+        holder, hit, kind = self._reuse(t, stable, version)
         if not hit:
+            # a strided slice, or a dense one that starts inside its storage (x[i], a chunk):
+            # its elements may be stored already (a dense span at offset 0 rarely is)
+            if self._recent and (kind == "id" or (kind == "span" and t.storage_offset())):
+                return holder, self._within(t, version, holder), False
             return holder, None, False
         if not self.keep_bytes:
             return holder, None, True
-        if same_object:
+        if kind == "id":
             return holder, SAME_LAYOUT, True
         # a span hit: contiguous, or (on CPU) a dense permutation of the span, which is stored
         # in memory order
@@ -401,7 +470,16 @@ class Writer:
         if share is not None and share[0] is None:
             share[0] = stats
         offset, nbytes, strides = -1, 0, ""
-        if shared is not None and self.keep_bytes:
+        if type(shared) is Within:
+            stored = shared.holder[1]
+            if stored is None or stored[0] < 0:  # pragma: no cover - internal invariant
+                raise AssertionError("the containing record's bytes were never stored")
+            offset, nbytes, strides = stored[0] + shared.delta, shared.nbytes, shared.strides
+            if release is not None:
+                release()
+            if share is not None and share[1] is None:
+                share[1] = (offset, nbytes, strides)
+        elif shared is not None and self.keep_bytes:
             if share is None or share[1] is None:  # pragma: no cover - internal invariant
                 raise AssertionError("shared bytes were never stored")
             offset, nbytes, strides = share[1]
@@ -490,7 +568,7 @@ class SyncWriter(Writer):
             self.settle()
             self._finish(complete=False)
         self._step, self._seq = int(step), 0
-        self._seen.clear()
+        self._reset_reuse()
         refresh_stats_threads()
         self._file = self._new_file(self._step)
 
@@ -518,8 +596,9 @@ class SyncWriter(Writer):
                 elif defer and not self.keep_bytes and \
                         (ticket := self._waiting.submit(tensor)) is not None:
                     snap, release = None, None
-                else:
-                    stats, snap, release = _capture_now(tensor, self.keep_bytes, self._pool)
+                else:  # a `Within` record's bytes are stored already: statistics only
+                    stats, snap, release = _capture_now(tensor, self.keep_bytes and shared is None,
+                                                        self._pool)
             row = self._row(self._file, self._step, seq, meta, tensor, stats, snap, release,
                             share, shared, ticket)
         except Exception as e:  # noqa: BLE001 - on_error decides

@@ -1,4 +1,5 @@
-"""Step files written by format 1.0 and 2.0 (checked in) still read: pin the on-disk format.
+"""Step files written by formats 1.0, 2.0 and 3.0 (checked in) still read: pin the on-disk
+format.
 
 Regenerate only when the format changes on purpose (and bump format_version): see the
 script in this file's history (a sync writer, mode full, rank 1 of 2, step 7).
@@ -95,3 +96,56 @@ def test_golden_2_0_file_reads():
         got = d.tensor_torch(0, 3, f"{name}.forward.0.output.0")
         assert got.dtype == ref.dtype and torch.equal(got, ref.contiguous()), name
         assert got.is_contiguous()
+
+
+GOLDEN_3_0 = Path(__file__).parent / "data" / "dump_format_3_0_rank0_step5.h5"
+
+
+def _golden_3_0_tensors() -> dict[str, torch.Tensor]:
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4) - 5.5
+    y = torch.arange(8, dtype=torch.float32).reshape(2, 4).bfloat16()
+    return {"x": x, "piece": x[:, 1::2], "row": x[1], "bcast": x[2, :1].expand(2, 3),
+            "y": y, "y_col": y[:, 3]}
+
+
+def write_golden_3_0(path: Path) -> None:
+    """How the checked-in 3.0 file was made (SLEUTH_UPDATE_GOLDEN=1 rewrites it)."""
+    import os
+    import tempfile
+
+    from tracer._config import DumpConfig
+    from tracer._writer import RecordMeta, make_writer
+
+    run = Path(tempfile.mkdtemp())
+    w = make_writer(DumpConfig(path=str(run), writer="sync", mode="full"), rank=0,
+                    world_size=1)
+    w.begin_step(5)
+    for i, (name, t) in enumerate(_golden_3_0_tensors().items()):
+        w.add(RecordMeta(f"{name}.forward.0.output.0", name, "", "forward", "output", 0, 0,
+                         f"golden.py:{i + 1}"), t)
+    w.end_step()
+    w.close()
+    os.replace(run / "dump" / "rank0" / "step5.h5", path)
+
+
+def test_golden_3_0_file_reads():
+    import os
+
+    if os.environ.get("SLEUTH_UPDATE_GOLDEN") == "1":
+        write_golden_3_0(GOLDEN_3_0)
+    d = open_dump(GOLDEN_3_0)
+    assert d.attrs(0, 5)["format_version"] == "3.0"
+    df = d.stats(0, 5).set_index("module")
+    # slices point into the bytes of the record holding their elements: only x and y are stored
+    assert d.summary().tensor_bytes.iloc[0] == 48 + 16
+    x_off = int(df.loc["x", "data_offset"])
+    assert (df.loc["piece", "strides"], int(df.loc["piece", "data_offset"]),
+            int(df.loc["piece", "data_nbytes"])) == ("4,2", x_off + 4, 4 * 11)
+    assert (df.loc["row", "strides"], int(df.loc["row", "data_offset"])) == ("", x_off + 16)
+    assert df.loc["bcast", "strides"] == "0,0" and int(df.loc["bcast", "data_nbytes"]) == 4
+    assert df.loc["y_col", "strides"] == "4"
+    for name, ref in _golden_3_0_tensors().items():
+        got = d.tensor_torch(0, 5, f"{name}.forward.0.output.0")
+        assert got.dtype == ref.dtype and torch.equal(got, ref.contiguous()), name
+        assert got.is_contiguous()
+    assert df.loc["bcast", "max"] == 2.5 and df.loc["bcast", "numel"] == 6

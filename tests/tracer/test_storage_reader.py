@@ -104,11 +104,14 @@ def test_newer_major_version_is_refused(tmp_path):
         f.attrs["format_version"] = "2.4"
     assert open_dump(tmp_path).steps(0) == [0]  # and any 2.x
     with h5py.File(path, "r+") as f:
-        f.attrs["format_version"] = "3.0"
+        f.attrs["format_version"] = "3.2"
+    assert open_dump(tmp_path).steps(0) == [0]  # and any 3.x
+    with h5py.File(path, "r+") as f:
+        f.attrs["format_version"] = "4.0"
     with pytest.raises(DumpFormatError,
-                       match="format_version 3.0; this sleuth reads formats 1.x to 2.x"):
+                       match="format_version 4.0; this sleuth reads formats 1.x to 3.x"):
         open_dump(tmp_path)
-    with pytest.raises(DumpFormatError, match="3.0"):
+    with pytest.raises(DumpFormatError, match="4.0"):
         open_dump(path)
 
 

@@ -1,6 +1,7 @@
 """Records that reuse an unchanged tensor's statistics share its stored bytes (one byte range
-for several records, docs/dump-format.md; a transpose reads them with its own strides) and
-still read back exactly."""
+for several records, docs/dump-format.md; a transpose reads them with its own strides), slices
+point into the bytes of a record that holds their elements (format 3.0), and all still read back
+exactly."""
 from __future__ import annotations
 
 import h5py
@@ -78,8 +79,11 @@ def test_shared_records_read_back_exactly(tmp_path, writer):
     # other elements, or changed values: bytes of their own
     others = [loc[k] for k in ("x", "head", "tail", "clone", "bf16", "after", "c", "c_conj")]
     assert len(set(others)) == len(others)
+    # a dense piece inside x's span (format 3.0) points into x's bytes; the head, at offset 0,
+    # is a copy of its own (only pieces starting inside their storage are looked up)
+    assert loc["tail"] == (loc["x"][0] + 2 * 6 * 4, 2 * 6 * 4)
     # the file holds each distinct range once
-    distinct = {v for v in loc.values()}
+    distinct = {v for k, v in loc.items() if k != "tail"}
     assert d.summary().tensor_bytes.iloc[0] == sum(n for _, n in distinct)
 
 
@@ -207,14 +211,15 @@ def test_a_transpose_recorded_first_is_stored_in_memory_order(tmp_path):
     w.begin_step(0)
     w.add(meta("p"), p)  # no copy to C order: its memory-order bytes and strides
     w.add(meta("x"), x)  # the same span, C order: shares them
-    w.add(meta("odd"), x[:, ::2])  # not a dense span: a C-order copy of its own
+    w.add(meta("odd"), x[:, ::2])  # not a dense span, but inside x's: points into its bytes
     w.end_step()
     w.close()
     d = open_dump(tmp_path)
     df = d.stats(0, 0).set_index("module")
     assert df.loc["p", "strides"] == "1,20,5" and df.loc["x", "strides"] == ""
-    assert df.loc["odd", "strides"] == ""
-    assert df.loc["p", "data_offset"] == df.loc["x", "data_offset"]
+    assert df.loc["odd", "strides"] == "20,10,1"
+    assert df.loc["p", "data_offset"] == df.loc["x", "data_offset"] == df.loc["odd", "data_offset"]
+    assert d.summary().tensor_bytes.iloc[0] == 60 * 4
     for name, ref in (("p", p), ("x", x), ("odd", x[:, ::2])):
         got = d.tensor_torch(0, 0, f"{name}.forward.0.output.0")
         assert got.is_contiguous() and same(got, ref.contiguous()), name
@@ -267,3 +272,148 @@ def test_strides_that_reach_past_the_bytes_are_refused(tmp_path):
     f.finish()
     with pytest.raises(DumpFormatError, match="reach past the stored bytes"):
         open_dump(tmp_path).tensor(0, 0, "t.forward.0.output.0")
+
+
+def write_slices(run, writer: str) -> dict[str, torch.Tensor]:
+    """Records a tensor, then slices and views of it (which store no bytes of their own), then
+    slices that must store their own; returns the tensors as they were when recorded."""
+    w = make_writer(DumpConfig(path=str(run), writer=writer, mode="full"), rank=0,
+                    world_size=1)
+    x = torch.randn(4, 6, 8, generator=torch.Generator().manual_seed(4))
+    x[1, 2, 5] = float("nan")  # in v and in the select
+    q, k, v = x.split([2, 2, 4], dim=-1)
+    within = {"split_q": q, "split_v": v, "head_t": k.transpose(0, 1), "narrow": x.narrow(1, 2, 3),
+              "select": x[:, 2], "steps": x[:, ::2, 1::3], "last": x[-1, -1, -2:],
+              "expand": x[0, 0].expand(5, 8), "column": x[..., 7]}
+    other = torch.randn(3, 5, generator=torch.Generator().manual_seed(5))
+    refs: dict[str, torch.Tensor] = {}
+    w.begin_step(0)
+    w.add(meta("x"), x)
+    refs["x"] = x.clone()
+    for name, t in within.items():
+        w.add(meta(name), t)
+        refs[name] = t.clone()
+    w.add(meta("unrecorded_base"), other[:, ::2])  # its base has no record: a copy
+    refs["unrecorded_base"] = other[:, ::2].clone()
+    w.add(meta("x_bf16_slice"), x.bfloat16()[:, 1])  # another dtype, another tensor: a copy
+    refs["x_bf16_slice"] = x.bfloat16()[:, 1].clone()
+    x.mul_(2)  # the version changes: x's bytes no longer hold these values
+    w.add(meta("changed_slice"), x[:, ::2])
+    refs["changed_slice"] = x[:, ::2].clone()
+    w.add(meta("x_after"), x)
+    w.add(meta("slice_after"), x[:, 1::2])  # inside the record just made
+    refs["x_after"], refs["slice_after"] = x.clone(), x[:, 1::2].clone()
+    w.end_step()
+    w.close()
+    return refs
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_slices_point_into_the_bytes_that_hold_them(tmp_path, writer):
+    refs = write_slices(tmp_path, writer)
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0).set_index("module")
+    for name, ref in refs.items():
+        got = d.tensor_torch(0, 0, f"{name}.forward.0.output.0")
+        assert same(got, ref.contiguous()), name
+        plain = ref.float() if ref.dtype == torch.bfloat16 else ref  # numpy has no bfloat16
+        assert np.array_equal(d.tensor(0, 0, f"{name}.forward.0.output.0"), plain.numpy(),
+                              equal_nan=True), name
+    x_off, x_n = int(df.loc["x", "data_offset"]), int(df.loc["x", "data_nbytes"])
+    inside = ["split_q", "split_v", "head_t", "narrow", "select", "steps", "last", "expand",
+              "column"]
+    for name in inside:
+        off, n = int(df.loc[name, "data_offset"]), int(df.loc[name, "data_nbytes"])
+        assert x_off <= off and off + n <= x_off + x_n, name
+    # strides over x's bytes, and the byte range from the first element to the last
+    assert df.loc["split_v", "strides"] == "48,8,1"
+    assert int(df.loc["split_v", "data_offset"]) == x_off + 4 * 4
+    assert int(df.loc["split_v", "data_nbytes"]) == 4 * (3 * 48 + 5 * 8 + 3 + 1)
+    assert df.loc["expand", "strides"] == "0,1" and int(df.loc["expand", "data_nbytes"]) == 32
+    assert df.loc["head_t", "strides"] == "8,48,1"
+    # the statistics are each record's own
+    assert int(df.loc["select", "nan"]) == 1 and int(df.loc["split_v", "nan"]) == 1
+    assert int(df.loc["split_q", "nan"]) == 0
+    assert df.loc["expand", "numel"] == 40
+    # copies: a base with no record, another dtype, a changed base; then a new base
+    own = ["x", "unrecorded_base", "x_bf16_slice", "changed_slice", "x_after"]
+    assert len({int(df.loc[k, "data_offset"]) for k in own}) == len(own)
+    assert df.loc["unrecorded_base", "strides"] == df.loc["changed_slice", "strides"] == ""
+    after = int(df.loc["x_after", "data_offset"])
+    assert after <= int(df.loc["slice_after", "data_offset"]) < after + x_n
+    assert d.summary().tensor_bytes.iloc[0] == sum(int(df.loc[k, "data_nbytes"]) for k in own)
+
+
+def test_sync_and_async_write_the_same_slices(tmp_path):
+    write_slices(tmp_path / "s", "sync")
+    write_slices(tmp_path / "a", "async")
+    ds, da = open_dump(tmp_path / "s"), open_dump(tmp_path / "a")
+    assert ds.stats(0, 0).equals(da.stats(0, 0))
+    assert diff(tmp_path / "s", tmp_path / "a").status == "same"
+
+
+def test_diff_compares_a_slice_with_its_copy(tmp_path):
+    """A slice pointing into its base's bytes and the same values stored as a C-order copy
+    (another run, or a 2.x writer) compare element by element; a changed element is found."""
+    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(6))
+    changed = x[:, ::3].contiguous()
+    changed[4, 1] += 1.0
+    for run, base, piece in (("a", x, x[:, ::3]), ("b", x.clone(), x[:, ::3].contiguous()),
+                             ("c", x.clone(), changed)):
+        w = make_writer(DumpConfig(path=str(tmp_path / run), writer="sync", mode="tensor"),
+                        rank=0, world_size=1)
+        w.begin_step(0)
+        w.add(meta("x"), base)
+        w.add(meta("piece"), piece)
+        w.end_step()
+        w.close()
+    assert open_dump(tmp_path / "a").stats(0, 0).strides.tolist() == ["", "10,3"]
+    assert open_dump(tmp_path / "b").stats(0, 0).strides.tolist() == ["", ""]
+    assert diff(tmp_path / "a", tmp_path / "b").status == "same"
+    assert diff(tmp_path / "a", tmp_path / "a").status == "same"
+    result = diff(tmp_path / "a", tmp_path / "c")
+    assert result.status != "same" and result.first_divergence["name"] == "piece.forward.0.output.0"
+
+
+def test_op_level_slices_share_their_base_bytes(tmp_path, monkeypatch):
+    """A model splitting one projection into three heads (as attention does) stores the
+    projection once; every record still reads back exactly."""
+
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).split(8, dim=-1)
+            return (q.view(3, 2, 4).transpose(0, 1) * k.view(3, 2, 4).transpose(0, 1)
+                    + v.view(3, 2, 4).transpose(0, 1)).sum()
+
+    refs: dict[str, torch.Tensor] = {}
+    real = dumper_module._make_writer
+
+    def recording_writer(config, rank, world_size):
+        w = real(config, rank, world_size)
+        add = w.add
+
+        def add_and_keep(m, t, stable=True, version=None, stats=None, defer=False):
+            refs[m.name] = t.detach().clone()
+            add(m, t, stable, version, stats, defer)
+
+        w.add = add_and_keep
+        return w
+
+    monkeypatch.setattr(dumper_module, "_make_writer", recording_writer)
+    torch.manual_seed(0)
+    model = Heads()
+    with tracer.Dumper(model, {"path": str(tmp_path), "level": "op", "mode": "tensor",
+                               "writer": "sync", "phases": "forward", "params": False}):
+        model(torch.randn(3, 8)).backward()
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0)
+    for name in df.name:
+        assert same(d.tensor_torch(0, 0, name), refs[name]), name
+    splits = df[(df.op == "aten.split") & (df.direction == "output")]
+    assert len(splits) == 3 and (splits.strides != "").all()
+    # q, k and v, their views and transposes store nothing of their own
+    assert d.summary().tensor_bytes.iloc[0] < df.data_nbytes.sum() / 2
