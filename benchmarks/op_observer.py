@@ -77,18 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     baseline_s: list[float] = []
 
-    def baseline() -> float:
-        t = statistics.median(bench.train_steps(model, opt, batches)[1:])
-        baseline_s.append(t)
-        return t
-
-    def steps_with(attach: Any) -> list[float]:
-        with attach():
-            return bench.train_steps(model, opt, batches)[1:]
+    def baseline() -> Any:
+        block = bench.timed_block(model, opt, batches)
+        baseline_s.append(block.median)
+        return block
 
     bench.train_steps(model, opt, batches[:2])  # warm up
-    ratios = bench.bracketed_rounds(args.rounds, baseline, {
-        name: functools.partial(steps_with, attach) for name, attach in conditions.items()})
+    # nothing here is written after the steps: the median ratios are the ones to read
+    ratios, _ = bench.bracketed_rounds(args.rounds, baseline, {
+        name: functools.partial(bench.timed_block, model, opt, batches, attach)
+        for name, attach in conditions.items()})
     print(json.dumps({
         "benchmark": "op_observer", "model": "tiny", "torch_threads": 1,
         "baseline_step_s": round(statistics.median(baseline_s), 4),
