@@ -206,20 +206,6 @@ SAME_LAYOUT = "="
 _RECENT_SPANS = 64
 
 
-# weak references a span entry keeps: to the tensor that made it, and to as many as this many
-# less one that matched it later (any of them alive keeps the entry valid)
-_SPAN_REFS = 4
-
-
-def _alive(refs: list) -> torch.Tensor | None:
-    """One of these weakly referenced tensors that is still alive, or None."""
-    for ref in refs:
-        t = ref()
-        if t is not None:
-            return t
-    return None
-
-
 class Within(NamedTuple):
     """`shared` of a record whose elements lie inside an earlier record's stored span, in
     tensor/full mode: it stores no bytes and points into that record's (docs/dump-format.md,
@@ -279,7 +265,8 @@ class Writer:
         # (which holds the GIL against the training thread) by 2x.
         self._stats_blocks = 8 if torch.get_num_threads() == 1 else 1
         self.files_written: list[Path] = []
-        # reuse_key "where" -> ([weak references], "state", holder) of this step's records: a
+        # reuse_key "where" -> (weak reference, "state", holder) of this step's records (the
+        # reference: to the storage of a span, to the tensor of an identity key): a
         # tensor recorded again unchanged (an op's output is the next op's input, a
         # module's output the next module's input, a view of either) reuses the first record's
         # statistics, and, when both are contiguous (the same bytes in C order), its stored
@@ -385,25 +372,22 @@ class Writer:
             return None, False, None
         where, state = key
         kind = where[0]
+        if kind == "span":
+            # the storage is alive (a tensor uses it), so the span's memory is still its: the
+            # record that made the entry may have died (a saved output, an mm output that
+            # _unsafe_view made matmul's result of, a gradient detach()ed into p.grad)
+            try:
+                storage = t.untyped_storage()
+            except (RuntimeError, NotImplementedError, TypeError):
+                return None, False, None
         entry = self._seen.get(where)
-        # the weak references: a tensor that made or matched the entry is alive, so its memory
-        # (for a span key) or its id (for an identity key) still means the same tensor
         if entry is not None and entry[1] == state:
-            refs = entry[0]
-            owner = refs[0]()
-            if kind == "span":
-                if owner is None:
-                    owner = _alive(refs)
-                if owner is not None:
-                    if owner is not t and len(refs) < _SPAN_REFS:
-                        # `t` holds the same memory and may outlive the tensors before it
-                        # (matmul's mm output dies once _unsafe_view has made the result)
-                        refs.append(weakref.ref(t))
-                    return entry[2], True, kind
-            elif owner is t:
+            owner = entry[0]()
+            # for an identity key: the very tensor (its id may have been given to another)
+            if owner is (storage if kind == "span" else t):
                 return entry[2], True, kind
         holder: list = [None, None]
-        self._seen[where] = ([weakref.ref(t)], state, holder)
+        self._seen[where] = (weakref.ref(storage if kind == "span" else t), state, holder)
         if kind == "span" and self._recent is not None and where[4].type == "cpu":
             self._recent.append(where)
         return holder, False, kind
@@ -434,7 +418,7 @@ class Writer:
             if start <= lo and where[3] is dtype and hi <= start + where[2] * size:
                 entry = seen.get(where)
                 if entry is not None and entry[1] == state and entry[2] is not own \
-                        and _alive(entry[0]) is not None:
+                        and entry[0]() is t.untyped_storage():
                     return Within(entry[2], lo - start, hi - lo,
                                   "" if t.is_contiguous() else shape_str(strides))
         return None

@@ -209,15 +209,16 @@ def test_op_records_are_never_queued(tmp_path, monkeypatch, level):
     backward, are queued: the records are the same as without the queue."""
     monkeypatch.setattr(queued, "MIN_ELEMENTS", 1)
     monkeypatch.setattr(queued, "ENABLED", False)
+    # two micro-batches: the second backward adds into p.grad in place, so a gradient is no
+    # longer a recorded op's output whose statistics it could reuse (with one, p.grad is the
+    # backward op's output, detach()ed: reused, nothing is queued)
     expected = dump_rows(tmp_path / "hook", MLP, lambda: (torch.randn(4, 8),), writer="sync",
-                         level=level)
+                         level=level, micro=2)
     monkeypatch.setattr(queued, "ENABLED", True)
     tickets = count_submits(monkeypatch)
     got = dump_rows(tmp_path / "queued", MLP, lambda: (torch.randn(4, 8),), writer="sync",
-                    level=level)
-    # at most the four parameter gradients of each of the two steps, and nothing else; fewer
-    # where a gradient is a backward op's output, unchanged and still alive (p.grad): its
-    # statistics are reused, not queued
+                    level=level, micro=2)
+    # at most the four parameter gradients of each of the two steps, and nothing else
     param_sizes = {p.numel() for p in MLP().parameters()}
     assert 0 < len(tickets) <= 2 * 4
     assert {ticket[1] for ticket in tickets} <= param_sizes

@@ -420,18 +420,19 @@ def test_op_level_slices_share_their_base_bytes(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("writer", ["sync", "async"])
-def test_bytes_stay_shared_after_the_first_owner_dies(tmp_path, writer):
-    """A tensor that matched a record (same memory, same version) keeps that record's bytes
-    reusable after the tensor that made it is gone, as matmul's result outlives its mm output."""
+def test_bytes_stay_shared_while_the_storage_lives(tmp_path, writer):
+    """A record's memory stays reusable while its storage lives, after the tensor that made the
+    record is gone: p.grad (a backward op's output, detach()ed), an output autograd saved for
+    backward, matmul's result (an _unsafe_view of an mm output that dies at once)."""
     w = make_writer(DumpConfig(path=str(tmp_path), writer=writer, mode="tensor"), rank=0,
                     world_size=1)
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(7))
     ref = x.clone()
     w.begin_step(0)
     w.add(meta("first"), x)
-    kept = x.detach()  # the same memory and version counter, not a view: x can die
-    w.add(meta("second"), kept)
+    kept = x.detach()  # the same storage and version counter, not a view: x can die
     del x
+    w.add(meta("second"), kept)
     w.add(meta("third"), kept.view(24))
     w.add(meta("piece"), kept[1:, ::2])
     w.end_step()
@@ -443,3 +444,33 @@ def test_bytes_stay_shared_after_the_first_owner_dies(tmp_path, writer):
     assert d.summary().tensor_bytes.iloc[0] == 24 * 4
     for name, want in (("first", ref), ("third", ref.view(24)), ("piece", ref[1:, ::2])):
         assert same(d.tensor_torch(0, 0, f"{name}.forward.0.output.0"), want.contiguous()), name
+
+
+@pytest.mark.parametrize("mode", ["statistics", "tensor"])
+def test_memory_freed_and_given_to_another_tensor_is_not_reused(tmp_path, mode):
+    """A tensor at the address, size, dtype and version of a record whose storage is gone holds
+    other values: it gets statistics (and bytes) of its own."""
+    reused = 0
+    for n in (4096, 1 << 10, 1 << 12, 1 << 14):
+        run = tmp_path / f"{n}"
+        w = make_writer(DumpConfig(path=str(run), writer="sync", mode=mode), rank=0,
+                        world_size=1)
+        w.begin_step(0)
+        x = torch.empty(n)
+        x.copy_(torch.arange(n, dtype=torch.float32))
+        x._version  # noqa: B018 - a fresh tensor's counter is 1 after copy_
+        address = x.data_ptr()
+        w.add(meta("old"), x)
+        del x
+        y = torch.empty(n)
+        y.copy_(torch.full((n,), -1.0))
+        w.add(meta("new"), y)
+        w.end_step()
+        w.close()
+        reused += y.data_ptr() == address
+        df = open_dump(run).stats(0, 0).set_index("module")
+        assert df.loc["new", "max"] == -1.0 and df.loc["old", "max"] == n - 1
+        if mode == "tensor":
+            assert df.loc["new", "data_offset"] != df.loc["old", "data_offset"]
+            assert same(open_dump(run).tensor_torch(0, 0, "new.forward.0.output.0"), y)
+    assert reused, "the allocator never gave the freed address to the next tensor"

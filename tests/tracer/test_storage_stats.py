@@ -293,16 +293,21 @@ def test_view_outputs_take_their_base_version(tmp_path, monkeypatch):
                     world_size=1)
     w.observers.append(rows.append)
     base = torch.randn(30, 20)
-    base.add_(1.0)  # version 1
+    base.add_(1.0)
+    base.add_(1.0)  # version 2
     m = RecordMeta("a", "a", "", "forward", "output", 0, 0, "x.py:1")
     w.begin_step(0)
     w.add(m, base)
-    # a transpose of the same memory whose own version counter says 0, as in the mode
-    first = torch.from_numpy(base.numpy()).t()
-    assert first._version == 0 != base._version
+
+    def mode_view() -> torch.Tensor:
+        # a transpose of the base's storage whose own version counter says 1, as in the mode
+        return torch.empty(0).set_(base.untyped_storage(), 0, (20, 30), (1, 20))
+
+    first = mode_view()
+    assert first._version != base._version
     w.add_view(m._replace(name="b"), first, base._version)  # reused
     base.mul_(3.0)  # outside any mode: nothing tells the writer
-    second = torch.from_numpy(base.numpy()).t()  # version 0 again
+    second = mode_view()  # its own counter again
     w.add_view(m._replace(name="c"), second, base._version)  # new values: computed
     w.end_step()
     w.close()
