@@ -1,8 +1,10 @@
 """Step files written by formats 1.0, 2.0 and 3.0 (checked in) still read: pin the on-disk
 format.
 
-Regenerate only when the format changes on purpose (and bump format_version): see the
-script in this file's history (a sync writer, mode full, rank 1 of 2, step 7).
+Files of earlier formats are frozen: the 1.0 file's script is in this file's history (a sync
+writer, mode full, rank 1 of 2, step 7), the 2.0 file was made as `write_golden` makes the 3.0
+one. Regenerate the current one (SLEUTH_UPDATE_GOLDEN=1) only when its format changes on
+purpose, with a new format_version and a new file beside the old ones.
 """
 from __future__ import annotations
 
@@ -59,31 +61,9 @@ def _golden_2_0_tensors() -> dict[str, torch.Tensor]:
     return {"x": x, "xt": x.t(), "yp": y.permute(2, 0, 1), "gap": x[:, ::2]}
 
 
-def write_golden_2_0(path: Path) -> None:
-    """How the checked-in 2.0 file was made (SLEUTH_UPDATE_GOLDEN=1 rewrites it)."""
-    import os
-    import tempfile
-
-    from tracer._config import DumpConfig
-    from tracer._writer import RecordMeta, make_writer
-
-    run = Path(tempfile.mkdtemp())
-    w = make_writer(DumpConfig(path=str(run), writer="sync", mode="full"), rank=0,
-                    world_size=1)
-    w.begin_step(3)
-    for i, (name, t) in enumerate(_golden_2_0_tensors().items()):
-        w.add(RecordMeta(f"{name}.forward.0.output.0", name, "", "forward", "output", 0, 0,
-                         f"golden.py:{i + 1}"), t)
-    w.end_step()
-    w.close()
-    os.replace(run / "dump" / "rank0" / "step3.h5", path)
-
-
 def test_golden_2_0_file_reads():
-    import os
-
-    if os.environ.get("SLEUTH_UPDATE_GOLDEN") == "1":
-        write_golden_2_0(GOLDEN_2_0)
+    # written by format 2.0's writer, as `write_golden` writes the 3.0 file (from these
+    # tensors, step 3); frozen since: today's writer makes 3.0 files
     d = open_dump(GOLDEN_2_0)
     assert d.attrs(0, 3)["format_version"] == "2.0"
     df = d.stats(0, 3).set_index("module")
@@ -108,8 +88,9 @@ def _golden_3_0_tensors() -> dict[str, torch.Tensor]:
             "y": y, "y_col": y[:, 3]}
 
 
-def write_golden_3_0(path: Path) -> None:
-    """How the checked-in 3.0 file was made (SLEUTH_UPDATE_GOLDEN=1 rewrites it)."""
+def write_golden(path: Path, tensors: dict[str, torch.Tensor], step: int) -> None:
+    """How the checked-in file of the current format is made (SLEUTH_UPDATE_GOLDEN=1 rewrites
+    it; files of earlier formats are frozen)."""
     import os
     import tempfile
 
@@ -119,20 +100,20 @@ def write_golden_3_0(path: Path) -> None:
     run = Path(tempfile.mkdtemp())
     w = make_writer(DumpConfig(path=str(run), writer="sync", mode="full"), rank=0,
                     world_size=1)
-    w.begin_step(5)
-    for i, (name, t) in enumerate(_golden_3_0_tensors().items()):
+    w.begin_step(step)
+    for i, (name, t) in enumerate(tensors.items()):
         w.add(RecordMeta(f"{name}.forward.0.output.0", name, "", "forward", "output", 0, 0,
                          f"golden.py:{i + 1}"), t)
     w.end_step()
     w.close()
-    os.replace(run / "dump" / "rank0" / "step5.h5", path)
+    os.replace(run / "dump" / "rank0" / f"step{step}.h5", path)
 
 
 def test_golden_3_0_file_reads():
     import os
 
     if os.environ.get("SLEUTH_UPDATE_GOLDEN") == "1":
-        write_golden_3_0(GOLDEN_3_0)
+        write_golden(GOLDEN_3_0, _golden_3_0_tensors(), 5)
     d = open_dump(GOLDEN_3_0)
     assert d.attrs(0, 5)["format_version"] == "3.0"
     df = d.stats(0, 5).set_index("module")

@@ -30,6 +30,12 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
             and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
 
 
+def keep(w, refs: dict, name: str, t: torch.Tensor) -> None:
+    """Record `t` as `name` and keep a copy of its values as they are now."""
+    w.add(meta(name), t)
+    refs[name] = t.resolve_conj().clone()
+
+
 def write_views(run, writer: str):
     """Writes records of views and copies of one tensor; returns the reference tensors as they
     were when recorded."""
@@ -43,29 +49,35 @@ def write_views(run, writer: str):
     c = torch.randn(5, dtype=torch.complex64, generator=torch.Generator().manual_seed(1))
     # a conjugate view shares the memory but not the values
     items += [("c", c), ("c_conj", c.conj())]
-    refs = {}
+    refs: dict[str, torch.Tensor] = {}
     w.begin_step(0)
     for name, t in items:
-        w.add(meta(name), t)
-        refs[name] = t.resolve_conj().clone()
+        keep(w, refs, name, t)
     x.mul_(2)  # bumps the version: a record after this must store its own bytes
-    w.add(meta("after"), x)
-    refs["after"] = x.clone()
-    w.add(meta("after_view"), x.view(-1))
-    refs["after_view"] = x.view(-1).clone()
+    keep(w, refs, "after", x)
+    keep(w, refs, "after_view", x.view(-1))
     w.end_step()
     w.close()
     return refs
 
 
-@pytest.mark.parametrize("writer", ["sync", "async"])
-def test_shared_records_read_back_exactly(tmp_path, writer):
-    refs = write_views(tmp_path, writer)
-    d = open_dump(tmp_path)
-    df = d.stats(0, 0).set_index("module")
+def read_back(run, refs: dict[str, torch.Tensor]):
+    """Open the dump, check every record of step 0 reads back as the tensor it was (torch and
+    numpy), and return the dump and its table indexed by module."""
+    d = open_dump(run)
     for name, ref in refs.items():
         got = d.tensor_torch(0, 0, f"{name}.forward.0.output.0")
-        assert same(got, ref), name
+        assert got.is_contiguous() and same(got, ref.contiguous()), name
+        if not ref.is_complex():
+            plain = ref.float() if ref.dtype == torch.bfloat16 else ref  # numpy: no bfloat16
+            assert np.array_equal(d.tensor(0, 0, f"{name}.forward.0.output.0"),
+                                  plain.numpy(), equal_nan=True), name
+    return d, d.stats(0, 0).set_index("module")
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_shared_records_read_back_exactly(tmp_path, writer):
+    d, df = read_back(tmp_path, write_views(tmp_path, writer))
     loc = {m: (int(r.data_offset), int(r.data_nbytes)) for m, r in df.iterrows()}
     # same span, same dtype: one byte range; the transposes read it with their strides
     assert loc["again"] == loc["flat"] == loc["reshaped"] == loc["x"] == loc["t"] \
@@ -108,11 +120,10 @@ class Net(nn.Module):
         return self.fc2(h.view(-1, 16)).sum()
 
 
-def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
-    """An op-level tensor dump of one training step; returns each record's tensor as it was
-    when recorded."""
+def record_adds(monkeypatch) -> dict[str, torch.Tensor]:
+    """Make the Dumper's writers keep a copy of each record's tensor as it was when recorded;
+    returns where (record name -> tensor)."""
     refs: dict[str, torch.Tensor] = {}
-
     real = dumper_module._make_writer
 
     def recording_writer(config, rank, world_size):
@@ -127,6 +138,13 @@ def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
         return w
 
     monkeypatch.setattr(dumper_module, "_make_writer", recording_writer)
+    return refs
+
+
+def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
+    """An op-level tensor dump of one training step; returns each record's tensor as it was
+    when recorded."""
+    refs = record_adds(monkeypatch)
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -288,21 +306,15 @@ def write_slices(run, writer: str) -> dict[str, torch.Tensor]:
     other = torch.randn(3, 5, generator=torch.Generator().manual_seed(5))
     refs: dict[str, torch.Tensor] = {}
     w.begin_step(0)
-    w.add(meta("x"), x)
-    refs["x"] = x.clone()
+    keep(w, refs, "x", x)
     for name, t in within.items():
-        w.add(meta(name), t)
-        refs[name] = t.clone()
-    w.add(meta("unrecorded_base"), other[:, ::2])  # its base has no record: a copy
-    refs["unrecorded_base"] = other[:, ::2].clone()
-    w.add(meta("x_bf16_slice"), x.bfloat16()[:, 1])  # another dtype, another tensor: a copy
-    refs["x_bf16_slice"] = x.bfloat16()[:, 1].clone()
+        keep(w, refs, name, t)
+    keep(w, refs, "unrecorded_base", other[:, ::2])  # its base has no record: a copy
+    keep(w, refs, "x_bf16_slice", x.bfloat16()[:, 1])  # another dtype, another tensor: a copy
     x.mul_(2)  # the version changes: x's bytes no longer hold these values
-    w.add(meta("changed_slice"), x[:, ::2])
-    refs["changed_slice"] = x[:, ::2].clone()
-    w.add(meta("x_after"), x)
-    w.add(meta("slice_after"), x[:, 1::2])  # inside the record just made
-    refs["x_after"], refs["slice_after"] = x.clone(), x[:, 1::2].clone()
+    keep(w, refs, "changed_slice", x[:, ::2])
+    keep(w, refs, "x_after", x)
+    keep(w, refs, "slice_after", x[:, 1::2])  # inside the record just made
     w.end_step()
     w.close()
     return refs
@@ -310,15 +322,7 @@ def write_slices(run, writer: str) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("writer", ["sync", "async"])
 def test_slices_point_into_the_bytes_that_hold_them(tmp_path, writer):
-    refs = write_slices(tmp_path, writer)
-    d = open_dump(tmp_path)
-    df = d.stats(0, 0).set_index("module")
-    for name, ref in refs.items():
-        got = d.tensor_torch(0, 0, f"{name}.forward.0.output.0")
-        assert same(got, ref.contiguous()), name
-        plain = ref.float() if ref.dtype == torch.bfloat16 else ref  # numpy has no bfloat16
-        assert np.array_equal(d.tensor(0, 0, f"{name}.forward.0.output.0"), plain.numpy(),
-                              equal_nan=True), name
+    d, df = read_back(tmp_path, write_slices(tmp_path, writer))
     x_off, x_n = int(df.loc["x", "data_offset"]), int(df.loc["x", "data_nbytes"])
     inside = ["split_q", "split_v", "head_t", "narrow", "select", "steps", "last", "expand",
               "column"]
@@ -389,21 +393,7 @@ def test_op_level_slices_share_their_base_bytes(tmp_path, monkeypatch):
             return (q.view(3, 2, 4).transpose(0, 1) * k.view(3, 2, 4).transpose(0, 1)
                     + v.view(3, 2, 4).transpose(0, 1)).sum()
 
-    refs: dict[str, torch.Tensor] = {}
-    real = dumper_module._make_writer
-
-    def recording_writer(config, rank, world_size):
-        w = real(config, rank, world_size)
-        add = w.add
-
-        def add_and_keep(m, t, stable=True, version=None, stats=None, defer=False):
-            refs[m.name] = t.detach().clone()
-            add(m, t, stable, version, stats, defer)
-
-        w.add = add_and_keep
-        return w
-
-    monkeypatch.setattr(dumper_module, "_make_writer", recording_writer)
+    refs = record_adds(monkeypatch)
     torch.manual_seed(0)
     model = Heads()
     with tracer.Dumper(model, {"path": str(tmp_path), "level": "op", "mode": "tensor",
@@ -447,30 +437,29 @@ def test_bytes_stay_shared_while_the_storage_lives(tmp_path, writer):
 
 
 @pytest.mark.parametrize("mode", ["statistics", "tensor"])
-def test_memory_freed_and_given_to_another_tensor_is_not_reused(tmp_path, mode):
-    """A tensor at the address, size, dtype and version of a record whose storage is gone holds
-    other values: it gets statistics (and bytes) of its own."""
-    reused = 0
-    for n in (4096, 1 << 10, 1 << 12, 1 << 14):
-        run = tmp_path / f"{n}"
-        w = make_writer(DumpConfig(path=str(run), writer="sync", mode=mode), rank=0,
-                        world_size=1)
-        w.begin_step(0)
-        x = torch.empty(n)
-        x.copy_(torch.arange(n, dtype=torch.float32))
-        x._version  # noqa: B018 - a fresh tensor's counter is 1 after copy_
-        address = x.data_ptr()
-        w.add(meta("old"), x)
-        del x
-        y = torch.empty(n)
-        y.copy_(torch.full((n,), -1.0))
-        w.add(meta("new"), y)
-        w.end_step()
-        w.close()
-        reused += y.data_ptr() == address
-        df = open_dump(run).stats(0, 0).set_index("module")
-        assert df.loc["new", "max"] == -1.0 and df.loc["old", "max"] == n - 1
-        if mode == "tensor":
-            assert df.loc["new", "data_offset"] != df.loc["old", "data_offset"]
-            assert same(open_dump(run).tensor_torch(0, 0, "new.forward.0.output.0"), y)
-    assert reused, "the allocator never gave the freed address to the next tensor"
+@pytest.mark.parametrize("first_alive", [False, True])
+def test_another_storage_at_the_same_address_is_not_reused(tmp_path, mode, first_alive):
+    """A tensor at the address, size, dtype and version of a record, but on another storage,
+    gets statistics (and bytes) of its own: the record's storage was freed and its memory given
+    to a new one, or two storages wrap the same memory (torch.from_numpy twice) and the values
+    changed without either version counter seeing it."""
+    memory = np.arange(4096, dtype=np.float32)
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="sync", mode=mode), rank=0,
+                    world_size=1)
+    w.begin_step(0)
+    old = torch.from_numpy(memory)
+    w.add(meta("old"), old)
+    if not first_alive:
+        del old  # its storage goes: the memory is the array's
+    memory[:] = -1.0  # behind every version counter
+    new = torch.from_numpy(memory)
+    assert new.data_ptr() == memory.ctypes.data and new._version == 0
+    w.add(meta("new"), new)
+    w.end_step()
+    w.close()
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0).set_index("module")
+    assert df.loc["old", "max"] == 4095.0 and df.loc["new", "max"] == -1.0
+    if mode == "tensor":
+        assert df.loc["new", "data_offset"] != df.loc["old", "data_offset"]
+        assert same(d.tensor_torch(0, 0, "new.forward.0.output.0"), torch.full((4096,), -1.0))
