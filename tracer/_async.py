@@ -180,8 +180,11 @@ class AsyncWriter(Writer):
         inline = (stats is not None and not self.keep_bytes) or (
             (self._fused or stats is not None) and (tensor.is_cpu or tensor.is_meta))
         try:
+            same = None
             if stats is not None:  # computed by the caller (see Writer.add)
-                share, shared, skip = None, None, True
+                same = self._take_same(tensor) if self._same else None
+                share, shared = same if same is not None else (None, None)
+                skip = True
             else:
                 share, shared, skip = self._plan(tensor, stable, version)
             if inline:
@@ -191,7 +194,7 @@ class AsyncWriter(Writer):
                 # thread wait for the GIL, up to the 5 ms switch interval each time)
                 ticket = snap = release = None
                 if stats is not None:
-                    if self.keep_bytes and not tensor.is_meta:
+                    if self.keep_bytes and not tensor.is_meta and same is None:
                         snap, release = snapshot_bytes(tensor, self._pool)
                 elif not skip:
                     if tensor.is_meta:
@@ -202,6 +205,8 @@ class AsyncWriter(Writer):
                         stats = host_stats(tensor)
                 row = self._row(self._rows, self._step, seq, meta, tensor, stats, snap, release,
                                 share, shared, ticket)
+            elif stats is not None and same is not None:  # its bytes are queued already
+                staged, nbytes = ("ready", stats, None, None), 0
             elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
                 snap, release = snapshot(tensor, self._pool)
                 staged, nbytes = ("ready", stats, snap, release), snap.nbytes

@@ -465,18 +465,26 @@ class Dumper:
 
     def _snapshot_param(self, param: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
         """A copy of `param` before the optimizer changes it, and, when the fused kernel made
-        the copy, its statistics (the param record's, taken while the bytes are in cache)."""
+        the copy, its statistics (the param record's, taken while the bytes are in cache). A
+        tracer writer is told the copy holds `param`'s values (`Writer.same_bytes`): the param
+        record then shares the bytes of the op record that read the weight, if any."""
         p = param.detach()
         if not p.is_cpu:  # a side-stream copy of last step's buffer may still be in flight
-            return p.clone(), None
-        buf = self._snapshot_buffers.get(id(param))
-        if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype, p.stride()):
-            buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
-        stats = copy_stats(buf, p)
-        if stats is None:
-            return buf.copy_(p), None
-        _increment_version(buf)  # the kernel wrote it behind torch's back
-        return buf, stats
+            snap, stats = p.clone(), None
+        else:
+            buf = self._snapshot_buffers.get(id(param))
+            if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype,
+                                                                        p.stride()):
+                buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
+            stats = copy_stats(buf, p)
+            if stats is None:
+                snap = buf.copy_(p)
+            else:
+                _increment_version(buf)  # the kernel wrote it behind torch's back
+                snap = buf
+        if self._open and self._takes_stats:
+            self._writer.same_bytes(snap, p)
+        return snap, stats
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._remove_after_failure()

@@ -276,6 +276,8 @@ class Writer:
         # the `where` of this step's latest CPU span entries, newest last, in tensor/full mode
         # (None otherwise): where a strided slice's elements may already be stored (`_within`)
         self._recent: deque | None = deque(maxlen=_RECENT_SPANS) if self.keep_bytes else None
+        # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
+        self._same: dict[int, tuple] = {}
         self._waiting = QueuedRows(self)
 
     # -- API ---------------------------------------------------------------------------------
@@ -352,9 +354,48 @@ class Writer:
         self.close()
 
     # -- shared work ---------------------------------------------------------------------------
+    def same_bytes(self, snapshot: torch.Tensor, source: torch.Tensor) -> None:
+        """`snapshot` is a copy of `source` as `source` is now (a parameter's value before the
+        optimizer changes it). In tensor/full mode, where a record of this step stores
+        `source`'s memory unchanged (the op that read the weight in forward), the next record
+        of `snapshot`, which comes with its statistics (`add`'s `stats`), points at those bytes
+        instead of storing the same ones again. Forgotten once used, or once `snapshot` is
+        written (its version changes)."""
+        if self._recent is None:
+            return
+        holder = self._stored(source)
+        if holder is None:
+            return
+        strided = not source.is_contiguous() and memory_span(source) is not None
+        self._same[id(snapshot)] = (weakref.ref(snapshot), snapshot._version, holder,
+                                    shape_str(source.stride()) if strided else "")
+
+    def _stored(self, t: torch.Tensor) -> list | None:
+        """The holder of a record of this step that holds `t`'s memory as it is now (same span,
+        storage and version), or None; a look-up only, unlike `_reuse`."""
+        key = reuse_key(t)
+        if key is None or key[0][0] != "span":
+            return None
+        entry = self._seen.get(key[0])
+        if entry is None or entry[1] != key[1]:
+            return None
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
+        return entry[2] if entry[0]() is storage else None
+
+    def _take_same(self, t: torch.Tensor) -> tuple[list, str] | None:
+        """(holder, strides) that `same_bytes` left for this snapshot, once."""
+        entry = self._same.pop(id(t), None)
+        if entry is None or entry[0]() is not t or entry[1] != t._version:
+            return None
+        return entry[2], entry[3]
+
     def _reset_reuse(self) -> None:
         """Forget the step's records (a new step begins)."""
         self._seen.clear()
+        self._same.clear()
         if self._recent is not None:
             self._recent.clear()
 
@@ -594,9 +635,10 @@ class SyncWriter(Writer):
         ticket = None
         try:
             if stats is not None:  # computed by the caller (see Writer.add)
-                share, shared = None, None
-                snap, release = (snapshot_bytes(tensor, self._pool) if self.keep_bytes
-                                 else (None, None))
+                same = self._take_same(tensor) if self._same else None
+                share, shared = same if same is not None else (None, None)
+                snap, release = (snapshot_bytes(tensor, self._pool)
+                                 if self.keep_bytes and same is None else (None, None))
             else:
                 share, shared, skip = self._plan(tensor, stable, version)
                 if skip:

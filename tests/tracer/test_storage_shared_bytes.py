@@ -173,6 +173,45 @@ def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, monkeypa
         stored.drop_duplicates("data_offset").data_nbytes.sum())
     assert np.all(stored.data_offset.to_numpy() + stored.data_nbytes.to_numpy()
                   <= d.summary().tensor_bytes.iloc[0])
+    # a weight's param record (its value before the optimizer step, read back exactly above)
+    # points at the bytes of the op record that read the weight in forward
+    at = df.set_index("name").data_offset
+    for layer in ("fc1", "fc2"):
+        assert at[f"{layer}.weight.optimizer.0.param.0"] == \
+            at[f"{layer}::aten.t.forward.0.input.0"], layer
+    # the update is new values: bytes of its own
+    assert at["fc1.weight.optimizer.0.update.0"] not in set(at.drop(
+        "fc1.weight.optimizer.0.update.0"))
+
+
+def test_a_snapshot_of_memory_no_record_holds_stores_its_own_bytes(tmp_path):
+    """`same_bytes` only points a snapshot at bytes a record stores: for a parameter no record
+    read, the snapshot's record stores its own, and a later record of the parameter's
+    unchanged memory measures it (the look-up leaves nothing behind)."""
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="sync", mode="full"), rank=0,
+                    world_size=1)
+    p = torch.randn(5, 3, generator=torch.Generator().manual_seed(8))
+    snap = p.clone()
+    w.begin_step(0)
+    w.add(meta("other"), torch.ones(2))
+    w.same_bytes(snap, p)  # p has no record: nothing to point at
+    w.add(meta("param"), snap, stats=None)
+    w.add(meta("p"), p)
+    x = torch.randn(4, generator=torch.Generator().manual_seed(9))
+    w.add(meta("x"), x)
+    x_snap = x.clone()
+    w.same_bytes(x_snap, x)
+    x_snap.add_(1.0)  # written after: its values are no longer x's
+    from tracer._stats import host_stats
+    w.add(meta("x_changed"), x_snap, stats=host_stats(x_snap))
+    w.end_step()
+    w.close()
+    d = open_dump(tmp_path)
+    df = d.stats(0, 0).set_index("module")
+    assert len(set(df.data_offset)) == 5
+    assert df.loc["p", "max"] == float(p.max())
+    for name, want in (("param", p), ("p", p), ("x_changed", x + 1.0)):
+        assert same(d.tensor_torch(0, 0, f"{name}.forward.0.output.0"), want), name
 
 
 def spill_items() -> dict[str, torch.Tensor]:
