@@ -502,3 +502,36 @@ def test_another_storage_at_the_same_address_is_not_reused(tmp_path, mode, first
     if mode == "tensor":
         assert df.loc["new", "data_offset"] != df.loc["old", "data_offset"]
         assert same(d.tensor_torch(0, 0, "new.forward.0.output.0"), torch.full((4096,), -1.0))
+
+
+def test_two_op_tensor_dumps_of_the_trainer_gpt_diff_record_by_record(tmp_path):
+    """Real dumps whose attention slices point into the projection's bytes: two seeded runs
+    diff the same, and one weight changed in layer 1 is found there."""
+    from trainer import GPT, config
+
+    def run(path, perturb: bool = False):
+        torch.manual_seed(0)
+        cfg = config.tiny()
+        model = GPT(cfg.model)
+        if perturb:
+            with torch.no_grad():
+                model.transformer.h[1].attn.c_attn.weight[0, 0] += 0.5
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ids = torch.randint(0, cfg.model.vocab_size, (2, 16),
+                            generator=torch.Generator().manual_seed(1))
+        with tracer.Dumper(model, {"path": str(path), "level": "op", "mode": "tensor",
+                                   "writer": "async"}):
+            _, loss = model(ids, ids)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return path
+
+    a, b, c = run(tmp_path / "a"), run(tmp_path / "b"), run(tmp_path / "c", perturb=True)
+    df = open_dump(a).stats(0, 0)
+    splits = df[(df.op == "aten.split") & (df.direction == "output")]
+    assert len(splits) == 6 and (splits.strides != "").all()
+    assert diff(a, b).status == "same"
+    result = diff(a, c)
+    assert result.status == "diverged"
+    assert result.first_divergence["module"].startswith("transformer.h.1.attn")
