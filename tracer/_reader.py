@@ -262,8 +262,9 @@ class Dump:
 
     def tensor_strides(self, rank: int, step: int, name: str) -> tuple[int, ...] | None:
         """The element strides the record's tensor had when it was recorded, where the dump
-        kept them (format 2.0: a transpose or permutation stored in memory order); None when it
-        was C-contiguous or the file does not say. `tensor()` and `tensor_torch()` always
+        kept them (format 2.0: a transpose or permutation stored in memory order; 3.0: also a
+        slice read from another record's bytes); None when it was C-contiguous or the file does
+        not say. `tensor()` and `tensor_torch()` always
         return C-contiguous data."""
         strides = self.record(rank, step, name).get("strides") or ""
         return parse_shape(strides) if strides else None

@@ -437,15 +437,19 @@ class Writer:
                 ) -> Within | None:
         """Where an earlier record of this step already stores all of `t`'s elements, `t` a
         strided CPU tensor (a slice, a view of one, an expansion, a dense piece of a larger
-        tensor): among the latest CPU span records, one of the same dtype whose memory holds
-        `t`'s, made by a tensor that is still alive (so that memory is still its storage's:
-        `t` shares it) and at the same version (unchanged since). Such a span is stored as its
-        memory, in memory order, so `t` is read from it at its own offset with its own
-        strides. `own`: the holder `t`'s record just made, which is not a candidate."""
+        tensor): among the latest CPU span records, one of the same dtype and storage (alive,
+        so the memory is still its) whose memory holds `t`'s, at the same version (unchanged
+        since). Such a span is stored as its memory, in memory order, so `t` is read from it at
+        its own offset with its own strides. `own`: the holder `t`'s record just made, which
+        is not a candidate."""
         if not t.is_cpu or t.is_neg() or (t.dtype.is_complex and t.is_conj()):
             return None
         n = t.numel()
         if not n:
+            return None
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
             return None
         size = t.element_size()
         strides = t.stride()
@@ -459,7 +463,7 @@ class Writer:
             if start <= lo and where[3] is dtype and hi <= start + where[2] * size:
                 entry = seen.get(where)
                 if entry is not None and entry[1] == state and entry[2] is not own \
-                        and entry[0]() is t.untyped_storage():
+                        and entry[0]() is storage:
                     return Within(entry[2], lo - start, hi - lo,
                                   "" if t.is_contiguous() else shape_str(strides))
         return None
