@@ -139,6 +139,11 @@ class ModuleTracker:
         self.defer_grads = cfg.level == "module"
         self.calls = CallCounter()
         self._recompute_calls = CallCounter()
+        # (module, direction, index, call) of the backward records made this step: a
+        # recomputed forward (activation checkpointing) hooks the input its first forward
+        # hooked (non-reentrant) or a detached copy of it (reentrant), and the same gradient
+        # would be recorded twice under one name
+        self._grads_seen: set[tuple[str, str, int, int]] = set()
         self._seq = 0  # never reset: node tags compare call order across steps
         self._handles: list[Any] = []
         self._inner_code = _call_impl_inner_code()
@@ -218,6 +223,7 @@ class ModuleTracker:
         self.stack.clear()
         self.calls.reset()
         self._recompute_calls.reset()
+        self._grads_seen.clear()
 
     # -- hooks ----------------------------------------------------------------------------------
     def _name_of(self, module: torch.nn.Module) -> str | None:
@@ -309,9 +315,12 @@ class ModuleTracker:
                    call: int) -> Callable[[torch.Tensor], None]:
         dumper = self._dumper
         defer = self.defer_grads
+        seen = self._grads_seen
+        key = (name, direction, index, call)
 
         def hook(grad: torch.Tensor) -> None:
-            if dumper.capturing and grad is not None:
+            if dumper.capturing and grad is not None and key not in seen:
+                seen.add(key)
                 # autograd does not write a gradient again once hooks have seen it: its
                 # statistics may be taken while backward goes on (Dumper.emit's `defer`)
                 dumper.emit(name, name, "", "backward", direction, index, call,

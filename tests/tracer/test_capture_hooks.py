@@ -254,6 +254,10 @@ def test_checkpoint_recomputation_not_counted_as_new_calls(writers, reentrant):
     fw_ops = [n for n in names if "::" in n and ".forward." in n]
     assert len(fw_ops) == len(set(fw_ops))
     assert any(n.startswith("blocks.1.1::aten.") and ".backward." in n for n in names)
+    # every name once: the recomputed forward gets the very input tensor the first one hooked,
+    # whose gradient must not be recorded twice under one name
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, twice
 
 
 def test_bf16_autocast(writers):
