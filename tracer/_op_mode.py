@@ -41,6 +41,10 @@ _OWN_DYNAMO_GUARD = _eval_frame_callback is not None and _set_eval_frame is not 
 UNINITIALISED_OPS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided",
                                "aten.new_empty", "aten.new_empty_strided",
                                "aten.empty_permuted"})
+# outputs that are a kernel's scratch memory, not values, by position among the op's tensor
+# outputs: oneDNN's LSTM workspace is in part uninitialised and differs between two runs of the
+# same code. Left out like `aten.empty`'s outputs, and so is the backward's read of it.
+SCRATCH_OUTPUTS: dict[str, frozenset[int]] = {"aten.mkldnn_rnn_layer": frozenset({3})}
 _MAX_FRESH = 256
 
 
@@ -123,8 +127,8 @@ class OpMode(TorchDispatchMode):
         self._tracker = tracker
         # per op: (aten name, wanted by the filters, writes one of its arguments in place,
         # schema position of the argument its outputs are views of or -1, its outputs are
-        # uninitialised memory)
-        self._ops: dict[Any, tuple[str, bool, bool, int, bool]] = {}
+        # uninitialised memory, positions of its scratch outputs or None)
+        self._ops: dict[Any, tuple[str, bool, bool, int, bool, frozenset | None]] = {}
         # data_ptr -> (tensor, version) of this step's uninitialised outputs not yet written
         # (see _record_inputs); the reference keeps the address from being reused meanwhile
         self._fresh: dict[int, tuple[torch.Tensor, int]] = {}
@@ -154,7 +158,7 @@ class OpMode(TorchDispatchMode):
             mutates = _mutates(func)
             info = self._ops[func] = (name, dumper.config.wants_op(name), mutates,
                                       -1 if mutates else _view_source(func),
-                                      name in UNINITIALISED_OPS)
+                                      name in UNINITIALISED_OPS, SCRATCH_OUTPUTS.get(name))
         if info[2]:
             # some ops write arguments without bumping their version counter (BatchNorm's
             # running statistics): the writer forgets what it knew of every in-place argument
@@ -219,9 +223,39 @@ class OpMode(TorchDispatchMode):
                 outs = [t for t in out if isinstance(t, _Tensor)]
             else:
                 outs = []
-            dumper.emit_all(scope, module, info[0], phase, "output", call, source, outs, stable,
-                            version)
+            if info[5] is None:
+                dumper.emit_all(scope, module, info[0], phase, "output", call, source, outs,
+                                stable, version)
+            else:
+                self._note_scratch(outs, info[5])
+                self._emit_values(scope, module, info[0], phase, call, source, outs, stable,
+                                  version, info[5])
+        elif info[5] is not None:
+            self._note_scratch([t for t in out if isinstance(t, _Tensor)]
+                               if isinstance(out, (list, tuple)) else [], info[5])
         return out
+
+    def _note_scratch(self, outs: list[torch.Tensor], scratch: frozenset) -> None:
+        """Note an op's scratch outputs (`SCRATCH_OUTPUTS`) as uninitialised memory, so an op
+        that reads them (the backward's `workspace`) leaves that input out."""
+        for i in scratch:
+            if i < len(outs):
+                self._remember_fresh(outs[i])
+
+    def _emit_values(self, scope: str, module: str, op: str, phase: str, call: int,
+                     source: str, outs: list[torch.Tensor], stable: bool, version: int | None,
+                     scratch: frozenset) -> None:
+        """The output records of an op with scratch outputs, which are left out; the others
+        keep their indices."""
+        first = 0
+        for i in sorted(scratch):
+            if i >= len(outs):
+                break
+            self._dumper.emit_all(scope, module, op, phase, "output", call, source,
+                                  outs[first:i], stable, version, first)
+            first = i + 1
+        self._dumper.emit_all(scope, module, op, phase, "output", call, source, outs[first:],
+                              stable, version, first)
 
     def _remember_fresh(self, out: Any) -> None:
         """Note an uninitialised output (`aten.empty` & co), which is not recorded: what it
