@@ -4,6 +4,8 @@ point into the bytes of a record that holds their elements (format 3.0), and all
 exactly."""
 from __future__ import annotations
 
+import functools
+
 import h5py
 import numpy as np
 import pytest
@@ -628,3 +630,28 @@ def test_slices_in_a_spilled_step_diff_the_same(tmp_path):
         # /tensors starts at the 16 MiB alignment of a spilled step
         assert int(summary.file_bytes.iloc[0]) > (16 << 20)
         assert diff(kept, spilled).status == "same", writer
+
+
+@pytest.mark.parametrize("index", range(8), ids=[m[0] for m in _stranger_models()])
+def test_statistics_do_not_depend_on_the_mode_or_the_steps_dumped(tmp_path, index):
+    """The same seeded run gives the same records and statistics whether tensors are kept
+    (statistics of copies, slices measured where they point) or not, and a step dumped alone
+    (`steps: "2"`) equals that step of a run dumping every step: no reuse or sharing state
+    changes a value, and none leaks from one step into the next."""
+    from models import train_and_dump
+
+    _, model_fn, batch_fn = _stranger_models()[index]
+    run = functools.partial(train_and_dump, model_fn, batch_fn, steps=3, level="mix",
+                            writer="async")
+    stats = run(tmp_path / "s", mode="statistics")
+    tensors = run(tmp_path / "t", mode="tensor")
+    alone = run(tmp_path / "one", mode="tensor", dump_steps="2")
+    exact = ["name", "dtype", "shape", "numel", "min", "max", "nan", "posinf", "neginf",
+             "zeros", "checksum"]
+    for step in (0, 1, 2):
+        a, b = stats.stats(0, step), tensors.stats(0, step)
+        assert a[exact].equals(b[exact]), step
+        assert np.allclose(a[["mean", "norm"]], b[["mean", "norm"]], rtol=1e-6, equal_nan=True)
+    assert alone.steps(0) == [2]
+    assert diff(tmp_path / "t", tmp_path / "one", step=2).status == "same"
+    assert list(alone.stats(0, 2).name) == list(tensors.stats(0, 2).name)
