@@ -206,6 +206,16 @@ SAME_LAYOUT = "="
 _RECENT_SPANS = 64
 
 
+def _partial(t: torch.Tensor) -> bool:
+    """True when dense `t` covers only part of its storage (a piece of a larger tensor)."""
+    if t.storage_offset():
+        return True
+    try:
+        return t.untyped_storage().nbytes() > t.numel() * t.element_size()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
 class Within(NamedTuple):
     """`shared` of a record whose elements lie inside an earlier record's stored span, in
     tensor/full mode: it stores no bytes and points into that record's (docs/dump-format.md,
@@ -477,9 +487,9 @@ class Writer:
         them, and either shares bytes or stores none)."""
         holder, hit, kind = self._reuse(t, stable, version)
         if not hit:
-            # a strided slice, or a dense one that starts inside its storage (x[i], a chunk):
-            # its elements may be stored already (a dense span at offset 0 rarely is)
-            if self._recent and (kind == "id" or (kind == "span" and t.storage_offset())):
+            # a strided slice, or a dense piece of a larger storage (x[i], x[:2], a chunk): its
+            # elements may be stored already (a tensor owning all of its storage never is)
+            if self._recent and (kind == "id" or (kind == "span" and _partial(t))):
                 return holder, self._within(t, version, holder), False
             return holder, None, False
         if not self.keep_bytes:

@@ -92,12 +92,13 @@ def test_shared_records_read_back_exactly(tmp_path, writer):
     assert d.tensor_strides(0, 0, "x.forward.0.output.0") is None
     # other elements, or changed values: bytes of their own
     others = [loc[k] for k in ("x", "head", "tail", "clone", "bf16", "after", "c", "c_conj")]
+    # (head and x share their start, not their length: different ranges)
     assert len(set(others)) == len(others)
-    # a dense piece inside x's span (format 3.0) points into x's bytes; the head, at offset 0,
-    # is a copy of its own (only pieces starting inside their storage are looked up)
+    # dense pieces inside x's span (format 3.0) point into x's bytes, the head at offset 0 too
     assert loc["tail"] == (loc["x"][0] + 2 * 6 * 4, 2 * 6 * 4)
+    assert loc["head"] == (loc["x"][0], 2 * 6 * 4)
     # the file holds each distinct range once
-    distinct = {v for k, v in loc.items() if k != "tail"}
+    distinct = {v for k, v in loc.items() if k not in ("tail", "head")}
     assert d.summary().tensor_bytes.iloc[0] == sum(n for _, n in distinct)
 
 
@@ -343,7 +344,7 @@ def write_slices(run, writer: str) -> dict[str, torch.Tensor]:
     q, k, v = x.split([2, 2, 4], dim=-1)
     within = {"split_q": q, "split_v": v, "head_t": k.transpose(0, 1), "narrow": x.narrow(1, 2, 3),
               "select": x[:, 2], "steps": x[:, ::2, 1::3], "last": x[-1, -1, -2:],
-              "expand": x[0, 0].expand(5, 8), "column": x[..., 7]}
+              "expand": x[0, 0].expand(5, 8), "column": x[..., 7], "first": x[0]}
     other = torch.randn(3, 5, generator=torch.Generator().manual_seed(5))
     refs: dict[str, torch.Tensor] = {}
     w.begin_step(0)
@@ -366,7 +367,7 @@ def test_slices_point_into_the_bytes_that_hold_them(tmp_path, writer):
     d, df = read_back(tmp_path, write_slices(tmp_path, writer))
     x_off, x_n = int(df.loc["x", "data_offset"]), int(df.loc["x", "data_nbytes"])
     inside = ["split_q", "split_v", "head_t", "narrow", "select", "steps", "last", "expand",
-              "column"]
+              "column", "first"]
     for name in inside:
         off, n = int(df.loc[name, "data_offset"]), int(df.loc[name, "data_nbytes"])
         assert x_off <= off and off + n <= x_off + x_n, name
@@ -376,6 +377,7 @@ def test_slices_point_into_the_bytes_that_hold_them(tmp_path, writer):
     assert int(df.loc["split_v", "data_nbytes"]) == 4 * (3 * 48 + 5 * 8 + 3 + 1)
     assert df.loc["expand", "strides"] == "0,1" and int(df.loc["expand", "data_nbytes"]) == 32
     assert df.loc["head_t", "strides"] == "8,48,1"
+    assert int(df.loc["first", "data_offset"]) == x_off and df.loc["first", "strides"] == ""
     # the statistics are each record's own
     assert int(df.loc["select", "nan"]) == 1 and int(df.loc["split_v", "nan"]) == 1
     assert int(df.loc["split_q", "nan"]) == 0
