@@ -239,9 +239,9 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
         # the same dense layout on both sides: element i of A's bytes is element i of B's
         read_a = lambda start, count: fa.read(oa + start * ia, count * ia)  # noqa: E731
         read_b = lambda start, count: fb.read(ob + start * ib, count * ib)  # noqa: E731
-    else:  # a permutation, or a slice of another record's bytes: both whole, in C order
-        read_a = _whole_in_c_order(fa, oa, ia, n, str(ra["shape"]), sa)
-        read_b = _whole_in_c_order(fb, ob, ib, n, str(rb["shape"]), sb)
+    else:  # a permutation, or a slice of another record's bytes: both in C order
+        read_a = _c_order_reader(fa, oa, ia, n, str(ra["shape"]), sa)
+        read_b = _c_order_reader(fb, ob, ib, n, str(rb["shape"]), sb)
     for start in range(0, n, CHUNK_ELEMENTS):
         count = min(CHUNK_ELEMENTS, n - start)
         acc.add_raw(read_a(start, count), read_b(start, count), da, db,
@@ -259,6 +259,32 @@ def _stored_nbytes(n: int, size: int, shape: str, strides: str) -> int:
     if not strides:
         return n * size
     return stored_extent(parse_shape(shape), parse_shape(strides)) * size
+
+
+def _c_order_reader(f: _TensorReader, offset: int, size: int, n: int, shape: str,
+                    strides: str) -> Callable[[int, int], np.ndarray]:
+    """A reader of C-order element ranges `(start, count)` of one record. Stored in C order:
+    read as asked. With `strides`: by rows of the first dimension when that dimension has
+    the largest stride, so its rows follow one another in the stored bytes and a range reads
+    only the rows it needs (memory stays bounded on a large slice or permutation); else the
+    whole record at once."""
+    if not strides:
+        return lambda start, count: f.read(offset + start * size, count * size)
+    dims, steps = parse_shape(shape), parse_shape(strides)
+    if len(dims) < 2 or dims[0] < 2 or steps[0] < max(st for d, st in zip(dims, steps) if d > 1):
+        return _whole_in_c_order(f, offset, size, n, shape, strides)
+    row = n // dims[0]
+    row_extent = stored_extent(dims[1:], steps[1:])  # stored elements one row reads
+
+    def read(start: int, count: int) -> np.ndarray:
+        first, stop = start // row, -(-(start + count) // row)
+        raw = f.read(offset + first * steps[0] * size,
+                     ((stop - first - 1) * steps[0] + row_extent) * size)
+        rows = c_order_bytes(raw, size, (stop - first,) + dims[1:], steps)
+        skip = (start - first * row) * size
+        return rows[skip:skip + count * size]
+
+    return read
 
 
 def _whole_in_c_order(f: _TensorReader, offset: int, size: int, n: int, shape: str,

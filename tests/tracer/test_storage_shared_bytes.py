@@ -657,3 +657,60 @@ def test_statistics_do_not_depend_on_the_mode_or_the_steps_dumped(tmp_path, inde
     assert alone.steps(0) == [2]
     assert diff(tmp_path / "t", tmp_path / "one", step=2).status == "same"
     assert list(alone.stats(0, 2).name) == list(tensors.stats(0, 2).name)
+
+
+def test_diff_reads_a_large_slice_in_bounded_chunks(tmp_path, monkeypatch):
+    """A slice pointing into its base's bytes is compared a few rows at a time, never read
+    whole (its extent can be nearly the whole base: q of an attention split); it still
+    compares equal to a C-order copy and finds one changed element."""
+    import tracer._diff as diff_module
+
+    x = torch.randn(40, 30, generator=torch.Generator().manual_seed(10))
+    changed = x[:, ::3].contiguous()
+    changed[31, 4] += 1.0
+    for run, base, piece in (("a", x, x[:, ::3]), ("b", x.clone(), x[:, ::3].contiguous()),
+                             ("c", x.clone(), changed)):
+        w = make_writer(DumpConfig(path=str(tmp_path / run), writer="sync", mode="tensor"),
+                        rank=0, world_size=1)
+        w.begin_step(0)
+        w.add(meta("x"), base)
+        w.add(meta("piece"), piece)
+        w.end_step()
+        w.close()
+    reads: list[int] = []
+    real_read = diff_module._TensorReader.read
+
+    def spy(self, offset, nbytes, slot=0):
+        reads.append(nbytes)
+        return real_read(self, offset, nbytes, slot)
+
+    monkeypatch.setattr(diff_module._TensorReader, "read", spy)
+    monkeypatch.setattr(diff_module, "CHUNK_ELEMENTS", 25)  # 2.5 rows of the slice a chunk
+    assert diff(tmp_path / "a", tmp_path / "b").status == "same"
+    # no read of the slice spans more than the chunk's rows (4 rows of 30 elements, float32)
+    assert max(reads) <= 4 * 30 * 4
+    result = diff(tmp_path / "a", tmp_path / "c")
+    assert result.status != "same" and result.first_divergence["name"] == "piece.forward.0.output.0"
+
+
+def test_diff_reads_a_permutation_by_rows_of_its_first_dimension(tmp_path, monkeypatch):
+    """A permutation that keeps its first dimension outermost (heads moved in front of the
+    sequence, say) is stored in memory order and compared in chunks of rows against its
+    C-order copy; a change is found in either layout."""
+    import tracer._diff as diff_module
+
+    z = torch.randn(6, 5, 7, generator=torch.Generator().manual_seed(11))
+    p = z.permute(0, 2, 1)  # strides (35, 1, 7): the first dimension is still outermost
+    changed = p.contiguous()
+    changed[4, 6, 2] -= 1.0
+    for run, t in (("a", p), ("b", p.contiguous()), ("c", changed)):
+        w = make_writer(DumpConfig(path=str(tmp_path / run), writer="sync", mode="tensor"),
+                        rank=0, world_size=1)
+        w.begin_step(0)
+        w.add(meta("p"), t)
+        w.end_step()
+        w.close()
+    assert open_dump(tmp_path / "a").stats(0, 0).strides.tolist() == ["35,1,7"]
+    monkeypatch.setattr(diff_module, "CHUNK_ELEMENTS", 12)
+    assert diff(tmp_path / "a", tmp_path / "b").status == "same"
+    assert diff(tmp_path / "c", tmp_path / "a").status != "same"
