@@ -399,21 +399,32 @@ def test_sync_and_async_write_the_same_slices(tmp_path):
     assert diff(tmp_path / "s", tmp_path / "a").status == "same"
 
 
+def write_step(run, tensors: dict[str, torch.Tensor]) -> None:
+    """One sync tensor-mode step 0 under `run` with a record of each tensor, in order."""
+    w = make_writer(DumpConfig(path=str(run), writer="sync", mode="tensor"), rank=0,
+                    world_size=1)
+    w.begin_step(0)
+    for name, t in tensors.items():
+        w.add(meta(name), t)
+    w.end_step()
+    w.close()
+
+
+def write_slice_runs(tmp_path, x: torch.Tensor, at: tuple[int, int]) -> None:
+    """Runs a, b, c of records `x` and `piece` = x[:, ::3]: a slice pointing into x's bytes
+    (a), the same values as a C-order copy (b), that copy with element `at` changed (c)."""
+    changed = x[:, ::3].contiguous()
+    changed[at] += 1.0
+    for run, base, piece in (("a", x, x[:, ::3]), ("b", x.clone(), x[:, ::3].contiguous()),
+                             ("c", x.clone(), changed)):
+        write_step(tmp_path / run, {"x": base, "piece": piece})
+
+
 def test_diff_compares_a_slice_with_its_copy(tmp_path):
     """A slice pointing into its base's bytes and the same values stored as a C-order copy
     (another run, or a 2.x writer) compare element by element; a changed element is found."""
-    x = torch.randn(6, 10, generator=torch.Generator().manual_seed(6))
-    changed = x[:, ::3].contiguous()
-    changed[4, 1] += 1.0
-    for run, base, piece in (("a", x, x[:, ::3]), ("b", x.clone(), x[:, ::3].contiguous()),
-                             ("c", x.clone(), changed)):
-        w = make_writer(DumpConfig(path=str(tmp_path / run), writer="sync", mode="tensor"),
-                        rank=0, world_size=1)
-        w.begin_step(0)
-        w.add(meta("x"), base)
-        w.add(meta("piece"), piece)
-        w.end_step()
-        w.close()
+    write_slice_runs(tmp_path, torch.randn(6, 10, generator=torch.Generator().manual_seed(6)),
+                     (4, 1))
     assert open_dump(tmp_path / "a").stats(0, 0).strides.tolist() == ["", "10,3"]
     assert open_dump(tmp_path / "b").stats(0, 0).strides.tolist() == ["", ""]
     assert diff(tmp_path / "a", tmp_path / "b").status == "same"
@@ -665,18 +676,8 @@ def test_diff_reads_a_large_slice_in_bounded_chunks(tmp_path, monkeypatch):
     compares equal to a C-order copy and finds one changed element."""
     import tracer._diff as diff_module
 
-    x = torch.randn(40, 30, generator=torch.Generator().manual_seed(10))
-    changed = x[:, ::3].contiguous()
-    changed[31, 4] += 1.0
-    for run, base, piece in (("a", x, x[:, ::3]), ("b", x.clone(), x[:, ::3].contiguous()),
-                             ("c", x.clone(), changed)):
-        w = make_writer(DumpConfig(path=str(tmp_path / run), writer="sync", mode="tensor"),
-                        rank=0, world_size=1)
-        w.begin_step(0)
-        w.add(meta("x"), base)
-        w.add(meta("piece"), piece)
-        w.end_step()
-        w.close()
+    write_slice_runs(tmp_path, torch.randn(40, 30, generator=torch.Generator().manual_seed(10)),
+                     (31, 4))
     reads: list[int] = []
     real_read = diff_module._TensorReader.read
 
@@ -704,12 +705,7 @@ def test_diff_reads_a_permutation_by_rows_of_its_first_dimension(tmp_path, monke
     changed = p.contiguous()
     changed[4, 6, 2] -= 1.0
     for run, t in (("a", p), ("b", p.contiguous()), ("c", changed)):
-        w = make_writer(DumpConfig(path=str(tmp_path / run), writer="sync", mode="tensor"),
-                        rank=0, world_size=1)
-        w.begin_step(0)
-        w.add(meta("p"), t)
-        w.end_step()
-        w.close()
+        write_step(tmp_path / run, {"p": t})
     assert open_dump(tmp_path / "a").stats(0, 0).strides.tolist() == ["35,1,7"]
     monkeypatch.setattr(diff_module, "CHUNK_ELEMENTS", 12)
     assert diff(tmp_path / "a", tmp_path / "b").status == "same"
