@@ -21,7 +21,8 @@ import numpy as np
 from tracer._align import align
 from tracer._compare import (TensorMetrics, Tolerance, compare_stats, itemsize, judge_tensor)
 from tracer._errors import DumpFormatError, TracerError
-from tracer._reader import c_order_bytes, dense_strides, parse_shape, stored_extent
+from tracer._layout import dense_strides, stored_extent
+from tracer._reader import c_order_bytes, parse_shape
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
@@ -272,7 +273,7 @@ def _c_order_reader(f: _TensorReader, offset: int, size: int, n: int, shape: str
         return lambda start, count: f.read(offset + start * size, count * size)
     dims, steps = parse_shape(shape), parse_shape(strides)
     if len(dims) < 2 or dims[0] < 2 or steps[0] < max(st for d, st in zip(dims, steps) if d > 1):
-        return _whole_in_c_order(f, offset, size, n, shape, strides)
+        return _whole_in_c_order(f, offset, size, dims, steps)
     row = n // dims[0]
     row_extent = stored_extent(dims[1:], steps[1:])  # stored elements one row reads
 
@@ -287,14 +288,12 @@ def _c_order_reader(f: _TensorReader, offset: int, size: int, n: int, shape: str
     return read
 
 
-def _whole_in_c_order(f: _TensorReader, offset: int, size: int, n: int, shape: str,
-                      strides: str) -> Callable[[int, int], np.ndarray]:
-    """Read one record's `n` elements whole (a copy: the next read reuses the reader's buffer)
-    in C order; returns a reader of element ranges of it. With `strides`, the bytes read run
-    from the record's first element to its last (`stored_extent`)."""
-    raw = f.read(offset, _stored_nbytes(n, size, shape, strides))
-    raw = (c_order_bytes(raw, size, parse_shape(shape), parse_shape(strides)) if strides
-           else raw.copy())
+def _whole_in_c_order(f: _TensorReader, offset: int, size: int, dims: tuple[int, ...],
+                      steps: tuple[int, ...]) -> Callable[[int, int], np.ndarray]:
+    """Read one record stored with element strides `steps` whole, from its first element to
+    its last (`stored_extent`), into C order (a copy: the next read reuses the reader's
+    buffer); returns a reader of element ranges of it."""
+    raw = c_order_bytes(f.read(offset, stored_extent(dims, steps) * size), size, dims, steps)
     return lambda start, count: raw[start * size:(start + count) * size]
 
 

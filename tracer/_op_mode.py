@@ -9,6 +9,7 @@ for activation recomputation. The hot path is a few dictionary look-ups per op.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,14 +38,15 @@ _set_eval_frame = getattr(_eval_frame, "set_eval_frame", None)
 _OWN_DYNAMO_GUARD = _eval_frame_callback is not None and _set_eval_frame is not None
 
 
-# ops whose outputs are memory as the allocator found it (no values of their own)
-UNINITIALISED_OPS = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided",
-                               "aten.new_empty", "aten.new_empty_strided",
-                               "aten.empty_permuted"})
-# outputs that are a kernel's scratch memory, not values, by position among the op's tensor
-# outputs: oneDNN's LSTM workspace is in part uninitialised and differs between two runs of the
-# same code. Left out like `aten.empty`'s outputs, and so is the backward's read of it.
-SCRATCH_OUTPUTS: dict[str, frozenset[int]] = {"aten.mkldnn_rnn_layer": frozenset({3})}
+# outputs that hold no values, by position among the op's tensor outputs (sorted): memory as
+# the allocator found it (`aten.empty` & co) or a kernel's scratch memory (oneDNN's LSTM
+# workspace, in part uninitialised, different in two runs of the same code). They are no
+# records, and neither is an input that reads one before anything writes it.
+UNINITIALISED_OUTPUTS: dict[str, tuple[int, ...]] = {
+    **dict.fromkeys(("aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+                     "aten.new_empty_strided", "aten.empty_permuted"), (0,)),
+    "aten.mkldnn_rnn_layer": (3,),
+}
 _MAX_FRESH = 256
 
 
@@ -126,9 +128,9 @@ class OpMode(TorchDispatchMode):
         self._dumper = dumper
         self._tracker = tracker
         # per op: (aten name, wanted by the filters, writes one of its arguments in place,
-        # schema position of the argument its outputs are views of or -1, its outputs are
-        # uninitialised memory, positions of its scratch outputs or None)
-        self._ops: dict[Any, tuple[str, bool, bool, int, bool, frozenset | None]] = {}
+        # schema position of the argument its outputs are views of or -1, positions of its
+        # uninitialised outputs or None)
+        self._ops: dict[Any, tuple[str, bool, bool, int, tuple[int, ...] | None]] = {}
         # data_ptr -> (tensor, version) of this step's uninitialised outputs not yet written
         # (see _record_inputs); the reference keeps the address from being reused meanwhile
         self._fresh: dict[int, tuple[torch.Tensor, int]] = {}
@@ -158,7 +160,7 @@ class OpMode(TorchDispatchMode):
             mutates = _mutates(func)
             info = self._ops[func] = (name, dumper.config.wants_op(name), mutates,
                                       -1 if mutates else _view_source(func),
-                                      name in UNINITIALISED_OPS, SCRATCH_OUTPUTS.get(name))
+                                      UNINITIALISED_OUTPUTS.get(name))
         if info[2]:
             # some ops write arguments without bumping their version counter (BatchNorm's
             # running statistics): the writer forgets what it knew of every in-place argument
@@ -204,9 +206,20 @@ class OpMode(TorchDispatchMode):
             dumper.emit_all(scope, module, info[0], phase, "input", call, source, inputs,
                             stable)
         out = func(*args, **kwargs)
-        if info[4]:
-            self._remember_fresh(out)
+        fresh = info[4]
+        if not self.want_out and fresh is None:
             return out
+        if isinstance(out, _Tensor):
+            outs = [out]
+        elif isinstance(out, (list, tuple)):
+            # non-tensor outputs (None, ints) are skipped, as in pytree order
+            outs = [t for t in out if isinstance(t, _Tensor)]
+        else:
+            outs = []
+        if fresh is not None:
+            for i in fresh:
+                if i < len(outs):
+                    self._remember_fresh(outs[i])
         base = args[info[3]] if 0 <= info[3] < len(args) else None
         if uninitialised and base is not None and self._is_fresh(base):
             return out  # a view of uninitialised memory (the detach inside Parameter(empty))
@@ -216,46 +229,28 @@ class OpMode(TorchDispatchMode):
                 version = base._version if isinstance(base, _Tensor) else None
             except RuntimeError:  # an inference tensor (torch.inference_mode) has no counter
                 version = None
-            if isinstance(out, _Tensor):
-                outs = [out]
-            elif isinstance(out, (list, tuple)):
-                # non-tensor outputs (None, ints) are skipped, as in pytree order
-                outs = [t for t in out if isinstance(t, _Tensor)]
-            else:
-                outs = []
-            if info[5] is None:
+            if fresh is None:
                 dumper.emit_all(scope, module, info[0], phase, "output", call, source, outs,
                                 stable, version)
             else:
-                self._note_scratch(outs, info[5])
-                self._emit_values(scope, module, info[0], phase, call, source, outs, stable,
-                                  version, info[5])
-        elif info[5] is not None:
-            self._note_scratch([t for t in out if isinstance(t, _Tensor)]
-                               if isinstance(out, (list, tuple)) else [], info[5])
+                self._emit_leaving_out(scope, module, info[0], phase, "output", call, source,
+                                       outs, fresh, stable, version)
         return out
 
-    def _note_scratch(self, outs: list[torch.Tensor], scratch: frozenset) -> None:
-        """Note an op's scratch outputs (`SCRATCH_OUTPUTS`) as uninitialised memory, so an op
-        that reads them (the backward's `workspace`) leaves that input out."""
-        for i in scratch:
-            if i < len(outs):
-                self._remember_fresh(outs[i])
-
-    def _emit_values(self, scope: str, module: str, op: str, phase: str, call: int,
-                     source: str, outs: list[torch.Tensor], stable: bool, version: int | None,
-                     scratch: frozenset) -> None:
-        """The output records of an op with scratch outputs, which are left out; the others
+    def _emit_leaving_out(self, scope: str, module: str, op: str, phase: str, direction: str,
+                          call: int, source: str, tensors: list[torch.Tensor],
+                          left_out: Sequence[int], stable: bool, version: int | None) -> None:
+        """Records of `tensors` except those at the positions `left_out` (sorted): the others
         keep their indices."""
         first = 0
-        for i in sorted(scratch):
-            if i >= len(outs):
+        for i in left_out:
+            if i >= len(tensors):
                 break
-            self._dumper.emit_all(scope, module, op, phase, "output", call, source,
-                                  outs[first:i], stable, version, first)
+            self._dumper.emit_all(scope, module, op, phase, direction, call, source,
+                                  tensors[first:i], stable, version, first)
             first = i + 1
-        self._dumper.emit_all(scope, module, op, phase, "output", call, source, outs[first:],
-                              stable, version, first)
+        self._dumper.emit_all(scope, module, op, phase, direction, call, source,
+                              tensors[first:], stable, version, first)
 
     def _remember_fresh(self, out: Any) -> None:
         """Note an uninitialised output (`aten.empty` & co), which is not recorded: what it
@@ -278,23 +273,16 @@ class OpMode(TorchDispatchMode):
         read by the `detach` of `Parameter(empty)` or filled by `uniform_`, an `out=` buffer):
         those are left out, keeping the others' indices; the first record of that memory is
         the output of the op that writes it. True when any input was left out."""
-        dumper, want = self._dumper, self.want_in
-        skipped = False
-        first = 0
+        left_out = []
         for i, t in enumerate(inputs):
-            if not self._is_fresh(t):
-                continue
-            skipped = True
-            if writes:
-                del self._fresh[t.data_ptr()]  # written by this op
-            if want:
-                dumper.emit_all(scope, module, op, phase, "input", call, source,
-                                inputs[first:i], not writes, None, first)
-            first = i + 1
-        if want:
-            dumper.emit_all(scope, module, op, phase, "input", call, source, inputs[first:],
-                            not writes, None, first)
-        return skipped
+            if self._is_fresh(t):
+                left_out.append(i)
+                if writes:
+                    del self._fresh[t.data_ptr()]  # written by this op
+        if self.want_in:
+            self._emit_leaving_out(scope, module, op, phase, "input", call, source, inputs,
+                                   left_out, not writes, None)
+        return bool(left_out)
 
     def suspend(self) -> bool:
         """Take this mode off the dispatch stack while the dump computes statistics from a hook

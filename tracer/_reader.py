@@ -375,27 +375,6 @@ class Dump:
         return data, dtype, shape
 
 
-def stored_extent(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
-    """How many elements of stored bytes a record with these element `strides` reads, from its
-    first element to its last: `numel` for C order or a dense permutation, more for a slice
-    with gaps, fewer for an expansion (stride 0). 0 for a tensor without elements."""
-    if any(n == 0 for n in shape):
-        return 0
-    return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-
-
-def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """True when a record with these strides reads exactly `numel` consecutive stored
-    elements, each once (C order, or a transpose or permutation stored in memory order): its
-    bytes then hold its elements in memory order, with no gaps."""
-    expected = 1
-    for n, s in sorted(((n, s) for n, s in zip(shape, strides) if n != 1), key=lambda d: d[1]):
-        if s != expected:
-            return False
-        expected *= n
-    return True
-
-
 def c_order_bytes(raw: np.ndarray, itemsize: int, shape: tuple[int, ...],
                   strides: tuple[int, ...]) -> np.ndarray:
     """Bytes stored in memory order of a tensor with these element `strides` -> the same

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from tracer._config import env_switch
+from tracer._layout import dense_strides
 
 STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
 # Float sums are taken per block of _BLOCK elements (torch's parallel grain size, 128 KiB of
@@ -173,13 +174,7 @@ def dense_span(t: torch.Tensor) -> bool:
     """True when `t`'s elements fill exactly `numel` consecutive slots of its storage (a
     transpose or permutation of a contiguous tensor): it can be read in memory order without
     a copy."""
-    expected = 1
-    for size, stride in sorted(((s, st) for s, st in zip(t.shape, t.stride()) if s != 1),
-                               key=lambda d: d[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+    return dense_strides(tuple(t.shape), t.stride())
 
 
 def memory_span(t: torch.Tensor) -> torch.Tensor | None:

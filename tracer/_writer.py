@@ -24,6 +24,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._format import StepFile, root_attrs, step_path
+from tracer._layout import stored_extent
 from tracer._queued import QueuedRows
 from tracer._stats import (copy_stats_into, decode_packed, dense_span, device_stats, dtype_name,
                            element_bits, empty_stats, host_stats, memory_span,
@@ -206,14 +207,26 @@ SAME_LAYOUT = "="
 _RECENT_SPANS = 64
 
 
-def _partial(t: torch.Tensor) -> bool:
-    """True when dense `t` covers only part of its storage (a piece of a larger tensor)."""
-    if t.storage_offset():
-        return True
+def _storage_of(t: torch.Tensor) -> Any:
+    """`t`'s untyped storage (one Python object while any tensor uses it), or None for a
+    tensor without one (a wrapper subclass)."""
     try:
-        return t.untyped_storage().nbytes() > t.numel() * t.element_size()
+        return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):
-        return False
+        return None
+
+
+def _partial(t: torch.Tensor, storage: Any) -> bool:
+    """True when dense `t` covers only part of `storage`, its own (a piece of a larger
+    tensor)."""
+    return bool(t.storage_offset()) or storage.nbytes() > t.numel() * t.element_size()
+
+
+def span_strides(t: torch.Tensor) -> str:
+    """The strides a record of span `t` reads the span's stored bytes with (memory order): ""
+    when contiguous, else (on CPU, a dense permutation) its own."""
+    strided = not t.is_contiguous() and memory_span(t) is not None
+    return shape_str(t.stride()) if strided else ""
 
 
 class Within(NamedTuple):
@@ -373,27 +386,10 @@ class Writer:
         written (its version changes)."""
         if self._recent is None:
             return
-        holder = self._stored(source)
-        if holder is None:
-            return
-        strided = not source.is_contiguous() and memory_span(source) is not None
-        self._same[id(snapshot)] = (weakref.ref(snapshot), snapshot._version, holder,
-                                    shape_str(source.stride()) if strided else "")
-
-    def _stored(self, t: torch.Tensor) -> list | None:
-        """The holder of a record of this step that holds `t`'s memory as it is now (same span,
-        storage and version), or None; a look-up only, unlike `_reuse`."""
-        key = reuse_key(t)
-        if key is None or key[0][0] != "span":
-            return None
-        entry = self._seen.get(key[0])
-        if entry is None or entry[1] != key[1]:
-            return None
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):
-            return None
-        return entry[2] if entry[0]() is storage else None
+        holder, hit, kind, _ = self._reuse(source, True, insert=False)
+        if hit and kind == "span":
+            self._same[id(snapshot)] = (weakref.ref(snapshot), snapshot._version, holder,
+                                        span_strides(source))
 
     def _take_same(self, t: torch.Tensor) -> tuple[list, str] | None:
         """(holder, strides) that `same_bytes` left for this snapshot, once."""
@@ -409,41 +405,46 @@ class Writer:
         if self._recent is not None:
             self._recent.clear()
 
-    def _reuse(self, t: torch.Tensor, stable: bool, version: int | None = None
-               ) -> tuple[list | None, bool, str | None]:
-        """(holder, hit, kind): the holder of an earlier identical record's statistics and
-        bytes (hit True), or a new empty holder that this record fills (hit False), or None
-        when not reusable. On a hit the earlier record's stored bytes are this record's too: a
-        span is always stored in memory order, and this record reads it with its own strides
-        (docs/dump-format.md, /tensors). `kind`: "span" (found by its memory) or "id" (by
-        identity: on a hit, the same tensor object, stored in whatever layout its first record
-        chose), None when not reusable."""
+    def _reuse(self, t: torch.Tensor, stable: bool, version: int | None = None,
+               insert: bool = True) -> tuple[list | None, bool, str | None, Any]:
+        """(holder, hit, kind, storage): the holder of an earlier identical record's statistics
+        and bytes (hit True), or a new empty holder that this record fills (hit False; with
+        `insert` False, None and nothing is noted), or None when not reusable. On a hit the
+        earlier record's stored bytes are this record's too: a span is always stored in memory
+        order, and this record reads it with its own strides (docs/dump-format.md, /tensors).
+        `kind`: "span" (found by its memory) or "id" (by identity: on a hit, the same tensor
+        object, stored in whatever layout its first record chose), None when not reusable.
+        `storage`: `t`'s, for a span key (None otherwise)."""
         key = reuse_key(t, version) if stable else None
         if key is None:
-            return None, False, None
+            return None, False, None, None
         where, state = key
         kind = where[0]
+        storage = None
         if kind == "span":
             # the storage is alive (a tensor uses it), so the span's memory is still its: the
             # record that made the entry may have died (a saved output, an mm output that
-            # _unsafe_view made matmul's result of, a gradient detach()ed into p.grad)
+            # _unsafe_view made matmul's result of, a gradient detach()ed into p.grad).
+            # Inline, not _storage_of: this runs for every record
             try:
                 storage = t.untyped_storage()
             except (RuntimeError, NotImplementedError, TypeError):
-                return None, False, None
+                return None, False, None, None
         entry = self._seen.get(where)
         if entry is not None and entry[1] == state:
             owner = entry[0]()
             # for an identity key: the very tensor (its id may have been given to another)
             if owner is (storage if kind == "span" else t):
-                return entry[2], True, kind
+                return entry[2], True, kind, storage
+        if not insert:
+            return None, False, kind, storage
         holder: list = [None, None]
         self._seen[where] = (weakref.ref(storage if kind == "span" else t), state, holder)
         if kind == "span" and self._recent is not None and where[4].type == "cpu":
             self._recent.append(where)
-        return holder, False, kind
+        return holder, False, kind, storage
 
-    def _within(self, t: torch.Tensor, version: int | None, own: list | None
+    def _within(self, t: torch.Tensor, version: int | None, own: list | None, storage: Any
                 ) -> Within | None:
         """Where an earlier record of this step already stores all of `t`'s elements, `t` a
         strided CPU tensor (a slice, a view of one, an expansion, a dense piece of a larger
@@ -451,20 +452,17 @@ class Writer:
         so the memory is still its) whose memory holds `t`'s, at the same version (unchanged
         since). Such a span is stored as its memory, in memory order, so `t` is read from it at
         its own offset with its own strides. `own`: the holder `t`'s record just made, which
-        is not a candidate."""
+        is not a candidate; `storage`: `t`'s, or None when not looked up yet."""
         if not t.is_cpu or t.is_neg() or (t.dtype.is_complex and t.is_conj()):
             return None
-        n = t.numel()
-        if not n:
+        if not t.numel():
             return None
-        try:
-            storage = t.untyped_storage()
-        except (RuntimeError, NotImplementedError, TypeError):
+        if storage is None and (storage := _storage_of(t)) is None:
             return None
         size = t.element_size()
         strides = t.stride()
         lo = t.data_ptr()
-        hi = lo + size * (1 + sum((d - 1) * s for d, s in zip(t.shape, strides)))
+        hi = lo + size * stored_extent(tuple(t.shape), strides)
         dtype = t.dtype
         state = (t._version if version is None else version,)
         seen = self._seen
@@ -485,12 +483,12 @@ class Writer:
         over them ("" for C order), or a `Within` (its statistics are still to be taken, but
         no snapshot); `skip` when it needs no snapshot and no statistics of its own (it reuses
         them, and either shares bytes or stores none)."""
-        holder, hit, kind = self._reuse(t, stable, version)
+        holder, hit, kind, storage = self._reuse(t, stable, version)
         if not hit:
             # a strided slice, or a dense piece of a larger storage (x[i], x[:2], a chunk): its
             # elements may be stored already (a tensor owning all of its storage never is)
-            if self._recent and (kind == "id" or (kind == "span" and _partial(t))):
-                return holder, self._within(t, version, holder), False
+            if self._recent and (kind == "id" or (kind == "span" and _partial(t, storage))):
+                return holder, self._within(t, version, holder, storage), False
             return holder, None, False
         if not self.keep_bytes:
             return holder, None, True
@@ -498,8 +496,7 @@ class Writer:
             return holder, SAME_LAYOUT, True
         # a span hit: contiguous, or (on CPU) a dense permutation of the span, which is stored
         # in memory order
-        strided = not t.is_contiguous() and memory_span(t) is not None
-        return holder, (shape_str(t.stride()) if strided else ""), True
+        return holder, span_strides(t), True
 
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
@@ -537,9 +534,8 @@ class Writer:
             stored = shared.holder[1]
             if stored is None or stored[0] < 0:  # pragma: no cover - internal invariant
                 raise AssertionError("the containing record's bytes were never stored")
+            # no snapshot was taken for it (nothing to release): its bytes are stored already
             offset, nbytes, strides = stored[0] + shared.delta, shared.nbytes, shared.strides
-            if release is not None:
-                release()
             if share is not None and share[1] is None:
                 share[1] = (offset, nbytes, strides)
         elif shared is not None and self.keep_bytes:

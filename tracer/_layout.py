@@ -1,0 +1,25 @@
+"""How a record's element strides lay its elements over stored bytes (docs/dump-format.md,
+`strides`): pure functions over shape and stride tuples, shared by the capture side (tensors)
+and by the reader and the diff, which never import torch."""
+from __future__ import annotations
+
+
+def stored_extent(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """How many elements of stored bytes a record with these element `strides` reads, from its
+    first element to its last: `numel` for C order or a dense permutation, more for a slice
+    with gaps, fewer for an expansion (stride 0). 0 for a tensor without elements."""
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+
+
+def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """True when these strides read exactly `numel` consecutive elements, each once (C order,
+    or a transpose or permutation of a dense block): the elements then fill their memory in
+    memory order, with no gaps."""
+    expected = 1
+    for n, s in sorted(((n, s) for n, s in zip(shape, strides) if n != 1), key=lambda d: d[1]):
+        if s != expected:
+            return False
+        expected *= n
+    return True
