@@ -382,8 +382,9 @@ class Writer:
         optimizer changes it). In tensor/full mode, where a record of this step stores
         `source`'s memory unchanged (the op that read the weight in forward), the next record
         of `snapshot`, which comes with its statistics (`add`'s `stats`), points at those bytes
-        instead of storing the same ones again. Forgotten once used, or once `snapshot` is
-        written (its version changes)."""
+        instead of storing the same ones again; without statistics (no kernel), it takes that
+        record's too. Forgotten once used, or once `snapshot` is written (its version
+        changes)."""
         if self._recent is None:
             return
         holder, hit, kind, _ = self._reuse(source, True, insert=False)
@@ -483,6 +484,10 @@ class Writer:
         over them ("" for C order), or a `Within` (its statistics are still to be taken, but
         no snapshot); `skip` when it needs no snapshot and no statistics of its own (it reuses
         them, and either shares bytes or stores none)."""
+        if self._same and (same := self._take_same(t)) is not None:
+            # a parameter snapshot without the kernel's statistics (`same_bytes`): the record
+            # holding the parameter's memory has its statistics and bytes
+            return same[0], same[1], True
         holder, hit, kind, storage = self._reuse(t, stable, version)
         if not hit:
             # a strided slice, or a dense piece of a larger storage (x[i], x[:2], a chunk): its

@@ -160,8 +160,13 @@ def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
     return refs
 
 
+@pytest.mark.parametrize("kernel", ["built", "off"])
 @pytest.mark.parametrize("writer", ["sync", "async"])
-def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, monkeypatch):
+def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, kernel, monkeypatch):
+    if kernel == "off":  # as SLEUTH_FUSED_STATS=0 or an install without a C compiler
+        import tracer._stats as stats_module
+
+        monkeypatch.setattr(stats_module, "_fused", None)
     refs = dump_model(tmp_path, writer, monkeypatch)
     d = open_dump(tmp_path)
     step = d.steps(0)[0]
