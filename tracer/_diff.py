@@ -233,9 +233,8 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
     n = int(ra["numel"])
     oa, ob = int(ra["data_offset"]), int(rb["data_offset"])
     sa, sb = str(ra.get("strides") or ""), str(rb.get("strides") or "")
-    if int(ra["data_nbytes"]) != _stored_nbytes(n, ia, str(ra["shape"]), sa) or \
-            int(rb["data_nbytes"]) != _stored_nbytes(n, ib, str(rb["shape"]), sb):
-        raise DumpFormatError(f"record {ra['name']}: stored bytes do not match dtype and shape")
+    _check_stored(ra, n, ia, sa, "A")
+    _check_stored(rb, n, ib, sb, "B")
     if sa == sb and (not sa or dense_strides(parse_shape(str(ra["shape"])), parse_shape(sa))):
         # the same dense layout on both sides: element i of A's bytes is element i of B's
         read_a = lambda start, count: fa.read(oa + start * ia, count * ia)  # noqa: E731
@@ -253,6 +252,18 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
     m.update(judge_tensor(m, cos_min, atol))
     m.pop("rms")
     return m
+
+
+def _check_stored(row: dict, n: int, size: int, strides: str, side: str) -> None:
+    """Raise DumpFormatError unless the record's `data_nbytes` is the range its dtype, shape
+    and strides read (a damaged step file, or one not written by sleuth)."""
+    want = _stored_nbytes(n, size, str(row["shape"]), strides)
+    got = int(row["data_nbytes"])
+    if got != want:
+        raise DumpFormatError(
+            f"record {row['name']} in dump {side}: data_nbytes is {got}, but dtype "
+            f"{row['dtype']}, shape [{row['shape']}] and strides [{strides}] read {want} bytes; "
+            f"the step file is damaged or was not written by sleuth: dump that step again")
 
 
 def _stored_nbytes(n: int, size: int, shape: str, strides: str) -> int:
