@@ -1,7 +1,8 @@
 /* tracer._fused: one-pass tensor statistics over raw memory (see tracer/_stats.py).
  *
  * stats(address, count, code, threads=1) reads `count` elements at `address` (float32,
- * bfloat16 or float16, by `code`) once and returns
+ * bfloat16 or float16, by `code`; also int64, int32, int16, int8 and uint8/bool, see int_stats)
+ * once and returns
  *     (min, max, sum, sum_of_squares, zeros, nan, posinf, neginf, checksum)
  * with min/max over the non-NaN elements, zeros counting +0 and -0, and checksum the sum of the
  * raw element bits modulo 2**64 (the caller wraps it to the element width). Sums run in float32
@@ -32,6 +33,8 @@
 #include <string.h>
 
 enum { CODE_F32 = 0, CODE_BF16 = 1, CODE_F16 = 2 };
+/* integer and bool codes, accepted by stats() only (one scalar pass, see int_stats) */
+enum { CODE_I64 = 3, CODE_I32 = 4, CODE_I16 = 5, CODE_I8 = 6, CODE_U8 = 7, CODE_LAST = 7 };
 /* VL elements per vector, UNROLL independent vectors per statistic (their dependency chains
  * overlap): LANES accumulators in all */
 #define VL 8
@@ -368,12 +371,63 @@ static int check_args(unsigned long long address, long long count, int code, con
     return 0;
 }
 
+/* Integer and bool tensors (ids, labels, masks, counts): one scalar pass the compiler
+ * vectorizes. min and max are exact and then converted to double (conversion is monotonic, so
+ * this equals the min of the converted values, as the numpy path takes it); the sum is exact in
+ * 128 bits and rounded once; the sum of squares runs in double in element order; the
+ * checksum is the raw bits summed modulo 2**64, as for floats (the caller wraps it to the
+ * element width). Nothing is NaN or infinite. */
+#define DEFINE_INT_PASS(NAME, ETYPE, UTYPE)                                                    \
+    static void NAME(const ETYPE *x, int64_t n, double *mn, double *mx, double *sum,          \
+                     double *sq, uint64_t *zeros, uint64_t *checksum) {                        \
+        ETYPE lo = x[0], hi = x[0];                                                            \
+        __int128 s = 0;                                                                        \
+        double q = 0.0;                                                                        \
+        uint64_t z = 0, ck = 0;                                                                \
+        for (int64_t i = 0; i < n; i++) {                                                      \
+            ETYPE v = x[i];                                                                    \
+            lo = v < lo ? v : lo;                                                              \
+            hi = v > hi ? v : hi;                                                              \
+            s += v;                                                                            \
+            q += (double)v * (double)v;                                                        \
+            z += v == 0;                                                                       \
+            ck += (uint64_t)(UTYPE)v;                                                          \
+        }                                                                                      \
+        *mn = (double)lo; *mx = (double)hi; *sum = (double)s; *sq = q;                         \
+        *zeros = z; *checksum = ck;                                                            \
+    }
+DEFINE_INT_PASS(int_pass_i64, int64_t, uint64_t)
+DEFINE_INT_PASS(int_pass_i32, int32_t, uint32_t)
+DEFINE_INT_PASS(int_pass_i16, int16_t, uint16_t)
+DEFINE_INT_PASS(int_pass_i8, int8_t, uint8_t)
+DEFINE_INT_PASS(int_pass_u8, uint8_t, uint8_t)
+
+static PyObject *int_stats(const char *src, int64_t count, int code) {
+    double mn = 0, mx = 0, sum = 0, sq = 0;
+    uint64_t zeros = 0, checksum = 0;
+    Py_BEGIN_ALLOW_THREADS
+    switch (code) {
+    case CODE_I64: int_pass_i64((const int64_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
+    case CODE_I32: int_pass_i32((const int32_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
+    case CODE_I16: int_pass_i16((const int16_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
+    case CODE_I8: int_pass_i8((const int8_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
+    default: int_pass_u8((const uint8_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
+    }
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("ddddKKKKK", mn, mx, sum, sq, (unsigned long long)zeros, 0ULL, 0ULL,
+                         0ULL, (unsigned long long)checksum);
+}
+
 static PyObject *fused_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     long long count;
     int code, threads = 1;
     (void)self;
     if (!PyArg_ParseTuple(args, "KLi|i", &address, &count, &code, &threads)) return NULL;
+    if (code >= CODE_I64 && code <= CODE_LAST) {
+        if (check_args(address, count, CODE_F32, "stats", 0, NULL) < 0) return NULL;
+        return int_stats((const char *)(uintptr_t)address, count, code);
+    }
     if (check_args(address, count, code, "stats", 0, NULL) < 0) return NULL;
     work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
     return run_work(&w, threads);
@@ -480,7 +534,8 @@ static PyObject *fused_collect(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"stats", fused_stats, METH_VARARGS,
      "stats(address, count, code, threads=1) -> (min, max, sum, sumsq, zeros, nan, posinf, "
-     "neginf, checksum); code 0 float32, 1 bfloat16, 2 float16; threads 2 lets a helper "
+     "neginf, checksum); code 0 float32, 1 bfloat16, 2 float16, 3 int64, 4 int32, 5 int16, 6 "
+     "int8, 7 uint8 or bool (integers: one thread; nothing NaN); threads 2 lets a helper "
      "thread take half of a large tensor (the result does not change)"},
     {"copy_stats_into", fused_copy_stats_into, METH_VARARGS,
      "copy_stats_into(dst_buffer, src, count, code, threads=1): copy_stats into a writable "

@@ -1,7 +1,7 @@
 """Per-record tensor statistics: min, max, mean, L2 norm, NaN/Inf/zero counts and a checksum.
 
 Speed matters here: the capture hooks call this for every record. float32, bfloat16 and
-float16 on CPU go through `tracer._fused`, a small C kernel (tracer/_fused.c, built by setup.py
+float16 on CPU (and integers and bool, in a scalar pass) go through `tracer._fused`, a small C kernel (tracer/_fused.c, built by setup.py
 where a C compiler exists) that reads the tensor once and computes every statistic in that
 pass, with the GIL released, at 3-4x the speed of the numpy path below (benchmarks/RESULTS.md);
 a tensor of 256K elements or more is shared with one helper thread when torch leaves a core
@@ -58,8 +58,15 @@ try:  # the optional one-pass C kernel (setup.py builds it where a C compiler ex
     from tracer import _fused
 except ImportError:
     _fused = None
-# dtype -> the kernel's dtype code; SLEUTH_FUSED_STATS=0 switches the kernel off
+# dtype -> the kernel's dtype code for every fused form (copies, differences, the helper
+# thread's queue); SLEUTH_FUSED_STATS=0 switches the kernel off
 _FUSED_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+# the dtypes `stats` alone takes besides those: integers and bool in one scalar pass (their
+# numpy path cost ~35 us for 512 token ids, 150 us in a training step with cold caches)
+_STATS_CODES = {**_FUSED_CODES, torch.int64: 3, torch.int32: 4, torch.int16: 5, torch.int8: 6,
+                torch.uint8: 7, torch.bool: 7}
+# the checksum's width in bits by kernel code (see element_bits)
+_CODE_BITS = (32, 16, 16, 64, 32, 16, 8, 8)
 if not env_switch("SLEUTH_FUSED_STATS"):
     _fused = None
 
@@ -266,11 +273,11 @@ def _zeros_in(a: np.ndarray) -> int:
 def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
     """Statistics of `t` as a dict with the keys of STAT_FIELDS (Python floats and ints).
 
-    float32, bfloat16 and float16 go through the one-pass C kernel when it was built
-    (`fused_available()`); everything else, or every dtype without the kernel, through
-    `numpy_host_stats`.
+    float32, bfloat16, float16, the signed integers, uint8 and bool go through the one-pass C
+    kernel when it was built (`fused_available()`); everything else (float64, complex, fp8),
+    or every dtype without the kernel, through `numpy_host_stats`.
     """
-    code = _FUSED_CODES.get(t.dtype) if _fused is not None else None
+    code = _STATS_CODES.get(t.dtype) if _fused is not None else None
     if code is not None and t.is_cpu and t.layout == torch.strided and t.is_contiguous() \
             and not t.is_neg():
         # the common record: straight to the kernel, no detach or reshape (~2 us saved)
@@ -304,7 +311,7 @@ def _fused_dict(result: tuple, n: int, code: int) -> dict:
         mean, norm = total / n, math.sqrt(sq)
     return {"min": mn, "max": mx, "mean": mean, "norm": norm, "nan": nan, "posinf": posinf,
             "neginf": neginf, "zeros": zeros,
-            "checksum": _wrap(checksum, 32 if code == 0 else 16)}
+            "checksum": _wrap(checksum, _CODE_BITS[code])}
 
 
 def _plain_cpu(*tensors: torch.Tensor) -> bool:

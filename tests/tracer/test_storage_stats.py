@@ -176,6 +176,33 @@ def test_kernel_edges_lengths_and_special_positions(dtype):
         check(every)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16, torch.int8,
+                                   torch.uint8, torch.bool])
+def test_integer_kernel_agrees_with_the_numpy_path(dtype):
+    """Integers and bool take the kernel's scalar pass: min, max, counts and checksum exactly
+    as the numpy path has them, mean and norm to float rounding; extremes of the type and a
+    sum past int64 included."""
+    info = torch.iinfo(dtype) if dtype != torch.bool else None
+    g = torch.Generator().manual_seed(3)
+    cases = [torch.tensor([0], dtype=dtype), torch.tensor([1], dtype=dtype)]
+    if info is not None:
+        cases += [torch.randint(info.min, info.max, (n,), generator=g, dtype=dtype)
+                  for n in (1, 7, 31, 512, 70_001)]
+        cases.append(torch.tensor([info.min, info.max, 0, info.max], dtype=dtype))
+    else:
+        cases.append(torch.rand(5000, generator=g) > 0.3)
+    for t in cases:
+        fast, slow = host_stats(t), numpy_host_stats(t)
+        for k in ("min", "max", "nan", "posinf", "neginf", "zeros", "checksum"):
+            assert fast[k] == slow[k], (k, fast[k], slow[k], dtype, t.numel())
+        for k in ("mean", "norm"):
+            assert math.isclose(fast[k], slow[k], rel_tol=1e-12), (k, fast[k], slow[k])
+    if fused_available():  # the kernel, not the numpy path, took them
+        from tracer import _stats
+
+        assert _stats._STATS_CODES[dtype] >= 3
+
+
 def test_requires_grad_and_views_are_fine():
     w = torch.randn(8, 8, requires_grad=True)
     check(w * 2)
