@@ -47,6 +47,7 @@ import torch
 
 from tracer._config import DumpConfig, env_switch
 from tracer._errors import TracerError
+from tracer._fastpath import NOT_HERE, stats_row
 from tracer._filer import shared_file_process
 from tracer._format import PendingFile, StepFile
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
@@ -175,6 +176,17 @@ class AsyncWriter(Writer):
             self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
+        if self._lean and stats is None and not defer and not self._waiting:
+            try:
+                row = stats_row(self, self._rows, self._step, seq, meta, tensor, stable, version)
+            except Exception as e:  # noqa: BLE001 - on_error decides, as below
+                self._fail_staging(e, meta)
+                return
+            if row is not NOT_HERE:
+                if self._rows.pending_bytes >= self._rows.chunk:
+                    self._hand_over_bytes()
+                self._deliver(row)
+                return
         # made here (inline): records on CPU (or meta) with the kernel built, and records whose
         # statistics the caller computed; the writer thread gets their bytes in chunks
         inline = (stats is not None and not self.keep_bytes) or (
@@ -220,11 +232,7 @@ class AsyncWriter(Writer):
             else:
                 staged, nbytes = self._stage(tensor)
         except Exception as e:  # noqa: BLE001 - on_error decides
-            self._waiting.drop()
-            self._rows.reset()
-            self._put(("end", None), 0)  # drop the half-made step
-            self._in_step = False
-            self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
+            self._fail_staging(e, meta)
             return
         if inline:
             if self._rows.pending_bytes >= self._rows.chunk:  # checked here: the hot path
@@ -238,6 +246,14 @@ class AsyncWriter(Writer):
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
+
+    def _fail_staging(self, e: Exception, meta: RecordMeta) -> None:
+        """Drop the half-made step and apply on_error to `e`, raised staging `meta`'s record."""
+        self._waiting.drop()
+        self._rows.reset()
+        self._put(("end", None), 0)
+        self._in_step = False
+        self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
 
     def _hand_over_bytes(self) -> None:
         """Queue the tensor bytes made in the training thread, if any, for the writer thread."""

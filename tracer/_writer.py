@@ -23,6 +23,8 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
+from tracer._fastpath import NOT_HERE, stats_row
+from tracer._fastpath import available as lean_available
 from tracer._format import StepFile, root_attrs, step_path
 from tracer._layout import stored_extent
 from tracer._queued import QueuedRows
@@ -302,6 +304,8 @@ class Writer:
         # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
         self._same: dict[int, tuple] = {}
         self._waiting = QueuedRows(self)
+        # statistics mode with the kernel: most records take tracer._fastpath
+        self._lean = lean_available(self)
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -647,30 +651,40 @@ class SyncWriter(Writer):
             self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
-        ticket = None
         try:
-            if stats is not None:  # computed by the caller (see Writer.add)
-                same = self._take_same(tensor) if self._same else None
-                share, shared = same if same is not None else (None, None)
-                snap, release = (snapshot_bytes(tensor, self._pool)
-                                 if self.keep_bytes and same is None else (None, None))
-            else:
-                share, shared, skip = self._plan(tensor, stable, version)
-                if skip:
-                    snap, release = None, None
-                elif defer and not self.keep_bytes and \
-                        (ticket := self._waiting.submit(tensor)) is not None:
-                    snap, release = None, None
-                else:  # a `Within` record's bytes are stored already: statistics only
-                    stats, snap, release = _capture_now(tensor, self.keep_bytes and shared is None,
-                                                        self._pool)
-            row = self._row(self._file, self._step, seq, meta, tensor, stats, snap, release,
-                            share, shared, ticket)
+            row = NOT_HERE
+            if self._lean and stats is None and not defer and not self._waiting:
+                row = stats_row(self, self._file, self._step, seq, meta, tensor, stable,
+                                version)
+            if row is NOT_HERE:
+                row = self._general_row(seq, meta, tensor, stable, version, stats, defer)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
             return
         self._deliver(row)
+
+    def _general_row(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
+                     version: int | None, stats: dict | None, defer: bool) -> dict | None:
+        """`add`'s record where tracer._fastpath does not take it (see `Writer._plan`)."""
+        ticket = None
+        if stats is not None:  # computed by the caller (see Writer.add)
+            same = self._take_same(tensor) if self._same else None
+            share, shared = same if same is not None else (None, None)
+            snap, release = (snapshot_bytes(tensor, self._pool)
+                             if self.keep_bytes and same is None else (None, None))
+        else:
+            share, shared, skip = self._plan(tensor, stable, version)
+            if skip:
+                snap, release = None, None
+            elif defer and not self.keep_bytes and \
+                    (ticket := self._waiting.submit(tensor)) is not None:
+                snap, release = None, None
+            else:  # a `Within` record's bytes are stored already: statistics only
+                stats, snap, release = _capture_now(tensor, self.keep_bytes and shared is None,
+                                                    self._pool)
+        return self._row(self._file, self._step, seq, meta, tensor, stats, snap, release,
+                         share, shared, ticket)
 
     def add_hit(self, hit: dict) -> None:
         if self.enabled and self._file is not None:
