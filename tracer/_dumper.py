@@ -223,9 +223,6 @@ class Dumper:
         """
         if self._busy or not self.capturing:
             return
-        if not self._open and _in_data_worker():
-            self._leave_process()
-            return
         if defer:
             # inside a backward pass: have the writer make the rows of queued records when it
             # ends (an autograd engine callback), so nothing is pending once backward() returns
@@ -233,39 +230,43 @@ class Dumper:
             if task != -1 and task != self._settle_task:
                 self._settle_task = task
                 torch.autograd.Variable._execution_engine.queue_callback(self._settle)
-        error = self._quietly(self._add_records, scope, module, op, phase, direction, call,
-                              source, (tensor,), stable, version, index, stats, defer)
-        if error is not None:
-            self._fail(error)
+        self.emit_all(scope, module, op, phase, direction, call, source, (tensor,), stable,
+                      version, index, stats, defer)
 
     def emit_all(self, scope: str, module: str, op: str, phase: str, direction: str,
-                 call: int, source: str, tensors: list[torch.Tensor], stable: bool = True,
-                 version: int | None = None, first: int = 0) -> None:
+                 call: int, source: str, tensors: Sequence[torch.Tensor], stable: bool = True,
+                 version: int | None = None, first: int = 0, stats: dict | None = None,
+                 defer: bool = False) -> None:
         """`emit` for several tensors of one call, indexed from `first`: one pass through the
-        lock and the dispatch-mode suspension for all of them (the per-record Python around
-        `Writer.add` runs on a cache that each op just cooled, ~3 us a level)."""
+        lock and the dispatch-mode suspension for all of them. Inline, not through
+        `_quietly`: each Python call level costs ~3 us on the caches an op just cooled."""
         if self._busy or not self.capturing or not tensors:
             return
         if not self._open and _in_data_worker():
             self._leave_process()
             return
-        error = self._quietly(self._add_records, scope, module, op, phase, direction, call,
-                              source, tensors, stable, version, first)
+        error = None
+        with self._lock:
+            self._busy = True
+            mode = self._mode
+            suspended = mode is not None and mode.suspend()
+            try:
+                if not self._open:
+                    self._open_step()
+                meta, add = self._meta, self._add
+                prefix = f"{scope}.{phase}.{call}.{direction}."
+                for i, t in enumerate(tensors, first):
+                    # RecordMeta(name, module, op, phase, direction, index, call, source)
+                    add(meta(prefix + str(i), module, op, phase, direction, i, call, source), t,
+                        stable, version, stats, defer)
+            except Exception as e:  # noqa: BLE001 - routed through on_error below
+                error = e
+            finally:
+                if suspended:
+                    mode.resume()
+                self._busy = False
         if error is not None:
             self._fail(error)
-
-    def _add_records(self, scope: str, module: str, op: str, phase: str, direction: str,
-                     call: int, source: str, tensors: Sequence[torch.Tensor], stable: bool,
-                     version: int | None, first: int, stats: dict | None = None,
-                     defer: bool = False) -> None:
-        if not self._open:
-            self._open_step()
-        meta, add = self._meta, self._add
-        prefix = f"{scope}.{phase}.{call}.{direction}."
-        for i, t in enumerate(tensors, first):
-            # RecordMeta(name, module, op, phase, direction, index, call, source)
-            add(meta(prefix + str(i), module, op, phase, direction, i, call, source), t, stable,
-                version, stats, defer)
 
     def _quietly(self, work: Any, *args: Any) -> Exception | None:
         """Run the dump's own `work(*args)` under the lock, marked busy (the hooks ignore what

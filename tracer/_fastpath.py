@@ -41,14 +41,20 @@ def available(writer: Writer) -> bool:
 
 
 def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta,
-              t: torch.Tensor, stable: bool, version: int | None) -> Any:
+              t: torch.Tensor, stable: bool, version: int | None,
+              stats: dict | None = None) -> Any:
     """Make the row of record `seq` (tensor `t`, name and origin `meta`) in `target` (a step
     file or the async writer's rows) and hand it to the row sinks; returns the row as a dict
     for the observers (None when there are none), or NOT_HERE, with nothing done, for a
-    record the general path must take. The caller has checked that the writer is
-    `available`, that it is enabled, and that no record waits for queued statistics (rows are
-    made in record order)."""
+    record the general path must take. `stats`: computed by the caller (a parameter record,
+    see `Writer.add`); `t` then gives dtype and shape only. The caller has checked that the
+    writer is `available`, that it is enabled, and that no record waits for queued statistics
+    (rows are made in record order)."""
     dtype = t.dtype
+    if stats is not None:
+        return _row(writer, target, step, seq, meta, dtype, t.shape, t.numel(), stats["min"],
+                    stats["max"], stats["mean"], stats["norm"], stats["nan"], stats["posinf"],
+                    stats["neginf"], stats["zeros"], stats["checksum"])
     code = _STATS_CODES.get(dtype)
     if code is None or not t.is_cpu or t.layout is not _STRIDED or not t.is_contiguous() \
             or t.is_neg() or (writer._same and id(t) in writer._same):
@@ -57,7 +63,7 @@ def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta
     if not n:
         return NOT_HERE
     ptr = t.data_ptr()
-    stats = holder = None
+    holder = None
     if stable and not t.is_inference():
         # the span key of `reuse_key`, valid while the storage lives (see Writer._reuse)
         storage = t.untyped_storage()
@@ -90,8 +96,17 @@ def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta
         mn, mx, mean, norm = stats["min"], stats["max"], stats["mean"], stats["norm"]
         nan, posinf, neginf = stats["nan"], stats["posinf"], stats["neginf"]
         zeros, checksum = stats["zeros"], stats["checksum"]
+    return _row(writer, target, step, seq, meta, dtype, t.shape, n, mn, mx, mean, norm, nan,
+                posinf, neginf, zeros, checksum)
+
+
+def _row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta,
+         dtype: torch.dtype, shape: Any, n: int, mn: float, mx: float, mean: float, norm: float,
+         nan: int, posinf: int, neginf: int, zeros: int, checksum: int) -> dict | None:
+    """The row of a statistics-mode record (no bytes) into `target` and the row sinks; the
+    observers' dict, or None without observers (the general path's `Writer._record`)."""
     name, module, op, phase, direction, index, call, source = meta
-    dtype_s, shape_s = dtype_name(dtype), shape_str(t.shape)
+    dtype_s, shape_s = dtype_name(dtype), shape_str(shape)
     row = (seq, name, module, op, phase, direction, index, call, dtype_s, shape_s, n, mn, mx,
            mean, norm, nan, posinf, neginf, zeros, checksum, source, -1, 0, "")
     target.add_row(row)

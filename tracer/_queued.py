@@ -40,8 +40,10 @@ if TYPE_CHECKING:
     from tracer._writer import RecordMeta, Writer
 
 ENABLED = env_switch("SLEUTH_DEFER_STATS")
-MIN_ELEMENTS = 1 << 14
-"""Smaller tensors are measured in the hook: queueing costs about what they do."""
+MIN_ELEMENTS = 1 << 16
+"""Smaller tensors are measured in the hook (tracer._fastpath): the kernel there (~16 us for
+64K float32) costs less than queueing a record, waiting for it and making its row later
+(~10-15 us of Python with the caches a training step leaves)."""
 MAX_QUEUED_BYTES = 256 << 20
 
 
@@ -59,10 +61,16 @@ class QueuedRows:
         return bool(self._entries)
 
     @staticmethod
+    def wanted(tensor: torch.Tensor) -> bool:
+        """True when `submit` would try to queue `tensor`'s statistics (a deferred record that
+        is not: its statistics are taken in the hook)."""
+        return ENABLED and tensor.is_cpu and tensor.numel() >= MIN_ELEMENTS \
+            and _stats.STATS_THREADS >= 2
+
+    @staticmethod
     def submit(tensor: torch.Tensor) -> tuple | None:
         """Queue `tensor`'s statistics if it is worth it; the ticket, or None (measure it now)."""
-        if not ENABLED or not tensor.is_cpu or tensor.numel() < MIN_ELEMENTS \
-                or _stats.STATS_THREADS < 2:
+        if not QueuedRows.wanted(tensor):
             return None
         return submit_stats(tensor)
 

@@ -653,9 +653,9 @@ class SyncWriter(Writer):
         self._seq += 1
         try:
             row = NOT_HERE
-            if self._lean and stats is None and not defer and not self._waiting:
+            if self._lean and not self._waiting and (not defer or not self._waiting.wanted(tensor)):
                 row = stats_row(self, self._file, self._step, seq, meta, tensor, stable,
-                                version)
+                                version, stats)
             if row is NOT_HERE:
                 row = self._general_row(seq, meta, tensor, stable, version, stats, defer)
         except Exception as e:  # noqa: BLE001 - on_error decides
