@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -251,3 +252,29 @@ def train_and_dump(model_fn, batch_fn, path, steps=2, micro=1, dump_steps=None, 
             opt.step()
             opt.zero_grad()
     return tracer.open_dump(path)
+
+
+def _lm_batch():
+    ids = torch.randint(0, 64, (2, 8))
+    return ids, None, ids
+
+
+def _channels_last_cnn():
+    return SmallCNN().to(memory_format=torch.channels_last)
+
+
+def stranger_models() -> list[tuple[str, Any, Any]]:
+    """(id, model factory, batch factory) of eight models we did not write, each with a hard
+    case: attention slices, BatchNorm with in-place ReLU, channels_last, LSTM gates, a custom
+    Function, recomputation, a layer called twice, in-place ops."""
+    return [
+        ("causal_lm", lambda: TinyCausalLM(TinyConfig()), _lm_batch),
+        ("cnn", SmallCNN, lambda: (torch.randn(2, 3, 8, 8),)),
+        ("cnn_channels_last", _channels_last_cnn,
+         lambda: (torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last),)),
+        ("lstm", SmallLSTM, lambda: (torch.randint(0, 32, (2, 6)),)),
+        ("custom_fn", CustomFnModel, lambda: (torch.randn(3, 4),)),
+        ("checkpointed", CheckpointedMLP, lambda: (torch.randn(4, 8),)),
+        ("shared_layer", SharedLayer, lambda: (torch.randn(3, 4),)),
+        ("inplace", InplaceModel, lambda: (torch.randn(3, 4),)),
+    ]

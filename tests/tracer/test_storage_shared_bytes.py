@@ -20,6 +20,8 @@ from tracer._diff import diff
 from tracer._reader import open_dump
 from tracer._writer import RecordMeta, make_writer
 
+from models import stranger_models
+
 
 def meta(name: str) -> RecordMeta:
     return RecordMeta(f"{name}.forward.0.output.0", name, "", "forward", "output", 0, 0,
@@ -557,37 +559,9 @@ def test_two_op_tensor_dumps_of_the_trainer_gpt_diff_record_by_record(tmp_path):
     assert result.first_divergence["module"].startswith("transformer.h.1.attn")
 
 
-def _lm_batch():
-    ids = torch.randint(0, 64, (2, 8))
-    return ids, None, ids
-
-
-def _channels_last_cnn():
-    from models import SmallCNN
-
-    return SmallCNN().to(memory_format=torch.channels_last)
-
-
-def _stranger_models():
-    from models import (CheckpointedMLP, CustomFnModel, InplaceModel, SharedLayer, SmallCNN,
-                        SmallLSTM, TinyCausalLM, TinyConfig)
-
-    return [
-        ("causal_lm", lambda: TinyCausalLM(TinyConfig()), _lm_batch),
-        ("cnn", SmallCNN, lambda: (torch.randn(2, 3, 8, 8),)),
-        ("cnn_channels_last", _channels_last_cnn,
-         lambda: (torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last),)),
-        ("lstm", SmallLSTM, lambda: (torch.randint(0, 32, (2, 6)),)),
-        ("custom_fn", CustomFnModel, lambda: (torch.randn(3, 4),)),
-        ("checkpointed", CheckpointedMLP, lambda: (torch.randn(4, 8),)),
-        ("shared_layer", SharedLayer, lambda: (torch.randn(3, 4),)),
-        ("inplace", InplaceModel, lambda: (torch.randn(3, 4),)),
-    ]
-
-
 @pytest.mark.parametrize("writer", ["sync", "async"])
 @pytest.mark.parametrize("level", ["op", "mix"])
-@pytest.mark.parametrize("index", range(8), ids=[m[0] for m in _stranger_models()])
+@pytest.mark.parametrize("index", range(8), ids=[m[0] for m in stranger_models()])
 def test_models_we_did_not_write_read_back_exactly(tmp_path, monkeypatch, writer, level, index):
     """Every record of a tensor dump of models we did not write (attention slices, BatchNorm
     and in-place ReLU, channels_last, LSTM gates, a custom Function, recomputation, a layer
@@ -595,7 +569,7 @@ def test_models_we_did_not_write_read_back_exactly(tmp_path, monkeypatch, writer
     its bytes are shared."""
     from models import train_and_dump
 
-    _, model_fn, batch_fn = _stranger_models()[index]
+    _, model_fn, batch_fn = stranger_models()[index]
     refs = record_adds(monkeypatch)
     d = train_and_dump(model_fn, batch_fn, tmp_path, steps=1, level=level, mode="tensor",
                        writer=writer)
@@ -606,14 +580,14 @@ def test_models_we_did_not_write_read_back_exactly(tmp_path, monkeypatch, writer
 
 
 @pytest.mark.parametrize("level", ["op", "mix"])
-@pytest.mark.parametrize("index", range(8), ids=[m[0] for m in _stranger_models()])
+@pytest.mark.parametrize("index", range(8), ids=[m[0] for m in stranger_models()])
 def test_sync_and_async_dumps_of_models_we_did_not_write_diff_the_same(tmp_path, level, index):
     """Two seeded steps of each model, one dumped by each writer, diff the same record by
     record (tensor mode): nothing differs between runs of the same code, scratch memory
     included (oneDNN's LSTM workspace is no record)."""
     from models import train_and_dump
 
-    _, model_fn, batch_fn = _stranger_models()[index]
+    _, model_fn, batch_fn = stranger_models()[index]
     for run, writer in (("a", "sync"), ("b", "async")):
         train_and_dump(model_fn, batch_fn, tmp_path / run, steps=2, level=level, mode="tensor",
                        writer=writer)
@@ -650,7 +624,7 @@ def test_slices_in_a_spilled_step_diff_the_same(tmp_path):
         assert diff(kept, spilled).status == "same", writer
 
 
-@pytest.mark.parametrize("index", range(8), ids=[m[0] for m in _stranger_models()])
+@pytest.mark.parametrize("index", range(8), ids=[m[0] for m in stranger_models()])
 def test_statistics_do_not_depend_on_the_mode_or_the_steps_dumped(tmp_path, index):
     """The same seeded run gives the same records and statistics whether tensors are kept
     (statistics of copies, slices measured where they point) or not, and a step dumped alone
@@ -658,7 +632,7 @@ def test_statistics_do_not_depend_on_the_mode_or_the_steps_dumped(tmp_path, inde
     changes a value, and none leaks from one step into the next."""
     from models import train_and_dump
 
-    _, model_fn, batch_fn = _stranger_models()[index]
+    _, model_fn, batch_fn = stranger_models()[index]
     run = functools.partial(train_and_dump, model_fn, batch_fn, steps=3, level="mix",
                             writer="async")
     stats = run(tmp_path / "s", mode="statistics")
