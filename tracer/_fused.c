@@ -9,8 +9,8 @@
  * lanes over short runs, then in float64 per chunk of 64K elements, and chunk results are added
  * in chunk order: the result depends only on the data, not on threads or on the instruction
  * set. NaN and Inf are counted in a second pass, run only when the first pass shows they exist
- * (they propagate into the sum or reach min/max). The GIL is released while it runs; with
- * threads=2 a helper thread shares the chunks of a large tensor (see run_shared).
+ * (they propagate into the sum or reach min/max). The GIL is released while it runs over 64K
+ * elements or more (GIL_FREE_MIN); with threads=2 a helper thread shares the chunks of a large tensor (see run_shared).
  *
  * Fused forms serve the async snapshots and the parameter records (memory cold by step end):
  *     copy_stats(dst, src, count, code, threads=1)   copies, and returns the statistics of
@@ -47,6 +47,12 @@ enum { CODE_I64 = 3, CODE_I32 = 4, CODE_I16 = 5, CODE_I8 = 6, CODE_U8 = 7, CODE_
 /* Tensors of at least this many elements are split between the caller and the helper thread. */
 #define SPLIT_MIN (1 << 18)
 #define STACK_CHUNKS 256
+/* Passes over fewer elements keep the GIL (~16 us of float32 at most): releasing it lets a
+ * thread that waits for it (the async writer's) run Python, and the caller then waits to take
+ * it back, for up to the interpreter's switch interval, far longer than the pass. */
+#define GIL_FREE_MIN (1 << 16)
+#define RELEASE_GIL_IF(big) PyThreadState *gil_state_ = (big) ? PyEval_SaveThread() : NULL
+#define RESTORE_GIL() do { if (gil_state_ != NULL) PyEval_RestoreThread(gil_state_); } while (0)
 
 typedef struct {
     float mn, mx;
@@ -328,7 +334,7 @@ static PyObject *run_work(const work_t *w, int threads) {
     }
     acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
     uint64_t nan = 0, pinf = 0, ninf = 0;
-    Py_BEGIN_ALLOW_THREADS
+    RELEASE_GIL_IF(count >= GIL_FREE_MIN);
     int split = 0;
 #if HAVE_HELPER
     if (threads > 1 && count >= SPLIT_MIN && nchunks >= 2 && helper_acquire()) {
@@ -346,7 +352,7 @@ static PyObject *run_work(const work_t *w, int threads) {
     }
     /* NaN makes the sum NaN; Inf reaches min or max (or makes the sum NaN as +Inf + -Inf) */
     if (isnan(acc.sum) || isinf(acc.mn) || isinf(acc.mx)) count_special(w, &nan, &pinf, &ninf);
-    Py_END_ALLOW_THREADS
+    RESTORE_GIL();
     if (sums != stack_sums) PyMem_RawFree(sums);
     PyMem_RawFree(scratch);
     return result_tuple(&acc, nan, pinf, ninf);
@@ -405,7 +411,7 @@ DEFINE_INT_PASS(int_pass_u8, uint8_t, uint8_t)
 static PyObject *int_stats(const char *src, int64_t count, int code) {
     double mn = 0, mx = 0, sum = 0, sq = 0;
     uint64_t zeros = 0, checksum = 0;
-    Py_BEGIN_ALLOW_THREADS
+    RELEASE_GIL_IF(count >= GIL_FREE_MIN);
     switch (code) {
     case CODE_I64: int_pass_i64((const int64_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
     case CODE_I32: int_pass_i32((const int32_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
@@ -413,7 +419,7 @@ static PyObject *int_stats(const char *src, int64_t count, int code) {
     case CODE_I8: int_pass_i8((const int8_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
     default: int_pass_u8((const uint8_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
     }
-    Py_END_ALLOW_THREADS
+    RESTORE_GIL();
     return Py_BuildValue("ddddKKKKK", mn, mx, sum, sq, (unsigned long long)zeros, 0ULL, 0ULL,
                          0ULL, (unsigned long long)checksum);
 }
