@@ -404,30 +404,44 @@ class Dumper:
 
     def _record_params(self, call: int, with_update: bool,
                        optimizer: torch.optim.Optimizer | None = None) -> None:
-        source = user_source(3)
-        # the update's values are needed unless a tracer writer keeps only the statistics
-        materialize = self.config.mode != "statistics" or not self._takes_stats
-        for name, owner, p in self._wanted_params(optimizer):
-            before, before_stats = self._snapshots.get(id(p), (None, None)) if with_update \
-                else (None, None)
-            self.emit(name, owner, "", "optimizer", "param", 0, call, source,
-                      before if before is not None else p.detach(), stats=before_stats)
-            if p.grad is not None:
-                # measured on the helper thread while this loop goes on; settled below, before
-                # user code could write the gradient again
-                self.emit(name, owner, "", "optimizer", "grad", 0, call, source, p.grad.detach(),
-                          defer=True)
-            if before is None:
-                continue
-            self._busy = True  # the subtraction is ours, not the model's
-            try:
-                update, update_stats = self._update(p.detach(), before, materialize)
-            finally:
-                self._busy = False
-            self.emit(name, owner, "", "optimizer", "update", 0, call, source, update,
-                      stats=update_stats)
+        params = self._wanted_params(optimizer) if not self._busy and self.capturing else []
+        if params and not self._open and _in_data_worker():
+            self._leave_process()
+            return
+        if params:
+            # one pass through the lock for all of the step's parameter records
+            error = self._quietly(self._add_params, params, call, user_source(3), with_update)
+            if error is not None:
+                self._fail(error)
         self._snapshots.clear()
         self._settle()
+
+    def _add_params(self, params: list, call: int, source: str, with_update: bool) -> None:
+        """The param, grad and update records of `params` ((name, owner, parameter) each), in
+        that order per parameter (run by `_quietly`)."""
+        if not self._open:
+            self._open_step()
+        meta, add = self._meta, self._add
+        # the update's values are needed unless a tracer writer keeps only the statistics
+        materialize = self.config.mode != "statistics" or not self._takes_stats
+        prefix = f".optimizer.{call}."
+        for name, owner, p in params:
+            before, before_stats = self._snapshots.get(id(p), (None, None)) if with_update \
+                else (None, None)
+            # RecordMeta(name, module, op, phase, direction, index, call, source)
+            add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source),
+                before if before is not None else p.detach(), True, None, before_stats, False)
+            if p.grad is not None:
+                # measured on the helper thread while this loop goes on (when large); settled in
+                # `_record_params`, before user code could write the gradient again
+                add(meta(f"{name}{prefix}grad.0", owner, "", "optimizer", "grad", 0, call,
+                         source), p.grad.detach(), True, None, None, True)
+            if before is None:
+                continue
+            # after the param record: with bytes kept, the difference goes into `before`
+            update, update_stats = self._update(p.detach(), before, materialize)
+            add(meta(f"{name}{prefix}update.0", owner, "", "optimizer", "update", 0, call,
+                     source), update, True, None, update_stats, False)
 
     @staticmethod
     def _update(p: torch.Tensor, before: torch.Tensor, materialize: bool
