@@ -109,14 +109,23 @@ def _row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta,
     dtype_s, shape_s = dtype_name(dtype), shape_str(shape)
     row = (seq, name, module, op, phase, direction, index, call, dtype_s, shape_s, n, mn, mx,
            mean, norm, nan, posinf, neginf, zeros, checksum, source, -1, 0, "")
+    return put_row(writer, target, step, row)
+
+
+def put_row(writer: Writer, target: Any, step: int, row: tuple) -> dict | None:
+    """Add a /records row (RECORD_FIELDS order) to `target` and hand it to the writer's row
+    sinks; returns it as the observers' dict, or None when there are none (both paths)."""
     target.add_row(row)
     for sink in writer.row_sinks:
         sink(row, step)
     if not writer.observers:
         return None
+    # a dict display: ~3x faster than dict(zip(RECORD_FIELDS, row))
+    (seq, name, module, op, phase, direction, index, call, dtype, shape, numel, mn, mx, mean,
+     norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes, strides) = row
     return {"seq": seq, "name": name, "module": module, "op": op, "phase": phase,
-            "direction": direction, "index": index, "call": call, "dtype": dtype_s,
-            "shape": shape_s, "numel": n, "min": mn, "max": mx, "mean": mean, "norm": norm,
+            "direction": direction, "index": index, "call": call, "dtype": dtype,
+            "shape": shape, "numel": numel, "min": mn, "max": mx, "mean": mean, "norm": norm,
             "nan": nan, "posinf": posinf, "neginf": neginf, "zeros": zeros,
-            "checksum": checksum, "source": source, "data_offset": -1, "data_nbytes": 0,
-            "strides": "", "step": step, "rank": writer.rank}
+            "checksum": checksum, "source": source, "data_offset": offset,
+            "data_nbytes": nbytes, "strides": strides, "step": step, "rank": writer.rank}
