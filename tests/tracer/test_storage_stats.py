@@ -330,7 +330,6 @@ def test_view_outputs_take_their_base_version(tmp_path, monkeypatch):
     """Inside the dispatch mode a view's output has a version counter of its own (0) until the
     mode returns; the mode passes the base's version, so the view reuses the base's statistics,
     and a later view of the changed base does not reuse stale ones."""
-    import tracer._writer as writer_module
     from tracer._config import DumpConfig
     from tracer._writer import RecordMeta, make_writer
 
