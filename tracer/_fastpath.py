@@ -4,10 +4,13 @@
 queued statistics and device copies, in five or six calls per record. In statistics mode, for
 a contiguous CPU tensor of a dtype the C kernel reads (float32, bfloat16, float16, the
 integers, bool), none of that applies: the record reuses the statistics of an earlier record
-of the same memory at the same version, or the kernel computes them, and its row is made. A
-step of the trainer's tiny preset has 204 such records; in a training step the general path
-cost ~13 us a record with the caches the model's ops had just cooled, this one ~5 (measured
-in benchmarks/RESULTS.md, ninth session). Every other record goes the general way
+of the same memory at the same version, or the kernel computes them, and its row is made. Most
+of a step's records are such (all 204 forward, backward and parameter records of the trainer's
+tiny preset at module level but the large gradients queued to the helper thread). In the
+training step, where the model's ops have just cooled the caches, the writer's part of a record
+costs 13.0 us this way against 16.4 the general way (sync writer; benchmarks/RESULTS.md, ninth
+session): most of what is left is the interpreter's and torch's own attribute lookups missing
+the cache. Every other record goes the general way
 (`NOT_HERE`), and both ways make the same rows: the reuse entries they leave in `Writer._seen`
 have one shape, so either finds the other's.
 """
