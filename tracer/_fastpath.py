@@ -31,6 +31,7 @@ NOT_HERE = object()
 """`stats_row`'s answer for a record it does not take (the caller goes the general way)."""
 
 _STRIDED = torch.strided
+_CPU = torch.device("cpu")  # equal, and equal in hash, to every CPU tensor's `device`
 _CODE_BITS = _stats._CODE_BITS
 _NAN = math.nan
 _sqrt = math.sqrt
@@ -70,7 +71,7 @@ def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta
     if stable and not t.is_inference():
         # the span key of `reuse_key`, valid while the storage lives (see Writer._reuse)
         storage = t.untyped_storage()
-        where = ("span", ptr, n, dtype, t.device)
+        where = ("span", ptr, n, dtype, _CPU)
         state = (t._version if version is None else version,)
         seen = writer._seen
         entry = seen.get(where)
