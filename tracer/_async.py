@@ -176,10 +176,10 @@ class AsyncWriter(Writer):
             self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
-        if self._lean and not self._waiting and (not defer or not self._waiting.wanted(tensor)):
+        if self._lean:
             try:
                 row = stats_row(self, self._rows, self._step, seq, meta, tensor, stable, version,
-                                stats)
+                                stats, defer)
             except Exception as e:  # noqa: BLE001 - on_error decides, as below
                 self._fail_staging(e, meta)
                 return

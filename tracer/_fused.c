@@ -10,7 +10,8 @@
  * in chunk order: the result depends only on the data, not on threads or on the instruction
  * set. NaN and Inf are counted in a second pass, run only when the first pass shows they exist
  * (they propagate into the sum or reach min/max). The GIL is released while it runs over 64K
- * elements or more (GIL_FREE_MIN); with threads=2 a helper thread shares the chunks of a large tensor (see run_shared).
+ * elements or more (GIL_FREE_MIN); with threads=2 a helper thread shares the chunks of a large
+ * tensor (see run_shared).
  *
  * Fused forms serve the async snapshots and the parameter records (memory cold by step end):
  *     copy_stats(dst, src, count, code, threads=1)   copies, and returns the statistics of
@@ -359,9 +360,11 @@ static PyObject *run_work(const work_t *w, int threads) {
 }
 
 /* 0, or -1 with a ValueError naming `fn`; `second` (the copy's destination, the difference's
- * subtrahend, named `second_name`) must be non-null unless `second_name` is NULL. */
-static int check_args(unsigned long long address, long long count, int code, const char *fn,
-                      unsigned long long second, const char *second_name) {
+ * subtrahend, named `second_name`) must be non-null unless `second_name` is NULL. `last_code`:
+ * the highest dtype code `fn` takes (CODE_F16 for the fused float forms, CODE_LAST for
+ * stats()). */
+static int check_args(unsigned long long address, long long count, int code, int last_code,
+                      const char *fn, unsigned long long second, const char *second_name) {
     if (count < 1 || address == 0) {
         PyErr_Format(PyExc_ValueError, "%s() needs a non-null address and count >= 1", fn);
         return -1;
@@ -370,7 +373,7 @@ static int check_args(unsigned long long address, long long count, int code, con
         PyErr_Format(PyExc_ValueError, "%s() needs a non-null %s", fn, second_name);
         return -1;
     }
-    if (code != CODE_F32 && code != CODE_BF16 && code != CODE_F16) {
+    if (code < CODE_F32 || code > last_code) {
         PyErr_Format(PyExc_ValueError, "%s(): unknown dtype code %d", fn, code);
         return -1;
     }
@@ -383,9 +386,13 @@ static int check_args(unsigned long long address, long long count, int code, con
  * 128 bits and rounded once; the sum of squares runs in double in element order; the
  * checksum is the raw bits summed modulo 2**64, as for floats (the caller wraps it to the
  * element width). Nothing is NaN or infinite. */
+typedef struct {
+    double mn, mx, sum, sq;
+    uint64_t zeros, checksum;
+} int_acc_t;
+
 #define DEFINE_INT_PASS(NAME, ETYPE, UTYPE)                                                    \
-    static void NAME(const ETYPE *x, int64_t n, double *mn, double *mx, double *sum,          \
-                     double *sq, uint64_t *zeros, uint64_t *checksum) {                        \
+    static void NAME(const ETYPE *x, int64_t n, int_acc_t *out) {                              \
         ETYPE lo = x[0], hi = x[0];                                                            \
         __int128 s = 0;                                                                        \
         double q = 0.0;                                                                        \
@@ -399,8 +406,7 @@ static int check_args(unsigned long long address, long long count, int code, con
             z += v == 0;                                                                       \
             ck += (uint64_t)(UTYPE)v;                                                          \
         }                                                                                      \
-        *mn = (double)lo; *mx = (double)hi; *sum = (double)s; *sq = q;                         \
-        *zeros = z; *checksum = ck;                                                            \
+        *out = (int_acc_t){(double)lo, (double)hi, (double)s, q, z, ck};                       \
     }
 DEFINE_INT_PASS(int_pass_i64, int64_t, uint64_t)
 DEFINE_INT_PASS(int_pass_i32, int32_t, uint32_t)
@@ -409,19 +415,18 @@ DEFINE_INT_PASS(int_pass_i8, int8_t, uint8_t)
 DEFINE_INT_PASS(int_pass_u8, uint8_t, uint8_t)
 
 static PyObject *int_stats(const char *src, int64_t count, int code) {
-    double mn = 0, mx = 0, sum = 0, sq = 0;
-    uint64_t zeros = 0, checksum = 0;
+    int_acc_t r;
     RELEASE_GIL_IF(count >= GIL_FREE_MIN);
     switch (code) {
-    case CODE_I64: int_pass_i64((const int64_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
-    case CODE_I32: int_pass_i32((const int32_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
-    case CODE_I16: int_pass_i16((const int16_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
-    case CODE_I8: int_pass_i8((const int8_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
-    default: int_pass_u8((const uint8_t *)src, count, &mn, &mx, &sum, &sq, &zeros, &checksum); break;
+    case CODE_I64: int_pass_i64((const int64_t *)src, count, &r); break;
+    case CODE_I32: int_pass_i32((const int32_t *)src, count, &r); break;
+    case CODE_I16: int_pass_i16((const int16_t *)src, count, &r); break;
+    case CODE_I8: int_pass_i8((const int8_t *)src, count, &r); break;
+    default: int_pass_u8((const uint8_t *)src, count, &r); break;
     }
     RESTORE_GIL();
-    return Py_BuildValue("ddddKKKKK", mn, mx, sum, sq, (unsigned long long)zeros, 0ULL, 0ULL,
-                         0ULL, (unsigned long long)checksum);
+    return Py_BuildValue("ddddKKKKK", r.mn, r.mx, r.sum, r.sq, (unsigned long long)r.zeros,
+                         0ULL, 0ULL, 0ULL, (unsigned long long)r.checksum);
 }
 
 static PyObject *fused_stats(PyObject *self, PyObject *args) {
@@ -430,11 +435,8 @@ static PyObject *fused_stats(PyObject *self, PyObject *args) {
     int code, threads = 1;
     (void)self;
     if (!PyArg_ParseTuple(args, "KLi|i", &address, &count, &code, &threads)) return NULL;
-    if (code >= CODE_I64 && code <= CODE_LAST) {
-        if (check_args(address, count, CODE_F32, "stats", 0, NULL) < 0) return NULL;
-        return int_stats((const char *)(uintptr_t)address, count, code);
-    }
-    if (check_args(address, count, code, "stats", 0, NULL) < 0) return NULL;
+    if (check_args(address, count, code, CODE_LAST, "stats", 0, NULL) < 0) return NULL;
+    if (code >= CODE_I64) return int_stats((const char *)(uintptr_t)address, count, code);
     work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
     return run_work(&w, threads);
 }
@@ -445,7 +447,8 @@ static PyObject *fused_copy_stats(PyObject *self, PyObject *args) {
     int code, threads = 1;
     (void)self;
     if (!PyArg_ParseTuple(args, "KKLi|i", &dst, &src, &count, &code, &threads)) return NULL;
-    if (check_args(src, count, code, "copy_stats", dst, "destination") < 0) return NULL;
+    if (check_args(src, count, code, CODE_F16, "copy_stats", dst, "destination") < 0)
+        return NULL;
     work_t w = {(const char *)(uintptr_t)src, NULL, (char *)(uintptr_t)dst, count, code, OP_COPY};
     return run_work(&w, threads);
 }
@@ -460,7 +463,7 @@ static PyObject *fused_copy_stats_into(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "w*KLi|i", &dst, &src, &count, &code, &threads)) return NULL;
     PyObject *result = NULL;
-    if (check_args(src, count, code, "copy_stats_into", (uintptr_t)dst.buf,
+    if (check_args(src, count, code, CODE_F16, "copy_stats_into", (uintptr_t)dst.buf,
                    "destination") == 0) {
         if ((long long)dst.len < count * (code == CODE_F32 ? 4 : 2))
             PyErr_Format(PyExc_ValueError, "copy_stats_into(): the destination holds %zd bytes, "
@@ -481,7 +484,7 @@ static PyObject *fused_diff_stats(PyObject *self, PyObject *args) {
     int threads = 1;
     (void)self;
     if (!PyArg_ParseTuple(args, "KKKL|i", &a, &b, &out, &count, &threads)) return NULL;
-    if (check_args(a, count, CODE_F32, "diff_stats", b, "subtrahend") < 0) return NULL;
+    if (check_args(a, count, CODE_F32, CODE_F16, "diff_stats", b, "subtrahend") < 0) return NULL;
     work_t w = {(const char *)(uintptr_t)a, (const char *)(uintptr_t)b, (char *)(uintptr_t)out,
                 count, CODE_F32, OP_DIFF};
     return run_work(&w, threads);
@@ -493,7 +496,7 @@ static PyObject *fused_submit(PyObject *self, PyObject *args) {
     int code;
     (void)self;
     if (!PyArg_ParseTuple(args, "KLi", &address, &count, &code)) return NULL;
-    if (check_args(address, count, code, "submit", 0, NULL) < 0) return NULL;
+    if (check_args(address, count, code, CODE_F16, "submit", 0, NULL) < 0) return NULL;
 #if HAVE_HELPER
     work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
     return PyLong_FromLongLong(queue_submit(&w));

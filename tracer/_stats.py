@@ -3,8 +3,9 @@
 Speed matters here: the capture hooks call this for every record. float32, bfloat16 and
 float16 on CPU (and integers and bool, in a scalar pass) go through `tracer._fused`, a small C
 kernel (tracer/_fused.c, built by setup.py where a C compiler exists) that reads the tensor
-once and computes every statistic in that pass, with the GIL released, at 3-4x the speed of the numpy path below (benchmarks/RESULTS.md);
-a tensor of 256K elements or more is shared with one helper thread when torch leaves a core
+once and computes every statistic in that pass (with the GIL released from 64K elements), at
+3-4x the speed of the numpy path below (benchmarks/RESULTS.md); a tensor of 256K elements or
+more is shared with one helper thread when torch leaves a core
 free (`STATS_THREADS`).
 
 Without the kernel, and for other dtypes, `numpy_host_stats` runs cheap reductions. Measured on

@@ -641,10 +641,8 @@ class SyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            row = NOT_HERE
-            if self._lean and not self._waiting and (not defer or not self._waiting.wanted(tensor)):
-                row = stats_row(self, self._file, self._step, seq, meta, tensor, stable,
-                                version, stats)
+            row = stats_row(self, self._file, self._step, seq, meta, tensor, stable, version,
+                            stats, defer) if self._lean else NOT_HERE
             if row is NOT_HERE:
                 row = self._general_row(seq, meta, tensor, stable, version, stats, defer)
         except Exception as e:  # noqa: BLE001 - on_error decides
