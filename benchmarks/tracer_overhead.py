@@ -67,6 +67,14 @@ CONDITIONS = {
     # statistics computed in the async writer's thread from a snapshot (the hot path copies)
     "module_statistics_async": {"level": "module", "mode": "statistics", "writer": "async"},
     "op_statistics_async": {"level": "op", "mode": "statistics", "writer": "async"},
+    # the op level through torch's C++ op callbacks (tracer/_observer.cpp) instead of the
+    # Python dispatch mode
+    "op_statistics_observer": {"level": "op", "mode": "statistics", "writer": "sync",
+                               "op_capture": "observer"},
+    "op_statistics_observer_async": {"level": "op", "mode": "statistics", "writer": "async",
+                                     "op_capture": "observer"},
+    "op_tensor_async_observer": {"level": "op", "mode": "tensor", "writer": "async",
+                                 "op_capture": "observer"},
     "attached_unselected": {"level": "mix", "steps": "1000000"},
     # capture alone (hooks, dispatch mode, naming, source lines) with a writer that drops
     # records: separates the tracer's capture cost from the statistics and storage cost

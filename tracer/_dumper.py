@@ -151,13 +151,22 @@ class Dumper:
         _live.add(self)
         self._tracker = ModuleTracker(self, model)
         if self.config.level in ("op", "mix"):
-            from tracer._op_mode import OpMode
+            if self.config.op_capture == "observer":
+                from tracer._op_observer import OpObserver
 
-            self._mode = OpMode(self, self._tracker)
+                self._mode = OpObserver(self, self._tracker)
+            else:
+                from tracer._op_mode import OpMode
+
+                self._mode = OpMode(self, self._tracker)
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
                          _optim.register_optimizer_step_post_hook(self._optimizer_post),
                          on_scaler_update(self._scaler_update)]
-        self._begin()
+        try:
+            self._begin()
+        except BaseException:  # nothing of a Dumper that failed to start stays attached
+            self._leave_process(pop_mode=True)
+            raise
 
     # -- public API -----------------------------------------------------------------------------
     def __enter__(self) -> Dumper:
@@ -249,8 +258,9 @@ class Dumper:
         with self._lock:
             self._busy = True
             mode = self._mode
-            suspended = mode is not None and mode.suspend()
+            suspended = False
             try:
+                suspended = mode is not None and mode.suspend()
                 if not self._open:
                     self._open_step()
                 meta, add = self._meta, self._add
@@ -274,8 +284,9 @@ class Dumper:
         with self._lock:
             self._busy = True
             mode = self._mode
-            suspended = mode is not None and mode.suspend()
+            suspended = False
             try:
+                suspended = mode is not None and mode.suspend()
                 work(*args)
             except Exception as e:  # noqa: BLE001 - the caller routes it through on_error
                 return e
@@ -284,6 +295,40 @@ class Dumper:
                     mode.resume()
                 self._busy = False
         return None
+
+    def take_observed(self) -> None:
+        """Turn what the op observer kept (tracer._op_observer) into records, in order: rows
+        with their statistics, and copies for the writer's `add`. Under the lock when called
+        from a record's own pass (busy); errors go through on_error."""
+        if not self.enabled or self._mode is None or not self._mode.pending():
+            if not self.enabled and self._mode is not None:
+                self._mode.drain(0, lambda chunk: 0)  # dumping is off: drop them
+            return
+        if self._busy:
+            self._take_observed()
+            return
+        error = self._quietly(self._take_observed)
+        if error is not None:
+            self._fail(error)
+
+    def _take_observed(self) -> None:
+        if not self._open:
+            self._open_step()
+        if not self._takes_stats:
+            raise TracerError('op_capture "observer" writes through the tracer\'s own writers')
+        writer, meta, add = self._writer, self._meta, self._add
+        run: list[tuple] = []
+        for item in self._mode.drain(writer.next_seq, writer.add_observed_bytes):
+            if len(item) != 3:  # a /records row, statistics taken
+                run.append(item)
+                continue
+            if run:
+                writer.add_rows(run)
+                run = []
+            fields, tensor, stable = item
+            add(meta(*fields), tensor, stable, None, None, False)
+        if run:
+            writer.add_rows(run)
 
     def _settle(self) -> None:
         """Make the rows of the writer's queued records now (errors go through on_error)."""
@@ -310,6 +355,8 @@ class Dumper:
             # a tracer writer takes the full call; a stand-in gets the plain one
             self._takes_stats = isinstance(self._writer, Writer)
             self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
+            if self._takes_stats and self._mode is not None:
+                self._writer.stored_elsewhere = getattr(self._mode, "stored", None)
             from tracer._watch import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close

@@ -61,6 +61,9 @@ typedef struct {
     uint64_t zeros, checksum;
 } acc_t;
 
+/* what stats() returns, as C values (the order of its tuple; see tracer/_fused_api.h) */
+#include "_fused_api.h"
+
 static inline float f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -307,22 +310,17 @@ static void count_special(const work_t *w, uint64_t *nan, uint64_t *pinf, uint64
     }
 }
 
-static PyObject *result_tuple(const acc_t *acc, uint64_t nan, uint64_t pinf, uint64_t ninf) {
-    return Py_BuildValue("ddddKKKKK", (double)acc->mn, (double)acc->mx, acc->sum, acc->sq,
-                         (unsigned long long)acc->zeros, (unsigned long long)nan,
-                         (unsigned long long)pinf, (unsigned long long)ninf,
-                         (unsigned long long)acc->checksum);
-}
-
-/* Runs `w` (with the helper when threads > 1 and it is large) and builds the result tuple. */
-static PyObject *run_work(const work_t *w, int threads) {
+/* The statistics of `w` into `out` (with the helper when threads > 1 and it is large), or -1
+ * when memory for the per-chunk sums ran out. Touches no Python state: the caller decides
+ * about the GIL (run_work releases it; the op observer's callbacks run without it). */
+static int compute_work(const work_t *w, int threads, raw_stats_t *out) {
     int64_t count = w->count;
     int64_t nchunks = (count + CHUNK - 1) / CHUNK;
     double stack_sums[STACK_CHUNKS], stack_sqs[STACK_CHUNKS];
     double *sums = stack_sums, *sqs = stack_sqs;
     if (nchunks > STACK_CHUNKS) {
         sums = PyMem_RawMalloc(sizeof(double) * (size_t)nchunks * 2);
-        if (sums == NULL) return PyErr_NoMemory();
+        if (sums == NULL) return -1;
         sqs = sums + nchunks;
     }
     float *scratch = NULL;
@@ -330,12 +328,11 @@ static PyObject *run_work(const work_t *w, int threads) {
         scratch = PyMem_RawMalloc(sizeof(float) * CHUNK * 2);
         if (scratch == NULL) {
             if (sums != stack_sums) PyMem_RawFree(sums);
-            return PyErr_NoMemory();
+            return -1;
         }
     }
     acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
     uint64_t nan = 0, pinf = 0, ninf = 0;
-    RELEASE_GIL_IF(count >= GIL_FREE_MIN);
     int split = 0;
 #if HAVE_HELPER
     if (threads > 1 && count >= SPLIT_MIN && nchunks >= 2 && helper_acquire()) {
@@ -353,10 +350,28 @@ static PyObject *run_work(const work_t *w, int threads) {
     }
     /* NaN makes the sum NaN; Inf reaches min or max (or makes the sum NaN as +Inf + -Inf) */
     if (isnan(acc.sum) || isinf(acc.mn) || isinf(acc.mx)) count_special(w, &nan, &pinf, &ninf);
-    RESTORE_GIL();
     if (sums != stack_sums) PyMem_RawFree(sums);
     PyMem_RawFree(scratch);
-    return result_tuple(&acc, nan, pinf, ninf);
+    *out = (raw_stats_t){(double)acc.mn, (double)acc.mx, acc.sum, acc.sq, acc.zeros, nan, pinf,
+                         ninf, acc.checksum};
+    return 0;
+}
+
+static PyObject *result_tuple(const raw_stats_t *r) {
+    return Py_BuildValue("ddddKKKKK", r->mn, r->mx, r->sum, r->sq,
+                         (unsigned long long)r->zeros, (unsigned long long)r->nan,
+                         (unsigned long long)r->posinf, (unsigned long long)r->neginf,
+                         (unsigned long long)r->checksum);
+}
+
+/* Runs `w` (GIL released when it is large) and builds the result tuple. */
+static PyObject *run_work(const work_t *w, int threads) {
+    raw_stats_t r;
+    RELEASE_GIL_IF(w->count >= GIL_FREE_MIN);
+    int status = compute_work(w, threads, &r);
+    RESTORE_GIL();
+    if (status < 0) return PyErr_NoMemory();
+    return result_tuple(&r);
 }
 
 /* 0, or -1 with a ValueError naming `fn`; `second` (the copy's destination, the difference's
@@ -414,9 +429,8 @@ DEFINE_INT_PASS(int_pass_i16, int16_t, uint16_t)
 DEFINE_INT_PASS(int_pass_i8, int8_t, uint8_t)
 DEFINE_INT_PASS(int_pass_u8, uint8_t, uint8_t)
 
-static PyObject *int_stats(const char *src, int64_t count, int code) {
+static void int_compute(const char *src, int64_t count, int code, raw_stats_t *out) {
     int_acc_t r;
-    RELEASE_GIL_IF(count >= GIL_FREE_MIN);
     switch (code) {
     case CODE_I64: int_pass_i64((const int64_t *)src, count, &r); break;
     case CODE_I32: int_pass_i32((const int32_t *)src, count, &r); break;
@@ -424,9 +438,43 @@ static PyObject *int_stats(const char *src, int64_t count, int code) {
     case CODE_I8: int_pass_i8((const int8_t *)src, count, &r); break;
     default: int_pass_u8((const uint8_t *)src, count, &r); break;
     }
+    *out = (raw_stats_t){r.mn, r.mx, r.sum, r.sq, r.zeros, 0, 0, 0, r.checksum};
+}
+
+static PyObject *int_stats(const char *src, int64_t count, int code) {
+    raw_stats_t r;
+    RELEASE_GIL_IF(count >= GIL_FREE_MIN);
+    int_compute(src, count, code, &r);
     RESTORE_GIL();
-    return Py_BuildValue("ddddKKKKK", r.mn, r.mx, r.sum, r.sq, (unsigned long long)r.zeros,
-                         0ULL, 0ULL, 0ULL, (unsigned long long)r.checksum);
+    return result_tuple(&r);
+}
+
+/* stats() for C callers, without the GIL (the capsule `_C_API`, tracer/_fused_api.h): 0, or
+ * -1 for bad arguments or no memory. */
+static int raw_stats(const void *address, int64_t count, int code, int threads,
+                     raw_stats_t *out) {
+    if (address == NULL || count < 1 || code < CODE_F32 || code > CODE_LAST) return -1;
+    if (code >= CODE_I64) {
+        int_compute((const char *)address, count, code, out);
+        return 0;
+    }
+    work_t w = {(const char *)address, NULL, NULL, count, code, OP_STATS};
+    return compute_work(&w, threads, out);
+}
+
+/* copy_stats() for C callers: copy `count` elements from `src` to `dst` and fill `out` with
+ * stats() of the copy, in one pass (float codes); other codes copy, then take stats(). */
+static int raw_copy_stats(void *dst, const void *src, int64_t count, int code, int threads,
+                          raw_stats_t *out) {
+    if (dst == NULL || src == NULL || count < 1 || code < CODE_F32 || code > CODE_LAST) return -1;
+    if (code >= CODE_I64) {
+        static const size_t widths[] = {0, 0, 0, 8, 4, 2, 1, 1};
+        memcpy(dst, src, (size_t)count * widths[code]);
+        int_compute((const char *)dst, count, code, out);
+        return 0;
+    }
+    work_t w = {(const char *)src, NULL, (char *)dst, count, code, OP_COPY};
+    return compute_work(&w, threads, out);
 }
 
 static PyObject *fused_stats(PyObject *self, PyObject *args) {
@@ -518,8 +566,15 @@ static PyObject *ticket_call(PyObject *args, const char *fn, int collect) {
         Py_BEGIN_ALLOW_THREADS
         state = queue_wait(slot);
         Py_END_ALLOW_THREADS
-        PyObject *out = state == SLOT_DONE
-            ? result_tuple(&slot->acc, slot->nan, slot->pinf, slot->ninf) : Py_NewRef(Py_None);
+        PyObject *out = Py_None;
+        if (state == SLOT_DONE) {
+            const acc_t *a = &slot->acc;
+            raw_stats_t r = {(double)a->mn, (double)a->mx, a->sum, a->sq, a->zeros, slot->nan,
+                             slot->pinf, slot->ninf, a->checksum};
+            out = result_tuple(&r);
+        } else {
+            Py_INCREF(out);
+        }
         atomic_store(&slot->state, SLOT_FREE);
         return out;
     }
@@ -580,5 +635,14 @@ PyMODINIT_FUNC PyInit__fused(void) {
 #if HAVE_HELPER
     pthread_atfork(NULL, NULL, helper_after_fork);
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    static fused_api_t api = {FUSED_API_VERSION, raw_stats, raw_copy_stats};
+    PyObject *capsule = PyCapsule_New(&api, FUSED_API_CAPSULE, NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -148,6 +148,8 @@ class ModuleTracker:
         self._handles: list[Any] = []
         self._inner_code = _call_impl_inner_code()
         self._param_cache: tuple[int, list] | None = None
+        # the op observer (tracer._op_observer), told of each module call's start and end
+        self.observer: Any = None
         if model is not None:
             self.add_root(model)
 
@@ -220,6 +222,8 @@ class ModuleTracker:
         self.stack.clear()
 
     def reset_step(self) -> None:
+        if self.observer is not None:
+            self.observer.reset_step()
         self.stack.clear()
         self.calls.reset()
         self._recompute_calls.reset()
@@ -253,6 +257,8 @@ class ModuleTracker:
         call = counter.next(name, "forward")
         self._seq += 1
         self.stack.append((module, name, call, self._seq, recomputing))
+        if self.observer is not None:
+            self.observer.enter(name, recomputing)
         if not (self.record and self.want_in and self.wants(name)):
             return
         inputs = flatten_tensors(args, [])
@@ -278,6 +284,8 @@ class ModuleTracker:
             return  # a module we do not track (outside the model, or a busy-time call)
         _, name, call, seq, recomputing = stack[pos]
         del stack[pos:]
+        if self.observer is not None:
+            self.observer.leave()
         outputs = None
         if self.tag_graph and _grad_enabled():
             outputs = flatten_tensors(output, [])

@@ -1,0 +1,176 @@
+"""Op-level capture in compiled code: ``"op_capture": "observer"``.
+
+The same records as the dispatch mode (tracer._op_mode), taken by torch's C++ op callbacks
+(`tracer._observer`, built from tracer/_observer.cpp at install) instead of a Python
+TorchDispatchMode: no Python runs per op. The module hooks tell the observer which module runs
+(`enter`, `leave`); it scopes a backward op to the module whose forward made the autograd node
+that runs it (by the node's sequence number), takes the statistics of CPU tensors with
+the statistics kernel's C API, and keeps a copy of every other tensor for the Python writer.
+What it kept becomes rows when Python next records anything itself (`suspend`, which the
+Dumper calls before each of its own records), when a module call leaves more than
+`DRAIN_BYTES` of copies behind, and when the step ends, so rows stay in record order.
+
+Differences from the dispatch mode (docs/tracer.md): it sees ops as the dispatcher is called,
+so a few ops that torch's autograd layer calls itself while an op runs are not records of
+their own, and ops that run while another TorchDispatchMode is active are left out.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from tracer import _source, _stats
+from tracer._errors import ConfigError
+from tracer._naming import NONE
+
+if TYPE_CHECKING:
+    from tracer._dumper import Dumper
+    from tracer._module_hooks import ModuleTracker
+
+DRAIN_BYTES = 64 << 20
+"""Tensor bytes and copies kept for the Python writer beyond which a module boundary turns
+them into records."""
+
+_NOT_WANTED = -1
+_owner: weakref.ref | None = None  # the OpObserver the compiled observer is configured for
+
+
+def load() -> Any:
+    """The compiled observer module, or ConfigError saying how to get it."""
+    if _stats._fused is None:
+        raise ConfigError('op_capture "observer" needs the statistics kernel (tracer/_fused.c), '
+                          'which is not built here or is switched off (SLEUTH_FUSED_STATS=0); '
+                          'build it with `python setup.py build_ext --inplace` or use '
+                          '"op_capture": "dispatch"')
+    try:
+        from tracer import _observer  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise ConfigError(f'op_capture "observer" needs tracer._observer (tracer/_observer.cpp, '
+                          f'built against torch at install: {e}); build it with `python '
+                          f'setup.py build_ext --inplace` in an environment with torch, or use '
+                          f'"op_capture": "dispatch"') from e
+    return _observer
+
+
+class OpObserver:
+    """The op level's capture through torch's C++ op callbacks; OpMode's interface."""
+
+    def __init__(self, dumper: Dumper, tracker: ModuleTracker) -> None:
+        self._ext = load()
+        other = _owner() if _owner is not None else None
+        if other is not None and not other._dumper._closed and other._dumper.enabled:
+            raise ConfigError('op_capture "observer": another Dumper uses the op observer; one '
+                              'Dumper at a time may (close the other first, or use '
+                              '"op_capture": "dispatch")')
+        self._dumper = dumper
+        self._tracker = tracker
+        cfg = dumper.config
+        self._flags = (cfg.io in ("input", "both"), cfg.io in ("output", "both"),
+                       cfg.phases in ("forward", "both"), cfg.phases in ("backward", "both"),
+                       cfg.mode != "statistics")
+        self._ids: dict[str, int] = {}  # module name -> scope id
+        self.active = False
+        self._suspended = False
+        tracker.observer = self
+        # backward ops find their module by the autograd node's sequence number (see
+        # tracer/_observer.cpp): the module hooks need not tag the graph
+        tracker.tag_graph = False
+
+    # -- configuration --------------------------------------------------------------------------
+    def _configure(self) -> None:
+        global _owner
+        if _owner is not None and _owner() is self:
+            return
+        self._ext.configure(self._dumper.config.wants_op, _source._is_internal,
+                            _source._format, *self._flags, _stats.STATS_THREADS,
+                            _stats._fused._C_API)
+        self._ids.clear()
+        _owner = weakref.ref(self)
+
+    def _scope_id(self, name: str) -> int:
+        sid = self._ids.get(name)
+        if sid is None:
+            sid = self._ids[name] = (self._ext.add_scope(name) if self._tracker.wants(name)
+                                     else _NOT_WANTED)
+        return sid
+
+    # -- the module hooks -----------------------------------------------------------------------
+    def enter(self, name: str, recomputing: bool) -> None:
+        """A module call starts (its forward ops are scoped to it)."""
+        if self.active:
+            kept = self._ext.set_scope(self._scope_id(name), recomputing)
+            if kept > DRAIN_BYTES:
+                self._dumper.take_observed()
+
+    def leave(self) -> None:
+        """A module call ended: the scope is the module that called it again."""
+        if self.active:
+            stack = self._tracker.stack
+            if stack:
+                top = stack[-1]
+                self.enter(top[1], top[4])
+            else:
+                self.enter(NONE, False)
+
+    # -- OpMode's interface ---------------------------------------------------------------------
+    def reset_step(self) -> None:
+        """A dumped step begins: call counts, the reuse table and the scopes start again."""
+        self._configure()
+        self._ext.reset_step()
+        self._ext.set_params([(p, self._scope_id(owner))
+                              for _, owner, p in self._tracker.param_names()],
+                             self._scope_id(NONE))
+
+    def push(self) -> None:
+        if not self.active:
+            self._configure()
+            self.active = True
+            self._ext.pause(False)
+            self.leave()  # the scope of whatever runs now
+            self._ext.start()
+
+    def pop(self) -> None:
+        if self.active:
+            self._ext.stop()
+            self.active = False
+            self._dumper.take_observed()
+
+    def suspend(self) -> bool:
+        """Pause while the dump runs its own work, after turning what was kept into rows
+        first (the Dumper calls this before each record it makes itself)."""
+        if not self.active or self._suspended:
+            return False
+        self._ext.pause(True)
+        self._suspended = True
+        try:
+            if self._ext.pending():
+                self._dumper.take_observed()
+        except BaseException:
+            self.resume()
+            raise
+        return True
+
+    def resume(self) -> None:
+        self._suspended = False
+        self._ext.pause(False)
+
+    def on_top(self) -> bool:
+        return self.active
+
+    def stored(self, tensor: Any) -> tuple[int, int] | None:
+        """(offset, nbytes) in /tensors of a record the observer stored of `tensor`'s memory
+        as it is now (a weight an op read: its param record shares those bytes)."""
+        return self._ext.stored(tensor)
+
+    def pending(self) -> int:
+        return self._ext.pending()
+
+    def drain(self, seq: int, place: Any = None) -> list:
+        """The kept records, numbered from `seq`: rows, and (fields, tensor, stable) for the
+        writer's `add`; `place(chunk)` stores a uint8 tensor of their bytes and answers its
+        offset in /tensors (mode tensor/full)."""
+        return self._ext.drain(seq, place if place is not None else _no_bytes)
+
+
+def _no_bytes(chunk: Any) -> int:
+    raise AssertionError("the op observer kept tensor bytes where none were to be kept")
