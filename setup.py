@@ -37,6 +37,9 @@ _FUSED = Extension(
 
 
 
+_OBSERVER_SOURCES = ("_observer", "_observer_store", "_observer_rows")
+
+
 def _observer() -> list[Extension]:
     """The op observer's extension, built against the torch importable here; none without it.
     A plain extension (torch's BuildExtension would compile the C kernel as C++ too)."""
@@ -47,11 +50,12 @@ def _observer() -> list[Extension]:
         return []
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     return [Extension(
-        "tracer._observer", ["tracer/_observer.cpp"], language="c++", optional=True,
+        "tracer._observer", [f"tracer/{name}.cpp" for name in _OBSERVER_SOURCES],
+        language="c++", optional=True,
         include_dirs=["tracer", *cpp_extension.include_paths()],
         library_dirs=cpp_extension.library_paths(),
         libraries=["c10", "torch", "torch_cpu", "torch_python"],
-        depends=["tracer/_fused_api.h"],
+        depends=["tracer/_fused_api.h", "tracer/_observer.h"],
         # NDEBUG: RecordFunction's debug-only checks reject inputs() read in these callbacks
         extra_compile_args=["-std=c++20", "-O2", "-DNDEBUG", "-DTORCH_EXTENSION_NAME=_observer",
                             "-DTORCH_API_INCLUDE_EXTENSION_H", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
