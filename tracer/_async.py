@@ -248,10 +248,10 @@ class AsyncWriter(Writer):
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
 
-    def add_observed_bytes(self, data: torch.Tensor) -> int:
+    def add_observed_bytes(self, data: torch.Tensor, on_written: Any = None) -> int:
         if not self._in_step:
             raise TracerError("Writer.add_observed_bytes() outside a step")
-        offset = self._rows.add_bytes(data.numpy())
+        offset = self._rows.add_bytes(data.numpy(), on_written)
         if self._rows.pending_bytes >= self._rows.chunk:
             self._hand_over_bytes()  # waits while the queue is full (back-pressure)
         return offset

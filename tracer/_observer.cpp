@@ -361,6 +361,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         std::lock_guard<std::mutex> lock(o->mu);
         return static_cast<int64_t>(o->rows.size()) + (o->error.empty() ? 0 : 1);
     }, "rows kept (plus one for a failure to report)");
+    m.def("give_back", [](const at::Tensor& view) { Observer::instance()->give_back(view); },
+          "the writer has written a chunk of tensor bytes drain handed it");
     m.def("stored", [](const at::Tensor& t) { return Observer::instance()->stored(t); },
           "(offset, nbytes) in /tensors of a drained record of this tensor's memory, or None");
     m.def("drain", [](int64_t seq, py::object place) {

@@ -32,6 +32,7 @@ constexpr int kRecomputing = -2;   // scope id: a forward re-run for activation 
 constexpr int kMaxFresh = 256;
 constexpr int64_t kChunkBytes = 16 << 20;  // tensor bytes are kept in chunks this large
 constexpr size_t kRecentSpans = 64;         // stored spans a strided view may point into
+constexpr size_t kSpareChunks = 16;         // written chunks kept for reuse (256 MiB)
 const char kEvaluate[] = "autograd::engine::evaluate_function: ";
 
 struct OpInfo {
@@ -182,6 +183,10 @@ public:
     std::vector<Chunk> chunks;          // tensor bytes since the last drain
     std::vector<Placement> placements;  // this step's stored bytes
     std::vector<Span> recent;           // the newest stored dense spans, oldest first
+    // chunks handed to the writer, by storage, until it has written them (`give_back`), and
+    // written ones kept for reuse
+    std::unordered_map<c10::StorageImpl*, at::Tensor> lent;
+    std::vector<at::Tensor> spare;
     int64_t kept_bytes = 0;
     std::unordered_map<std::string, OpInfo> ops;
     std::unordered_map<uint64_t, int> calls;
@@ -221,6 +226,8 @@ public:
     void record(const at::Tensor& t, const Context& c, int direction, int index, bool stable);
     // room for `nbytes` in this drain period's chunks: (placement index, where to write)
     std::pair<int, uint8_t*> allocate(int64_t nbytes);
+    // the writer has written a chunk `drain` handed it (a view of it): its memory may be reused
+    void give_back(const at::Tensor& view);
     static std::string strides_of(const at::Tensor& t);
     // a strided CPU tensor's elements from its first to its last, when they are few enough
     // (an expand, a slice of a little more than itself): -1 otherwise

@@ -117,6 +117,11 @@ py::list Observer::drain(int64_t seq, py::object place) {
     std::vector<int64_t> bases;
     for (Chunk& chunk : full) {
         at::Tensor used = chunk.data.narrow(0, 0, chunk.used);
+        {
+            std::lock_guard<std::mutex> lock(mu);  // until the writer gives it back
+            if (lent.size() >= 4 * kSpareChunks) lent.clear();  // a writer that never did
+            lent.emplace(chunk.data.storage().unsafeGetStorageImpl(), chunk.data);
+        }
         bases.push_back(place(used).cast<int64_t>());
     }
     std::vector<std::pair<int64_t, int64_t>> where(taken.size(), {-1, 0});

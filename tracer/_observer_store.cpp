@@ -10,7 +10,14 @@ namespace sleuth_observer {
 std::pair<int, uint8_t*> Observer::allocate(int64_t nbytes) {
     if (chunks.empty() || chunks.back().used + nbytes > chunks.back().data.numel()) {
         const int64_t size = std::max<int64_t>(kChunkBytes, nbytes);
-        chunks.push_back(Chunk{own([&] { return at::empty({size}, at::kByte); }), 0});
+        at::Tensor data;
+        if (size == kChunkBytes && !spare.empty()) {
+            data = std::move(spare.back());  // memory faulted in already: a fresh chunk's
+            spare.pop_back();                // first touch costs as much as the copy
+        } else {
+            data = own([&] { return at::empty({size}, at::kByte); });
+        }
+        chunks.push_back(Chunk{std::move(data), 0});
     }
     Chunk& chunk = chunks.back();
     uint8_t* where = chunk.data.data_ptr<uint8_t>() + chunk.used;
@@ -19,6 +26,16 @@ std::pair<int, uint8_t*> Observer::allocate(int64_t nbytes) {
     chunk.used += nbytes;
     kept_bytes += nbytes;
     return {static_cast<int>(placements.size()) - 1, where};
+}
+
+void Observer::give_back(const at::Tensor& view) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = lent.find(view.storage().unsafeGetStorageImpl());
+    if (it == lent.end()) return;
+    if (it->second.numel() == kChunkBytes && spare.size() < kSpareChunks) {
+        spare.push_back(std::move(it->second));
+    }
+    lent.erase(it);
 }
 
 std::string Observer::strides_of(const at::Tensor& t) {

@@ -169,7 +169,16 @@ class OpObserver:
         """The kept records, numbered from `seq`: rows, and (fields, tensor, stable) for the
         writer's `add`; `place(chunk)` stores a uint8 tensor of their bytes and answers its
         offset in /tensors (mode tensor/full)."""
-        return self._ext.drain(seq, place if place is not None else _no_bytes)
+        if place is None:
+            return self._ext.drain(seq, _no_bytes)
+        give_back = self._ext.give_back
+
+        def lend(chunk: Any) -> int:
+            # the chunk's memory is reused once written (a fresh one's first touch costs as
+            # much as the copy into it)
+            return place(chunk, lambda: give_back(chunk))
+
+        return self._ext.drain(seq, lend)
 
 
 def _no_bytes(chunk: Any) -> int:

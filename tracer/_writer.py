@@ -338,9 +338,11 @@ class Writer:
         reach the row sinks and observers the same way. Queued records come first."""
         raise NotImplementedError
 
-    def add_observed_bytes(self, data: torch.Tensor) -> int:
+    def add_observed_bytes(self, data: torch.Tensor,
+                           on_written: Callable[[], None] | None = None) -> int:
         """Store tensor bytes the op observer copied (a uint8 CPU tensor) in the step's
-        /tensors; returns their offset. Its rows follow through `add_rows`."""
+        /tensors; returns their offset, and calls `on_written` once they are written. Their
+        rows follow through `add_rows`."""
         raise NotImplementedError
 
     @property
@@ -696,10 +698,11 @@ class SyncWriter(Writer):
             return
         self._deliver(row)
 
-    def add_observed_bytes(self, data: torch.Tensor) -> int:
+    def add_observed_bytes(self, data: torch.Tensor,
+                           on_written: Callable[[], None] | None = None) -> int:
         if self._file is None:
             raise TracerError("Writer.add_observed_bytes() outside a step")
-        return self._file.add_bytes(data.numpy())
+        return self._file.add_bytes(data.numpy(), on_written)
 
     def add_rows(self, rows: list[tuple]) -> None:
         if not self.enabled or not rows:
