@@ -293,7 +293,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           bool want_in, bool want_out, bool want_fw,
                           bool want_bw, bool keep_bytes, int threads, py::capsule kernel) {
         Observer* o = Observer::instance();
-        if (o->handle != 0) throw std::runtime_error("the op observer is running");
+        // still registered: its Dumper was dropped unclosed (the Python side lets one Dumper
+        // at a time use the observer); what it kept is dropped with it
+        o->stop();
+        {
+            std::lock_guard<std::mutex> lock(o->mu);
+            o->rows.clear();
+            o->chunks.clear();
+            o->error.clear();
+        }
         auto* api = static_cast<const fused_api_t*>(
             PyCapsule_GetPointer(kernel.ptr(), FUSED_API_CAPSULE));
         if (api == nullptr) throw py::error_already_set();
@@ -320,7 +328,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         o->sources.assign(1, py::str(""));
         o->source_ids.clear();
         o->code_ids.clear();
-        o->rows.clear();
     });
     m.def("add_scope", [](py::str name) {
         Observer* o = Observer::instance();
