@@ -159,7 +159,7 @@ const int kCodeBits[8] = {32, 16, 16, 64, 32, 16, 8, 8};
 class Observer {
 public:
     // Python callables: op name ("aten.mm") -> wanted; code object -> 0 user, 1 internal, 2
-    // torch rebuilding a received tensor; (code, line) -> "file:line"
+    // torch rebuilding a received tensor, 3 torch.compile tracing; (code, line) -> "file:line"
     py::object want_op, classify_code, format_source;
     std::vector<py::object> scope_names, op_names, sources;
     bool want_in = true, want_out = true, want_fw = true, want_bw = true, keep_bytes = false;
@@ -249,7 +249,8 @@ public:
 
     // -- source lines and rows (_observer_rows.cpp), under the GIL -----------------------------
     // index into `sources` of the innermost user frame's "file:line"; -1 for a tensor torch is
-    // rebuilding from another process (not the step's)
+    // rebuilding from another process, or ops torch.compile runs while it traces (neither is
+    // the step's)
     int source_here();
     int source_id(PyObject* code, int line);
     PyObject* cached_str(const std::string& text);

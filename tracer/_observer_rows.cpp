@@ -41,7 +41,7 @@ int Observer::source_here() {
             break;
         }
         Py_DECREF(code);
-        if (flag == 2) {
+        if (flag >= 2) {  // torch rebuilding a received tensor, or torch.compile tracing
             result = -1;
             Py_DECREF(frame);
             frame = nullptr;

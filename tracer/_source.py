@@ -36,6 +36,9 @@ RECEIVED = "<received from another process>"
 sent (torch/multiprocessing/reductions.py: a DataLoader worker's batch): not the user's."""
 _PREFIXES: tuple[str, ...] | None = None
 _RECEIVING: str | None = None  # the path of torch/multiprocessing/reductions.py
+# the path of torch/_dynamo/convert_frame.py: its frames run while torch.compile traces (the
+# op observer records none of the ops that tracing runs on real tensors)
+_COMPILING: str | None = None
 # torch.autograd.graph._engine_run_backward's code: what lies above that frame is fixed while
 # its graph task runs (None: an older torch without it; every walk then goes to the top)
 _ENGINE: types.CodeType | None = None
@@ -48,7 +51,7 @@ _relpath: dict[str, str] = {}
 
 
 def _setup() -> None:
-    global _PREFIXES, _ENGINE, _graph_task_id, _RECEIVING
+    global _PREFIXES, _ENGINE, _graph_task_id, _RECEIVING, _COMPILING
     import torch
 
     engine = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
@@ -57,6 +60,8 @@ def _setup() -> None:
     _PREFIXES = _internal_prefixes()
     _RECEIVING = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)),
                               "multiprocessing", "reductions.py")
+    _COMPILING = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)),
+                              "_dynamo", "convert_frame.py")
 
 
 def _is_internal(code: types.CodeType) -> int:
@@ -71,7 +76,13 @@ def _is_internal(code: types.CodeType) -> int:
         or path.startswith("<frozen")
         or path.startswith(os.path.dirname(os.__file__) + os.sep)  # the standard library
     )
-    flag = 2 if internal and os.path.abspath(path) == _RECEIVING else int(internal)
+    flag = int(internal)
+    if internal:
+        absolute = os.path.abspath(path)
+        if absolute == _RECEIVING:
+            flag = 2
+        elif absolute == _COMPILING:
+            flag = 3
     _internal[code] = flag
     return flag
 

@@ -201,3 +201,85 @@ def test_missing_observer_names_the_fix(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_observer)
     with pytest.raises(ConfigError, match="build_ext --inplace.*op_capture"):
         tracer.Dumper(MLP(), {"level": "op", "op_capture": "observer"})
+
+
+def _both(tmp_path, train, **cfg):
+    """Stats of step 0 of `train(dumper_config)` with each capture, known differences out."""
+    out = []
+    for capture in ("dispatch", "observer"):
+        path = tmp_path / capture
+        train({"path": str(path), "writer": "sync", "level": "op", "op_capture": capture,
+               **cfg})
+        out.append(_known_differences(tracer.open_dump(path).stats(0, 0)))
+    return out
+
+
+def test_observer_hard_cases_match_the_dispatch_mode(tmp_path):
+    """Gradient accumulation (two backward passes), bf16 autocast and a no_grad evaluation in
+    one step: the same records and statistics as the dispatch mode."""
+    def train(config):
+        torch.manual_seed(0)
+        model = MLP()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with tracer.Dumper(model, config):
+            for _ in range(2):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    model(torch.randn(2, 8)).float().pow(2).mean().backward()
+            with torch.no_grad():
+                model(torch.randn(2, 8))
+            opt.step()
+
+    a, b = _both(tmp_path, train)
+    assert list(a.name) == list(b.name) and (b.dtype == "bfloat16").any()
+    assert (b.phase == "backward").any() and b.name.str.contains(r"\.forward\.2\.").any()
+    for column in ("checksum", "zeros", "source", "shape"):
+        assert list(a[column]) == list(b[column]), column
+
+
+@pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")
+def test_observer_under_torch_compile_records_the_eager_names(tmp_path):
+    """A model compiled with the eager backend (dynamo traces it with fake tensors, which are
+    no records) runs its ops through the dispatcher: the records are the plain model's."""
+    torch.manual_seed(0)
+    model = MLP()
+    x = torch.randn(2, 8)
+    names = []
+    for i, run in enumerate((model, torch.compile(model, backend="eager"))):
+        path = tmp_path / str(i)
+        with tracer.Dumper(model, {"path": str(path), "level": "op", "op_capture": "observer",
+                                   "params": False}):
+            run(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        names.append(list(tracer.open_dump(path).stats(0, 0).name))
+    assert names[0] == names[1] and len(names[0]) > 20
+
+
+def test_observer_through_the_zero_code_attach(tmp_path):
+    """`SLEUTH_DUMP_CONFIG` with "op_capture": "observer" dumps a script nobody edited."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(2):\n"
+        "    m(torch.randn(3, 4)).sum().backward()\n"
+        "    opt.step()\n")
+    config = tmp_path / "dump.json"
+    config.write_text(json.dumps({"path": str(tmp_path / "run"), "level": "op",
+                                  "op_capture": "observer"}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env.update({"SLEUTH_DUMP_CONFIG": str(config),
+                "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    code = ("import tracer; tracer.attach_from_env(); import runpy; "
+            "runpy.run_path('train.py', run_name='__main__')")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=tmp_path,
+                   timeout=120)
+    s = tracer.open_dump(tmp_path / "run").stats(0, 1)
+    assert s.name.str.contains("::aten.addmm.forward.0.output.0").any()
+    assert (s.source.str.startswith("train.py:") | (s.phase == "optimizer")).all()
