@@ -10,9 +10,10 @@ What it kept becomes rows when Python next records anything itself (`suspend`, w
 Dumper calls before each of its own records), when a module call leaves more than
 `DRAIN_BYTES` of copies behind, and when the step ends, so rows stay in record order.
 
-Differences from the dispatch mode (docs/tracer.md): it sees ops as the dispatcher is called,
-so a few ops that torch's autograd layer calls itself while an op runs are not records of
-their own, and ops that run while another TorchDispatchMode is active are left out.
+Differences from the dispatch mode (docs/tracer.md, "Op capture"): a dispatch mode changes
+what torch runs (autograd copies gradients it holds references to, composite ops take their
+tensor-subclass paths), and the observer records the run without those changes; ops that run
+while another TorchDispatchMode is active, or while torch.compile traces, are left out.
 """
 from __future__ import annotations
 
