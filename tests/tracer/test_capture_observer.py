@@ -283,3 +283,26 @@ def test_observer_through_the_zero_code_attach(tmp_path):
     s = tracer.open_dump(tmp_path / "run").stats(0, 1)
     assert s.name.str.contains("::aten.addmm.forward.0.output.0").any()
     assert (s.source.str.startswith("train.py:") | (s.phase == "optimizer")).all()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_observer_on_cuda_matches_the_dispatch_mode(tmp_path, writer):
+    """CUDA tensors take the observer's copy path (copied when the op runs, measured and stored
+    by the writer's device path at the next drain): the same records, statistics and bytes as
+    the dispatch mode's."""
+    def train(config):
+        torch.manual_seed(0)
+        model = MLP().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with tracer.Dumper(model, config):
+            model(torch.randn(4, 8, device="cuda")).pow(2).mean().backward()
+            opt.step()
+
+    a, b = _both(tmp_path, train, mode="full", writer=writer)
+    assert list(a.name) == list(b.name) and len(a) > 20
+    assert list(a.checksum) == list(b.checksum)
+    da, db = tracer.open_dump(tmp_path / "dispatch"), tracer.open_dump(tmp_path / "observer")
+    for name in a.name:
+        assert torch.equal(da.tensor_torch(0, 0, name), db.tensor_torch(0, 0, name)), name
