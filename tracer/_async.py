@@ -130,7 +130,6 @@ class AsyncWriter(Writer):
         self._error_reported = False
         self._in_step = False
         self._step = -1
-        self._seq = 0
         self._streams: dict[torch.device, Any] = {}
         self._fused = fused_available()
         # step files' HDF5 part is written by a helper process (tracer._filer), one per

@@ -297,12 +297,14 @@ class Dumper:
         return None
 
     def take_observed(self) -> None:
-        """Turn what the op observer kept (tracer._op_observer) into records, in order: rows
-        with their statistics, and copies for the writer's `add`. Under the lock when called
-        from a record's own pass (busy); errors go through on_error."""
-        if not self.enabled or self._mode is None or not self._mode.pending():
-            if not self.enabled and self._mode is not None:
-                self._mode.drain(0, lambda chunk: 0)  # dumping is off: drop them
+        """Turn what the op observer (tracer._op_observer, the mode; its only caller) kept into
+        records, in order: rows with their statistics, and copies for the writer's `add`.
+        Under the lock when called from a record's own pass (busy); errors go through
+        on_error."""
+        if not self._mode.pending():
+            return
+        if not self.enabled:
+            self._mode.discard()  # dumping is off: drop them
             return
         if self._busy:
             self._take_observed()

@@ -117,11 +117,6 @@ std::unique_ptr<at::ObserverContext> Observer::on_start(const at::RecordFunction
     if (!backward && std::this_thread::get_id() != owner) return nullptr;
     if (backward ? (!want_bw || at::GradMode::is_enabled()) : !want_fw) return nullptr;
     if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) return nullptr;
-    bool python_tensor = false;
-    each_tensor(fn.inputs(), [&](const at::Tensor& t) {
-        if (t.defined() && !plain(t)) python_tensor = true;
-    });
-    if (python_tensor) return nullptr;  // FakeTensor tracing (torch.export) and subclasses
     // the GIL only where Python objects are read (a new op, the source line), and never
     // taken while holding the lock (drain holds the GIL, then takes the lock)
     OpInfo* found = nullptr;
@@ -137,6 +132,9 @@ std::unique_ptr<at::ObserverContext> Observer::on_start(const at::RecordFunction
     }
     OpInfo& info = *found;
     if (!info.op) return nullptr;  // composite: its callees are the records
+    bool python_tensor = false;
+    each_tensor(fn.inputs(), [&](const at::Tensor& t) { python_tensor |= !plain(t); });
+    if (python_tensor) return nullptr;  // FakeTensor tracing (torch.export) and subclasses
     if (info.unbumped) {
         // it writes arguments without bumping their version (BatchNorm's running
         // statistics): forget what is known of every argument (again when it returns)
@@ -181,7 +179,7 @@ std::unique_ptr<at::ObserverContext> Observer::on_start(const at::RecordFunction
             // is the output of the op that writes it
             any_fresh = true;
             if (info.mutates) fresh.erase(reinterpret_cast<uintptr_t>(t.const_data_ptr()));
-        } else if (want_in && t.defined()) {
+        } else if (want_in) {
             record(t, *ctx, 0, index, stable);
         }
         index++;
@@ -204,10 +202,9 @@ void Observer::on_end(const at::RecordFunction& fn, at::ObserverContext* base) {
 }
 
 void Observer::record_outputs(const at::RecordFunction& fn, const Context& c) {
-    Context const* ctx = &c;
     if (!active.load(std::memory_order_relaxed)) return;
-    const OpInfo& info = *ctx->info;
-    if ((!want_out && info.uninitialised.empty()) || ctx->skip_outputs) return;
+    const OpInfo& info = *c.info;
+    if ((!want_out && info.uninitialised.empty()) || c.skip_outputs) return;
     const auto& outs = fn.outputs();
     int index = 0;
     size_t next_left_out = 0;
@@ -217,12 +214,12 @@ void Observer::record_outputs(const at::RecordFunction& fn, const Context& c) {
             info.uninitialised[next_left_out] == index) {
             next_left_out++;
             remember_fresh(t);
-        } else if (want_out && t.defined()) {
-            record(t, *ctx, 1, index, !info.unbumped);
+        } else if (want_out) {
+            record(t, c, 1, index, !info.unbumped);
         }
         index++;
     });
-    for (const at::Tensor& t : ctx->written) forget(t);
+    for (const at::Tensor& t : c.written) forget(t);
 }
 
 void Observer::fail(const char* what) {
@@ -270,7 +267,7 @@ void Observer::reset_step() {
     placements.clear();
     chunks.clear();
     recent.clear();
-    last_frame = nullptr;
+    last_frame = last_code = nullptr;
     last_lasti = -1;
 }
 

@@ -195,7 +195,10 @@ public:
     std::unordered_map<PyObject*, int> code_flags;      // holds a reference to each code
     std::unordered_map<uint64_t, int> source_ids;       // (code, line) -> index into sources
     std::unordered_map<PyObject*, int> code_ids;        // code -> small id for source_ids
-    PyObject* last_frame = nullptr;  // the newest source walk's start (a borrowed identity)
+    // the newest source walk's start frame and code (identities; the code is held in
+    // code_flags), its instruction and its result
+    PyObject* last_frame = nullptr;
+    PyObject* last_code = nullptr;
     int last_lasti = -1, last_source = 0;
     std::string error;
 
@@ -229,15 +232,14 @@ public:
     // the writer has written a chunk `drain` handed it (a view of it): its memory may be reused
     void give_back(const at::Tensor& view);
     static std::string strides_of(const at::Tensor& t);
-    // a strided CPU tensor's elements from its first to its last, when they are few enough
-    // (an expand, a slice of a little more than itself): -1 otherwise
-    static int64_t span_elements(const at::Tensor& t);
     // elements from a strided tensor's first to its last, or -1 for a negative stride
     static int64_t span_reach(const at::Tensor& t);
     // the newest stored span holding every element of `t` (same memory, same version): its
     // placement and `t`'s byte offset into it, or {-1, 0}
     std::pair<int, int64_t> within(const at::Tensor& t, int64_t first, int64_t end);
     void remember_span(const at::Tensor& t, int64_t nbytes, int placement);
+    // the reuse entry of this dense CPU tensor's memory at its version, or null (under mu)
+    const Seen* seen_now(const at::Tensor& t, int code);
     // what is known of a tensor an op writes without bumping its version
     void forget(const at::Tensor& t);
     // uninitialised memory (what aten::empty made) not written yet
@@ -252,6 +254,7 @@ public:
     // rebuilding from another process, or ops torch.compile runs while it traces (neither is
     // the step's)
     int source_here();
+    int code_flag(PyObject* code);
     int source_id(PyObject* code, int line);
     PyObject* cached_str(const std::string& text);
     const std::string& prefix(int scope_id, int op_id);
@@ -263,8 +266,9 @@ public:
     py::list drain(int64_t seq, py::object place);
 
     // -- helpers ------------------------------------------------------------------------------
+    // not a tensor subclass, fake or functional tensor (those go through Python)
     static bool plain(const at::Tensor& t) {
-        return t.defined() && !t.key_set().has(c10::DispatchKey::Python) &&
+        return !t.key_set().has(c10::DispatchKey::Python) &&
                !t.key_set().has(c10::DispatchKey::Functionalize);
     }
 

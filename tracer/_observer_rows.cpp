@@ -7,52 +7,48 @@
 
 namespace sleuth_observer {
 
+// flag of a code object (see classify_code), asked once and the code held from then on
+int Observer::code_flag(PyObject* code) {
+    auto it = code_flags.find(code);
+    if (it != code_flags.end()) return it->second;
+    const int flag = classify_code(py::handle(code)).cast<int>();
+    Py_INCREF(code);
+    code_flags.emplace(code, flag);
+    return flag;
+}
+
 int Observer::source_here() {
-    PyThreadState* ts = PyThreadState_Get();
-    PyFrameObject* frame = PyThreadState_GetFrame(ts);
+    PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());
     if (frame == nullptr) return 0;
 #if PY_VERSION_HEX >= 0x030B0000
-    int lasti = PyFrame_GetLasti(frame);
-    if (reinterpret_cast<PyObject*>(frame) == last_frame && lasti == last_lasti) {
+    // the same frame at the same instruction (every op of one backward pass): the same line
+    PyObject* start = reinterpret_cast<PyObject*>(frame);
+    PyCodeObject* start_code = PyFrame_GetCode(frame);
+    Py_DECREF(start_code);  // its code_flags entry holds it once a walk has passed it
+    const int lasti = PyFrame_GetLasti(frame);
+    if (start == last_frame && reinterpret_cast<PyObject*>(start_code) == last_code &&
+        lasti == last_lasti) {
         Py_DECREF(frame);
         return last_source;
     }
-    PyObject* start = reinterpret_cast<PyObject*>(frame);
 #endif
     int result = 0;
     while (frame != nullptr) {
         PyCodeObject* code = PyFrame_GetCode(frame);
-        PyObject* key = reinterpret_cast<PyObject*>(code);
-        auto it = code_flags.find(key);
-        int flag;
-        if (it == code_flags.end()) {
-            flag = classify_code(py::handle(key)).cast<int>();
-            Py_INCREF(key);
-            code_flags.emplace(key, flag);
-        } else {
-            flag = it->second;
-        }
+        const int flag = code_flag(reinterpret_cast<PyObject*>(code));
         if (flag == 0) {
-            int line = PyFrame_GetLineNumber(frame);
-            result = source_id(key, line);
-            Py_DECREF(code);
-            Py_DECREF(frame);
-            frame = nullptr;
-            break;
+            result = source_id(reinterpret_cast<PyObject*>(code), PyFrame_GetLineNumber(frame));
+        } else if (flag >= 2) {  // torch rebuilding a received tensor, or torch.compile tracing
+            result = -1;
         }
         Py_DECREF(code);
-        if (flag >= 2) {  // torch rebuilding a received tensor, or torch.compile tracing
-            result = -1;
-            Py_DECREF(frame);
-            frame = nullptr;
-            break;
-        }
-        PyFrameObject* back = PyFrame_GetBack(frame);
+        PyFrameObject* back = flag == 1 ? PyFrame_GetBack(frame) : nullptr;
         Py_DECREF(frame);
         frame = back;
     }
 #if PY_VERSION_HEX >= 0x030B0000
-    last_frame = start;  // compared by identity only: a live frame keeps its address
+    last_frame = start;
+    last_code = reinterpret_cast<PyObject*>(start_code);
     last_lasti = lasti;
     last_source = result;
 #endif
@@ -60,12 +56,7 @@ int Observer::source_here() {
 }
 
 int Observer::source_id(PyObject* code, int line) {
-    auto cid = code_ids.find(code);
-    int c = cid == code_ids.end() ? -1 : cid->second;
-    if (c < 0) {
-        c = static_cast<int>(code_ids.size());
-        code_ids.emplace(code, c);
-    }
+    const int c = code_ids.emplace(code, static_cast<int>(code_ids.size())).first->second;
     uint64_t key = (static_cast<uint64_t>(c) << 32) | static_cast<uint32_t>(line);
     auto it = source_ids.find(key);
     if (it != source_ids.end()) return it->second;
@@ -116,7 +107,7 @@ py::list Observer::drain(int64_t seq, py::object place) {
     }
     std::vector<int64_t> bases;
     for (Chunk& chunk : full) {
-        at::Tensor used = chunk.data.narrow(0, 0, chunk.used);
+        at::Tensor used = own([&] { return chunk.data.narrow(0, 0, chunk.used); });
         {
             std::lock_guard<std::mutex> lock(mu);  // until the writer gives it back
             if (lent.size() >= 4 * kSpareChunks) lent.clear();  // a writer that never did

@@ -48,11 +48,6 @@ std::string Observer::strides_of(const at::Tensor& t) {
     return out;
 }
 
-int64_t Observer::span_elements(const at::Tensor& t) {
-    const int64_t span = span_reach(t);
-    return span > 0 && span <= 2 * t.numel() ? span : -1;
-}
-
 int64_t Observer::span_reach(const at::Tensor& t) {
     int64_t last = 0;
     for (int64_t k = 0; k < t.dim(); k++) {
@@ -75,20 +70,13 @@ void Observer::record(const at::Tensor& t, const Context& c, int direction, int 
         // of the span whatever the strides, and a transpose shares its base's bytes
         const void* address = t.const_data_ptr();
         const bool reusable = stable && !t.is_inference();
-        SpanKey key{reinterpret_cast<uintptr_t>(address), r.numel, code};
-        const int64_t version = reusable ? static_cast<int64_t>(t._version()) : 0;
-        if (reusable) {
-            auto it = seen.find(key);
-            if (it != seen.end() && it->second.version == version &&
-                it->second.storage.lock().get() == t.storage().unsafeGetStorageImpl() &&
-                (!keep_bytes || it->second.placement >= 0)) {
-                r.code = code;
-                r.stats = it->second.stats;
-                r.placement = it->second.placement;
-                if (keep_bytes) r.strides = strides_of(t);
-                rows.push_back(std::move(r));
-                return;
-            }
+        if (const Seen* hit = reusable ? seen_now(t, code) : nullptr) {
+            r.code = code;
+            r.stats = hit->stats;
+            r.placement = hit->placement;
+            if (keep_bytes) r.strides = strides_of(t);
+            rows.push_back(std::move(r));
+            return;
         }
         int status;
         const int64_t nbytes = r.numel * static_cast<int64_t>(t.element_size());
@@ -113,8 +101,10 @@ void Observer::record(const at::Tensor& t, const Context& c, int direction, int 
         if (status == 0) {
             r.code = code;
             if (reusable) {
+                SpanKey key{reinterpret_cast<uintptr_t>(address), r.numel, code};
                 seen.erase(key);
-                seen.emplace(key, Seen{t.storage().getWeakStorageImpl(), version, r.stats,
+                seen.emplace(key, Seen{t.storage().getWeakStorageImpl(),
+                                       static_cast<int64_t>(t._version()), r.stats,
                                        r.placement});
             }
             rows.push_back(std::move(r));
@@ -127,24 +117,26 @@ void Observer::record(const at::Tensor& t, const Context& c, int direction, int 
         // copy
         at::Tensor flat = own([&] { return t.is_neg() ? t.resolve_neg().contiguous()
                                                      : t.contiguous(); });
-        const int64_t span = keep_bytes && !t.is_neg() ? span_elements(t) : -1;
         const int64_t width = static_cast<int64_t>(t.element_size());
+        // elements from its first to its last, when it reads them with its own strides
+        const int64_t reach = keep_bytes && !t.is_neg() ? span_reach(t) : -1;
+        const int64_t first = reinterpret_cast<int64_t>(t.const_data_ptr());
+        const auto [inside, delta] = reach > 0 ? within(t, first, first + reach * width)
+                                               : std::pair<int, int64_t>{-1, 0};
         int status;
         if (!keep_bytes) {
             status = kernel->stats(flat.const_data_ptr(), r.numel, code, threads, &r.stats);
-        } else if (const int64_t first = reinterpret_cast<int64_t>(t.const_data_ptr()),
-                   reach = span_reach(t);
-                   reach > 0 && within(t, first, first + reach * width).first >= 0) {
+        } else if (inside >= 0) {
             // its elements lie inside bytes stored already (a split, a slice): no copy
-            auto [inside, delta] = within(t, first, first + reach * width);
             r.placement = inside;
             r.delta = delta;
             r.nbytes = reach * width;
             r.strides = strides_of(t);
             status = kernel->stats(flat.const_data_ptr(), r.numel, code, threads, &r.stats);
-        } else if (span > 0) {
-            auto [placement, where] = allocate(span * width);
-            std::memcpy(where, t.const_data_ptr(), static_cast<size_t>(span * width));
+        } else if (reach > 0 && reach <= 2 * r.numel) {
+            // few more bytes than its own (an expand, a slice of little more): store the span
+            auto [placement, where] = allocate(reach * width);
+            std::memcpy(where, t.const_data_ptr(), static_cast<size_t>(reach * width));
             r.placement = placement;
             r.strides = strides_of(t);
             status = kernel->stats(flat.const_data_ptr(), r.numel, code, threads, &r.stats);
@@ -215,6 +207,16 @@ void Observer::remember_span(const at::Tensor& t, int64_t nbytes, int placement)
                           static_cast<int64_t>(t._version()), placement});
 }
 
+const Seen* Observer::seen_now(const at::Tensor& t, int code) {
+    auto it = seen.find(SpanKey{reinterpret_cast<uintptr_t>(t.const_data_ptr()), t.numel(),
+                                code});
+    if (it == seen.end() || it->second.version != static_cast<int64_t>(t._version()) ||
+        it->second.storage.lock().get() != t.storage().unsafeGetStorageImpl()) {
+        return nullptr;
+    }
+    return &it->second;
+}
+
 py::object Observer::stored(const at::Tensor& t) {
     const int code = code_of(t.scalar_type());
     if (code < 0 || !t.device().is_cpu() || t.layout() != at::kStrided || !t.has_storage() ||
@@ -222,14 +224,9 @@ py::object Observer::stored(const at::Tensor& t) {
         return py::none();
     }
     std::lock_guard<std::mutex> lock(mu);
-    auto it = seen.find(SpanKey{reinterpret_cast<uintptr_t>(t.const_data_ptr()), t.numel(),
-                                code});
-    if (it == seen.end() || it->second.placement < 0 ||
-        it->second.version != static_cast<int64_t>(t._version()) ||
-        it->second.storage.lock().get() != t.storage().unsafeGetStorageImpl()) {
-        return py::none();
-    }
-    const Placement& p = placements.at(it->second.placement);
+    const Seen* hit = seen_now(t, code);
+    if (hit == nullptr || hit->placement < 0) return py::none();
+    const Placement& p = placements.at(hit->placement);
     if (p.absolute < 0) return py::none();
     return py::make_tuple(p.absolute, p.nbytes);
 }

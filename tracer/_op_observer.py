@@ -166,12 +166,10 @@ class OpObserver:
     def pending(self) -> int:
         return self._ext.pending()
 
-    def drain(self, seq: int, place: Any = None) -> list:
+    def drain(self, seq: int, place: Any) -> list:
         """The kept records, numbered from `seq`: rows, and (fields, tensor, stable) for the
-        writer's `add`; `place(chunk)` stores a uint8 tensor of their bytes and answers its
-        offset in /tensors (mode tensor/full)."""
-        if place is None:
-            return self._ext.drain(seq, _no_bytes)
+        writer's `add`; `place(chunk, on_written)` stores a uint8 tensor of their bytes and
+        answers its offset in /tensors (mode tensor/full)."""
         give_back = self._ext.give_back
 
         def lend(chunk: Any) -> int:
@@ -181,6 +179,6 @@ class OpObserver:
 
         return self._ext.drain(seq, lend)
 
-
-def _no_bytes(chunk: Any) -> int:
-    raise AssertionError("the op observer kept tensor bytes where none were to be kept")
+    def discard(self) -> None:
+        """Drop what was kept (dumping is off)."""
+        self._ext.drain(0, lambda chunk: 0)

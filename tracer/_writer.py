@@ -305,6 +305,7 @@ class Writer:
         # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
         self._same: dict[int, tuple] = {}
         self._waiting = QueuedRows(self)
+        self._seq = 0  # the step's next record number (`next_seq`)
         # (offset, nbytes) in /tensors of bytes stored outside this writer's reuse table that
         # hold a tensor's memory as it is now (the op observer's), or None
         self.stored_elsewhere: Callable[[torch.Tensor], tuple[int, int] | None] | None = None
@@ -348,16 +349,16 @@ class Writer:
     @property
     def next_seq(self) -> int:
         """The `seq` the next record of the step gets."""
-        return self._seq  # type: ignore[attr-defined]  # both writers keep it
+        return self._seq
 
     def _put_rows(self, target: Any, step: int, rows: list[tuple]) -> None:
         """`add_rows` into `target` (the step file, or the async writer's rows)."""
         if self._waiting:
             self._waiting.settle(block=True)  # rows go in record order
-        if rows[0][0] != self._seq:  # type: ignore[attr-defined]
+        if rows[0][0] != self._seq:
             raise TracerError(f"rows numbered from {rows[0][0]}, but the step's next record is "
-                              f"{self._seq}")  # type: ignore[attr-defined]
-        self._seq += len(rows)  # type: ignore[attr-defined]
+                              f"{self._seq}")
+        self._seq += len(rows)
         target.rows.extend(rows)
         for sink in self.row_sinks:
             bulk = getattr(getattr(sink, "__self__", None), "add_rows", None)
@@ -663,7 +664,6 @@ class SyncWriter(Writer):
         super().__init__(config, rank=rank, world_size=world_size)
         self._file: StepFile | None = None
         self._step = -1
-        self._seq = 0
 
     def begin_step(self, step: int) -> None:
         if not self.enabled:
