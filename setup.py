@@ -3,7 +3,8 @@ tracer's optional compiled parts: the one-pass statistics kernel and the op obse
 
 The .pth line imports `sleuth._autoattach`, which does nothing unless a SLEUTH_* variable asks
 for a tool; that is what lets `SLEUTH_DUMP_CONFIG=dump.json python train.py` trace a script
-nobody edited. `tracer._fused` (tracer/_fused.c, plain C with GCC/Clang vector extensions) is
+nobody edited. `tracer._fused` (tracer/_fused.c, plain C with GCC/Clang vector extensions, and
+tracer/_table.c, which packs the step files' tables) is
 `optional`: where it cannot be compiled the install goes on and the tracer uses its numpy path.
 `tracer._observer` (tracer/_observer.cpp, the op level's capture through torch's C++ op
 callbacks, `"op_capture": "observer"`) is built against the torch of the build environment, so
@@ -29,7 +30,7 @@ class _BuildPyWithPth(build_py):
 
 
 _FUSED = Extension(
-    "tracer._fused", ["tracer/_fused.c"], optional=True,
+    "tracer._fused", ["tracer/_fused.c", "tracer/_table.c"], optional=True,
     depends=["tracer/_fused_helper.h", "tracer/_fused_api.h"],
     # no FMA contraction: the sums must not depend on which CPU built the kernel
     extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-psabi"],

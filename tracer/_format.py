@@ -379,7 +379,13 @@ def table_array(rows: list[tuple], columns: tuple[tuple[str, Any], ...]) -> np.n
     """Rows -> the compound array written as /records or /hits. String columns become
     fixed-length UTF-8 as wide as their longest value (format 2.0): HDF5 writes those at 3x the
     speed of variable-length strings, which cost ~9 us a row (a step of 700 op records: 6.4 ms
-    against 1.9 ms)."""
+    against 1.9 ms). Packed by the C kernel's `pack_rows` (tracer/_table.c) where it is built
+    and the values are plain (0.1 ms for 700 rows against 2 ms in a step); by numpy otherwise,
+    to the same array."""
+    if _pack_rows is not None and type(rows) is list and rows:
+        packed = _pack_rows(rows, _column_kinds(columns))
+        if packed is not None:
+            return np.frombuffer(packed[0], dtype=_packed_dtype(columns, packed[1]))
     cols = list(zip(*rows)) if rows else [()] * len(columns)
     fields: list[tuple[str, Any]] = []
     arrays = []
@@ -399,6 +405,27 @@ def table_array(rows: list[tuple], columns: tuple[tuple[str, Any], ...]) -> np.n
     for (name, _), a in zip(fields, arrays):
         out[name] = a
     return out
+
+
+try:
+    from tracer._fused import pack_rows as _pack_rows
+except ImportError:  # the kernel is not built: numpy packs the tables
+    _pack_rows = None
+
+_KINDS = {np.int64: "q", np.int32: "i", np.float64: "d", _STR: "s"}
+
+
+@lru_cache(maxsize=8)
+def _column_kinds(columns: tuple[tuple[str, Any], ...]) -> bytes:
+    """`pack_rows`'s letter for each column."""
+    return "".join(_KINDS[dt] for _, dt in columns).encode()
+
+
+@lru_cache(maxsize=256)
+def _packed_dtype(columns: tuple[tuple[str, Any], ...], widths: tuple[int, ...]) -> np.dtype:
+    """The dtype `table_array` builds for these string widths (`pack_rows`'s layout)."""
+    return np.dtype([(name, h5py.string_dtype("utf-8", w) if dt is _STR else dt)
+                     for (name, dt), w in zip(columns, widths)])
 
 
 class PendingFile:

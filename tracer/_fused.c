@@ -595,6 +595,8 @@ static PyObject *fused_collect(PyObject *self, PyObject *args) {
     return ticket_call(args, "collect", 1);
 }
 
+PyObject *fused_pack_rows(PyObject *self, PyObject *args); /* tracer/_table.c */
+
 static PyMethodDef methods[] = {
     {"stats", fused_stats, METH_VARARGS,
      "stats(address, count, code, threads=1) -> (min, max, sum, sumsq, zeros, nan, posinf, "
@@ -618,6 +620,9 @@ static PyMethodDef methods[] = {
     {"diff_stats", fused_diff_stats, METH_VARARGS,
      "diff_stats(a, b, out, count, threads=1): stats() of the float32 difference a - b, "
      "written to out unless out is 0 (out may be a or b)"},
+    {"pack_rows", fused_pack_rows, METH_VARARGS,
+     "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
+     "tuples (tracer/_table.c)"},
     {NULL, NULL, 0, NULL},
 };
 
