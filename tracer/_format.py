@@ -11,7 +11,9 @@ side file (`step{S}.h5.data.partial`) so memory stays bounded, at the offset `/t
 are copied around them and the side file becomes the step file, so the bulk is written once.
 
 The file is built as `step{S}.h5.partial`, fsynced and renamed: a file without the suffix is
-always complete.
+always complete. A file without tensor bytes or hits is, from the second step of a table shape
+on, the first one's image with the new values patched in (tracer._template), byte for byte
+what HDF5 would write.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from typing import Any, Callable
 import h5py
 import numpy as np
 from h5py import h5a, h5d, h5f, h5p, h5s, h5t
+
+from tracer._template import ImageCache
 
 FORMAT_VERSION = "3.0"
 FORMAT_MAJOR = 3
@@ -273,26 +277,65 @@ class StepFile:
 
         `spilled` (default: whether bytes went to the side file): align allocations as large
         as /tensors (only it, unless a table is that large) to SPILL_OFFSET, so that /tensors
-        is there when the metadata fits below it."""
+        is there when the metadata fits below it.
+
+        A file without tensor bytes or hits is, where it can be, the image of an earlier step's
+        file with this step's values patched in (`tracer._template`): HDF5 builds a file of 204
+        rows in ~2 ms inside a training step, the patch takes ~0.1 ms."""
         if spilled is None:
             spilled = self.spilled
+        table = self.records_table()
+        hits = self.hits_table()
+        if not self.nbytes and not spilled and hits is None:
+            image = _IMAGES.image(self.attrs, complete, table)
+            if image is not None:
+                _write_new(self.partial_path, image)
+                return 0
         fapl = h5p.create(h5p.FILE_ACCESS)
         # closing the file closes whatever HDF5 object an error left open
         fapl.set_fclose_degree(h5f.CLOSE_STRONG)
         if spilled and self.nbytes:
             fapl.set_alignment(max(1, self.nbytes), SPILL_OFFSET)
-        fid = h5f.create(os.fsencode(self.partial_path), h5f.ACC_TRUNC, fapl=fapl)
+        fid = h5f.create(os.fsencode(self.partial_path), h5f.ACC_TRUNC, fapl=fapl,
+                         fcpl=_file_plist())
         try:
-            for key, value in self.attrs.items():
-                _write_attr(fid, key, value)
-            _write_attr(fid, "complete", int(complete))
-            _write_table(fid, b"records", self.records_table())
-            hits = self.hits_table()
-            if hits is not None:
-                _write_table(fid, b"hits", hits)
-            return _allocate_tensors(fid, self.nbytes)
+            return write_objects(fid, self.attrs, complete, table, hits, self.nbytes)
         finally:
             fid.close()
+
+
+def write_objects(fid: Any, attrs: dict[str, Any], complete: int, table: np.ndarray,
+                  hits: np.ndarray | None, nbytes: int) -> int:
+    """Everything a step file holds but the tensor bytes, into the open file `fid`: the root
+    attributes, `complete`, /records, /hits and /tensors (`nbytes` allocated); returns the
+    offset of /tensors (0 when empty)."""
+    for key, value in attrs.items():
+        _write_attr(fid, key, value)
+    _write_attr(fid, "complete", int(complete))
+    _write_table(fid, b"records", table)
+    if hits is not None:
+        _write_table(fid, b"hits", hits)
+    return _allocate_tensors(fid, nbytes)
+
+
+def _file_plist() -> Any:
+    """File creation properties: the root group's attributes stay in its object header
+    (compact) up to 64 of them; HDF5's default moves more than 8 into a fractal heap, which is
+    slower to build and which `tracer._template` cannot patch."""
+    fcpl = h5p.create(h5p.FILE_CREATE)
+    fcpl.set_attr_phase_change(64, 48)
+    return fcpl
+
+
+def _write_new(path: Path, data: bytes | bytearray) -> None:
+    """`data` as the file `path` (created or truncated); os.write releases the GIL."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
 
 
 # HDF5 through h5py's low-level API: the high-level one took 5.0 ms for a statistics step
@@ -426,6 +469,34 @@ def _packed_dtype(columns: tuple[tuple[str, Any], ...], widths: tuple[int, ...])
     """The dtype `table_array` builds for these string widths (`pack_rows`'s layout)."""
     return np.dtype([(name, h5py.string_dtype("utf-8", w) if dt is _STR else dt)
                      for (name, dt), w in zip(columns, widths)])
+
+
+def _memory_image(attrs: dict[str, Any], complete: int, table: np.ndarray) -> tuple[bytes, int]:
+    """The bytes of the step file `write_objects` makes of these values (no hits, no tensor
+    bytes), built in memory (HDF5's core driver), and the offset of /records' data in them
+    (-1 when it has none)."""
+    global _images_made
+    _images_made += 1
+    fapl = h5p.create(h5p.FILE_ACCESS)
+    fapl.set_fclose_degree(h5f.CLOSE_STRONG)
+    fapl.set_fapl_core(block_size=64 << 10, backing_store=False)
+    fid = h5f.create(f"sleuth-image-{os.getpid()}-{_images_made}".encode(), h5f.ACC_TRUNC,
+                     fapl=fapl, fcpl=_file_plist())
+    try:
+        write_objects(fid, attrs, complete, table, None, 0)
+        dset = h5d.open(fid, b"records")
+        try:
+            offset = dset.get_offset()
+        finally:
+            dset.close()
+        h5f.flush(fid)
+        return fid.get_file_image(), -1 if offset is None else int(offset)
+    finally:
+        fid.close()
+
+
+_images_made = 0
+_IMAGES = ImageCache(_memory_image)
 
 
 class PendingFile:

@@ -595,7 +595,9 @@ static PyObject *fused_collect(PyObject *self, PyObject *args) {
     return ticket_call(args, "collect", 1);
 }
 
-PyObject *fused_pack_rows(PyObject *self, PyObject *args); /* tracer/_table.c */
+/* tracer/_table.c */
+PyObject *fused_pack_rows(PyObject *self, PyObject *args);
+PyObject *fused_lookup3(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"stats", fused_stats, METH_VARARGS,
@@ -623,6 +625,8 @@ static PyMethodDef methods[] = {
     {"pack_rows", fused_pack_rows, METH_VARARGS,
      "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
      "tuples (tracer/_table.c)"},
+    {"lookup3", fused_lookup3, METH_VARARGS,
+     "lookup3(buffer, start, stop) -> int: HDF5's metadata checksum of buffer[start:stop]"},
     {NULL, NULL, 0, NULL},
 };
 
