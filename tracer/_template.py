@@ -19,7 +19,8 @@ A template is trusted only after it proved itself (`ImageCache._make`):
 - the template patched with the real values must equal, byte for byte, the image HDF5 builds of
   them, which is also the file of the step that made the template.
 Any failure marks the shape as not patchable and HDF5 writes its files as before, so a change
-of layout in another HDF5 version costs speed, never a wrong file.
+of layout in another HDF5 version costs speed, never a wrong file. A template is made at the
+second file of a shape, not the first.
 """
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ class _Template(NamedTuple):
     checksums: tuple[tuple[int, int], ...]  # (block start, checksum offset), in file order
 
 
+_NEW, _ONCE = object(), object()
+
+
 class _Values(NamedTuple):
     step: int
     complete: int
@@ -67,37 +71,44 @@ class ImageCache:
     def __init__(self, build: Build) -> None:
         self._build = build
         self._lock = threading.Lock()
-        self._templates: OrderedDict[tuple, _Template | None] = OrderedDict()
+        # shape -> its template, None (not patchable) or _ONCE (seen once, no template yet)
+        self._templates: OrderedDict[tuple, Any] = OrderedDict()
         self.patched = 0
         """Files made by patching a template (for tests and benchmarks)."""
 
     def image(self, attrs: dict[str, Any], complete: bool, table: np.ndarray
               ) -> bytes | bytearray | None:
         """The bytes of the file with these root attributes, `complete` flag and /records
-        table; None when this shape has no template (the caller has HDF5 write the file)."""
+        table; None when this shape has no template (the caller has HDF5 write the file).
+        The first file of a shape is left to HDF5, the second makes the template (three
+        images, ~3 ms), so a run whose shapes keep changing pays what it paid without one."""
         step, created = attrs.get("step"), attrs.get("created")
         if _lookup3 is None or type(step) is not int or type(created) is not str or not created:
             return None
         key = _key(attrs, table)
         with self._lock:
-            known = key in self._templates
-            template = self._templates.get(key)
-            if known:
-                self._templates.move_to_end(key)
+            template = self._templates.get(key, _NEW)
+            if template is _NEW:  # first seen: HDF5 writes it (a shape may never come back)
+                self._templates[key] = _ONCE
+                self._forget_oldest()
+                return None
+            self._templates.move_to_end(key)
+        if template is None:
+            return None  # not patchable
         values = _Values(step, int(complete), created)
-        if template is not None:
+        if template is not _ONCE:
             image = _patch(template, values, table)
             with self._lock:
                 self.patched += 1
             return image
-        if known:
-            return None  # not patchable
         template, image = self._make(attrs, values, table)
         with self._lock:
             self._templates[key] = template
-            while len(self._templates) > _KEPT:
-                self._templates.popitem(last=False)
         return image
+
+    def _forget_oldest(self) -> None:
+        while len(self._templates) > _KEPT:
+            self._templates.popitem(last=False)
 
     def _make(self, attrs: dict[str, Any], values: _Values, table: np.ndarray
               ) -> tuple[_Template | None, bytes]:

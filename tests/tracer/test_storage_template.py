@@ -1,7 +1,7 @@
 """Step files written from a template image (tracer/_template.py) against files HDF5 writes.
 
-A statistics step file without hits is, from the second step of a table shape on, a copy of
-the first step's image with the new values patched in. It must be the file HDF5 would have
+A statistics step file without hits is, from the third step of a table shape on, a copy of
+the second step's image with the new values patched in. It must be the file HDF5 would have
 written (byte for byte), read back the same by h5py and `open_dump`, and any shape or layout
 the template cannot prove ends in HDF5 writing the file."""
 from __future__ import annotations
@@ -52,12 +52,13 @@ def images(monkeypatch):
 
 def test_later_steps_are_patched_copies_of_what_hdf5_writes(tmp_path, images):
     paths = [_write(tmp_path, s, _rows(30, s), complete=s != 2) for s in range(4)]
-    assert images.patched == 3
+    assert images.patched == 2  # the first by HDF5, the second makes the template
     for s, path in enumerate(paths):
         attrs = _attrs(s)
         table = table_array(_rows(30, s), RECORD_COLUMNS)
         expected, _ = _format._memory_image(attrs, int(s != 2), table)
-        assert path.read_bytes() == expected
+        if s:  # the first is HDF5's file on disk, not its image in memory
+            assert path.read_bytes() == expected
         with h5py.File(path) as f:
             assert f.attrs["step"] == s and f.attrs["complete"] == int(s != 2)
             assert f.attrs["created"] == attrs["created"] and f.attrs["rank"] == 1
@@ -71,11 +72,12 @@ def test_later_steps_are_patched_copies_of_what_hdf5_writes(tmp_path, images):
 
 def test_a_patched_file_reads_as_one_hdf5_wrote_to_disk(tmp_path, images, monkeypatch):
     rows = _rows(12, 5, name="é")
-    _write(tmp_path / "a", 0, _rows(12, 4, name="é"))
-    patched = _write(tmp_path / "a", 1, rows)
+    for s in range(2):
+        _write(tmp_path / "a", s, _rows(12, 4, name="é"))
+    patched = _write(tmp_path / "a", 2, rows)
     assert images.patched == 1
     monkeypatch.setattr(_template, "_lookup3", None)  # HDF5 writes through the sec2 driver
-    plain = _write(tmp_path / "b", 1, rows)
+    plain = _write(tmp_path / "b", 2, rows)
     assert images.patched == 1
     with h5py.File(patched) as p, h5py.File(plain) as q:
         assert dict(p.attrs) == dict(q.attrs)
@@ -86,31 +88,34 @@ def test_a_patched_file_reads_as_one_hdf5_wrote_to_disk(tmp_path, images, monkey
 
 
 def test_a_new_shape_gets_its_own_template_and_hits_go_through_hdf5(tmp_path, images):
-    _write(tmp_path, 0, _rows(10, 0))
-    _write(tmp_path, 1, _rows(11, 1))  # one row more: another layout
+    for s in range(2):
+        _write(tmp_path, s, _rows(10, s))
+        _write(tmp_path, s + 10, _rows(11, s + 10))  # one row more: another layout
     _write(tmp_path, 2, _rows(10, 2, name="longer_name"))  # wider strings
     _write(tmp_path, 3, _rows(10, 3), created="2026-12-02T03:49:59.5+00:00")
     assert images.patched == 0
     _write(tmp_path, 4, _rows(11, 4))
-    assert images.patched == 1
+    _write(tmp_path, 5, _rows(10, 5))
+    assert images.patched == 2
     hit = {"seq": 2, "name": "h.2.mlp.forward.2.output.0", "condition": "nan", "value": 1.0,
            "source": "train.py:7"}
-    path = _write(tmp_path, 5, _rows(11, 5), hits=[hit])
-    assert images.patched == 1
+    path = _write(tmp_path, 6, _rows(11, 6), hits=[hit])
+    assert images.patched == 2
     with h5py.File(path) as f:
-        assert f["hits"][0]["condition"] == b"nan" and f.attrs["step"] == 5
-    for s in range(5):
+        assert f["hits"][0]["condition"] == b"nan" and f.attrs["step"] == 6
+    for s in (0, 1, 2, 3, 4, 5, 10, 11):
         with h5py.File(step_path(tmp_path, 1, s)) as f:
             assert f.attrs["step"] == s and f["records"][0]["zeros"] == s
 
 
 def test_empty_tables_and_tensor_files(tmp_path, images):
-    _write(tmp_path, 0, [])
-    path = _write(tmp_path, 1, [])
+    for s in range(2):
+        _write(tmp_path, s, [])
+    path = _write(tmp_path, 2, [])
     assert images.patched == 1
     with h5py.File(path) as f:
-        assert f["records"].shape == (0,) and f.attrs["step"] == 1
-    file = StepFile(step_path(tmp_path, 1, 2), _attrs(2), spill_bytes=1 << 20)
+        assert f["records"].shape == (0,) and f.attrs["step"] == 2
+    file = StepFile(step_path(tmp_path, 1, 3), _attrs(3), spill_bytes=1 << 20)
     row = list(_rows(1, 2)[0])
     row[21:23] = [file.add_bytes(np.arange(4, dtype=np.float32)), 16]
     file.add_row(tuple(row))
@@ -128,8 +133,9 @@ def test_a_layout_the_template_cannot_prove_is_written_by_hdf5(tmp_path, monkeyp
 
     images = ImageCache(unsteady)
     attrs, table = _attrs(0), table_array(_rows(5, 0), RECORD_COLUMNS)
-    first = images.image(attrs, 1, table)
-    assert first is not None and first[:-1] == _format._memory_image(attrs, 1, table)[0]
+    assert images.image(attrs, 1, table) is None  # first seen: HDF5 writes it
+    second = images.image(attrs, 1, table)  # the template fails its proof
+    assert second is not None and second[:-1] == _format._memory_image(attrs, 1, table)[0]
     assert images.image(_attrs(1), 1, table) is None  # known not patchable: HDF5 writes it
     assert images.patched == 0
     monkeypatch.setattr(_format, "_IMAGES", images)
@@ -147,6 +153,7 @@ def test_a_patch_that_would_differ_from_hdf5_is_refused():
 
     images = ImageCache(twice)
     table = table_array(_rows(5, 0), RECORD_COLUMNS)
+    assert images.image(_attrs(0), 1, table) is None
     assert images.image(_attrs(0), 1, table) is not None
     assert images.image(_attrs(1), 1, table) is None and images.patched == 0
 
@@ -162,3 +169,32 @@ def test_lookup3_matches_the_checksums_hdf5_writes():
     assert int.from_bytes(image[44:48], "little") == _template._lookup3(image, 0, 44)
     with pytest.raises(ValueError, match="outside"):
         _template._lookup3(b"abc", 1, 5)
+
+
+def test_a_dumped_run_reads_the_same_with_and_without_templates(tmp_path, images, monkeypatch):
+    import torch
+
+    import tracer
+
+    def run(path):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(5, 8)
+        with tracer.Dumper(model, {"level": "module", "mode": "statistics", "writer": "sync",
+                                   "path": str(path)}):
+            for _ in range(5):
+                model(x).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+        return open_dump(path)
+
+    patched = run(tmp_path / "patched")
+    assert images.patched == 3  # steps 2, 3 and 4
+    monkeypatch.setattr(_template, "_lookup3", None)
+    plain = run(tmp_path / "plain")
+    assert patched.steps(0) == plain.steps(0) == [0, 1, 2, 3, 4]
+    for step in range(5):
+        a, b = patched.stats(0, step), plain.stats(0, step)
+        assert a.equals(b), step
