@@ -75,6 +75,11 @@ CONDITIONS = {
                                      "op_capture": "observer"},
     "op_tensor_async_observer": {"level": "op", "mode": "tensor", "writer": "async",
                                  "op_capture": "observer"},
+    # the module hooks' records kept by the same compiled observer (no Python writer per record)
+    "module_statistics_observer": {"level": "module", "mode": "statistics", "writer": "sync",
+                                   "op_capture": "observer"},
+    "module_statistics_observer_async": {"level": "module", "mode": "statistics",
+                                         "writer": "async", "op_capture": "observer"},
     "attached_unselected": {"level": "mix", "steps": "1000000"},
     # capture alone (hooks, dispatch mode, naming, source lines) with a writer that drops
     # records: separates the tracer's capture cost from the statistics and storage cost

@@ -150,15 +150,18 @@ class Dumper:
             return
         _live.add(self)
         self._tracker = ModuleTracker(self, model)
-        if self.config.level in ("op", "mix"):
-            if self.config.op_capture == "observer":
-                from tracer._op_observer import OpObserver
+        # the op observer's `record`: module records kept in compiled code (see emit_all)
+        self._record_compiled: Any = None
+        if self.config.op_capture == "observer":
+            from tracer._op_observer import OpObserver
 
-                self._mode = OpObserver(self, self._tracker)
-            else:
-                from tracer._op_mode import OpMode
+            self._mode = OpObserver(self, self._tracker)
+            self._record_compiled = self._mode.record
+            self._tracker.defer_grads = False  # the observer measures gradients at once
+        elif self.config.level in ("op", "mix"):
+            from tracer._op_mode import OpMode
 
-                self._mode = OpMode(self, self._tracker)
+            self._mode = OpMode(self, self._tracker)
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
                          _optim.register_optimizer_step_post_hook(self._optimizer_post),
                          on_scaler_update(self._scaler_update)]
@@ -255,6 +258,16 @@ class Dumper:
             self._leave_process()
             return
         error = None
+        if self._record_compiled is not None and not op and stats is None and version is None \
+                and stable:
+            # a module record, kept by the op observer in order with its op records
+            try:
+                self._record_compiled(module, phase, direction, call, source, tensors, first)
+            except Exception as e:  # noqa: BLE001 - routed through on_error below
+                error = e
+            if error is not None:
+                self._fail(error)
+            return
         with self._lock:
             self._busy = True
             mode = self._mode
@@ -430,6 +443,8 @@ class Dumper:
         if not self.capturing:
             return
         try:
+            if self._record_compiled is not None:
+                self._mode.pop()  # what the observer kept opens the step, as a record would
             if self.config.params and not self._optimizer_recorded and not (final and not self._open):
                 if self._mode is not None:
                     self._mode.pop()

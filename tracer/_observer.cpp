@@ -321,6 +321,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         o->ops.clear();
         o->prefixes.clear();
         o->op_names.clear();
+        o->op_names.emplace_back(py::str(""));  // the op of module records
+        o->module_info = sleuth_observer::OpInfo{};
+        o->module_info.id = 0;
+        o->module_info.op = o->module_info.wanted = true;
+        for (auto& kv : o->source_objs) Py_DECREF(kv.first);
+        o->source_objs.clear();
         o->scope_names.clear();
         o->sources.assign(1, py::str(""));
         o->source_ids.clear();
@@ -369,6 +375,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "the writer has written a chunk of tensor bytes drain handed it");
     m.def("stored", [](const at::Tensor& t) { return Observer::instance()->stored(t); },
           "(offset, nbytes) in /tensors of a drained record of this tensor's memory, or None");
+    m.def("record", [](int scope_id, int phase, int direction, int call, py::str source,
+                       const std::vector<at::Tensor>& tensors, int first) {
+        Observer::instance()->record_module(scope_id, phase, direction, call, source.ptr(),
+                                            tensors, first);
+    }, "keep a module record of each tensor (phase 0 forward, 1 backward; direction 0 input, "
+       "1 output), indexed from first");
     m.def("drain", [](int64_t seq, py::object place) {
         return Observer::instance()->drain(seq, std::move(place));
     }, "the kept records as rows numbered from seq (tensor bytes first, through place)");

@@ -202,7 +202,13 @@ public:
     int last_lasti = -1, last_source = 0;
     std::string error;
 
-    // "{module}::{op}." of a scope and op, and Python strings reused from row to row
+    // the op of module records ("", see record_module), and the source strings they came
+    // with, each held, by identity: index into `sources`
+    OpInfo module_info;
+    std::unordered_map<PyObject*, int> source_objs;
+
+    // "{module}::{op}." of a scope and op ("{module}." for a module record), and Python
+    // strings reused from row to row
     std::unordered_map<uint64_t, std::string> prefixes;
     std::unordered_map<std::string, PyObject*> strings;  // shapes and dtypes, owned
 
@@ -227,6 +233,11 @@ public:
 
     // -- what a record keeps (_observer_store.cpp) --------------------------------------------
     void record(const at::Tensor& t, const Context& c, int direction, int index, bool stable);
+    // a module call's forward inputs or outputs, or a gradient, recorded by the module hooks
+    // (tracer._module_hooks): kept like an op's, under the name "{module}.{phase}.{call}.
+    // {direction}.{first + i}" with `source` (a str, held) as its source line. Under the GIL.
+    void record_module(int scope_id, int phase, int direction, int call, PyObject* source,
+                       const std::vector<at::Tensor>& tensors, int first);
     // room for `nbytes` in this drain period's chunks: (placement index, where to write)
     std::pair<int, uint8_t*> allocate(int64_t nbytes);
     // the writer has written a chunk `drain` handed it (a view of it): its memory may be reused

@@ -86,8 +86,9 @@ const std::string& Observer::prefix(int scope_id, int op_id) {
     uint64_t key = (static_cast<uint64_t>(scope_id) << 32) | static_cast<uint32_t>(op_id);
     auto it = prefixes.find(key);
     if (it != prefixes.end()) return it->second;
-    std::string text = scope_names.at(scope_id).cast<std::string>() + "::" +
-                       op_names.at(op_id).cast<std::string>() + ".";
+    std::string text = scope_names.at(scope_id).cast<std::string>();
+    if (op_id != module_info.id) text += "::" + op_names.at(op_id).cast<std::string>();
+    text += ".";
     return prefixes.emplace(key, std::move(text)).first->second;
 }
 

@@ -159,6 +159,34 @@ void Observer::record(const at::Tensor& t, const Context& c, int direction, int 
     rows.push_back(std::move(r));
 }
 
+void Observer::record_module(int scope_id, int phase, int direction, int call,
+                             PyObject* source, const std::vector<at::Tensor>& tensors,
+                             int first) {
+    if (scope_id < 0 || scope_id >= static_cast<int>(scope_names.size())) {
+        throw std::invalid_argument("record: unknown scope id " + std::to_string(scope_id));
+    }
+    Context c;
+    c.info = &module_info;
+    c.scope = scope_id;
+    c.phase = phase ? 1 : 0;
+    c.call = call;
+    auto it = source_objs.find(source);
+    if (it != source_objs.end()) {
+        c.source = it->second;
+    } else {
+        c.source = static_cast<int>(sources.size());
+        sources.emplace_back(py::reinterpret_borrow<py::object>(source));
+        Py_INCREF(source);  // the key stays this object
+        source_objs.emplace(source, c.source);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < tensors.size(); i++) {
+        if (tensors[i].defined()) {
+            record(tensors[i], c, direction ? 1 : 0, first + static_cast<int>(i), true);
+        }
+    }
+}
+
 bool Observer::is_fresh(const at::Tensor& t) {
     if (fresh.empty() || !t.defined() || t.layout() != at::kStrided || t.is_inference() ||
         !t.has_storage()) {

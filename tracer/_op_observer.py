@@ -1,6 +1,10 @@
 """Op-level capture in compiled code: ``"op_capture": "observer"``.
 
-The same records as the dispatch mode (tracer._op_mode), taken by torch's C++ op callbacks
+At every level the module hooks' tensor records (forward inputs and outputs, gradients) are
+kept by the compiled observer too (`record`): their statistics and bytes are taken in C++ and
+their rows come in order with the op records, with no Python writer per record. At level op
+and mix the op records are the same as the dispatch mode's (tracer._op_mode), taken by torch's
+C++ op callbacks
 (`tracer._observer`, built from tracer/_observer.cpp at install) instead of a Python
 TorchDispatchMode: no Python runs per op. The module hooks tell the observer which module runs
 (`enter`, `leave`); it scopes a backward op to the module whose forward made the autograd node
@@ -70,6 +74,9 @@ class OpObserver:
                        cfg.phases in ("forward", "both"), cfg.phases in ("backward", "both"),
                        cfg.mode != "statistics")
         self._ids: dict[str, int] = {}  # module name -> scope id
+        # level op or mix: op records through torch's callbacks; level module: the module
+        # hooks' records only (`record`)
+        self._ops = cfg.level in ("op", "mix")
         self.active = False
         self._suspended = False
         tracker.observer = self
@@ -128,13 +135,25 @@ class OpObserver:
             self.active = True
             self._ext.pause(False)
             self.leave()  # the scope of whatever runs now
-            self._ext.start()
+            if self._ops:
+                self._ext.start()
 
     def pop(self) -> None:
         if self.active:
-            self._ext.stop()
+            if self._ops:
+                self._ext.stop()
             self.active = False
             self._dumper.take_observed()
+
+    def record(self, module: str, phase: str, direction: str, call: int, source: str,
+               tensors: Any, first: int) -> None:
+        """Keep the module hooks' records of `tensors` (a module call's forward inputs or
+        outputs, or one gradient) in the observer, in order with its op records: the
+        statistics (and bytes) are taken in C++, and the rows come with the next drain."""
+        sid = self._scope_id(module)
+        if sid != _NOT_WANTED:
+            self._ext.record(sid, phase == "backward", direction == "output", call, source,
+                             tensors if type(tensors) is list else list(tensors), first)
 
     def suspend(self) -> bool:
         """Pause while the dump runs its own work, after turning what was kept into rows
