@@ -8,17 +8,11 @@ import torch
 import torch.nn as nn
 
 import tracer
-from models import MLP, stranger_models, train_and_dump
-from tracer import _op_observer
+from models import MLP, observer_built, stranger_models, train_and_dump
 from tracer._errors import ConfigError
 
-try:
-    _op_observer.load()
-    BUILT = True
-except ConfigError:
-    BUILT = False
-
-pytestmark = pytest.mark.skipif(not BUILT, reason="tracer._observer is not built here")
+pytestmark = pytest.mark.skipif(not observer_built(),
+                                reason="tracer._observer is not built here")
 MODELS = stranger_models()
 # records whose names may differ between the captures (see _known_differences): the backward
 # of an in-place ReLU, and a reshape in backward (`view` under a dispatch mode)

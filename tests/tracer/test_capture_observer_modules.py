@@ -7,17 +7,10 @@ import torch
 import torch.nn as nn
 
 import tracer
-from models import MLP, stranger_models, train_and_dump
-from tracer import _op_observer
-from tracer._errors import ConfigError
+from models import MLP, observer_built, stranger_models, train_and_dump
 
-try:
-    _op_observer.load()
-    BUILT = True
-except ConfigError:
-    BUILT = False
-
-pytestmark = pytest.mark.skipif(not BUILT, reason="tracer._observer is not built here")
+pytestmark = pytest.mark.skipif(not observer_built(),
+                                reason="tracer._observer is not built here")
 MODELS = stranger_models()
 _COLUMNS = ("seq", "name", "module", "op", "phase", "direction", "index", "call", "dtype",
             "shape", "numel", "min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros",
