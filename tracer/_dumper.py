@@ -175,8 +175,16 @@ class Dumper:
     def __enter__(self) -> Dumper:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except WatchpointHit:
+            # the exception in flight (often the first hit, raised where it happened) is the
+            # one to see; a later record hitting while the step is written must not mask it
+            pass
 
     def step(self) -> None:
         """End the current step (its file is written) and start the next one.

@@ -301,3 +301,23 @@ def test_observer_on_cuda_matches_the_dispatch_mode(tmp_path, writer, level):
     da, db = tracer.open_dump(tmp_path / "dispatch"), tracer.open_dump(tmp_path / "observer")
     for name in a.name:
         assert torch.equal(da.tensor_torch(0, 0, name), db.tensor_torch(0, 0, name)), name
+
+
+def test_the_first_watchpoint_hit_is_the_one_raised(tmp_path):
+    """The observer's rows are watched when they are drained (here at the optimizer step),
+    after backward made gradients that hit too; closing the Dumper while the first hit
+    propagates writes the step but must not replace that hit with a later one."""
+    from tracer._errors import WatchpointHit
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = {"path": str(tmp_path), "level": "op", "op_capture": "observer", "writer": "sync",
+           "watch": [{"condition": "nan_inf", "on_hit": "raise"}]}
+    with pytest.raises(WatchpointHit, match="aten.sqrt") as e:
+        with tracer.Dumper(model, cfg):
+            model(torch.randn(2, 4)).sqrt().sum().backward()  # negatives: NaN, then NaN grads
+            opt.step()
+    assert e.value.hit["name"] == "<none>::aten.sqrt.forward.0.output.0"
+    hits = tracer.open_dump(tmp_path).hits(0, 0)
+    assert (hits.name == e.value.hit["name"]).any() and len(hits) > 1

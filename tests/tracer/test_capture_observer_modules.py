@@ -111,3 +111,50 @@ def test_module_filters_and_recomputation(tmp_path):
     assert not b.name.str.contains(r"\.input\.").any()
     assert b.name.str.contains(r"\.backward\.").any()
     assert b[b.phase == "forward"].name.is_unique
+
+
+def test_hard_cases_match_the_python_writer(tmp_path):
+    """A module called twice, tied parameters, an in-place op on a module output, a custom
+    autograd Function, bf16 autocast with two backward passes and a no_grad evaluation in one
+    step: the same rows as the Python writer's."""
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 8)
+            self.fc = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 10, bias=False)
+            self.head.weight = self.emb.weight  # tied
+
+        def forward(self, ids):
+            h = self.fc(self.emb(ids))
+            h = self.fc(h).relu_()  # called twice; in place on its output
+            return self.head(Double.apply(h))
+
+    def run(path, capture):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ids = torch.randint(0, 10, (2, 5))
+        with tracer.Dumper(model, {"path": str(path), "level": "module", "op_capture": capture,
+                                   "writer": "sync"}):
+            for _ in range(2):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    model(ids).float().pow(2).mean().backward()
+            with torch.no_grad():
+                model(ids)
+            opt.step()
+        return tracer.open_dump(path).stats(0, 0)
+
+    a, b = run(tmp_path / "a", "dispatch"), run(tmp_path / "b", "observer")
+    assert (b.dtype == "bfloat16").any() and b.name.str.contains(r"^fc\.forward\.5\.").any()
+    for column in _COLUMNS:
+        assert list(a[column].astype(str)) == list(b[column].astype(str)), column
