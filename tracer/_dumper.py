@@ -266,9 +266,9 @@ class Dumper:
             self._leave_process()
             return
         error = None
-        if self._record_compiled is not None and not op and stats is None and version is None \
-                and stable:
-            # a module record, kept by the op observer in order with its op records
+        if self._record_compiled is not None:
+            # with the op observer every record that comes here is a module hook's (its op
+            # records never pass through Python): kept by it, in order with its op records
             try:
                 self._record_compiled(module, phase, direction, call, source, tensors, first)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
@@ -451,11 +451,11 @@ class Dumper:
         if not self.capturing:
             return
         try:
-            if self._record_compiled is not None:
-                self._mode.pop()  # what the observer kept opens the step, as a record would
+            # the parameter records' ops are not records; what the op observer kept becomes
+            # rows here, which opens the step as a record would
+            if self._mode is not None:
+                self._mode.pop()
             if self.config.params and not self._optimizer_recorded and not (final and not self._open):
-                if self._mode is not None:
-                    self._mode.pop()
                 self._record_params(call=0, with_update=False)
         finally:
             self._uninstall()

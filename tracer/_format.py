@@ -11,14 +11,15 @@ side file (`step{S}.h5.data.partial`) so memory stays bounded, at the offset `/t
 are copied around them and the side file becomes the step file, so the bulk is written once.
 
 The file is built as `step{S}.h5.partial`, fsynced and renamed: a file without the suffix is
-always complete. A file without tensor bytes or hits is, from the second step of a table shape
-on, the first one's image with the new values patched in (tracer._template), byte for byte
+always complete. A file without tensor bytes or hits is, from the third step of a table shape
+on, the second one's image with the new values patched in (tracer._template), byte for byte
 what HDF5 would write.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import errno
+import itertools
 import json
 import os
 from functools import lru_cache
@@ -231,16 +232,16 @@ class StepFile:
         HDF5 builds a file of 204 rows in ~2 ms inside a training step, the patch ~0.1 ms."""
         if self.nbytes or self.spilled or self.hits_table() is not None:
             return None
-        image = _IMAGES.image(self.attrs, complete, self.records_table())
+        # packed once: HDF5 takes the same table when there is no template
+        self.table = self.records_table()
+        image = _IMAGES.image(self.attrs, complete, self.table)
         if image is None:
             return None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.partial_path
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view = memoryview(image)
-            while view:
-                view = view[os.write(fd, view):]
+            _pwrite_all(fd, [memoryview(image)], 0)
         except BaseException:
             os.close(fd)
             self.abort()
@@ -482,13 +483,11 @@ def _memory_image(attrs: dict[str, Any], complete: int, table: np.ndarray) -> tu
     """The bytes of the step file `write_objects` makes of these values (no hits, no tensor
     bytes), built in memory (HDF5's core driver), and the offset of /records' data in them
     (-1 when it has none)."""
-    global _images_made
-    _images_made += 1
     fapl = h5p.create(h5p.FILE_ACCESS)
     fapl.set_fclose_degree(h5f.CLOSE_STRONG)
     fapl.set_fapl_core(block_size=64 << 10, backing_store=False)
-    fid = h5f.create(f"sleuth-image-{os.getpid()}-{_images_made}".encode(), h5f.ACC_TRUNC,
-                     fapl=fapl, fcpl=_file_plist())
+    name = f"sleuth-image-{os.getpid()}-{next(_image_names)}".encode()  # in memory only
+    fid = h5f.create(name, h5f.ACC_TRUNC, fapl=fapl, fcpl=_file_plist())
     try:
         write_objects(fid, attrs, complete, table, None, 0)
         dset = h5d.open(fid, b"records")
@@ -502,7 +501,7 @@ def _memory_image(attrs: dict[str, Any], complete: int, table: np.ndarray) -> tu
         fid.close()
 
 
-_images_made = 0
+_image_names = itertools.count()
 _IMAGES = ImageCache(_memory_image)
 
 

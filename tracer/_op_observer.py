@@ -153,7 +153,7 @@ class OpObserver:
         sid = self._scope_id(module)
         if sid != _NOT_WANTED:
             self._ext.record(sid, phase == "backward", direction == "output", call, source,
-                             tensors if type(tensors) is list else list(tensors), first)
+                             tensors, first)
 
     def suspend(self) -> bool:
         """Pause while the dump runs its own work, after turning what was kept into rows
