@@ -340,9 +340,12 @@ def write_objects(fid: Any, attrs: dict[str, Any], complete: int, table: np.ndar
 def _file_plist() -> Any:
     """File creation properties: the root group's attributes stay in its object header
     (compact) up to 64 of them; HDF5's default moves more than 8 into a fractal heap, which is
-    slower to build and which `tracer._template` cannot patch."""
+    slower to build and which `tracer._template` cannot patch. And no times in the root
+    group's header (the datasets have none either, as h5py makes them): with them, two builds
+    a second apart differed, and a template would carry the time it was made."""
     fcpl = h5p.create(h5p.FILE_CREATE)
     fcpl.set_attr_phase_change(64, 48)
+    fcpl.set_obj_track_times(False)
     return fcpl
 
 
