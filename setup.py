@@ -38,7 +38,9 @@ _FUSED = Extension(
 
 
 
-_OBSERVER_SOURCES = ("_observer", "_observer_store", "_observer_rows")
+_OBSERVER_SOURCES = (
+    "_observer", "_observer_store", "_observer_rows", "_observer_hooks",
+)
 
 
 def _observer() -> list[Extension]:

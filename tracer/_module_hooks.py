@@ -214,12 +214,16 @@ class ModuleTracker:
             _nn_module.register_module_forward_hook(self._post, with_kwargs=True,
                                                     always_call=True),
         ]
+        if self.observer is not None and self.observer.hooks_record:
+            self.observer.capture(True)
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self.stack.clear()
+        if self.observer is not None and self.observer.hooks_record:
+            self.observer.capture(False)
 
     def reset_step(self) -> None:
         if self.observer is not None:
@@ -311,6 +315,10 @@ class ModuleTracker:
     def _record(self, name: str, direction: str, tensors: list[torch.Tensor], call: int,
                 recomputing: bool) -> None:
         """Emit a module call's forward inputs or outputs now, and hook their gradients."""
+        observer = self.observer
+        if observer is not None and observer.record_call(
+                name, direction, call, tensors, self.want_fw and not recomputing, self.want_bw):
+            return  # kept in compiled code, gradient hooks too (tracer._op_observer)
         if self.want_fw and not recomputing:
             source = user_source(3)  # above this, the hook, then torch's _call_impl
             self._dumper.emit_all(name, name, "", "forward", direction, call, source, tensors)

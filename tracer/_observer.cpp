@@ -262,13 +262,13 @@ void Observer::reset_step() {
     std::lock_guard<std::mutex> lock(mu);
     calls.clear();
     seen.clear();
+    grads_seen.clear();
     fresh.clear();
     seq_scopes.clear();
     placements.clear();
     chunks.clear();
     recent.clear();
-    last_frame = last_code = nullptr;
-    last_lasti = -1;
+    forget_frame();
 }
 
 void Observer::stop() {
@@ -277,6 +277,7 @@ void Observer::stop() {
         handle = 0;
     }
     active = false;
+    forget_frame();
 }
 
 }  // namespace sleuth_observer
@@ -306,6 +307,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
             throw std::runtime_error("tracer._fused and tracer._observer were built from "
                                      "different sources: rebuild both (setup.py build_ext)");
         }
+        o->generation++;  // the gradient hooks of an earlier configuration record no more
+        o->capturing = false;
         o->kernel = api;
         o->want_op = std::move(want_op);
         o->classify_code = std::move(classify_code);
@@ -381,6 +384,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                             tensors, first);
     }, "keep a module record of each tensor (phase 0 forward, 1 backward; direction 0 input, "
        "1 output), indexed from first");
+    m.def("record_call", [](int scope_id, int direction, int call,
+                            const std::vector<at::Tensor>& tensors, bool forward, bool hook) {
+        return Observer::instance()->record_call(scope_id, direction, call, tensors, forward,
+                                                 hook);
+    }, "a module call's inputs (direction 0) or outputs (1): forward records now, and "
+       "gradient hooks that record in C++; False where the Python hooks must take them");
+    m.def("capture", [](bool on) { Observer::instance()->capturing.store(on); },
+          "whether the gradient hooks record (a dumped step runs)");
     m.def("drain", [](int64_t seq, py::object place) {
         return Observer::instance()->drain(seq, std::move(place));
     }, "the kept records as rows numbered from seq (tensor bytes first, through place)");

@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 extern "C" {
@@ -110,6 +111,22 @@ struct Context : at::ObserverContext {
     std::vector<at::Tensor> written;  // an unbumped op's arguments, forgotten again at its end
 };
 
+struct GradKey {             // a module call's gradient record: recorded once per step
+    int scope, direction, index, call;
+    bool operator==(const GradKey& o) const {
+        return scope == o.scope && direction == o.direction && index == o.index &&
+               call == o.call;
+    }
+};
+
+struct GradKeyHash {
+    size_t operator()(const GradKey& k) const {
+        return (static_cast<size_t>(k.scope) * 0x9E3779B97F4A7C15ULL) ^
+               (static_cast<size_t>(k.call) << 20) ^ (static_cast<size_t>(k.index) << 2) ^
+               static_cast<size_t>(k.direction);
+    }
+};
+
 struct NodeScope {
     int64_t seq;                   // the node's sequence number (-1: AccumulateGrad)
     torch::autograd::Node* node;   // set for AccumulateGrad: its parameter names the scope
@@ -172,6 +189,11 @@ public:
     int none_scope = kNotWanted;
 
     std::atomic<bool> active{false};
+    // the module hooks' gradient hooks record while this is set (a dumped step runs), and
+    // only those registered since the last `configure` (an older Dumper's scope ids differ)
+    std::atomic<bool> capturing{false};
+    std::atomic<int64_t> generation{0};
+    std::unordered_set<GradKey, GradKeyHash> grads_seen;  // this step's, under mu
     std::atomic<bool> paused{false};
     std::atomic<int> scope{0};
     std::thread::id owner;
@@ -195,8 +217,8 @@ public:
     std::unordered_map<PyObject*, int> code_flags;      // holds a reference to each code
     std::unordered_map<uint64_t, int> source_ids;       // (code, line) -> index into sources
     std::unordered_map<PyObject*, int> code_ids;        // code -> small id for source_ids
-    // the newest source walk's start frame and code (identities; the code is held in
-    // code_flags), its instruction and its result
+    // the newest cached source walk's start frame (held) and code (held in code_flags), its
+    // instruction and its result
     PyObject* last_frame = nullptr;
     PyObject* last_code = nullptr;
     int last_lasti = -1, last_source = 0;
@@ -238,6 +260,19 @@ public:
     // {direction}.{first + i}" with `source` (a str, held) as its source line. Under the GIL.
     void record_module(int scope_id, int phase, int direction, int call, PyObject* source,
                        const std::vector<at::Tensor>& tensors, int first);
+
+    // -- the module hooks' records in one call (_observer_hooks.cpp) ---------------------------
+    // a module call's forward inputs or outputs (`forward`: recorded now, with the innermost
+    // user frame's source line) and, with `hook`, a gradient hook on each that requires grad,
+    // which records its gradient once per step in C++. False, with nothing done, where the
+    // Python hooks must take them: a tensor subclass, or no source line of the step's own
+    // (torch rebuilding a received tensor, torch.compile tracing). Under the GIL.
+    bool record_call(int scope_id, int direction, int call,
+                     const std::vector<at::Tensor>& tensors, bool forward, bool hook);
+    // a gradient hook's call (autograd's thread, GIL not held)
+    void on_grad(const GradKey& key, int64_t gen, const at::Tensor& grad);
+    // the context of a module record: op "", scope, phase (0 forward, 1 backward), call, source
+    Context module_context(int scope_id, int phase, int call, int source) const;
     // room for `nbytes` in this drain period's chunks: (placement index, where to write)
     std::pair<int, uint8_t*> allocate(int64_t nbytes);
     // the writer has written a chunk `drain` handed it (a view of it): its memory may be reused
@@ -264,7 +299,11 @@ public:
     // index into `sources` of the innermost user frame's "file:line"; -1 for a tensor torch is
     // rebuilding from another process, or ops torch.compile runs while it traces (neither is
     // the step's)
-    int source_here();
+    // `cached`: the walk from the same frame at the same instruction as the last cached one
+    // answers that one's result (the ops of one line, of one backward pass); the module
+    // hooks' walks start in the tracer's own frames, the same for every call, and are not
+    int source_here(bool cached = true);
+    void forget_frame();  // drop the cached walk (under the GIL)
     int code_flag(PyObject* code);
     int source_id(PyObject* code, int line);
     PyObject* cached_str(const std::string& text);

@@ -17,20 +17,22 @@ int Observer::code_flag(PyObject* code) {
     return flag;
 }
 
-int Observer::source_here() {
+int Observer::source_here(bool cached) {
     PyFrameObject* frame = PyThreadState_GetFrame(PyThreadState_Get());
     if (frame == nullptr) return 0;
 #if PY_VERSION_HEX >= 0x030B0000
-    // the same frame at the same instruction (every op of one backward pass): the same line
+    // the same frame at the same instruction (every op of one backward pass): the same line.
+    // The frame is held while cached, so no other frame can take its address meanwhile.
     PyObject* start = reinterpret_cast<PyObject*>(frame);
     PyCodeObject* start_code = PyFrame_GetCode(frame);
     Py_DECREF(start_code);  // its code_flags entry holds it once a walk has passed it
     const int lasti = PyFrame_GetLasti(frame);
-    if (start == last_frame && reinterpret_cast<PyObject*>(start_code) == last_code &&
-        lasti == last_lasti) {
+    if (cached && start == last_frame &&
+        reinterpret_cast<PyObject*>(start_code) == last_code && lasti == last_lasti) {
         Py_DECREF(frame);
         return last_source;
     }
+    if (cached) Py_INCREF(start);
 #endif
     int result = 0;
     while (frame != nullptr) {
@@ -47,12 +49,22 @@ int Observer::source_here() {
         frame = back;
     }
 #if PY_VERSION_HEX >= 0x030B0000
-    last_frame = start;
-    last_code = reinterpret_cast<PyObject*>(start_code);
-    last_lasti = lasti;
-    last_source = result;
+    if (cached) {
+        forget_frame();
+        last_frame = start;
+        last_code = reinterpret_cast<PyObject*>(start_code);
+        last_lasti = lasti;
+        last_source = result;
+    }
 #endif
     return result;
+}
+
+void Observer::forget_frame() {
+    PyObject* frame = last_frame;
+    last_frame = last_code = nullptr;
+    last_lasti = -1;
+    Py_XDECREF(frame);  // a finished frame's locals (tensors) go with it
 }
 
 int Observer::source_id(PyObject* code, int line) {

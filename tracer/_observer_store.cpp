@@ -165,20 +165,17 @@ void Observer::record_module(int scope_id, int phase, int direction, int call,
     if (scope_id < 0 || scope_id >= static_cast<int>(scope_names.size())) {
         throw std::invalid_argument("record: unknown scope id " + std::to_string(scope_id));
     }
-    Context c;
-    c.info = &module_info;
-    c.scope = scope_id;
-    c.phase = phase ? 1 : 0;
-    c.call = call;
+    int source_id;
     auto it = source_objs.find(source);
     if (it != source_objs.end()) {
-        c.source = it->second;
+        source_id = it->second;
     } else {
-        c.source = static_cast<int>(sources.size());
+        source_id = static_cast<int>(sources.size());
         sources.emplace_back(py::reinterpret_borrow<py::object>(source));
         Py_INCREF(source);  // the key stays this object
-        source_objs.emplace(source, c.source);
+        source_objs.emplace(source, source_id);
     }
+    const Context c = module_context(scope_id, phase, call, source_id);
     std::lock_guard<std::mutex> lock(mu);
     for (size_t i = 0; i < tensors.size(); i++) {
         if (tensors[i].defined()) {

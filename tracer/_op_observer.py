@@ -79,6 +79,8 @@ class OpObserver:
         self._ops = cfg.level in ("op", "mix")
         self.active = False
         self._suspended = False
+        # the compiled observer has `record_call` (a build of this checkout's sources)
+        self.hooks_record = hasattr(self._ext, "record_call")
         tracker.observer = self
         # backward ops find their module by the autograd node's sequence number (see
         # tracer/_observer.cpp): the module hooks need not tag the graph
@@ -154,6 +156,30 @@ class OpObserver:
         if sid != _NOT_WANTED:
             self._ext.record(sid, phase == "backward", direction == "output", call, source,
                              tensors, first)
+
+    def record_call(self, module: str, direction: str, call: int, tensors: list,
+                    forward: bool, hook: bool) -> bool:
+        """The module hooks' `_record` in compiled code: a module call's forward inputs or
+        outputs kept now (`forward`), and (`hook`) C++ gradient hooks on those that require
+        grad, which record their gradients in C++ (tracer/_observer_hooks.cpp). False where
+        the Python path must take them (a tensor subclass, a source line that is not the
+        step's, a record the Dumper would not make now)."""
+        dumper = self._dumper
+        if dumper._busy or not dumper.capturing or not self.active or not self.hooks_record:
+            return False
+        sid = self._scope_id(module)
+        if sid == _NOT_WANTED:
+            return True
+        try:
+            return self._ext.record_call(sid, direction == "output", call, tensors, forward,
+                                         hook)
+        except Exception as e:  # noqa: BLE001 - routed through on_error
+            dumper._fail(e)
+            return True
+
+    def capture(self, on: bool) -> None:
+        """Whether the C++ gradient hooks record (the module hooks are installed)."""
+        self._ext.capture(on)
 
     def suspend(self) -> bool:
         """Pause while the dump runs its own work, after turning what was kept into rows

@@ -158,3 +158,50 @@ def test_hard_cases_match_the_python_writer(tmp_path):
     assert (b.dtype == "bfloat16").any() and b.name.str.contains(r"^fc\.forward\.5\.").any()
     for column in _COLUMNS:
         assert list(a[column].astype(str)) == list(b[column].astype(str)), column
+
+
+def test_gradient_hooks_are_compiled(tmp_path, monkeypatch):
+    """With the observer the module hooks hook gradients in C++: Python's
+    `Tensor.register_hook` is never called, and every backward record is still there."""
+    calls = []
+    real = torch.Tensor.register_hook
+
+    def register_hook(self, hook):
+        calls.append(hook)
+        return real(self, hook)
+
+    monkeypatch.setattr(torch.Tensor, "register_hook", register_hook)
+    d = train_and_dump(MLP, lambda: (torch.randn(2, 8),), tmp_path / "o", steps=2,
+                       level="module", op_capture="observer", writer="sync")
+    assert not calls
+    ref = train_and_dump(MLP, lambda: (torch.randn(2, 8),), tmp_path / "p", steps=2,
+                         level="module", writer="sync")
+    assert calls  # the Python path's hooks
+    for step in (0, 1):
+        a, b = ref.stats(0, step), d.stats(0, step)
+        assert (b.phase == "backward").sum() >= 4
+        assert list(a.name) == list(b.name) and list(a.checksum) == list(b.checksum)
+
+
+def test_a_closed_dumpers_gradient_hooks_record_nothing(tmp_path):
+    """The C++ gradient hooks of a Dumper that is closed stay on its graph; when that graph's
+    backward runs inside another Dumper's step they record nothing there."""
+    def run(path, stale_loss=None):
+        torch.manual_seed(1)
+        model = MLP()
+        with tracer.Dumper(model, {"path": str(path), "level": "module", "params": False,
+                                   "op_capture": "observer"}):
+            loss = model(torch.randn(2, 8)).sum()
+            if stale_loss is not None:
+                stale_loss.backward()  # first: its records would take this step's names
+            loss.backward()
+        return tracer.open_dump(path).stats(0, 0)
+
+    old = MLP()
+    with tracer.Dumper(old, {"path": str(tmp_path / "old"), "level": "module",
+                             "params": False, "op_capture": "observer"}):
+        stale = old(torch.randn(2, 8)).sum()  # hooked, backward not run while it dumps
+    a, b = run(tmp_path / "a"), run(tmp_path / "b", stale)
+    assert list(a.name) == list(b.name) and b.name.is_unique
+    assert list(a.checksum) == list(b.checksum)
+    assert old.fc1.weight.grad is not None  # its backward did run
