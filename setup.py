@@ -39,7 +39,7 @@ _FUSED = Extension(
 
 
 _OBSERVER_SOURCES = (
-    "_observer", "_observer_store", "_observer_rows", "_observer_hooks",
+    "_observer", "_observer_store", "_observer_rows", "_observer_hooks", "_observer_params",
 )
 
 

@@ -493,6 +493,14 @@ class Dumper:
         that order per parameter (run by `_quietly`)."""
         if not self._open:
             self._open_step()
+        mode = self._mode
+        if self._record_compiled is not None and mode.params_record:
+            # statistics only, through the op observer: the same records in compiled code
+            mode.record_params(call, source, params,
+                               [self._snapshots.get(id(p), (None,))[0] if with_update else None
+                                for _, _, p in params])
+            self._take_observed()
+            return
         meta, add = self._meta, self._add
         # the update's values are needed unless a tracer writer keeps only the statistics
         materialize = self.config.mode != "statistics" or not self._takes_stats
@@ -545,10 +553,33 @@ class Dumper:
             self._busy = True
             try:
                 with torch.no_grad():
-                    self._snapshots = {id(p): self._snapshot_param(p)
-                                       for _, _, p in self._wanted_params(optimizer)}
+                    params = self._wanted_params(optimizer)
+                    if not self._snapshot_compiled(params):
+                        self._snapshots = {id(p): self._snapshot_param(p) for _, _, p in params}
             finally:
                 self._busy = False
+
+    def _snapshot_compiled(self, params: list) -> bool:
+        """The pre-step copies of `params` made by the op observer in one call (statistics
+        only, every parameter dense on the CPU); False where `_snapshot_param` must."""
+        mode = self._mode
+        if self._record_compiled is None or not mode.params_record:
+            return False
+        buffers, tensors = [], []
+        for _, _, param in params:
+            p = param.detach()
+            if not p.is_cpu:
+                return False
+            buf = self._snapshot_buffers.get(id(param))
+            if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype,
+                                                                        p.stride()):
+                buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
+            buffers.append(buf)
+            tensors.append(p)
+        if not mode.snapshot(buffers, tensors):
+            return False
+        self._snapshots = {id(p): (buf, None) for (_, _, p), buf in zip(params, buffers)}
+        return True
 
     def _snapshot_param(self, param: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
         """A copy of `param` before the optimizer changes it, and, when the fused kernel made

@@ -477,6 +477,15 @@ static int raw_copy_stats(void *dst, const void *src, int64_t count, int code, i
     return compute_work(&w, threads, out);
 }
 
+/* diff_stats() for C callers: stats() of the float32 difference a - b, written to `dst` unless
+ * it is NULL */
+static int raw_diff_stats(const float *a, const float *b, float *dst, int64_t count, int threads,
+                          raw_stats_t *out) {
+    if (a == NULL || b == NULL || count < 1) return -1;
+    work_t w = {(const char *)a, (const char *)b, (char *)dst, count, CODE_F32, OP_DIFF};
+    return compute_work(&w, threads, out);
+}
+
 static PyObject *fused_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     long long count;
@@ -646,7 +655,7 @@ PyMODINIT_FUNC PyInit__fused(void) {
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    static fused_api_t api = {FUSED_API_VERSION, raw_stats, raw_copy_stats};
+    static fused_api_t api = {FUSED_API_VERSION, raw_stats, raw_copy_stats, raw_diff_stats};
     PyObject *capsule = PyCapsule_New(&api, FUSED_API_CAPSULE, NULL);
     if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
         Py_XDECREF(capsule);

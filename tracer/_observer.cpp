@@ -331,15 +331,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         for (auto& kv : o->source_objs) Py_DECREF(kv.first);
         o->source_objs.clear();
         o->scope_names.clear();
+        o->scope_modules.clear();
+        o->snapshots.clear();
         o->sources.assign(1, py::str(""));
         o->source_ids.clear();
         o->code_ids.clear();
     });
-    m.def("add_scope", [](py::str name) {
+    m.def("add_scope", [](py::str name, int module) {
         Observer* o = Observer::instance();
+        const int id = static_cast<int>(o->scope_names.size());
+        if (module >= id) throw std::invalid_argument("add_scope: unknown module scope id");
         o->scope_names.emplace_back(std::move(name));
-        return static_cast<int>(o->scope_names.size()) - 1;
-    }, "register a module name; returns its scope id");
+        o->scope_modules.push_back(module < 0 ? id : module);
+        return id;
+    }, py::arg("name"), py::arg("module") = -1,
+       "register a module name (or a parameter's, with its owner's scope id as `module`); "
+       "returns its scope id");
     m.def("set_scope", [](int id, bool recomputing) {
         Observer* o = Observer::instance();
         o->scope.store(recomputing ? kRecomputing : id, std::memory_order_relaxed);
@@ -390,6 +397,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                  hook);
     }, "a module call's inputs (direction 0) or outputs (1): forward records now, and "
        "gradient hooks that record in C++; False where the Python hooks must take them");
+    m.def("snapshot", [](const std::vector<at::Tensor>& buffers,
+                         const std::vector<at::Tensor>& params) {
+        return Observer::instance()->snapshot(buffers, params);
+    }, "copy each parameter into its buffer, keeping the copy's statistics; False, with "
+       "nothing copied, where any pair is not dense CPU tensors of a kernel dtype");
+    m.def("record_params", [](int call, py::str source,
+                              const std::vector<std::tuple<int, at::Tensor,
+                                                           std::optional<at::Tensor>,
+                                                           std::optional<at::Tensor>>>& entries) {
+        Observer::instance()->record_params(call, source.ptr(), entries);
+    }, "the param, grad and update records of each (scope id, parameter, gradient or None, "
+       "pre-step copy or None)");
     m.def("capture", [](bool on) { Observer::instance()->capturing.store(on); },
           "whether the gradient hooks record (a dumped step runs)");
     m.def("drain", [](int64_t seq, py::object place) {

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <tuple>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -179,6 +181,8 @@ public:
     // torch rebuilding a received tensor, 3 torch.compile tracing; (code, line) -> "file:line"
     py::object want_op, classify_code, format_source;
     std::vector<py::object> scope_names, op_names, sources;
+    // the scope id whose name fills a row's module column: its own, or a parameter's owner
+    std::vector<int> scope_modules;
     bool want_in = true, want_out = true, want_fw = true, want_bw = true, keep_bytes = false;
     int threads = 1;
 
@@ -271,8 +275,23 @@ public:
                      const std::vector<at::Tensor>& tensors, bool forward, bool hook);
     // a gradient hook's call (autograd's thread, GIL not held)
     void on_grad(const GradKey& key, int64_t gen, const at::Tensor& grad);
-    // the context of a module record: op "", scope, phase (0 forward, 1 backward), call, source
+    // the context of a module record: op "", scope, phase (0 forward, 1 backward, 2
+    // optimizer), call, source
     Context module_context(int scope_id, int phase, int call, int source) const;
+
+    // -- the parameter records (_observer_params.cpp), under the GIL ---------------------------
+    // copy each parameter into its buffer before the optimizer step, taking the copy's
+    // statistics on the way (kept for the param record of the buffer); false, with nothing
+    // copied, unless every pair is a dense CPU tensor of a kernel dtype and its buffer
+    bool snapshot(const std::vector<at::Tensor>& buffers, const std::vector<at::Tensor>& params);
+    // the param, grad and update records of each (scope, parameter, gradient, pre-step copy)
+    // in that order, optimizer call `call`; the update is parameter - copy
+    void record_params(int call, PyObject* source,
+                       const std::vector<std::tuple<int, at::Tensor, std::optional<at::Tensor>,
+                                                    std::optional<at::Tensor>>>& entries);
+    // the statistics `snapshot` took, by buffer, with the buffer's version after the copy
+    std::unordered_map<c10::TensorImpl*, std::pair<int64_t, raw_stats_t>> snapshots;
+    int source_of(PyObject* source);  // index into `sources` of a str, held
     // room for `nbytes` in this drain period's chunks: (placement index, where to write)
     std::pair<int, uint8_t*> allocate(int64_t nbytes);
     // the writer has written a chunk `drain` handed it (a view of it): its memory may be reused

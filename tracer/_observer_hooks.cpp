@@ -17,7 +17,7 @@ Context Observer::module_context(int scope_id, int phase, int call, int source) 
     Context c;
     c.info = const_cast<OpInfo*>(&module_info);  // read only: the op id of module records
     c.scope = scope_id;
-    c.phase = phase ? 1 : 0;
+    c.phase = phase;
     c.call = call;
     c.source = source;
     return c;

@@ -144,23 +144,26 @@ py::list Observer::drain(int64_t seq, py::object place) {
             }
         }
     }
-    static const char* phases[2] = {"forward", "backward"};
-    static const char* directions[2] = {"input", "output"};
-    py::str phase_s[2] = {py::str(phases[0]), py::str(phases[1])};
-    py::str dir_s[2] = {py::str(directions[0]), py::str(directions[1])};
+    static const char* phases[3] = {"forward", "backward", "optimizer"};
+    static const char* directions[5] = {"input", "output", "param", "grad", "update"};
+    py::str phase_s[3] = {py::str(phases[0]), py::str(phases[1]), py::str(phases[2])};
+    py::str dir_s[5] = {py::str(directions[0]), py::str(directions[1]), py::str(directions[2]),
+                        py::str(directions[3]), py::str(directions[4])};
     py::str empty("");
     py::int_ minus_one(-1), zero(0);
     py::list out(taken.size());
     std::string name, shape;
     for (size_t i = 0; i < taken.size(); i++) {
         Row& r = taken[i];
-        PyObject* module = scope_names.at(r.scope).ptr();
+        PyObject* module = scope_names.at(scope_modules.at(r.scope)).ptr();
         PyObject* op = op_names.at(r.op).ptr();
         name = prefix(r.scope, r.op);
         name += phases[r.phase];
         name += '.';
         name += std::to_string(r.call);
-        name += r.direction ? ".output." : ".input.";
+        name += '.';
+        name += directions[r.direction];
+        name += '.';
         name += std::to_string(r.index);
         PyObject* pname = PyUnicode_FromStringAndSize(name.data(),
                                                       static_cast<Py_ssize_t>(name.size()));

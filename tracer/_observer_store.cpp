@@ -159,23 +159,23 @@ void Observer::record(const at::Tensor& t, const Context& c, int direction, int 
     rows.push_back(std::move(r));
 }
 
+int Observer::source_of(PyObject* source) {
+    auto it = source_objs.find(source);
+    if (it != source_objs.end()) return it->second;
+    const int id = static_cast<int>(sources.size());
+    sources.emplace_back(py::reinterpret_borrow<py::object>(source));
+    Py_INCREF(source);  // the key stays this object
+    source_objs.emplace(source, id);
+    return id;
+}
+
 void Observer::record_module(int scope_id, int phase, int direction, int call,
                              PyObject* source, const std::vector<at::Tensor>& tensors,
                              int first) {
     if (scope_id < 0 || scope_id >= static_cast<int>(scope_names.size())) {
         throw std::invalid_argument("record: unknown scope id " + std::to_string(scope_id));
     }
-    int source_id;
-    auto it = source_objs.find(source);
-    if (it != source_objs.end()) {
-        source_id = it->second;
-    } else {
-        source_id = static_cast<int>(sources.size());
-        sources.emplace_back(py::reinterpret_borrow<py::object>(source));
-        Py_INCREF(source);  // the key stays this object
-        source_objs.emplace(source, source_id);
-    }
-    const Context c = module_context(scope_id, phase, call, source_id);
+    const Context c = module_context(scope_id, phase, call, source_of(source));
     std::lock_guard<std::mutex> lock(mu);
     for (size_t i = 0; i < tensors.size(); i++) {
         if (tensors[i].defined()) {

@@ -81,6 +81,10 @@ class OpObserver:
         self._suspended = False
         # the compiled observer has `record_call` (a build of this checkout's sources)
         self.hooks_record = hasattr(self._ext, "record_call")
+        # statistics only: the parameter records in compiled code too (`snapshot`,
+        # `record_params`); with tensor bytes they share stored bytes in the Python writer
+        self.params_record = hasattr(self._ext, "record_params") and not self._flags[4]
+        self._param_ids: dict[str, int] = {}  # parameter name -> scope id
         tracker.observer = self
         # backward ops find their module by the autograd node's sequence number (see
         # tracer/_observer.cpp): the module hooks need not tag the graph
@@ -95,6 +99,7 @@ class OpObserver:
                             _source._format, *self._flags, _stats.STATS_THREADS,
                             _stats._fused._C_API)
         self._ids.clear()
+        self._param_ids.clear()
         _owner = weakref.ref(self)
 
     def _scope_id(self, name: str) -> int:
@@ -102,6 +107,12 @@ class OpObserver:
         if sid is None:
             sid = self._ids[name] = (self._ext.add_scope(name) if self._tracker.wants(name)
                                      else _NOT_WANTED)
+        return sid
+
+    def _param_scope(self, name: str, owner: str) -> int:
+        sid = self._param_ids.get(name)
+        if sid is None:
+            sid = self._param_ids[name] = self._ext.add_scope(name, self._scope_id(owner))
         return sid
 
     # -- the module hooks -----------------------------------------------------------------------
@@ -176,6 +187,23 @@ class OpObserver:
         except Exception as e:  # noqa: BLE001 - routed through on_error
             dumper._fail(e)
             return True
+
+    def snapshot(self, buffers: list, params: list) -> bool:
+        """Copy each parameter into its buffer before the optimizer step, keeping the copy's
+        statistics for its param record; False, with nothing copied, where the Python path
+        must (a tensor that is not dense on the CPU, a dtype the kernel does not read)."""
+        return self._ext.snapshot(buffers, params)
+
+    def record_params(self, call: int, source: str, params: list, before: list) -> None:
+        """Keep the param, grad and update records of `params` ((name, owner, parameter)
+        each; `before`: each one's pre-step copy, or None for no update record) as rows, in
+        the Python path's order (Dumper._add_params)."""
+        entries = []
+        for (name, owner, p), copy in zip(params, before):
+            grad = p.grad
+            entries.append((self._param_scope(name, owner), p.detach(),
+                            None if grad is None else grad.detach(), copy))
+        self._ext.record_params(call, source, entries)
 
     def capture(self, on: bool) -> None:
         """Whether the C++ gradient hooks record (the module hooks are installed)."""

@@ -49,9 +49,11 @@ def test_module_tensors_are_bit_exact(tmp_path, index):
         assert torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)), name
 
 
-def test_module_records_skip_the_python_writer(tmp_path, monkeypatch):
-    """Only the parameter records (and tensors the kernel does not read) reach the writer's
-    `add`; the module records come as rows from the observer."""
+@pytest.mark.parametrize("mode", ["statistics", "full"])
+def test_module_records_skip_the_python_writer(tmp_path, monkeypatch, mode):
+    """The module records come as rows from the observer; with statistics only, the
+    parameter records too (with tensor bytes they go to the writer's `add`, which shares
+    stored bytes), and only tensors the kernel does not read reach `add`."""
     from tracer import _writer
 
     names = []
@@ -63,11 +65,17 @@ def test_module_records_skip_the_python_writer(tmp_path, monkeypatch):
 
     monkeypatch.setattr(_writer.SyncWriter, "add", add)
     d = train_and_dump(MLP, lambda: (torch.randn(2, 8),), tmp_path, steps=1, level="module",
-                       op_capture="observer", writer="sync")
+                       op_capture="observer", writer="sync", mode=mode)
     s = d.stats(0, 0)
     assert (s.phase == "forward").any() and (s.phase == "backward").any()
-    assert names and all(".optimizer." in n for n in names)
-    assert set(names) == set(s[s.phase == "optimizer"].name)
+    optimizer = s[s.phase == "optimizer"]
+    assert set(optimizer.direction) == {"param", "grad", "update"}
+    assert set(optimizer.module) == {"fc1", "fc2"}
+    if mode == "statistics":
+        assert not names
+    else:
+        assert names and all(".optimizer." in n for n in names)
+        assert set(names) == set(optimizer.name)
 
 
 def test_float64_module_records_go_to_the_python_writer(tmp_path):
@@ -205,3 +213,51 @@ def test_a_closed_dumpers_gradient_hooks_record_nothing(tmp_path):
     assert list(a.name) == list(b.name) and b.name.is_unique
     assert list(a.checksum) == list(b.checksum)
     assert old.fc1.weight.grad is not None  # its backward did run
+
+
+def test_parameter_records_match_the_python_writer(tmp_path):
+    """Parameter records kept in compiled code: a float32 and a bfloat16 parameter (its update
+    computed by torch), a frozen one (no gradient), a parameter the optimizer does not step,
+    and a step that ends without an optimizer step: the rows of the Python path."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+            self.low = nn.Linear(6, 6).to(torch.bfloat16)
+            self.frozen = nn.Linear(6, 6)
+            self.frozen.requires_grad_(False)
+            self.unstepped = nn.Parameter(torch.randn(6))
+
+        def forward(self, x):
+            h = self.frozen(self.fc(x)) + self.unstepped
+            return self.low(h.to(torch.bfloat16)).float()
+
+    def run(path, capture):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD([*model.fc.parameters(), *model.low.parameters()], lr=0.1,
+                              momentum=0.9)
+        with tracer.Dumper(model, {"path": str(path), "level": "module", "op_capture": capture,
+                                   "writer": "sync"}) as dumper:
+            for step in range(3):
+                model(torch.randn(3, 6)).pow(2).mean().backward()
+                if step != 1:
+                    opt.step()
+                opt.zero_grad()
+                dumper.step()
+        dump = tracer.open_dump(path)
+        return [dump.stats(0, s) for s in dump.steps(0)]
+
+    a, b = run(tmp_path / "a", "dispatch"), run(tmp_path / "b", "observer")
+    assert len(a) == len(b) >= 3
+    for x, y in zip(a, b):
+        for column in _COLUMNS:
+            assert list(x[column].astype(str)) == list(y[column].astype(str)), column
+    import pandas as pd
+
+    opt = pd.concat(b)
+    opt = opt[opt.phase == "optimizer"]
+    assert set(opt.direction) == {"param", "grad", "update"}
+    assert {"bfloat16", "float32"} <= set(opt[opt.direction == "update"].dtype)
+    assert (opt[opt.direction == "param"].module == "frozen").any()
+    assert not (opt[opt.direction == "grad"].module == "frozen").any()
