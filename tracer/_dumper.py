@@ -140,6 +140,9 @@ class Dumper:
         # next while steps are dumped (a fresh clone page-faults its memory in every time); CPU
         # parameters only (see _snapshot_param)
         self._snapshot_buffers: dict[int, torch.Tensor] = {}
+        # (parameter ids, _snapshot_buffers, their buffers, the parameters) of the last
+        # compiled snapshot (see _snapshot_compiled)
+        self._snapshot_plan: tuple | None = None
         self._optimizer_recorded = False
         self._stepped = False  # an optimizer step ended a step since the last scaler update
         self._handles: list[Any] = []
@@ -215,6 +218,7 @@ class Dumper:
                 handle.remove()
             self._handles = []
             self._snapshot_buffers = {}
+            self._snapshot_plan = None
             writer, self._writer = self._writer, None
             if writer is not None:
                 writer.close()
@@ -433,6 +437,7 @@ class Dumper:
         rewrap_scalers()  # a scaler class imported since (FSDP's)
         if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
             self._snapshot_buffers = {}  # memory the size of the model: not kept between dumps
+            self._snapshot_plan = None
             return
         self._tracker.reset_step()
         self._optimizer_recorded = False
@@ -565,18 +570,25 @@ class Dumper:
         mode = self._mode
         if self._record_compiled is None or not mode.params_record:
             return False
-        buffers, tensors = [], []
-        for _, _, param in params:
-            p = param.detach()
-            if not p.is_cpu:
-                return False
-            buf = self._snapshot_buffers.get(id(param))
-            if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype,
-                                                                        p.stride()):
-                buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
-            buffers.append(buf)
-            tensors.append(p)
-        if not mode.snapshot(buffers, tensors):
+        ids = [id(p) for _, _, p in params]
+        plan = self._snapshot_plan
+        if plan is None or plan[0] != ids or plan[1] is not self._snapshot_buffers:
+            buffers = []
+            for _, _, param in params:
+                p = param.detach()
+                if not p.is_cpu:
+                    return False
+                buf = self._snapshot_buffers.get(id(param))
+                if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype,
+                                                                            p.stride()):
+                    buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
+                buffers.append(buf)
+            # the same parameters the next step: the same buffers (snapshot checks shapes)
+            plan = self._snapshot_plan = (ids, self._snapshot_buffers, buffers,
+                                          [p for _, _, p in params])
+        buffers = plan[2]
+        if not mode.snapshot(buffers, plan[3]):
+            self._snapshot_plan = None
             return False
         self._snapshots = {id(p): (buf, None) for (_, _, p), buf in zip(params, buffers)}
         return True
