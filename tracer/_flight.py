@@ -37,7 +37,8 @@ class FlightRecorder:
                  step_of: Any = None) -> None:
         self.path = Path(path)
         self.rank = rank
-        self.steps: collections.deque[tuple[int, list[tuple]]] = collections.deque(maxlen=steps)
+        # (step, its rows: tuples or dicts) of the newest steps
+        self.steps: collections.deque[tuple[int, list[Any]]] = collections.deque(maxlen=steps)
         self._step_of = step_of  # callable giving the current step when rows do not carry it
         self._lock = threading.Lock()
         self._current: tuple[int, list] | None = None  # the newest entry of `steps`
@@ -65,7 +66,7 @@ class FlightRecorder:
         """`add_row` for several rows of one step (the op observer's, in one call)."""
         if rows:
             self._keep(step, rows[0])
-            self._current[1].extend((step, row) for row in rows[1:])  # type: ignore[index]
+            self._current[1].extend(rows[1:])  # type: ignore[index]
 
     def _keep(self, step: int, row: Any) -> None:
         current = self._current
@@ -77,14 +78,14 @@ class FlightRecorder:
         # Writers hand over a fresh dict or an immutable tuple, so keeping it is safe, and it is
         # the cheapest thing to do on every record; rows become tables only when saved. A list
         # append needs no lock (atomic under the GIL; `rows()` copies under the lock).
-        current[1].append((step, row))
+        current[1].append(row)
 
     def rows(self) -> list[tuple]:
         from tracer._format import RECORD_FIELDS
 
         where = {c: RECORD_FIELDS.index(c) for c in _COLS if c != "step"}
         with self._lock:
-            kept = [item for _, rows in self.steps for item in rows]
+            kept = [(step, row) for step, rows in self.steps for row in rows]
         return [tuple(step if c == "step" else _cell(
                     row[where[c]] if isinstance(row, tuple) else row.get(c), c) for c in _COLS)
                 for step, row in kept]
