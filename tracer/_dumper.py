@@ -344,8 +344,13 @@ class Dumper:
         if not self._takes_stats:
             raise TracerError('op_capture "observer" writes through the tracer\'s own writers')
         writer, meta, add = self._writer, self._meta, self._add
+        items, kept = self._mode.drain(writer.next_seq, writer.add_observed_bytes)
+        if not kept:  # rows only (every CPU tensor of a kernel dtype)
+            if items:
+                writer.add_rows(items)
+            return
         run: list[tuple] = []
-        for item in self._mode.drain(writer.next_seq, writer.add_observed_bytes):
+        for item in items:
             if len(item) != 3:  # a /records row, statistics taken
                 run.append(item)
                 continue

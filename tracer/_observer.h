@@ -332,7 +332,8 @@ public:
     // tensor, stable) for the Python writer. Tensor bytes (mode tensor/full) go first: `place`
     // gets each chunk of them (a uint8 tensor) in order and answers the offset in /tensors
     // where the writer put it.
-    py::list drain(int64_t seq, py::object place);
+    // Answers (the list, how many of its items are not rows).
+    py::tuple drain(int64_t seq, py::object place);
 
     // -- helpers ------------------------------------------------------------------------------
     // not a tensor subclass, fake or functional tensor (those go through Python)

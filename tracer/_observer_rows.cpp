@@ -104,7 +104,7 @@ const std::string& Observer::prefix(int scope_id, int op_id) {
     return prefixes.emplace(key, std::move(text)).first->second;
 }
 
-py::list Observer::drain(int64_t seq, py::object place) {
+py::tuple Observer::drain(int64_t seq, py::object place) {
     std::vector<Row> taken;
     std::vector<Chunk> full;
     {
@@ -152,6 +152,7 @@ py::list Observer::drain(int64_t seq, py::object place) {
     py::str empty("");
     py::int_ minus_one(-1), zero(0);
     py::list out(taken.size());
+    int64_t kept = 0;  // (fields, tensor, stable) items for the Python writer
     std::string name, shape;
     for (size_t i = 0; i < taken.size(); i++) {
         Row& r = taken[i];
@@ -175,6 +176,7 @@ py::list Observer::drain(int64_t seq, py::object place) {
                 py::int_(r.index).ptr(), py::int_(r.call).ptr(), source));
             Py_DECREF(pname);
             out[i] = py::make_tuple(meta, r.kept, r.stable);
+            kept++;
             continue;
         }
         shape.clear();
@@ -237,10 +239,13 @@ py::list Observer::drain(int64_t seq, py::object place) {
             borrowed(22, zero.ptr());
             borrowed(23, empty.ptr());
         }
+        // str, int and float items only: it can be in no reference cycle, and the collector
+        // need not scan it (the flight recorder keeps the last steps' rows)
+        PyObject_GC_UnTrack(row);
         PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), row);  // steals; slot empty
         continue;
     }
-    return out;
+    return py::make_tuple(out, kept);
 }
 
 }  // namespace sleuth_observer

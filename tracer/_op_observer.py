@@ -239,10 +239,11 @@ class OpObserver:
     def pending(self) -> int:
         return self._ext.pending()
 
-    def drain(self, seq: int, place: Any) -> list:
+    def drain(self, seq: int, place: Any) -> tuple[list, int]:
         """The kept records, numbered from `seq`: rows, and (fields, tensor, stable) for the
-        writer's `add`; `place(chunk, on_written)` stores a uint8 tensor of their bytes and
-        answers its offset in /tensors (mode tensor/full)."""
+        writer's `add`, and how many of the latter there are; `place(chunk, on_written)`
+        stores a uint8 tensor of their bytes and answers its offset in /tensors (mode
+        tensor/full)."""
         give_back = self._ext.give_back
 
         def lend(chunk: Any) -> int:
