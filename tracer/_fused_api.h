@@ -5,7 +5,8 @@
  * `stats` fills a raw_stats_t with what `tracer._fused.stats` returns, in the same order, for
  * the same arguments (dtype codes 0 float32, 1 bfloat16, 2 float16, 3 int64, 4 int32, 5 int16,
  * 6 int8, 7 uint8 or bool), and answers 0, or -1 for bad arguments or no memory; `copy_stats`
- * the same for a copy it makes, `diff_stats` for a float32 difference. Both may be called from any thread, with or without the GIL. */
+ * the same for a copy it makes, `diff_stats` for a float32 difference. All may be called from any
+ * thread, with or without the GIL. */
 #ifndef SLEUTH_FUSED_API_H
 #define SLEUTH_FUSED_API_H
 #include <stdint.h>
