@@ -497,20 +497,13 @@ class AsyncWriter(Writer):
 
     def _write_file(self, file: StepFile, complete: bool) -> PendingFile | _Committed:
         """On the flusher thread, with the file-writer process (h5py there does not hold this
-        process's GIL): a file without tensor bytes is written there entirely, unless it has a
-        template (written here from it); of any other,
+        process's GIL): a file without tensor bytes is written there entirely; of any other,
         the HDF5 part is written there and the bytes here. Without that process, all is
         written here. The file is aborted (its partial removed) on error."""
         try:
             if self._filer is None:
                 return file.write(complete=complete)
             if not file.nbytes and not file.spilled:
-                # a statistics file of a shape seen before is patched from its template here
-                # (~0.3 ms, tracer._template): cheaper than sending its table to the helper,
-                # whose HDF5 write takes a core of a two-core machine for ~2 ms
-                pending = file.write_from_image(complete)
-                if pending is not None:
-                    return pending
                 path = self._filer.finish(file, complete)
                 if path is not None:
                     return _Committed(path)
