@@ -261,3 +261,24 @@ def test_parameter_records_match_the_python_writer(tmp_path):
     assert {"bfloat16", "float32"} <= set(opt[opt.direction == "update"].dtype)
     assert (opt[opt.direction == "param"].module == "frozen").any()
     assert not (opt[opt.direction == "grad"].module == "frozen").any()
+
+
+def test_float64_parameter_records_go_to_the_python_writer(tmp_path):
+    """Parameters of a dtype the kernel does not read: their pre-step copies are made by
+    Python, and their records (the update computed by torch) are measured by the Python writer
+    at the drain: the rows of the Python path."""
+    def run(path, capture):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        with tracer.Dumper(model, {"path": str(path), "level": "module",
+                                   "op_capture": capture}):
+            model(torch.randn(5, 3, dtype=torch.float64)).sum().backward()
+            opt.step()
+        return tracer.open_dump(path).stats(0, 0)
+
+    a, b = run(tmp_path / "a", "dispatch"), run(tmp_path / "b", "observer")
+    opt = b[b.phase == "optimizer"]
+    assert set(opt.direction) == {"param", "grad", "update"} and (opt.dtype == "float64").all()
+    for column in _COLUMNS:
+        assert list(a[column].astype(str)) == list(b[column].astype(str)), column
