@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 ENV_VAR = "SLEUTH_DUMP_CONFIG"
 _active: Dumper | None = None
+_attaching = False
 
 
 def attach_from_env() -> Dumper | None:
@@ -26,12 +27,25 @@ def attach_from_env() -> Dumper | None:
     Calling it again returns the Dumper already attached. Raises ConfigError when the config is
     unreadable or invalid (the message names the file and the key).
     """
-    global _active
+    global _attaching
     value = os.environ.get(ENV_VAR, "").strip()
     if not value or value == "0":
         return None
     if _active is not None:
         return _active
+    if _attaching:
+        # called again from inside this call: the first import of torch below runs the start-up
+        # hook's attach (a script that calls this before importing torch); this call attaches
+        return None
+    _attaching = True
+    try:
+        return _attach(value)
+    finally:
+        _attaching = False
+
+
+def _attach(value: str) -> Dumper:
+    global _active
     from tracer._config import DumpConfig
     from tracer._dumper import Dumper
     from tracer._errors import ConfigError

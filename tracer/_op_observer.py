@@ -178,6 +178,11 @@ class OpObserver:
         dumper = self._dumper
         if dumper._busy or not dumper.capturing or not self.active or not self.hooks_record:
             return False
+        if not dumper._open:
+            from tracer._dumper import _in_data_worker
+
+            if _in_data_worker():
+                return False  # a DataLoader worker: the Python path leaves the dump to the trainer
         sid = self._scope_id(module)
         if sid == _NOT_WANTED:
             return True

@@ -48,6 +48,26 @@ def test_attach_from_env_unset_returns_none(monkeypatch):
     assert tracer.attach_from_env() is None
 
 
+def test_attach_from_env_before_torch_is_imported(tmp_path):
+    """A script that calls `attach_from_env()` itself before importing torch, with the start-up
+    hook installed: importing torch inside the call runs the hook's attach, which must leave
+    the attaching to the call (it used to fail on the half-imported tracer: a warning, or a
+    crash with SLEUTH_STRICT=1)."""
+    code = textwrap.dedent("""
+        import tracer
+        dumper = tracer.attach_from_env()
+        import torch
+        print("attached", type(dumper).__name__)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env.update({"SLEUTH_DUMP_CONFIG": json.dumps({"level": "module"}), "SLEUTH_STRICT": "1",
+                "PYTHONPATH": str(REPO), "SLEUTH_RUN_DIR": str(tmp_path / "run")})
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "attached Dumper" in proc.stdout and "could not attach" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_unmodified_script_is_dumped(tmp_path):
     config = tmp_path / "dump.json"
@@ -120,22 +140,30 @@ LOADER_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("capture", ["dispatch", "observer"])
 @pytest.mark.parametrize("start", ["fork", "spawn"])
-def test_dataloader_workers_leave_the_dump_to_the_trainer(tmp_path, start):
+def test_dataloader_workers_leave_the_dump_to_the_trainer(tmp_path, start, capture):
     """DataLoader workers running nn.Module transforms under the zero-code attach: a forked
     worker inherits the trainer's Dumper (hooks, writer, file helper) and a spawned one makes
     its own; either used to record the transforms into the trainer's step files (rank 0 too),
     and a spawned worker crashed the run at exit. Now workers record nothing, the run ends
-    normally and each step file holds the trainer's records only."""
+    normally and each step file holds the trainer's records only; with the op observer too,
+    whose compiled module records once skipped the check."""
+    if capture == "observer":
+        from models import observer_built
+
+        if not observer_built():
+            pytest.skip("tracer._observer is not built here")
     (tmp_path / "train.py").write_text(LOADER_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
-    env.update({"SLEUTH_DUMP_CONFIG": json.dumps({"level": "module"}), "PYTHONPATH": str(REPO),
+    config = {"level": "module", "op_capture": capture}
+    env.update({"SLEUTH_DUMP_CONFIG": json.dumps(config), "PYTHONPATH": str(REPO),
                 "SLEUTH_RUN_DIR": str(tmp_path / "run")})
     proc = subprocess.run([sys.executable, "train.py", start], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "trained" in proc.stdout and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert "flight recorder" not in proc.stderr
+    assert "flight recorder" not in proc.stderr and "could not attach" not in proc.stderr
     import tracer
 
     dump = tracer.open_dump(tmp_path / "run")
