@@ -29,7 +29,7 @@ are judged on it (for the sync writer the two agree). Prints one JSON object. Co
 
 msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
 4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
-[--models gpt,tiny] [--conditions a,b]
+[--models gpt,tiny] [--conditions a,b] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -132,8 +132,9 @@ def make_model() -> nn.Module:
                 self.head = nn.Linear(D, VOCAB, bias=False)
 
             def forward(self, ids, labels):
-                x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1]))
-                mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+                x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+                n = ids.shape[1]
+                mask = nn.Transformer.generate_square_subsequent_mask(n, device=ids.device)
                 logits = self.head(self.h(x, mask=mask, is_causal=True))
                 return logits, F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1))
 
@@ -241,6 +242,15 @@ def timed_block(model, opt, batches, attach: Callable[[], Any] | None = None) ->
     return Block(steps, time.perf_counter() - start)
 
 
+def _no_sync() -> None:
+    pass
+
+
+# waits for the device at each step's end (`--device cuda`: torch.cuda.synchronize), so a step's
+# time is its kernels' and not only their launches'
+step_sync: Callable[[], None] = _no_sync
+
+
 def train_steps(model, opt, batches) -> list[float]:
     times = []
     for ids, labels in batches:
@@ -249,6 +259,7 @@ def train_steps(model, opt, batches) -> list[float]:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        step_sync()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -302,7 +313,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of: " + ", ".join(list(CONDITIONS)[1:]))
     ap.add_argument("--models", default="gpt,tiny",
                     help="comma-separated: gpt (4 layers, d 256), tiny (the trainer's preset)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the model trains (cuda: the tracer's device paths, each step "
+                         "synchronized before it is timed)")
     args = ap.parse_args(argv)
+    global step_sync
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: torch sees no CUDA device here")
+        step_sync = torch.cuda.synchronize
     if args.threads:
         torch.set_num_threads(args.threads)
     conditions = dict(CONDITIONS)
@@ -315,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models.split(",")
     if set(models) - {"gpt", "tiny"}:
         ap.error(f"--models: choose from gpt, tiny (got {args.models!r})")
-    result = {"benchmark": "tracer_overhead", "torch_threads": torch.get_num_threads(),
+    result = {"benchmark": "tracer_overhead", "device": args.device,
+              "torch_threads": torch.get_num_threads(),
               "goals": {k: v for k, v in GOALS.items() if k in conditions},
               "msprobe_reference": MSPROBE_REFERENCE}
     for which in models:
@@ -353,9 +373,11 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
         model, vocab, seq, batch = make_tiny()
     else:
         model, vocab, seq, batch = make_model(), VOCAB, SEQ, BATCH
+    model = model.to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     steps_per_round = args.steps or (16 if which == "tiny" else 4)
-    batches = [(torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq)))
+    batches = [(torch.randint(0, vocab, (batch, seq), device=args.device),
+                torch.randint(0, vocab, (batch, seq), device=args.device))
                for _ in range(steps_per_round + 1)]
     work = Path(tempfile.mkdtemp(prefix="sleuth_bench_"))
     debugger = None

@@ -58,3 +58,11 @@ def test_sustained_ratios_follow_wall_time_and_medians_follow_steps():
     medians, sustained = bench.bracketed_rounds(2, lambda: fast, {"async": lambda: drained})
     assert medians["async"] == pytest.approx([1.0, 1.0])
     assert sustained["async"] == pytest.approx([3.0, 3.0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_device_cuda_without_a_gpu_is_refused_by_name(capsys):
+    bench = _load()
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cuda", "--models", "tiny"])
+    assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
