@@ -95,9 +95,11 @@ class OpObserver:
         global _owner
         if _owner is not None and _owner() is self:
             return
+        # the writers refresh it at each step start, later than this: read it now, or the
+        # first Dumper's observer measures large tensors on one thread where torch leaves a core
+        threads = _stats.refresh_stats_threads()
         self._ext.configure(self._dumper.config.wants_op, _source._is_internal,
-                            _source._format, *self._flags, _stats.STATS_THREADS,
-                            _stats._fused._C_API)
+                            _source._format, *self._flags, threads, _stats._fused._C_API)
         self._ids.clear()
         self._param_ids.clear()
         _owner = weakref.ref(self)

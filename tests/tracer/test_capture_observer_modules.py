@@ -282,3 +282,27 @@ def test_float64_parameter_records_go_to_the_python_writer(tmp_path):
     assert set(opt.direction) == {"param", "grad", "update"} and (opt.dtype == "float64").all()
     for column in _COLUMNS:
         assert list(a[column].astype(str)) == list(b[column].astype(str)), column
+
+
+def test_the_observer_measures_with_the_threads_of_this_process(tmp_path, monkeypatch):
+    """The observer is configured with the statistics threads read when it starts, not with
+    whatever an earlier writer left (the first Dumper of a process used one thread)."""
+    from tracer import _observer, _stats
+
+    seen = []
+    real = _observer.configure
+
+    def configure(*args):
+        seen.append(args[-2])
+        return real(*args)
+
+    monkeypatch.setattr(_observer, "configure", configure)
+    monkeypatch.setattr(_stats, "_ENV_THREADS", 2)  # SLEUTH_STATS_THREADS=2
+    monkeypatch.setattr(_stats, "STATS_THREADS", 1)
+    try:
+        d = train_and_dump(MLP, lambda: (torch.randn(2, 8),), tmp_path, steps=1,
+                           level="module", op_capture="observer")
+    finally:
+        monkeypatch.undo()
+        _stats.refresh_stats_threads()
+    assert seen == [2] and len(d.stats(0, 0)) > 10
