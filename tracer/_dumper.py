@@ -140,8 +140,8 @@ class Dumper:
         # next while steps are dumped (a fresh clone page-faults its memory in every time); CPU
         # parameters only (see _snapshot_param)
         self._snapshot_buffers: dict[int, torch.Tensor] = {}
-        # (parameter ids, _snapshot_buffers, their buffers, the parameters) of the last
-        # compiled snapshot (see _snapshot_compiled)
+        # (parameter ids, their buffers, the parameters) of the last compiled snapshot (see
+        # _snapshot_compiled); dropped with the buffers
         self._snapshot_plan: tuple | None = None
         self._optimizer_recorded = False
         self._stepped = False  # an optimizer step ended a step since the last scaler update
@@ -155,11 +155,14 @@ class Dumper:
         self._tracker = ModuleTracker(self, model)
         # the op observer's `record`: module records kept in compiled code (see emit_all)
         self._record_compiled: Any = None
+        # the parameter records and their pre-step copies kept by the op observer too
+        self._params_compiled = False
         if self.config.op_capture == "observer":
             from tracer._op_observer import OpObserver
 
             self._mode = OpObserver(self, self._tracker)
             self._record_compiled = self._mode.record
+            self._params_compiled = self._mode.params_record
             self._tracker.defer_grads = False  # the observer measures gradients at once
         elif self.config.level in ("op", "mix"):
             from tracer._op_mode import OpMode
@@ -503,12 +506,11 @@ class Dumper:
         that order per parameter (run by `_quietly`)."""
         if not self._open:
             self._open_step()
-        mode = self._mode
-        if self._record_compiled is not None and mode.params_record:
+        if self._params_compiled:
             # statistics only, through the op observer: the same records in compiled code
-            mode.record_params(call, source, params,
-                               [self._snapshots.get(id(p), (None,))[0] if with_update else None
-                                for _, _, p in params])
+            before = [self._snapshots.get(id(p), (None,))[0] if with_update else None
+                      for _, _, p in params]
+            self._mode.record_params(call, source, params, before)
             self._take_observed()
             return
         meta, add = self._meta, self._add
@@ -572,12 +574,11 @@ class Dumper:
     def _snapshot_compiled(self, params: list) -> bool:
         """The pre-step copies of `params` made by the op observer in one call (statistics
         only, every parameter dense on the CPU); False where `_snapshot_param` must."""
-        mode = self._mode
-        if self._record_compiled is None or not mode.params_record:
+        if not self._params_compiled:
             return False
         ids = [id(p) for _, _, p in params]
         plan = self._snapshot_plan
-        if plan is None or plan[0] != ids or plan[1] is not self._snapshot_buffers:
+        if plan is None or plan[0] != ids:
             buffers = []
             for _, _, param in params:
                 p = param.detach()
@@ -589,10 +590,9 @@ class Dumper:
                     buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
                 buffers.append(buf)
             # the same parameters the next step: the same buffers (snapshot checks shapes)
-            plan = self._snapshot_plan = (ids, self._snapshot_buffers, buffers,
-                                          [p for _, _, p in params])
-        buffers = plan[2]
-        if not mode.snapshot(buffers, plan[3]):
+            plan = self._snapshot_plan = (ids, buffers, [p for _, _, p in params])
+        _, buffers, tensors = plan
+        if not self._mode.snapshot(buffers, tensors):
             self._snapshot_plan = None
             return False
         self._snapshots = {id(p): (buf, None) for (_, _, p), buf in zip(params, buffers)}

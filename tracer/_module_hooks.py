@@ -214,7 +214,7 @@ class ModuleTracker:
             _nn_module.register_module_forward_hook(self._post, with_kwargs=True,
                                                     always_call=True),
         ]
-        if self.observer is not None and self.observer.hooks_record:
+        if self.observer is not None:
             self.observer.capture(True)
 
     def remove(self) -> None:
@@ -222,7 +222,7 @@ class ModuleTracker:
             handle.remove()
         self._handles = []
         self.stack.clear()
-        if self.observer is not None and self.observer.hooks_record:
+        if self.observer is not None:
             self.observer.capture(False)
 
     def reset_step(self) -> None:

@@ -276,8 +276,16 @@ public:
     // a gradient hook's call (autograd's thread, GIL not held)
     void on_grad(const GradKey& key, int64_t gen, const at::Tensor& grad);
     // the context of a module record: op "", scope, phase (0 forward, 1 backward, 2
-    // optimizer), call, source
-    Context module_context(int scope_id, int phase, int call, int source) const;
+    // optimizer), call, source; an unknown scope id raises, naming `who`
+    Context module_context(int scope_id, int phase, int call, int source,
+                           const char* who) const;
+    // `record` of each defined tensor, indexed from `first` (under mu)
+    void record_all(const std::vector<at::Tensor>& tensors, const Context& c, int direction,
+                    int first);
+    // a row of statistics taken already (no bytes): the param records of pre-step copies,
+    // float32 updates
+    void stats_row(const Context& c, int direction, const at::Tensor& like,
+                   const raw_stats_t& stats);
 
     // -- the parameter records (_observer_params.cpp), under the GIL ---------------------------
     // copy each parameter into its buffer before the optimizer step, taking the copy's

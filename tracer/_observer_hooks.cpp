@@ -13,7 +13,12 @@
 
 namespace sleuth_observer {
 
-Context Observer::module_context(int scope_id, int phase, int call, int source) const {
+Context Observer::module_context(int scope_id, int phase, int call, int source,
+                                 const char* who) const {
+    if (scope_id < 0 || scope_id >= static_cast<int>(scope_names.size())) {
+        throw std::invalid_argument(std::string(who) + ": unknown scope id " +
+                                    std::to_string(scope_id));
+    }
     Context c;
     c.info = const_cast<OpInfo*>(&module_info);  // read only: the op id of module records
     c.scope = scope_id;
@@ -23,23 +28,27 @@ Context Observer::module_context(int scope_id, int phase, int call, int source) 
     return c;
 }
 
+void Observer::record_all(const std::vector<at::Tensor>& tensors, const Context& c,
+                          int direction, int first) {
+    for (size_t i = 0; i < tensors.size(); i++) {
+        if (tensors[i].defined()) {
+            record(tensors[i], c, direction, first + static_cast<int>(i), true);
+        }
+    }
+}
+
 bool Observer::record_call(int scope_id, int direction, int call,
                            const std::vector<at::Tensor>& tensors, bool forward, bool hook) {
-    if (scope_id < 0 || scope_id >= static_cast<int>(scope_names.size())) {
-        throw std::invalid_argument("record_call: unknown scope id " + std::to_string(scope_id));
-    }
+    Context c = module_context(scope_id, 0, call, 0, "record_call");
     for (const at::Tensor& t : tensors) {
         if (t.defined() && !plain(t)) return false;
     }
     const int dir = direction ? 1 : 0;
     if (forward) {
-        const int source = source_here(false);
-        if (source < 0) return false;
-        const Context c = module_context(scope_id, 0, call, source);
+        c.source = source_here(false);
+        if (c.source < 0) return false;
         std::lock_guard<std::mutex> lock(mu);
-        for (size_t i = 0; i < tensors.size(); i++) {
-            if (tensors[i].defined()) record(tensors[i], c, dir, static_cast<int>(i), true);
-        }
+        record_all(tensors, c, dir, 0);
     }
     if (hook) {
         const int64_t gen = generation.load();
@@ -61,14 +70,11 @@ void Observer::on_grad(const GradKey& key, int64_t gen, const at::Tensor& grad) 
     }
     try {
         py::gil_scoped_acquire gil;  // before the lock, as everywhere (drain holds the GIL)
-        {
-            std::lock_guard<std::mutex> lock(mu);
-            if (!grads_seen.insert(key).second) return;  // recomputation hooked it again
-        }
-        int source = source_here(false);
-        if (source < 0) source = 0;
-        const Context c = module_context(key.scope, 1, key.call, source);
+        const int source = source_here(false);
+        const Context c = module_context(key.scope, 1, key.call, source < 0 ? 0 : source,
+                                         "gradient hook");
         std::lock_guard<std::mutex> lock(mu);
+        if (!grads_seen.insert(key).second) return;  // recomputation hooked it again
         record(grad, c, key.direction, key.index, true);
     } catch (const std::exception& e) {
         // an exception must not escape into the backward pass: the next drain raises it

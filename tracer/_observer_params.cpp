@@ -58,34 +58,36 @@ bool Observer::snapshot(const std::vector<at::Tensor>& buffers,
     return true;
 }
 
+void Observer::stats_row(const Context& c, int direction, const at::Tensor& like,
+                         const raw_stats_t& stats) {
+    rows.push_back(Row{c.scope, c.info->id, c.phase, direction, 0, c.call, c.source,
+                       code_of(like.scalar_type()), like.scalar_type(), like.numel(),
+                       like.sizes().vec(), stats, at::Tensor(), true, -1, std::string()});
+}
+
 void Observer::record_params(
         int call, PyObject* source,
         const std::vector<std::tuple<int, at::Tensor, std::optional<at::Tensor>,
                                      std::optional<at::Tensor>>>& entries) {
+    std::vector<Context> contexts;  // checked before anything is kept
+    const int source_id = source_of(source);
     for (const auto& e : entries) {
-        const int sid = std::get<0>(e);
-        if (sid < 0 || sid >= static_cast<int>(scope_names.size())) {
-            throw std::invalid_argument("record_params: unknown scope id " + std::to_string(sid));
-        }
+        contexts.push_back(module_context(std::get<0>(e), 2, call, source_id, "record_params"));
     }
-    const Context c = module_context(0, 2, call, source_of(source));
     std::lock_guard<std::mutex> lock(mu);
-    for (const auto& [sid, param, grad, before] : entries) {
-        Context here = c;
-        here.scope = sid;
+    for (size_t k = 0; k < entries.size(); k++) {
+        const auto& [sid, param, grad, before] = entries[k];
+        const Context& c = contexts[k];
         const bool with_update = before.has_value() && before->defined();
         const at::Tensor& held = with_update ? *before : param;
         auto snap = with_update ? snapshots.find(held.unsafeGetTensorImpl()) : snapshots.end();
         if (snap != snapshots.end() &&
             snap->second.first == static_cast<int64_t>(held._version())) {
-            Row r{sid, module_info.id, 2, 2, 0, call, c.source, code_of(held.scalar_type()),
-                  held.scalar_type(), held.numel(), held.sizes().vec(), snap->second.second,
-                  at::Tensor(), true, -1, std::string()};
-            rows.push_back(std::move(r));
+            stats_row(c, 2, held, snap->second.second);
         } else {
-            record(held, here, 2, 0, true);
+            record(held, c, 2, 0, true);
         }
-        if (grad.has_value() && grad->defined()) record(*grad, here, 3, 0, true);
+        if (grad.has_value() && grad->defined()) record(*grad, c, 3, 0, true);
         if (!with_update) continue;
         if (param.scalar_type() == at::kFloat && dense_cpu(param) && dense_cpu(held) &&
             held.scalar_type() == at::kFloat && held.sizes() == param.sizes()) {
@@ -94,12 +96,10 @@ void Observer::record_params(
                                    nullptr, param.numel(), threads, &stats) != 0) {
                 throw std::runtime_error("record_params: the statistics kernel failed");
             }
-            Row r{sid, module_info.id, 2, 4, 0, call, c.source, 0, at::kFloat, param.numel(),
-                  param.sizes().vec(), stats, at::Tensor(), true, -1, std::string()};
-            rows.push_back(std::move(r));
+            stats_row(c, 4, param, stats);
         } else {
             at::Tensor update = own([&] { return at::sub(param, held); });
-            record(update, here, 4, 0, false);
+            record(update, c, 4, 0, false);
         }
     }
     snapshots.clear();

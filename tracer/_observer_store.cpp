@@ -172,16 +172,10 @@ int Observer::source_of(PyObject* source) {
 void Observer::record_module(int scope_id, int phase, int direction, int call,
                              PyObject* source, const std::vector<at::Tensor>& tensors,
                              int first) {
-    if (scope_id < 0 || scope_id >= static_cast<int>(scope_names.size())) {
-        throw std::invalid_argument("record: unknown scope id " + std::to_string(scope_id));
-    }
-    const Context c = module_context(scope_id, phase, call, source_of(source));
+    Context c = module_context(scope_id, phase, call, 0, "record");
+    c.source = source_of(source);
     std::lock_guard<std::mutex> lock(mu);
-    for (size_t i = 0; i < tensors.size(); i++) {
-        if (tensors[i].defined()) {
-            record(tensors[i], c, direction ? 1 : 0, first + static_cast<int>(i), true);
-        }
-    }
+    record_all(tensors, c, direction ? 1 : 0, first);
 }
 
 bool Observer::is_fresh(const at::Tensor& t) {

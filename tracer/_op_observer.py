@@ -79,11 +79,9 @@ class OpObserver:
         self._ops = cfg.level in ("op", "mix")
         self.active = False
         self._suspended = False
-        # the compiled observer has `record_call` (a build of this checkout's sources)
-        self.hooks_record = hasattr(self._ext, "record_call")
         # statistics only: the parameter records in compiled code too (`snapshot`,
         # `record_params`); with tensor bytes they share stored bytes in the Python writer
-        self.params_record = hasattr(self._ext, "record_params") and not self._flags[4]
+        self.params_record = not self._flags[4]
         self._param_ids: dict[str, int] = {}  # parameter name -> scope id
         tracker.observer = self
         # backward ops find their module by the autograd node's sequence number (see
@@ -178,7 +176,7 @@ class OpObserver:
         the Python path must take them (a tensor subclass, a source line that is not the
         step's, a record the Dumper would not make now)."""
         dumper = self._dumper
-        if dumper._busy or not dumper.capturing or not self.active or not self.hooks_record:
+        if dumper._busy or not dumper.capturing or not self.active:
             return False
         if not dumper._open:
             from tracer._dumper import _in_data_worker
