@@ -15,11 +15,13 @@ It is what a long run, whose queue fills and applies back-pressure, pays per ste
 are judged on it (for the sync writer the two agree). Prints one JSON object. Conditions and goals (issue 3):
 
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
+                        (the default capture, "auto": the observer on a machine without
+                        CUDA; module_statistics_observer/_dispatch name one)
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
   op_tensor_async       level op, tensor, async writer                 goal <= 4x
   module/op_statistics_async  the same statistics with the async writer (no goal of its own)
   attached_unselected   Dumper attached, current step not selected     goal <= 1.02x
-  module/op_capture_only  hooks and dispatch mode with a writer that drops every record
+  module/op_capture_only  Python hooks and dispatch mode, a writer that drops every record
   baseline_again        no Dumper, timed like a condition: the run's noise floor
   floor_module_hooks    no Dumper: no-op global module hooks and output gradient hooks
   floor_dispatch_mode   no Dumper: a TorchDispatchMode that only runs each op
@@ -80,11 +82,16 @@ CONDITIONS = {
                                    "op_capture": "observer"},
     "module_statistics_observer_async": {"level": "module", "mode": "statistics",
                                          "writer": "async", "op_capture": "observer"},
+    # the module records through the Python writer (what "auto" picks where CUDA is available)
+    "module_statistics_dispatch": {"level": "module", "mode": "statistics", "writer": "sync",
+                                   "op_capture": "dispatch"},
+    "module_statistics_dispatch_async": {"level": "module", "mode": "statistics",
+                                         "writer": "async", "op_capture": "dispatch"},
     "attached_unselected": {"level": "mix", "steps": "1000000"},
     # capture alone (hooks, dispatch mode, naming, source lines) with a writer that drops
     # records: separates the tracer's capture cost from the statistics and storage cost
-    "module_capture_only": {"level": "module", "_null_writer": True},
-    "op_capture_only": {"level": "op", "_null_writer": True},
+    "module_capture_only": {"level": "module", "op_capture": "dispatch", "_null_writer": True},
+    "op_capture_only": {"level": "op", "op_capture": "dispatch", "_null_writer": True},
     # no Dumper at all, measured like a condition: its ratio is the noise floor of the run
     "baseline_again": "baseline",
     # what torch's own mechanisms cost before any tool does anything (no Dumper): global

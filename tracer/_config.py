@@ -24,7 +24,7 @@ _DEFAULT_RUN_DIR = "./sleuth_run"
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "level": ("module", "op", "mix"),
-    "op_capture": ("dispatch", "observer"),
+    "op_capture": ("auto", "dispatch", "observer"),
     "mode": ("statistics", "tensor", "full"),
     "io": ("input", "output", "both"),
     "phases": ("forward", "backward", "both"),
@@ -46,9 +46,11 @@ class DumpConfig:
     """Ranks that dump: "all" or ranges like "0|1|4-7"."""
     level: Literal["module", "op", "mix"] = "module"
     """module: nn.Module hooks; op: every aten op through a dispatch mode; mix: both."""
-    op_capture: Literal["dispatch", "observer"] = "dispatch"
+    op_capture: Literal["auto", "dispatch", "observer"] = "auto"
     """How level op/mix sees ops: dispatch, a Python TorchDispatchMode; observer, torch's C++
-    op callbacks (tracer/_observer.cpp, built at install; several times cheaper per op)."""
+    op callbacks (tracer/_observer.cpp, built at install; several times cheaper per op), which
+    keep the module records too. auto: observer at level module where it is built and nothing
+    rules it out (tracer._dumper.resolve_capture), dispatch otherwise."""
     mode: Literal["statistics", "tensor", "full"] = "statistics"
     """statistics: no tensor bytes; tensor: exact data too (statistics are kept); full: both."""
     modules: tuple[str, ...] = ()

@@ -7,6 +7,7 @@ chunk of memory per side. Only numpy, h5py and pandas are used here, never torch
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -160,6 +161,14 @@ def _plan(sa: _Side, sb: _Side, step: int | None, rank: int | None, b_step: int 
 
 
 # -- comparing -------------------------------------------------------------------------------------
+def _op_capture(attrs: Any) -> str:
+    """How a step file's ops were seen: its config's op_capture ("dispatch" before the key)."""
+    try:
+        return str(json.loads(attrs.get("config", "{}")).get("op_capture", "dispatch"))
+    except (TypeError, ValueError, AttributeError):
+        return "dispatch"
+
+
 def _rows(df: Any) -> list[dict[str, Any]]:
     """The rows of a table as dicts (DataFrame.to_dict("records") is ~10x slower)."""
     cols = list(df.columns)
@@ -184,7 +193,8 @@ class _TensorReader:
         self.path = path
         self.file = h5py.File(path, "r")
         self.data = self.file["tensors"] if "tensors" in self.file else None
-        self.attrs = {k: self.file.attrs[k] for k in ("level", "mode") if k in self.file.attrs}
+        self.attrs = {k: self.file.attrs[k] for k in ("level", "mode", "config")
+                      if k in self.file.attrs}
         self.base: int | None = None
         self.fd: int | None = None
         if self.data is not None and self.data.size:
@@ -481,6 +491,12 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
                 if la != lb:
                     notes.append(f"levels differ: A is {la}, B is {lb}; only shared records "
                                  "are compared")
+                ca, cb = _op_capture(fa.attrs), _op_capture(fb.attrs)
+                note = (f"op captures differ: A used {ca}, B {cb}; the two record a few ops "
+                        f"differently by design (docs/tracer.md, \"Where the two differ\"), "
+                        f"so compare runs captured the same way")
+                if ca != cb and {la, lb} & {"op", "mix"} and note not in notes:
+                    notes.append(note)
                 recs_a, recs_b = _rows(ta), _rows(tb)
                 pairs.sort(key=lambda p: (p[0] is None, p[0] if p[0] is not None else p[1]))
                 matched = 0

@@ -10,6 +10,7 @@ optimizer step inside a step adds one more ``call`` of parameter records).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -41,6 +42,25 @@ def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
     from tracer._writer import make_writer
 
     return make_writer(config, rank=rank, world_size=world_size)
+
+
+def resolve_capture(config: DumpConfig) -> str:
+    """What `"op_capture": "auto"` means for `config`: "observer" at level module, where the
+    compiled observer is built, no other Dumper holds it, no watchpoint raises (the observer's
+    rows are watched at the next drain, not in the hook) and CUDA is not available (its device
+    paths have not run on a GPU yet); "dispatch" otherwise. At level op and mix the two record
+    different ops where a dispatch mode changes what torch runs (docs/tracer.md, "Op
+    capture"), so auto keeps the dispatch mode there; at level module their records are the
+    same. An explicit "dispatch" or "observer" is returned as it is."""
+    if config.op_capture != "auto":
+        return config.op_capture
+    if config.level != "module" or any(w.get("on_hit") == "raise" for w in config.watch):
+        return "dispatch"
+    if torch.cuda.is_available():
+        return "dispatch"
+    from tracer import _op_observer
+
+    return "observer" if _op_observer.available() and not _op_observer.in_use() else "dispatch"
 
 
 def _record_meta() -> Any:
@@ -119,7 +139,11 @@ class Dumper:
     def __init__(self, model: torch.nn.Module | None = None,
                  config: DumpConfig | dict | str | os.PathLike | None = None, *,
                  rank: int | None = None, world_size: int | None = None) -> None:
-        self.config = resolve_config(config)
+        config = resolve_config(config)
+        capture = resolve_capture(config)
+        if capture != config.op_capture:  # the files say how the run was captured
+            config = dataclasses.replace(config, op_capture=capture)
+        self.config = config
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else int(rank)
         self.world_size = (int(os.environ.get("WORLD_SIZE", 1)) if world_size is None
                            else int(world_size))

@@ -38,6 +38,7 @@ them into records."""
 
 _NOT_WANTED = -1
 _owner: weakref.ref | None = None  # the OpObserver the compiled observer is configured for
+_made: weakref.WeakSet = weakref.WeakSet()  # every OpObserver made (see in_use)
 
 
 def load() -> Any:
@@ -57,13 +58,26 @@ def load() -> Any:
     return _observer
 
 
+def available() -> bool:
+    """True when `load` finds the compiled observer and the statistics kernel it uses."""
+    try:
+        load()
+    except ConfigError:
+        return False
+    return True
+
+
+def in_use() -> bool:
+    """True while a Dumper that is neither closed nor stopped holds an OpObserver."""
+    return any(not o._dumper._closed and o._dumper.enabled for o in list(_made))
+
+
 class OpObserver:
     """The op level's capture through torch's C++ op callbacks; OpMode's interface."""
 
     def __init__(self, dumper: Dumper, tracker: ModuleTracker) -> None:
         self._ext = load()
-        other = _owner() if _owner is not None else None
-        if other is not None and not other._dumper._closed and other._dumper.enabled:
+        if in_use():
             raise ConfigError('op_capture "observer": another Dumper uses the op observer; one '
                               'Dumper at a time may (close the other first, or use '
                               '"op_capture": "dispatch")')
@@ -87,6 +101,7 @@ class OpObserver:
         # backward ops find their module by the autograd node's sequence number (see
         # tracer/_observer.cpp): the module hooks need not tag the graph
         tracker.tag_graph = False
+        _made.add(self)
 
     # -- configuration --------------------------------------------------------------------------
     def _configure(self) -> None:
