@@ -15,8 +15,8 @@ It is what a long run, whose queue fills and applies back-pressure, pays per ste
 are judged on it (for the sync writer the two agree). Prints one JSON object. Conditions and goals (issue 3):
 
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
-                        (the default capture, "auto": the observer on a machine without
-                        CUDA; module_statistics_observer/_dispatch name one)
+                        (the default capture, "auto": the observer with a CPU build of
+                        torch; module_statistics_observer/_dispatch name one)
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
   op_tensor_async       level op, tensor, async writer                 goal <= 4x
   module/op_statistics_async  the same statistics with the async writer (no goal of its own)
@@ -82,7 +82,7 @@ CONDITIONS = {
                                    "op_capture": "observer"},
     "module_statistics_observer_async": {"level": "module", "mode": "statistics",
                                          "writer": "async", "op_capture": "observer"},
-    # the module records through the Python writer (what "auto" picks where CUDA is available)
+    # the module records through the Python writer (what "auto" picks with a CUDA build)
     "module_statistics_dispatch": {"level": "module", "mode": "statistics", "writer": "sync",
                                    "op_capture": "dispatch"},
     "module_statistics_dispatch_async": {"level": "module", "mode": "statistics",

@@ -47,8 +47,10 @@ def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
 def resolve_capture(config: DumpConfig) -> str:
     """What `"op_capture": "auto"` means for `config`: "observer" at level module, where the
     compiled observer is built, no other Dumper holds it, no watchpoint raises (the observer's
-    rows are watched at the next drain, not in the hook) and CUDA is not available (its device
-    paths have not run on a GPU yet); "dispatch" otherwise. At level op and mix the two record
+    rows are watched at the next drain, not in the hook) and torch is built without CUDA (the
+    observer's device paths have not run on a GPU yet; asking whether a GPU is there would
+    initialise CUDA, which a script may still configure, and poison forks); "dispatch"
+    otherwise. At level op and mix the two record
     different ops where a dispatch mode changes what torch runs (docs/tracer.md, "Op
     capture"), so auto keeps the dispatch mode there; at level module their records are the
     same. An explicit "dispatch" or "observer" is returned as it is."""
@@ -56,7 +58,7 @@ def resolve_capture(config: DumpConfig) -> str:
         return config.op_capture
     if config.level != "module" or any(w.get("on_hit") == "raise" for w in config.watch):
         return "dispatch"
-    if torch.cuda.is_available():
+    if torch.backends.cuda.is_built():
         return "dispatch"
     from tracer import _op_observer
 

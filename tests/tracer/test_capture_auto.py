@@ -23,7 +23,7 @@ needs_observer = pytest.mark.skipif(not observer_built(),
 
 @pytest.fixture
 def no_cuda(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: False)
 
 
 def _capture_in_file(path) -> str:
@@ -59,8 +59,17 @@ def test_auto_without_the_observer_runs_the_python_path(tmp_path, no_cuda, monke
     assert _capture_in_file(tmp_path) == "dispatch" and len(d.stats(0, 0)) > 10
 
 
-def test_auto_leaves_cuda_machines_on_the_python_path(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+def test_auto_leaves_cuda_builds_on_the_python_path(monkeypatch):
+    """A CUDA build of torch gets the Python path, and the choice does not initialise CUDA
+    (the script may still set CUDA_VISIBLE_DEVICES; an initialised CUDA poisons forks)."""
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+
+    def no(*a):
+        raise AssertionError("the choice must not ask the CUDA driver")
+
+    monkeypatch.setattr(torch.cuda, "is_available", no)
+    monkeypatch.setattr(torch.cuda, "device_count", no)
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", no, raising=False)
     assert resolve_capture(DumpConfig()) == "dispatch"
 
 
