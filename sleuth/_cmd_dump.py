@@ -83,6 +83,7 @@ def _ls(args: argparse.Namespace) -> int:
     print(f"dump {d.root}: {len(d.ranks)} rank(s), {len(table)} step file(s), "
           f"{_human(int(table.file_bytes.sum()) if len(table) else 0)}")
     if len(table):
+        print(_captured(d, int(table["rank"].iloc[0]), int(table["step"].iloc[0])))
         shown = table.drop(columns=["path"]).assign(
             tensor_bytes=table.tensor_bytes.map(_human), file_bytes=table.file_bytes.map(_human),
             complete=table.complete.map({True: "yes", False: "no (closed mid-step)"}))
@@ -90,6 +91,20 @@ def _ls(args: argparse.Namespace) -> int:
     for path, reason in d.skipped:
         print(f"skipped {path}: {reason}")
     return 0
+
+
+def _captured(d, rank: int, step: int) -> str:
+    """How the first step file was dumped: level, mode, op capture and writer."""
+    import json
+
+    attrs = d.attrs(rank, step)
+    try:
+        config = json.loads(attrs.get("config", "{}"))
+    except (TypeError, ValueError):
+        config = {}
+    return (f"captured: level {attrs.get('level', '?')}, mode {attrs.get('mode', '?')}, "
+            f"op capture {config.get('op_capture', 'dispatch')}, "
+            f"writer {config.get('writer', '?')}")
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -37,6 +37,7 @@ def test_ls(run, capsys):
     assert main(["dump", "ls", str(run)]) == 0
     out = capsys.readouterr().out
     assert "2 rank(s), 4 step file(s)" in out
+    assert "captured: level module, mode full, op capture auto, writer sync" in out
     assert "skipped" in out and "step9.h5.partial" in out
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("0", "1"))]
     assert [(r[0], r[1], r[2]) for r in lines] == [("0", "0", "3"), ("0", "5", "3"),
