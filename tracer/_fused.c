@@ -486,6 +486,168 @@ static int raw_diff_stats(const float *a, const float *b, float *dst, int64_t co
     return compute_work(&w, threads, out);
 }
 
+/* A strided tensor's elements in C order (the order of a contiguous copy), read a piece at a
+ * time: dims of size 1 dropped, dims that continue each other merged, the innermost run copied
+ * with memcpy when it is dense. */
+#define GATHER_MAX_DIMS 16
+typedef struct {
+    const char *base;
+    size_t width;
+    int ndim;
+    int64_t sizes[GATHER_MAX_DIMS], strides[GATHER_MAX_DIMS]; /* in elements */
+    int64_t index[GATHER_MAX_DIMS];
+    int64_t offset; /* of the next element, in elements */
+} gather_t;
+
+static int gather_init(gather_t *g, const void *base, size_t width, int ndim,
+                       const int64_t *sizes, const int64_t *strides) {
+    if (ndim < 0 || ndim > GATHER_MAX_DIMS) return -1;
+    g->base = (const char *)base;
+    g->width = width;
+    g->ndim = 0;
+    g->offset = 0;
+    for (int k = 0; k < ndim; k++) {
+        if (sizes[k] < 0 || strides[k] < 0) return -1;
+        if (sizes[k] == 1) continue;
+        int d = g->ndim;
+        if (d > 0 && g->strides[d - 1] == sizes[k] * strides[k]) { /* continues the last */
+            g->sizes[d - 1] *= sizes[k];
+            g->strides[d - 1] = strides[k];
+            continue;
+        }
+        g->sizes[d] = sizes[k];
+        g->strides[d] = strides[k];
+        g->index[d] = 0;
+        g->ndim++;
+    }
+    if (g->ndim == 0) { /* one element */
+        g->sizes[0] = 1;
+        g->strides[0] = 1;
+        g->index[0] = 0;
+        g->ndim = 1;
+    }
+    return 0;
+}
+
+/* Copy the next `n` elements into `dst`. */
+static void gather_next(gather_t *g, char *dst, int64_t n) {
+    const int last = g->ndim - 1;
+    const int64_t inner = g->sizes[last], step = g->strides[last];
+    const size_t width = g->width;
+    while (n > 0) {
+        int64_t left = inner - g->index[last];
+        int64_t take = left < n ? left : n;
+        const char *src = g->base + (size_t)g->offset * width;
+        if (step == 1) {
+            memcpy(dst, src, (size_t)take * width);
+        } else if (width == 4) {
+            for (int64_t i = 0; i < take; i++)
+                memcpy(dst + (size_t)i * 4, src + (size_t)(i * step) * 4, 4);
+        } else {
+            for (int64_t i = 0; i < take; i++)
+                memcpy(dst + (size_t)i * 2, src + (size_t)(i * step) * 2, 2);
+        }
+        dst += (size_t)take * width;
+        n -= take;
+        g->index[last] += take;
+        g->offset += take * step;
+        if (g->index[last] < inner) break;
+        /* carry into the outer dims */
+        g->offset -= inner * step;
+        g->index[last] = 0;
+        for (int d = last - 1; d >= 0; d--) {
+            g->index[d]++;
+            g->offset += g->strides[d];
+            if (g->index[d] < g->sizes[d]) break;
+            g->offset -= g->sizes[d] * g->strides[d];
+            g->index[d] = 0;
+        }
+    }
+}
+
+/* strided_stats() for C callers: stats() of the float tensor at `address` with `sizes` and
+ * `strides` (in elements, none negative) as a contiguous copy of it would give, to the bit:
+ * the same chunks, each gathered into a buffer of CHUNK elements and measured by the same
+ * pass, their sums combined in the same order. One thread; no copy of the whole tensor. */
+static int raw_strided_stats(const void *address, int64_t count, int code, int ndim,
+                             const int64_t *sizes, const int64_t *strides, raw_stats_t *out) {
+    if (address == NULL || count < 1 || code < CODE_F32 || code > CODE_F16) return -1;
+    const size_t width = code == CODE_F32 ? 4 : 2;
+    gather_t g;
+    if (gather_init(&g, address, width, ndim, sizes, strides) < 0) return -1;
+    int64_t total = 1;
+    for (int d = 0; d < g.ndim; d++) total *= g.sizes[d];
+    if (total != count) return -1;
+    static _Thread_local char *buffer = NULL; /* CHUNK elements of 4 bytes, kept per thread */
+    if (buffer == NULL && (buffer = PyMem_RawMalloc((size_t)CHUNK * 4)) == NULL) return -1;
+    pass_fn pass = passes[code];
+    acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
+    for (int64_t start = 0; start < count; start += CHUNK) { /* chunk order, as compute_work */
+        int64_t n = count - start < CHUNK ? count - start : CHUNK;
+        gather_next(&g, buffer, n);
+        acc_t part = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
+        pass(buffer, n, &part);
+        acc.mn = part.mn < acc.mn ? part.mn : acc.mn;
+        acc.mx = part.mx > acc.mx ? part.mx : acc.mx;
+        acc.zeros += part.zeros;
+        acc.checksum += part.checksum;
+        acc.sum += part.sum;
+        acc.sq += part.sq;
+    }
+    uint64_t nan = 0, pinf = 0, ninf = 0;
+    if (isnan(acc.sum) || isinf(acc.mn) || isinf(acc.mx)) {
+        gather_init(&g, address, width, ndim, sizes, strides);
+        for (int64_t start = 0; start < count; start += CHUNK) {
+            int64_t n = count - start < CHUNK ? count - start : CHUNK;
+            gather_next(&g, buffer, n);
+            work_t w = {buffer, NULL, NULL, n, code, OP_STATS};
+            uint64_t a = 0, b = 0, c = 0;
+            count_special(&w, &a, &b, &c);
+            nan += a; pinf += b; ninf += c;
+        }
+    }
+    *out = (raw_stats_t){(double)acc.mn, (double)acc.mx, acc.sum, acc.sq, acc.zeros, nan, pinf,
+                         ninf, acc.checksum};
+    return 0;
+}
+
+static PyObject *fused_strided_stats(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    long long count;
+    int code;
+    PyObject *sizes_obj, *strides_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLiOO", &address, &count, &code, &sizes_obj, &strides_obj))
+        return NULL;
+    int64_t sizes[GATHER_MAX_DIMS], strides[GATHER_MAX_DIMS];
+    Py_ssize_t ndim = PySequence_Size(sizes_obj);
+    if (ndim < 0 || ndim > GATHER_MAX_DIMS || PySequence_Size(strides_obj) != ndim) {
+        PyErr_SetString(PyExc_ValueError, "strided_stats: sizes and strides of one length, "
+                        "at most 16 dims");
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < ndim; k++) {
+        PyObject *a = PySequence_GetItem(sizes_obj, k), *b = PySequence_GetItem(strides_obj, k);
+        sizes[k] = a ? PyLong_AsLongLong(a) : -1;
+        strides[k] = b ? PyLong_AsLongLong(b) : -1;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        if (PyErr_Occurred()) return NULL;
+    }
+    raw_stats_t r;
+    int status;
+    RELEASE_GIL_IF(count >= GIL_FREE_MIN);
+    status = raw_strided_stats((const void *)(uintptr_t)address, count, code, (int)ndim, sizes,
+                               strides, &r);
+    RESTORE_GIL();
+    if (status < 0) {
+        PyErr_SetString(PyExc_ValueError, "strided_stats: a float code (0-2), count equal to "
+                        "the product of sizes, and strides >= 0");
+        return NULL;
+    }
+    return result_tuple(&r);
+}
+
 static PyObject *fused_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     long long count;
@@ -614,6 +776,10 @@ static PyMethodDef methods[] = {
      "neginf, checksum); code 0 float32, 1 bfloat16, 2 float16, 3 int64, 4 int32, 5 int16, 6 "
      "int8, 7 uint8 or bool (integers: one thread; nothing NaN); threads 2 lets a helper "
      "thread take half of a large tensor (the result does not change)"},
+    {"strided_stats", fused_strided_stats, METH_VARARGS,
+     "strided_stats(address, count, code, sizes, strides) -> stats() of the float tensor "
+     "(codes 0-2) read with these sizes and strides (in elements), equal to the bit to stats() "
+     "of its contiguous copy, without making the copy"},
     {"copy_stats_into", fused_copy_stats_into, METH_VARARGS,
      "copy_stats_into(dst_buffer, src, count, code, threads=1): copy_stats into a writable "
      "buffer of at least count elements"},
@@ -655,7 +821,8 @@ PyMODINIT_FUNC PyInit__fused(void) {
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    static fused_api_t api = {FUSED_API_VERSION, raw_stats, raw_copy_stats, raw_diff_stats};
+    static fused_api_t api = {FUSED_API_VERSION, raw_stats, raw_copy_stats, raw_diff_stats,
+                              raw_strided_stats};
     PyObject *capsule = PyCapsule_New(&api, FUSED_API_CAPSULE, NULL);
     if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
         Py_XDECREF(capsule);

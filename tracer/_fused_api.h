@@ -5,14 +5,15 @@
  * `stats` fills a raw_stats_t with what `tracer._fused.stats` returns, in the same order, for
  * the same arguments (dtype codes 0 float32, 1 bfloat16, 2 float16, 3 int64, 4 int32, 5 int16,
  * 6 int8, 7 uint8 or bool), and answers 0, or -1 for bad arguments or no memory; `copy_stats`
- * the same for a copy it makes, `diff_stats` for a float32 difference. All may be called from any
+ * the same for a copy it makes, `diff_stats` for a float32 difference, `strided_stats` for a
+ * strided tensor without copying it. All may be called from any
  * thread, with or without the GIL. */
 #ifndef SLEUTH_FUSED_API_H
 #define SLEUTH_FUSED_API_H
 #include <stdint.h>
 
 #define FUSED_API_CAPSULE "tracer._fused._C_API"
-#define FUSED_API_VERSION 2
+#define FUSED_API_VERSION 3
 
 typedef struct {
     double mn, mx, sum, sq;
@@ -30,6 +31,11 @@ typedef struct {
      * may be `a` or `b`), in one pass (what `tracer._fused.diff_stats` does) */
     int (*diff_stats)(const float *a, const float *b, float *dst, int64_t count, int threads,
                       raw_stats_t *out);
+    /* float codes only: stats() of the `count` elements at `address` read with `sizes` and
+     * `strides` (`ndim` of each, strides in elements, none negative), equal to the bit to
+     * stats() of their contiguous copy, without the copy (one thread) */
+    int (*strided_stats)(const void *address, int64_t count, int code, int ndim,
+                         const int64_t *sizes, const int64_t *strides, raw_stats_t *out);
 } fused_api_t;
 
 #endif

@@ -174,6 +174,7 @@ inline const char* dtype_name(at::ScalarType t) {
 }
 
 const int kCodeBits[8] = {32, 16, 16, 64, 32, 16, 8, 8};
+const int kCodeLastFloat = 2;  // codes 0-2: float32, bfloat16, float16
 
 class Observer {
 public:

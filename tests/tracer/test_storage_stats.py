@@ -280,7 +280,13 @@ def count_statistics(monkeypatch) -> list:
                 calls.append(args[1])
                 return kernel.stats(*args)
 
-        monkeypatch.setattr(_stats, "_fused", Counting())
+            def strided_stats(self, *args):
+                calls.append(args[1])
+                return kernel.strided_stats(*args)
+
+        counting = Counting()
+        monkeypatch.setattr(_stats, "_fused", counting)
+        monkeypatch.setattr(_stats, "_strided", counting.strided_stats)
     else:
         real = writer_module.host_stats
         counting = lambda t, **kw: calls.append(t.numel()) or real(t, **kw)  # noqa: E731
@@ -594,3 +600,56 @@ def test_snapshot_takes_statistics_in_the_copy(dtype):
     assert stats is None and torch.equal(snap, t)
     t.add_(1)  # a snapshot does not follow later changes
     assert not torch.equal(snap, t)
+
+
+def _strided_cases(dtype):
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(8, 64, 3 * 64, generator=g).to(dtype)
+    q = qkv.split(64, dim=2)[1]  # a split's middle third: gaps between rows
+    yield q
+    yield q.view(8, 64, 4, 16).transpose(1, 2)  # attention heads
+    yield torch.randn(40, 30, generator=g).to(dtype)[::3, 1:29:2]  # steps in both dims
+    yield torch.randn(5, 1, generator=g).to(dtype).expand(5, 700)  # overlapping (stride 0)
+    yield torch.randn(3, 1, 4, 1, 9, generator=g).to(dtype).permute(4, 1, 0, 3, 2)[:, :, :, :, :3]
+    big = torch.randn(70_000 * 2 + 17, 3, generator=g).to(dtype)[:, 1]  # three chunks
+    yield big
+    special = torch.randn(200, 10, generator=g)
+    special[3, 4], special[150, 0], special[199, 9] = NAN, INF, -INF
+    yield special.to(dtype)[:, ::2]
+    yield torch.randn(2, 3, generator=g).to(dtype)[:, :1]  # a single column
+    yield torch.randn(1, generator=g).to(dtype).expand(3, 1)  # one value, three times
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_strided_statistics_are_the_contiguous_copys_to_the_bit(dtype):
+    """The kernel's strided pass (what the op observer measures a split's q, k and v with)
+    gives what the pass over a C-order copy gives, sums included, for gaps, steps, stride 0,
+    size-1 dims, several chunks and NaN/Inf."""
+    from tracer import _stats
+
+    if not fused_available():
+        pytest.skip("the C kernel is not built")
+    code = _stats._STATS_CODES[dtype]
+    for t in _strided_cases(dtype):
+        assert not t.is_contiguous()
+        copy = t.contiguous()
+        want = _stats._fused.stats(copy.data_ptr(), copy.numel(), code)
+        got = _stats._fused.strided_stats(t.data_ptr(), t.numel(), code, list(t.shape),
+                                          list(t.stride()))
+        assert [str(x) for x in got] == [str(x) for x in want], (tuple(t.shape), t.stride())
+        # the writers' host_stats takes that pass for such a tensor: the same dict as the copy's
+        assert str(host_stats(t)) == str(host_stats(copy))
+
+
+def test_strided_statistics_refuse_bad_arguments():
+    from tracer import _stats
+
+    if not fused_available():
+        pytest.skip("the C kernel is not built")
+    t = torch.randn(4, 6)[:, ::2]
+    with pytest.raises(ValueError, match="float code"):
+        _stats._fused.strided_stats(t.data_ptr(), 13, 0, [4, 3], [6, 2])  # count != product
+    with pytest.raises(ValueError, match="float code"):
+        _stats._fused.strided_stats(t.data_ptr(), 12, 3, [4, 3], [6, 2])  # an integer code
+    with pytest.raises(ValueError, match="one length"):
+        _stats._fused.strided_stats(t.data_ptr(), 12, 0, [4, 3], [6])
