@@ -4,7 +4,10 @@
 # That machine has its own python3 with a CUDA torch, h5py, pandas, pybind11 and pytest, and can
 # fetch nothing. This builds the compiled parts in place against that torch, runs every test
 # marked `cuda`, and measures the tracer's overhead with the model on the GPU (each step
-# synchronized). Logs and the benchmark's JSON go to $OUT, else ./device_check.
+# synchronized). Logs and the benchmark's JSON go to $OUT, else ./device_check. When the
+# observer's CUDA tests pass here and its module_statistics_observer row beats
+# module_statistics, "op_capture": "auto" may take the observer with CUDA builds too
+# (tracer._dumper.resolve_capture, which keeps them on the dispatch path until then).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-device_check}"
