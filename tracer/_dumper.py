@@ -50,10 +50,9 @@ def resolve_capture(config: DumpConfig) -> str:
     rows are watched at the next drain, not in the hook) and torch is built without CUDA (the
     observer's device paths have not run on a GPU yet; asking whether a GPU is there would
     initialise CUDA, which a script may still configure, and poison forks); "dispatch"
-    otherwise. At level op and mix the two record
-    different ops where a dispatch mode changes what torch runs (docs/tracer.md, "Op
-    capture"), so auto keeps the dispatch mode there; at level module their records are the
-    same. An explicit "dispatch" or "observer" is returned as it is."""
+    otherwise. At level op and mix the two record different ops where a dispatch mode changes
+    what torch runs (docs/tracer.md, "Op capture"), so auto keeps the dispatch mode there; at
+    level module their records are the same. An explicit choice is returned as it is."""
     if config.op_capture != "auto":
         return config.op_capture
     if config.level != "module" or any(w.get("on_hit") == "raise" for w in config.watch):
