@@ -344,11 +344,24 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "tracer_overhead", "device": args.device,
               "torch_threads": torch.get_num_threads(),
               "goals": {k: v for k, v in GOALS.items() if k in conditions},
+              # how each Dumper condition sees ops and keeps module records here ("auto"
+              # resolves by level and build: tracer._dumper.resolve_capture)
+              "captures": captures(conditions),
               "msprobe_reference": MSPROBE_REFERENCE}
     for which in models:
         result[which] = measure(which, conditions, args)
     print(json.dumps(result, indent=1))
     return 0
+
+
+def captures(conditions: dict) -> dict[str, str]:
+    """The op capture each Dumper condition gets in this process."""
+    from tracer._config import DumpConfig
+    from tracer._dumper import resolve_capture
+
+    return {name: resolve_capture(DumpConfig(**{k: v for k, v in config.items()
+                                                if not k.startswith("_")}))
+            for name, config in conditions.items() if isinstance(config, dict)}
 
 
 def bracketed_rounds(rounds: int, baseline: Callable[[], Block],
