@@ -535,6 +535,35 @@ static void gather_next(gather_t *g, char *dst, int64_t n) {
     const int64_t inner = g->sizes[last], step = g->strides[last];
     const size_t width = g->width;
     while (n > 0) {
+        if (step == 1 && last >= 1 && g->index[last] == 0 && n >= inner) {
+            /* whole dense rows of the innermost dim: one tight loop over the next dim */
+            const int64_t outer = g->strides[last - 1];
+            int64_t rows = g->sizes[last - 1] - g->index[last - 1];
+            if (rows > n / inner) rows = n / inner;
+            const size_t bytes = (size_t)inner * width, skip = (size_t)outer * width;
+            const char *src = g->base + (size_t)g->offset * width;
+            if (bytes % 16 == 0 && bytes <= 256) {
+                for (int64_t r = 0; r < rows; r++, src += skip, dst += bytes)
+                    for (size_t i = 0; i < bytes; i += 16) memcpy(dst + i, src + i, 16);
+            } else {
+                for (int64_t r = 0; r < rows; r++, src += skip, dst += bytes)
+                    memcpy(dst, src, bytes);
+            }
+            n -= rows * inner;
+            g->index[last - 1] += rows;
+            g->offset += rows * outer;
+            if (g->index[last - 1] < g->sizes[last - 1]) continue;
+            g->offset -= g->sizes[last - 1] * outer;
+            g->index[last - 1] = 0;
+            for (int d = last - 2; d >= 0; d--) {
+                g->index[d]++;
+                g->offset += g->strides[d];
+                if (g->index[d] < g->sizes[d]) break;
+                g->offset -= g->sizes[d] * g->strides[d];
+                g->index[d] = 0;
+            }
+            continue;
+        }
         int64_t left = inner - g->index[last];
         int64_t take = left < n ? left : n;
         const char *src = g->base + (size_t)g->offset * width;

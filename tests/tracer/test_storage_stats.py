@@ -613,6 +613,9 @@ def _strided_cases(dtype):
     yield torch.randn(3, 1, 4, 1, 9, generator=g).to(dtype).permute(4, 1, 0, 3, 2)[:, :, :, :, :3]
     big = torch.randn(70_000 * 2 + 17, 3, generator=g).to(dtype)[:, 1]  # three chunks
     yield big
+    # rows of 20 in pairs, 120,000 elements: chunks end inside a row
+    yield torch.randn(3000, 4, 24, generator=g).to(dtype)[:, 1:3, :20]
+    yield torch.randn(300, 3, 230, generator=g).to(dtype)[:, 1, :]  # long rows, two chunks
     special = torch.randn(200, 10, generator=g)
     special[3, 4], special[150, 0], special[199, 9] = NAN, INF, -INF
     yield special.to(dtype)[:, ::2]
