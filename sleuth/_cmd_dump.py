@@ -95,16 +95,11 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _captured(d, rank: int, step: int) -> str:
     """How the first step file was dumped: level, mode, op capture and writer."""
-    import json
+    from tracer._reader import config_of, op_capture_of
 
     attrs = d.attrs(rank, step)
-    try:
-        config = json.loads(attrs.get("config", "{}"))
-    except (TypeError, ValueError):
-        config = {}
     return (f"captured: level {attrs.get('level', '?')}, mode {attrs.get('mode', '?')}, "
-            f"op capture {config.get('op_capture', 'dispatch')}, "
-            f"writer {config.get('writer', '?')}")
+            f"op capture {op_capture_of(attrs)}, writer {config_of(attrs).get('writer', '?')}")
 
 
 def _show(args: argparse.Namespace) -> int:

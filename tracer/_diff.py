@@ -7,7 +7,6 @@ chunk of memory per side. Only numpy, h5py and pandas are used here, never torch
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -23,7 +22,7 @@ from tracer._align import align
 from tracer._compare import (TensorMetrics, Tolerance, compare_stats, itemsize, judge_tensor)
 from tracer._errors import DumpFormatError, TracerError
 from tracer._layout import dense_strides, stored_extent
-from tracer._reader import c_order_bytes, parse_shape
+from tracer._reader import c_order_bytes, op_capture_of, parse_shape
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
@@ -161,14 +160,6 @@ def _plan(sa: _Side, sb: _Side, step: int | None, rank: int | None, b_step: int 
 
 
 # -- comparing -------------------------------------------------------------------------------------
-def _op_capture(attrs: Any) -> str:
-    """How a step file's ops were seen: its config's op_capture ("dispatch" before the key)."""
-    try:
-        return str(json.loads(attrs.get("config", "{}")).get("op_capture", "dispatch"))
-    except (TypeError, ValueError, AttributeError):
-        return "dispatch"
-
-
 def _rows(df: Any) -> list[dict[str, Any]]:
     """The rows of a table as dicts (DataFrame.to_dict("records") is ~10x slower)."""
     cols = list(df.columns)
@@ -491,7 +482,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
                 if la != lb:
                     notes.append(f"levels differ: A is {la}, B is {lb}; only shared records "
                                  "are compared")
-                ca, cb = _op_capture(fa.attrs), _op_capture(fb.attrs)
+                ca, cb = op_capture_of(fa.attrs), op_capture_of(fb.attrs)
                 note = (f"op captures differ: A used {ca}, B {cb}; the two record a few ops "
                         f"differently by design (docs/tracer.md, \"Where the two differ\"), "
                         f"so compare runs captured the same way")

@@ -529,6 +529,18 @@ static int gather_init(gather_t *g, const void *base, size_t width, int ndim,
     return 0;
 }
 
+/* Dim `d` and those inside it are done: step dim d-1 on, carrying outwards. */
+static void gather_carry(gather_t *g, int d) {
+    for (; d >= 0; d--) {
+        g->offset -= g->sizes[d] * g->strides[d];
+        g->index[d] = 0;
+        if (d == 0) return;
+        g->index[d - 1]++;
+        g->offset += g->strides[d - 1];
+        if (g->index[d - 1] < g->sizes[d - 1]) return;
+    }
+}
+
 /* Copy the next `n` elements into `dst`. */
 static void gather_next(gather_t *g, char *dst, int64_t n) {
     const int last = g->ndim - 1;
@@ -552,16 +564,7 @@ static void gather_next(gather_t *g, char *dst, int64_t n) {
             n -= rows * inner;
             g->index[last - 1] += rows;
             g->offset += rows * outer;
-            if (g->index[last - 1] < g->sizes[last - 1]) continue;
-            g->offset -= g->sizes[last - 1] * outer;
-            g->index[last - 1] = 0;
-            for (int d = last - 2; d >= 0; d--) {
-                g->index[d]++;
-                g->offset += g->strides[d];
-                if (g->index[d] < g->sizes[d]) break;
-                g->offset -= g->sizes[d] * g->strides[d];
-                g->index[d] = 0;
-            }
+            if (g->index[last - 1] == g->sizes[last - 1]) gather_carry(g, last - 1);
             continue;
         }
         int64_t left = inner - g->index[last];
@@ -581,16 +584,7 @@ static void gather_next(gather_t *g, char *dst, int64_t n) {
         g->index[last] += take;
         g->offset += take * step;
         if (g->index[last] < inner) break;
-        /* carry into the outer dims */
-        g->offset -= inner * step;
-        g->index[last] = 0;
-        for (int d = last - 1; d >= 0; d--) {
-            g->index[d]++;
-            g->offset += g->strides[d];
-            if (g->index[d] < g->sizes[d]) break;
-            g->offset -= g->sizes[d] * g->strides[d];
-            g->index[d] = 0;
-        }
+        gather_carry(g, last);
     }
 }
 
@@ -611,6 +605,7 @@ static int raw_strided_stats(const void *address, int64_t count, int code, int n
     if (buffer == NULL && (buffer = PyMem_RawMalloc((size_t)CHUNK * 4)) == NULL) return -1;
     pass_fn pass = passes[code];
     acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
+    uint64_t nan = 0, pinf = 0, ninf = 0;
     for (int64_t start = 0; start < count; start += CHUNK) { /* chunk order, as compute_work */
         int64_t n = count - start < CHUNK ? count - start : CHUNK;
         gather_next(&g, buffer, n);
@@ -622,13 +617,9 @@ static int raw_strided_stats(const void *address, int64_t count, int code, int n
         acc.checksum += part.checksum;
         acc.sum += part.sum;
         acc.sq += part.sq;
-    }
-    uint64_t nan = 0, pinf = 0, ninf = 0;
-    if (isnan(acc.sum) || isinf(acc.mn) || isinf(acc.mx)) {
-        gather_init(&g, address, width, ndim, sizes, strides);
-        for (int64_t start = 0; start < count; start += CHUNK) {
-            int64_t n = count - start < CHUNK ? count - start : CHUNK;
-            gather_next(&g, buffer, n);
+        /* NaN or Inf in this chunk (the test compute_work makes for the whole): counted while
+         * the chunk is in the buffer */
+        if (isnan(part.sum) || isinf(part.mn) || isinf(part.mx)) {
             work_t w = {buffer, NULL, NULL, n, code, OP_STATS};
             uint64_t a = 0, b = 0, c = 0;
             count_special(&w, &a, &b, &c);

@@ -6,6 +6,7 @@ stored as raw bits and decoded here from the `dtype` column (docs/dump-format.md
 """
 from __future__ import annotations
 
+import json
 import difflib
 import math
 import re
@@ -373,6 +374,22 @@ class Dump:
             itemsize = element_size(dtype) or nbytes // max(1, math.prod(shape))
             data = c_order_bytes(data, itemsize, shape, parse_shape(strides))
         return data, dtype, shape
+
+
+def config_of(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The dump config a step file was written with (its root attributes' `config` JSON),
+    or {} when it has none that reads."""
+    try:
+        config = json.loads(attrs.get("config", "{}"))
+    except (TypeError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def op_capture_of(attrs: dict[str, Any]) -> str:
+    """How a step file's ops were seen: "dispatch" or "observer" ("dispatch" for files
+    written before the key; "auto" only where a writer was used without a Dumper)."""
+    return str(config_of(attrs).get("op_capture", "dispatch"))
 
 
 def c_order_bytes(raw: np.ndarray, itemsize: int, shape: tuple[int, ...],

@@ -285,15 +285,16 @@ def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
         # the common record: straight to the kernel, no detach or reshape (~2 us saved)
         n = t.numel()
         return _fused_stats(t, n, code) if n else empty_stats()
-    if code is not None and code <= 2 and _strided is not None and t.is_cpu \
-            and t.layout == torch.strided \
-            and not t.is_neg() and not t.is_conj() and 0 < t.numel() < _STRIDED_MAX \
-            and t.dim() <= 16 and not dense_span(t):
+    t = t.detach()
+    span = memory_span(t)  # a transpose or permutation: its memory, in memory order
+    if span is None and code is not None and code <= 2 and _strided is not None and t.is_cpu \
+            and t.layout == torch.strided and not t.is_neg() and not t.is_conj() \
+            and 0 < t.numel() < _STRIDED_MAX and t.dim() <= 16:
         # gaps or overlaps (a split's q, k, v; an expand): the kernel reads it with its strides,
         # which gives the statistics of its C-order copy to the bit, without the copy
         n = t.numel()
         return _fused_dict(_strided(t.data_ptr(), n, code, t.shape, t.stride()), n, code)
-    flat = _flat(t)
+    flat = span if span is not None else _flat(t)
     n = flat.numel()
     if n == 0 or flat.is_meta:
         return empty_stats()
