@@ -28,6 +28,11 @@ are judged on it (for the sync writer the two agree). Prints one JSON object. Co
   floor_dispatch_mode_default  the same with torch's default dynamo wrapper per op
   floor_op_observer     no Dumper: torch.profiler (CPU, record_shapes): torch's C++ per-op
                         callbacks, reading every op's inputs, with no Python per op
+  floor_step_file       no Dumper: each optimizer step writes a 56 KiB file (a tiny module
+                        statistics step file's size) as *.partial, fsyncs and renames it,
+                        the durable file per dumped step that DESIGN.md asks of every writer
+  module_statistics_minimal  level module, statistics, sync, one module's forward output and
+                        no parameters: every hook runs, one record a step, and its step file
 
 msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
 4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
@@ -88,6 +93,11 @@ CONDITIONS = {
     "module_statistics_dispatch_async": {"level": "module", "mode": "statistics",
                                          "writer": "async", "op_capture": "dispatch"},
     "attached_unselected": {"level": "mix", "steps": "1000000"},
+    # the least a dumped step costs: every module hook runs, one record is kept (the model's
+    # last module's forward output, resolved by `one_module`), and the step file is written
+    "module_statistics_minimal": {"level": "module", "mode": "statistics", "writer": "sync",
+                                  "params": False, "phases": "forward", "io": "output",
+                                  "_one_module": True},
     # capture alone (hooks, dispatch mode, naming, source lines) with a writer that drops
     # records: separates the tracer's capture cost from the statistics and storage cost
     "module_capture_only": {"level": "module", "op_capture": "dispatch", "_null_writer": True},
@@ -107,7 +117,12 @@ CONDITIONS = {
     # op's inputs: where an op-level capture in compiled code would start, next to the
     # Python dispatch mode's floor
     "floor_op_observer": "floor_op_observer",
+    # the write, fsync and rename of one step file per step with no tracer at all: with
+    # floor_module_hooks, the least a sync module-level dump can cost under DESIGN.md's
+    # atomic, durable files
+    "floor_step_file": "floor_step_file",
 }
+FLOOR_FILE_BYTES = 56 * 1024
 GOALS = {"module_statistics": 1.15, "op_statistics": 1.5, "op_tensor_async": 4.0,
          "attached_unselected": 1.02}
 MSPROBE_REFERENCE = {"L0_statistics": 1.9, "L1_statistics": 4.9, "L1_tensor": 22.9}
@@ -188,7 +203,12 @@ def _noop_post(module, args, kwargs, output):
 
 @contextlib.contextmanager
 def floor(kind: str):
-    """The hooks (or mode) of a floor condition, attached for the duration."""
+    """The hooks (or mode) of a floor condition, attached for the duration. floor_step_file
+    yields the folder its files go to (removed at exit)."""
+    if kind == "floor_step_file":
+        with step_files() as folder:
+            yield folder
+        return
     modes = {"floor_dispatch_mode": _NoopMode, "floor_dispatch_mode_default": _DefaultNoopMode}
     if kind in modes:
         with modes[kind]():
@@ -207,6 +227,45 @@ def floor(kind: str):
     finally:
         for h in handles:
             h.remove()
+
+
+@contextlib.contextmanager
+def step_files():
+    """An optimizer step post-hook writing one FLOOR_FILE_BYTES file per step the way the
+    tracer's writers commit a step file: `*.partial`, fsync, rename. Yields the folder."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    folder = Path(tempfile.mkdtemp(prefix="sleuth_floor_"))
+    payload = os.urandom(FLOOR_FILE_BYTES)
+    count = [0]
+
+    def write(optimizer, args, kwargs):
+        final = folder / f"step{count[0]}.h5"
+        partial = final.with_name(final.name + ".partial")
+        count[0] += 1
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(partial, final)
+
+    handle = register_optimizer_step_post_hook(write)
+    try:
+        yield folder
+    finally:
+        handle.remove()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def one_module(model: nn.Module, config: dict) -> dict:
+    """`config` without its `_one_module` flag, its module filter set to the model's last
+    module in `named_modules()` order when the flag was set."""
+    config = dict(config)
+    if config.pop("_one_module", False):
+        config["modules"] = [[name for name, _ in model.named_modules()][-1]]
+    return config
 
 
 class _NullWriter:
@@ -429,7 +488,7 @@ def measure(which: str, conditions: dict, args: argparse.Namespace) -> dict:
             shutil.rmtree(work / "msprobe", ignore_errors=True)
             return Block(steps[1:], wall)
         path = work / name
-        config = dict(config)
+        config = one_module(model, config)
         null = config.pop("_null_writer", False)
         dumper_module._make_writer = (lambda *a: _NullWriter()) if null else real_writer
         block = timed_block(model, opt, batches,

@@ -66,3 +66,35 @@ def test_device_cuda_without_a_gpu_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--device", "cuda", "--models", "tiny"])
     assert "--device cuda: torch sees no CUDA device here" in capsys.readouterr().err
+
+
+def test_the_step_file_floor_writes_one_durable_file_per_optimizer_step():
+    bench = _load()
+    model = _Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(2, 4), torch.randn(2, 4)) for _ in range(3)]
+    with bench.floor("floor_step_file") as folder:
+        bench.train_steps(model, opt, batches)
+        files = sorted(p.name for p in folder.iterdir())
+        assert files == ["step0.h5", "step1.h5", "step2.h5"]  # renamed: no partial is left
+        assert (folder / "step2.h5").stat().st_size == bench.FLOOR_FILE_BYTES
+    assert not folder.exists()
+    bench.train_steps(model, opt, batches[:1])  # the hook is gone with the floor
+
+
+def test_the_minimal_condition_dumps_the_last_module_alone(tmp_path):
+    bench = _load()
+    model = _Tiny()
+    config = bench.one_module(model, bench.CONDITIONS["module_statistics_minimal"])
+    assert config["modules"] == ["fc"] and "_one_module" not in config
+    assert bench.one_module(model, {"level": "op"}) == {"level": "op"}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [(torch.randn(2, 4), torch.randn(2, 4)) for _ in range(3)]
+    import tracer
+
+    bench.timed_block(model, opt, batches, lambda: tracer.Dumper(model, {**config,
+                                                                         "path": str(tmp_path)}))
+    dump = tracer.open_dump(tmp_path)
+    stats = dump.stats(0, dump.steps(0)[-1])
+    assert list(stats["name"].str.split(".").str[0].unique()) == ["fc"]
+    assert len(stats) == 1
