@@ -231,9 +231,12 @@ def floor(kind: str):
 
 @contextlib.contextmanager
 def step_files():
-    """An optimizer step post-hook writing one FLOOR_FILE_BYTES file per step the way the
-    tracer's writers commit a step file: `*.partial`, fsync, rename. Yields the folder."""
+    """An optimizer step post-hook writing one FLOOR_FILE_BYTES file per step as `*.partial`
+    and committing it with the tracer's own `PendingFile.commit` (fsync, rename), with no
+    Dumper. Yields the folder."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    from tracer._format import PendingFile
 
     folder = Path(tempfile.mkdtemp(prefix="sleuth_floor_"))
     payload = os.urandom(FLOOR_FILE_BYTES)
@@ -244,12 +247,13 @@ def step_files():
         partial = final.with_name(final.name + ".partial")
         count[0] += 1
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        pending = PendingFile(fd, partial, final)
         try:
             os.write(fd, payload)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(partial, final)
+        except BaseException:
+            pending.abort()
+            raise
+        pending.commit()
 
     handle = register_optimizer_step_post_hook(write)
     try:
