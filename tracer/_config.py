@@ -185,6 +185,9 @@ class DumpConfig:
             text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"cannot read dump config {str(p)!r}: {e.strerror or e}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}): is it the "
+                              f"dump config JSON?") from e
         data = load_json(text, str(p))
         try:
             return cls.from_dict(data)

@@ -147,10 +147,11 @@ def test_env_switch_warns_about_a_value_it_cannot_read_and_keeps_the_default(mon
      "key 'on_hit' appears twice"),
     ('{"async_max_queued_mb": Infinity}', "Infinity is not a number a config accepts"),
     ('{"watch": [{"condition": "max_abs_gt", "threshold": NaN}]}', "NaN is not a number"),
+    ("\udcff\udcfe garbage", "not UTF-8 text"),
 ])
 def test_json_duplicate_keys_and_non_finite_numbers_are_refused(tmp_path, text, message):
     path = tmp_path / "dump.json"
-    path.write_text(text)
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
     with pytest.raises(ConfigError) as e:
         DumpConfig.from_json(path)
     assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
