@@ -17,16 +17,22 @@ from tracer._writer import RecordMeta, make_writer
 REPO = Path(__file__).resolve().parents[2]
 
 
+def write_dump(run, records: int = 1) -> None:
+    """One statistics step of `records` module records, through the tracer's own writer."""
+    w = make_writer(DumpConfig(path=str(run), writer="sync", mode="statistics"), rank=0,
+                    world_size=1)
+    w.begin_step(0)
+    for i in range(records):
+        w.add(RecordMeta(f"layer{i}.forward.0.output.0", f"layer{i}", "", "forward", "output", 0,
+                         0, "m.py:1"), torch.ones(2))
+    w.end_step()
+    w.close()
+
+
 @pytest.fixture
 def damaged_run(tmp_path):
     """A run whose only step file has a /records table that is a group, not a table."""
-    w = make_writer(DumpConfig(path=str(tmp_path), writer="sync", mode="statistics"), rank=0,
-                    world_size=1)
-    w.begin_step(0)
-    w.add(RecordMeta("fc.forward.0.output.0", "fc", "", "forward", "output", 0, 0, "m.py:1"),
-          torch.ones(2, 3))
-    w.end_step()
-    w.close()
+    write_dump(tmp_path)
     with h5py.File(tmp_path / "dump" / "rank0" / "step0.h5", "r+") as f:
         del f["records"]
         f.create_group("records")
@@ -48,13 +54,7 @@ def test_debug_flag_and_env_show_the_traceback(damaged_run, sleuth_cli):
 
 
 def test_os_error_on_a_user_path_is_one_line(tmp_path, capsys):
-    w = make_writer(DumpConfig(path=str(tmp_path), writer="sync", mode="statistics"), rank=0,
-                    world_size=1)
-    w.begin_step(0)
-    w.add(RecordMeta("fc.forward.0.output.0", "fc", "", "forward", "output", 0, 0, "m.py:1"),
-          torch.ones(2))
-    w.end_step()
-    w.close()
+    write_dump(tmp_path)
     target = tmp_path / "no" / "such" / "dir" / "out.csv"
     assert main(["dump", "show", str(tmp_path), "--csv", str(target)]) == 2
     err = capsys.readouterr().err
@@ -75,14 +75,7 @@ def test_unknown_errors_keep_their_traceback(monkeypatch):
 @pytest.mark.parametrize("args", [["--help"], ["dump", "show", "RUN"]])
 def test_closed_stdout_pipe_ends_quietly(tmp_path, args):
     run = tmp_path / "ok"
-    w = make_writer(DumpConfig(path=str(run), writer="sync", mode="statistics"), rank=0,
-                    world_size=1)
-    w.begin_step(0)
-    for i in range(2000):  # more than a pipe buffer of table rows
-        w.add(RecordMeta(f"layer{i}.forward.0.output.0", f"layer{i}", "", "forward", "output", 0,
-                         0, "m.py:1"), torch.ones(2))
-    w.end_step()
-    w.close()
+    write_dump(run, records=2000)  # more than a pipe buffer of table rows
     args = [str(run) if a == "RUN" else a for a in args]
     # `sleuth ... | head -1`: the reader takes one line and goes away
     p = subprocess.Popen([sys.executable, "-m", "sleuth", *args], cwd=REPO,
