@@ -5,6 +5,7 @@ header: a page on another site that rebinds its DNS name to 127.0.0.1 sends its 
 and is refused."""
 from __future__ import annotations
 
+import ipaddress
 import mimetypes
 import re
 from collections.abc import Iterator
@@ -19,6 +20,10 @@ from dashboard._serve import LOOPBACK_NAMES
 
 ALLOWED_HOSTS = "SLEUTH_ALLOWED_HOSTS"
 """Key of `server.config`: the Host names this server answers to (set by `serve`)."""
+ANY_ADDRESS = "SLEUTH_ANY_ADDRESS"
+"""Key of `server.config`: True (bound to every interface) also accepts any IP address as Host.
+An address cannot be rebound to another machine the way a DNS name can, and a host's own
+list of addresses (getaddrinfo of its name) often misses interfaces a browser reaches."""
 CHUNK_BYTES = 1 << 20
 """Bytes read and sent at a time by the file route: memory stays at this, whatever the file."""
 FILE_ROUTE = "/_sleuth/file"
@@ -50,7 +55,7 @@ def register_routes(server: Flask, ctx: Context) -> None:
         raw = request.environ.get("HTTP_HOST", "")
         name = host_name(raw)
         allowed = server.config[ALLOWED_HOSTS]
-        if name in allowed:
+        if name in allowed or (server.config.get(ANY_ADDRESS) and _is_address(name)):
             return None
         return Response(f"Host {raw!r} is not a name this dashboard serves "
                         f"({', '.join(sorted(allowed))}). Open it by one of those names, or "
@@ -100,6 +105,14 @@ def file_chunks(f: BinaryIO, size: int = CHUNK_BYTES) -> Iterator[bytes]:
     with f:
         while chunk := f.read(size):
             yield chunk
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 def host_name(host: str) -> str:

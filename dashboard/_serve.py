@@ -97,7 +97,7 @@ def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8050, background: bo
     """
     from werkzeug.serving import WSGIRequestHandler, make_server
 
-    from dashboard._routes import ALLOWED_HOSTS
+    from dashboard._routes import ALLOWED_HOSTS, ANY_ADDRESS
 
     class _Quiet(WSGIRequestHandler):
         def log_request(self, *args: object, **kwargs: object) -> None:
@@ -105,6 +105,7 @@ def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8050, background: bo
 
     names = served_names(host) | {h.strip("[]").lower() for h in allowed_hosts}
     app.server.config[ALLOWED_HOSTS] = frozenset(app.server.config.get(ALLOWED_HOSTS, ())) | names
+    app.server.config[ANY_ADDRESS] = app.server.config.get(ANY_ADDRESS) or host in _WILDCARDS
     server = make_server(host, port, app.server, threaded=True, request_handler=_Quiet)
     if not background:
         try:

@@ -197,3 +197,22 @@ def test_damaged_dump_step_is_a_read_error(tmp_path):
     panel = notice(e.value)
     assert panel.className == "sleuth-error" and str(path) in str(panel.children)
     assert notice(_data.NoData("this run has no profile")).className == "sleuth-empty"
+
+
+def test_bound_to_every_interface_any_address_but_no_foreign_name(tmp_path):
+    import dashboard
+
+    run = write_run(tmp_path / "run", name="run", steps=3)
+    handle = dashboard.serve(dashboard.create_app([run], refresh_s=0), host="0.0.0.0",
+                             port=free_port(), background=True)
+    try:
+        for host, status in [("10.9.8.7:{port}", 200), (f"{socket.gethostname()}:{{port}}", 200),
+                             ("[fe80::1]:{port}", 200), ("evil.example:{port}", 403)]:
+            conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=30)
+            conn.putrequest("GET", "/_sleuth/file/0/run.json", skip_host=True)
+            conn.putheader("Host", host.format(port=handle.port))
+            conn.endheaders()
+            assert conn.getresponse().status == status, host
+            conn.close()
+    finally:
+        handle.close()
