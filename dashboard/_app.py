@@ -35,6 +35,8 @@ body { font-family: system-ui, sans-serif; margin: 0; color: #222; background: #
 .sleuth-control label { display: block; font-size: 12px; color: #555; margin-bottom: 2px; }
 .sleuth-empty { padding: 16px; margin: 8px 0; border: 1px dashed #999; border-radius: 6px; color: #555;
   background: #fff; }
+.sleuth-error { padding: 12px 16px; margin: 8px 0; border: 1px solid #d32f2f; border-left-width: 6px;
+  border-radius: 6px; color: #b71c1c; background: #ffebee; white-space: pre-wrap; }
 .sleuth-card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 8px 16px; margin: 8px 0; }
 .sleuth-kv th { text-align: left; padding-right: 12px; color: #555; font-weight: normal; }
 .sleuth-badges { margin: 8px 0; }

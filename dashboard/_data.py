@@ -31,6 +31,11 @@ class NoData(Exception):
     the empty state the page shows, and says how to get the data."""
 
 
+class ReadError(NoData):
+    """A file of the run exists but cannot be read (damaged, half-written, of an unknown
+    version): the page shows an error panel with the reader's message, which names the file."""
+
+
 _cache: dict[Hashable, tuple[Hashable, Any]] = {}
 _lock = threading.RLock()  # _cached makers may read through other cached readers
 
@@ -71,7 +76,7 @@ def _reading(what: str, fn: Callable[[], T]) -> Callable[[], T]:
         except NoData:
             raise
         except Exception as e:  # noqa: BLE001 - any reader error becomes the page's empty state
-            raise NoData(f"could not read {what}: {e}") from e
+            raise ReadError(f"could not read {what}: {e}") from e
     return run
 
 

@@ -13,7 +13,7 @@ from dash import Input, Output, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import diff_figure, empty_figure
-from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns, table_records
+from dashboard._widgets import control, data_table, empty_state, notice, run_picker, table_columns, table_records
 
 METRICS = ("max_abs_err", "max_rel_err", "rmse", "cosine", "within")
 STAT_METRICS = ("norm_rdiff", "mean_rdiff", "max_rdiff", "min_rdiff")  # statistics-only diffs
@@ -112,7 +112,7 @@ def register(app: Any, ctx: Context) -> None:
         try:
             result = call_diff(ra, rb, rank, step, b_rank, b_step)
         except _data.NoData as e:
-            return [empty_state(str(e)), empty_state(note) if note else None]
+            return [notice(e), empty_state(note) if note else None]
         except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on
             return empty_state(f"the diff failed: {e}")
         records = getattr(result, "records", pd.DataFrame())

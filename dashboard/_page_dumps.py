@@ -12,7 +12,7 @@ from dash import Input, Output, State, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import tensor_histogram
-from dashboard._widgets import control, data_table, empty_state, run_picker, table_columns, table_records
+from dashboard._widgets import control, data_table, empty_state, notice, run_picker, table_columns, table_records
 
 COLUMNS = ("seq", "name", "phase", "direction", "dtype", "shape", "min", "max", "mean", "norm",
            "nonfinite", "zeros", "hit", "source")
@@ -70,7 +70,7 @@ def register(app: Any, ctx: Context) -> None:
             d = _data.dump(root)
             ranks = list(d.ranks)
         except _data.NoData as e:
-            return [], None, empty_state(str(e))
+            return [], None, notice(e)
         skipped = list(getattr(d, "skipped", None) or [])
         note = (html.P(f"{len(skipped)} partial or unreadable step file(s) skipped (a run still "
                        f"writing, or a crash): {skipped[0]}", className="sleuth-note") if skipped else None)
@@ -105,7 +105,7 @@ def register(app: Any, ctx: Context) -> None:
         try:
             stats = _data.dump_stats(root, rank, step)
         except _data.NoData as e:
-            return [], empty_state(str(e))
+            return [], notice(e)
         bad = int((stats.get("nan", 0) + stats.get("posinf", 0) + stats.get("neginf", 0) > 0).sum()) \
             if not stats.empty else 0
         hits = int((stats["hit"] != "").sum()) if "hit" in stats else 0
@@ -130,5 +130,5 @@ def register(app: Any, ctx: Context) -> None:
         try:
             fig = tensor_histogram(_data.dump_tensor(root, rank, step, name), name)
         except _data.NoData as e:
-            return html.Div([html.H4(name), link, empty_state(str(e))])
+            return html.Div([html.H4(name), link, notice(e)])
         return html.Div([html.H4(name), link, dcc.Graph(id="dumps-tensor", figure=fig)])

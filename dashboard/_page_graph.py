@@ -12,7 +12,7 @@ from dash import Input, Output, State, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._routes import SVG_ROUTE
-from dashboard._widgets import control, empty_state, run_picker
+from dashboard._widgets import control, empty_state, notice, run_picker
 
 MAX_MATCHES = 50
 
@@ -83,7 +83,7 @@ def register(app: Any, ctx: Context) -> None:
         try:
             df = _data.graphs(root)
         except _data.NoData as e:
-            return empty_state(str(e)), None
+            return notice(e), None
         row = df[df["stage"] == stage]
         if row.empty:
             return empty_state("choose a graph"), None

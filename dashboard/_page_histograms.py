@@ -9,7 +9,7 @@ from dash import Input, Output, State, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import empty_figure, histogram_heatmap
-from dashboard._widgets import control, empty_state, run_picker
+from dashboard._widgets import control, empty_state, notice, run_picker
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
@@ -38,7 +38,7 @@ def register(app: Any, ctx: Context) -> None:
         try:
             df = _data.histograms(root)
         except _data.NoData as e:
-            return [], None, empty_state(str(e))
+            return [], None, notice(e)
         pairs = df[["rank", "tag"]].drop_duplicates().sort_values(["rank", "tag"])
         ranks = pairs["rank"].nunique()
         options = [{"label": t if ranks == 1 else f"{t} [rank {r}]", "value": _key(int(r), str(t))}

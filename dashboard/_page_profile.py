@@ -12,7 +12,7 @@ from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import bar_top, empty_figure, lines, stacked_steps
 from dashboard._routes import FILE_ROUTE
-from dashboard._widgets import empty_state, run_picker
+from dashboard._widgets import empty_state, notice, run_picker
 
 _PHASES = ("data", "forward", "backward", "optimizer", "other")
 
@@ -117,7 +117,7 @@ def register(app: Any, ctx: Context) -> None:
         try:
             prof = _data.profile(root)
         except _data.NoData as e:
-            return empty_state(str(e))
+            return notice(e)
         figs = profile_figures(prof)
         summary = getattr(prof, "summary", None) or {}
         head = html.P(" · ".join(f"{k}: {_fmt(v)}" for k, v in summary.items() if not isinstance(v, (dict, list))),

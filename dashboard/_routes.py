@@ -1,16 +1,31 @@
 """Plain HTTP routes next to the Dash app: files of a run (a trace to download, a graph's SVG),
-served only from under that run's root. Every path goes through `_runs.safe_path`."""
+served only from under that run's root, streamed in chunks. Every path goes through
+`_runs.safe_path`. Every request, Dash's own included, must name this server in its Host
+header: a page on another site that rebinds its DNS name to 127.0.0.1 sends its own name there,
+and is refused."""
 from __future__ import annotations
 
+import ipaddress
 import mimetypes
 import re
+from collections.abc import Iterator
+from typing import BinaryIO
 
 from flask import Flask, Response, abort, request
 
 from dashboard._context import Context
 from dashboard._errors import UnsafePathError
 from dashboard._runs import safe_path
+from dashboard._serve import LOOPBACK_NAMES
 
+ALLOWED_HOSTS = "SLEUTH_ALLOWED_HOSTS"
+"""Key of `server.config`: the Host names this server answers to (set by `serve`)."""
+ANY_ADDRESS = "SLEUTH_ANY_ADDRESS"
+"""Key of `server.config`: True (bound to every interface) also accepts any IP address as Host.
+An address cannot be rebound to another machine the way a DNS name can, and a host's own
+list of addresses (getaddrinfo of its name) often misses interfaces a browser reaches."""
+CHUNK_BYTES = 1 << 20
+"""Bytes read and sent at a time by the file route: memory stays at this, whatever the file."""
 FILE_ROUTE = "/_sleuth/file"
 SVG_ROUTE = "/_sleuth/svg"
 
@@ -33,6 +48,20 @@ def register_routes(server: Flask, ctx: Context) -> None:
             abort(404)
         return path
 
+    server.config.setdefault(ALLOWED_HOSTS, LOOPBACK_NAMES)
+
+    @server.before_request
+    def check_host() -> Response | None:
+        raw = request.environ.get("HTTP_HOST", "")
+        name = host_name(raw)
+        allowed = server.config[ALLOWED_HOSTS]
+        if name in allowed or (server.config.get(ANY_ADDRESS) and _is_address(name)):
+            return None
+        return Response(f"Host {raw!r} is not a name this dashboard serves "
+                        f"({', '.join(sorted(allowed))}). Open it by one of those names, or "
+                        f"start it with --allow-host NAME if you trust {name or 'that name'!r}.\n",
+                        status=403, mimetype="text/plain")
+
     @server.before_request
     def only_our_routes() -> None:
         # Dash answers any unknown path with its index page; under /_sleuth/ an unmatched URL
@@ -46,7 +75,12 @@ def register_routes(server: Flask, ctx: Context) -> None:
     def sleuth_file(run: int, rel: str) -> Response:
         path = resolve(run, rel)
         mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        resp = Response(path.read_bytes(), mimetype=mime)
+        try:
+            size, f = path.stat().st_size, open(path, "rb")
+        except OSError:
+            abort(404)
+        resp = Response(file_chunks(f), mimetype=mime, direct_passthrough=True)
+        resp.headers["Content-Length"] = str(size)
         # A run's files are data, never pages of this site: no sniffing, no scripts.
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
@@ -63,6 +97,32 @@ def register_routes(server: Flask, ctx: Context) -> None:
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
         return resp
+
+
+def file_chunks(f: BinaryIO, size: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The open file `f` in chunks of `size` bytes, closed at the end (or when the client goes
+    away and the server closes the iterator)."""
+    with f:
+        while chunk := f.read(size):
+            yield chunk
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def host_name(host: str) -> str:
+    """The name in a Host header, lower case, without port or brackets: "[::1]:8050" -> "::1"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].split("]", 1)[0]
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
 
 
 _GROUP = re.compile(r'<g id="(?P<id>[^"]+)" class="node">\s*<title>(?P<title>[^<]*)</title>(?P<body>.*?)</g>',

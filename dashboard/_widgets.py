@@ -10,11 +10,27 @@ from dash import dash_table, dcc, html
 from dashboard._runs import Run, run_options
 
 EMPTY_CLASS = "sleuth-empty"
+ERROR_CLASS = "sleuth-error"
 
 
 def empty_state(message: str) -> html.Div:
     """A visible note that says why a page or panel has nothing to show, and how to fix it."""
     return html.Div(message, className=EMPTY_CLASS)
+
+
+def error_panel(message: str) -> html.Div:
+    """A panel that says a file of the run could not be read: which file, what is wrong and what
+    to do (the reader's message), in place of the data, never a traceback."""
+    return html.Div([html.Strong("Cannot read this data: "), message], className=ERROR_CLASS,
+                    role="alert")
+
+
+def notice(e: Exception) -> html.Div:
+    """The panel for a `NoData` a page caught: an error panel for a damaged file, else the
+    empty state that says how to get the data."""
+    from dashboard._data import ReadError
+
+    return error_panel(str(e)) if isinstance(e, ReadError) else empty_state(str(e))
 
 
 def run_picker(id_: str, runs: Sequence[Run], *, multi: bool = False, value: Any = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,16 @@ DEFAULT_PEAK_TFLOPS_CUDA = 989.0
 """NVIDIA H100 SXM dense bf16 (989 TFLOP/s); set `peak_tflops` for other GPUs or dtypes."""
 
 _ACTIVITIES = ("cpu", "cuda")
+
+# Allowed range of each numeric key (low, high), both ends included; other numeric keys are
+# steps or counts from 0 to _MAX_STEPS. Beyond these a value is a typo or a unit mix-up (a
+# window of a billion steps never closes, so its trace is never written).
+_MAX_STEPS = 1_000_000
+_RANGES: dict[str, tuple[float, float]] = {
+    "active": (1, 100_000),
+    "peak_tflops": (1e-6, 1e6),
+    "tokens_per_step": (1, 1e12),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,13 +80,8 @@ class CollectorConfig:
     """Format of the tables written with write_tables (readers reuse parquet only)."""
 
     def __post_init__(self) -> None:
-        for name in ("wait", "warmup", "repeat", "skip_first"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
-        if not isinstance(self.active, int) or isinstance(self.active, bool) or self.active < 1:
-            raise ConfigError(f"active must be an integer >= 1 (steps recorded per window), "
-                              f"got {self.active!r}")
+        for f in dataclasses.fields(self):
+            _check_number(f.name, getattr(self, f.name), f.type)
         activities = self.activities
         if isinstance(activities, str):
             activities = (activities,)
@@ -87,10 +93,6 @@ class CollectorConfig:
         object.__setattr__(self, "activities", activities)
         if self.table_format not in ("parquet", "csv"):
             raise ConfigError(f"table_format must be 'parquet' or 'csv', got {self.table_format!r}")
-        if self.peak_tflops is not None and not self.peak_tflops > 0:
-            raise ConfigError(f"peak_tflops must be > 0 TFLOP/s, got {self.peak_tflops!r}")
-        if self.tokens_per_step is not None and self.tokens_per_step < 1:
-            raise ConfigError(f"tokens_per_step must be >= 1, got {self.tokens_per_step!r}")
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
@@ -116,10 +118,27 @@ class CollectorConfig:
     def from_json(cls, path: str | os.PathLike[str]) -> CollectorConfig:
         """Load a config from a JSON file (see from_dict)."""
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"cannot read collector config {path}: {e}") from e
-        return cls.from_dict(data)
+
+        def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+            if len({k for k, _ in items}) < len(items):
+                twice = next(k for i, (k, _) in enumerate(items) if k in dict(items[:i]))
+                raise ConfigError(f"{path}: key {twice!r} appears twice; keep one of them")
+            return dict(items)
+
+        def constant(name: str) -> Any:
+            raise ConfigError(f"{path}: {name} is not a number a config accepts")
+
+        try:
+            data = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+        try:
+            return cls.from_dict(data)
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from e
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -131,6 +150,24 @@ class CollectorConfig:
         """What the collector does during `step` (0-based count of `Collector.step()` calls)."""
         return schedule_action(step, wait=self.wait, warmup=self.warmup, active=self.active,
                                repeat=self.repeat, skip_first=self.skip_first)
+
+
+def _check_number(name: str, value: Any, annotation: str) -> None:
+    """Type and range of one bool/int/float field, read from its annotation string."""
+    kind, optional = annotation.split(" | ")[0], annotation.endswith("| None")
+    if optional and value is None or kind not in ("bool", "int", "float"):
+        return
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
+        raise ConfigError(f"{name} must be {'an integer' if kind == 'int' else 'a number'}, "
+                          f"got {value!r}")
+    low, high = _RANGES.get(name, (0, _MAX_STEPS))
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(f"{name} must be a finite number from {low:.12g} to {high:.12g}, "
+                          f"got {value!r}")
 
 
 def schedule_action(step: int, *, wait: int, warmup: int, active: int, repeat: int = 0,

@@ -59,10 +59,20 @@ def _read_meta(d: Path, k: int) -> dict[str, Any]:
     path = d / f"window{k}.json"
     if not path.exists():  # crashed between trace and metadata: the trace alone still helps
         return {}
+    return _check_meta(_read_json(path), path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a profile, or ProfileFormatError naming it and what is wrong."""
+    fix = "re-run the profiled steps, or delete this window's files to read the others"
     try:
-        return _check_meta(json.loads(path.read_text()), path)
-    except json.JSONDecodeError as e:
-        raise ProfileFormatError(f"cannot read {path}: {e}") from e
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProfileFormatError(f"cannot read {path}: {e}; {fix}") from e
+    if not isinstance(data, dict):
+        raise ProfileFormatError(f"{path} holds a JSON {type(data).__name__}, not the object "
+                                 f"this file should hold; {fix}")
+    return data
 
 
 def window_tables(d: Path, k: int) -> dict[str, Any]:
@@ -72,13 +82,22 @@ def window_tables(d: Path, k: int) -> dict[str, Any]:
     cached = {t: d / f"window{k}.{t}.parquet" for t in _TABLES}
     summary_path = d / f"window{k}.summary.json"
     if all(p.exists() for p in cached.values()) and summary_path.exists():
-        out: dict[str, Any] = {t: pd.read_parquet(p) for t, p in cached.items()}
-        out["summary"] = json.loads(summary_path.read_text())
-        return out
+        try:
+            out: dict[str, Any] = {t: pd.read_parquet(p) for t, p in cached.items()}
+            out["summary"] = _read_json(summary_path)
+            return out
+        except Exception:  # noqa: BLE001 - a damaged cache: the trace below is the source of truth
+            pass
     trace_path = d / (meta.get("trace") or f"window{k}.trace.json.gz")
     if not trace_path.exists():
         trace_path = d / f"window{k}.trace.json"
-    built = build_tables(load_trace(trace_path), meta)
+    trace = load_trace(trace_path)
+    try:
+        built = build_tables(trace, meta)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ProfileFormatError(f"{trace_path} is damaged: an event cannot be read ({e}); "
+                                 "re-run the profiled steps, or delete this window's files "
+                                 "to read the others") from e
     out = {t: pd.DataFrame(built[t], columns=_COLUMNS[t]) for t in _TABLES}
     out["summary"] = built["summary"]
     return out

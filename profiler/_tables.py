@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ def load_trace(path: str | Path) -> dict[str, Any]:
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
-    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ProfileFormatError(f"cannot read trace {path}: {e}") from e
     if isinstance(data, list):  # the bare-array Chrome format is valid too
         data = {"traceEvents": data}

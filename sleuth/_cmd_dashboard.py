@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 import webbrowser
@@ -16,6 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories to show")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 exposes the runs to the network)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="a further name the browser may use to reach the dashboard (a reverse "
+                   "proxy's or tunnel's); requests naming any other host are refused")
     p.add_argument("--port", type=int, default=8050, help="port (default 8050; 0 picks a free one)")
     p.add_argument("--no-browser", action="store_true", help="do not open a browser tab")
     p.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
@@ -33,13 +37,22 @@ def _run(args: argparse.Namespace) -> int:
     except dashboard.DashboardError as e:
         raise CliError(str(e)) from e
     try:
-        handle = dashboard.serve(app, host=args.host, port=args.port, background=True)
+        handle = dashboard.serve(app, host=args.host, port=args.port, background=True,
+                                 allowed_hosts=args.allow_host)
     except OSError as e:
         raise CliError(f"cannot listen on {args.host}:{args.port} ({e}); pick another --port") from e
     assert handle is not None
-    shown = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host
-    url = f"http://{shown}:{handle.port}/"
-    print(f"Sleuth dashboard on {url} ({len(args.runs)} run(s)); Ctrl-C stops it", flush=True)
+    from dashboard._serve import is_loopback, served_urls
+
+    urls = served_urls(args.host, handle.port)
+    url = urls[0]
+    print(f"Sleuth dashboard on {' '.join(urls)} ({len(args.runs)} run(s)); Ctrl-C stops it",
+          flush=True)
+    if not is_loopback(args.host):
+        print(f"warning: --host {args.host or '0.0.0.0'} serves beyond this machine: anyone who "
+              f"can reach port {handle.port} here can read these runs' files; there is no "
+              f"login. Bind 127.0.0.1 and use an SSH tunnel to keep them private.",
+              file=sys.stderr, flush=True)
     if not args.no_browser:
         threading.Timer(0.5, webbrowser.open, args=(url,)).start()
     try:

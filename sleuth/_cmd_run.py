@@ -70,6 +70,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("no command given; write it after `--`, e.g. "
                        "sleuth run --dump dump.json -- python train.py")
     env = child_env(args)
+    _validate_configs(args)
     run_dir = Path(env["SLEUTH_RUN_DIR"])
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_run_json(run_dir, cmd, env)
@@ -79,6 +80,26 @@ def _run(args: argparse.Namespace) -> int:
         return subprocess.call(cmd, env=env)
     except FileNotFoundError as e:
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
+
+
+def _validate_configs(args: argparse.Namespace) -> None:
+    """Load the --dump and --profile configs here, before the child starts: a bad config is one
+    clear error now, not a warning buried in the child's output above a run that dumps nothing
+    (or, with --strict, a traceback from inside the child)."""
+    if args.dump:
+        import tracer
+
+        try:
+            tracer.DumpConfig.from_json(args.dump)
+        except tracer.TracerError as e:
+            raise CliError(f"--dump: {e}") from e
+    if args.profile and args.profile != "1":
+        import profiler
+
+        try:
+            profiler.CollectorConfig.from_json(args.profile)
+        except profiler.ProfilerError as e:
+            raise CliError(f"--profile: {e}") from e
 
 
 def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:

@@ -5,16 +5,28 @@ its parser and sets `run=<function(args) -> int>` as a default. Command modules 
 the tool packages inside `run`, never at module level, so `sleuth --help` stays fast.
 
 Exit codes: 0 success, 1 a finding (for `diff`: the runs diverge; for `check`: a watchpoint
-hit), 2 an error the message explains.
+hit), 2 an error the message explains, 130 Ctrl-C, 141 the reader of stdout went away.
+
+Bad input never ends in a traceback: Sleuth's own errors (each package's base error) and known
+bad input (OSError on a user's path, an unreadable HDF5 or JSON file) become one line naming
+what is wrong, exit 2. `--debug` or SLEUTH_DEBUG=1 lets them through with their traceback, for
+bug reports. Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
 import sys
 from collections.abc import Sequence
 
 from sleuth import __version__
+
+# Base classes of the errors each package raises on purpose (their messages say how to fix).
+_PACKAGE_ERRORS = (("tracer", "TracerError"), ("profiler", "ProfilerError"),
+                   ("trainer", "TrainerError"), ("irdump", "IrDumpError"),
+                   ("dashboard", "DashboardError"))
 
 # Order here is the order in `sleuth --help`.
 _COMMAND_MODULES = (
@@ -44,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         "`sleuth COMMAND --help` for details.",
     )
     parser.add_argument("--version", action="version", version=f"sleuth {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (also SLEUTH_DEBUG=1), for "
+                        "bug reports")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _COMMAND_MODULES:
         try:
@@ -59,18 +74,66 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with `argv` (default: sys.argv[1:]) and return the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "run", None):
-        parser.print_help()
-        return 2
     try:
-        return int(args.run(args) or 0)
+        args = parser.parse_args(argv)
+        if not getattr(args, "run", None):
+            parser.print_help()
+            return 2
+    except BrokenPipeError:  # `sleuth --help | head -1`
+        return _stdout_closed()
+    debug = args.debug or os.environ.get("SLEUTH_DEBUG", "").strip() not in ("", "0")
+    try:
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
     except CliError as e:
+        if debug:
+            raise
         print(f"sleuth {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    except Exception as e:
+        message = None if debug else user_error_message(e)
+        if message is None:
+            raise
+        print(f"sleuth {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+def user_error_message(e: BaseException) -> str | None:
+    """One line for an error caused by bad input, or None for a bug (which keeps its traceback).
+
+    Bad input is an error a package raises on purpose, an OSError (a missing or unreadable
+    path, an HDF5 file h5py cannot open), or a file that is not valid JSON or UTF-8."""
+    for package, name in _PACKAGE_ERRORS:
+        module = sys.modules.get(package)  # an error of a package that was never imported
+        base = getattr(module, name, None)  # cannot be one of its errors
+        if base is not None and isinstance(e, base):
+            return str(e)
+    if isinstance(e, json.JSONDecodeError):
+        return f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({e.reason} at byte {e.start}); is it the right file?"
+    if isinstance(e, OSError):
+        where = f"{e.filename}: " if e.filename else ""
+        what = e.strerror or str(e) or type(e).__name__
+        return f"{where}{what}; check the path and that the file is complete and readable"
+    return None
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout (`| head`) went away: stop quietly. Point stdout at devnull so the
+    interpreter's final flush does not raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass  # stdout is not a real file (a test's capture): nothing will flush it at exit
+    return 141
 
 
 def entry() -> None:

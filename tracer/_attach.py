@@ -9,7 +9,6 @@ exit so the last step is written. When the variable is unset nothing is imported
 from __future__ import annotations
 
 import atexit
-import json
 import os
 from typing import TYPE_CHECKING
 
@@ -46,15 +45,11 @@ def attach_from_env() -> Dumper | None:
 
 def _attach(value: str) -> Dumper:
     global _active
-    from tracer._config import DumpConfig
+    from tracer._config import DumpConfig, load_json
     from tracer._dumper import Dumper
-    from tracer._errors import ConfigError
 
     if value.startswith("{"):
-        try:
-            config = DumpConfig.from_dict(json.loads(value))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{ENV_VAR} holds invalid inline JSON: {e}") from e
+        config = DumpConfig.from_dict(load_json(value, f"{ENV_VAR} (inline JSON)"))
     elif value == "1":
         config = DumpConfig()
     else:

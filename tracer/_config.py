@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import fnmatch
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -32,6 +33,12 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "on_error": ("raise", "warn"),
 }
 _FILTER_KEYS = ("modules", "exclude_modules", "ops", "exclude_ops")
+# Allowed range of each numeric key, (low, high, unit), both ends included. A number outside it is
+# a typo or a unit mix-up (1e12 MiB is not a queue bound, it is no bound), so it is refused.
+# Numeric keys without an entry must be >= 0; every number must be finite.
+_RANGES: dict[str, tuple[float, float, str]] = {
+    "async_max_queued_mb": (1, 1 << 20, "MiB"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,12 +107,9 @@ class DumpConfig:
         for key in _FILTER_KEYS:
             patterns = _as_str_tuple(key, getattr(self, key))
             set_(self, key, patterns)
-        if not isinstance(self.params, bool):
-            raise ConfigError(f"params: expected true or false, got {self.params!r}")
-        mb = self.async_max_queued_mb
-        if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
-            raise ConfigError(f"async_max_queued_mb: expected a whole number of MiB >= 1, "
-                              f"got {mb!r}")
+        for f in dataclasses.fields(self):
+            if f.init:
+                check_scalar(f.name, getattr(self, f.name), f.type, _RANGES.get(f.name))
         set_(self, "watch", _check_watch(self.watch))
         set_(self, "_module_match", _compile(self.modules, self.exclude_modules, "modules"))
         set_(self, "_op_match", _compile(self.ops, self.exclude_ops, "ops"))
@@ -181,10 +185,10 @@ class DumpConfig:
             text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"cannot read dump config {str(p)!r}: {e.strerror or e}") from e
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}): is it the "
+                              f"dump config JSON?") from e
+        data = load_json(text, str(p))
         try:
             return cls.from_dict(data)
         except ConfigError as e:
@@ -221,6 +225,57 @@ def env_switch(name: str, default: bool = True) -> bool:
                   f"ignored ({name} stays {'on' if default else 'off'})", RuntimeWarning,
                   stacklevel=2)
     return default
+
+
+def load_json(text: str, source: str) -> Any:
+    """Parse a JSON config strictly: a key given twice (json keeps the last one silently) and the
+    NaN/Infinity extensions are errors naming `source` and the line, not values used unseen."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ConfigError(f"{source}: key {key!r} appears twice; keep one of them")
+            out[key] = value
+        return out
+
+    def constant(name: str) -> Any:
+        raise ConfigError(f"{source}: {name} is not a number a config accepts; write a finite "
+                          f"number")
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+
+
+def check_scalar(key: str, value: Any, annotation: Any,
+                 bounds: tuple[float, float, str] | None = None) -> None:
+    """Validate one bool/int/float config value by its field annotation (a string under
+    `from __future__ import annotations`): the type, finiteness, and `bounds` (low, high, unit;
+    else >= 0). Other annotations are left to their own checks."""
+    kind = str(getattr(annotation, "__name__", annotation)).replace(" ", "")
+    optional = kind.endswith("|None")
+    kind = kind.removesuffix("|None")
+    if kind not in ("bool", "int", "float") or (optional and value is None):
+        return
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return
+    ok = (int,) if kind == "int" else (int, float)
+    if isinstance(value, bool) or not isinstance(value, ok):
+        what = "a whole number" if kind == "int" else "a number"
+        raise ConfigError(f"{key}: expected {what}, got {value!r}")
+    low, high, unit = bounds or (0, math.inf, "")
+    unit = f" {unit}" if unit else ""
+    if not math.isfinite(value) or not low <= value <= high:
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        span = (f" from {num(low)} to {num(high)}{unit}" if math.isfinite(high)
+                else f" >= {num(low)}{unit}" if math.isfinite(low) else "")
+        raise ConfigError(f"{key}: {value!r} is out of range; use a finite number{span}")
 
 
 def _suggest(value: str, choices: list[str] | tuple[str, ...]) -> str:

@@ -11,7 +11,6 @@ optimizer step inside a step adds one more ``call`` of parameter records).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import threading
@@ -24,7 +23,7 @@ from typing import Any
 import torch
 from torch.optim import optimizer as _optim
 
-from tracer._config import DumpConfig
+from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, TracerError, WatchpointHit
 from tracer._module_hooks import ModuleTracker
 from tracer._scaler import on_scaler_update
@@ -114,10 +113,7 @@ def resolve_config(config: DumpConfig | dict | str | os.PathLike | None) -> Dump
     if isinstance(config, dict):
         return DumpConfig.from_dict(config)
     if isinstance(config, str) and config.lstrip().startswith("{"):
-        try:
-            return DumpConfig.from_dict(json.loads(config))
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"inline dump config is not valid JSON: {e}") from e
+        return DumpConfig.from_dict(load_json(config, "inline dump config"))
     if isinstance(config, (str, os.PathLike)):
         return DumpConfig.from_json(Path(config))
     raise ConfigError(f"config: expected a DumpConfig, dict, JSON path or None, "

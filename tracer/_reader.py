@@ -226,7 +226,10 @@ class Dump:
                 return pd.DataFrame(columns=["step", *RECORD_FIELDS])
             return pd.concat(frames, ignore_index=True)
         arr, _ = self._table(rank, step)
-        return _table_to_frame(arr, RECORD_FIELDS, _STR_FIELDS_REC)
+        try:
+            return _table_to_frame(arr, RECORD_FIELDS, _STR_FIELDS_REC)
+        except (ValueError, TypeError) as e:  # text columns that are not UTF-8
+            raise _damaged(self.path(rank, step), e) from e
 
     records = stats
 
@@ -338,10 +341,18 @@ class Dump:
             self._tables.move_to_end(key)
             return hit
         f = self._open(rank, step)
+        path = self.path(rank, step)
         if "records" not in f:
-            raise DumpFormatError(f"{self.path(rank, step)} has no /records table")
-        arr = f["records"][()]
-        index = {n.decode() if isinstance(n, bytes) else n: i for i, n in enumerate(arr["name"])}
+            raise DumpFormatError(f"{path} has no /records table")
+        try:
+            arr = f["records"][()]
+            names = arr["name"] if arr.ndim == 1 and "name" in (arr.dtype.names or ()) else None
+            if names is None:
+                raise ValueError(f"it is not a list of records (dtype {arr.dtype}, shape "
+                                 f"{arr.shape})")
+            index = {n.decode() if isinstance(n, bytes) else n: i for i, n in enumerate(names)}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            raise _damaged(path, e) from e
         self._tables[key] = (arr, index)
         if len(self._tables) > _CACHED_TABLES:
             self._tables.popitem(last=False)
@@ -374,6 +385,13 @@ class Dump:
             itemsize = element_size(dtype) or nbytes // max(1, math.prod(shape))
             data = c_order_bytes(data, itemsize, shape, parse_shape(strides))
         return data, dtype, shape
+
+
+def _damaged(path: Path, cause: BaseException) -> DumpFormatError:
+    """The error for a step file whose /records table cannot be read as records."""
+    return DumpFormatError(f"{path}: the /records table is damaged ({type(cause).__name__}: "
+                           f"{cause}); this step cannot be read: re-run it, or move the file "
+                           f"away to read the other steps")
 
 
 def config_of(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
 
+from tracer._config import check_scalar
 from tracer._errors import ConfigError, WatchpointHit
 
 Condition = Literal["nan_inf", "all_zero", "max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt",
@@ -37,6 +38,10 @@ CONDITIONS: dict[str, str] = {
 }
 _NEEDS_THRESHOLD = {"max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt", "weight_change_gt",
                     "weight_change_lt"}
+# Conditions on a magnitude (|x|, a norm, a ratio of norms): a negative threshold fires on every
+# record (or never), which is a sign error, not a watchpoint.
+_MAGNITUDE = {"max_abs_gt", "max_abs_lt", "weight_change_gt", "weight_change_lt", "grad_explode",
+              "grad_vanish"}
 _DEFAULT_THRESHOLD = {"grad_explode": 1e3, "grad_vanish": 1e-7}
 
 
@@ -71,9 +76,12 @@ class WatchConfig:
             raise ConfigError(f"on_hit: expected 'record' or 'raise', got {self.on_hit!r}"
                               f"{_suggest(str(self.on_hit), ('record', 'raise'))}")
         for key in ("threshold", "low", "high"):
-            v = getattr(self, key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ConfigError(f"{key}: expected a number, got {v!r}")
+            # A NaN limit compares false with everything, so the watchpoint would never fire.
+            bounds = ((0, math.inf, "") if key == "threshold" and self.condition in _MAGNITUDE
+                      else (-math.inf, math.inf, ""))
+            check_scalar(key, getattr(self, key), "float | None", bounds)
+        if self.low is not None and self.high is not None and not self.low < self.high:
+            raise ConfigError(f"out_of_range: low={self.low!r} must be below high={self.high!r}")
         if self.condition in _NEEDS_THRESHOLD and self.threshold is None:
             raise ConfigError(f"condition {self.condition} needs a threshold, e.g. "
                               f'{{"condition": "{self.condition}", "threshold": 1e4}}')

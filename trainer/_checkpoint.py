@@ -87,18 +87,64 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
+_FIX = "pick another checkpoint (RUN/checkpoints/step<S>/) or train again to write a new one"
+
+
 def read_meta(directory: Path) -> dict[str, Any]:
-    meta = json.loads((directory / "meta.json").read_text())
+    """meta.json of a checkpoint, checked: a JSON object with a known format_version and the
+    config it was trained with. Raises CheckpointError naming the file otherwise."""
+    path = directory / "meta.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}; {_FIX}") from e
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(meta).__name__}, not a checkpoint's "
+                              f"metadata object; {_FIX}")
     major = str(meta.get("format_version", "0")).split(".")[0]
     if major != FORMAT_VERSION.split(".")[0]:
         raise CheckpointError(f"{directory} has checkpoint format {meta.get('format_version')}; "
                               f"this trainer reads {FORMAT_VERSION}")
+    config = meta.get("config")
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise CheckpointError(f"{path} lacks the model config it was trained with; {_FIX}")
     return meta
 
 
+def _load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete; {_FIX}") from e
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways inside torch.load
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {first}): it is "
+                              f"damaged or not a checkpoint file; {_FIX}") from e
+
+
 def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
-    return torch.load(directory / "model.pt", map_location="cpu", weights_only=True)
+    state = _load(directory / "model.pt")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{directory / 'model.pt'} holds a {type(state).__name__}, not a "
+                              f"model state dict; {_FIX}")
+    return state
+
+
+def load_model_into(model: torch.nn.Module, directory: Path) -> None:
+    """Load the checkpoint's weights into `model`, every key and shape matching."""
+    try:
+        model.load_state_dict(load_model_state(directory))
+    except RuntimeError as e:
+        raise CheckpointError(f"{directory}/model.pt does not fit this model config ({e}); "
+                              f"use the model settings it was trained with") from e
 
 
 def load_trainer_state(directory: Path) -> dict[str, Any]:
-    return torch.load(directory / "trainer.pt", map_location="cpu", weights_only=True)
+    path = directory / "trainer.pt"
+    state = _load(path)
+    missing = [k for k in ("optimizer", "step", "data_position", "rng")
+               if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}: it is not a complete trainer "
+                              f"state; {_FIX}")
+    return state

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -100,9 +101,10 @@ class OptimConfig:
     """Clip the global gradient norm to this value; 0 turns clipping off (the norm is still logged)."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+        if not (self.lr > 0 and 0 <= self.min_lr <= self.lr):
             raise ConfigError(f"need 0 <= optim.min_lr <= optim.lr and lr > 0; got lr={self.lr}, min_lr={self.min_lr}")
-        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0 or self.eps <= 0:
+        if not (self.warmup_steps >= 0 and self.weight_decay >= 0 and self.grad_clip >= 0
+                and self.eps > 0):
             raise ConfigError("optim.warmup_steps, weight_decay and grad_clip must be >= 0 and eps > 0")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ConfigError(f"optim.beta1={self.beta1} and beta2={self.beta2} must be in [0, 1)")
@@ -127,7 +129,7 @@ class LoRAConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "rank")
-        if self.alpha <= 0:
+        if not self.alpha > 0:
             raise ConfigError(f"lora.alpha={self.alpha} must be > 0")
         _fraction(self, "dropout")
 
@@ -295,6 +297,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key} must be a number, got {value!r}")
+        if not math.isfinite(value):  # NaN passes every `<` check below it, so it never fails
+            raise ConfigError(f"{key} must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -337,10 +341,20 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> None:
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:  # json keeps the last one silently: the user meant one of them
+                raise ConfigError(f"config file {path}: key {key!r} appears twice; keep one")
+            seen.add(key)
+        return dict(items)
+
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=pairs)
     except FileNotFoundError as e:
         raise ConfigError(f"config file {path} does not exist") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from e
     except json.JSONDecodeError as e:
         raise ConfigError(f"config file {path} is not valid JSON: {e}") from e
     if not isinstance(data, dict):
@@ -359,7 +373,7 @@ _SECTIONS = {"ModelConfig": "model.", "DataConfig": "data.", "OptimConfig": "opt
 def _positive(obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if value <= 0:
+        if not value > 0:
             raise ConfigError(f"{_SECTIONS.get(type(obj).__name__, '')}{name}={value} must be > 0")
 
 

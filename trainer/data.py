@@ -51,6 +51,14 @@ def read_records(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     suffix = path.suffix.lower()
+    try:
+        return _read_records(path, suffix)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save it as "
+                        f"UTF-8 {suffix or 'JSON'}") from e
+
+
+def _read_records(path: Path, suffix: str) -> list[tuple[str, dict[str, Any]]]:
     if suffix == ".jsonl":
         out = []
         with open(path, encoding="utf-8") as f:

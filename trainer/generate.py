@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from trainer._checkpoint import load_model_state, read_meta, resolve_checkpoint
+from trainer._checkpoint import load_model_into, read_meta, resolve_checkpoint
 from trainer.config import LoRAConfig, ModelConfig
 from trainer.model import GPT
 
@@ -109,11 +109,15 @@ def load_model(checkpoint: str | Path, *, device: str = "cpu") -> GPT:
 
     directory = resolve_checkpoint(checkpoint)
     config = read_meta(directory)["config"]
-    model = GPT(ModelConfig(**config["model"]))
-    lora = LoRAConfig(**{k: v for k, v in config.get("lora", {}).items()})
+    try:
+        model = GPT(ModelConfig(**config["model"]))
+        lora = LoRAConfig(**{k: v for k, v in (config.get("lora") or {}).items()})
+    except (TypeError, ValueError) as e:  # ConfigError is a ValueError
+        raise CheckpointError(f"{directory}/meta.json holds a config this trainer cannot build "
+                              f"({e}); use the sleuth version that wrote it") from e
     if lora.enabled:
         apply_lora(model, lora)
-    model.load_state_dict(load_model_state(directory))
+    load_model_into(model, directory)
     if lora.enabled:
         merge_lora(model)
     return model.to(device).eval()

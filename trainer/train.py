@@ -19,8 +19,8 @@ from torch.profiler import record_function
 
 from trainer import _distributed
 from trainer._callbacks import Callback, TrainState, _CallbackList
-from trainer._checkpoint import (load_model_state, load_trainer_state, read_meta, resolve_checkpoint,
-                                 save_checkpoint, set_rng_state)
+from trainer._checkpoint import (load_model_into, load_trainer_state, read_meta,
+                                 resolve_checkpoint, save_checkpoint, set_rng_state)
 from trainer._errors import CheckpointError, ConfigError, DataError
 from trainer._rundir import RunDir, write_run_json
 from trainer.config import OptimConfig, TrainConfig
@@ -44,17 +44,9 @@ def build_model(config: TrainConfig, resume_dir: Path | None) -> GPT:
     if config.lora.enabled:
         if config.lora.base_checkpoint and resume_dir is None:
             base = resolve_checkpoint(config.lora.base_checkpoint)
-            _load_strict(model, load_model_state(base), base)
+            load_model_into(model, base)
         apply_lora(model, config.lora)
     return model
-
-
-def _load_strict(model: torch.nn.Module, state: dict, where: Path) -> None:
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise CheckpointError(f"{where}/model.pt does not fit this model config ({e}); "
-                              f"use the model settings it was trained with") from e
 
 
 def evaluate(model: torch.nn.Module, dataset: TokenDataset, config: TrainConfig,
@@ -128,7 +120,7 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
         if meta["config"]["model"] != config.to_dict()["model"]:
             raise CheckpointError(f"{resume_dir} was trained with model {meta['config']['model']}, "
                                   f"not {config.to_dict()['model']}; resume with the same model settings")
-        _load_strict(model, load_model_state(resume_dir), resume_dir)
+        load_model_into(model, resume_dir)
     model.to(d.device)
     wrapped = _distributed.wrap(model, d)
     o = config.optim
@@ -136,9 +128,14 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
                                           betas=(o.beta1, o.beta2), eps=o.eps)
     if resume_dir is not None:
         saved = load_trainer_state(resume_dir)
-        _distributed.load_optimizer_state(model, optimizer, saved["optimizer"], d)
-        start_step, position = int(saved["step"]), int(saved["data_position"])
-        set_rng_state(saved["rng"])
+        try:
+            _distributed.load_optimizer_state(model, optimizer, saved["optimizer"], d)
+            start_step, position = int(saved["step"]), int(saved["data_position"])
+            set_rng_state(saved["rng"])
+        except (ValueError, TypeError, KeyError, IndexError, RuntimeError) as e:
+            raise CheckpointError(f"{resume_dir}/trainer.pt does not fit this run ({e}); resume "
+                                  f"with the settings it was trained with, or from another "
+                                  f"checkpoint") from e
 
     train_ds, val_ds = build_datasets(config.data, run.data_cache)
     sampler = Sampler(len(train_ds), seed=config.seed, rank=d.rank, world_size=d.world_size)

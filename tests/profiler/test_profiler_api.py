@@ -94,3 +94,31 @@ def test_attach_from_env_unset_is_none(monkeypatch):
     assert profiler.attach_from_env() is None
     monkeypatch.setenv("SLEUTH_PROFILE", "0")
     assert profiler.attach_from_env() is None
+
+
+@pytest.mark.parametrize("d, message", [
+    ({"enabled": "no"}, "enabled must be true or false, got 'no'"),
+    ({"wait": 10**9}, "wait must be a finite number from 0 to 1000000, got 1000000000"),
+    ({"active": 0}, "active must be a finite number from 1 to 100000, got 0"),
+    ({"peak_tflops": float("inf")}, "peak_tflops must be a finite number from 1e-06 to 1000000"),
+    ({"peak_tflops": float("nan")}, "peak_tflops must be a finite number"),
+    ({"tokens_per_step": 1.5}, "tokens_per_step must be an integer, got 1.5"),
+])
+def test_config_refuses_non_finite_absurd_and_mistyped_values(d, message):
+    with pytest.raises(profiler.ConfigError) as e:
+        CollectorConfig.from_dict(d)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"wait": 1, "wait": 2}', "key 'wait' appears twice; keep one of them"),
+    ('{"peak_tflops": NaN}', "NaN is not a number a config accepts"),
+    ('{"wait": 1,', "invalid JSON"),
+    ('{"wiat": 1}', "unknown key 'wiat'; did you mean 'wait'?"),
+])
+def test_config_json_errors_name_the_file(tmp_path, text, message):
+    path = tmp_path / "collector.json"
+    path.write_text(text)
+    with pytest.raises(profiler.ConfigError) as e:
+        CollectorConfig.from_json(path)
+    assert str(e.value).startswith(str(path)) and message in str(e.value)

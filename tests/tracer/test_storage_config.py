@@ -21,7 +21,10 @@ from tracer._errors import ConfigError
     ({"steps": "5-"}, "steps: '5-' has a bad part '5-'; write ranges like '0|5-8|100-120'"),
     ({"steps": "8-5"}, "steps: range '8-5' in '8-5' ends before it starts"),
     ({"ranks": "a"}, "ranks: 'a' has a bad part 'a'; write ranges like '0|1|4-7'"),
-    ({"async_max_queued_mb": 0}, "async_max_queued_mb: expected a whole number of MiB >= 1"),
+    ({"async_max_queued_mb": 0}, "async_max_queued_mb: 0 is out of range; use a finite number "
+                                 "from 1 to 1048576 MiB"),
+    ({"async_max_queued_mb": 10**12}, "async_max_queued_mb: 1000000000000 is out of range"),
+    ({"async_max_queued_mb": 1e12}, "async_max_queued_mb: expected a whole number"),
     ({"async_max_queued_mb": True}, "async_max_queued_mb: expected a whole number"),
     ({"params": "yes"}, "params: expected true or false"),
     ({"modules": ["re:("]}, "modules: bad regular expression 're:('"),
@@ -136,3 +139,43 @@ def test_env_switch_warns_about_a_value_it_cannot_read_and_keeps_the_default(mon
         assert env_switch("SLEUTH_TEST_SWITCH") is True
     monkeypatch.delenv("SLEUTH_TEST_SWITCH")
     assert env_switch("SLEUTH_TEST_SWITCH", default=False) is False
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"level": "op", "level": "module"}', "key 'level' appears twice; keep one of them"),
+    ('{"watch": [{"condition": "nan_inf", "on_hit": "raise", "on_hit": "record"}]}',
+     "key 'on_hit' appears twice"),
+    ('{"async_max_queued_mb": Infinity}', "Infinity is not a number a config accepts"),
+    ('{"watch": [{"condition": "max_abs_gt", "threshold": NaN}]}', "NaN is not a number"),
+    ("\udcff\udcfe garbage", "not UTF-8 text"),
+])
+def test_json_duplicate_keys_and_non_finite_numbers_are_refused(tmp_path, text, message):
+    path = tmp_path / "dump.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ConfigError) as e:
+        DumpConfig.from_json(path)
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value)
+
+
+@pytest.mark.parametrize("watch, message", [
+    ({"condition": "max_abs_gt", "threshold": float("nan")},
+     "watch[0]: threshold: nan is out of range; use a finite number >= 0"),
+    ({"condition": "grad_explode", "threshold": float("inf")}, "threshold: inf is out of range"),
+    ({"condition": "max_abs_lt", "threshold": -1}, "threshold: -1 is out of range"),
+    ({"condition": "out_of_range", "low": float("-inf")}, "low: -inf is out of range"),
+    ({"condition": "out_of_range", "low": 2, "high": 1}, "low=2 must be below high=1"),
+])
+def test_watch_limits_that_could_never_fire_are_refused(watch, message):
+    with pytest.raises(ConfigError) as e:
+        DumpConfig.from_dict({"watch": [watch]})
+    assert message in str(e.value)
+
+
+def test_inline_json_configs_are_as_strict_as_files():
+    from tracer._attach import _attach
+    from tracer._dumper import resolve_config
+
+    with pytest.raises(ConfigError, match="inline dump config: key 'level' appears twice"):
+        resolve_config('{"level": "op", "level": "module"}')
+    with pytest.raises(ConfigError, match=r"SLEUTH_DUMP_CONFIG \(inline JSON\): NaN is not a number"):
+        _attach('{"async_max_queued_mb": NaN}')

@@ -83,3 +83,28 @@ def test_cuda_without_a_gpu_is_a_clear_error(make_config):
         pytest.skip("a GPU is present")
     with pytest.raises(ConfigError, match="device=cuda but torch sees no CUDA device"):
         train(make_config("device=cuda"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optim.lr=NaN"], "optim.lr must be a finite number, got nan"),
+    (["optim.grad_clip=Infinity"], "optim.grad_clip must be a finite number, got inf"),
+    (["lora.alpha=-Infinity"], "lora.alpha must be a finite number"),
+])
+def test_non_finite_numbers_are_refused(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    assert message in str(info.value)
+
+
+def test_nan_is_refused_when_built_directly():
+    from trainer.config import OptimConfig
+
+    with pytest.raises(ConfigError, match="optim.min_lr <= optim.lr"):
+        OptimConfig(lr=float("nan"))
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    bad = tmp_path / "twice.json"
+    bad.write_text('{"steps": 4, "optim": {"lr": 0.1, "lr": 0.001}}')
+    with pytest.raises(ConfigError, match=r"twice\.json: key 'lr' appears twice"):
+        load_config(bad)

@@ -119,3 +119,13 @@ def test_dataset_batch_shifts_labels():
     ds = TokenDataset(torch.arange(10).view(2, 5))
     b = ds.batch(torch.tensor([1]))
     assert b["input_ids"].tolist() == [[5, 6, 7, 8]] and b["labels"].tolist() == [[6, 7, 8, 9]]
+
+
+@pytest.mark.parametrize("name", ["latin1.jsonl", "latin1.json"])
+def test_data_file_that_is_not_utf8_names_the_file(tmp_path, name):
+    from trainer.data import read_records
+
+    path = tmp_path / name
+    path.write_bytes(b'[{"text": "caf\xe9"}]' if name.endswith(".json") else b'{"text": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=rf"{name}: not UTF-8 text"):
+        read_records(path)
