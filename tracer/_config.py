@@ -75,6 +75,9 @@ class DumpConfig:
     """raise: a dump error stops the run; warn: warn once and stop dumping."""
     watch: tuple[dict, ...] = ()
     """Watchpoints checked as records are made (see docs/dump-config.md)."""
+    nan_allow: tuple[str, ...] = ()
+    """Record names whose NaN/Inf are intended (globs or "re:<regex>"): the first-NaN search
+    of `sleuth check` passes over them."""
 
     _step_ranges: tuple[tuple[int, int], ...] | None = field(default=None, init=False, repr=False,
                                                              compare=False)
@@ -107,6 +110,7 @@ class DumpConfig:
             raise ConfigError(f"async_max_queued_mb: expected a whole number of MiB >= 1, "
                               f"got {mb!r}")
         set_(self, "watch", _check_watch(self.watch))
+        set_(self, "nan_allow", _as_str_tuple("nan_allow", self.nan_allow))
         set_(self, "_module_match", _compile(self.modules, self.exclude_modules, "modules"))
         set_(self, "_op_match", _compile(self.ops, self.exclude_ops, "ops"))
         set_(self, "_module_cache", {})
