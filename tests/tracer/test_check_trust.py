@@ -12,6 +12,7 @@ import torch.nn as nn
 
 import tracer
 from sleuth.cli import main
+from test_dump_cli import damage_records
 
 
 def _mlp_run(path: Path, nan_step: int | None = 2, steps: int = 3) -> Path:
@@ -65,12 +66,7 @@ def test_first_nan_names_a_damaged_earlier_step(tmp_path, capsys, damage):
     if damage == "truncated":
         bad.write_bytes(bad.read_bytes()[:4000])
     else:
-        with h5py.File(bad, "r") as f:
-            offset, size = f["records"].id.get_offset(), f["records"].id.get_storage_size()
-        data = bytearray(bad.read_bytes())
-        for i in range(offset, offset + size, 5):
-            data[i] ^= 0xFF
-        bad.write_bytes(bytes(data))
+        damage_records(bad)
     assert main(["check", str(run), "--first-nan"]) == 2
     out, err = capsys.readouterr()
     assert "aten.log" in out and "step 2" in out

@@ -58,7 +58,7 @@ def test_ls_json(run, capsys):
     assert data["skipped"][0]["path"].endswith("step9.h5.partial")
 
 
-def _damage_records(path: Path) -> None:
+def damage_records(path: Path) -> None:
     """Flip bytes inside the /records table's data: the file opens, its names do not decode."""
     import h5py
 
@@ -74,7 +74,7 @@ def test_ls_marks_damaged_interrupted_and_truncated(run, capsys):
     import h5py
 
     rank0 = run / "dump" / "rank0"
-    _damage_records(rank0 / "step0.h5")
+    damage_records(rank0 / "step0.h5")
     with h5py.File(rank0 / "step5.h5", "r+") as f:  # as the writer marks a step cut short
         f.attrs["status"] = "interrupted"
         f.attrs["status_reason"] = "KeyboardInterrupt"
