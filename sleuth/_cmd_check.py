@@ -137,7 +137,9 @@ def _run(args: argparse.Namespace) -> int:
         for s in origin.get("skipped_values") or []:
             print(f"  passed over {s['name']} ({s['values']}): {s['why']}")
     elif args.first_nan and cov["read"]:
-        print("no NaN or Inf in the steps that were read")
+        print("no NaN or Inf origin in the steps that were read (values a later op absorbs, "
+              "like a causal mask's -inf before softmax, and nan_allow records are passed "
+              "over)")
     if hits is not None and cov["read"]:
         if not n:
             print("no watchpoint hit in the steps that were read")

@@ -101,21 +101,52 @@ class StepOrigin:
     def absorbed(self, rec: dict) -> bool:
         """True when every later call that reads `rec`'s values makes only finite (or again
         absorbed) floating outputs; False when nothing dumped reads them."""
-        later = [c for c in self.readers.get(_sig(rec), ())
-                 if int(c["seq"]) > int(rec["seq"]) and _call(c) != _call(rec)]
+        later = self._later_readers(rec)
         return bool(later) and all(self._call_absorbs(_call(c)) for c in later)
 
-    def _call_absorbs(self, key: str) -> bool:
-        if key in self._absorbs:
-            return self._absorbs[key]
-        self._absorbs[key] = False  # a value read again by its own call absorbs nothing
+    def _later_readers(self, rec: dict) -> list[dict]:
+        return [c for c in self.readers.get(_sig(rec), ())
+                if int(c["seq"]) > int(rec["seq"]) and _call(c) != _call(rec)]
+
+    def _needs(self, key: str) -> list[str] | None:
+        """The reader calls whose absorbing decides whether call `key` absorbs what it read;
+        None when it cannot (no floating output, a shape-only op, an output nothing reads)."""
         produced = self.calls[key]["produced"]
-        op = produced[0]["op"] if produced else ""
-        floats = [p for p in produced if str(p["dtype"]).startswith(_FLOAT)]
-        ok = (bool(floats) and op not in _SHAPE_ONLY
-              and all(self.absorbed(p) for p in produced if nonfinite(p)))
-        self._absorbs[key] = ok
-        return ok
+        if (not any(str(p["dtype"]).startswith(_FLOAT) for p in produced)
+                or produced[0]["op"] in _SHAPE_ONLY):
+            return None
+        needs: list[str] = []
+        for p in produced:
+            if nonfinite(p):
+                later = self._later_readers(p)
+                if not later:
+                    return None
+                needs += [_call(c) for c in later]
+        return needs
+
+    def _call_absorbs(self, key: str) -> bool:
+        """Whether call `key` absorbs the non-finite values it read, by a depth-first walk over
+        the calls that read its outputs (iterative: chains run through hundreds of ops)."""
+        stack, open_ = [key], set()
+        while stack:
+            k = stack[-1]
+            if k in self._absorbs:
+                stack.pop()
+                continue
+            needs = self._needs(k)
+            if needs is None or any(self._absorbs.get(n) is False for n in needs):
+                self._absorbs[k] = False
+                stack.pop()
+                continue
+            todo = [n for n in needs if n not in self._absorbs and n not in open_]
+            if todo and k not in open_:
+                open_.add(k)
+                stack += todo
+                continue
+            self._absorbs[k] = all(self._absorbs.get(n, False) for n in needs)
+            open_.discard(k)
+            stack.pop()
+        return self._absorbs[key]
 
     # -- search --------------------------------------------------------------------------------
     def find(self) -> dict[str, Any] | None:
@@ -157,6 +188,10 @@ class StepOrigin:
             call = self.calls[_call(r)]
             if not inputs and self._write(call) is r:
                 return self._origin(r, "in_place_write")
+            if inputs:
+                return self._origin(r, "computed", why=(
+                    "its only non-finite inputs are values passed over ("
+                    + ", ".join(c["name"] for c in inputs) + "), its output is not finite"))
             return self._origin(r, "computed" if call["consumed"] else "no_inputs")
         return None
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import tracer
 from sleuth.cli import main
 from tracer._check import first_nan_origin
+from tracer._origin import StepOrigin
 from test_diff_synthetic import rec, write_step
 
 
@@ -196,3 +197,40 @@ def test_nan_allow_from_config_and_cli(tmp_path, capsys):
     assert first_nan_origin(run)["name"] == "out::aten.mul.forward.0.output.0"
     with pytest.raises(tracer.ConfigError, match="nan_allow: expected a list"):
         tracer.DumpConfig(nan_allow=[3])
+
+
+def test_nan_in_the_batch_comes_from_outside(tmp_path):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = torch.randn(3, 2, 4)
+    batches[2, 1, 3] = float("nan")  # bad data, loaded before the run
+    with tracer.Dumper(model, {"path": str(tmp_path), "level": "op", "writer": "sync"}):
+        for step in range(3):
+            x = batches[step]  # the bad batch enters
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    o = first_nan_origin(tmp_path)
+    assert (o["kind"], o["step"], o["module"]) == ("from_outside", 2, "<none>")
+    assert o["name"] == "<none>::aten.select.forward.0.input.0"
+    assert o["source"] == _line("the bad batch enters") and "the batch" in o["why"]
+
+
+def test_long_chains_need_no_recursion():
+    """A -inf carried through 3000 ops to softmax is absorbed; without softmax it is not."""
+    def row(seq, call, direction, neginf, checksum, op="aten.add"):
+        return dict(name=f"c{call}::{op}.forward.0.{direction}.0", module=f"c{call}", op=op,
+                    phase="forward", direction=direction, index=0, dtype="float32", numel=4,
+                    nan=0, posinf=0, neginf=neginf, checksum=checksum, source="m.py:1",
+                    seq=seq)
+
+    recs = [row(0, "a", "input", 0, 1), row(1, "a", "output", 1, 100)]
+    for i in range(3000):
+        recs += [row(len(recs), i, "input", 1, 100 + i), row(len(recs) + 1, i, "output", 1,
+                                                             101 + i)]
+    recs += [row(len(recs), "s", "input", 1, 3100, "aten._softmax"),
+             row(len(recs) + 1, "s", "output", 0, 7, "aten._softmax")]
+    assert StepOrigin(recs).find() is None
+    recs[-1]["neginf"] = 1  # softmax lets it through: the first -inf counts
+    assert StepOrigin(recs).find()["name"] == "ca::aten.add.forward.0.output.0"
