@@ -111,7 +111,9 @@ def _ls(args: argparse.Namespace) -> int:
         print(_table(rows))
     for r in bad:
         reason = r["reason"] or "no reason recorded"
-        print(f"{r['path']}: {reason if reason.startswith(r['status']) else r['status'] + ': ' + reason}")
+        if not reason.startswith(r["status"]):
+            reason = f"{r['status']}: {reason}"
+        print(f"{r['path']}: {reason}")
     if bad:
         print(f"{len(bad)} of {len(rows)} step file(s) not complete", file=sys.stderr)
     return 1 if bad else 0

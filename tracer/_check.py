@@ -145,10 +145,10 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
                    "file_bytes": path.stat().st_size, "status": "complete", "reason": "",
                    "path": str(path)}
             try:
-                one = Dump({(r, s): path}, [], path)
-                row.update(one.summary().iloc[0].to_dict())
-                row["status"], row["reason"] = step_status(one.attrs(r, s))
-                one.stats(r, s)
+                with Dump({(r, s): path}, [], path) as one:  # one file: its errors alone
+                    row.update(one.summary().iloc[0].to_dict())
+                    row["status"], row["reason"] = step_status(one.attrs(r, s))
+                    one.stats(r, s)
             except _READ_ERRORS as e:
                 row["status"], row["reason"] = "damaged", f"{type(e).__name__}: {e}"
             row.pop("complete", None)
