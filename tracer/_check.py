@@ -38,11 +38,6 @@ class Coverage:
     interrupted: list[dict] = field(default_factory=list)
     """{path, rank, step, reason} of each step file written with a status other than complete."""
 
-    @property
-    def complete(self) -> bool:
-        """True when something was read and every selected file was read."""
-        return self.read > 0 and not self.unread
-
     def unread_before(self, step: int) -> list[dict]:
         """Unread files that may hold a step up to `step` (unknown steps included)."""
         return [u for u in self.unread if u["step"] is None or u["step"] <= step]

@@ -2,6 +2,7 @@
 folders, a damaged earlier step under `--first-nan`, interrupted steps."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -75,6 +76,10 @@ def test_first_nan_names_a_damaged_earlier_step(tmp_path, capsys, damage):
     assert main(["check", str(run), "--first-nan", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["first_nan"]["unread_before"][0]["path"] == str(bad)
+    with pytest.warns(RuntimeWarning, match="skipped 1 partial or unreadable") if \
+            damage == "truncated" else contextlib.nullcontext():
+        coverage = tracer.check(run).attrs["coverage"]
+    assert coverage["read"] == 2 and [u["path"] for u in coverage["unread"]] == [str(bad)]
     assert main(["check", str(run)]) == 2  # hits listed, but not over every file
     assert "1 of 3 step file(s) could not be read" in capsys.readouterr().err
     assert main(["check", str(run), "--step", "0"]) == 0  # what was asked was all read
