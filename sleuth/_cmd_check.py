@@ -38,8 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--first-nan", action="store_true",
                    help="only locate the origin of the first NaN/Inf")
     p.add_argument("--nan-allow", action="append", metavar="PATTERN", default=[],
-                   help="records whose NaN/Inf are intended, skipped by the first-NaN search: a "
-                   "glob over record names or re:REGEX (repeatable; adds to the dump config's "
+                   help="records whose NaN/Inf are intended (a causal mask): no nan_inf hit and "
+                   "no first-NaN origin on them or on records holding the same values; a glob "
+                   "over record names or re:REGEX (repeatable; adds to the dump config's "
                    "nan_allow)")
     p.add_argument("--limit", type=int, default=20, help="hits to print (default 20)")
     p.add_argument("--csv", metavar="FILE", help="write every hit to FILE")

@@ -14,8 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from tracer._config import _as_str_tuple, _pattern_matcher
 from tracer._diff import _rows
-from tracer._origin import StepOrigin, finite_params
+from tracer._origin import StepOrigin, finite_params, nonfinite, sig
 from tracer._watch import Watcher, WatchConfig, parse_watch
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
@@ -180,7 +181,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
         rank, step: restrict to one rank / step (default: all).
         first_nan: also locate the origin of the first NaN/Inf (`df.attrs["first_nan"]`).
         nan_allow: record-name patterns (globs, "re:REGEX") whose non-finite values are
-            intended, added to the dump config's `nan_allow` (first-NaN search only).
+            intended, added to the dump config's `nan_allow`: no nan_inf hit, no origin.
 
     Returns:
         DataFrame of hits (columns HIT_COLUMNS), in rank, step, execution order. Hits recorded
@@ -201,6 +202,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
     rows: list[dict] = []
     watchers: dict[int, Watcher] = {}  # one per rank: weight conditions look across steps
     coverage = Coverage()
+    patterns = _as_str_tuple("nan_allow", list(nan_allow))
     for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step):
         points = explicit
         if points is None:
@@ -209,11 +211,15 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
                 points.append(WatchConfig(condition="nan_inf"))
         watcher = watchers.setdefault(r, Watcher(points))
         watcher.watch = points
+        recs = _rows(df)
+        allowed = _allowed_names(recs, _allow(patterns, attrs))
         seen = set()
-        for rec in _rows(df):
+        for rec in recs:
             rec["step"] = s
             for _, hit in watcher.check(rec):
                 seen.add((int(rec["seq"]), hit["condition"]))
+                if hit["condition"] == "nan_inf" and rec["name"] in allowed:
+                    continue  # intended non-finite values (nan_allow)
                 rows.append({"rank": r, "step": s, "seq": int(rec["seq"]), "name": rec["name"],
                              "module": rec["module"], "op": rec["op"], "phase": rec["phase"],
                              "direction": rec["direction"], "source": rec["source"],
@@ -228,7 +234,8 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
         if len(live):
             by_seq = df.set_index("seq")
             for h in live.to_dict("records"):
-                if (int(h["seq"]), h["condition"]) in seen:
+                if (int(h["seq"]), h["condition"]) in seen or (
+                        h["condition"] == "nan_inf" and h["name"] in allowed):
                     continue
                 rec = by_seq.loc[int(h["seq"])] if int(h["seq"]) in by_seq.index else {}
                 rows.append({"rank": r, "step": s, "seq": int(h["seq"]), "name": h["name"],
@@ -247,7 +254,6 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
 
 # -- first NaN ------------------------------------------------------------------------------------
 def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
-    from tracer._config import _as_str_tuple, _pattern_matcher
     from tracer._reader import config_of
 
     configured = config_of(attrs).get("nan_allow") or ()
@@ -258,13 +264,18 @@ def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
     return _pattern_matcher(tuple(patterns) + configured)
 
 
+def _allowed_names(recs: list[dict], allow: Any) -> set[str]:
+    """Names of the records `allow` matches that hold NaN/Inf, and of every record holding the
+    same values (the softmax that reads an allowed mask)."""
+    sigs = {sig(r) for r in recs if nonfinite(r) and allow(str(r["name"]))}
+    return {str(r["name"]) for r in recs if sigs and nonfinite(r) and sig(r) in sigs}
+
+
 def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
                    step: int | None = None, nan_allow: Iterable[str] = ()
                    ) -> dict[str, Any] | None:
     """`first_nan_origin` on an open Dump, filling `coverage` with what it read and could not.
     The answer carries `unread_before`: unread files whose step may come before it."""
-    from tracer._config import _as_str_tuple
-
     patterns = _as_str_tuple("nan_allow", list(nan_allow))
     found: dict[str, Any] | None = None
     for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step, by_step=True):

@@ -76,8 +76,8 @@ class DumpConfig:
     watch: tuple[dict, ...] = ()
     """Watchpoints checked as records are made (see docs/dump-config.md)."""
     nan_allow: tuple[str, ...] = ()
-    """Record names whose NaN/Inf are intended (globs or "re:<regex>"): the first-NaN search
-    of `sleuth check` passes over them."""
+    """Record names whose NaN/Inf are intended (globs or "re:<regex>"): `sleuth check` passes
+    over them in the first-NaN search and counts no nan_inf hit on them."""
 
     _step_ranges: tuple[tuple[int, int], ...] | None = field(default=None, init=False, repr=False,
                                                              compare=False)

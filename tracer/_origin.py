@@ -59,7 +59,8 @@ def values(rec: dict) -> str:
     return "/".join(kinds) or "none"
 
 
-def _sig(rec: dict) -> tuple:
+def sig(rec: dict) -> tuple:
+    """What identifies a record's values: dtype, element count, NaN/Inf counts, checksum."""
     return (str(rec["dtype"]), int(rec["numel"]), int(rec["nan"]), int(rec["posinf"]),
             int(rec["neginf"]), int(rec["checksum"]))
 
@@ -93,7 +94,7 @@ class StepOrigin:
         for r in self.recs:
             self.calls.setdefault(_call(r), {"consumed": [], "produced": []})[role(r)].append(r)
             if role(r) == "consumed" and nonfinite(r):
-                self.readers.setdefault(_sig(r), []).append(r)
+                self.readers.setdefault(sig(r), []).append(r)
         self.skipped: list[dict] = []  # non-finite values passed over: absorbed or allowed
         self._absorbs: dict[str, bool] = {}
 
@@ -105,7 +106,7 @@ class StepOrigin:
         return bool(later) and all(self._call_absorbs(_call(c)) for c in later)
 
     def _later_readers(self, rec: dict) -> list[dict]:
-        return [c for c in self.readers.get(_sig(rec), ())
+        return [c for c in self.readers.get(sig(rec), ())
                 if int(c["seq"]) > int(rec["seq"]) and _call(c) != _call(rec)]
 
     def _needs(self, key: str) -> list[str] | None:
@@ -157,29 +158,29 @@ class StepOrigin:
         for r in self.recs:
             if not nonfinite(r):
                 continue
-            sig = _sig(r)
+            value = sig(r)
             if self.allow(str(r["name"])):
-                harmless.add(sig)
-                seen.add(sig)
+                harmless.add(value)
+                seen.add(value)
                 self._skip(r, "allowed by nan_allow")
                 continue
             if role(r) == "consumed":
-                if sig in seen:
+                if value in seen:
                     continue  # made earlier in this step
-                seen.add(sig)
+                seen.add(value)
                 if self._call_absorbs(_call(r)):
-                    harmless.add(sig)
+                    harmless.add(value)
                     self._skip(r, f"absorbed by {_call(r)}")
                     continue
                 return self._entry(r)
-            seen.add(sig)
+            seen.add(value)
             inputs = [c for c in self.calls[_call(r)]["consumed"] if nonfinite(c)]
-            if any(_sig(c) not in harmless for c in inputs):
+            if any(sig(c) not in harmless for c in inputs):
                 continue  # carries a non-finite value made earlier
             if self.absorbed(r):
-                harmless.add(sig)
+                harmless.add(value)
                 self._skip(r, "absorbed by " + ", ".join(sorted(
-                    {_call(c) for c in self.readers[sig] if int(c["seq"]) > int(r["seq"])})))
+                    {_call(c) for c in self.readers[value] if int(c["seq"]) > int(r["seq"])})))
                 continue
             if not r["op"] and r["phase"] == "forward":
                 weight = self._module_weight(r)
@@ -231,9 +232,9 @@ class StepOrigin:
         """The optimizer `param` record holding the same values as `rec` (or `rec` itself)."""
         if rec["phase"] == "optimizer" and rec["direction"] == "param":
             return rec
-        sig = _sig(rec)
+        value = sig(rec)
         for r in self.recs:
-            if r["phase"] == "optimizer" and r["direction"] == "param" and _sig(r) == sig:
+            if r["phase"] == "optimizer" and r["direction"] == "param" and sig(r) == value:
                 return r
         return None
 
