@@ -148,6 +148,7 @@ def _show(args: argparse.Namespace) -> int:
     import re
 
     import tracer
+    from tracer._check import _READ_ERRORS
 
     d = _open(args.path)
     rank = args.rank if args.rank is not None else (d.ranks[0] if d.ranks else 0)
@@ -163,6 +164,10 @@ def _show(args: argparse.Namespace) -> int:
         hits = d.hits(rank, step)
     except tracer.TracerError as e:
         raise CliError(str(e)) from e
+    except _READ_ERRORS as e:
+        raise CliError(f"{d.path(rank, step)} is damaged: its tables do not read "
+                       f"({type(e).__name__}: {e}); `sleuth dump ls` shows each file's "
+                       f"status") from e
     if args.filter:
         if args.filter.startswith("re:"):
             try:

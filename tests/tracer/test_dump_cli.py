@@ -89,6 +89,8 @@ def test_ls_marks_damaged_interrupted_and_truncated(run, capsys):
     assert f"{rank0 / 'step5.h5'}: interrupted: KeyboardInterrupt" in out
     assert f"{rank0 / 'step0.h5'}: damaged: UnicodeDecodeError" in out
     assert "truncated file" in out
+    assert main(["dump", "show", str(run), "--step", "0"]) == 2
+    assert f"{rank0 / 'step0.h5'} is damaged" in capsys.readouterr().err
 
 
 def test_show_filter_and_hits(run, capsys):
