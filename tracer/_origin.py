@@ -259,11 +259,13 @@ class StepOrigin:
                     "before), so it was changed during this step")
         else:
             when = "it was already non-finite at the step before"
-        seen = f"first seen by {first['name']} at {first['source'] or 'unknown source'}"
+        seen = (f"it was non-finite by the time of {first['name']} (at "
+                f"{first['source'] or 'unknown source'}), the first record to show it")
         found = self._origin(param, "weight", why=(
             f"parameter {scope} holds {values(param)} when the optimizer reads it; {when}; "
-            f"{seen}; no dumped call wrote it: an in-place write outside any module (like "
-            f"`w[...] = nan` or `fill_`) or a load; dump at level op or mix for the op and line"))
+            f"{seen}; no dumped call made it: an in-place write that module hooks do not see "
+            f"(like `w[0, 0] = nan` or `fill_` in the loop, outside any module's forward) or a "
+            f"load changed it; dump at level op or mix for the op and line"))
         found.update(source="", first_seen=first["name"], first_seen_source=first["source"])
         return found
 
