@@ -1,12 +1,16 @@
 """`sleuth check RUN`: evaluate watchpoints on a dump and locate the first NaN/Inf.
 
-Exit codes: 0 nothing found, 1 a watchpoint hit (or a NaN/Inf origin found), 2 error.
+Exit codes: 0 nothing found in a dump read completely, 1 a watchpoint hit (or a NaN/Inf origin
+found), 2 error, or not everything could be read (partial, unreadable, truncated or damaged
+files, nothing to read), or nothing found while a step was interrupted: never "clean" on data
+that was not all there.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "weight change, gradient explosion/vanishing, unchanged weights) on every record of a "
         "dump, and name the first record whose outputs are NaN/Inf while its inputs are finite. "
         "Conditions: --condition nan_inf --condition max_abs_gt=1e4 --condition "
-        "out_of_range=-10:10 --condition grad_explode=100. Exit code 0 clean, 1 hits, 2 error.",
+        "out_of_range=-10:10 --condition grad_explode=100. Exit code 0 clean, 1 hits, 2 error or "
+        "not everything could be read (each unread file is named).",
     )
     p.add_argument("path", metavar="RUN", help="run directory, dump directory or step file")
     p.add_argument("--rank", type=int, help="only this rank (default: all)")
@@ -32,6 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help='watchpoints as JSON or a JSON file: [{"condition": "nan_inf"}, ...]')
     p.add_argument("--first-nan", action="store_true",
                    help="only locate the origin of the first NaN/Inf")
+    p.add_argument("--nan-allow", action="append", metavar="PATTERN", default=[],
+                   help="records whose NaN/Inf are intended (a causal mask): no nan_inf hit and "
+                   "no first-NaN origin on them or on records holding the same values; a glob "
+                   "over record names or re:REGEX (repeatable; adds to the dump config's "
+                   "nan_allow)")
     p.add_argument("--limit", type=int, default=20, help="hits to print (default 20)")
     p.add_argument("--csv", metavar="FILE", help="write every hit to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -87,16 +97,23 @@ def _clean(v: Any) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tracer._check import check, describe_origin, first_nan_origin
+    from tracer._check import Coverage, check, describe_origin, find_first_nan
     from tracer._errors import TracerError
+    from sleuth._cmd_dump import _open
 
+    dump = _open(args.path)
     try:
         if args.first_nan:
-            origin = first_nan_origin(args.path, rank=args.rank, step=args.step)
+            coverage = Coverage()
+            origin = find_first_nan(dump, coverage, rank=args.rank, step=args.step,
+                                    nan_allow=args.nan_allow)
             hits = None
+            cov = coverage.to_dict()
         else:
-            hits = check(args.path, watch=_watch(args), rank=args.rank, step=args.step)
+            hits = check(dump, watch=_watch(args), rank=args.rank,
+                               step=args.step, nan_allow=args.nan_allow)
             origin = hits.attrs.get("first_nan")
+            cov = hits.attrs["coverage"]
     except TracerError as e:
         raise CliError(str(e)) from e
     n = 0 if hits is None else len(hits)
@@ -106,20 +123,27 @@ def _run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise CliError(f"cannot write {args.csv}: {e}") from e
     found = bool(n) or origin is not None
+    code, verdict = _verdict(args, found, origin, cov)
     if args.json:
-        out = {"status": "hit" if found else "clean",
+        out = {"status": {0: "clean", 1: "hit", 2: "incomplete"}[code], "found": found,
+               "verdict": verdict, "read": cov["read"], "unread": cov["unread"],
+               "interrupted": cov["interrupted"],
                "first_nan": {k: _clean(v) for k, v in origin.items()} if origin else None}
         if hits is not None:
             out["hits"] = [{k: _clean(v) for k, v in h.items()} for h in hits.to_dict("records")]
         print(json.dumps(out, allow_nan=False))
-        return 1 if found else 0
+        return code
     if origin is not None:
         print(describe_origin(origin))
-    elif args.first_nan:
-        print("no NaN or Inf in the dump")
-    if hits is not None:
+        for s in origin.get("skipped_values") or []:
+            print(f"  passed over {s['name']} ({s['values']}): {s['why']}")
+    elif args.first_nan and cov["read"]:
+        print("no NaN or Inf origin in the steps that were read (values a later op absorbs, "
+              "like a causal mask's -inf before softmax, and nan_allow records are passed "
+              "over)")
+    if hits is not None and cov["read"]:
         if not n:
-            print("no watchpoint hit")
+            print("no watchpoint hit in the steps that were read")
         else:
             by = hits["condition"].value_counts()
             print(f"{n} watchpoint hits: " + ", ".join(f"{c} {k}" for c, k in by.items()))
@@ -130,4 +154,36 @@ def _run(args: argparse.Namespace) -> int:
                       f"{h['source'] or '-'})")
             if n > args.limit:
                 print(f"  ... {n - args.limit} more (--limit, --csv)")
-    return 1 if found else 0
+    for i in cov["interrupted"]:
+        print(f"step {i['step']} rank {i['rank']} is {i['status']} "
+              f"({i['reason'] or 'no reason recorded'}): searched, records up to the stop")
+    for u in cov["unread"]:
+        print(f"not read: {u['path']}: {u['reason']}")
+    if code == 2:
+        print(f"sleuth check: {verdict}", file=sys.stderr)
+    return code
+
+
+def _verdict(args: argparse.Namespace, found: bool, origin: dict | None,
+             cov: dict[str, Any]) -> tuple[int, str]:
+    """The exit code and, when it is 2, why: nothing is called clean on data not all read."""
+    unread, read = cov["unread"], cov["read"]
+    if not read:
+        what = (f"{len(unread)} file(s) could not be read" if unread
+                else f"no step file under {args.path}")
+        return 2, f"nothing was read: {what}; nothing was checked"
+    if args.first_nan and origin is not None:
+        before = origin.get("unread_before") or []
+        if before:
+            return 2, (f"the origin may lie in {len(before)} earlier step file(s) that could not "
+                       f"be read: {', '.join(u['path'] for u in before)}")
+        return 1, "origin found"
+    if unread:
+        return 2, (f"{len(unread)} of {read + len(unread)} step file(s) could not be read; the "
+                   f"answer covers only the rest")
+    if found:
+        return 1, "found"
+    if cov["interrupted"]:
+        return 2, (f"nothing found, but {len(cov['interrupted'])} step(s) were interrupted: "
+                   f"their records stop early, so the dump is not called clean")
+    return 0, "clean"

@@ -20,7 +20,10 @@ def register(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="dump_command", metavar="ACTION")
     ls = sub.add_parser("ls", help="ranks, steps, record counts and sizes",
                         description="One line per step file: rank, step, records, tensor bytes, "
-                        "file size; partial files left by a crash are listed apart.")
+                        "file size and status: complete, interrupted (the run stopped in "
+                        "that step), damaged (its records table does not read), partial "
+                        "(being written, or left by a crash) or unreadable. Exit code 0 when "
+                        "every file is complete, 1 when one is not, 2 on error.")
     ls.add_argument("path", metavar="RUN")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(run=_ls)
@@ -53,6 +56,26 @@ def _open(path: str):
             return tracer.open_dump(path)
         except tracer.TracerError as e:
             raise CliError(str(e)) from e
+        except (OSError, KeyError, ValueError) as e:  # HDF5 metadata that does not read
+            raise CliError(f"cannot open the dump at {path}: {_damaged(path)} ({e}); move "
+                           f"the damaged file(s) aside to read the others") from e
+
+
+def _damaged(path: str) -> str:
+    """Which step files under `path` fail to open or to show their root attributes."""
+    from pathlib import Path
+
+    import h5py
+
+    p = Path(path)
+    bad = []
+    for f in ([p] if p.is_file() else sorted(p.rglob("step*.h5"))):
+        try:
+            with h5py.File(f, "r") as h:
+                dict(h.attrs)
+        except (OSError, KeyError, ValueError):
+            bad.append(str(f))
+    return ("damaged: " + ", ".join(bad)) if bad else "a file is damaged"
 
 
 def _human(n: int) -> str:
@@ -67,30 +90,48 @@ def _human(n: int) -> str:
 def _ls(args: argparse.Namespace) -> int:
     import json
 
-    import tracer
+    from tracer._check import file_rows
 
     d = _open(args.path)
-    try:
-        table = d.summary()
-    except tracer.TracerError as e:
-        raise CliError(str(e)) from e
+    rows = sorted(file_rows(d), key=lambda r: (r["rank"] is None, r["rank"] or 0,
+                                                r["step"] is None, r["step"] or 0))
+    bad = [r for r in rows if r["status"] != "complete"]
     if args.json:
-        out = {"root": str(d.root), "ranks": d.ranks,
-               "files": json.loads(table.to_json(orient="records", double_precision=15)),
-               "skipped": [{"path": p, "reason": r} for p, r in d.skipped]}
+        out = {"root": str(d.root), "ranks": d.ranks, "files": rows,
+               "skipped": [{"path": p, "reason": r} for p, r in d.skipped],
+               "not_complete": len(bad)}
         print(json.dumps(out, indent=2))
-        return 0
-    print(f"dump {d.root}: {len(d.ranks)} rank(s), {len(table)} step file(s), "
-          f"{_human(int(table.file_bytes.sum()) if len(table) else 0)}")
-    if len(table):
-        print(_captured(d, int(table["rank"].iloc[0]), int(table["step"].iloc[0])))
-        shown = table.drop(columns=["path"]).assign(
-            tensor_bytes=table.tensor_bytes.map(_human), file_bytes=table.file_bytes.map(_human),
-            complete=table.complete.map({True: "yes", False: "no (closed mid-step)"}))
-        print(shown.to_string(index=False))
-    for path, reason in d.skipped:
-        print(f"skipped {path}: {reason}")
-    return 0
+        return 1 if bad else 0
+    total = sum(r["file_bytes"] or 0 for r in rows)
+    print(f"dump {d.root}: {len(d.ranks)} rank(s), {len(rows)} step file(s), {_human(total)}")
+    readable = [r for r in rows if r["records"] is not None]
+    if readable:
+        print(_captured(d, readable[0]["rank"], readable[0]["step"]))
+    if rows:
+        print(_table(rows))
+    for r in bad:
+        reason = r["reason"] or "no reason recorded"
+        if not reason.startswith(r["status"]):
+            reason = f"{r['status']}: {reason}"
+        print(f"{r['path']}: {reason}")
+    if bad:
+        print(f"{len(bad)} of {len(rows)} step file(s) not complete", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _table(rows: list[dict]) -> str:
+    import pandas as pd
+
+    def cell(v: Any, fmt=str) -> str:
+        return "?" if v is None else fmt(v)
+
+    shown = pd.DataFrame({
+        "rank": [cell(r["rank"]) for r in rows], "step": [cell(r["step"]) for r in rows],
+        "records": [cell(r["records"]) for r in rows],
+        "tensor_bytes": [cell(r["tensor_bytes"], _human) for r in rows],
+        "file_bytes": [cell(r["file_bytes"], _human) for r in rows],
+        "status": [r["status"] for r in rows]})
+    return shown.to_string(index=False)
 
 
 def _captured(d, rank: int, step: int) -> str:
@@ -107,6 +148,7 @@ def _show(args: argparse.Namespace) -> int:
     import re
 
     import tracer
+    from tracer._check import _READ_ERRORS
 
     d = _open(args.path)
     rank = args.rank if args.rank is not None else (d.ranks[0] if d.ranks else 0)
@@ -122,6 +164,10 @@ def _show(args: argparse.Namespace) -> int:
         hits = d.hits(rank, step)
     except tracer.TracerError as e:
         raise CliError(str(e)) from e
+    except _READ_ERRORS as e:
+        raise CliError(f"{d.path(rank, step)} is damaged: its tables do not read "
+                       f"({type(e).__name__}: {e}); `sleuth dump ls` shows each file's "
+                       f"status") from e
     if args.filter:
         if args.filter.startswith("re:"):
             try:

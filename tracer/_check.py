@@ -1,95 +1,241 @@
-"""`tracer.check`: watchpoints evaluated offline on a dump, and the origin of the first NaN.
+"""`tracer.check`: watchpoints evaluated offline on a dump, the origin of the first NaN, and an
+account of what was read.
 
 Both read only the statistics tables (no tensor bytes), step by step, so they run on dumps of
-any size and in either dump mode.
+any size and in either dump mode. Nothing here is called clean unless every selected step file
+was read: files that are partial, unreadable, truncated or damaged are collected in a `Coverage`
+with the reason, and interrupted steps (root attribute `status`) are searched and named.
 """
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
 
+from tracer._config import _as_str_tuple, _pattern_matcher
 from tracer._diff import _rows
+from tracer._origin import StepOrigin, finite_params, nonfinite, sig
 from tracer._watch import Watcher, WatchConfig, parse_watch
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
                "condition", "value", "origin")
+_RANK_DIR = re.compile(r"^rank(\d+)$")
+_STEP_FILE = re.compile(r"^step(\d+)\.h5(?:\.partial)?$")
+# what a damaged HDF5 file raises while its tables are read (h5py and the decode of names)
+_READ_ERRORS = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
 
 
-def _selected(dump: Any, rank: int | None, step: int | None) -> list[tuple[int, int]]:
+@dataclass
+class Coverage:
+    """What a check read: step files read, files it could not read, interrupted steps."""
+
+    read: int = 0
+    """Step files whose /records table was read completely."""
+    unread: list[dict] = field(default_factory=list)
+    """{path, rank, step, reason} of each selected file that could not be read (rank/step None
+    when the file name does not say)."""
+    interrupted: list[dict] = field(default_factory=list)
+    """{path, rank, step, reason} of each step file written with a status other than complete."""
+
+    def unread_before(self, step: int) -> list[dict]:
+        """Unread files that may hold a step up to `step` (unknown steps included)."""
+        return [u for u in self.unread if u["step"] is None or u["step"] <= step]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"read": self.read, "unread": list(self.unread),
+                "interrupted": list(self.interrupted)}
+
+
+def step_status(attrs: dict[str, Any]) -> tuple[str, str]:
+    """(status, reason) of a step file: its `status` and `status_reason` attributes; files
+    without them are "complete", or "interrupted" when `complete` is 0."""
+    status = attrs.get("status")
+    if isinstance(status, bytes):
+        status = status.decode("utf-8", "replace")
+    if status:
+        reason = attrs.get("status_reason") or ""
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        return str(status), str(reason)
+    if not int(attrs.get("complete", 1)):
+        return "interrupted", "closed before the step ended"
+    return "complete", ""
+
+
+def _place(path: str) -> tuple[int | None, int | None]:
+    """(rank, step) a file's path names: .../rank{R}/step{S}.h5[.partial]."""
+    head, name = os.path.split(path)
+    m, d = _STEP_FILE.match(name), _RANK_DIR.match(os.path.basename(head))
+    return (int(d.group(1)) if d else None), (int(m.group(1)) if m else None)
+
+
+def _unread(dump: Any, rank: int | None, step: int | None) -> list[dict]:
+    out = []
+    for path, reason in dump.skipped:
+        r, s = _place(path)
+        if (rank is None or r in (rank, None)) and (step is None or s in (step, None)):
+            out.append({"path": path, "rank": r, "step": s, "reason": reason})
+    return out
+
+
+def _selected(dump: Any, rank: int | None, step: int | None,
+              unread: list[dict] = ()) -> list[tuple[int, int]]:
     from tracer._errors import DumpFormatError
 
     ranks = dump.ranks if rank is None else [rank]
     out = []
     for r in ranks:
         if r not in dump.ranks:
+            if any(u["rank"] in (r, None) for u in unread):
+                continue  # its files are all unread: reported as such, not as a wrong rank
             raise DumpFormatError(f"no rank {r} in the dump; ranks: {dump.ranks}")
         steps = dump.steps(r) if step is None else [step]
         for s in steps:
+            if s not in dump.steps(r) and any(u["step"] in (s, None) for u in unread):
+                continue
             dump.path(r, s)  # raises, naming what exists, when the step is missing
             out.append((r, s))
     return out
 
 
-def _configured_watch(dump: Any, rank: int, step: int) -> list[WatchConfig]:
+def read_steps(dump: Any, coverage: Coverage, *, rank: int | None = None,
+               step: int | None = None, by_step: bool = False
+               ) -> Iterator[tuple[int, int, Any, dict[str, Any]]]:
+    """(rank, step, statistics DataFrame, root attributes) of each selected, readable step file,
+    rank by rank (or step by step with `by_step`). Files that cannot be read, and interrupted
+    steps, are added to `coverage`."""
+    coverage.unread += _unread(dump, rank, step)
+    selected = _selected(dump, rank, step, coverage.unread)
+    if by_step:
+        selected.sort(key=lambda rs: (rs[1], rs[0]))
+    for r, s in selected:
+        path = str(dump.path(r, s))
+        try:
+            attrs = dump.attrs(r, s)
+            df = dump.stats(r, s)
+        except _READ_ERRORS as e:
+            coverage.unread.append({"path": path, "rank": r, "step": s,
+                                    "reason": f"damaged: {type(e).__name__}: {e}"})
+            continue
+        status, reason = step_status(attrs)
+        if status != "complete":
+            coverage.interrupted.append({"path": path, "rank": r, "step": s, "status": status,
+                                         "reason": reason})
+        coverage.read += 1
+        yield r, s, df, attrs
+
+
+def file_rows(dump: Any) -> list[dict[str, Any]]:
+    """One row per step file of a dump, unread ones included: rank, step, records,
+    tensor_bytes, file_bytes, status ("complete", "interrupted", "damaged", "partial",
+    "unreadable"), reason, path. Each /records table is read, so damage shows here."""
+    from tracer._reader import Dump
+
+    rows = []
+    for r in dump.ranks:
+        for s in dump.steps(r):
+            path = dump.path(r, s)
+            row = {"rank": r, "step": s, "records": None, "tensor_bytes": None,
+                   "file_bytes": path.stat().st_size, "status": "complete", "reason": "",
+                   "path": str(path)}
+            try:
+                with Dump({(r, s): path}, [], path) as one:  # one file: its errors alone
+                    row.update(one.summary().iloc[0].to_dict())
+                    row["status"], row["reason"] = step_status(one.attrs(r, s))
+                    one.stats(r, s)
+            except _READ_ERRORS as e:
+                row["status"], row["reason"] = "damaged", f"{type(e).__name__}: {e}"
+            row.pop("complete", None)
+            rows.append(row)
+    for u in _unread(dump, None, None):
+        partial = u["path"].endswith(".partial")
+        try:
+            size = os.path.getsize(u["path"])
+        except OSError:
+            size = None
+        rows.append({"rank": u["rank"], "step": u["step"], "records": None, "tensor_bytes": None,
+                     "file_bytes": size, "status": "partial" if partial else "unreadable",
+                     "reason": u["reason"], "path": u["path"]})
+    return rows
+
+
+def _configured_watch(attrs: dict[str, Any]) -> list[WatchConfig]:
     try:
-        config = json.loads(dump.attrs(rank, step).get("config") or "{}")
+        config = json.loads(attrs.get("config") or "{}")
     except (ValueError, TypeError):
         return []
     return parse_watch(config.get("watch") or [])
 
 
 def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None = None,
-          rank: int | None = None, step: int | None = None, first_nan: bool = True) -> Any:
+          rank: int | None = None, step: int | None = None, first_nan: bool = True,
+          nan_allow: Iterable[str] = ()) -> Any:
     """Evaluate watchpoints on every record of a dump (statistics only).
 
     Args:
-        path: run directory, dump directory or step file.
+        path: run directory, dump directory or step file (or an open Dump).
         watch: watchpoints (WatchConfig or dicts like {"condition": "nan_inf"}); None uses the
             dump config's `watch` list plus nan_inf.
         rank, step: restrict to one rank / step (default: all).
         first_nan: also locate the origin of the first NaN/Inf (`df.attrs["first_nan"]`).
+        nan_allow: record-name patterns (globs, "re:REGEX") whose non-finite values are
+            intended, added to the dump config's `nan_allow`: no nan_inf hit, no origin.
 
     Returns:
         DataFrame of hits (columns HIT_COLUMNS), in rank, step, execution order. Hits recorded
         live in the dump's /hits are included (origin "live") unless the same hit was found
-        offline. `df.attrs["first_nan"]` holds `first_nan()`'s answer (or None).
+        offline. `df.attrs["first_nan"]` holds `first_nan_origin()`'s answer (or None) and
+        `df.attrs["coverage"]` the `Coverage.to_dict()` of what was read and what was not.
 
     Raises:
-        DumpFormatError for a missing dump, rank or step; ConfigError for a bad watchpoint.
+        DumpFormatError for a missing dump, rank or step; ConfigError for a bad watchpoint or
+        pattern.
     """
     import pandas as pd
 
     from tracer._reader import open_dump
 
-    dump = open_dump(path)
+    dump = path if hasattr(path, "stats") else open_dump(path)
     explicit = parse_watch(list(watch)) if watch is not None else None
     rows: list[dict] = []
     watchers: dict[int, Watcher] = {}  # one per rank: weight conditions look across steps
-    for r, s in _selected(dump, rank, step):
+    coverage = Coverage()
+    patterns = _as_str_tuple("nan_allow", list(nan_allow))
+    for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step):
         points = explicit
         if points is None:
-            points = _configured_watch(dump, r, s)
+            points = _configured_watch(attrs)
             if not any(w.condition == "nan_inf" for w in points):
                 points.append(WatchConfig(condition="nan_inf"))
         watcher = watchers.setdefault(r, Watcher(points))
         watcher.watch = points
-        df = dump.stats(r, s)
+        recs = _rows(df)
+        allowed = _allowed_names(recs, _allow(patterns, attrs))
         seen = set()
-        for rec in _rows(df):
+        for rec in recs:
             rec["step"] = s
             for _, hit in watcher.check(rec):
                 seen.add((int(rec["seq"]), hit["condition"]))
+                if hit["condition"] == "nan_inf" and rec["name"] in allowed:
+                    continue  # intended non-finite values (nan_allow)
                 rows.append({"rank": r, "step": s, "seq": int(rec["seq"]), "name": rec["name"],
                              "module": rec["module"], "op": rec["op"], "phase": rec["phase"],
                              "direction": rec["direction"], "source": rec["source"],
                              "condition": hit["condition"], "value": hit["value"],
                              "origin": "offline"})
-        live = dump.hits(r, s)
+        try:
+            live = dump.hits(r, s)
+        except _READ_ERRORS as e:
+            coverage.unread.append({"path": str(dump.path(r, s)), "rank": r, "step": s,
+                                    "reason": f"damaged /hits table: {type(e).__name__}: {e}"})
+            continue
         if len(live):
             by_seq = df.set_index("seq")
             for h in live.to_dict("records"):
-                if (int(h["seq"]), h["condition"]) in seen:
+                if (int(h["seq"]), h["condition"]) in seen or (
+                        h["condition"] == "nan_inf" and h["name"] in allowed):
                     continue
                 rec = by_seq.loc[int(h["seq"])] if int(h["seq"]) in by_seq.index else {}
                 rows.append({"rank": r, "step": s, "seq": int(h["seq"]), "name": h["name"],
@@ -100,92 +246,90 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
                              "origin": "live"})
     out = pd.DataFrame(rows, columns=list(HIT_COLUMNS))
     out = out.sort_values(["rank", "step", "seq"], kind="stable").reset_index(drop=True)
-    out.attrs["first_nan"] = first_nan_origin(dump, rank=rank, step=step) if first_nan else None
+    out.attrs["first_nan"] = (find_first_nan(dump, Coverage(), rank=rank, step=step,
+                                             nan_allow=nan_allow) if first_nan else None)
+    out.attrs["coverage"] = coverage.to_dict()
     return out
 
 
 # -- first NaN ------------------------------------------------------------------------------------
-def _nonfinite(rec: dict) -> bool:
-    return int(rec["nan"]) + int(rec["posinf"]) + int(rec["neginf"]) > 0
+def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
+    from tracer._reader import config_of
+
+    configured = config_of(attrs).get("nan_allow") or ()
+    try:
+        configured = _as_str_tuple("nan_allow", configured)
+    except ValueError:
+        configured = ()  # a file's own bad config never stops a check; the CLI's patterns do
+    return _pattern_matcher(tuple(patterns) + configured)
 
 
-def _roles(rec: dict) -> str:
-    """'consumed' or 'produced': which tensors of a call went in and which came out."""
-    d, phase = rec["direction"], rec["phase"]
-    if rec["op"]:
-        return "consumed" if d == "input" else "produced"
-    if phase == "optimizer":
-        return "produced" if d == "update" else "consumed"
-    if phase == "backward":  # a module's backward takes grad_output and makes grad_input
-        return "consumed" if d == "output" else "produced"
-    return "consumed" if d == "input" else "produced"
+def _allowed_names(recs: list[dict], allow: Any) -> set[str]:
+    """Names of the records `allow` matches that hold NaN/Inf, and of every record holding the
+    same values (the softmax that reads an allowed mask)."""
+    sigs = {sig(r) for r in recs if nonfinite(r) and allow(str(r["name"]))}
+    return {str(r["name"]) for r in recs if sigs and nonfinite(r) and sig(r) in sigs}
 
 
-def origin_in_step(df: Any) -> dict[str, Any] | None:
-    """The first record of one step's statistics table whose call made non-finite values from
-    finite inputs, or None when the step holds no NaN/Inf."""
-    recs = sorted(_rows(df), key=lambda r: int(r["seq"]))
-    bad = [r for r in recs if _nonfinite(r)]
-    if not bad:
-        return None
-    calls: dict[str, dict[str, list[dict]]] = {}
-    for r in recs:
-        call = str(r["name"]).rsplit(".", 2)[0]  # {scope}.{phase}.{call}
-        calls.setdefault(call, {"consumed": [], "produced": []})[_roles(r)].append(r)
-    first_bad_seq = int(bad[0]["seq"])
-    for r in bad:
-        if r["phase"] == "optimizer" and r["direction"] == "param":
-            # the weight was already non-finite when the step began: an earlier step did it
-            return _origin(r, calls, "weights were non-finite when this step began")
-        group = calls[str(r["name"]).rsplit(".", 2)[0]]
-        if _roles(r) != "produced":
-            continue
-        consumed = group["consumed"]
-        if consumed and not any(_nonfinite(c) for c in consumed):
-            return _origin(r, calls, "its inputs are finite, its output is not")
-        if not consumed and int(r["seq"]) == first_bad_seq:
-            return _origin(r, calls, "first non-finite record (its inputs were not dumped)")
-    r = bad[0]  # only non-finite inputs were dumped (e.g. io="input"): the earliest one
-    return _origin(r, calls, "first non-finite record; no call with finite inputs produced it")
-
-
-def _origin(r: dict, calls: dict, why: str) -> dict[str, Any]:
-    group = calls.get(str(r["name"]).rsplit(".", 2)[0], {"consumed": []})
-    return {"name": r["name"], "module": r["module"], "op": r["op"], "phase": r["phase"],
-            "direction": r["direction"], "seq": int(r["seq"]), "source": r["source"],
-            "nan": int(r["nan"]), "posinf": int(r["posinf"]), "neginf": int(r["neginf"]),
-            "numel": int(r["numel"]), "inputs": [c["name"] for c in group["consumed"]],
-            "why": why}
-
-
-def first_nan_origin(dump_or_path: Any, *, rank: int | None = None,
-                     step: int | None = None) -> dict[str, Any] | None:
-    """Where the first NaN/Inf of a dump came from: the first record, in execution order (steps
-    ascending, then forward, backward, optimizer), whose outputs are non-finite while its inputs
-    are finite. Returns a dict (name, module, op, phase, step, rank, source, seq, counts, inputs,
-    why) or None when the dump holds no NaN/Inf. With several ranks, the earliest step wins."""
-    from tracer._reader import open_dump
-
-    dump = dump_or_path if hasattr(dump_or_path, "stats") else open_dump(dump_or_path)
-    best: dict[str, Any] | None = None
-    for r, s in _selected(dump, rank, step):
-        if best is not None and s >= best["step"]:
-            continue
-        df = dump.stats(r, s)
-        if not len(df):
+def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
+                   step: int | None = None, nan_allow: Iterable[str] = ()
+                   ) -> dict[str, Any] | None:
+    """`first_nan_origin` on an open Dump, filling `coverage` with what it read and could not.
+    The answer carries `unread_before`: unread files whose step may come before it."""
+    patterns = _as_str_tuple("nan_allow", list(nan_allow))
+    found: dict[str, Any] | None = None
+    for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step, by_step=True):
+        if found is not None and s > found["step"]:
+            break  # an earlier step already holds the origin
+        if found is not None or not len(df):
             continue
         if not ((df["nan"] > 0) | (df["posinf"] > 0) | (df["neginf"] > 0)).any():
             continue
-        found = origin_in_step(df)
-        if found is not None:
-            best = {**found, "step": s, "rank": r}
-    return best
+
+        def before(r: int = r, s: int = s) -> set[str] | None:
+            if s - 1 not in dump.steps(r):
+                return None
+            try:
+                return finite_params(_rows(dump.stats(r, s - 1)))
+            except _READ_ERRORS:
+                return None
+
+        origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
+        if origin is not None:
+            status, reason = step_status(attrs)
+            found = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason}
+    if found is not None:
+        found["unread_before"] = coverage.unread_before(found["step"])
+    return found
+
+
+def first_nan_origin(dump_or_path: Any, *, rank: int | None = None, step: int | None = None,
+                     nan_allow: Iterable[str] = ()) -> dict[str, Any] | None:
+    """Where the first NaN/Inf of a dump came from, in execution order (steps ascending, then
+    forward, backward, optimizer): the op or module that made it from finite inputs, the
+    in-place op that wrote it into a finite tensor, or the value no dumped call made
+    (tracer._origin says how). Values that a later op absorbs (a causal mask's -inf before
+    softmax) and records matching `nan_allow` (or the dump config's) are passed over.
+
+    Returns a dict (name, module, op, phase, step, rank, source, seq, counts, values, kind,
+    inputs, why, status, unread_before, ...) or None when the readable steps hold no NaN/Inf
+    that counts. With several ranks, the earliest step wins. Unread files are only listed in
+    `unread_before`; `check()` and `sleuth check` report them."""
+    from tracer._reader import open_dump
+
+    dump = dump_or_path if hasattr(dump_or_path, "stats") else open_dump(dump_or_path)
+    return find_first_nan(dump, Coverage(), rank=rank, step=step, nan_allow=nan_allow)
 
 
 def describe_origin(o: dict[str, Any]) -> str:
     """A sentence for the terminal."""
-    op = f"op {o['op']} in " if o["op"] else ""
-    counts = ", ".join(f"{o[k]} {k}" for k in ("nan", "posinf", "neginf") if o[k])
-    return (f"first NaN/Inf: {o['name']} ({op}module {o['module']}, {o['phase']}, step "
-            f"{o['step']}, rank {o['rank']}) at {o['source'] or 'unknown source'}: {counts} of "
-            f"{o['numel']} elements; {o['why']}")
+    module = "outside any module" if o["module"] in ("<none>", "") else f"module {o['module']}"
+    op = f"op {o['op']}, " if o["op"] else ""
+    counts = ", ".join(f"{o[k]} {label}" for k, label in
+                       (("nan", "NaN"), ("posinf", "+Inf"), ("neginf", "-Inf")) if o[k])
+    status = "" if o.get("status", "complete") == "complete" else \
+        f" (step {o['status']}: {o.get('status_reason') or 'no reason recorded'})"
+    where = o["source"] or "unknown source"
+    return (f"first {o.get('values', 'NaN/Inf')}: {o['name']} ({op}{module}, {o['phase']}, "
+            f"step {o['step']}{status}, rank {o['rank']}) at {where}: {counts} of {o['numel']} "
+            f"elements; {o['why']}")

@@ -82,6 +82,9 @@ class DumpConfig:
     """raise: a dump error stops the run; warn: warn once and stop dumping."""
     watch: tuple[dict, ...] = ()
     """Watchpoints checked as records are made (see docs/dump-config.md)."""
+    nan_allow: tuple[str, ...] = ()
+    """Record names whose NaN/Inf are intended (globs or "re:<regex>"): `sleuth check` passes
+    over them in the first-NaN search and counts no nan_inf hit on them."""
 
     _step_ranges: tuple[tuple[int, int], ...] | None = field(default=None, init=False, repr=False,
                                                              compare=False)
@@ -111,6 +114,7 @@ class DumpConfig:
             if f.init:
                 check_scalar(f.name, getattr(self, f.name), f.type, _RANGES.get(f.name))
         set_(self, "watch", _check_watch(self.watch))
+        set_(self, "nan_allow", _as_str_tuple("nan_allow", self.nan_allow))
         set_(self, "_module_match", _compile(self.modules, self.exclude_modules, "modules"))
         set_(self, "_op_match", _compile(self.ops, self.exclude_ops, "ops"))
         set_(self, "_module_cache", {})

@@ -34,22 +34,63 @@ def run(tmp_path: Path) -> Path:
 
 
 def test_ls(run, capsys):
-    assert main(["dump", "ls", str(run)]) == 0
+    # the partial file left by a crash is a row of its own, marked, and the exit code says so
+    assert main(["dump", "ls", str(run)]) == 1
     out = capsys.readouterr().out
-    assert "2 rank(s), 4 step file(s)" in out
+    assert "2 rank(s), 5 step file(s)" in out
     assert "captured: level module, mode full, op capture auto, writer sync" in out
-    assert "skipped" in out and "step9.h5.partial" in out
+    assert "step9.h5.partial: partial file" in out
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("0", "1"))]
-    assert [(r[0], r[1], r[2]) for r in lines] == [("0", "0", "3"), ("0", "5", "3"),
-                                                    ("1", "0", "3"), ("1", "5", "3")]
+    assert [(r[0], r[1], r[2], r[-1]) for r in lines] == [
+        ("0", "0", "3", "complete"), ("0", "5", "3", "complete"), ("0", "9", "?", "partial"),
+        ("1", "0", "3", "complete"), ("1", "5", "3", "complete")]
+    (run / "dump" / "rank0" / "step9.h5.partial").unlink()
+    assert main(["dump", "ls", str(run)]) == 0
 
 
 def test_ls_json(run, capsys):
-    assert main(["dump", "ls", str(run / "dump"), "--json"]) == 0
+    assert main(["dump", "ls", str(run / "dump"), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["ranks"] == [0, 1] and len(data["files"]) == 4
+    assert data["ranks"] == [0, 1] and len(data["files"]) == 5 and data["not_complete"] == 1
     assert data["files"][0]["tensor_bytes"] == 3 * 64 * 4
+    assert data["files"][0]["status"] == "complete"
+    assert [f["status"] for f in data["files"] if f["path"].endswith(".partial")] == ["partial"]
     assert data["skipped"][0]["path"].endswith("step9.h5.partial")
+
+
+def damage_records(path: Path) -> None:
+    """Flip bytes inside the /records table's data: the file opens, its names do not decode."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        offset, size = f["records"].id.get_offset(), f["records"].id.get_storage_size()
+    data = bytearray(path.read_bytes())
+    for i in range(offset, offset + size, 7):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_ls_marks_damaged_interrupted_and_truncated(run, capsys):
+    import h5py
+
+    rank0 = run / "dump" / "rank0"
+    damage_records(rank0 / "step0.h5")
+    with h5py.File(rank0 / "step5.h5", "r+") as f:  # as the writer marks a step cut short
+        f.attrs["status"] = "interrupted"
+        f.attrs["status_reason"] = "KeyboardInterrupt"
+    rank1 = run / "dump" / "rank1" / "step5.h5"
+    rank1.write_bytes(rank1.read_bytes()[:3000])
+    assert main(["dump", "ls", str(run)]) == 1
+    out = capsys.readouterr().out
+    rows = {(r[0], r[1]): r[-1] for r in (line.split() for line in out.splitlines())
+            if len(r) >= 6 and r[0] in ("0", "1")}
+    assert rows == {("0", "0"): "damaged", ("0", "5"): "interrupted", ("0", "9"): "partial",
+                    ("1", "0"): "complete", ("1", "5"): "unreadable"}
+    assert f"{rank0 / 'step5.h5'}: interrupted: KeyboardInterrupt" in out
+    assert f"{rank0 / 'step0.h5'}: damaged: UnicodeDecodeError" in out
+    assert "truncated file" in out
+    assert main(["dump", "show", str(run), "--step", "0"]) == 2
+    assert f"{rank0 / 'step0.h5'} is damaged" in capsys.readouterr().err
 
 
 def test_show_filter_and_hits(run, capsys):
