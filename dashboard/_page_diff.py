@@ -165,53 +165,59 @@ def register(app: Any, ctx: Context) -> None:
     @app.callback(Output("diff-body", "children"), Input("diff-a", "value"), Input("diff-b", "value"),
                   Input("diff-rank", "value"), Input("diff-step", "value"), Input("diff-b-rank", "value"),
                   Input("diff-b-step", "value"), Input("data-version", "data"))
-    def body(a, b, rank, step, b_rank, b_step, _v):
-        ra, rb = ctx.root(a), ctx.root(b)
-        if ra is None or rb is None:
-            return empty_state("choose two runs")
-        if len(ctx.runs) < 2:
-            note = "start the dashboard with two runs to compare them: `sleuth dashboard RUN_A RUN_B`"
-        else:
-            note = None
-        try:
-            result = call_diff(ra, rb, rank, step, b_rank, b_step)
-        except _data.NoData as e:
-            if _is_tracer_error(e.__cause__):  # the dumps are there but could not be compared
-                return [_error_panel(str(e)), empty_state(note) if note else None]
-            return [empty_state(str(e)), empty_state(note) if note else None]
-        except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on
-            return empty_state(f"the diff failed: {e}")
-        records = getattr(result, "records", pd.DataFrame())
-        if "verdict" in records:
-            counts = records["verdict"].value_counts().to_dict()
-        else:
-            counts = {}
-        first = getattr(result, "first_divergence", None)
-        x = first_order(first, records)
-        status = str(getattr(result, "status", "?"))
-        head = [html.Span(f"status: {status}", id="diff-status",
-                          className="sleuth-badge " + ("on" if status == "same" else "off")),
-                html.Span(" · ".join(f"{k} {v}" for k, v in counts.items()), className="sleuth-note"),
-                problems_panel(result)]
-        for s in getattr(result, "steps", None) or []:
-            if s.get("status") == "interrupted":
-                head.append(html.P(f"step {s['step']} interrupted: {s['reason']}", className="sleuth-note"))
-        if first:
-            where = " · ".join(f"{k}: {first[k]}" for k in ("name", "module", "op", "source") if first.get(k))
-            node = _data.node_name_for_record(str(first.get("name", "")))
-            head += [html.P(f"first divergence: {where}", id="diff-first")]
-            if node:
-                head.append(dcc.Link(f"show {node} in the graph of run A",
-                                     href="/graph?" + urlencode({"run": a, "node": node})))
-        metrics = plotted_metrics(records)
-        order = "order" if "order" in records else "seq"
-        fig = diff_figure(records, metrics, first=x, order=order) if metrics else empty_figure("no error metrics")
-        bad = worst(records)
-        if len(bad):
-            bad = bad.assign(**{"nan/+inf/-inf A | B": nonfinite_counts(bad)})
-        cols = [c for c in (order, "step", "name", "verdict", "nan/+inf/-inf A | B", *metrics, "source",
-                            "reason") if c in bad]
-        rows = table_records(bad, cols)
-        return [html.Div(head), dcc.Graph(id="diff-graph", figure=fig),
-                html.H3("worst records"),
-                data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]
+    def _body(a, b, rank, step, b_rank, b_step, _v):
+        return body(ctx, a, b, rank, step, b_rank, b_step)
+
+
+def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_rank: int | None,
+         b_step: int | None) -> Any:
+    """The page below the controls for runs `a` and `b` (indices into ctx.runs)."""
+    ra, rb = ctx.root(a), ctx.root(b)
+    if ra is None or rb is None:
+        return empty_state("choose two runs")
+    if len(ctx.runs) < 2:
+        note = "start the dashboard with two runs to compare them: `sleuth dashboard RUN_A RUN_B`"
+    else:
+        note = None
+    try:
+        result = call_diff(ra, rb, rank, step, b_rank, b_step)
+    except _data.NoData as e:
+        if _is_tracer_error(e.__cause__):  # the dumps are there but could not be compared
+            return [_error_panel(str(e)), empty_state(note) if note else None]
+        return [empty_state(str(e)), empty_state(note) if note else None]
+    except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on
+        return empty_state(f"the diff failed: {e}")
+    records = getattr(result, "records", pd.DataFrame())
+    if "verdict" in records:
+        counts = records["verdict"].value_counts().to_dict()
+    else:
+        counts = {}
+    first = getattr(result, "first_divergence", None)
+    x = first_order(first, records)
+    status = str(getattr(result, "status", "?"))
+    head = [html.Span(f"status: {status}", id="diff-status",
+                      className="sleuth-badge " + ("on" if status == "same" else "off")),
+            html.Span(" · ".join(f"{k} {v}" for k, v in counts.items()), className="sleuth-note"),
+            problems_panel(result)]
+    for st in getattr(result, "steps", None) or []:
+        if st.get("status") == "interrupted":
+            head.append(html.P(f"step {st['step']} interrupted: {st['reason']}", className="sleuth-note"))
+    if first:
+        where = " · ".join(f"{k}: {first[k]}" for k in ("name", "module", "op", "source") if first.get(k))
+        node = _data.node_name_for_record(str(first.get("name", "")))
+        head += [html.P(f"first divergence: {where}", id="diff-first")]
+        if node:
+            head.append(dcc.Link(f"show {node} in the graph of run A",
+                                 href="/graph?" + urlencode({"run": a, "node": node})))
+    metrics = plotted_metrics(records)
+    order = "order" if "order" in records else "seq"
+    fig = diff_figure(records, metrics, first=x, order=order) if metrics else empty_figure("no error metrics")
+    bad = worst(records)
+    if len(bad):
+        bad = bad.assign(**{"nan/+inf/-inf A | B": nonfinite_counts(bad)})
+    cols = [c for c in (order, "step", "name", "verdict", "nan/+inf/-inf A | B", *metrics, "source",
+                        "reason") if c in bad]
+    rows = table_records(bad, cols)
+    return [html.Div(head), dcc.Graph(id="diff-graph", figure=fig),
+            html.H3("worst records"),
+            data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]
