@@ -251,10 +251,10 @@ def _compare_tensor(ra: dict, rb: dict, fa: _TensorReader, fb: _TensorReader,
         count = min(CHUNK_ELEMENTS, n - start)
         xa, xb = read_a(start, count), read_b(start, count)
         equal = acc.add_raw(xa, xb, da, db, norms=n > CHUNK_ELEMENTS)
-        if fa.checksums:
-            sum_a += _bits_sum(xa, ia)
+        chunk_a = _bits_sum(xa, ia) if fa.checksums else 0
+        sum_a += chunk_a
         if fb.checksums:
-            sum_b += sum_a if equal and fa.checksums else _bits_sum(xb, ib)
+            sum_b += chunk_a if equal and fa.checksums else _bits_sum(xb, ib)
         progress(count * (ia + ib))
     # a byte flipped on disk after writing shows here, not as a (false) divergence
     if fa.checksums:

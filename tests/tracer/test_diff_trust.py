@@ -301,3 +301,19 @@ def test_table_has_steps_and_unpartnered_rows_last(tmp_path, capsys):
                                             ("0", "m::aten.mul.forward.0.output.0"),
                                             ("1", "m::aten.mul.forward.0.output.0")]
     assert body[-1][-1] == "only_b"
+
+
+def test_checksums_are_summed_chunk_by_chunk(dumps, tmp_path, monkeypatch, capsys):
+    """Tensors read in many chunks: equal dumps stay SAME, one flipped byte is still found."""
+    import tracer._diff as diff_module
+
+    monkeypatch.setattr(diff_module, "CHUNK_ELEMENTS", 5)
+    assert main(["diff", str(dumps / "a"), str(dumps / "b")]) == 0
+    run = tmp_path / "b"
+    shutil.copytree(dumps / "b", run)
+    target = run / "dump" / "rank0" / "step2.h5"
+    lay = _layout(target)
+    _flip(target, lay["tensors"] + lay["tensor_bytes"] - 3)
+    assert main(["diff", str(dumps / "a"), str(run)]) == 2
+    out = capsys.readouterr().out
+    assert str(target) in out and "do not match the checksum stored with them" in out
