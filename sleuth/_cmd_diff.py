@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("a", metavar="A", help="run directory, dump directory or step file")
     p.add_argument("b", metavar="B", help="the run to compare with")
-    p.add_argument("--step", type=int, help="step of A (default: every step both dumps hold)")
+    p.add_argument("--step", type=int, help="step of A (default: every step either dump holds; a step on one side only is a problem)")
     p.add_argument("--rank", type=int, default=0, help="rank of A (default 0)")
     p.add_argument("--b-step", type=int, help="step of B when it differs from --step")
     p.add_argument("--b-rank", type=int, help="rank of B when it differs from --rank")

@@ -6,7 +6,8 @@ accumulated chunk by chunk, so a tensor larger than RAM costs one chunk of memor
 
 Conventions (documented in docs/diff.md):
 - errors are measured on elements finite in both tensors; NaN/Inf positions that differ are
-  counted separately (`nan_diff`, `inf_diff`) and make the record diverge;
+  counted separately (`nan_diff`, `inf_diff`), make the record diverge, and set the cosine to
+  NaN and the max errors to inf (the finite rest alone would look the same);
 - relative error is symmetric: |a - b| / max(|a|, |b|) (0 where both are 0), in [0, 2];
 - an element is within tolerance when |a - b| <= atol + rtol * max(|a|, |b|).
 """
