@@ -658,13 +658,13 @@ def test_diff_reads_a_large_slice_in_bounded_chunks(tmp_path, monkeypatch):
     write_slice_runs(tmp_path, torch.randn(40, 30, generator=torch.Generator().manual_seed(10)),
                      (31, 4))
     reads: list[int] = []
-    real_read = diff_module._TensorReader.read
+    real_read = diff_module.TensorReader.read
 
     def spy(self, offset, nbytes, slot=0):
         reads.append(nbytes)
         return real_read(self, offset, nbytes, slot)
 
-    monkeypatch.setattr(diff_module._TensorReader, "read", spy)
+    monkeypatch.setattr(diff_module.TensorReader, "read", spy)
     monkeypatch.setattr(diff_module, "CHUNK_ELEMENTS", 25)  # 2.5 rows of the slice a chunk
     assert diff(tmp_path / "a", tmp_path / "b").status == "same"
     # no read of the slice spans more than the chunk's rows (4 rows of 30 elements, float32)
