@@ -71,7 +71,8 @@ def _severity(row: dict) -> tuple:
 _STATUS_LINE = {
     "same": "SAME",
     "diverged": "DIVERGED",
-    "incomplete": "INCOMPLETE (not everything could be read: see problems; exit code 2)",
+    "incomplete": "INCOMPLETE (a step was not fully read, or was interrupted: see problems; "
+                  "exit code 2)",
 }
 
 
