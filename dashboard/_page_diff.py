@@ -1,6 +1,8 @@
 """The Diff page: two runs (and a rank and step of each) compared record by record through
 `tracer.diff`: error metrics along execution order with the first divergence marked, and the
-table of the worst records, each linked to its node in the graph."""
+table of the worst records, each linked to its node in the graph. Step files that were missing,
+damaged, partial or interrupted are named in an error panel, and the status is then never
+"same"."""
 from __future__ import annotations
 
 import inspect
@@ -88,57 +90,134 @@ def plotted_metrics(records: pd.DataFrame) -> list[str]:
     return [m for m in METRICS if useful(m)] or [m for m in STAT_METRICS if useful(m)]
 
 
+_UNPAIRED = ("only_a", "only_b")
+_ERROR_STYLE = {"border": "1px solid #c62828", "background": "#ffebee", "color": "#b71c1c",
+                "padding": "8px 12px", "margin": "8px 0", "borderRadius": "6px", "whiteSpace": "pre-wrap"}
+
+
 def worst(records: pd.DataFrame, n: int = 50) -> pd.DataFrame:
-    """The `n` records with the largest error (relative first), NaN errors first of all."""
+    """The `n` records to look at first: divergent records (NaN/Inf patterns that differ, then
+    the largest error, relative first), then the others by error, and the records without a
+    partner last (their metrics are empty, which must not rank them as the worst)."""
     by = next((c for c in _WORST_BY if c in records), None)
     if by is None:
         return records.head(n)
     key = records[by].fillna(float("inf"))
-    return records.loc[key.sort_values(ascending=False).index[:n]]
+    rank = pd.Series(1, index=records.index)
+    if "verdict" in records:
+        rank = records["verdict"].map(lambda v: 2 if v in _UNPAIRED else 0 if v == "diverged" else 1)
+    nonfinite = records["nan_diff"].fillna(0) + records["inf_diff"].fillna(0) if "nan_diff" in records \
+        else pd.Series(0, index=records.index)
+    order = pd.DataFrame({"rank": rank, "nonfinite": -nonfinite, "key": -key}).sort_values(
+        ["rank", "nonfinite", "key"], kind="stable")
+    return records.loc[order.index[:n]]
+
+
+def nonfinite_counts(records: pd.DataFrame) -> pd.Series:
+    """The NaN/+Inf/-Inf counts of each side as text ("3/0/0 | 0/0/0"; "-" for a side that lacks
+    the record)."""
+    def side(r: Any, prefix: str) -> str:
+        n = r.get(prefix + "nan")
+        if n is None or pd.isna(n) or int(n) < 0:
+            return "-"
+        return f"{int(n)}/{int(r[prefix + 'posinf'])}/{int(r[prefix + 'neginf'])}"
+    if "nan" not in records:
+        return pd.Series("", index=records.index)
+    return records.apply(lambda r: f"{side(r, '')} | {side(r, 'b_')}", axis=1)
+
+
+def problems_panel(result: Any) -> html.Div | None:
+    """The step files that were not fully read (named, with what is wrong), and the steps
+    --allow-missing left out; None when every selected step was read completely."""
+    problems = list(getattr(result, "problems", None) or [])
+    left_out = list(getattr(result, "left_out", None) or [])
+    if not problems and not left_out:
+        return None
+    parts: list[Any] = []
+    if problems:
+        parts += [html.Strong(f"{len(problems)} step file(s) not fully read or on one side only: "
+                              "this diff is not a complete comparison"),
+                  html.Ul([html.Li(_line(p)) for p in problems])]
+    if left_out:
+        parts += [html.Strong(f"{len(left_out)} step(s) left out (allow_missing):"),
+                  html.Ul([html.Li(_line(p)) for p in left_out])]
+    return html.Div(parts, id="diff-problems", className="sleuth-error", style=_ERROR_STYLE)
+
+
+def _error_panel(message: str) -> html.Div:
+    return html.Div(message, id="diff-problems", className="sleuth-error", style=_ERROR_STYLE)
+
+
+def _is_tracer_error(e: BaseException | None) -> bool:
+    try:
+        from tracer import TracerError
+    except ImportError:
+        return False
+    return isinstance(e, TracerError)
+
+
+def _line(p: Any) -> str:
+    line = getattr(p, "line", None)
+    return line() if callable(line) else str(p)
 
 
 def register(app: Any, ctx: Context) -> None:
     @app.callback(Output("diff-body", "children"), Input("diff-a", "value"), Input("diff-b", "value"),
                   Input("diff-rank", "value"), Input("diff-step", "value"), Input("diff-b-rank", "value"),
                   Input("diff-b-step", "value"), Input("data-version", "data"))
-    def body(a, b, rank, step, b_rank, b_step, _v):
-        ra, rb = ctx.root(a), ctx.root(b)
-        if ra is None or rb is None:
-            return empty_state("choose two runs")
-        if len(ctx.runs) < 2:
-            note = "start the dashboard with two runs to compare them: `sleuth dashboard RUN_A RUN_B`"
-        else:
-            note = None
-        try:
-            result = call_diff(ra, rb, rank, step, b_rank, b_step)
-        except _data.NoData as e:
-            return [notice(e), empty_state(note) if note else None]
-        except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on
-            return empty_state(f"the diff failed: {e}")
-        records = getattr(result, "records", pd.DataFrame())
-        if "verdict" in records:
-            counts = records["verdict"].value_counts().to_dict()
-        else:
-            counts = {}
-        first = getattr(result, "first_divergence", None)
-        x = first_order(first, records)
-        status = str(getattr(result, "status", "?"))
-        head = [html.Span(f"status: {status}", id="diff-status",
-                          className="sleuth-badge " + ("off" if status == "diverged" else "on")),
-                html.Span(" · ".join(f"{k} {v}" for k, v in counts.items()), className="sleuth-note")]
-        if first:
-            where = " · ".join(f"{k}: {first[k]}" for k in ("name", "module", "op", "source") if first.get(k))
-            node = _data.node_name_for_record(str(first.get("name", "")))
-            head += [html.P(f"first divergence: {where}", id="diff-first")]
-            if node:
-                head.append(dcc.Link(f"show {node} in the graph of run A",
-                                     href="/graph?" + urlencode({"run": a, "node": node})))
-        metrics = plotted_metrics(records)
-        order = "order" if "order" in records else "seq"
-        fig = diff_figure(records, metrics, first=x, order=order) if metrics else empty_figure("no error metrics")
-        bad = worst(records)
-        cols = [c for c in (order, "step", "name", "verdict", *metrics, "source", "reason") if c in bad]
-        rows = table_records(bad, cols)
-        return [html.Div(head), dcc.Graph(id="diff-graph", figure=fig),
-                html.H3("worst records"),
-                data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]
+    def _body(a, b, rank, step, b_rank, b_step, _v):
+        return body(ctx, a, b, rank, step, b_rank, b_step)
+
+
+def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_rank: int | None,
+         b_step: int | None) -> Any:
+    """The page below the controls for runs `a` and `b` (indices into ctx.runs)."""
+    ra, rb = ctx.root(a), ctx.root(b)
+    if ra is None or rb is None:
+        return empty_state("choose two runs")
+    if len(ctx.runs) < 2:
+        note = "start the dashboard with two runs to compare them: `sleuth dashboard RUN_A RUN_B`"
+    else:
+        note = None
+    try:
+        result = call_diff(ra, rb, rank, step, b_rank, b_step)
+    except _data.NoData as e:
+        if _is_tracer_error(e.__cause__):  # the dumps are there but could not be compared
+            return [_error_panel(str(e)), empty_state(note) if note else None]
+        return [notice(e), empty_state(note) if note else None]
+    except Exception as e:  # noqa: BLE001 - a diff that cannot run is shown, not crashed on
+        return empty_state(f"the diff failed: {e}")
+    records = getattr(result, "records", pd.DataFrame())
+    if "verdict" in records:
+        counts = records["verdict"].value_counts().to_dict()
+    else:
+        counts = {}
+    first = getattr(result, "first_divergence", None)
+    x = first_order(first, records)
+    status = str(getattr(result, "status", "?"))
+    head = [html.Span(f"status: {status}", id="diff-status",
+                      className="sleuth-badge " + ("on" if status == "same" else "off")),
+            html.Span(" · ".join(f"{k} {v}" for k, v in counts.items()), className="sleuth-note"),
+            problems_panel(result)]
+    for st in getattr(result, "steps", None) or []:
+        if st.get("status") == "interrupted":
+            head.append(html.P(f"step {st['step']} interrupted: {st['reason']}", className="sleuth-note"))
+    if first:
+        where = " · ".join(f"{k}: {first[k]}" for k in ("name", "module", "op", "source") if first.get(k))
+        node = _data.node_name_for_record(str(first.get("name", "")))
+        head += [html.P(f"first divergence: {where}", id="diff-first")]
+        if node:
+            head.append(dcc.Link(f"show {node} in the graph of run A",
+                                 href="/graph?" + urlencode({"run": a, "node": node})))
+    metrics = plotted_metrics(records)
+    order = "order" if "order" in records else "seq"
+    fig = diff_figure(records, metrics, first=x, order=order) if metrics else empty_figure("no error metrics")
+    bad = worst(records)
+    if len(bad):
+        bad = bad.assign(**{"nan/+inf/-inf A | B": nonfinite_counts(bad)})
+    cols = [c for c in (order, "step", "name", "verdict", "nan/+inf/-inf A | B", *metrics, "source",
+                        "reason") if c in bad]
+    rows = table_records(bad, cols)
+    return [html.Div(head), dcc.Graph(id="diff-graph", figure=fig),
+            html.H3("worst records"),
+            data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]

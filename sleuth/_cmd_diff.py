@@ -1,7 +1,9 @@
 """`sleuth diff A B`: compare two dumps record by record and name the first divergent record.
 
-Exit codes: 0 the dumps agree within tolerance, 1 they diverge, 2 error (bad path, missing
-rank/step, dumps that share no record).
+Exit codes: 0 every selected step of both dumps was read completely and agrees within
+tolerance; 1 they diverge, or a step is on one side only; 2 something could not be read (a
+truncated, unreadable, partial-only or interrupted step, damaged bytes) or an error (bad path,
+missing rank/step, dumps that share no record).
 """
 from __future__ import annotations
 
@@ -20,17 +22,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Compare dump A with dump B (run directories, dump directories or step "
         "files): per record cosine similarity, max absolute/relative error, RMSE, share within "
         "tolerance, NaN/Inf differences (or statistics when a side has no tensor bytes), and "
-        "the first divergent record in execution order. Exit code 0 same, 1 diverged, 2 error.",
+        "the first divergent record in execution order. Exit code 0 same (every selected step read "
+        "completely), 1 diverged or a step on one side only, 2 something could not be read "
+        "(missing, truncated, damaged, partial-only or interrupted step files are named) or "
+        "error.",
     )
     p.add_argument("a", metavar="A", help="run directory, dump directory or step file")
     p.add_argument("b", metavar="B", help="the run to compare with")
-    p.add_argument("--step", type=int, help="step of A (default: every step both dumps hold)")
+    p.add_argument("--step", type=int, help="step of A (default: every step either dump holds; a step on one side only is a problem)")
     p.add_argument("--rank", type=int, default=0, help="rank of A (default 0)")
     p.add_argument("--b-step", type=int, help="step of B when it differs from --step")
     p.add_argument("--b-rank", type=int, help="rank of B when it differs from --rank")
     p.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
     p.add_argument("--atol", type=float, help="absolute tolerance (default: per dtype)")
     p.add_argument("--cosine-min", type=float, help="smallest cosine that counts as the same")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="compare only the steps both dumps hold complete and readable; the "
+                   "steps left out are listed, and do not change the exit code")
     p.add_argument("--top", type=int, default=10, help="worst records to list (default 10)")
     p.add_argument("--csv", metavar="FILE", help="write every record's row to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -48,21 +56,45 @@ def _fmt(v: Any, kind: str = "g") -> str:
 
 
 def _severity(row: dict) -> tuple:
+    """Sort key, worst first: NaN/Inf patterns that differ, then low cosine, then large
+    relative error."""
+    nonfinite = -(_nan_inf(row) or 0)
     cos = row.get("cosine")
     cos = 1.0 if cos is None or (isinstance(cos, float) and math.isnan(cos)) else cos
     rel = row.get("max_rel_err")
     rel = row.get("norm_rdiff") if rel is None or (isinstance(rel, float) and math.isnan(rel)) \
         else rel
     rel = 0.0 if rel is None or (isinstance(rel, float) and math.isnan(rel)) else rel
-    return (-(1.0 - cos), -rel)
+    return (nonfinite, -(1.0 - cos), -rel)
+
+
+_STATUS_LINE = {
+    "same": "SAME",
+    "diverged": "DIVERGED",
+    "incomplete": "INCOMPLETE (a step was not fully read, or was interrupted: see problems; "
+                  "exit code 2)",
+}
 
 
 def format_report(result: Any, top: int = 10) -> str:
-    """The terminal report: status line, first divergence, then the worst records as a table."""
+    """The terminal report: status line, problems (files not fully read), first divergence,
+    the steps compared when one was interrupted, then the table: the first divergent record,
+    the worst others, and the records without a partner."""
     c = result.counts()
-    lines = [f"status: {result.status.upper()}   compared: {result.compared}   records: "
-             f"{sum(c.values())} ({c['same']} same, {c['diverged']} diverged, {c['only_a']} only "
-             f"in A, {c['only_b']} only in B)"]
+    problems = list(getattr(result, "problems", []))
+    left_out = list(getattr(result, "left_out", []))
+    status = _STATUS_LINE.get(result.status, result.status.upper())
+    if left_out:
+        status += f" (on the steps both hold complete; {len(left_out)} left out by --allow-missing)"
+    lines = [f"status: {status}   compared: "
+             f"{result.compared}   records: {sum(c.values())} ({c['same']} same, "
+             f"{c['diverged']} diverged, {c['only_a']} only in A, {c['only_b']} only in B)"]
+    if problems:
+        lines += ["", f"problems ({len(problems)}): steps not fully read, or on one side only"]
+        lines += [f"  {p.line()}" for p in problems]
+    if left_out:
+        lines += ["", f"left out by --allow-missing ({len(left_out)}):"]
+        lines += [f"  {p.line()}" for p in left_out]
     fd = result.first_divergence
     if fd:
         op = f"   op {fd['op']}" if fd["op"] else ""
@@ -78,30 +110,69 @@ def format_report(result: Any, top: int = 10) -> str:
             lines.append("  the model's input differs: the two runs were fed different data")
         elif fd["kind"] == "parameter":
             lines.append("  the weights differed before this step began")
+    steps = list(getattr(result, "steps", []))
+    if any(s["status"] != "complete" for s in steps):
+        lines += ["", "steps compared:"]
+        for s in steps:
+            verdict = "diverged" if s["diverged"] else "no divergence in the records read"
+            mark = f"   {s['status'].upper()}: {s['reason']}" if s["status"] != "complete" else ""
+            lines.append(f"  step {s['step']}: {verdict} ({s['same']} same, {s['diverged']} "
+                         f"diverged){mark}")
     for note in result.notes:
         lines.append(f"note: {note}")
-    df = result.records
-    rows = df[df["verdict"] == "diverged"].to_dict("records")
-    if rows:
-        first = rows[0]
-        worst = sorted(rows[1:], key=_severity)[:max(top - 1, 0)]
-        table = [first] + worst
-        head = ("order", "name", "phase", "dtype", "cosine", "max_abs", "max_rel", "within",
-                "nan/inf", "compared")
-        cells = [[str(r["order"]), r["name"] or r["b_name"], r["phase"],
-                  r["dtype"] if r["dtype"] == r["b_dtype"] else f"{r['dtype']}/{r['b_dtype']}",
-                  _fmt(r["cosine"], "cos"), _fmt(r["max_abs_err"]),
-                  _fmt(r["max_rel_err"] if r["compared"] == "tensor" else r["max_rdiff"]),
-                  _fmt(r["within"]), _fmt(_nan_inf(r)), r["compared"]] for r in table]
-        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
-        widths[1] = min(widths[1], 70)
-        lines += ["", f"divergent records (first, then the worst {len(worst)}):",
-                  "  ".join(h.ljust(w) for h, w in zip(head, widths))]
-        for cell in cells:
-            if len(cell[1]) > widths[1]:
-                cell[1] = "..." + cell[1][-(widths[1] - 3):]
-            lines.append("  ".join(v.ljust(w) for v, w in zip(cell, widths)))
+    lines += _table(result.records, top)
     return "\n".join(lines)
+
+
+_HEAD = ("order", "step", "name", "phase", "dtype", "nan/+inf/-inf A | B", "cosine", "max_abs",
+         "max_rel", "within", "compared")
+
+
+def _table(df: Any, top: int) -> list[str]:
+    """The first divergent record, the worst others, then the records without a partner
+    (named, after every real divergence)."""
+    rows = df[df["verdict"] == "diverged"].to_dict("records")
+    unpaired = df[df["verdict"].isin(["only_a", "only_b"])].to_dict("records")
+    if not rows and not unpaired:
+        return []
+    table = []
+    if rows:
+        table = [rows[0]] + sorted(rows[1:], key=_severity)[:max(top - 1, 0)]
+    table += unpaired[:top]
+    cells = [[str(r["order"]), _step(r), r["name"] or r["b_name"], r["phase"],
+              r["dtype"] if r["dtype"] == r["b_dtype"] else f"{r['dtype'] or '-'}/"
+              f"{r['b_dtype'] or '-'}", _counts(r),
+              _fmt(r["cosine"], "cos"), _fmt(r["max_abs_err"]),
+              _fmt(r["max_rel_err"] if r["compared"] == "tensor" else r["max_rdiff"]),
+              _fmt(r["within"]), r["compared"] or r["verdict"]] for r in table]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(_HEAD)]
+    widths[2] = min(widths[2], 70)
+    title = (f"divergent records (first, then the worst {max(len(table) - len(unpaired[:top]) - 1, 0)})"
+             if rows else "records")
+    if unpaired:
+        title += f"; then {min(len(unpaired), top)} of {len(unpaired)} without a partner"
+    lines = ["", title + ":", "  ".join(h.ljust(w) for h, w in zip(_HEAD, widths))]
+    for cell in cells:
+        if len(cell[2]) > widths[2]:
+            cell[2] = "..." + cell[2][-(widths[2] - 3):]
+        lines.append("  ".join(v.ljust(w) for v, w in zip(cell, widths)).rstrip())
+    return lines
+
+
+def _step(r: dict) -> str:
+    if (r["b_step"], r["b_rank"]) != (r["step"], r["rank"]):
+        return f"{r['step']}/{r['b_step']}"
+    return str(r["step"])
+
+
+def _counts(r: dict) -> str:
+    """NaN/+Inf/-Inf counts of each side ("-" for a side without the record)."""
+    def side(prefix: str) -> str:
+        n = r.get(prefix + "nan")
+        if n is None or (isinstance(n, float) and math.isnan(n)) or int(n) < 0:
+            return "-"
+        return f"{int(n)}/{int(r[prefix + 'posinf'])}/{int(r[prefix + 'neginf'])}"
+    return f"{side('')} | {side('b_')}"
 
 
 def _nan_inf(r: dict) -> Any:
@@ -120,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
         progress = args.progress or sys.stderr.isatty()
         result = tracer.diff(args.a, args.b, step=args.step, rank=args.rank,
                              b_step=args.b_step, b_rank=args.b_rank, tolerance=tol,
-                             progress=progress)
+                             progress=progress, allow_missing=args.allow_missing)
     except TracerError as e:
         raise CliError(str(e)) from e
     if args.csv:
@@ -132,4 +203,4 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_dict(), allow_nan=False))
     else:
         print(format_report(result, args.top))
-    return 0 if result.status == "same" else 1
+    return result.exit_code

@@ -6,7 +6,8 @@ accumulated chunk by chunk, so a tensor larger than RAM costs one chunk of memor
 
 Conventions (documented in docs/diff.md):
 - errors are measured on elements finite in both tensors; NaN/Inf positions that differ are
-  counted separately (`nan_diff`, `inf_diff`) and make the record diverge;
+  counted separately (`nan_diff`, `inf_diff`), make the record diverge, and set the cosine to
+  NaN and the max errors to inf (the finite rest alone would look the same);
 - relative error is symmetric: |a - b| / max(|a|, |b|) (0 where both are 0), in [0, 2];
 - an element is within tolerance when |a - b| <= atol + rtol * max(|a|, |b|).
 """
@@ -125,15 +126,16 @@ class TensorMetrics:
         self.identical = True
 
     def add_raw(self, ra: np.ndarray, rb: np.ndarray, dtype_a: str, dtype_b: str,
-                norms: bool = True) -> None:
-        """Add one chunk given as raw bytes (uint8) of equal element counts. `norms=False` is
-        allowed when this chunk is the whole tensor: equal bits then need no measuring at all."""
+                norms: bool = True) -> bool:
+        """Add one chunk given as raw bytes (uint8) of equal element counts; True when the two
+        chunks hold the same bits. `norms=False` is allowed when this chunk is the whole
+        tensor: equal bits then need no measuring at all."""
         if dtype_a == dtype_b and ra.nbytes == rb.nbytes and _bytes_equal(ra, rb):
             n = ra.nbytes // itemsize(dtype_a)
             self.n += n
             self.within += n
             if not norms:
-                return  # the whole tensor is this one chunk: equal bits, nothing to measure
+                return True  # the whole tensor is this one chunk: nothing to measure
             a = decode(ra, dtype_a)
             with np.errstate(invalid="ignore", over="ignore"):
                 sq = float(np.dot(a, a))
@@ -143,9 +145,10 @@ class TensorMetrics:
             self.finite += int(a.size)
             self.sq_a += sq
             self.sq_b += sq
-            return
+            return True
         self.identical = False
         self.add(decode(ra, dtype_a), decode(rb, dtype_b))
+        return False
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
         """Add one chunk given as decoded numeric arrays of equal length."""
@@ -209,10 +212,15 @@ class TensorMetrics:
             cosine = 1.0 - (self.sse - (na - nb) ** 2) / (2.0 * na * nb)
             cosine = max(-1.0, min(1.0, cosine))
         f = max(self.finite, 1)
+        max_abs, max_rel = self.max_abs, self.max_rel
+        if self.nan_diff or self.inf_diff:
+            # a NaN or an infinity against a number: no angle, no bounded error (the finite
+            # elements alone would say cosine 1 and error 0 for a tensor that is not the same)
+            cosine, max_abs, max_rel = math.nan, math.inf, math.inf
         return {
             "cosine": cosine,
-            "max_abs_err": self.max_abs,
-            "max_rel_err": self.max_rel,
+            "max_abs_err": max_abs,
+            "max_rel_err": max_rel,
             "mean_abs_err": self.sae / f,
             "rmse": math.sqrt(self.sse / f),
             "within": self.within / self.n if self.n else 1.0,
@@ -256,11 +264,18 @@ def judge_tensor(m: dict[str, Any], cosine_min: float, atol: float = 0.0) -> dic
     if m["nan_diff"] or m["inf_diff"]:
         reasons.append(f"NaN/Inf differ at {m['nan_diff'] + m['inf_diff']} elements")
     if m["within"] < 1.0:
-        reasons.append(f"{(1.0 - m['within']) * 100:.3g}% of elements out of tolerance "
-                       f"(max abs err {m['max_abs_err']:.3g})")
-    if m["cosine"] < cosine_min and m.get("rms", math.inf) > atol:
+        err = "" if math.isinf(m["max_abs_err"]) else f" (max abs err {m['max_abs_err']:.3g})"
+        reasons.append(f"{(1.0 - m['within']) * 100:.3g}% of elements out of tolerance{err}")
+    if m["cosine"] < cosine_min and m.get("rms", math.inf) > atol:  # False for NaN
         reasons.append(f"cosine {m['cosine']:.6g} < {cosine_min:.6g}")
     return {"verdict": "diverged" if reasons else "same", "reason": "; ".join(reasons)}
+
+
+def nonfinite_differ(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """"NaN/Inf differ: A has ... B has ..." from two statistics rows' counts."""
+    def side(r: dict[str, Any]) -> str:
+        return f"{int(r['nan'])} NaN, {int(r['posinf'])} +Inf, {int(r['neginf'])} -Inf"
+    return f"NaN/Inf differ: A has {side(a)}, B has {side(b)}"
 
 
 # -- statistics ------------------------------------------------------------------------------------
@@ -294,9 +309,7 @@ def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[
     out["inf_diff"] = (abs(int(a["posinf"]) - int(b["posinf"]))
                        + abs(int(a["neginf"]) - int(b["neginf"])))
     if out["nan_diff"] or out["inf_diff"]:
-        reasons.insert(0, f"NaN/Inf counts differ ({int(a['nan'])}/{int(a['posinf'])}/"
-                          f"{int(a['neginf'])} vs {int(b['nan'])}/{int(b['posinf'])}/"
-                          f"{int(b['neginf'])})")
+        reasons.insert(0, nonfinite_differ(a, b))
     if checksum_equal:
         reasons = []  # the same bits: differences above can only be NaN-vs-NaN artefacts
     out["verdict"] = "diverged" if reasons else "same"

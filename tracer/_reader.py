@@ -22,6 +22,8 @@ from tracer._errors import DumpFormatError, RecordNotFoundError
 from tracer._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
+_PARTIAL_RE = re.compile(r"^step(\d+)\.h5(?:\.data)?\.partial$")
+_TRUNCATED_RE = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
 _RANK_RE = re.compile(r"^rank(\d+)$")
 _STR_FIELDS_REC = ("name", "module", "op", "phase", "direction", "dtype", "shape", "source",
                    "strides")
@@ -146,20 +148,55 @@ def _check_version(f: h5py.File, path: Path) -> None:
     except ValueError as e:
         raise DumpFormatError(f"{path}: bad format_version {version!r}") from e
     if major > FORMAT_MAJOR:
-        raise DumpFormatError(
+        raise _NewerFormat(
             f"{path} has dump format_version {version}; this sleuth reads formats 1.x to "
             f"{FORMAT_MAJOR}.x: upgrade sleuth to a release that reads format {major}.x")
+
+
+class FileState(NamedTuple):
+    """What `open_dump` found about one step file (or one rank folder).
+
+    `state` is one of:
+    - "complete": read and ended normally;
+    - "interrupted": readable, but the step was ended by an exception, a signal or the process
+      exiting (root attribute `status` "interrupted", or `complete` 0 in older files); its
+      records are the ones made so far, and `reason` says why it ended;
+    - "partial_only": only a `*.partial` file exists for the step (being written, or left by
+      a crash before it was complete): nothing of the step can be read;
+    - "partial": a `*.partial` file left beside the complete file of the same step (ignored);
+    - "truncated": the file is shorter than its HDF5 superblock says (a copy cut short, a
+      disk that filled);
+    - "unreadable": the file does not open as a dump file (damaged, or not written by sleuth);
+    - "empty": a rank folder with no step file at all (`step` is None).
+    """
+
+    path: str
+    rank: int
+    step: int | None
+    state: str
+    reason: str = ""
+
+
+PROBLEM_STATES = ("interrupted", "partial_only", "truncated", "unreadable", "empty")
+"""FileState.state values that mean a step was not fully read ("partial" is a stale leftover
+beside a complete file, worth a note only)."""
+
+
+class _NewerFormat(DumpFormatError):
+    """A file of a newer major format: refused outright, never skipped as damaged."""
 
 
 class Dump:
     """A dump on disk: ranks, steps, per-step statistics and tensors (see open_dump)."""
 
     def __init__(self, files: dict[tuple[int, int], Path], skipped: list[tuple[str, str]],
-                 root: Path) -> None:
+                 root: Path, states: list[FileState] | None = None) -> None:
         self.root = root
         self._files = dict(sorted(files.items()))
         self.skipped = skipped
         """(path, reason) of each file that was ignored: partial or unreadable."""
+        self.file_states: list[FileState] = list(states or [])
+        """One FileState per step file, partial file and empty rank folder found."""
         self._handles: OrderedDict[Path, h5py.File] = OrderedDict()
         self._tables: OrderedDict[tuple[int, int], tuple[np.ndarray, dict[str, int]]] = \
             OrderedDict()
@@ -192,6 +229,21 @@ class Dump:
                              complete=bool(f.attrs.get("complete", 1)), path=str(path)))
         return pd.DataFrame(rows, columns=["rank", "step", "records", "tensor_bytes",
                                            "file_bytes", "complete", "path"])
+
+    @property
+    def problems(self) -> list[FileState]:
+        """The FileStates whose step was not fully read or not ended normally (PROBLEM_STATES):
+        a reader that says "same" or "clean" must have none among the steps it selected."""
+        return [s for s in self.file_states if s.state in PROBLEM_STATES]
+
+    def state(self, rank: int, step: int) -> FileState | None:
+        """The FileState of (rank, step): the readable file's when there is one, else the
+        first problem found for that step; None when nothing of it exists."""
+        found = [s for s in self.file_states if s.rank == rank and s.step == step]
+        for s in found:
+            if s.state in ("complete", "interrupted"):
+                return s
+        return next((s for s in found if s.state != "partial"), found[0] if found else None)
 
     def path(self, rank: int, step: int) -> Path:
         """The file of (rank, step); DumpFormatError naming what exists when there is none."""
@@ -453,24 +505,28 @@ def _short_list(values: list[int], limit: int = 12) -> str:
 def open_dump(path: str | Path) -> Dump:
     """Open a dump: a run directory, its dump/ folder, one rank folder, or one step file.
 
-    Partial files (`*.partial`, being written or left by a crash) and unreadable files are
-    listed in `Dump.skipped` with a warning. Raises DumpFormatError when there is no dump at
-    `path` or a file has a newer major format version than this release reads.
+    Every step file is classified (`Dump.file_states`, see FileState): partial files
+    (`*.partial`, being written or left by a crash), truncated and unreadable files are left
+    out of the readable steps and listed in `Dump.skipped` with a warning; interrupted steps
+    stay readable and are listed in `Dump.problems` with the reason. Raises DumpFormatError when
+    there is no dump at `path`, a single step file given as `path` cannot be read, or a file
+    has a newer major format version than this release reads.
     """
     p = Path(path)
     if not p.exists():
         raise DumpFormatError(f"no dump at {p}: the path does not exist")
     files: dict[tuple[int, int], Path] = {}
-    skipped: list[tuple[str, str]] = []
+    states: list[FileState] = []
     if p.is_file():
         if p.name.endswith(".partial"):
             raise DumpFormatError(f"{p} is a partial file (being written, or left by a crash); "
                                   f"open the complete step{{S}}.h5 files instead")
         try:
-            rank, step = _identify(p)
+            rank, step, state = _identify(p)
         except _Unreadable as e:
             raise DumpFormatError(f"cannot read dump file {p}: {e}") from e
         files[(rank, step)] = p
+        states.append(state)
         root = p
     else:
         if (p / "dump").is_dir():
@@ -487,47 +543,122 @@ def open_dump(path: str | Path) -> Dump:
                                   f"step file)")
         root = p
         for rank, d in sorted(rank_dirs):
-            for child in sorted(d.iterdir()):
-                m = _STEP_RE.match(child.name)
-                if child.name.endswith(".partial"):
-                    skipped.append((str(child), "partial file: being written, or left by a "
-                                                "crash before it was complete"))
-                elif m:
-                    try:
-                        r, s = _identify(child) if rank < 0 else (rank, int(m.group(1)))
-                        if rank >= 0:
-                            _probe(child)
-                    except _Unreadable as e:
-                        skipped.append((str(child), str(e)))
-                        continue
-                    files[(r, s)] = child
+            _scan_rank(rank, d, files, states)
+    skipped = [(s.path, s.reason) for s in states
+               if s.state in ("partial", "partial_only", "truncated", "unreadable")]
     if skipped:
         warnings.warn(f"sleuth dump: skipped {len(skipped)} partial or unreadable file(s) under "
                       f"{root}, e.g. {skipped[0][0]} ({skipped[0][1]})", RuntimeWarning,
                       stacklevel=2)
-    return Dump(files, skipped, root)
+    return Dump(files, skipped, root, states)
+
+
+_PARTIAL_REASON = "partial file: being written, or left by a crash before it was complete"
+
+
+def _scan_rank(rank: int, d: Path, files: dict[tuple[int, int], Path],
+               states: list[FileState]) -> None:
+    """Classify the files of one rank folder (rank -1: a folder of step files whose rank is
+    read from each file) into `files` (readable steps) and `states`."""
+    partials: list[tuple[Path, int | None]] = []
+    found = False
+    for child in sorted(d.iterdir()):
+        m = _STEP_RE.match(child.name)
+        if child.name.endswith(".partial"):
+            pm = _PARTIAL_RE.match(child.name)
+            partials.append((child, int(pm.group(1)) if pm else None))
+            found = True
+        elif m:
+            found = True
+            try:
+                if rank < 0:
+                    r, s, state = _identify(child)
+                else:
+                    r, s = rank, int(m.group(1))
+                    state = _probe(child, r, s)
+            except _Unreadable as e:
+                states.append(FileState(str(child), rank, int(m.group(1)), e.state, str(e)))
+                continue
+            files[(r, s)] = child
+            states.append(state)
+    used: set[int | None] = {s for _, s in files} if rank < 0 else \
+        {s for r, s in files if r == rank}
+    for child, step in partials:
+        if step in used:  # a leftover beside the step's complete file, or a second partial
+            states.append(FileState(str(child), rank, step, "partial", _PARTIAL_REASON
+                                    + "; the step's complete file (or first partial) is used"))
+            continue
+        used.add(step)
+        states.append(FileState(str(child), rank, step, "partial_only", _PARTIAL_REASON))
+    if not found:
+        states.append(FileState(str(d), rank, None, "empty",
+                                "empty rank folder: no step file (the run dumped nothing here, "
+                                "or its files were removed)"))
 
 
 class _Unreadable(Exception):
-    pass
+    def __init__(self, message: str, state: str = "unreadable") -> None:
+        super().__init__(message)
+        self.state = state
 
 
-def _probe(path: Path) -> None:
-    """Check that `path` opens and has a version this release reads."""
+def _open_error(path: Path, e: OSError) -> _Unreadable:
+    """An h5py open error in words: "truncated" when the file is shorter than HDF5 expects."""
+    m = _TRUNCATED_RE.search(str(e))
+    if m:
+        return _Unreadable(f"truncated: the file has {m.group(1)} bytes but its HDF5 superblock "
+                           f"says {m.group(2)} (a copy cut short, a disk that filled, or a "
+                           f"writer killed mid-write); dump that step again", "truncated")
+    return _Unreadable(f"unreadable: {e}; the file is damaged or not an HDF5 dump file")
+
+
+def _state_of(f: h5py.File, path: Path, rank: int, step: int) -> FileState:
+    """"complete" or "interrupted" (with its reason) from a step file's root attributes.
+    Files without `status` predate it: `complete` 0 then means the same as "interrupted"."""
+    status = f.attrs.get("status", "")
+    status = status.decode() if isinstance(status, bytes) else str(status)
+    reason = f.attrs.get("status_reason", "")
+    reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+    if status == "interrupted":
+        return FileState(str(path), rank, step, "interrupted",
+                         f"interrupted: {reason or 'no reason recorded'}")
+    if not status and not int(f.attrs.get("complete", 1)):
+        return FileState(str(path), rank, step, "interrupted",
+                         "interrupted: the step was never ended (complete=0: the process "
+                         "exited or failed mid-step)")
+    return FileState(str(path), rank, step, "complete")
+
+
+def _probe(path: Path, rank: int, step: int) -> FileState:
+    """Check that `path` opens and has a version this release reads; its FileState."""
     try:
         with h5py.File(path, "r") as f:
             _check_version(f, path)
+            return _state_of(f, path, rank, step)
     except OSError as e:
-        raise _Unreadable(f"unreadable: {e}") from e
+        raise _open_error(path, e) from e
+    except _NewerFormat:
+        raise
+    except (DumpFormatError, RuntimeError, ValueError, TypeError, KeyError) as e:
+        # damaged metadata: attributes that do not decode, a missing format_version
+        raise _Unreadable(f"unreadable: {e}; the file is damaged or not a sleuth dump file") \
+            from e
 
 
-def _identify(path: Path) -> tuple[int, int]:
-    """(rank, step) of one step file, from its attributes."""
+def _identify(path: Path) -> tuple[int, int, FileState]:
+    """(rank, step, FileState) of one step file, from its attributes."""
     try:
         with h5py.File(path, "r") as f:
             _check_version(f, path)
-            return int(f.attrs["rank"]), int(f.attrs["step"])
+            rank, step = int(f.attrs["rank"]), int(f.attrs["step"])
+            return rank, step, _state_of(f, path, rank, step)
     except OSError as e:
-        raise _Unreadable(f"unreadable: {e}") from e
+        raise _open_error(path, e) from e
     except KeyError as e:
-        raise DumpFormatError(f"{path} lacks the rank/step attributes of a dump file") from e
+        raise _Unreadable(f"unreadable: it lacks the rank/step attributes of a dump file "
+                          f"({e})") from e
+    except _NewerFormat:
+        raise
+    except (DumpFormatError, RuntimeError, ValueError, TypeError) as e:
+        raise _Unreadable(f"unreadable: {e}; the file is damaged or not a sleuth dump file") \
+            from e

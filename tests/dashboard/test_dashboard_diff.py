@@ -1,0 +1,91 @@
+"""The Diff page on damaged dumps: files not fully read are named in an error panel and the
+status is never "same"; the worst-records table puts records without a partner last."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracer"))
+from models import MLP, train_and_dump  # noqa: E402
+
+from dashboard._context import Context  # noqa: E402
+from dashboard._page_diff import body, worst  # noqa: E402
+from dashboard._runs import load_runs  # noqa: E402
+
+
+def _texts(component) -> list[tuple[str | None, str]]:
+    """(id, text) of every component under `component`, depth first."""
+    out = []
+
+    def walk(c, owner=None):
+        if c is None:
+            return
+        if isinstance(c, (list, tuple)):
+            for x in c:
+                walk(x, owner)
+            return
+        if isinstance(c, (str, int, float)):
+            out.append((owner, str(c)))
+            return
+        cid = getattr(c, "id", None)
+        walk(getattr(c, "children", None), cid or owner)
+
+    walk(component)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("diffpage")
+    for name in ("a", "b"):
+        train_and_dump(MLP, lambda: (torch.randn(4, 8),), root / name, steps=3,
+                       level="module", mode="tensor", writer="sync")
+    return root
+
+
+def test_damaged_run_shows_error_panel_never_same(runs, tmp_path):
+    damaged = tmp_path / "c"
+    shutil.copytree(runs / "b", damaged)
+    step1 = damaged / "dump" / "rank0" / "step1.h5"
+    with open(step1, "r+b") as f:
+        f.truncate(4000)
+    (damaged / "dump" / "rank0" / "step2.h5").unlink()
+    ctx = Context(runs=load_runs([runs / "a", damaged]))
+    texts = _texts(body(ctx, 0, 1, 0, None, None, None))
+    status = [t for i, t in texts if i == "diff-status"]
+    assert status == ["status: incomplete"], texts
+    panel = " ".join(t for i, t in texts if i == "diff-problems")
+    assert str(step1) in panel and "truncated" in panel
+    assert str(damaged / "dump" / "rank0" / "step2.h5") in panel and "missing" in panel
+    # the same runs undamaged: "same", no panel
+    ctx = Context(runs=load_runs([runs / "a", runs / "b"]))
+    texts = _texts(body(ctx, 0, 1, 0, None, None, None))
+    assert [t for i, t in texts if i == "diff-status"] == ["status: same"]
+    assert not [t for i, t in texts if i == "diff-problems"]
+
+
+def test_unreadable_everywhere_is_an_error_panel(runs, tmp_path):
+    damaged = tmp_path / "c"
+    shutil.copytree(runs / "b", damaged)
+    for f in (damaged / "dump" / "rank0").glob("step*.h5"):
+        f.rename(f.with_name(f.name + ".partial"))
+    ctx = Context(runs=load_runs([runs / "a", damaged]))
+    texts = _texts(body(ctx, 0, 1, 0, None, None, None))
+    panel = " ".join(t for i, t in texts if i == "diff-problems")
+    assert "step0.h5.partial" in panel and "no readable complete step file" in panel, texts
+
+
+def test_worst_puts_unpartnered_rows_after_divergences():
+    nan = float("nan")
+    rec = pd.DataFrame({
+        "order": [0, 1, 2, 3, 4], "step": [0, 0, 0, 1, 1],
+        "name": ["only", "big", "nanrow", "same", "small"],
+        "verdict": ["only_b", "diverged", "diverged", "same", "diverged"],
+        "max_rel_err": [nan, 0.5, float("inf"), 0.0, 0.01],
+        "nan_diff": [nan, 0, 3, 0, 0], "inf_diff": [nan, 0, 0, 0, 0]})
+    assert worst(rec)["name"].tolist() == ["nanrow", "big", "small", "same", "only"]
