@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
+from tracer._errors import DumpFormatError
 from tracer._config import _as_str_tuple, _pattern_matcher
 from tracer._diff import _rows
 from tracer._origin import StepOrigin, finite_params, nonfinite, sig
@@ -23,8 +24,10 @@ HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "directio
                "condition", "value", "origin")
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 _STEP_FILE = re.compile(r"^step(\d+)\.h5(?:\.partial)?$")
-# what a damaged HDF5 file raises while its tables are read (h5py and the decode of names)
-_READ_ERRORS = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
+# what a damaged HDF5 file raises while its tables are read: the reader's own error for a table
+# it recognises as damaged, and h5py's for metadata that does not read
+_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError,
+                RuntimeError)
 
 
 @dataclass
