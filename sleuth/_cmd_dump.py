@@ -77,7 +77,8 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         out = {"root": str(d.root), "ranks": d.ranks,
                "files": json.loads(table.to_json(orient="records", double_precision=15)),
-               "skipped": [{"path": p, "reason": r} for p, r in d.skipped]}
+               "skipped": [{"path": p, "reason": r} for p, r in d.skipped],
+               "notes": _notes(table)}
         print(json.dumps(out, indent=2))
         return 0
     print(f"dump {d.root}: {len(d.ranks)} rank(s), {len(table)} step file(s), "
@@ -90,7 +91,30 @@ def _ls(args: argparse.Namespace) -> int:
         print(shown.to_string(index=False))
     for path, reason in d.skipped:
         print(f"skipped {path}: {reason}")
+    for note in _notes(table):
+        print(f"not written: step {note.get('step')} of rank {note.get('rank')}, "
+              f"{note.get('dropped_records')} record(s): {note.get('reason')}")
     return 0
+
+
+def _notes(table) -> list[dict]:
+    """The lines of each rank's notes.jsonl (steps the tracer dropped at close), with rank."""
+    import json
+    from pathlib import Path
+
+    notes = []
+    for rank, path in table.groupby("rank")["path"].first().items():
+        file = Path(path).parent / "notes.jsonl"
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                notes.append({"rank": int(rank), **json.loads(line)})
+            except (ValueError, TypeError):
+                notes.append({"rank": int(rank), "reason": f"unreadable line in {file}"})
+    return notes
 
 
 def _captured(d, rank: int, step: int) -> str:

@@ -76,7 +76,7 @@ def _plain_loop(run, level, writer="sync", steps=6, item_after_step=True):
 
 @pytest.mark.parametrize("level,writer", [("module", "sync"), ("op", "sync"), ("op", "async"),
                                           ("mix", "async")])
-def test_plain_loop_writes_one_file_per_optimizer_step(tmp_path, level, writer):
+def test_plain_loop_writes_one_file_per_optimizer_step(tmp_path, level, writer, capsys):
     caught = _plain_loop(tmp_path / "r", level, writer)
     d = tracer.open_dump(tmp_path / "r")
     assert d.steps(0) == [0, 1, 2, 3, 4, 5]
@@ -95,6 +95,9 @@ def test_plain_loop_writes_one_file_per_optimizer_step(tmp_path, level, writer):
         note = json.loads(notes.read_text())
         assert note == {"step": 6, "dropped_records": 1, "reason": note["reason"]}
         assert [str(w.message) for w in caught if "1 record(s)" in str(w.message)]
+        capsys.readouterr()
+        assert main(["dump", "ls", str(tmp_path / "r")]) == 0
+        assert "not written: step 6 of rank 0, 1 record(s)" in capsys.readouterr().out
 
 
 def test_explicit_steps_and_accumulation_keep_their_boundaries(tmp_path):
