@@ -535,10 +535,9 @@ class Dumper:
             # rows here, which opens the step as a record would
             if self._mode is not None:
                 self._mode.pop()
-            # an interrupted step keeps what it recorded; nothing more is computed mid-crash
             if self.config.params and not self._optimizer_recorded and not (final and not self._open) \
-                    and interrupted is None and not drop:
-                self._record_params(call=0, with_update=False)
+                    and not drop:
+                self._step_end_params(interrupted)
         finally:
             self._uninstall()
             if self._open:
@@ -553,6 +552,23 @@ class Dumper:
                         self._writer.end_step()
                 finally:
                     self._busy = False
+
+    def _step_end_params(self, interrupted: str | None) -> None:
+        """The parameter and gradient records of a step that no optimizer step recorded. In an
+        interrupted step they show the weights and gradients the run died with; an error
+        taking them must not hide the one that ended the run, so it is only warned about (a
+        watchpoint hit among them is already in the step's /hits)."""
+        if interrupted is None:
+            self._record_params(call=0, with_update=False)
+            return
+        try:
+            self._record_params(call=0, with_update=False)
+        except WatchpointHit:
+            pass
+        except Exception as e:  # noqa: BLE001 - the run is ending with its own error
+            warnings.warn(f"sleuth tracer: the parameter records of interrupted step "
+                          f"{self.current_step} were not taken: {e}", RuntimeWarning,
+                          stacklevel=2)
 
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning
