@@ -227,7 +227,7 @@ class Dumper:
             self.close()
             return
         try:
-            self.close(interrupted=exc if exc is not None else exc_type())
+            self.close(interrupted=exc if exc is not None else exc_type.__name__)
         except WatchpointHit:
             # the exception in flight (often the first hit, raised where it happened) is the
             # one to see; a later record hitting while the step is written must not mask it

@@ -186,7 +186,7 @@ def _sleuth_run(tmp_path, how):
     return subprocess.Popen([sys.executable, "-m", "sleuth", "run", "--run-dir", "run",
                              "--dump", "dump.json", "--", "python", "train.py", how],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _statuses(run):
@@ -195,7 +195,11 @@ def _statuses(run):
 
 
 @pytest.mark.slow
-def test_sigterm_under_sleuth_run_writes_the_open_step(tmp_path):
+@pytest.mark.parametrize("target,reason", [("script", "SIGTERM"), ("sleuth", "SIGTERM"),
+                                           ("ctrl-c", "KeyboardInterrupt")])
+def test_sigterm_under_sleuth_run_writes_the_open_step(tmp_path, target, reason):
+    """SIGTERM to the script's process, or to `sleuth run` (a scheduler's), which passes it on;
+    Ctrl-C: SIGINT to the whole process group, as a terminal sends it."""
     proc = _sleuth_run(tmp_path, "hang")
     try:
         deadline = time.monotonic() + 240
@@ -203,7 +207,11 @@ def test_sigterm_under_sleuth_run_writes_the_open_step(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.2)
         time.sleep(0.3)
-        os.kill(int((tmp_path / "pid").read_text()), signal.SIGTERM)
+        if target == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            os.kill(int((tmp_path / "pid").read_text()) if target == "script" else proc.pid,
+                    signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -211,7 +219,7 @@ def test_sigterm_under_sleuth_run_writes_the_open_step(tmp_path):
     assert proc.returncode != 0, err  # the script still dies by the signal
     statuses, d = _statuses(tmp_path / "run")
     assert statuses == {0: ("complete", ""), 1: ("complete", ""), 2: ("complete", ""),
-                        3: ("interrupted", "SIGTERM")}, err
+                        3: ("interrupted", reason)}, err
     assert (d.stats(0, 3).phase == "forward").any()
 
 
