@@ -535,8 +535,8 @@ class Dumper:
             # rows here, which opens the step as a record would
             if self._mode is not None:
                 self._mode.pop()
-            if self.config.params and not self._optimizer_recorded and not (final and not self._open) \
-                    and not drop:
+            if (self.config.params and not self._optimizer_recorded and not drop
+                    and not (final and not self._open)):
                 self._step_end_params(interrupted)
         finally:
             self._uninstall()
