@@ -100,6 +100,13 @@ def _in_data_worker() -> bool:
     return info is not None and info() is not None
 
 
+def _has_backward(items: list) -> bool:
+    """Whether records the op observer kept hold a backward one: /records rows (phase at 4)
+    or (RecordMeta fields, tensor, stable) (phase at 3)."""
+    return any((item[0][3] if len(item) == 3 else item[4]) == "backward"
+               for item in reversed(items))
+
+
 _live: weakref.WeakSet[Dumper] = weakref.WeakSet()
 
 
@@ -245,8 +252,11 @@ class Dumper:
         if not self.enabled:
             self.current_step += 1
             return
-        if first and self._auto_ended and not self._backward:
-            return
+        if first and self._auto_ended:
+            if self._record_compiled is not None and self.capturing:
+                self.take_observed()  # the op observer's gradient records say if backward ran
+            if not self._backward:
+                return
         self._end()
         self.current_step += 1
         self._begin()
@@ -407,6 +417,8 @@ class Dumper:
             raise TracerError('op_capture "observer" writes through the tracer\'s own writers')
         writer, meta, add = self._writer, self._meta, self._add
         items, kept = self._mode.drain(writer.next_seq, writer.add_observed_bytes)
+        if not self._backward:  # its gradient records never pass through `emit_all`
+            self._backward = _has_backward(items)
         if not kept:  # rows only (every CPU tensor of a kernel dtype)
             if items:
                 writer.add_rows(items)
@@ -524,17 +536,17 @@ class Dumper:
         if not self.capturing:
             return
         drop = False
-        if final and interrupted is None and self._auto_ended and not self._explicit:
-            # closed where no optimizer step ended the step (see `close`)
-            if self._backward:
-                interrupted = "the run ended before this step's optimizer.step()"
-            else:
-                drop = True
         try:
             # the parameter records' ops are not records; what the op observer kept becomes
             # rows here, which opens the step as a record would
             if self._mode is not None:
                 self._mode.pop()
+            if final and interrupted is None and self._auto_ended and not self._explicit:
+                # closed where no optimizer step ended the step (see `close`)
+                if self._backward:
+                    interrupted = "the run ended before this step's optimizer.step()"
+                else:
+                    drop = True
             if (self.config.params and not self._optimizer_recorded and not drop
                     and not (final and not self._open)):
                 self._step_end_params(interrupted)

@@ -150,3 +150,20 @@ def test_first_step_numbers_a_resumed_run(tmp_path):
             model(torch.randn(2, 8)).sum().backward()
             opt.step()
     assert tracer.open_dump(tmp_path).steps(0) == [11]
+
+
+def test_a_step_cut_short_before_its_optimizer_step_is_kept_and_marked(tmp_path):
+    """Backward ran, the loop ended before optimizer.step() (leftover micro-batches, a script
+    that stops early): a real step's records, kept, but never called complete."""
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tracer.Dumper(model, {"path": str(tmp_path), "level": "module"}):
+        for i in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+            if i < 2:
+                opt.step()
+    d = tracer.open_dump(tmp_path)
+    assert d.steps(0) == [0, 1, 2]
+    assert d.status(0, 1) == ("complete", "")
+    assert d.status(0, 2) == ("interrupted", "the run ended before this step's optimizer.step()")
+    assert {"forward", "backward"} <= set(d.stats(0, 2).phase)
