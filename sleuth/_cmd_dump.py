@@ -99,7 +99,7 @@ def _ls(args: argparse.Namespace) -> int:
     if args.json:
         out = {"root": str(d.root), "ranks": d.ranks, "files": rows,
                "skipped": [{"path": p, "reason": r} for p, r in d.skipped],
-               "not_complete": len(bad)}
+               "not_complete": len(bad), "notes": _notes(rows)}
         print(json.dumps(out, indent=2))
         return 1 if bad else 0
     total = sum(r["file_bytes"] or 0 for r in rows)
@@ -114,6 +114,9 @@ def _ls(args: argparse.Namespace) -> int:
         if not reason.startswith(r["status"]):
             reason = f"{r['status']}: {reason}"
         print(f"{r['path']}: {reason}")
+    for note in _notes(rows):
+        print(f"not written: step {note.get('step')} of rank {note.get('rank')}, "
+              f"{note.get('dropped_records')} record(s): {note.get('reason')}")
     if bad:
         print(f"{len(bad)} of {len(rows)} step file(s) not complete", file=sys.stderr)
     return 1 if bad else 0
@@ -132,6 +135,27 @@ def _table(rows: list[dict]) -> str:
         "file_bytes": [cell(r["file_bytes"], _human) for r in rows],
         "status": [r["status"] for r in rows]})
     return shown.to_string(index=False)
+
+
+def _notes(rows: list[dict]) -> list[dict]:
+    """The lines of each rank's notes.jsonl (steps the tracer dropped at close), with rank."""
+    import json
+    from pathlib import Path
+
+    folders = {r["rank"]: Path(r["path"]).parent for r in rows if r["rank"] is not None}
+    notes = []
+    for rank, folder in sorted(folders.items()):
+        file = folder / "notes.jsonl"
+        try:
+            lines = file.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                notes.append({"rank": int(rank), **json.loads(line)})
+            except (ValueError, TypeError):
+                notes.append({"rank": int(rank), "reason": f"unreadable line in {file}"})
+    return notes
 
 
 def _captured(d, rank: int, step: int) -> str:

@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     if cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable  # the interpreter sleuth runs in, which has the tools installed
     try:
-        return subprocess.call(cmd, env=env)
+        return _call(cmd, env)
     except FileNotFoundError as e:
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
 
@@ -100,6 +100,29 @@ def _validate_configs(args: argparse.Namespace) -> None:
             profiler.CollectorConfig.from_json(args.profile)
         except profiler.ProfilerError as e:
             raise CliError(f"--profile: {e}") from e
+
+
+def _call(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the child to its end and return its exit status (-N when a signal ended it).
+
+    Ctrl-C reaches the child from the terminal; sleuth waits for it instead of killing it (as
+    `subprocess.call` would), so the child can write the step it was in, marked interrupted.
+    A SIGTERM sent to sleuth (a job scheduler's) is passed on to the child for the same reason.
+    """
+    import signal
+    import threading
+
+    proc = subprocess.Popen(cmd, env=env)
+    if threading.current_thread() is not threading.main_thread():
+        return proc.wait()
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM,
+                                              lambda signum, frame: proc.send_signal(signum)),
+                signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: None)}
+    try:
+        return proc.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:

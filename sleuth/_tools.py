@@ -8,6 +8,7 @@ Every adapter closes its tool in `on_run_end`, which the trainer calls also when
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,11 @@ import trainer
 
 
 class DumpCallback(trainer.Callback):
-    """Dump tensors with `tracer.Dumper`; one dump step per optimizer step."""
+    """Dump tensors with `tracer.Dumper`; one dump step per optimizer step.
+
+    The Dumper's optimizer hook ends each step, so dump step S is the trainer's step S in
+    metrics.jsonl (numbered from the resumed step); ending steps here as well would end a
+    second step per optimizer step."""
 
     def __init__(self, config_path: str) -> None:
         import tracer
@@ -30,14 +35,13 @@ class DumpCallback(trainer.Callback):
         if not config.path:  # the dump belongs in this run's directory unless told otherwise
             config = dataclasses.replace(config, path=str(state.run_dir))
         self.dumper = tracer.Dumper(state.model, config, rank=state.rank,
-                                    world_size=state.world_size)
-
-    def on_step_end(self, state: trainer.TrainState) -> None:
-        self.dumper.step()
+                                    world_size=state.world_size, first_step=state.step)
 
     def on_run_end(self, state: trainer.TrainState) -> None:
         if self.dumper is not None:
-            self.dumper.close()
+            # called from the trainer's `finally`: the exception ending a failed run, if any,
+            # is the one being handled; its step is written marked interrupted
+            self.dumper.close(interrupted=sys.exc_info()[1])
 
 
 class ProfileCallback(trainer.Callback):

@@ -265,10 +265,7 @@ class AsyncWriter(Writer):
 
     def _fail_staging(self, e: Exception, meta: RecordMeta) -> None:
         """Drop the half-made step and apply on_error to `e`, raised staging `meta`'s record."""
-        self._waiting.drop()
-        self._rows.reset()
-        self._put(("end", None), 0)
-        self._in_step = False
+        self._drop_step()
         self._storage_error(e, f"staging {meta.name!r} at step {self._step}")
 
     def _hand_over_bytes(self) -> None:
@@ -285,15 +282,22 @@ class AsyncWriter(Writer):
             if self._observer_error is None:
                 self._observer_error = e
 
-    def _close_step(self, *, complete: bool) -> None:
+    def _close_step(self, *, complete: bool, reason: str | None = None) -> None:
         """Make the queued records' rows, hand the rows made in the training thread to the
-        writer thread, and end the step's file there (marked complete or not)."""
+        writer thread, and end the step's file there (marked complete or not, and why)."""
         self.settle()
         self._hand_over_bytes()
         if self._rows.rows:
             rows, self._rows.rows = self._rows.rows, []
             self._put(("rows", rows), 0)
-        self._put(("end", complete), 0)
+        self._put(("end", complete, reason), 0)
+
+    def _drop_step(self) -> None:
+        """Forget the open step: nothing of it is written."""
+        self._waiting.drop()
+        self._rows.reset()
+        self._put(("end", None, None), 0)
+        self._in_step = False
 
     def add_hit(self, hit: dict) -> None:
         if threading.get_ident() == self._thread.ident:
@@ -304,11 +308,14 @@ class AsyncWriter(Writer):
         if self.enabled and self._in_step:
             self._put(("hit", dict(hit)), 0)
 
-    def end_step(self) -> None:
+    def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         self._raise_pending()
         if self.enabled and self._in_step:
+            if drop:
+                self._drop_step()
+                return
             self._in_step = False
-            self._close_step(complete=True)
+            self._close_step(complete=status_reason is None, reason=status_reason)
 
     def flush(self) -> None:
         """Wait until everything queued so far is written; raise a pending error."""
@@ -453,7 +460,7 @@ class AsyncWriter(Writer):
                     self._wfile.abort()
                     self._wfile = None
             else:
-                self._finish_file(complete=item[1])
+                self._finish_file(complete=item[1], reason=item[2])
         elif kind == "bytes":
             _, offset, pending = item
             if self._wfile is None:  # its step was dropped after an error
@@ -475,7 +482,7 @@ class AsyncWriter(Writer):
         else:  # pragma: no cover - internal invariant
             raise AssertionError(f"unknown queue item {kind!r}")
 
-    def _finish_file(self, *, complete: bool) -> None:
+    def _finish_file(self, *, complete: bool, reason: str | None = None) -> None:
         """Hand the open step file to the flusher thread, which writes its metadata and bytes
         while this thread goes on with the next step (I/O and CPU overlap); then a syncer
         thread fsyncs and renames it while the flusher writes the next one (disk waits overlap
@@ -484,6 +491,8 @@ class AsyncWriter(Writer):
         file, self._wfile = self._wfile, None
         if file is None:
             return
+        if reason:
+            file.attrs["status_reason"] = reason
         try:
             self._wait_written()
             self._collect_commits(keep=_MAX_UNSYNCED - 1)

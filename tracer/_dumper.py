@@ -2,11 +2,18 @@
 
 A Dumper counts steps, and while the current step is selected it installs the module hooks
 (and, for level op/mix, the dispatch mode); between selected steps nothing is installed, so an
-unselected step costs only torch's global optimizer hooks. Step rule: the first
-``optimizer.step()`` of any optimizer ends a step, and so does ``GradScaler.update()`` after an
-iteration whose optimizer step the scaler skipped (tracer._scaler), until the script calls
-``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps (and each
-optimizer step inside a step adds one more ``call`` of parameter records).
+unselected step costs only torch's global optimizer hooks. Step rule (DESIGN.md, the one
+definition for the trainer, plain loops and `sleuth run`): a step begins when the previous
+``optimizer.step()`` of any optimizer returns, or ``GradScaler.update()`` after an iteration
+whose optimizer step the scaler skipped (tracer._scaler), and ends when its own does, until the
+script calls ``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps
+(and each optimizer step inside a step adds one more ``call`` of parameter records).
+
+What runs after the last optimizer step (``loss.item()``, ``zero_grad``, logging, a final
+evaluation) is not a step: at close it is dropped, with a warning and a line in
+``RUN/dump/rank{R}/notes.jsonl`` that count its records, so a run of N optimizer steps writes N
+step files. A step ended by an exception, a caught signal or the process exiting before its
+optimizer step is written with its records so far and ``status`` "interrupted" (`close`).
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, TracerError, WatchpointHit
+from tracer._flight import describe_exception, on_crash
 from tracer._module_hooks import ModuleTracker
 from tracer._scaler import on_scaler_update
 from tracer._scaler import rewrap as rewrap_scalers
@@ -91,6 +99,13 @@ def _in_data_worker() -> bool:
     return info is not None and info() is not None
 
 
+def _has_backward(items: list) -> bool:
+    """Whether records the op observer kept hold a backward one: /records rows (phase at 4)
+    or (RecordMeta fields, tensor, stable) (phase at 3)."""
+    return any((item[0][3] if len(item) == 3 else item[4]) == "backward"
+               for item in reversed(items))
+
+
 _live: weakref.WeakSet[Dumper] = weakref.WeakSet()
 
 
@@ -128,14 +143,19 @@ class Dumper:
             top-level module that runs (the first is ``<root>``, later ones ``<root1>``, ...).
         config: a DumpConfig, a dict, inline JSON, a JSON path, or None for the defaults.
         rank, world_size: default to $RANK / $WORLD_SIZE (0 and 1).
+        first_step: the number of the first step (a resumed run's next optimizer step, so
+            that dump steps keep matching the trainer's).
 
     Use as a context manager, or call ``close()``: it writes the last step and re-raises
-    writer errors. Raises ConfigError for a bad config or a module filter matching nothing.
+    writer errors; an exception leaving the ``with`` block, an uncaught exception or SIGTERM
+    writes the open step marked interrupted. Raises ConfigError for a bad config or a module
+    filter matching nothing.
     """
 
     def __init__(self, model: torch.nn.Module | None = None,
                  config: DumpConfig | dict | str | os.PathLike | None = None, *,
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None,
+                 first_step: int = 0) -> None:
         config = resolve_config(config)
         capture = resolve_capture(config)
         if capture != config.op_capture:  # the files say how the run was captured
@@ -144,7 +164,7 @@ class Dumper:
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else int(rank)
         self.world_size = (int(os.environ.get("WORLD_SIZE", 1)) if world_size is None
                            else int(world_size))
-        self.current_step = 0
+        self.current_step = int(first_step)
         self.capturing = False
         self._busy = False
         self._explicit = False
@@ -166,6 +186,8 @@ class Dumper:
         self._snapshot_plan: tuple | None = None
         self._optimizer_recorded = False
         self._stepped = False  # an optimizer step ended a step since the last scaler update
+        self._auto_ended = False  # an optimizer step (or a skipping scaler) ended a step
+        self._backward = False  # the current step recorded a backward pass
         self._handles: list[Any] = []
         self._failed = False
         self._mode: Any = None
@@ -191,7 +213,8 @@ class Dumper:
             self._mode = OpMode(self, self._tracker)
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
                          _optim.register_optimizer_step_post_hook(self._optimizer_post),
-                         on_scaler_update(self._scaler_update)]
+                         on_scaler_update(self._scaler_update),
+                         on_crash(self._crashed)]
         try:
             self._begin()
         except BaseException:  # nothing of a Dumper that failed to start stays attached
@@ -207,7 +230,7 @@ class Dumper:
             self.close()
             return
         try:
-            self.close()
+            self.close(interrupted=exc if exc is not None else exc_type.__name__)
         except WatchpointHit:
             # the exception in flight (often the first hit, raised where it happened) is the
             # one to see; a later record hitting while the step is written must not mask it
@@ -216,27 +239,46 @@ class Dumper:
     def step(self) -> None:
         """End the current step (its file is written) and start the next one.
 
-        After the first explicit call, optimizer steps no longer end steps by themselves.
+        After the first explicit call, optimizer steps no longer end steps by themselves. A
+        first call right after an optimizer step (``opt.step(); d.step()``, the usual place)
+        ends nothing: that optimizer step already ended the iteration's step.
         """
-        self._explicit = True
+        first, self._explicit = not self._explicit, True
         self._remove_after_failure()
         if not self.enabled:
             self.current_step += 1
             return
+        if first and self._auto_ended:
+            if self._record_compiled is not None and self.capturing:
+                self.take_observed()  # the op observer's gradient records say if backward ran
+            if not self._backward:
+                return
         self._end()
         self.current_step += 1
         self._begin()
 
-    def close(self) -> None:
+    def close(self, *, interrupted: BaseException | str | None = None) -> None:
         """Write the current step if it recorded anything, remove every hook, close the writer
-        (re-raising its errors). Safe to call twice."""
+        (re-raising its errors). Safe to call twice.
+
+        `interrupted`: the exception (or a description) that ended the run: the open step is
+        written with its records so far, `complete` 0, `status` "interrupted" and the reason
+        (``"ValueError: bad batch"``). Without it the open step is written as a step, unless
+        optimizer steps end this Dumper's steps (no explicit `step()`) and one already did:
+        then a step that ran backward is marked interrupted (the run ended before its
+        optimizer step), and one that did not holds only what followed the last optimizer step
+        and is dropped with a note (module docstring)."""
         if self._closed:
             return
         self._closed = True
+        reason = None
+        if interrupted is not None:
+            reason = (interrupted if isinstance(interrupted, str)
+                      else describe_exception(interrupted)) or "interrupted"
         try:
             self._remove_after_failure()
             if self.enabled:
-                self._end(final=True)
+                self._end(final=True, interrupted=reason)
         finally:
             for handle in self._handles:
                 handle.remove()
@@ -290,6 +332,8 @@ class Dumper:
         `_quietly`: each Python call level costs ~3 us on the caches an op just cooled."""
         if self._busy or not self.capturing or not tensors:
             return
+        if phase == "backward":
+            self._backward = True
         if not self._open and _in_data_worker():
             self._leave_process()
             return
@@ -369,6 +413,8 @@ class Dumper:
             raise TracerError('op_capture "observer" writes through the tracer\'s own writers')
         writer, meta, add = self._writer, self._meta, self._add
         items, kept = self._mode.drain(writer.next_seq, writer.add_observed_bytes)
+        if not self._backward:  # its gradient records never pass through `emit_all`
+            self._backward = _has_backward(items)
         if not kept:  # rows only (every CPU tensor of a kernel dtype)
             if items:
                 writer.add_rows(items)
@@ -464,6 +510,7 @@ class Dumper:
     # -- steps ----------------------------------------------------------------------------------
     def _begin(self) -> None:
         rewrap_scalers()  # a scaler class imported since (FSDP's)
+        self._backward = False
         if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
             self._snapshot_buffers = {}  # memory the size of the model: not kept between dumps
             self._snapshot_plan = None
@@ -481,25 +528,87 @@ class Dumper:
             self._mode.pop()
         self._tracker.remove()
 
-    def _end(self, final: bool = False) -> None:
+    def _end(self, final: bool = False, interrupted: str | None = None) -> None:
         if not self.capturing:
             return
+        drop = False
         try:
             # the parameter records' ops are not records; what the op observer kept becomes
             # rows here, which opens the step as a record would
             if self._mode is not None:
                 self._mode.pop()
-            if self.config.params and not self._optimizer_recorded and not (final and not self._open):
-                self._record_params(call=0, with_update=False)
+            if final and interrupted is None and self._auto_ended and not self._explicit:
+                # closed where no optimizer step ended the step (see `close`)
+                if self._backward:
+                    interrupted = "the run ended before this step's optimizer.step()"
+                else:
+                    drop = True
+            if (self.config.params and not self._optimizer_recorded and not drop
+                    and not (final and not self._open)):
+                self._step_end_params(interrupted)
         finally:
             self._uninstall()
             if self._open:
                 self._open = False
                 self._busy = True
                 try:
-                    self._writer.end_step()
+                    if drop and self._takes_stats:
+                        self._drop_step()
+                    elif interrupted is not None and self._takes_stats:
+                        self._writer.end_step(interrupted)
+                    else:
+                        self._writer.end_step()
                 finally:
                     self._busy = False
+
+    def _step_end_params(self, interrupted: str | None) -> None:
+        """The parameter and gradient records of a step that no optimizer step recorded. In an
+        interrupted step they show the weights and gradients the run died with; an error
+        taking them must not hide the one that ended the run, so it is only warned about (a
+        watchpoint hit among them is already in the step's /hits)."""
+        if interrupted is None:
+            self._record_params(call=0, with_update=False)
+            return
+        try:
+            self._record_params(call=0, with_update=False)
+        except WatchpointHit:
+            pass
+        except Exception as e:  # noqa: BLE001 - the run is ending with its own error
+            warnings.warn(f"sleuth tracer: the parameter records of interrupted step "
+                          f"{self.current_step} were not taken: {e}", RuntimeWarning,
+                          stacklevel=2)
+
+    def _drop_step(self) -> None:
+        """Drop the open step (what followed the last optimizer step), saying so: a warning
+        and a line in the rank's notes.jsonl, both with the number of records dropped."""
+        from tracer._format import step_path
+
+        records = self._writer.next_seq
+        self._writer.end_step(drop=True)
+        if not records:
+            return
+        step = self.current_step
+        note = {"step": step, "dropped_records": records,
+                "reason": "made after the last optimizer.step() of the run (loss.item(), "
+                          "zero_grad, logging, evaluation): not a step of its own"}
+        path = step_path(self.config.run_dir(), self.rank, step).with_name("notes.jsonl")
+        where = f"noted in {path}"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(note) + "\n")
+        except OSError as e:
+            where = f"not noted in {path}: {e}"
+        warnings.warn(f"sleuth tracer: {records} record(s) made after the run's last "
+                      f"optimizer.step() were not written as step {step} ({where}); call "
+                      f"Dumper.step() yourself to choose where steps end", RuntimeWarning,
+                      stacklevel=4)
+
+    def _crashed(self, reason: str) -> None:
+        """The process is dying (an uncaught exception, SIGTERM; tracer._flight's hooks):
+        write the open step, marked interrupted, while it still can."""
+        if not self._closed and self.enabled:
+            self.close(interrupted=reason)
 
     def _wanted_params(self, optimizer: torch.optim.Optimizer | None = None) -> list:
         entries = self._tracker.param_names()
@@ -651,7 +760,7 @@ class Dumper:
             self._record_params(call=call, with_update=True, optimizer=optimizer)
             self._optimizer_recorded = True
         if not self._explicit:
-            self._stepped = True
+            self._stepped = self._auto_ended = True
             self._end()
             self.current_step += 1
             self._begin()
@@ -667,6 +776,7 @@ class Dumper:
         self._remove_after_failure()
         if stepped or self._explicit or self._closed or not self.enabled:
             return
+        self._auto_ended = True
         self._end()
         self.current_step += 1
         self._begin()

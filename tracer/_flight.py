@@ -5,18 +5,22 @@ uncaught exception, or on SIGTERM, so that a crashed run still tells what led to
 It is a row sink of the writer (one tuple append per record, no tensor bytes), or an observer
 of writers without sinks. The previous
 `sys.excepthook` and SIGTERM handler are chained, not replaced, and restored by `remove()`.
+These hooks are the tracer's only crash hooks: a Dumper hears of the crash through them
+(`on_crash`) and writes its open step, marked interrupted, before the recorder's file is saved
+and the previous hook or handler runs.
 """
 from __future__ import annotations
 
 import collections
 import datetime as _dt
+import itertools
 import json
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -28,6 +32,50 @@ _INT_COLS = ("step", "seq", "index", "call", "numel", "nan", "posinf", "neginf",
              "checksum")
 _FLOAT_COLS = ("min", "max", "mean", "norm")
 _COLS = _INT_COLS[:2] + _STR_COLS + _INT_COLS[2:] + _FLOAT_COLS
+
+
+_listeners: dict[int, Callable[[str], None]] = {}
+_listener_keys = itertools.count()
+
+
+class CrashListener:
+    """Handle of an `on_crash` callback; `remove()` is idempotent."""
+
+    def __init__(self, key: int) -> None:
+        self._key = key
+
+    def remove(self) -> None:
+        _listeners.pop(self._key, None)
+
+    def __enter__(self) -> CrashListener:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def on_crash(callback: Callable[[str], None]) -> CrashListener:
+    """Call `callback(reason)` when an installed flight recorder's hooks see the process die:
+    an uncaught exception ("KeyError: 'x'") or SIGTERM ("SIGTERM"), before the recorder saves
+    and the previous hook or handler runs. Exceptions of the callback are printed, never
+    raised: they must not hide the crash."""
+    key = next(_listener_keys)
+    _listeners[key] = callback
+    return CrashListener(key)
+
+
+def _notify(reason: str) -> None:
+    for callback in tuple(_listeners.values()):
+        try:
+            callback(reason)
+        except Exception as e:  # noqa: BLE001 - never hide the original error
+            print(f"sleuth tracer: while the process died ({reason}): {e}", file=sys.stderr)
+
+
+def describe_exception(value: BaseException) -> str:
+    """ "ValueError: bad", or the type alone when the message is empty ("KeyboardInterrupt")."""
+    text = str(value)
+    return f"{type(value).__name__}: {text}" if text else type(value).__name__
 
 
 class FlightRecorder:
@@ -154,6 +202,9 @@ class FlightRecorder:
         self.remove()
 
     def _excepthook(self, etype: Any, value: Any, tb: Any) -> None:
+        if os.getpid() == self._owner:
+            _notify(describe_exception(value) if isinstance(value, BaseException)
+                    else etype.__name__)
         try:
             if self.saved is None and os.getpid() == self._owner:
                 # (a watchpoint may have written it already, with its reason)
@@ -164,6 +215,8 @@ class FlightRecorder:
         (self._prev_hook or sys.__excepthook__)(etype, value, tb)
 
     def _sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() == self._owner:
+            _notify("SIGTERM")
         try:
             if os.getpid() == self._owner:
                 path = self.save(reason="SIGTERM")

@@ -32,7 +32,7 @@ from h5py import h5a, h5d, h5f, h5p, h5s, h5t
 
 from tracer._template import ImageCache
 
-FORMAT_VERSION = "3.0"
+FORMAT_VERSION = "3.1"
 FORMAT_MAJOR = 3
 
 _STR = h5py.string_dtype("utf-8")
@@ -93,7 +93,26 @@ def root_attrs(*, rank: int, world_size: int, step: int, level: str, mode: str,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "sleuth_version": sleuth_version, "torch_version": torch_version,
         "config": json.dumps(config, sort_keys=True),
+        # set from the writer's `complete` flag when the file is written (`mark_status`)
+        "status": "complete", "status_reason": "",
     }
+
+
+UNENDED = "the writer closed, or the next step began, while this step was open"
+"""`status_reason` of an interrupted step whose writer was given no reason."""
+
+
+def mark_status(attrs: dict[str, Any], complete: bool) -> None:
+    """Set `status` ("complete" or "interrupted") and `status_reason` from `complete`.
+
+    Every write path (HDF5 here or in the file-writer process, a template's image) calls this
+    before it uses the attributes, so `status` always agrees with `complete`: an interrupted
+    step keeps the reason its writer set (`Writer.end_step(status_reason=...)`), or UNENDED."""
+    if complete:
+        attrs["status"], attrs["status_reason"] = "complete", ""
+    else:
+        attrs["status"] = "interrupted"
+        attrs["status_reason"] = str(attrs.get("status_reason") or UNENDED)
 
 
 class StepFile:
@@ -200,6 +219,7 @@ class StepFile:
         `metadata(file, complete)`: writes the HDF5 part in the partial path instead of this
         thread (`write_metadata` in another process, tracer._filer) and returns the offset of
         /tensors, or None to have it written here."""
+        mark_status(self.attrs, complete)
         if metadata is None:
             pending = self.write_from_image(complete)
             if pending is not None:
@@ -232,6 +252,7 @@ class StepFile:
         HDF5 builds a file of 204 rows in ~2 ms inside a training step, the patch ~0.1 ms."""
         if self.nbytes or self.spilled or self.hits_table() is not None:
             return None
+        mark_status(self.attrs, complete)
         # packed once: HDF5 takes the same table when there is no template
         self.table = self.records_table()
         image = _IMAGES.image(self.attrs, complete, self.table)
@@ -312,6 +333,7 @@ class StepFile:
         is there when the metadata fits below it."""
         if spilled is None:
             spilled = self.spilled
+        mark_status(self.attrs, complete)
         table = self.records_table()
         hits = self.hits_table()
         fapl = h5p.create(h5p.FILE_ACCESS)

@@ -217,7 +217,7 @@ class Dump:
 
     def summary(self):
         """One row per step file: rank, step, records, tensor_bytes, file_bytes, complete,
-        path (reads only file metadata)."""
+        status ("complete" or "interrupted", see `status`), path (reads only file metadata)."""
         import pandas as pd
 
         rows = []
@@ -226,9 +226,17 @@ class Dump:
             rows.append(dict(rank=rank, step=step, records=int(f["records"].shape[0]),
                              tensor_bytes=int(f["tensors"].shape[0]) if "tensors" in f else 0,
                              file_bytes=path.stat().st_size,
-                             complete=bool(f.attrs.get("complete", 1)), path=str(path)))
+                             complete=bool(f.attrs.get("complete", 1)),
+                             status=_status(f.attrs)[0], path=str(path)))
         return pd.DataFrame(rows, columns=["rank", "step", "records", "tensor_bytes",
-                                           "file_bytes", "complete", "path"])
+                                           "file_bytes", "complete", "status", "path"])
+
+    def status(self, rank: int = 0, step: int | None = None) -> tuple[str, str]:
+        """(status, reason) of a step: ("complete", "") for a step that ended at its optimizer
+        step (or `Dumper.step()`), ("interrupted", why) for one cut short by an exception, a
+        signal or the process exiting, whose file holds the records made until then. Files
+        older than format 3.1 carry no status: their `complete` attribute decides."""
+        return _status(self._open(rank, self._default_step(rank, step)).attrs)
 
     @property
     def problems(self) -> list[FileState]:
@@ -500,6 +508,18 @@ def _short_list(values: list[int], limit: int = 12) -> str:
     if len(values) <= limit:
         return ", ".join(map(str, values)) or "none"
     return ", ".join(map(str, values[:limit])) + f", ... ({len(values)} in all)"
+
+
+def _status(attrs: Any) -> tuple[str, str]:
+    """(status, reason) from a step file's root attributes (`Dump.status`)."""
+    status = attrs.get("status")
+    if status is None:  # before format 3.1
+        return (("complete", "") if int(attrs.get("complete", 1)) else
+                ("interrupted", "the writer closed with the step open (no reason recorded "
+                                "before format 3.1)"))
+    reason = attrs.get("status_reason", "")
+    decode = (lambda v: v.decode() if isinstance(v, bytes) else str(v))
+    return decode(status), decode(reason)
 
 
 def open_dump(path: str | Path) -> Dump:

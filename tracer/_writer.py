@@ -401,8 +401,13 @@ class Writer:
         current step's file."""
         raise NotImplementedError
 
-    def end_step(self) -> None:
-        """Finish the current step: sync, the file exists on return; async, it is queued."""
+    def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
+        """Finish the current step: sync, the file exists on return; async, it is queued.
+
+        `status_reason`: the step was cut short (an exception, a signal, the process exiting):
+        its file is written with what it holds, `complete` 0, `status` "interrupted" and this
+        reason. `drop`: the step is not a step (records made after the run's last optimizer
+        step, see `Dumper.close`): nothing of it is written."""
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -743,10 +748,13 @@ class SyncWriter(Writer):
         if self.enabled and self._file is not None:
             self._file.add_hit(hit)
 
-    def end_step(self) -> None:
+    def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         if self.enabled and self._file is not None:
+            if drop:
+                self._abort()
+                return
             self.settle()
-            self._finish(complete=True)
+            self._finish(complete=status_reason is None, reason=status_reason)
 
     def close(self) -> None:
         if self._closed:
@@ -760,9 +768,11 @@ class SyncWriter(Writer):
         finally:
             self._closed = True
 
-    def _finish(self, *, complete: bool) -> None:
+    def _finish(self, *, complete: bool, reason: str | None = None) -> None:
         file, self._file = self._file, None
         assert file is not None
+        if reason:
+            file.attrs["status_reason"] = reason
         try:
             self.files_written.append(file.finish(complete=complete))
         except Exception as e:  # noqa: BLE001 - on_error decides

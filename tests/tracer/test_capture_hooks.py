@@ -361,16 +361,19 @@ def test_explicit_step_stops_optimizer_counting(writers):
     model = MLP()
     with tracer.Dumper(model, cfg()) as d:
         opt = train(model, mlp_batch, steps=1, micro=1)  # counted by the optimizer hook: step 0
-        d.step()  # explicit from now on: step 1 -> 2
-        for _ in range(2):  # two optimizer steps inside step 2
+        # explicit from now on; the optimizer step just ended step 0, so this ends nothing (a
+        # step of parameter records alone would put every later step one off the loop's)
+        d.step()
+        assert d.current_step == 1
+        for _ in range(2):  # two optimizer steps inside step 1
             model(torch.randn(2, 8)).sum().backward()
             opt.step()
+        assert d.current_step == 1
+        d.step()
         assert d.current_step == 2
     w = writers[0]
-    assert w.steps == [0, 1, 2]
-    # step 1 ran no optimizer: its explicit end records the parameters without an update
-    assert {m.direction for s, m, _ in w.records if s == 1} == {"param"}
-    names = w.names(step=2)
+    assert w.steps == [0, 1]
+    names = w.names(step=1)
     assert "fc1.weight.optimizer.0.update.0" in names and "fc1.weight.optimizer.1.update.0" in names
 
 
@@ -543,13 +546,14 @@ def test_a_step_the_grad_scaler_skipped_is_a_step_of_its_own(writers):
 
 def test_grad_scaler_leaves_explicit_steps_alone(writers):
     """Every optimizer step skipped; once the script calls d.step() only it ends steps. The
-    first iteration ends before the first d.step() call, as an optimizer step would (the step
-    rule), so d.step() then closes a step of parameter records alone."""
+    first iteration ends at its scaler update, before the first d.step() call, as an optimizer
+    step would (the step rule); that d.step() then ends nothing more, so the script's
+    iterations and the steps stay one to one."""
     with tracer.Dumper(None, cfg(level="module")) as d:
         _, skipped = _scaled_training(d, 3, explicit=True, backoff=0.5)
     assert skipped == [True, True, True]
     (w,) = writers
-    assert w.steps == [0, 1, 2, 3]
+    assert w.steps == [0, 1, 2]
     assert {m.call for _, m, _ in w.records if m.phase == "forward"} == {0}
 
 
