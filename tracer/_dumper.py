@@ -18,6 +18,7 @@ optimizer step is written with its records so far and ``status`` "interrupted" (
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import threading
