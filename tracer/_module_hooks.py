@@ -330,9 +330,12 @@ class ModuleTracker:
                 recomputing: bool) -> None:
         """Emit a module call's forward inputs or outputs now, and hook their gradients."""
         observer = self.observer
-        if observer is not None and observer.record_call(
-                name, direction, call, tensors, self.want_fw and not recomputing, self.want_bw):
-            return  # kept in compiled code, gradient hooks too (tracer._op_observer)
+        if observer is not None:
+            with tool_range():
+                kept = observer.record_call(name, direction, call, tensors,
+                                            self.want_fw and not recomputing, self.want_bw)
+            if kept:
+                return  # kept in compiled code, gradient hooks too (tracer._op_observer)
         if self.want_fw and not recomputing:
             source = user_source(3)  # above this, the hook, then torch's _call_impl
             with tool_range():
