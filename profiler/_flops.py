@@ -4,8 +4,9 @@ torch's `FlopCounterMode` would count while the step runs, but it is a dispatch 
 decomposes some ops into others (`aten.silu_backward` into `sigmoid` and `mul`), so a counted
 step would not compute the same bits as an uncounted one. Here nothing runs during training:
 after a window is saved, each matmul-like op of the trace (`record_shapes=True` gives its
-"Input Dims" and "Concrete Inputs") is re-run on meta tensors for its output shape and priced
-with torch's own formulas (`torch.utils.flop_counter.flop_registry`). An op nested in another
+"Input Dims" and "Concrete Inputs") is priced with torch's own formulas
+(`torch.utils.flop_counter.flop_registry`) from those shapes, and, where a formula needs the
+output's shape too (convolutions), from a re-run of the op on meta tensors. An op nested in another
 counted op (`aten::convolution` around `aten::_convolution`, an op dispatched through a Python
 dispatch mode inside its own outer record) is counted once, and a tool's own work
 (`sleuth.tool::` ranges) is not counted.
@@ -66,8 +67,15 @@ class _Pricer:
         namespace, op = name.split("::", 1)
         packet = getattr(getattr(self._torch.ops, namespace), op)
         args, kwargs = _split(packet, values)
-        out = packet(*args, **kwargs)  # on meta tensors: only the output's shape is computed
-        return int(self._registry[name](*args, out_val=out, **kwargs))
+        formula = self._registry[name]
+        try:  # most formulas read the inputs' shapes only
+            return int(formula(*args, out_val=None, **kwargs))
+        except (TypeError, AttributeError, IndexError):
+            pass
+        # a convolution's needs its output's shape: re-run it on meta tensors (the first call
+        # in a process imports torch's meta kernels, about a second)
+        out = packet(*args, **kwargs)
+        return int(formula(*args, out_val=out, **kwargs))
 
     def _value(self, dims: Any, typ: str, concrete: str) -> Any:
         if typ not in _NOT_TENSOR and not concrete and isinstance(dims, list):
