@@ -72,8 +72,8 @@ class _Pricer:
             return int(formula(*args, out_val=None, **kwargs))
         except (TypeError, AttributeError, IndexError):
             pass
-        # a convolution's needs its output's shape: re-run it on meta tensors (the first call
-        # in a process imports torch's meta kernels, about a second)
+        # a convolution's needs its output's shape: re-run it on meta tensors, which is kept
+        # for these few ops because its first call in a process imports torch's meta kernels
         out = packet(*args, **kwargs)
         return int(formula(*args, out_val=out, **kwargs))
 
