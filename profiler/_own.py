@@ -12,6 +12,7 @@ dispatch mode (the tracer's op level) adds around each op, in a saved trace.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,10 @@ TOOL_PREFIX = "sleuth.tool::"
 @contextlib.contextmanager
 def own_work(tool: str) -> Iterator[None]:
     """Run the body with the Python dispatch modes set aside, marked `sleuth.tool::{tool}`."""
-    import torch
+    torch = sys.modules.get("torch")
+    if torch is None:  # no torch loaded (a histogram of a numpy array): nothing to set aside
+        yield
+        return
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
