@@ -16,6 +16,7 @@ import weakref
 from typing import Any
 
 from profiler._config import CollectorConfig
+from profiler._own import own_work
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -80,10 +81,10 @@ class AttachHandle:
         w = self.writer
         if step % w.frequency["scalar"] == 0:
             values: dict[str, float] = {}
-            for i, group in enumerate(optimizer.param_groups):
-                if "lr" in group:
-                    values[f"lr/group{i}"] = float(group["lr"])
-            with torch.no_grad():
+            with torch.no_grad(), own_work("summary"):  # an lr may be a tensor: float() is an op
+                for i, group in enumerate(optimizer.param_groups):
+                    if "lr" in group:
+                        values[f"lr/group{i}"] = float(group["lr"])
                 params = [p for g in optimizer.param_groups for p in g["params"]]
                 grads = [p.grad for p in params if p.grad is not None]
                 if params:
@@ -99,9 +100,9 @@ class AttachHandle:
                 for p in g["params"]:
                     name = self._names.get(id(p), f"param{n}")
                     n += 1
-                    w.add_histogram(f"weights/{name}", p.detach(), step)
+                    w.add_histogram(f"weights/{name}", p, step)
                     if p.grad is not None:
-                        w.add_histogram(f"grads/{name}", p.grad.detach(), step)
+                        w.add_histogram(f"grads/{name}", p.grad, step)
 
     def remove(self) -> None:
         if self._removed:

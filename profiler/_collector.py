@@ -1,9 +1,11 @@
 """Collector: drives torch.profiler with the config's schedule and writes one trace per window.
 
 Training-time work is kept to what cannot wait: the profiler itself, module ranges while
-tracing, one FLOP count on the step before the first window, and per window a gzipped Chrome
-trace plus a small JSON of metadata. Tables are built later from the trace (`read_profile`),
-unless `write_tables=True`. `key_averages()` is never called (0.4-0.6 s per step).
+tracing, and per window a gzipped Chrome trace plus a small JSON of metadata. FLOPs are counted
+from the window's recorded shapes once it is saved (`profiler._flops`), never by a dispatch mode
+during the step, so a profiled step computes the same bits as an unprofiled one. Tables are
+built later from the trace (`read_profile`), unless `write_tables=True`. `key_averages()` is
+never called (0.4-0.6 s per step).
 """
 from __future__ import annotations
 
@@ -50,9 +52,6 @@ class Collector:
         self._step_wall: dict[int, float] = {}
         self._window = 0
         self._modules: Any = None
-        self._flop_mode: Any = None
-        self._flop_step = -1
-        self._flops: dict[str, Any] = {}
         self._closed = False
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -93,9 +92,6 @@ class Collector:
         if cfg.with_modules:
             from profiler._modules import ModuleRanges
             self._modules = ModuleRanges()
-        first_record = next(s for s in range(cfg.skip_first + cfg.wait + cfg.warmup + 1)
-                            if cfg.schedule_action(s).startswith("record"))
-        self._flop_step = max(0, first_record - 1) if cfg.count_flops else -1
         self._prof = profile(
             activities=activities, schedule=self._torch_action,
             on_trace_ready=self._on_trace_ready, record_shapes=cfg.record_shapes,
@@ -114,8 +110,6 @@ class Collector:
         action = self.config.schedule_action(self._step)
         if action != "none":
             self._step_wall[self._step] = now - self._t0
-        if self._step == self._flop_step:
-            self._stop_flops()
         self._step += 1
         nxt = self.config.schedule_action(self._step)
         if self._modules is not None:  # before prof.step(), so the window's last range closes
@@ -137,7 +131,6 @@ class Collector:
         if self._prof is None:
             return
         try:
-            self._stop_flops()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.stop()
@@ -151,34 +144,11 @@ class Collector:
         action = self.config.schedule_action(step)
         if self._modules is not None and action != "none":
             self._modules.install()
-        if step == self._flop_step:
-            self._start_flops()
         self._t0 = time.perf_counter()
 
     def _torch_action(self, step: int) -> Any:
         from torch.profiler import ProfilerAction
         return _TORCH_ACTIONS(ProfilerAction)[self.config.schedule_action(step)]
-
-    def _start_flops(self) -> None:
-        from torch.utils.flop_counter import FlopCounterMode
-        try:
-            mode = FlopCounterMode(display=False)
-            mode.__enter__()
-        except Exception as e:  # the count is optional; the profile is still worth having
-            warnings.warn(f"sleuth profiler: FLOP counting unavailable ({e}); MFU not reported",
-                          stacklevel=2)
-            return
-        self._flop_mode = mode
-
-    def _stop_flops(self) -> None:
-        mode, self._flop_mode = self._flop_mode, None
-        if mode is None:
-            return
-        mode.__exit__(None, None, None)
-        counts = mode.get_flop_counts().get("Global", {})
-        self._flops = {"flops_per_step": int(mode.get_total_flops()),
-                       "flop_counts": {str(k): int(v) for k, v in counts.items()},
-                       "flop_step": self._flop_step}
 
     # ---- window output -------------------------------------------------------------------------
     def _on_trace_ready(self, prof: Any) -> None:
@@ -192,6 +162,7 @@ class Collector:
         trace = self.dir / f"window{k}.trace.json.gz"
         tmp = self.dir / f".window{k}.trace.json.tmp"
         prof.export_chrome_trace(str(tmp))
+        flops = self._count_flops(tmp, recorded)
         gzip_atomic(tmp, trace)
         self.traces.append(trace)
         stacks = None
@@ -211,13 +182,33 @@ class Collector:
             "peak_tflops_source": "config" if cfg.peak_tflops else "default",
             "module_types": dict(self._modules.types) if self._modules is not None else {},
             "config": cfg.to_dict(), "torch_version": _torch_version(),
-            **self._flops,
+            **flops,
         }
         self._step_wall.clear()
         write_json_atomic(self.dir / f"window{k}.json", meta)
         if cfg.write_tables:
             from profiler._reader import write_window_tables
             write_window_tables(self.dir, k, cfg.table_format)
+
+    def _count_flops(self, trace_path: Path, steps: list[int]) -> dict[str, Any]:
+        """FLOPs per step from the saved trace's shapes; {} (no MFU) when they cannot be had."""
+        if not self.config.count_flops:
+            return {}
+        from profiler._flops import count_flops
+        from profiler._own import own_work
+        from profiler._tables import load_trace
+
+        try:
+            with own_work("profiler"):  # its meta-tensor ops are no op of the user's step
+                counted = count_flops(load_trace(trace_path), steps)
+        except Exception as e:  # noqa: BLE001 - the count is optional; the profile is kept
+            warnings.warn(f"sleuth profiler: FLOP counting failed ({type(e).__name__}: {e}); "
+                          "MFU not reported", RuntimeWarning, stacklevel=2)
+            return {}
+        if not counted:
+            warnings.warn("sleuth profiler: FLOPs are counted from recorded input shapes; with "
+                          "record_shapes=False MFU is not reported", RuntimeWarning, stacklevel=2)
+        return counted
 
     def _export_stacks(self, prof: Any, k: int) -> str | None:
         # export_stacks writes an empty file when the profiler kept no stacks

@@ -68,7 +68,8 @@ class CollectorConfig:
     with_flops: bool = False
     """Ask torch.profiler for its per-op FLOP estimate (MFU uses the flop counter instead)."""
     count_flops: bool = True
-    """Count the FLOPs of one step with torch.utils.flop_counter.FlopCounterMode, for MFU."""
+    """Count FLOPs per step for MFU, after each window, from its recorded shapes (needs
+    record_shapes) and torch's flop formulas; nothing runs during the step."""
     peak_tflops: float | None = None
     """Peak of one device in TFLOP/s for MFU; None: 989 (H100 bf16) on CUDA, 1.0 on CPU."""
     tokens_per_step: int | None = None

@@ -31,10 +31,12 @@ class Profile:
         backward_self_us, backward_total_us, forward_device_us (kernels launched inside the
         module's forward, nested modules included), backward_device_us (by its autograd nodes).
     steps: rank, window, step, step_us, source, data_us, forward_us, backward_us,
-        optimizer_us, other_us, comm_us.
+        optimizer_us, other_us, comm_us, tools_us (Sleuth's own work inside the phases: the
+        tracer's records when the dump was on, summary norms; docs/profiler.md).
     memory: rank, window, time_us, device, bytes, allocated_bytes, reserved_bytes.
     cluster: rank, step_time_s, comm_share, steps, slowest, slowdown (one row per rank).
-    traces: the trace files. summary: step_time_s, tokens_per_s, mfu, comm_share, ...
+    traces: the trace files. summary: step_time_s, tokens_per_s, mfu, comm_share, dump_on,
+        tools (microseconds per step of each tool's own work), tool_share, ...
     """
 
     ops: Any
@@ -120,7 +122,7 @@ _COLUMNS = {
                 "backward_self_us", "backward_total_us", "forward_device_us",
                 "backward_device_us"],
     "steps": ["step", "step_us", "source", "data_us", "forward_us", "backward_us",
-              "optimizer_us", "other_us", "comm_us"],
+              "optimizer_us", "other_us", "comm_us", "tools_us"],
     "memory": ["time_us", "device", "bytes", "allocated_bytes", "reserved_bytes"],
 }
 
@@ -195,9 +197,27 @@ def _summary(windows: Any, steps: Any, cluster: Any) -> dict[str, Any]:
            "windows": int(len(windows)), "steps": int(len(steps)),
            "step_time_s": st, "tokens_per_s": mean("tokens_per_s"), "mfu": mean("mfu"),
            "flops_per_step": mean("flops_per_step"), "peak_tflops": mean("peak_tflops"),
-           "comm_share": comm, "clamped_events": int(windows["clamped_events"].sum())}
+           "comm_share": comm, "clamped_events": int(windows["clamped_events"].sum()),
+           **_tools(windows, steps)}
     if len(cluster) > 1:
         times = cluster["step_time_s"]
         out["slowest_rank"] = int(cluster.loc[times.idxmax(), "rank"])
         out["step_time_spread"] = float((times.max() - times.min()) / times.mean())
     return out
+
+
+def _tools(windows: Any, steps: Any) -> dict[str, Any]:
+    """Tool time over all windows: per tool, microseconds per step (weighted by the windows'
+    steps); its share of the step time; whether the dump ran in any profiled step. Tables
+    written before tool time was measured have none of these columns and read as no tools."""
+    per_tool: dict[str, float] = {}
+    if "tools" in windows:
+        n = max(1, int(windows["steps"].sum()))
+        for tools, k in zip(windows["tools"], windows["steps"]):
+            for name, us in (tools if isinstance(tools, dict) else {}).items():
+                per_tool[name] = per_tool.get(name, 0.0) + us * k / n
+    total = steps["step_us"].sum() if not steps.empty else 0.0
+    share = (float(steps["tools_us"].fillna(0).sum() / total)
+             if "tools_us" in steps and total > 0 else 0.0)
+    return {"dump_on": bool("dump_on" in windows and windows["dump_on"].fillna(False).any()),
+            "tools": per_tool, "tool_share": share}

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 from profiler._errors import ConfigError, ProfilerError
 from profiler._io import rank_from_env
+from profiler._own import own_work
 
 FORMAT_VERSION = "1.0"
 TAG_BYTES = 512
@@ -150,7 +151,8 @@ class SummaryWriter:
         if self.stopped or step % self.frequency["histogram"]:
             return
         self._check_open()
-        edges, counts = _histogram(values, bins)
+        with own_work("summary"):
+            edges, counts = _histogram(values, bins)
         self._hists.append((self._tag_id(tag), int(step),
                             time.time() if wall_time is None else float(wall_time), edges, counts))
         self._pending_bytes += 36 + 8 * (len(edges) + len(counts))
@@ -167,9 +169,9 @@ class SummaryWriter:
             raise ConfigError(f"kinds must be among ('weights', 'grads'), got {bad}")
         for name, p in model.named_parameters():
             if "weights" in kinds:
-                self.add_histogram(f"weights/{name}", p.detach(), step, bins)
+                self.add_histogram(f"weights/{name}", p, step, bins)
             if "grads" in kinds and p.grad is not None:
-                self.add_histogram(f"grads/{name}", p.grad.detach(), step, bins)
+                self.add_histogram(f"grads/{name}", p.grad, step, bins)
 
     def flush(self) -> None:
         """Write buffered records and flush the file (no-op once closed)."""

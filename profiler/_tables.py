@@ -5,7 +5,12 @@ training (`read_profile`, `sleuth profile`) instead of in the training loop, and
 hand-made traces. Times in the tables are microseconds, as in the trace.
 
 torch.profiler defects handled here:
-- self time can come out negative when a child's clock reading overlaps its parent's end
+- ranges overlap without nesting: a `record_function` range (category `user_annotation`)
+  opened by an op that a Python dispatch mode intercepts begins inside that mode's
+  `PythonDispatchMode` event and outlives it. Such a range is nested in the innermost event
+  that holds all of it, not in the one it crosses, and self time subtracts the union of the
+  children, so that event's self time does not come out negative;
+- self time can still come out negative when a child's clock reading overlaps its parent's end
   (pytorch/pytorch#101861, #128479): durations and self times are clamped at 0 and the number
   of clamped events is reported as `clamped_events`;
 - CPU-only traces have no device events: device columns are 0, not missing.
@@ -21,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler._errors import ProfileFormatError
+from profiler._own import tool_work
 
 MODULE_PREFIX = "sleuth.module::"
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
@@ -79,12 +85,19 @@ def _nest(events: list[_Ev]) -> int:
         for ev in evs:
             while stack and stack[-1].end <= ev.ts:
                 stack.pop()
-            if stack:
-                ev.parent = stack[-1]
-                stack[-1].children.append(ev)
+            if ev.cat == "user_annotation":
+                # a range: nested in the innermost open event that holds it whole; one it only
+                # crosses stays open below it (later events start after it ended)
+                parent = next((p for p in reversed(stack) if p.end >= ev.end), None)
+            else:  # an op running past its parent's end is clock skew: still its child
+                parent = stack[-1] if stack else None
+            if parent is not None:
+                ev.parent = parent
+                parent.children.append(ev)
             stack.append(ev)
         for ev in evs:
-            child = sum(c.dur for c in ev.children)
+            # a union: a crossing range and the event it crossed are siblings that overlap
+            child = _union_us([(c.ts, min(c.end, ev.end)) for c in ev.children])
             self_us = ev.dur - child
             if self_us < 0:
                 clamped += 1
@@ -156,6 +169,7 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         elif ph == "i" and e.get("name") == "[memory]":
             memory_events.append(e)
     clamped = _nest(host) + negative_durations
+    hidden, tool_pieces = tool_work(host)
 
     steps = sorted((ev for ev in host if _STEP_RE.match(ev.name)), key=lambda x: x.ts)
     if meta.get("steps") is not None:
@@ -194,7 +208,7 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     n_steps = max(1, len(steps))
     ops: dict[tuple[str, str], dict[str, Any]] = {}
     for ev in host:
-        if ev.cat != "cpu_op":
+        if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
             continue
         key = (ev.name, _shapes(ev.args))
         row = ops.get(key)
@@ -325,6 +339,9 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         row["other_us"] = max(0.0, row["step_us"] - parts)
         row["comm_us"] = _union_us([(max(ev.ts, s0), min(ev.end, s1)) for ev in comm_evs
                                     if ev.ts < s1 and ev.end > s0])
+        # tool time sits inside the phases above; a piece's share is its overlap with the step
+        row["tools_us"] = _union_us([(max(a, s0), min(b, s1)) for a, b, _ in tool_pieces
+                                     if a < s1 and b > s0])
         step_rows.append(row)
 
     # ---- memory ---------------------------------------------------------------------------
@@ -354,9 +371,27 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         "comm_share": (sum(r["comm_us"] for r in step_rows) / total_step_us) if total_step_us else 0.0,
         "clamped_events": clamped,
         "window_us": win1 - win0,
+        **_tool_summary(tool_pieces, step_rows, [(st.ts, st.end) for st in steps]),
     }
     return {"ops": op_rows, "modules": list(mods.values()), "steps": step_rows,
             "memory": mem_rows, "summary": summary}
+
+
+def _tool_summary(pieces: list[tuple[float, float, str]], step_rows: list[dict[str, Any]],
+                  spans: list[tuple[float, float]]) -> dict[str, Any]:
+    """`tools`: microseconds per step of each tool's own work in the steps (e.g. {"tracer":
+    812.5}); `tool_share`: the share of the step time that was tool work; `dump_on`: the tracer
+    ran in the steps."""
+    per_tool: dict[str, float] = {}
+    for t in sorted({tool for _, _, tool in pieces}):
+        us = sum(_union_us([(max(a, s0), min(b, s1)) for a, b, tool in pieces
+                            if tool == t and a < s1 and b > s0]) for s0, s1 in spans)
+        if us > 0:
+            per_tool[t] = us / max(1, len(spans))
+    total_step = sum(r["step_us"] for r in step_rows)
+    return {"tools": per_tool,
+            "tool_share": sum(r["tools_us"] for r in step_rows) / total_step if total_step else 0.0,
+            "dump_on": "tracer" in per_tool}
 
 
 def _ancestors(ev: _Ev):

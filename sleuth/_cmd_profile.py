@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         ops = _top(prof.ops, ["name"], "device_us", args.top)
     mods = _top(prof.modules, ["module", "type"], "forward_total_us", args.top)
     phases = ["step_us", "data_us", "forward_us", "backward_us", "optimizer_us", "other_us",
-              "comm_us"]
+              "comm_us", "tools_us"]
     breakdown = (prof.steps.groupby("rank")[phases].mean().reset_index()
                  if not prof.steps.empty else prof.steps)
     if args.csv:
@@ -79,6 +79,14 @@ def _run(args: argparse.Namespace) -> int:
           f"comm share {fmt(s['comm_share'], ' %', 100)}")
     if s.get("clamped_events"):
         print(f"  note: {s['clamped_events']} negative profiler times were clamped to 0")
+    if s.get("tools"):
+        per_step = sum(s["tools"].values())
+        parts = ", ".join(f"{name} {fmt(us, ' ms', 1e-3)}" for name, us in s["tools"].items())
+        print(f"  {'the dump was on in these steps: ' if s.get('dump_on') else ''}Sleuth's own "
+              f"work took {fmt(per_step, ' ms', 1e-3)} a step ({parts}; "
+              f"{fmt(s.get('tool_share'), ' %', 100)} of the step time), inside the phases "
+              f"below (tools_us) and left out of the op table; the model's step without it: "
+              f"{fmt(s['step_time_s'] - per_step / 1e6, ' ms', 1e3)}")
     print("\nstep breakdown (mean per step, us):")
     print(breakdown.round(1).to_string(index=False))
     print(f"\ntop {args.top} ops (us, summed over windows and ranks):")

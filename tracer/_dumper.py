@@ -34,7 +34,7 @@ from torch.optim import optimizer as _optim
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, TracerError, WatchpointHit
 from tracer._flight import describe_exception, on_crash
-from tracer._module_hooks import ModuleTracker
+from tracer._module_hooks import ModuleTracker, tool_range
 from tracer._scaler import on_scaler_update
 from tracer._scaler import rewrap as rewrap_scalers
 from tracer._source import user_source
@@ -626,7 +626,9 @@ class Dumper:
             return
         if params:
             # one pass through the lock for all of the step's parameter records
-            error = self._quietly(self._add_params, params, call, user_source(3), with_update)
+            with tool_range():
+                error = self._quietly(self._add_params, params, call, user_source(3),
+                                      with_update)
             if error is not None:
                 self._fail(error)
         self._snapshots.clear()
@@ -695,7 +697,7 @@ class Dumper:
         if self.config.params:
             self._busy = True
             try:
-                with torch.no_grad():
+                with torch.no_grad(), tool_range():
                     params = self._wanted_params(optimizer)
                     if not self._snapshot_compiled(params):
                         self._snapshots = {id(p): self._snapshot_param(p) for _, _, p in params}

@@ -19,6 +19,7 @@ Choices (documented in docs/tracer.md):
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import types
@@ -51,6 +52,18 @@ def _make_fake_check() -> Callable[[], bool]:
 fake_mode_active = _make_fake_check()
 _Tensor = torch.Tensor
 TAG = "sleuth_module"
+_autograd_profiler = torch.autograd.profiler
+_NO_RANGE = contextlib.nullcontext()
+TOOL_RANGE = "sleuth.tool::tracer"
+"""Profiler range around the tracer's own work (docs/profiler.md): a profile's tables count what
+runs inside it as tool time, not the model's, and say the dump was on."""
+
+
+def tool_range() -> contextlib.AbstractContextManager:
+    """A `sleuth.tool::tracer` range while a torch profiler runs, else a shared no-op."""
+    if _autograd_profiler._is_profiler_enabled:
+        return _autograd_profiler.record_function(TOOL_RANGE)
+    return _NO_RANGE
 _dynamo_kept_out: bool | None = None
 
 
@@ -302,8 +315,9 @@ class ModuleTracker:
             # torch changed _call_impl: keyword inputs could not be read before forward ran
             offset = len(flatten_tensors(args, []))
             source = user_source(2)
-            self._dumper.emit_all(name, name, "", "forward", "input", call, source,
-                                  flatten_tensors(rest[0], []), first=offset)
+            with tool_range():
+                self._dumper.emit_all(name, name, "", "forward", "input", call, source,
+                                      flatten_tensors(rest[0], []), first=offset)
         if not (self.record and self.want_out and self.wants(name)):
             return
         if outputs is None:
@@ -316,12 +330,17 @@ class ModuleTracker:
                 recomputing: bool) -> None:
         """Emit a module call's forward inputs or outputs now, and hook their gradients."""
         observer = self.observer
-        if observer is not None and observer.record_call(
-                name, direction, call, tensors, self.want_fw and not recomputing, self.want_bw):
-            return  # kept in compiled code, gradient hooks too (tracer._op_observer)
+        if observer is not None:
+            with tool_range():
+                kept = observer.record_call(name, direction, call, tensors,
+                                            self.want_fw and not recomputing, self.want_bw)
+            if kept:
+                return  # kept in compiled code, gradient hooks too (tracer._op_observer)
         if self.want_fw and not recomputing:
             source = user_source(3)  # above this, the hook, then torch's _call_impl
-            self._dumper.emit_all(name, name, "", "forward", direction, call, source, tensors)
+            with tool_range():
+                self._dumper.emit_all(name, name, "", "forward", direction, call, source,
+                                      tensors)
         if self.want_bw:
             for i, t in enumerate(tensors):
                 if t.requires_grad:
@@ -339,8 +358,10 @@ class ModuleTracker:
                 seen.add(key)
                 # autograd does not write a gradient again once hooks have seen it: its
                 # statistics may be taken while backward goes on (Dumper.emit's `defer`)
-                dumper.emit(name, name, "", "backward", direction, index, call,
-                            user_source(2), grad, defer=defer)
+                source = user_source(2)
+                with tool_range():
+                    dumper.emit(name, name, "", "backward", direction, index, call, source,
+                                grad, defer=defer)
 
         return hook
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer._module_hooks import TAG, ModuleTracker, fake_mode_active, keep_dynamo_out
+from tracer._module_hooks import (TAG, ModuleTracker, fake_mode_active, keep_dynamo_out,
+                                  tool_range)
 from tracer._naming import NONE, op_name, op_scope
 from tracer._source import RECEIVED, user_source
 
@@ -200,11 +201,13 @@ class OpMode(TorchDispatchMode):
         inputs = _flat(args, kwargs) if self.want_in or self._fresh else None
         uninitialised = False
         if self._fresh:
-            uninitialised = self._record_inputs(scope, module, info[0], phase, call, source,
-                                                inputs, info[2])
+            with tool_range():
+                uninitialised = self._record_inputs(scope, module, info[0], phase, call,
+                                                    source, inputs, info[2])
         elif self.want_in:
-            dumper.emit_all(scope, module, info[0], phase, "input", call, source, inputs,
-                            stable)
+            with tool_range():
+                dumper.emit_all(scope, module, info[0], phase, "input", call, source, inputs,
+                                stable)
         out = func(*args, **kwargs)
         fresh = info[4]
         if not self.want_out and fresh is None:
@@ -229,12 +232,13 @@ class OpMode(TorchDispatchMode):
                 version = base._version if isinstance(base, _Tensor) else None
             except RuntimeError:  # an inference tensor (torch.inference_mode) has no counter
                 version = None
-            if fresh is None:
-                dumper.emit_all(scope, module, info[0], phase, "output", call, source, outs,
-                                stable, version)
-            else:
-                self._emit_leaving_out(scope, module, info[0], phase, "output", call, source,
-                                       outs, fresh, stable, version)
+            with tool_range():
+                if fresh is None:
+                    dumper.emit_all(scope, module, info[0], phase, "output", call, source,
+                                    outs, stable, version)
+                else:
+                    self._emit_leaving_out(scope, module, info[0], phase, "output", call,
+                                           source, outs, fresh, stable, version)
         return out
 
     def _emit_leaving_out(self, scope: str, module: str, op: str, phase: str, direction: str,

@@ -14,16 +14,45 @@ def X(name, ts, dur, cat="cpu_op", tid=1, **args):
             "args": args}
 
 
-def test_negative_self_time_and_duration_are_clamped():
+def test_child_past_parent_end_is_clipped_and_negative_duration_clamped():
     # the child runs past its parent's end (clock skew), another event has a negative duration
     events = [X("ProfilerStep#0", 0, 100, cat="user_annotation"),
               X("aten::linear", 10, 50), X("aten::addmm", 12, 60), X("aten::relu", 70, -5)]
     t = build_tables({"traceEvents": events})
     ops = {r["name"]: r for r in t["ops"]}
-    assert ops["aten::linear"]["cpu_self_us"] == 0.0  # 50 - 60 clamped, not -10
+    assert ops["aten::linear"]["cpu_self_us"] == 2.0  # the child counts up to its parent's end
     assert ops["aten::relu"]["cpu_total_us"] == 0.0
     assert all(r["cpu_self_us"] >= 0 for r in t["ops"])
-    assert t["summary"]["clamped_events"] == 2
+    assert t["summary"]["clamped_events"] == 1  # only the negative duration is left
+
+
+def test_range_opened_inside_a_dispatch_mode_is_no_child_of_it():
+    # torch.profiler's trace of a step under a Python dispatch mode (the tracer's op level):
+    # record_function's enter op runs through the mode, so ProfilerStep#0 begins inside a
+    # PythonDispatchMode event and outlives it; each op is recorded twice, its outer record
+    # around the mode's handler, which does the tracer's own work around the real op
+    events = [X("PythonDispatchMode", 0, 10),
+              X("ProfilerStep#0", 8, 200, cat="user_annotation"),
+              X("aten::addmm", 20, 50), X("PythonDispatchMode", 22, 46),
+              X("sleuth.tool::tracer", 25, 10, cat="user_annotation"),
+              X("aten::sum", 27, 5),  # the tracer's statistics
+              X("aten::addmm", 40, 20), X("aten::mm", 100, 30)]
+    t = build_tables({"traceEvents": events})
+    assert t["summary"]["clamped_events"] == 0
+    ops = {r["name"]: r for r in t["ops"]}
+    assert set(ops) == {"aten::addmm", "aten::mm"}  # no PythonDispatchMode, no tracer sum
+    assert ops["aten::addmm"]["calls"] == 1 and ops["aten::addmm"]["cpu_total_us"] == 20
+    s = t["summary"]
+    # addmm's 50 us less the op's 20, and the first mode's last 2 us, which lie in the step
+    assert s["dump_on"] and s["tools"] == {"tracer": 32.0}
+    assert t["steps"][0]["tools_us"] == 32.0 and s["tool_share"] == pytest.approx(32 / 200)
+
+
+def test_profile_without_tools_reports_none():
+    t = build_tables({"traceEvents": [X("ProfilerStep#0", 0, 100, cat="user_annotation"),
+                                      X("aten::mm", 10, 50)]})
+    assert t["summary"]["tools"] == {} and not t["summary"]["dump_on"]
+    assert t["steps"][0]["tools_us"] == 0.0 and t["summary"]["tool_share"] == 0.0
 
 
 def test_device_time_comm_share_and_memory():
