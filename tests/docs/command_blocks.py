@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,5 +184,7 @@ def run_document(path: Path, workdir: Path, bin_dir: Path) -> list[Block]:
             skipped.append(block)
             continue
         for cmd in block.commands:
+            start = time.perf_counter()
             run_command(cmd, workdir, env)
+            print(f"{cmd.where}: {time.perf_counter() - start:.1f} s", flush=True)  # the CI budget
     return skipped
