@@ -126,11 +126,13 @@ def _fail(cmd: Command, why: str, proc_out: str = "") -> BlockError:
     return BlockError(f"{cmd.where}: `{cmd.text.strip()}` {why}" + (f"\n{tail}" if tail else ""))
 
 
-def _serve_and_stop(cmd: Command, cwd: Path, env: dict[str, str]) -> None:
-    """Start a dashboard command, check it answers, stop it as Ctrl-C would."""
-    proc = subprocess.Popen(["bash", "-c", f"exec {cmd.text} --host 127.0.0.1 --port 0 --no-browser"],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+def _serve_and_stop(cmd: Command, cwd: Path, env: dict[str, str]) -> str:
+    """Start a dashboard command, check it answers, stop it as Ctrl-C would; return its URL."""
+    # the command's own comment would swallow flags appended after it
+    argv = [*shlex.split(cmd.text, comments=True), "--host", "127.0.0.1", "--port", "0",
+            "--no-browser"]
+    proc = subprocess.Popen(["bash", "-c", f"exec {shlex.join(argv)}"], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = []
     try:
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -140,7 +142,7 @@ def _serve_and_stop(cmd: Command, cwd: Path, env: dict[str, str]) -> None:
                 with urllib.request.urlopen(url.group(0), timeout=60) as response:
                     if response.status != 200:
                         raise _fail(cmd, f"served HTTP {response.status}", "".join(seen))
-                break
+                return url.group(0)
         else:
             raise _fail(cmd, f"exited {proc.wait()} before serving", "".join(seen))
     finally:
@@ -151,14 +153,15 @@ def _serve_and_stop(cmd: Command, cwd: Path, env: dict[str, str]) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
-def run_command(cmd: Command, cwd: Path, env: dict[str, str]) -> None:
-    """Run one command by the rules above; raise BlockError naming its file and line."""
+def run_command(cmd: Command, cwd: Path, env: dict[str, str]) -> str | None:
+    """Run one command by the rules above; raise BlockError naming its file and line. Returns
+    the address a dashboard command served on."""
     words = _words(cmd.text)
     if words[:2] == ["sleuth", "dashboard"]:
-        _serve_and_stop(cmd, cwd, env)
-        return
+        return _serve_and_stop(cmd, cwd, env)
     try:
         proc = subprocess.run(["bash", "-c", cmd.text], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=COMMAND_TIMEOUT_S)
@@ -170,6 +173,7 @@ def run_command(cmd: Command, cwd: Path, env: dict[str, str]) -> None:
         raise _fail(cmd, f"exited {proc.returncode}", out)
     if "Traceback (most recent call last)" in out:
         raise _fail(cmd, "printed a traceback", out)
+    return None
 
 
 def run_document(path: Path, workdir: Path, bin_dir: Path) -> list[Block]:
