@@ -6,9 +6,11 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from conftest import REPO
 from sleuth.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _parsers(parser, path=("sleuth",)):
