@@ -27,6 +27,11 @@ class _BuildPyWithPth(build_py):
         # A .pth file only takes effect at the top of a site directory, so it is copied beside
         # the packages rather than inside one.
         self.copy_file(str(Path(__file__).parent / _PTH), str(Path(self.build_lib) / _PTH))
+        # The guides travel with the package, so `sleuth docs` works without a checkout.
+        docs = Path(self.build_lib) / "sleuth" / "_docs"
+        self.mkpath(str(docs))
+        for guide in [Path(__file__).parent / "README.md", *sorted(Path(__file__).parent.glob("docs/*.md"))]:
+            self.copy_file(str(guide), str(docs / guide.name))
 
 
 _FUSED = Extension(

@@ -14,6 +14,7 @@ from dashboard._downsample import DEFAULT_POINTS, downsample
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=40, b=40))
+DIFF_LABEL_SHIFT_PX = 22  # the diff figure's "first divergence" label sits this far above its row titles
 
 
 def empty_figure(message: str) -> go.Figure:
@@ -210,8 +211,12 @@ def diff_figure(records: pd.DataFrame, metrics: Sequence[str], *, first: int | N
                                      hovertemplate="%{text}<br>diverged<extra></extra>"), row=1, col=1)
     if first is not None:
         fig.add_vline(x=first, line=dict(color="red", width=2, dash="dash"))
+        # Above the first row's subplot title, in a band of its own: at the title's height the
+        # two collide whenever the first divergence falls near the middle of execution order.
         fig.add_annotation(x=first, y=1.0, yref="paper", text="first divergence", showarrow=False,
-                           font=dict(color="red"), xanchor="left", yanchor="bottom")
+                           font=dict(color="red"), xanchor="left", yanchor="bottom",
+                           yshift=DIFF_LABEL_SHIFT_PX)
     fig.update_layout(**_LAYOUT, height=max(320, 200 * len(metrics)), showlegend=False)
+    fig.update_layout(margin=dict(_LAYOUT["margin"], t=_LAYOUT["margin"]["t"] + DIFF_LABEL_SHIFT_PX))
     fig.update_xaxes(title_text="execution order", row=len(metrics), col=1)
     return fig

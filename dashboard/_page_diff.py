@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 from typing import Any
-from urllib.parse import urlencode
 
 import pandas as pd
 from dash import Input, Output, dcc, html
@@ -15,7 +14,8 @@ from dash import Input, Output, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import diff_figure, empty_figure
-from dashboard._widgets import control, data_table, empty_state, notice, run_picker, table_columns, table_records
+from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
+                                table_columns, table_records)
 
 METRICS = ("max_abs_err", "max_rel_err", "rmse", "cosine", "within")
 STAT_METRICS = ("norm_rdiff", "mean_rdiff", "max_rdiff", "min_rdiff")  # statistics-only diffs
@@ -204,11 +204,8 @@ def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_ran
             head.append(html.P(f"step {st['step']} interrupted: {st['reason']}", className="sleuth-note"))
     if first:
         where = " · ".join(f"{k}: {first[k]}" for k in ("name", "module", "op", "source") if first.get(k))
-        node = _data.node_name_for_record(str(first.get("name", "")))
-        head += [html.P(f"first divergence: {where}", id="diff-first")]
-        if node:
-            head.append(dcc.Link(f"show {node} in the graph of run A",
-                                 href="/graph?" + urlencode({"run": a, "node": node})))
+        head += [html.P(f"first divergence: {where}", id="diff-first"),
+                 graph_link(ra, a, str(first.get("name", "")), "show {node} in the graph of run A")]
     metrics = plotted_metrics(records)
     order = "order" if "order" in records else "seq"
     fig = diff_figure(records, metrics, first=x, order=order) if metrics else empty_figure("no error metrics")

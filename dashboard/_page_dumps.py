@@ -4,7 +4,6 @@ dump holds tensor data, and links to its node in the graph."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlencode
 
 import pandas as pd
 from dash import Input, Output, State, dcc, html
@@ -12,7 +11,8 @@ from dash import Input, Output, State, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import tensor_histogram
-from dashboard._widgets import control, data_table, empty_state, notice, run_picker, table_columns, table_records
+from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
+                                table_columns, table_records)
 
 COLUMNS = ("seq", "name", "phase", "direction", "dtype", "shape", "min", "max", "mean", "norm",
            "nonfinite", "zeros", "hit", "source")
@@ -124,9 +124,7 @@ def register(app: Any, ctx: Context) -> None:
         if row is None:
             return None
         name = str(row["name"])
-        node = _data.node_name_for_record(name)
-        link = (dcc.Link(f"show {node} in the graph", id="dumps-graph-link",
-                         href="/graph?" + urlencode({"run": run, "node": node})) if node else None)
+        link = graph_link(root, run, name, "show {node} in the graph", "dumps-graph-link")
         try:
             fig = tensor_histogram(_data.dump_tensor(root, rank, step, name), name)
         except _data.NoData as e:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from dash import dash_table, dcc, html
 
@@ -41,6 +43,24 @@ def run_picker(id_: str, runs: Sequence[Run], *, multi: bool = False, value: Any
     return html.Div([html.Label(label, htmlFor=id_),
                      dcc.Dropdown(id=id_, options=run_options(runs), value=value, multi=multi,
                                   clearable=multi)], className="sleuth-control")
+
+
+def graph_link(root: Path, run: Any, record: str, text: str, id_: str | None = None) -> Any:
+    """A link to a dump record's node on the Graph page (`text` may use `{node}`), or None when
+    the record names no node or the run has no IR graphs: there the link would open a page
+    that only says the graph is missing."""
+    from dashboard import _data
+
+    node = _data.node_name_for_record(record)
+    if not node:
+        return None
+    try:
+        _data.graphs(root)
+    except _data.NoData:
+        return None
+    extra = {"id": id_} if id_ else {}
+    return dcc.Link(text.format(node=node), href="/graph?" + urlencode({"run": run, "node": node}),
+                    **extra)
 
 
 def control(label: str, component: Any, id_: str | None = None) -> html.Div:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from sleuth.cli import CliError
@@ -16,6 +20,7 @@ from sleuth.cli import CliError
 # Full tensors (and their statistics) of every module and op on the first step, so the diff can
 # measure cosine similarity and errors, not only statistics; about 45 MB per run.
 _DUMP_CONFIG = {"steps": "0", "level": "mix", "mode": "full", "writer": "async"}
+_RUNS = ("baseline", "bf16")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,18 +38,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run)
 
 
-def _train(name: str, out: Path, steps: int, dump_config: Path, overrides: list[str]) -> Path:
-    import trainer
+def _clear_previous_runs(out: Path) -> None:
+    """The demo owns `OUT/baseline` and `OUT/bf16`: a re-run replaces them, so no file of an
+    earlier run (a step it dumped, a profile window) sits beside the new run's and shows in the
+    dashboard or the diff as if this run had made it. A folder there that is not a run is left
+    alone: it may be the user's."""
+    previous = [out / name for name in _RUNS if (out / name).exists()]
+    for folder in previous:
+        if not (folder / "run.json").is_file():
+            raise CliError(f"{folder} exists and is not a run directory (no run.json); the demo "
+                           "writes its runs there: move that folder or pick another --out")
+    if previous:
+        print(f"== removing the previous demo runs: {', '.join(map(str, previous))}", flush=True)
+        for folder in previous:
+            shutil.rmtree(folder)
 
-    from sleuth._tools import callbacks_from_flags
+
+def _train(name: str, out: Path, steps: int, dump_config: Path, overrides: list[str]) -> Path:
+    """Train one run in a child process, `sleuth train` with every tool on.
+
+    A process of its own, so that training ending means the tools ending: the tracer's flight
+    recorder keeps its SIGTERM handler and excepthook for the life of the process that traced,
+    and in the demo's own process a later Ctrl-C or SIGTERM to the dashboard would write a
+    flight recorder file into a run that finished cleanly minutes before.
+    """
+    from sleuth._autoattach import _TOOLS
 
     run_dir = out / name
-    config = trainer.load_config(None, preset="tiny", overrides=[
-        f"name={name}", f"run_dir={run_dir}", f"steps={steps}", "eval_every=5", *overrides])
-    callbacks = callbacks_from_flags(dump=str(dump_config), profile="1", summary=True,
-                                     save_graphs=True)
-    print(f"== training {name} ({steps} steps) -> {run_dir}", flush=True)
-    trainer.train(config, callbacks=callbacks, argv=["sleuth", "demo"])
+    argv = ["train", "--preset", "tiny", "--run-dir", str(run_dir), "--set", f"name={name}",
+            "--set", f"steps={steps}", "--set", "eval_every=5",
+            *(x for o in overrides for x in ("--set", o)),
+            "--dump", str(dump_config), "--profile", "--summary", "--save-graphs"]
+    print(f"== training {name} ({steps} steps): sleuth {' '.join(argv)}", flush=True)
+    # the flags attach the tools; SLEUTH_* variables in this shell would attach them twice
+    env = {k: v for k, v in os.environ.items() if k not in _TOOLS}
+    code = subprocess.run([sys.executable, "-m", "sleuth", *argv], env=env).returncode
+    if code != 0:
+        raise CliError(f"training {name} failed (exit code {code}); its messages are above")
     return run_dir
 
 
@@ -55,6 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(f"--steps must be at least 1, got {args.steps}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    _clear_previous_runs(out)
     dump_config = out / "dump.json"
     dump_config.write_text(json.dumps(_DUMP_CONFIG, indent=2) + "\n")
 

@@ -15,7 +15,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "dump", help="list a tensor dump and print its statistics",
         description="Inspect the tensor dump under RUN/dump (written by the tracer: "
-        "SLEUTH_DUMP_CONFIG=dump.json, see docs/dump-config.md). RUN may be a run directory, its "
+        "SLEUTH_DUMP_CONFIG=dump.json, see `sleuth docs dump-config`). RUN may be a run directory, its "
         "dump/ folder, a rank folder or one step file.")
     sub = p.add_subparsers(dest="dump_command", metavar="ACTION")
     ls = sub.add_parser("ls", help="ranks, steps, record counts and sizes",
@@ -24,12 +24,14 @@ def register(subparsers: Any) -> None:
                         "that step), damaged (its records table does not read), partial "
                         "(being written, or left by a crash) or unreadable. Exit code 0 when "
                         "every file is complete, 1 when one is not, 2 on error.")
-    ls.add_argument("path", metavar="RUN")
+    ls.add_argument("path", metavar="RUN",
+                    help="a run directory, its dump/ folder, a rank folder or one step file")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(run=_ls)
     show = sub.add_parser("show", help="the statistics of every record of one step",
                           description="Print the /records table of one step in execution order.")
-    show.add_argument("path", metavar="RUN")
+    show.add_argument("path", metavar="RUN",
+                      help="a run directory, its dump/ folder, a rank folder or one step file")
     show.add_argument("--step", type=int, help="step to show (default: the only one, if one)")
     show.add_argument("--rank", type=int, default=None, help="rank (default: the lowest)")
     show.add_argument("--filter", metavar="GLOB", help="only records whose name matches, e.g. "

@@ -16,12 +16,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--checkpoint", required=True, metavar="RUN", help="run directory or checkpoints/step<S> directory")
     p.add_argument("--prompt", default="", help="text to continue (default: start of a document)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn (for SFT-trained models)")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=200, metavar="N",
+                   help="stop after N new tokens (default 200; sooner at an end-of-text token)")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="divide the logits by this before sampling; 0 is greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K",
+                   help="sample only among the K most likely tokens (default: all)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P",
+                   help="sample only among the most likely tokens whose probabilities sum to P "
+                   "(nucleus sampling, 0 < P <= 1; default: all)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="above 1 makes tokens already in the text less likely (default 1.0: off)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the sampler: the same seed gives the same text (default 0)")
     p.set_defaults(run=_run)
 
 

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "it starts. Example: sleuth run --dump dump.json --profile -- python train.py --lr 1e-3",
     )
     p.add_argument("--run-dir", default="sleuth_run", help="run directory (default: ./sleuth_run)")
-    p.add_argument("--dump", metavar="CONFIG", help="dump config JSON (see docs/dump-config.md)")
+    p.add_argument("--dump", metavar="CONFIG", help="dump config JSON (`sleuth docs dump-config`)")
     p.add_argument("--profile", nargs="?", const="1", metavar="CONFIG",
                    help="profile optimizer steps; optional collector config JSON")
     p.add_argument("--summary", action="store_true",
@@ -33,7 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-graphs", action="store_true", help="export the model's IR graphs")
     p.add_argument("--strict", action="store_true",
                    help="stop the run when a tool fails to attach (default: warn and go on)")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="the command to run after --, e.g. -- python train.py or -- torchrun "
+                   "--nproc_per_node=2 train.py (every process it starts is covered)")
     p.set_defaults(run=_run)
 
 
@@ -46,7 +48,7 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
         cfg = Path(args.dump)
         if not cfg.is_file():
             raise CliError(f"--dump {args.dump}: no such file; write a dump config JSON first "
-                           "(docs/dump-config.md has an example)")
+                           "(`sleuth docs dump-config` has an example)")
         env["SLEUTH_DUMP_CONFIG"] = str(cfg.resolve())
     if args.profile:
         env["SLEUTH_PROFILE"] = args.profile if args.profile == "1" else str(Path(args.profile).resolve())

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     tools = p.add_argument_group("tools (write into the run directory)")
     tools.add_argument("--dump", metavar="CONFIG.json",
-                       help="dump tensors with this dump config (docs/dump-config.md)")
+                       help="dump tensors with this dump config (`sleuth docs dump-config`)")
     tools.add_argument("--profile", nargs="?", const="1", metavar="CONFIG.json",
                        help="profile steps (default schedule: wait 1, warmup 1, active 3); "
                        "optional collector config")

@@ -40,6 +40,7 @@ _COMMAND_MODULES = (
     "sleuth._cmd_profile",
     "sleuth._cmd_ir",
     "sleuth._cmd_dashboard",
+    "sleuth._cmd_docs",
 )
 
 
@@ -52,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sleuth",
         description="Debug and profile PyTorch training runs: dump tensors, find where two runs "
         "diverge, profile steps, export graphs, and browse it all in a dashboard.",
-        epilog="Every command reads or writes a run directory (see README.md). "
-        "`sleuth COMMAND --help` for details.",
+        epilog="Every command reads or writes a run directory (`sleuth docs readme`). "
+        "`sleuth COMMAND --help` for a command's options; `sleuth docs` lists the guides.",
     )
     parser.add_argument("--version", action="version", version=f"sleuth {__version__}")
     parser.add_argument("--debug", action="store_true",

@@ -213,7 +213,9 @@ def test_profile_panels(browser, server, tools):
         "return g && g._fullData && g._fullData.length ? g._fullData[0].y.length : 0;"))
     assert n > 0
     assert browser.find_elements(By.CSS_SELECTOR, "#profile-steps .js-plotly-plot")
-    assert "step_time_s" in text_of(browser, "profile-summary")
+    summary = text_of(browser, "profile-summary")  # as `sleuth profile` prints it
+    assert "1 rank(s), 1 window(s)" in summary and " ms " in summary and "MFU" in summary
+    assert "step_time_s" not in summary and "e-0" not in summary.split("MFU")[0]
     screenshot(browser, "profile")
     assert severe_logs(browser) == []
 
@@ -272,6 +274,12 @@ def test_diff_marks_first_divergence(browser, server, tools):
         "var g = document.querySelector('#diff-graph .js-plotly-plot');"
         "return g && g.layout ? (g.layout.shapes || []).length : 0;"))
     assert shapes >= 1
+    # the "first divergence" label lies wholly above the first row's title, never across it
+    boxes = browser.execute_script(
+        "var out = {}; document.querySelectorAll('#diff-graph .annotation-text').forEach("
+        "function (t) { var r = t.getBoundingClientRect(); out[t.textContent] = [r.top, r.bottom]; });"
+        "return out;")
+    assert boxes["first divergence"][1] <= boxes["max_abs_err"][0] + 1, boxes
     assert browser.find_elements(By.CSS_SELECTOR, "#diff-table td[data-dash-column='name']")
     screenshot(browser, "diff")
     assert severe_logs(browser) == []

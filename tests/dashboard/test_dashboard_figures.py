@@ -223,3 +223,56 @@ def test_diff_passes_ranks_and_steps_to_tracer(monkeypatch, tmp_path):
         (tmp_path / r / "dump" / "rank0").mkdir(parents=True)
     call_diff(tmp_path / "a", tmp_path / "b", 0, 3, 1, 4)
     assert seen == {"a": tmp_path / "a", "b": tmp_path / "b", "step": 3, "rank": 0, "b_step": 4, "b_rank": 1}
+
+
+def test_diff_label_sits_above_the_row_titles():
+    """The "first divergence" label has a band of its own above the first row's title: at the
+    title's height the two overlapped whenever the divergence fell mid-way."""
+    from dashboard._figures import DIFF_LABEL_SHIFT_PX
+
+    rec = pd.DataFrame({"seq": np.arange(10), "max_abs_err": np.arange(10.0),
+                        "max_rel_err": np.arange(10.0)})
+    fig = diff_figure(rec, ["max_abs_err", "max_rel_err"], first=5)
+    label = next(a for a in fig.layout.annotations if a.text == "first divergence")
+    title = next(a for a in fig.layout.annotations if a.text == "max_abs_err")
+    assert label.yanchor == title.yanchor == "bottom" and label.y >= title.y
+    assert label.yshift >= 18  # one line of title text below it
+    assert fig.layout.margin.t >= 40 + DIFF_LABEL_SHIFT_PX  # and room for it inside the figure
+
+
+@pytest.fixture(scope="module")
+def tool_runs(tmp_path_factory):
+    """A run with every tool's data (graphs included) and one with a dump but no graphs."""
+    from dashboard_helpers import write_tool_data
+
+    base = tmp_path_factory.mktemp("tool-runs")
+    done = write_tool_data(base / "all")
+    if any(v != "ok" for v in done.values()):
+        pytest.skip(f"tool data unavailable: {done}")
+    (base / "no-graphs").mkdir()
+    return base
+
+
+def test_profile_summary_reads_as_sleuth_profile_prints_it(tool_runs, capsys):
+    import profiler
+
+    from dashboard._page_profile import summary_lines
+    from sleuth.cli import main
+
+    lines = summary_lines(profiler.read_profile(tool_runs / "all").summary)
+    assert main(["profile", str(tool_runs / "all")]) == 0
+    cli = capsys.readouterr().out.splitlines()
+    assert cli[0].endswith(f": {lines[0]}")
+    assert [c.strip() for c in cli[1:len(lines)]] == lines[1:]
+    assert " ms " in lines[1] and "MFU" in lines[1] and "step_time_s" not in "".join(lines)
+
+
+def test_graph_links_only_where_the_run_has_graphs(tool_runs):
+    from dashboard._widgets import graph_link
+
+    record = "0::aten.addmm.forward.0.output.0"
+    link = graph_link(tool_runs / "all", 0, record, "show {node} in the graph", "x")
+    assert link is not None and link.href == "/graph?run=0&node=0%3A%3Aaten.addmm.forward.0"
+    assert link.children == "show 0::aten.addmm.forward.0 in the graph"
+    assert graph_link(tool_runs / "no-graphs", 1, record, "show {node}") is None
+    assert graph_link(tool_runs / "all", 0, "not a record name", "show {node}") is None

@@ -1,0 +1,68 @@
+"""A plain PyTorch training loop, written as a user would, with nothing of Sleuth in it.
+
+The docs' examples run Sleuth on this script to show that the tools attach to any script
+unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables):
+
+    python examples/train.py                          # 8 steps of a small MLP, a few seconds
+    python examples/train.py --nan-at 2               # a bug: step 2 writes a NaN into a weight
+    torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 64)
+        self.act = nn.GELU()
+        self.norm = nn.LayerNorm(64)
+        self.fc2 = nn.Linear(64, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.norm(self.act(self.fc1(x))))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Train a small MLP on a synthetic regression.")
+    parser.add_argument("--steps", type=int, default=8, help="optimizer steps (default 8)")
+    parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2)")
+    parser.add_argument("--nan-at", type=int, metavar="STEP",
+                        help="write a NaN into fc1.weight at this step (a bug to find)")
+    args = parser.parse_args()
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    rank = 0
+    if distributed:  # started by torchrun
+        torch.distributed.init_process_group("gloo")
+        rank = torch.distributed.get_rank()
+    torch.manual_seed(0)  # the same initial weights on every rank
+    net = Net()
+    model = nn.parallel.DistributedDataParallel(net) if distributed else net
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    data = torch.Generator().manual_seed(1 + rank)  # each rank its own batches
+
+    for step in range(args.steps):
+        x = torch.randn(32, 16, generator=data)
+        y = x[:, :4].sum(dim=1, keepdim=True).sin()
+        if step == args.nan_at:
+            with torch.no_grad():
+                net.fc1.weight[0, 0] = float("nan")
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+
+    if distributed:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

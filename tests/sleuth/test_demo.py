@@ -1,0 +1,60 @@
+"""`sleuth demo`: a re-run replaces its own earlier runs, and stopping the dashboard writes
+nothing into the runs it serves (they finished cleanly before it started)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_demo_starts_clean_and_stopping_it_writes_nothing(tmp_path):
+    out = tmp_path / "demo"
+    stale = out / "baseline" / "dump" / "rank0" / "step7.h5"  # a step this demo does not dump
+    stale.parent.mkdir(parents=True)
+    (out / "baseline" / "run.json").write_text("{}")
+    stale.write_bytes(b"from an earlier demo")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "sleuth", "demo", "--steps", "1", "--out",
+                             str(out), "--port", "0"], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "dashboard on http://" in line:
+                break
+        served = time.time()
+        assert proc.poll() is None, "".join(lines)
+        time.sleep(1.5)  # past any file-system timestamp granularity
+        proc.send_signal(signal.SIGTERM)  # how a service manager or `kill` stops it
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(lines)
+    assert f"removing the previous demo runs: {out / 'baseline'}" in text
+    assert not stale.exists()
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert {"baseline", "bf16"} <= {p.relative_to(out).parts[0] for p in files}
+    assert not [p for p in files if p.name == "flight_recorder.h5"], text
+    late = [p for p in files if p.stat().st_mtime > served]
+    assert not late, f"written after the dashboard started: {late}"
+
+
+def test_demo_leaves_a_folder_that_is_not_a_run_alone(tmp_path, sleuth_cli):
+    mine = tmp_path / "demo" / "bf16" / "notes.txt"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine")
+    proc = sleuth_cli("demo", "--out", str(tmp_path / "demo"), "--no-serve")
+    assert proc.returncode == 2
+    assert f"{mine.parent} exists and is not a run directory (no run.json)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert mine.read_text() == "mine"
