@@ -33,7 +33,7 @@ from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, TracerError, WatchpointHit
-from tracer._flight import describe_exception, on_crash
+from tracer._flight import describe_exception, disarm_flight_recorder, on_crash
 from tracer._module_hooks import ModuleTracker, tool_range
 from tracer._scaler import on_scaler_update
 from tracer._scaler import rewrap as rewrap_scalers
@@ -287,8 +287,12 @@ class Dumper:
             self._snapshot_buffers = {}
             self._snapshot_plan = None
             writer, self._writer = self._writer, None
-            if writer is not None:
-                writer.close()
+            try:
+                if writer is not None:
+                    writer.close()
+            finally:
+                if interrupted is None and writer is not None:
+                    disarm_flight_recorder(self.config, self.rank)
 
     @property
     def run_dir(self) -> Path:

@@ -267,9 +267,7 @@ def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None
         return None
     if rank is None:
         rank = int(getattr(writer, "rank", 0) or 0)
-    run_dir = config.run_dir() if hasattr(config, "run_dir") else Path(
-        os.environ.get("SLEUTH_RUN_DIR", "./sleuth_run"))
-    path = Path(run_dir).resolve() / "dump" / f"rank{rank}" / "flight_recorder.h5"
+    path = _recorder_path(config, rank)
     # The recorder outlives its writer on purpose: `with Dumper(...)` closes the writer before
     # an exception escaping the block reaches sys.excepthook. One recorder per file, so a
     # second Dumper on the same run reuses the hooks instead of chaining them again.
@@ -286,6 +284,22 @@ def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None
     else:
         writer.observers.append(recorder)
     return recorder.install()
+
+
+def disarm_flight_recorder(config: Any, rank: int) -> None:
+    """Take the recorder of `config`'s run and `rank` off the crash hooks: its Dumper closed
+    with no exception in flight, so a later SIGTERM or crash of the process (a notebook, a
+    dashboard served from the same process) has nothing of this run to report and must not
+    write a flight recorder file into it."""
+    recorder = _RECORDERS.pop(_recorder_path(config, rank), None)
+    if recorder is not None:
+        recorder.remove()
+
+
+def _recorder_path(config: Any, rank: int) -> Path:
+    run_dir = config.run_dir() if hasattr(config, "run_dir") else Path(
+        os.environ.get("SLEUTH_RUN_DIR", "./sleuth_run"))
+    return Path(run_dir).resolve() / "dump" / f"rank{rank}" / "flight_recorder.h5"
 
 
 _RECORDERS: dict[Path, FlightRecorder] = {}

@@ -65,6 +65,22 @@ def test_flight_recorder_runs_without_watchpoints(tmp_path):
     assert {"forward", "backward", "optimizer"} <= set(df["phase"])
 
 
+def test_a_clean_close_disarms_the_flight_recorder(tmp_path):
+    """A process that goes on after its dump closed cleanly (a notebook, a dashboard served
+    from it) writes no flight recorder into the finished run when it later dies."""
+    script = SCRIPT.format(action="pass") + textwrap.dedent("""
+        print("closed", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        """)
+    env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "SLEUTH_FLIGHT_STEPS": "2"}
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=180)
+    assert res.returncode == -signal.SIGTERM and "closed" in res.stdout, res.stderr
+    assert not (tmp_path / "dump" / "rank0" / "flight_recorder.h5").exists()
+    assert sorted(p.name for p in (tmp_path / "dump" / "rank0").glob("step*.h5")) == [
+        f"step{i}.h5" for i in range(5)]
+
+
 @pytest.mark.slow
 def test_sigterm_writes_flight_recorder_and_still_terminates(tmp_path):
     res = _run(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)")
