@@ -1,0 +1,97 @@
+"""`sleuth run --save-graphs` around a two-rank DDP run (torchrun, gloo) changes nothing:
+the same final weights, BatchNorm statistics included, as without it; graphs are exported from
+the model inside the wrapper, called with keyword arguments; nothing hangs."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+_SCRIPT = textwrap.dedent("""
+    import hashlib
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.drop = nn.Dropout(0.3)
+            self.head = nn.Linear(4 * 8 * 8, 3)
+
+        def forward(self, images, scale):
+            h = self.drop(torch.relu(self.bn(self.conv(images))))
+            return self.head(h.flatten(1)) * scale
+
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(Net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.manual_seed(1 + dist.get_rank())
+    for _ in range(3):
+        x, y = torch.randn(8, 1, 8, 8), torch.randint(0, 3, (8,))
+        loss = nn.functional.cross_entropy(model(images=x, scale=torch.tensor(2.0)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    state = model.module.state_dict()  # running statistics too
+    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in state.values())).hexdigest()
+    print(f"rank {dist.get_rank()} weights {digest}", flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(tmp_path: Path, run: str, *flags: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "sleuth", "run", "--run-dir", run, *flags, "--", sys.executable,
+         "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+         "train.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True)  # its own group: a hang is killed with every rank
+
+
+def _finish(proc: subprocess.Popen) -> list[str]:
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the two-rank run hung")
+    assert proc.returncode == 0, err[-3000:]
+    return sorted(line for line in out.splitlines() if " weights " in line)
+
+
+@pytest.mark.slow
+def test_save_graphs_under_ddp_changes_nothing_and_exports(tmp_path):
+    (tmp_path / "train.py").write_text(_SCRIPT)
+    plain, graphs = _start(tmp_path, "plain"), _start(tmp_path, "graphs", "--save-graphs")
+    weights = _finish(plain)
+    assert len(weights) == 2
+    assert _finish(graphs) == weights  # every rank bit-identical, buffers and dropout too
+    ir = tmp_path / "graphs" / "ir"
+    stages = sorted(p.name for p in ir.glob("*.ir") if not p.name.endswith(".sorted.ir"))
+    assert stages == ["00_forward.ir", "01_forward_aten_decomposed.ir", "02_backward.ir",
+                      "03_forward_eager.ir"]
+    forward = (ir / "00_forward.ir").read_text()
+    assert "# entry: Net" in forward and "capture: torch.export" in forward  # no fallback
+    eager = (ir / "03_forward_eager.ir").read_text()
+    assert "bn::aten.native_batch_norm.forward.0" in eager and "module." not in eager
