@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -53,18 +52,12 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(tmp_path: Path, run: str, *flags: str) -> subprocess.Popen:
+def _start(tmp_path: Path, port: int, run: str, *flags: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
     env["PYTHONPATH"] = str(REPO)
     return subprocess.Popen(
         [sys.executable, "-m", "sleuth", "run", "--run-dir", run, *flags, "--", sys.executable,
-         "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+         "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
          "train.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True)  # its own group: a hang is killed with every rank
 
@@ -81,9 +74,10 @@ def _finish(proc: subprocess.Popen) -> list[str]:
 
 
 @pytest.mark.slow
-def test_save_graphs_under_ddp_changes_nothing_and_exports(tmp_path):
+def test_save_graphs_under_ddp_changes_nothing_and_exports(tmp_path, free_port):
     (tmp_path / "train.py").write_text(_SCRIPT)
-    plain, graphs = _start(tmp_path, "plain"), _start(tmp_path, "graphs", "--save-graphs")
+    plain = _start(tmp_path, free_port(), "plain")
+    graphs = _start(tmp_path, free_port(), "graphs", "--save-graphs")
     weights = _finish(plain)
     assert len(weights) == 2
     assert _finish(graphs) == weights  # every rank bit-identical, buffers and dropout too

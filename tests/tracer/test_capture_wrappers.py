@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -44,14 +43,8 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
-def test_ddp_run_has_the_names_of_a_single_process_run(tmp_path, sleuth_cli):
+def test_ddp_run_has_the_names_of_a_single_process_run(tmp_path, sleuth_cli, free_port):
     (tmp_path / "train.py").write_text(_SCRIPT)
     (tmp_path / "dump.json").write_text(json.dumps({"steps": "all", "level": "mix"}))
     single = subprocess.Popen(  # side by side with the two ranks
@@ -61,7 +54,7 @@ def test_ddp_run_has_the_names_of_a_single_process_run(tmp_path, sleuth_cli):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc = sleuth_cli("run", "--run-dir", "ddp", "--dump", "dump.json", "--strict", "--",
                       sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                      f"--master_port={_free_port()}", "train.py", cwd=tmp_path, timeout=240)
+                      f"--master_port={free_port()}", "train.py", cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _, err = single.communicate(timeout=240)
     assert single.returncode == 0, err[-3000:]
