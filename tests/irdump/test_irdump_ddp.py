@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,46 @@ def test_save_graphs_under_ddp_changes_nothing_and_exports(tmp_path, free_port):
     assert "# entry: Net" in forward and "capture: torch.export" in forward  # no fallback
     eager = (ir / "03_forward_eager.ir").read_text()
     assert "bn::aten.native_batch_norm.forward.0" in eager and "module." not in eager
+
+
+def test_attach_captures_a_keyword_call_and_leaves_training_bit_identical(tmp_path):
+    """In one process: a model called with keyword arguments only (as Hugging Face models
+    are) is captured with them, and BatchNorm statistics, dropout and weights are untouched."""
+    import torch
+    from torch import nn
+
+    from irdump._attach import GraphSaver
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn, self.drop, self.fc = nn.BatchNorm1d(6), nn.Dropout(0.5), nn.Linear(6, 2)
+
+        def forward(self, input_ids, scale):
+            return self.fc(self.drop(self.bn(input_ids))) * scale
+
+    def train(saver_path=None):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        saver = GraphSaver(saver_path) if saver_path else None
+        try:
+            for _ in range(2):
+                model(input_ids=torch.randn(4, 6), scale=torch.tensor(3.0)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if saver is not None:
+                saver.remove()
+        return model.state_dict(), torch.rand(1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # a failed capture only warns
+        state, after = train(tmp_path / "ir")
+    plain_state, plain_after = train()
+    assert all(torch.equal(state[k], plain_state[k]) for k in plain_state)  # running stats too
+    assert torch.equal(after, plain_after)  # the RNG where the plain run left it
+    forward = (tmp_path / "ir" / "00_forward.ir").read_text()
+    assert "capture: torch.export" in forward and "fc::aten.linear.forward.0" in forward
+    assert (tmp_path / "ir" / "02_backward.ir").exists()
+
