@@ -1,6 +1,7 @@
 """`sleuth run --save-graphs` around a two-rank DDP run (torchrun, gloo) changes nothing:
 the same final weights, BatchNorm statistics included, as without it; graphs are exported from
-the model inside the wrapper, called with keyword arguments; nothing hangs."""
+the model inside the wrapper, called with keyword arguments; nothing hangs. And in one
+process, a keyword-only call (a Hugging Face model's) is captured without disturbing training."""
 from __future__ import annotations
 
 import os

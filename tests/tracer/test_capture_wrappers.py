@@ -44,9 +44,10 @@ _SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_ddp_run_has_the_names_of_a_single_process_run(tmp_path, sleuth_cli, free_port):
+@pytest.mark.parametrize("level", ["mix", "module"])  # module: the compiled observer, if built
+def test_ddp_run_has_the_names_of_a_single_process_run(tmp_path, sleuth_cli, free_port, level):
     (tmp_path / "train.py").write_text(_SCRIPT)
-    (tmp_path / "dump.json").write_text(json.dumps({"steps": "all", "level": "mix"}))
+    (tmp_path / "dump.json").write_text(json.dumps({"steps": "all", "level": level}))
     single = subprocess.Popen(  # side by side with the two ranks
         [sys.executable, "-m", "sleuth", "run", "--run-dir", "single", "--dump", "dump.json",
          "--strict", "--", sys.executable, "train.py"], cwd=tmp_path,
@@ -62,7 +63,8 @@ def test_ddp_run_has_the_names_of_a_single_process_run(tmp_path, sleuth_cli, fre
     assert two.ranks == [0, 1]
     for step in (0, 1):
         names = list(one.stats(rank=0, step=step)["name"])
-        assert any("::aten.addmm" in n for n in names) and "0.weight.optimizer.0.grad.0" in names
+        assert "0.weight.optimizer.0.grad.0" in names and "2.forward.0.output.0" in names
+        assert any("::aten.addmm" in n for n in names) == (level == "mix")
         for rank in (0, 1):  # no `module.` prefix, none of DDP's own ops (broadcast, buckets)
             assert list(two.stats(rank=rank, step=step)["name"]) == names
     result = tracer.diff(tmp_path / "single", tmp_path / "ddp", rank=0)
