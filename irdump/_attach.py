@@ -116,6 +116,7 @@ class GraphSaver:
         import torch
 
         from irdump._capture_dispatch import DispatchCapture
+        from irdump._errors import CaptureError
         from irdump._save import capture_graphs, rng_devices
 
         several = torch.distributed.is_available() and torch.distributed.is_initialized() \
@@ -125,10 +126,15 @@ class GraphSaver:
                                "(their forward gathers parameters on every rank); capture the "
                                "model unsharded with `irdump.save_graphs` or `sleuth ir`")
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        graphs = []
         try:
             with torch.random.fork_rng(devices=rng_devices(module, (args, kwargs))):
                 graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
                                         example_kwargs=kwargs, fallback=not several)
+        except CaptureError as e:  # several processes: no traced call to fall back on
+            warnings.warn(f"sleuth irdump: {e}; the forward stages are not saved in a run of "
+                          "several processes (forward_eager and backward still are)",
+                          stacklevel=4)
         finally:
             with torch.no_grad():  # BatchNorm's running statistics as the real call finds them
                 for b, saved in buffers:

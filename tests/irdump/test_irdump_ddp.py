@@ -134,3 +134,24 @@ def test_attach_captures_a_keyword_call_and_leaves_training_bit_identical(tmp_pa
     assert "capture: torch.export" in forward and "fc::aten.linear.forward.0" in forward
     assert (tmp_path / "ir" / "02_backward.ir").exists()
 
+
+
+def test_several_processes_never_fall_back_to_a_forward_of_their_own(tmp_path, monkeypatch):
+    """Where export fails under several processes, no traced call runs (it would run the
+    model's collectives on rank 0 only): a warning, and the stages of the real call."""
+    import torch
+    from irdump_models import make_branchy
+
+    from irdump._attach import GraphSaver
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    model = make_branchy()  # data-dependent control flow: torch.export refuses it
+    calls = []
+    model.a.register_forward_hook(lambda *_: calls.append(1))
+    with pytest.warns(UserWarning, match="forward stages are not saved"):
+        with GraphSaver(tmp_path):
+            model(torch.ones(2, 8)).sum().backward()
+    assert len(calls) == 1  # the real call only
+    assert sorted(p.name for p in tmp_path.glob("*.ir") if ".sorted" not in p.name) == \
+        ["02_backward.ir", "03_forward_eager.ir"]
