@@ -1,10 +1,16 @@
 """Zero-code attach: `SLEUTH_SAVE_GRAPHS=1` saves the graphs of the first model a process runs.
 
 How it works (kept simple on purpose):
-1. A global forward pre-hook sees the first top-level module call of the process. Its forward
-   stages (`forward`, `forward_aten_decomposed`) are captured right there by torch.export on
-   fake tensors, or, if export fails, by one traced call on cloned inputs with the RNG forked and
-   buffers restored, so the training step is not disturbed.
+1. A global forward pre-hook sees the first top-level module call of the process, with the
+   positional and keyword arguments it was called with. A DistributedDataParallel (or
+   DataParallel) wrapper is looked through: the module it wraps is captured at its own call,
+   so no capture ever runs the wrapper's collectives. Its forward stages (`forward`,
+   `forward_aten_decomposed`) are captured right there by torch.export on fake tensors, or, if
+   export fails in a single process, by one traced call on cloned inputs; either way with the
+   RNG (CPU and CUDA) forked and buffers restored, so the training step is not disturbed. In a
+   run of several processes only rank 0 captures, so it never runs that extra forward (the
+   model's own collectives, SyncBatchNorm's for one, would leave the ranks out of step), and
+   FSDP models, whose every forward gathers parameters, are not captured.
 2. That same real call then runs under the recording dispatch mode (which only observes), giving
    `forward_eager` and the link from each autograd node to its forward op.
 3. The first `torch.autograd.backward` call afterwards (so `loss.backward()`) walks the autograd
@@ -16,6 +22,7 @@ Only rank 0 (`RANK` unset or 0) writes. Failures warn and never stop the run. Ou
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -92,20 +99,50 @@ class GraphSaver:
             if module is self._model and self._backward_orig is not None:
                 self._give_up_backward()  # called again before any backward
             return
+        if _wrapped(module) is not None:
+            return  # the wrapped module's own call comes next: it is the model
+        kwargs = _call_kwargs(sys._getframe(1))
         self._model = module
         self._busy = True
         try:
-            from irdump._capture_dispatch import DispatchCapture
-            from irdump._save import capture_graphs
-
-            self._write(capture_graphs(module, args, ("forward", "forward_aten_decomposed")))
-            self._capture = DispatchCapture(module, tuple(args), {}, root_pushed=True)
-            self._capture.start()
+            self._capture_forward(module, tuple(args), kwargs)
         except Exception as e:  # noqa: BLE001 - never break the user's run
             warnings.warn(f"sleuth irdump: graph capture failed: {e}", stacklevel=2)
             self._capture = None
         finally:
             self._busy = False
+
+    def _capture_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
+        import torch
+
+        from irdump._capture_dispatch import DispatchCapture
+        from irdump._errors import CaptureError
+        from irdump._save import capture_graphs, rng_devices
+
+        several = torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1
+        if several and any(_is_fsdp(m) for m in module.modules()):
+            raise RuntimeError("FSDP models are not captured in a run of several processes "
+                               "(their forward gathers parameters on every rank); capture the "
+                               "model unsharded with `irdump.save_graphs` or `sleuth ir`")
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        graphs = []
+        try:
+            with torch.random.fork_rng(devices=rng_devices(module, (args, kwargs))):
+                graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
+                                        example_kwargs=kwargs, fallback=not several)
+        except CaptureError as e:  # several processes: no traced call to fall back on
+            warnings.warn(f"sleuth irdump: {e}; the forward stages are not saved in a run of "
+                          "several processes (forward_eager and backward still are)",
+                          stacklevel=4)
+        finally:
+            with torch.no_grad():  # BatchNorm's running statistics as the real call finds them
+                for b, saved in buffers:
+                    if not torch.equal(b, saved):
+                        b.copy_(saved)
+        self._write(graphs)
+        self._capture = DispatchCapture(module, args, kwargs, root_pushed=True)
+        self._capture.start()
 
     def _post_hook(self, module: Any, args: Any, output: Any) -> None:
         if self._busy or module is not self._model or self._capture is None:
@@ -156,6 +193,34 @@ class GraphSaver:
         self._backward_capture.grad_fn_links.clear()
         warnings.warn("sleuth irdump: the model ran again before any backward; the backward "
                       "graph is not saved", stacklevel=3)
+
+
+def _wrapped(module: Any) -> Any:
+    """The module a DistributedDataParallel or DataParallel wrapper runs, else None."""
+    parallel = sys.modules.get("torch.nn.parallel")
+    wrappers = tuple(c for c in (getattr(parallel, "DistributedDataParallel", None),
+                                 getattr(parallel, "DataParallel", None)) if c is not None)
+    return module.module if wrappers and isinstance(module, wrappers) else None
+
+
+def _is_fsdp(module: Any) -> bool:
+    # FSDP1's wrapper class, or the class FSDP2's fully_shard gives the module (FSDP<Name>)
+    return any(c.__name__ in ("FullyShardedDataParallel", "FSDPModule")
+               for c in type(module).__mro__)
+
+
+def _call_kwargs(frame: Any) -> dict:
+    """The keyword arguments of the module call whose global forward pre-hooks run now.
+
+    Global pre-hooks get the positional arguments only; the frame of torch's
+    `Module._call_impl` that calls them holds the keyword ones. Empty where it cannot be read.
+    """
+    from torch.nn.modules import module as nn_module
+
+    if frame is None or frame.f_code.co_filename != nn_module.__file__:
+        return {}
+    kwargs = frame.f_locals.get("kwargs")
+    return dict(kwargs) if isinstance(kwargs, dict) else {}
 
 
 _ATTACHED: GraphSaver | None = None

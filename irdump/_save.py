@@ -49,6 +49,18 @@ def default_loss(output: Any) -> Any:
     return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
 
 
+def rng_devices(model: Any, inputs: Any) -> list[int]:
+    """The CUDA devices whose RNG a call of `model` on `inputs` may draw from (dropout), for
+    `torch.random.fork_rng`, which forks the CPU generator in any case."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    tensors += list(model.parameters()) + list(model.buffers())
+    return sorted({torch.cuda.current_device() if t.device.index is None else t.device.index
+                   for t in tensors if t.device.type == "cuda"})
+
+
 def _check(values: Sequence[str], allowed: Sequence[str], what: str) -> None:
     import difflib
 
@@ -60,12 +72,19 @@ def _check(values: Sequence[str], allowed: Sequence[str], what: str) -> None:
 
 
 def capture_graphs(model: Any, example_inputs: Any, stages: Sequence[str] = DEFAULT_STAGES,
-                   loss_fn: Callable[[Any], Any] | None = None) -> list[Graph]:
+                   loss_fn: Callable[[Any], Any] | None = None, *,
+                   example_kwargs: dict | None = None, fallback: bool = True) -> list[Graph]:
     """Capture `stages` of `model` called on `example_inputs`, without changing the model.
 
     Export runs on fake tensors. The traced call (fallback forward, `forward_eager`, and the
-    loss for `backward`) runs on cloned inputs with the RNG state forked and buffers restored
-    afterwards, and never calls backward, so parameters, gradients and RNG are left as found.
+    loss for `backward`) runs on cloned inputs with the RNG state (CPU and every CUDA device
+    the model or inputs are on) forked and buffers restored afterwards, and never calls
+    backward, so parameters, gradients and RNG are left as found.
+
+    `example_kwargs` are keyword arguments passed with positional `example_inputs`.
+    `fallback=False` never runs the model on real tensors for the forward stages: when export
+    fails they raise CaptureError instead (one process of several must not run a forward the
+    others do not, whose collectives would leave the ranks out of step).
     """
     import torch
 
@@ -75,13 +94,16 @@ def capture_graphs(model: Any, example_inputs: Any, stages: Sequence[str] = DEFA
 
     _check(stages, list(STAGES), "stage")
     args, kwargs = normalize_inputs(example_inputs)
+    kwargs.update(example_kwargs or {})
     graphs: dict[str, Graph] = {}
-    program, fallback = None, ""
+    program, fell_back = None, ""
     if {"forward", "forward_aten_decomposed"} & set(stages):
         try:
             program = export_program(model, args, kwargs)
         except CaptureError as e:
-            fallback = f"{e}; fell back to one traced call (dispatch)"
+            if not fallback:
+                raise
+            fell_back = f"{e}; fell back to one traced call (dispatch)"
     if program is not None and "forward" in stages:
         graphs["forward"] = graph_from_export(program, model, "forward", "torch.export")
     if program is not None and "forward_aten_decomposed" in stages:
@@ -90,12 +112,13 @@ def capture_graphs(model: Any, example_inputs: Any, stages: Sequence[str] = DEFA
             decomposed = program.run_decompositions()
         graphs["forward_aten_decomposed"] = graph_from_export(
             decomposed, model, "forward_aten_decomposed", "torch.export+decompositions")
-    if fallback or {"backward", "forward_eager"} & set(stages):
+    if fell_back or {"backward", "forward_eager"} & set(stages):
         cargs, ckwargs = torch.utils._pytree.tree_map(
             lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, (args, kwargs))
         buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
         try:
-            with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            with torch.random.fork_rng(devices=rng_devices(model, (cargs, ckwargs))), \
+                    torch.enable_grad():
                 capture, output = capture_dispatch(model, cargs, ckwargs, "forward_eager")
                 eager = capture.graph
                 assert eager is not None
@@ -112,8 +135,8 @@ def capture_graphs(model: Any, example_inputs: Any, stages: Sequence[str] = DEFA
         if "forward_eager" in stages:
             graphs["forward_eager"] = eager
         for stage in ("forward", "forward_aten_decomposed"):
-            if fallback and stage in stages:
-                notes = (fallback,) + (("the traced call already records dispatched aten ops",)
+            if fell_back and stage in stages:
+                notes = (fell_back,) + (("the traced call already records dispatched aten ops",)
                                        if stage == "forward_aten_decomposed" else ())
                 graphs[stage] = dataclasses.replace(eager, stage=stage, notes=notes)
     return [graphs[s] for s in sorted(graphs, key=STAGES.__getitem__)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +24,15 @@ def run_sleuth(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
 @pytest.fixture
 def sleuth_cli():
     return run_sleuth
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port():
+    """A function returning a TCP port free now, for torchrun's --master_port."""
+    return _free_port

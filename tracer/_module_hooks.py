@@ -29,7 +29,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
-from tracer._naming import ROOT, CallCounter, compiled_inner, module_names
+from tracer._naming import ROOT, CallCounter, module_names, wrapper_inner
 from tracer._source import user_source
 
 if TYPE_CHECKING:
@@ -207,7 +207,9 @@ class ModuleTracker:
         seen: set[int] = set()
         out = []
         for k, root in enumerate(self.roots):
-            for module, owner in module_names(root, ROOT if k == 0 else f"<root{k}>").items():
+            wrappers: dict[Any, str] = {}
+            names = module_names(root, ROOT if k == 0 else f"<root{k}>", wrappers)
+            for module, owner in [*names.items(), *wrappers.items()]:
                 for p_name, p in module.named_parameters(recurse=False):
                     if id(p) in seen:
                         continue
@@ -251,9 +253,9 @@ class ModuleTracker:
         name = self.names.get(module)
         if name is not None:
             return name
-        if self.fixed or compiled_inner(module) is not None:
-            # not part of the model the user gave; or a torch.compile wrapper, named by the
-            # module it runs (whose hooks fire next)
+        if self.fixed or wrapper_inner(module) is not None:
+            # not part of the model the user gave; or a wrapper (torch.compile, DDP, FSDP),
+            # named by the module it runs (whose hooks fire next)
             return None
         if not self.stack:
             self.add_root(module)

@@ -47,18 +47,49 @@ def compiled_inner(module: object) -> object | None:
     return module._modules.get("_orig_mod")  # type: ignore[attr-defined]
 
 
-def module_names(model: object, root_name: str = ROOT) -> dict[object, str]:
+# (module that defines the wrapper class, class name, attribute holding the wrapped module)
+_WRAPPERS = (
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", "module"),
+    ("torch.nn.parallel.data_parallel", "DataParallel", "module"),
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel",
+     "_fsdp_wrapped_module"),
+    ("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "ActivationWrapper",
+     "_checkpoint_wrapped_module"),
+)
+
+
+def wrapper_inner(module: object) -> object | None:
+    """The module that a wrapper runs, or None when ``module`` is not a wrapper. Wrappers are
+    torch.compile's (`compiled_inner`), DDP's and DataParallel's (``module.``), FSDP's
+    (``_fsdp_wrapped_module.``) and activation checkpointing's (``_checkpoint_wrapped_module.``);
+    FSDP2 (``fully_shard``) adds no module. Records are named as if the wrapper were not there,
+    so a wrapped run and a single-process eager run of the same model have the same names."""
+    inner = compiled_inner(module)
+    if inner is not None:
+        return inner
+    for where, cls_name, attr in _WRAPPERS:
+        cls = getattr(sys.modules.get(where), cls_name, None)  # none exists before it loads
+        if cls is not None and isinstance(module, cls):
+            return module._modules.get(attr)  # type: ignore[attr-defined]
+    return None
+
+
+def module_names(model: object, root_name: str = ROOT,
+                 wrappers: dict[object, str] | None = None) -> dict[object, str]:
     """Map each submodule object of ``model`` to its dotted name; the model itself is ``root_name``.
 
-    The names and their order are ``named_modules()``'s, except that a torch.compile wrapper
-    gets no name and the module it wraps takes the wrapper's (``block`` rather than
-    ``block._orig_mod``, see `compiled_inner`). A module reachable under two names (shared
-    submodules) keeps the first one, like torch does.
+    The names and their order are ``named_modules()``'s, except that a wrapper gets no name and
+    the module it wraps takes the wrapper's (``block`` rather than ``block._orig_mod`` or
+    ``module.block``, see `wrapper_inner`); when ``wrappers`` is given, each wrapper is added
+    to it with that name (FSDP keeps its flat parameters on the wrapper). A module reachable
+    under two names (shared submodules) keeps the first one, like torch does.
     """
     names: dict[object, str] = {}
 
     def walk(module: Any, name: str) -> None:
-        while (inner := compiled_inner(module)) is not None:
+        while (inner := wrapper_inner(module)) is not None:
+            if wrappers is not None:
+                wrappers.setdefault(module, name)
             module = inner
         if module in names:
             return

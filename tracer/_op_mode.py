@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracer._module_hooks import (TAG, ModuleTracker, fake_mode_active, keep_dynamo_out,
                                   tool_range)
 from tracer._naming import NONE, op_name, op_scope
-from tracer._source import RECEIVED, user_source
+from tracer._source import RECEIVED, WRAPPER, user_source
 
 if TYPE_CHECKING:
     from tracer._dumper import Dumper
@@ -111,6 +111,20 @@ def _keep_dynamo_out() -> None:
 _dynamo_checked = False
 
 
+_AccumulateGrad = type(torch.ones(1, requires_grad=True).expand(1).grad_fn.next_functions[0][0])
+
+
+def _ddp_bucketing(func: Any) -> bool:
+    """True for an op that DDP's reducer runs from a parameter's gradient accumulator once the
+    gradient is ready: the gradient written into its bucket (an ``out=`` overload, the
+    accumulator's own ops have none) and the bucket's all-reduce. A single-process run of the
+    same model runs neither, so they are not the model's backward."""
+    if func.namespace == "c10d":
+        return True
+    return func._overloadname == "out" and torch.distributed.is_available() \
+        and torch.distributed.is_initialized()
+
+
 class OpMode(TorchDispatchMode):
     """Records inputs and outputs of aten ops; entered only while a dumped step runs."""
 
@@ -175,7 +189,13 @@ class OpMode(TorchDispatchMode):
                 return func(*args, **kwargs)
             phase = "backward"
             node = _current_node()
-            tag = node.metadata.get(TAG) if node is not None else None
+            if node is None:
+                # run by a callback queued on the engine after the graph's last node: DDP's
+                # and FSDP's gradient synchronisation, not the model's backward
+                return func(*args, **kwargs)
+            if type(node) is _AccumulateGrad and _ddp_bucketing(func):
+                return func(*args, **kwargs)
+            tag = node.metadata.get(TAG)
             module = tag[0] if tag is not None else NONE
         else:
             if not self.want_fw:
@@ -192,7 +212,8 @@ class OpMode(TorchDispatchMode):
         if scope is None:
             scope = self._scopes[key] = op_scope(module, info[0])
         source = user_source(2)
-        if source is RECEIVED:  # rebuilding a tensor another process sent: not the step's
+        if source is RECEIVED or source is WRAPPER:
+            # rebuilding a tensor another process sent, or DDP's own work: not the step's
             return func(*args, **kwargs)
         call = self.calls.next(scope, phase)
         # an in-place op's tensors get their version bumped only after the op returned from

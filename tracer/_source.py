@@ -1,5 +1,9 @@
-"""Source location of user code: ``path/to/file.py:LINE`` of the innermost frame that is not
-torch, site-packages or Sleuth's own tool packages.
+"""Source location of the code that made a record: ``path/to/file.py:LINE`` of the innermost
+frame that is not torch, the standard library or Sleuth's own tool packages.
+
+Code installed in site-packages counts: a Hugging Face model's forward lives there, and its own
+line says more than the ``trainer.train()`` line that led to it. Such paths print relative to
+the site-packages folder (``transformers/models/llama/modeling_llama.py:120``).
 
 Hooks run deep inside torch, so this walks ``sys._getframe`` outward. Whether a code object is
 "internal" is decided once per code object and cached, and formatted locations are cached per
@@ -34,6 +38,14 @@ def _internal_prefixes() -> tuple[str, ...]:
 RECEIVED = "<received from another process>"
 """What `user_source` returns for code that runs while torch rebuilds a tensor another process
 sent (torch/multiprocessing/reductions.py: a DataLoader worker's batch): not the user's."""
+WRAPPER = "<a parallel wrapper's own work>"
+"""What `user_source` returns for code that DistributedDataParallel runs on its own account
+(its construction, and the buffer broadcast and bookkeeping around each forward): work a
+single-process run of the same model does not do, so it is not recorded as the user's."""
+# torch/nn/parallel/distributed.py's functions whose ops are the wrapper's own; the wrapped
+# module's forward runs from `_run_ddp_forward`, outside them
+_WRAPPER_FILE = os.path.join("nn", "parallel", "distributed.py")
+_WRAPPER_FUNCTIONS = frozenset({"__init__", "_pre_forward", "_post_forward"})
 _PREFIXES: tuple[str, ...] | None = None
 _RECEIVING: str | None = None  # the path of torch/multiprocessing/reductions.py
 # the path of torch/_dynamo/convert_frame.py: its frames run while torch.compile traces (the
@@ -44,10 +56,12 @@ _COMPILING: str | None = None
 _ENGINE: types.CodeType | None = None
 _graph_task_id = None
 _engine_cache: tuple[int, str] = (-1, "")  # (graph task id, its source)
-# code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED)
+# code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED), 3 torch.compile
+# tracing, 4 DistributedDataParallel's own work (WRAPPER)
 _internal: dict[types.CodeType, int] = {}
 _formatted: dict[tuple[types.CodeType, int], str] = {}
 _relpath: dict[str, str] = {}
+_LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
 def _setup() -> None:
@@ -71,8 +85,6 @@ def _is_internal(code: types.CodeType) -> int:
     path = code.co_filename
     internal = not path.startswith(_USER_PACKAGE_ROOTS) and (
         path.startswith(_PREFIXES)
-        or "site-packages" in path
-        or "dist-packages" in path
         or path.startswith("<frozen")
         or path.startswith(os.path.dirname(os.__file__) + os.sep)  # the standard library
     )
@@ -83,6 +95,9 @@ def _is_internal(code: types.CodeType) -> int:
             flag = 2
         elif absolute == _COMPILING:
             flag = 3
+        elif code.co_name in _WRAPPER_FUNCTIONS and absolute.endswith(_WRAPPER_FILE) \
+                and absolute.startswith(_PREFIXES[0]):  # torch's own copy
+            flag = 4
     _internal[code] = flag
     return flag
 
@@ -97,8 +112,9 @@ def _relative(path: str) -> str:
                 rel = os.path.relpath(absolute, _PACKAGES_ROOT)
             elif absolute.startswith(cwd + os.sep):
                 rel = os.path.relpath(absolute, cwd)
-            else:
-                rel = path
+            else:  # an installed package's code: from its site-packages folder on
+                library = [absolute.rpartition(d)[2] for d in _LIBRARY_DIRS if d in absolute]
+                rel = library[0] if library else path
         except (OSError, ValueError):  # a deleted cwd or another drive: keep the path as given
             rel = path
         _relpath[path] = rel
@@ -107,7 +123,8 @@ def _relative(path: str) -> str:
 
 def user_source(skip: int = 1) -> str:
     """``file:line`` of the innermost user frame above the caller, or ``""`` when there is none,
-    or `RECEIVED` when torch is rebuilding a tensor received from another process.
+    `RECEIVED` when torch is rebuilding a tensor received from another process, or `WRAPPER`
+    for DistributedDataParallel's own work.
 
     ``skip`` frames are skipped first (1 = the caller of this function).
     """
@@ -135,6 +152,8 @@ def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
             return _format(code, frame.f_lineno)
         if flag == 2:
             return RECEIVED
+        if flag == 4:
+            return WRAPPER
         frame = frame.f_back
     return ""
 

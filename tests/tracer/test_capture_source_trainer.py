@@ -20,7 +20,10 @@ def test_trainer_frames_are_user_code_and_print_package_relative(monkeypatch, tm
     exec(code, {"user_source": _source.user_source}, namespace)
     assert namespace["step"]() == "trainer/model.py:2"
 
-    other = compile("def step():\n    return user_source(1)\n",
+    # another name: code objects that differ only in their file compare equal
+    other = compile("def layer():\n    return user_source(1)\n",
                     os.path.join(root, "somelib", "layer.py"), "exec")
     exec(other, {"user_source": _source.user_source}, namespace)
-    assert not namespace["step"]().startswith("somelib")  # other site-packages stay internal
+    # other installed code is the user's too (a Hugging Face model's forward), printed from
+    # the site-packages folder on
+    assert namespace["layer"]() == "somelib/layer.py:2"
