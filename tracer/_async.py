@@ -32,7 +32,11 @@ full and never drops a record. One record larger than the bound is let through a
 
 Errors: a failure in the writer thread is raised in the training thread at its next
 `add`/`end_step`/`flush`/`close` (on_error='raise') or warned once (on_error='warn'), after which
-dumping is off. The writer thread keeps draining so producers never block on a dead writer.
+dumping is off, and `close()` raises again that the dump is incomplete. The writer thread keeps
+draining so producers never block on a dead writer. The files are at most one step behind: the
+end of step S+1 (or the next step boundary, dumped or not: `step_boundary`) waits until step S's
+file is written, fsynced and renamed, so a failure to write step S (disk full) is raised there,
+naming the step and its cause, not many queued steps later.
 """
 from __future__ import annotations
 
@@ -41,12 +45,12 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from tracer._config import DumpConfig, env_switch
-from tracer._errors import TracerError
+from tracer._errors import DumpWriteError, TracerError
 from tracer._fastpath import NOT_HERE, stats_row
 from tracer._filer import shared_file_process
 from tracer._format import PendingFile, StepFile
@@ -128,6 +132,8 @@ class AsyncWriter(Writer):
         self._error: BaseException | None = None  # storage failure in the writer thread
         self._observer_error: BaseException | None = None
         self._error_reported = False
+        # one per ended step, oldest first: its file is on disk once the barrier is passed
+        self._barriers: deque[_Barrier] = deque()
         self._in_step = False
         self._step = -1
         self._streams: dict[torch.device, Any] = {}
@@ -136,7 +142,11 @@ class AsyncWriter(Writer):
         # training process, kept from writer to writer
         self._filer = shared_file_process(self.rank) if _USE_FILER else None
         if self._filer is not None:
-            self._filer.start()
+            try:
+                self._filer.start()
+            except BaseException:
+                self._release_lock()
+                raise
         # rows and bytes made in the training thread (see `add`)
         self._rows = _RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
         # writer-thread state
@@ -155,6 +165,7 @@ class AsyncWriter(Writer):
         self._raise_pending()
         if not self.enabled:
             return
+        self._claim()
         if self._in_step:
             self._close_step(complete=False)
         self._step, self._seq, self._in_step = int(step), 0, True
@@ -309,6 +320,35 @@ class AsyncWriter(Writer):
         if self.enabled and self._in_step:
             self._in_step = False
             self._close_step(complete=True)
+            barrier = _Barrier(self._step)
+            self._put(("barrier", barrier), 0)
+            self._barriers.append(barrier)
+            # this step's file is written while the next step trains; the one before must be
+            # on disk now, or its error raised here
+            self._await_barriers(keep=1)
+
+    def step_boundary(self) -> None:
+        """A step ended that was not dumped: wait until every ended step's file is on disk,
+        and raise a pending error (the Dumper calls it at each step boundary)."""
+        if self._barriers:
+            self._await_barriers(keep=0)
+        self._raise_pending()
+
+    def _await_barriers(self, keep: int) -> None:
+        """Wait until at most `keep` ended steps' files may still be in flight; a failure to
+        write one of them is raised as a DumpWriteError naming the step (see on_error)."""
+        while len(self._barriers) > keep:
+            barrier = self._barriers.popleft()
+            barrier.event.wait()
+            for commit in barrier.commits:
+                try:
+                    commit.result()
+                except BaseException as e:  # noqa: BLE001 - reported as the writer's error
+                    with self._cond:
+                        if self._error is None:
+                            self._error = e
+                    break
+            self._raise_pending()
 
     def flush(self) -> None:
         """Wait until everything queued so far is written; raise a pending error."""
@@ -329,7 +369,15 @@ class AsyncWriter(Writer):
             self._closed = True
             self._put(_STOP, 0)
             self._thread.join()
+            self._barriers.clear()
+            self._release_lock()
+        reported = self._error_reported
         self._raise_pending()
+        if reported and self.config.on_error == "raise" and self._error is not None:
+            # raised at a step boundary already: the caller went on (or is unwinding); the
+            # dump is still incomplete, and close() returning would say otherwise
+            raise DumpWriteError(f"the dump of rank {self.rank} under {self.run_dir} is "
+                                 f"incomplete: {self._failure}") from self._error
 
     @property
     def queued_bytes(self) -> int:
@@ -389,7 +437,11 @@ class AsyncWriter(Writer):
             raise err
         if self._error is not None and not self._error_reported:
             self._error_reported = True
-            self._storage_error(self._error, "in the writer thread")
+            error = self._error
+            if isinstance(error, _FileFailure):
+                self._storage_error(error.cause, f"writing step {error.step} ({error.path})")
+            else:
+                self._storage_error(error, "in the writer thread")
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -409,6 +461,15 @@ class AsyncWriter(Writer):
                         self._wait_finishing()
                     finally:
                         item[1].set()
+                elif item[0] == "barrier":
+                    # the step's file written (its commit queued): the training thread waits
+                    # for the commits at the next step's end
+                    try:
+                        if self._error is None:
+                            self._wait_written()
+                    finally:
+                        item[1].commits = list(self._commits)
+                        item[1].event.set()
                 elif self._error is None:
                     self._process(item)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
@@ -495,22 +556,26 @@ class AsyncWriter(Writer):
                 max_workers=1, thread_name_prefix=f"sleuth-dump-flush-rank{self.rank}")
         self._finishing = self._flusher.submit(self._write_file, file, complete)
 
-    def _write_file(self, file: StepFile, complete: bool) -> PendingFile | _Committed:
+    def _write_file(self, file: StepFile, complete: bool) -> _Step | _Committed:
         """On the flusher thread, with the file-writer process (h5py there does not hold this
         process's GIL): a file without tensor bytes is written there entirely; of any other,
         the HDF5 part is written there and the bytes here. Without that process, all is
         written here. The file is aborted (its partial removed) on error."""
         try:
             if self._filer is None:
-                return file.write(complete=complete)
-            if not file.nbytes and not file.spilled:
-                path = self._filer.finish(file, complete)
-                if path is not None:
-                    return _Committed(path)
-            return file.write(complete=complete, metadata=self._filer.write_metadata)
+                pending = file.write(complete=complete)
+            elif not file.nbytes and not file.spilled and \
+                    (path := self._filer.finish(file, complete)) is not None:
+                return _Committed(path, file.attrs["step"])
+            else:
+                pending = file.write(complete=complete, metadata=self._filer.write_metadata)
+        except Exception as e:
+            file.abort()
+            raise _FileFailure(file.attrs["step"], file.path, e) from e
         except BaseException:
             file.abort()
             raise
+        return _Step(pending, file.attrs["step"])
 
     def _wait_written(self) -> None:
         """Wait for the file being written and queue its commit; its error is raised here."""
@@ -537,11 +602,47 @@ class AsyncWriter(Writer):
             self._collect_commits()
 
 
+class _Barrier:
+    """The end of step `step` in the writer's queue: `event` is set once its file is written,
+    and `commits` are then the fsync-and-renames still to wait for (its own and earlier)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.event = threading.Event()
+        self.commits: list[Future] = []
+
+
+class _FileFailure(Exception):
+    """Writing step `step`'s file `path` failed with `cause` (reported as the writer's error)."""
+
+    def __init__(self, step: int, path: Path, cause: BaseException) -> None:
+        super().__init__(f"step {step} ({path}): {type(cause).__name__}: {cause}")
+        self.step, self.path, self.cause = step, path, cause
+
+
+class _Step(NamedTuple):
+    """A written step file waiting for its commit, and its step."""
+
+    pending: PendingFile
+    step: int
+
+    def commit(self) -> Path:
+        return self.pending.commit()
+
+    def abort(self) -> None:
+        self.pending.abort()
+
+    @property
+    def path(self) -> Path:
+        return self.pending.path
+
+
 class _Committed:
     """What the file-writer process returns: a file already fsynced and renamed."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, step: int) -> None:
         self.path = path
+        self.step = step
 
     def commit(self) -> Path:
         return self.path
@@ -550,9 +651,12 @@ class _Committed:
         pass
 
 
-def _commit_or_abort(pending: PendingFile) -> Path:
+def _commit_or_abort(pending: _Step | _Committed) -> Path:
     try:
         return pending.commit()
+    except Exception as e:
+        pending.abort()
+        raise _FileFailure(pending.step, pending.path, e) from e
     except BaseException:
         pending.abort()
         raise

@@ -75,6 +75,9 @@ class DumpConfig:
     """raise: a dump error stops the run; warn: warn once and stop dumping."""
     watch: tuple[dict, ...] = ()
     """Watchpoints checked as records are made (see docs/dump-config.md)."""
+    overwrite: bool = False
+    """Replace the dump of another run found in the run directory (its step files only) instead
+    of refusing to write; the same run continuing (a resume) needs no overwrite."""
 
     _step_ranges: tuple[tuple[int, int], ...] | None = field(default=None, init=False, repr=False,
                                                              compare=False)
@@ -100,8 +103,9 @@ class DumpConfig:
         for key in _FILTER_KEYS:
             patterns = _as_str_tuple(key, getattr(self, key))
             set_(self, key, patterns)
-        if not isinstance(self.params, bool):
-            raise ConfigError(f"params: expected true or false, got {self.params!r}")
+        for key in ("params", "overwrite"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{key}: expected true or false, got {getattr(self, key)!r}")
         mb = self.async_max_queued_mb
         if isinstance(mb, bool) or not isinstance(mb, int) or mb < 1:
             raise ConfigError(f"async_max_queued_mb: expected a whole number of MiB >= 1, "

@@ -20,6 +20,7 @@ import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
 from tracer._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS
+from tracer._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
 _RANK_RE = re.compile(r"^rank(\d+)$")
@@ -436,13 +437,17 @@ def open_dump(path: str | Path) -> Dump:
     """Open a dump: a run directory, its dump/ folder, one rank folder, or one step file.
 
     Partial files (`*.partial`, being written or left by a crash) and unreadable files are
-    listed in `Dump.skipped` with a warning. Raises DumpFormatError when there is no dump at
-    `path` or a file has a newer major format version than this release reads.
+    listed in `Dump.skipped` with a warning. Files of different runs are never combined: the
+    files of the run `dump/dump.json` names (without it, of the run that wrote the newest file)
+    are kept and the others listed in `Dump.skipped` (docs/dump-format.md, "Run id").
+    Raises DumpFormatError when there is no dump at `path` or a file has a newer major format
+    version than this release reads.
     """
     p = Path(path)
     if not p.exists():
         raise DumpFormatError(f"no dump at {p}: the path does not exist")
     files: dict[tuple[int, int], Path] = {}
+    run_ids: dict[tuple[int, int], str] = {}
     skipped: list[tuple[str, str]] = []
     if p.is_file():
         if p.name.endswith(".partial"):
@@ -476,13 +481,18 @@ def open_dump(path: str | Path) -> Dump:
                                                 "crash before it was complete"))
                 elif m:
                     try:
-                        r, s = _identify(child) if rank < 0 else (rank, int(m.group(1)))
-                        if rank >= 0:
-                            _probe(child)
+                        if rank < 0:
+                            r, s = _identify(child)
+                            run_id = _probe(child)
+                        else:
+                            r, s, run_id = rank, int(m.group(1)), _probe(child)
                     except _Unreadable as e:
                         skipped.append((str(child), str(e)))
                         continue
                     files[(r, s)] = child
+                    run_ids[(r, s)] = run_id
+        files, other_runs = one_run(files, run_ids, _dump_dir(p))
+        skipped.extend(other_runs)
     if skipped:
         warnings.warn(f"sleuth dump: skipped {len(skipped)} partial or unreadable file(s) under "
                       f"{root}, e.g. {skipped[0][0]} ({skipped[0][1]})", RuntimeWarning,
@@ -494,13 +504,23 @@ class _Unreadable(Exception):
     pass
 
 
-def _probe(path: Path) -> None:
-    """Check that `path` opens and has a version this release reads."""
+def _probe(path: Path) -> str:
+    """Check that `path` opens and has a version this release reads; returns its run id
+    ("" for a file written before run ids)."""
     try:
         with h5py.File(path, "r") as f:
             _check_version(f, path)
+            run_id = f.attrs.get("run_id", "")
     except OSError as e:
         raise _Unreadable(f"unreadable: {e}") from e
+    return run_id.decode() if isinstance(run_id, bytes) else str(run_id)
+
+
+def _dump_dir(p: Path) -> Path | None:
+    """The dump folder (holding rank{R}/ and dump.json) of a dump or rank folder."""
+    if (p / RUN_FILE).is_file() or any(_RANK_RE.match(c.name) for c in p.iterdir()):
+        return p
+    return p.parent if _RANK_RE.match(p.name) else None
 
 
 def _identify(path: Path) -> tuple[int, int]:
