@@ -15,7 +15,9 @@ from sleuth.cli import CliError
 
 # Full tensors (and their statistics) of every module and op on the first step, so the diff can
 # measure cosine similarity and errors, not only statistics; about 45 MB per run.
-_DUMP_CONFIG = {"steps": "0", "level": "mix", "mode": "full", "writer": "async"}
+# The demo owns its two runs: running it again replaces their dumps.
+_DUMP_CONFIG = {"steps": "0", "level": "mix", "mode": "full", "writer": "async",
+                "overwrite": True}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

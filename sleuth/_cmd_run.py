@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--summary", action="store_true",
                    help="log parameter and gradient norms and histograms at optimizer steps")
     p.add_argument("--save-graphs", action="store_true", help="export the model's IR graphs")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the dump of another run found in the run directory (its step "
+                   "files only) instead of refusing to dump")
     p.add_argument("--strict", action="store_true",
                    help="stop the run when a tool fails to attach (default: warn and go on)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
@@ -57,6 +60,14 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
         env.setdefault("SLEUTH_SAVE_GRAPHS_PATH", str(run_dir / "ir"))
     if args.strict:
         env["SLEUTH_STRICT"] = "1"
+    if getattr(args, "overwrite", False):
+        env["SLEUTH_DUMP_OVERWRITE"] = "1"
+    # every process of the command (each torchrun worker) writes one run: one id for all; a
+    # caller's own id (a run continuing) is kept
+    if not env.get("SLEUTH_RUN_ID", "").strip():
+        from trainer import new_run_id
+
+        env["SLEUTH_RUN_ID"] = new_run_id()
     paths = [str(_BOOT_DIR), str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env

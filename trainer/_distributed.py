@@ -88,6 +88,15 @@ def all_reduce_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
+def broadcast_str(value: str, d: Dist) -> str:
+    """Rank 0's `value` on every rank."""
+    if d.world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])
+
+
 def full_tensor(value: torch.Tensor) -> torch.Tensor:
     """A DTensor (FSDP) as a plain tensor; a plain tensor unchanged."""
     return value.full_tensor() if hasattr(value, "full_tensor") else value
