@@ -339,15 +339,15 @@ class AsyncWriter(Writer):
         write one of them is raised as a DumpWriteError naming the step (see on_error)."""
         while len(self._barriers) > keep:
             barrier = self._barriers.popleft()
-            barrier.event.wait()
-            for commit in barrier.commits:
+            barrier.event.wait()  # the writer thread reached the step's end
+            if barrier.written is not None:
                 try:
-                    commit.result()
+                    # the file written (flusher), then fsynced and renamed (syncer)
+                    barrier.written.result().result()
                 except BaseException as e:  # noqa: BLE001 - reported as the writer's error
                     with self._cond:
                         if self._error is None:
                             self._error = e
-                    break
             self._raise_pending()
 
     def flush(self) -> None:
@@ -462,14 +462,10 @@ class AsyncWriter(Writer):
                     finally:
                         item[1].set()
                 elif item[0] == "barrier":
-                    # the step's file written (its commit queued): the training thread waits
-                    # for the commits at the next step's end
-                    try:
-                        if self._error is None:
-                            self._wait_written()
-                    finally:
-                        item[1].commits = list(self._commits)
-                        item[1].event.set()
+                    # the step's file is being written: the training thread waits for it at
+                    # the next step's end, while this thread goes on
+                    item[1].written = self._finishing
+                    item[1].event.set()
                 elif self._error is None:
                     self._process(item)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
@@ -554,7 +550,17 @@ class AsyncWriter(Writer):
         if self._flusher is None:
             self._flusher = ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=f"sleuth-dump-flush-rank{self.rank}")
-        self._finishing = self._flusher.submit(self._write_file, file, complete)
+            self._syncer = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"sleuth-dump-sync-rank{self.rank}")
+        self._finishing = self._flusher.submit(self._write_and_queue_commit, file, complete)
+
+    def _write_and_queue_commit(self, file: StepFile, complete: bool) -> Future:
+        """On the flusher thread: write `file`, then queue its fsync and rename on the syncer
+        (files are written one at a time, so their commits queue in step order); returns the
+        commit's future."""
+        pending = self._write_file(file, complete)
+        assert self._syncer is not None
+        return self._syncer.submit(_commit_or_abort, pending)
 
     def _write_file(self, file: StepFile, complete: bool) -> _Step | _Committed:
         """On the flusher thread, with the file-writer process (h5py there does not hold this
@@ -582,11 +588,7 @@ class AsyncWriter(Writer):
         future, self._finishing = self._finishing, None
         if future is None:
             return
-        pending = future.result()
-        if self._syncer is None:
-            self._syncer = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"sleuth-dump-sync-rank{self.rank}")
-        self._commits.append(self._syncer.submit(_commit_or_abort, pending))
+        self._commits.append(future.result())
 
     def _collect_commits(self, keep: int = 0) -> None:
         """Take finished commits in order (raising the first error), waiting until at most
@@ -603,13 +605,14 @@ class AsyncWriter(Writer):
 
 
 class _Barrier:
-    """The end of step `step` in the writer's queue: `event` is set once its file is written,
-    and `commits` are then the fsync-and-renames still to wait for (its own and earlier)."""
+    """The end of step `step` in the writer's queue: `event` is set when the writer thread
+    reaches it, `written` is then the future of the step's file (its result: the future of its
+    fsync and rename), or None when the step has no file (dropped after an error)."""
 
     def __init__(self, step: int) -> None:
         self.step = step
         self.event = threading.Event()
-        self.commits: list[Future] = []
+        self.written: Future | None = None
 
 
 class _FileFailure(Exception):

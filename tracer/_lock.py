@@ -82,7 +82,7 @@ def resolve_run_id(world_size: int) -> str:
     """The run id of this process's dump, the same in every rank of one run.
 
     In order: $SLEUTH_RUN_ID (set by `sleuth run`, the trainer, or the user); torchrun's
-    $TORCHELASTIC_RUN_ID (its --rdzv-id, a fresh one per launch with --standalone); with more
+    $TORCHELASTIC_RUN_ID (its --rdzv-id; on one node a fresh one per launch); with more
     than one rank, the parent process (the torchrun agent or the process that spawned the
     ranks: one per node) by host, pid and start time; else a new id for this writer."""
     value = os.environ.get(RUN_ID_ENV, "").strip()

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import h5py
 import pytest
@@ -215,31 +214,40 @@ def test_the_run_id_comes_from_the_environment_under_torchrun(tmp_path, monkeypa
         train(tmp_path, 1)
 
 
-@pytest.mark.parametrize("filer", [False, True])
-def test_an_async_write_error_surfaces_at_the_next_step_boundary(tmp_path, monkeypatch, filer):
-    """Disk full while step 3's file is written: raised at step 3's or step 4's boundary,
-    naming the step and the cause; close() says again that the dump is incomplete."""
+def _disk_full_at(monkeypatch, step_file: str, filer: bool = False) -> None:
+    """Make the fsync-and-rename of `step_file` fail as a full disk does."""
     monkeypatch.setattr(_async, "_USE_FILER", filer)
     commit = _format.PendingFile.commit
 
     def full_disk(self):
-        if self.path.name == "step3.h5":
+        if self.path.name == step_file:
             self.abort()
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return commit(self)
 
     monkeypatch.setattr(_format.PendingFile, "commit", full_disk)
-    model = MLP()
+
+
+def _train_until_error(dumper: tracer.Dumper, model: nn.Module, steps: int):
+    """Train until the Dumper raises; returns (the step whose boundary raised, the error)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "mode": "tensor"})
-    raised_at = None
     with pytest.raises(DumpWriteError) as caught:
-        for step in range(12):
-            raised_at = step
+        for step in range(steps):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()  # ends the step: its boundary
+    return step, caught.value
+
+
+@pytest.mark.parametrize("filer", [False, True])
+def test_an_async_write_error_surfaces_at_the_next_step_boundary(tmp_path, monkeypatch, filer):
+    """Disk full while step 3's file is written: raised at step 3's or step 4's boundary,
+    naming the step and the cause; close() says again that the dump is incomplete."""
+    _disk_full_at(monkeypatch, "step3.h5", filer)
+    model = MLP()
+    dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "mode": "tensor"})
+    raised_at, error = _train_until_error(dumper, model, 12)
     assert raised_at in (3, 4)
-    assert "step 3" in str(caught.value) and "No space left on device" in str(caught.value)
+    assert "step 3" in str(error) and "No space left on device" in str(error)
     with pytest.raises(DumpWriteError, match="incomplete: failed writing step 3"):
         dumper.close()
     steps = open_dump(tmp_path).steps(0)
@@ -247,29 +255,12 @@ def test_an_async_write_error_surfaces_at_the_next_step_boundary(tmp_path, monke
     assert not (tmp_path / "dump" / "rank0" / LOCK_NAME).exists()
 
 
-def test_an_async_write_error_of_an_undumped_stretch_surfaces_at_the_next_boundary(
+def test_an_async_write_error_before_undumped_steps_surfaces_at_the_next_boundary(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(_async, "_USE_FILER", False)
-    commit = _format.PendingFile.commit
-
-    def full_disk(self):
-        if self.path.name == "step1.h5":
-            self.abort()
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return commit(self)
-
-    monkeypatch.setattr(_format.PendingFile, "commit", full_disk)
+    _disk_full_at(monkeypatch, "step1.h5")
     model = MLP()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "steps": "0-1"})
-    raised_at = None
-    with pytest.raises(DumpWriteError, match="step 1"):
-        for step in range(8):
-            raised_at = step
-            model(torch.randn(4, 8)).sum().backward()
-            opt.step()
-    assert raised_at == 2  # the first boundary after step 1, a step that is not dumped
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(DumpWriteError):
-            dumper.close()
+    raised_at, error = _train_until_error(dumper, model, 8)
+    assert raised_at == 2 and "step 1" in str(error)  # step 2 is not dumped; its end is a boundary
+    with pytest.raises(DumpWriteError):
+        dumper.close()
