@@ -160,7 +160,8 @@ class Dump:
         self.root = root
         self._files = dict(sorted(files.items()))
         self.skipped = skipped
-        """(path, reason) of each file that was ignored: partial or unreadable."""
+        """(path, reason) of each file that was ignored: partial, unreadable, or written by
+        another run than the dump's (see `open_dump`)."""
         self._handles: OrderedDict[Path, h5py.File] = OrderedDict()
         self._tables: OrderedDict[tuple[int, int], tuple[np.ndarray, dict[str, int]]] = \
             OrderedDict()
