@@ -29,7 +29,7 @@ import warnings
 import weakref
 from pathlib import Path
 
-from tracer._errors import TracerError
+from tracer._errors import DumpWriteError, TracerError
 
 LOCK_NAME = ".lock"
 RUN_FILE = "dump.json"
@@ -148,7 +148,6 @@ class RankLock:
     def acquire(cls, rank_dir: Path, run_id: str) -> RankLock:
         """Take the lock of `rank_dir`, taking over a stale one; DumpLockedError when another
         live writer (or a writer of another host) holds it."""
-        rank_dir.mkdir(parents=True, exist_ok=True)
         path = rank_dir / LOCK_NAME
         content = {"pid": os.getpid(), "host": socket.gethostname(),
                    "started": _start_time(os.getpid()), "run_id": run_id, "since": _now()}
@@ -233,9 +232,10 @@ def _take_over_if_stale(rank_dir: Path, path: Path) -> None:
             raise DumpLockedError(f"{path} is not a lock this sleuth reads; if no other process "
                                   f"writes rank folder {rank_dir}, delete it and run again")
         if host != socket.gethostname():
-            raise DumpLockedError(f"{rank_dir} is being written by another process ({_describe(owner)}); "
-                                  f"{fix}. It runs on another host, so sleuth cannot tell whether it "
-                                  f"is still alive: if it is not, delete {path} and run again")
+            raise DumpLockedError(f"{rank_dir} is being written by another process "
+                                  f"({_describe(owner)}); {fix}. It runs on another host, so "
+                                  f"sleuth cannot tell whether it is still alive: if it is not, "
+                                  f"delete {path} and run again")
         if _alive(pid, owner.get("started")):
             raise DumpLockedError(f"{rank_dir} is being written by another process "
                                   f"({_describe(owner)}); {fix}")
@@ -261,11 +261,16 @@ def claim_rank(run_dir: Path, rank: int, world_size: int, *, overwrite: bool = F
     rank_dir = dump_dir / f"rank{rank}"
     run_id = resolve_run_id(world_size)
     try:
-        lock = RankLock.acquire(rank_dir, run_id)
+        rank_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
         # no rank folder can be made there (a file in the way, no permission): nothing can be
         # written either, and the first step file reports that through on_error
         return run_id, _NO_LOCK
+    try:
+        lock = RankLock.acquire(rank_dir, run_id)
+    except OSError as e:
+        raise DumpWriteError(f"cannot take the lock {rank_dir / LOCK_NAME}: {e.strerror or e}; "
+                             f"check that the run directory is writable") from e
     try:
         _claim(dump_dir, rank_dir, run_id, world_size, overwrite)
     except BaseException:
