@@ -17,11 +17,11 @@ into pinned host memory on a side stream; the writer thread waits on that copy's
 path runs the same `Writer._record` as the sync writer, so both write the same content.
 Observers see a row in the thread that made it.
 
-Files: when a step ends, a second thread (the flusher) writes its metadata and bytes while the
-writer thread goes on with the next step, and a third (the syncer) fsyncs and renames it while
-the flusher writes the next one, so disk waits overlap both; one file at a time is being
-written (memory stays bounded), at most four written files wait for their fsync, and `flush()`
-and `close()` return once every file is renamed. The HDF5 part of each step file (metadata,
+Files (tracer._pipeline): when a step ends, a second thread (the flusher) writes its metadata
+and bytes while the writer thread goes on with the next step, and a third (the syncer) fsyncs and
+renames it while the flusher writes the next one, so disk waits overlap both; one file at a time
+is being written (memory stays bounded), at most four written files wait for their fsync, and
+`flush()` and `close()` return once every file is renamed. The HDF5 part of each step file (metadata,
 /records, /hits) is written by a helper process (tracer._filer), so h5py's GIL-holding work does
 not stall the training thread; a file without tensor bytes is written there entirely. One
 helper serves the process's writers one after another; until it has started, the flusher
@@ -43,9 +43,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -53,7 +51,8 @@ from tracer._config import DumpConfig, env_switch
 from tracer._errors import DumpWriteError, TracerError
 from tracer._fastpath import NOT_HERE, stats_row
 from tracer._filer import shared_file_process
-from tracer._format import PendingFile, StepFile
+from tracer._format import StepFile
+from tracer._pipeline import Barrier, FileFailure, FilePipeline
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
 from tracer._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
@@ -62,7 +61,6 @@ from tracer._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes
 _STOP = ("stop",)
 
 _USE_FILER = env_switch("SLEUTH_FILE_PROCESS")
-_MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
 _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 # tensor bytes snapshotted in the training thread go to the writer thread in chunks this large:
 # one queue item (and one wake-up of the writer thread, which then takes the GIL) per chunk, not
@@ -133,7 +131,7 @@ class AsyncWriter(Writer):
         self._observer_error: BaseException | None = None
         self._error_reported = False
         # one per ended step, oldest first: its file is on disk once the barrier is passed
-        self._barriers: deque[_Barrier] = deque()
+        self._barriers: deque[Barrier] = deque()
         self._in_step = False
         self._step = -1
         self._streams: dict[torch.device, Any] = {}
@@ -152,10 +150,7 @@ class AsyncWriter(Writer):
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1
-        self._flusher: ThreadPoolExecutor | None = None
-        self._finishing: Future | None = None
-        self._syncer: ThreadPoolExecutor | None = None
-        self._commits: deque[Future] = deque()
+        self._files = FilePipeline(self.rank, self._filer, self.files_written)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"sleuth-dump-writer-rank{self.rank}")
         self._thread.start()
@@ -320,7 +315,7 @@ class AsyncWriter(Writer):
         if self.enabled and self._in_step:
             self._in_step = False
             self._close_step(complete=True)
-            barrier = _Barrier(self._step)
+            barrier = Barrier(self._step)
             self._put(("barrier", barrier), 0)
             self._barriers.append(barrier)
             # this step's file is written while the next step trains; the one before must be
@@ -339,15 +334,12 @@ class AsyncWriter(Writer):
         write one of them is raised as a DumpWriteError naming the step (see on_error)."""
         while len(self._barriers) > keep:
             barrier = self._barriers.popleft()
-            barrier.event.wait()  # the writer thread reached the step's end
-            if barrier.written is not None:
-                try:
-                    # the file written (flusher), then fsynced and renamed (syncer)
-                    barrier.written.result().result()
-                except BaseException as e:  # noqa: BLE001 - reported as the writer's error
-                    with self._cond:
-                        if self._error is None:
-                            self._error = e
+            try:
+                barrier.wait()
+            except BaseException as e:  # noqa: BLE001 - reported as the writer's error
+                with self._cond:
+                    if self._error is None:
+                        self._error = e
             self._raise_pending()
 
     def flush(self) -> None:
@@ -438,7 +430,7 @@ class AsyncWriter(Writer):
         if self._error is not None and not self._error_reported:
             self._error_reported = True
             error = self._error
-            if isinstance(error, _FileFailure):
+            if isinstance(error, FileFailure):
                 self._storage_error(error.cause, f"writing step {error.step} ({error.path})")
             else:
                 self._storage_error(error, "in the writer thread")
@@ -455,17 +447,16 @@ class AsyncWriter(Writer):
                 if item is _STOP:
                     stop = True
                     self._finish_file(complete=False)
-                    self._wait_finishing()
+                    self._files.wait_all()
                 elif item[0] == "flush":
                     try:
-                        self._wait_finishing()
+                        self._files.wait_all()
                     finally:
                         item[1].set()
                 elif item[0] == "barrier":
                     # the step's file is being written: the training thread waits for it at
                     # the next step's end, while this thread goes on
-                    item[1].written = self._finishing
-                    item[1].event.set()
+                    self._files.mark(item[1])
                 elif self._error is None:
                     self._process(item)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
@@ -478,9 +469,7 @@ class AsyncWriter(Writer):
                 with self._cond:
                     self._queued -= nbytes
                     self._cond.notify_all()
-        for pool in (self._flusher, self._syncer):
-            if pool is not None:
-                pool.shutdown(wait=True)
+        self._files.shutdown()
 
     def _process(self, item: tuple) -> None:
         kind = item[0]
@@ -533,133 +522,7 @@ class AsyncWriter(Writer):
             raise AssertionError(f"unknown queue item {kind!r}")
 
     def _finish_file(self, *, complete: bool) -> None:
-        """Hand the open step file to the flusher thread, which writes its metadata and bytes
-        while this thread goes on with the next step (I/O and CPU overlap); then a syncer
-        thread fsyncs and renames it while the flusher writes the next one (disk waits overlap
-        writes). One file at a time is being written, so memory stays bounded; at most
-        _MAX_UNSYNCED written files wait for their fsync."""
+        """Hand the open step file to the file pipeline (tracer._pipeline)."""
         file, self._wfile = self._wfile, None
-        if file is None:
-            return
-        try:
-            self._wait_written()
-            self._collect_commits(keep=_MAX_UNSYNCED - 1)
-        except BaseException:
-            file.abort()
-            raise
-        if self._flusher is None:
-            self._flusher = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"sleuth-dump-flush-rank{self.rank}")
-            self._syncer = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"sleuth-dump-sync-rank{self.rank}")
-        self._finishing = self._flusher.submit(self._write_and_queue_commit, file, complete)
-
-    def _write_and_queue_commit(self, file: StepFile, complete: bool) -> Future:
-        """On the flusher thread: write `file`, then queue its fsync and rename on the syncer
-        (files are written one at a time, so their commits queue in step order); returns the
-        commit's future."""
-        pending = self._write_file(file, complete)
-        assert self._syncer is not None
-        return self._syncer.submit(_commit_or_abort, pending)
-
-    def _write_file(self, file: StepFile, complete: bool) -> _Step | _Committed:
-        """On the flusher thread, with the file-writer process (h5py there does not hold this
-        process's GIL): a file without tensor bytes is written there entirely; of any other,
-        the HDF5 part is written there and the bytes here. Without that process, all is
-        written here. The file is aborted (its partial removed) on error."""
-        try:
-            if self._filer is None:
-                pending = file.write(complete=complete)
-            elif not file.nbytes and not file.spilled and \
-                    (path := self._filer.finish(file, complete)) is not None:
-                return _Committed(path, file.attrs["step"])
-            else:
-                pending = file.write(complete=complete, metadata=self._filer.write_metadata)
-        except Exception as e:
-            file.abort()
-            raise _FileFailure(file.attrs["step"], file.path, e) from e
-        except BaseException:
-            file.abort()
-            raise
-        return _Step(pending, file.attrs["step"])
-
-    def _wait_written(self) -> None:
-        """Wait for the file being written and queue its commit; its error is raised here."""
-        future, self._finishing = self._finishing, None
-        if future is None:
-            return
-        self._commits.append(future.result())
-
-    def _collect_commits(self, keep: int = 0) -> None:
-        """Take finished commits in order (raising the first error), waiting until at most
-        `keep` are left."""
-        while self._commits and (len(self._commits) > keep or self._commits[0].done()):
-            self.files_written.append(self._commits.popleft().result())
-
-    def _wait_finishing(self) -> None:
-        """Wait until every file handed over is written, fsynced and renamed."""
-        try:
-            self._wait_written()
-        finally:
-            self._collect_commits()
-
-
-class _Barrier:
-    """The end of step `step` in the writer's queue: `event` is set when the writer thread
-    reaches it, `written` is then the future of the step's file (its result: the future of its
-    fsync and rename), or None when the step has no file (dropped after an error)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-        self.event = threading.Event()
-        self.written: Future | None = None
-
-
-class _FileFailure(Exception):
-    """Writing step `step`'s file `path` failed with `cause` (reported as the writer's error)."""
-
-    def __init__(self, step: int, path: Path, cause: BaseException) -> None:
-        super().__init__(f"step {step} ({path}): {type(cause).__name__}: {cause}")
-        self.step, self.path, self.cause = step, path, cause
-
-
-class _Step(NamedTuple):
-    """A written step file waiting for its commit, and its step."""
-
-    pending: PendingFile
-    step: int
-
-    def commit(self) -> Path:
-        return self.pending.commit()
-
-    def abort(self) -> None:
-        self.pending.abort()
-
-    @property
-    def path(self) -> Path:
-        return self.pending.path
-
-
-class _Committed:
-    """What the file-writer process returns: a file already fsynced and renamed."""
-
-    def __init__(self, path: Path, step: int) -> None:
-        self.path = path
-        self.step = step
-
-    def commit(self) -> Path:
-        return self.path
-
-    def abort(self) -> None:
-        pass
-
-
-def _commit_or_abort(pending: _Step | _Committed) -> Path:
-    try:
-        return pending.commit()
-    except Exception as e:
-        pending.abort()
-        raise _FileFailure(pending.step, pending.path, e) from e
-    except BaseException:
-        pending.abort()
-        raise
+        if file is not None:
+            self._files.finish(file, complete)
