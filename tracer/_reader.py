@@ -495,9 +495,9 @@ def open_dump(path: str | Path) -> Dump:
         files, other_runs = one_run(files, run_ids, _dump_dir(p))
         skipped.extend(other_runs)
     if skipped:
-        warnings.warn(f"sleuth dump: skipped {len(skipped)} partial or unreadable file(s) under "
-                      f"{root}, e.g. {skipped[0][0]} ({skipped[0][1]})", RuntimeWarning,
-                      stacklevel=2)
+        warnings.warn(f"sleuth dump: skipped {len(skipped)} partial, unreadable or other-run "
+                      f"file(s) under {root}, e.g. {skipped[0][0]} ({skipped[0][1]})",
+                      RuntimeWarning, stacklevel=2)
     return Dump(files, skipped, root)
 
 
