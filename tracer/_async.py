@@ -18,14 +18,14 @@ path runs the same `Writer._record` as the sync writer, so both write the same c
 Observers see a row in the thread that made it.
 
 Files (tracer._pipeline): when a step ends, a second thread (the flusher) writes its metadata
-and bytes while the writer thread goes on with the next step, and a third (the syncer) fsyncs and
-renames it while the flusher writes the next one, so disk waits overlap both; one file at a time
-is being written (memory stays bounded), at most four written files wait for their fsync, and
-`flush()` and `close()` return once every file is renamed. The HDF5 part of each step file (metadata,
-/records, /hits) is written by a helper process (tracer._filer), so h5py's GIL-holding work does
-not stall the training thread; a file without tensor bytes is written there entirely. One
-helper serves the process's writers one after another; until it has started, the flusher
-writes the files itself.
+and bytes while the writer thread goes on with the next step, and a third (the syncer) fsyncs
+and renames it while the flusher writes the next one, so disk waits overlap both; one file at a
+time is being written (memory stays bounded), at most four written files wait for their fsync,
+and `flush()` and `close()` return once every file is renamed. The HDF5 part of each step file
+(metadata, /records, /hits) is written by a helper process (tracer._filer), so h5py's
+GIL-holding work does not stall the training thread; a file without tensor bytes is written
+there entirely. One helper serves the process's writers one after another; until it has
+started, the flusher writes the files itself.
 
 Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
 full and never drops a record. One record larger than the bound is let through alone.
@@ -140,11 +140,7 @@ class AsyncWriter(Writer):
         # training process, kept from writer to writer
         self._filer = shared_file_process(self.rank) if _USE_FILER else None
         if self._filer is not None:
-            try:
-                self._filer.start()
-            except BaseException:
-                self._release_lock()
-                raise
+            self._filer.start()
         # rows and bytes made in the training thread (see `add`)
         self._rows = _RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
         # writer-thread state

@@ -661,7 +661,7 @@ class Writer:
                 self.run_dir, self.rank, self.world_size, overwrite=self.config.overwrite)
 
     def _release_lock(self) -> None:
-        """Let the next writer of this rank in (at close, and when the writer fails to start)."""
+        """Let the next writer of this rank in (at close)."""
         if self._rank_lock is not None:
             self._rank_lock.release()
 
