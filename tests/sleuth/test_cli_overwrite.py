@@ -73,3 +73,13 @@ def test_sleuth_run_gives_its_processes_one_run_id_and_passes_overwrite_on(tmp_p
     assert child_env(args(), base={})["SLEUTH_RUN_ID"] != env["SLEUTH_RUN_ID"]  # one per run
     assert child_env(args(), base={"SLEUTH_RUN_ID": "mine"})["SLEUTH_RUN_ID"] == "mine"
     assert child_env(args("overwrite"), base={})["SLEUTH_DUMP_OVERWRITE"] == "1"
+
+
+@pytest.mark.slow
+def test_demo_runs_again_into_its_own_folder(tmp_path, capsys):
+    out = tmp_path / "demo"
+    for _ in range(2):
+        assert main(["demo", "--out", str(out), "--steps", "1", "--no-serve"]) == 0
+    for name in ("baseline", "bf16"):
+        ids = _ids(out / name)
+        assert "step0.h5" in ids and len(set(ids.values())) == 1
