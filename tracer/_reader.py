@@ -136,8 +136,9 @@ def _table_to_frame(arr: np.ndarray, fields: tuple[str, ...], str_fields: tuple[
     return pd.DataFrame(cols, columns=list(fields))
 
 
-def _check_version(f: h5py.File, path: Path) -> None:
-    version = f.attrs.get("format_version")
+def _check_version(f: h5py.File, path: Path, attrs: Any = None) -> None:
+    """`attrs`: `f.attrs`, when the caller has it (each `f.attrs` costs ~0.15 ms)."""
+    version = (f.attrs if attrs is None else attrs).get("format_version")
     if isinstance(version, bytes):
         version = version.decode()
     if not isinstance(version, str):
@@ -510,8 +511,9 @@ def _probe(path: Path) -> str:
     ("" for a file written before run ids)."""
     try:
         with h5py.File(path, "r") as f:
-            _check_version(f, path)
-            run_id = f.attrs.get("run_id", "")
+            attrs = f.attrs
+            _check_version(f, path, attrs)
+            run_id = attrs.get("run_id", "")  # "" in files written before run ids
     except OSError as e:
         raise _Unreadable(f"unreadable: {e}") from e
     return run_id.decode() if isinstance(run_id, bytes) else str(run_id)
