@@ -7,6 +7,7 @@ tools right after it imports torch. Nothing in the user's script changes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -80,7 +81,10 @@ def _run(args: argparse.Namespace) -> int:
     if not cmd:
         raise CliError("no command given; write it after `--`, e.g. "
                        "sleuth run --dump dump.json -- python train.py")
+    continuing = bool(os.environ.get("SLEUTH_RUN_ID", "").strip())  # the caller's own run id
     env = child_env(args)
+    if not continuing:
+        _refuse_another_runs_dump(env)
     run_dir = Path(env["SLEUTH_RUN_DIR"])
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_run_json(run_dir, cmd, env)
@@ -90,6 +94,29 @@ def _run(args: argparse.Namespace) -> int:
         return subprocess.call(cmd, env=env)
     except FileNotFoundError as e:
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
+
+
+def _refuse_another_runs_dump(env: dict[str, str]) -> None:
+    """CliError before the command starts when its dump would go where an earlier run's dump is:
+    the dump's writers would refuse it in every process of the command (docs/dump-format.md,
+    "Run id, run file and lock"), after the command had started."""
+    value = env.get("SLEUTH_DUMP_CONFIG", "").strip()
+    if not value or value == "0" or env.get("SLEUTH_DUMP_OVERWRITE") == "1":
+        return
+    config: object = {}
+    if value != "1":
+        try:
+            config = json.loads(value if value.startswith("{") else Path(value).read_text())
+        except (OSError, ValueError):
+            return  # the dump's own config check reports it
+    if not isinstance(config, dict) or config.get("overwrite") is True:
+        return
+    dump = Path(config.get("path") or env["SLEUTH_RUN_DIR"]) / "dump"
+    if (dump / "dump.json").is_file() or next(dump.glob("rank*/step*.h5"), None) is not None:
+        raise CliError(f"{dump} holds the dump of an earlier run, and this command starts a new "
+                       f"one: pass --overwrite to replace that dump, or --run-dir NEW_DIR (to "
+                       f"continue that run instead, set SLEUTH_RUN_ID to the run_id in "
+                       f"{dump / 'dump.json'})")
 
 
 def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:

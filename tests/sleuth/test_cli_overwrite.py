@@ -83,3 +83,26 @@ def test_demo_runs_again_into_its_own_folder(tmp_path, capsys):
     for name in ("baseline", "bf16"):
         ids = _ids(out / name)
         assert "step0.h5" in ids and len(set(ids.values())) == 1
+
+
+def test_sleuth_run_refuses_before_starting_when_the_dump_holds_another_run(tmp_path, capsys):
+    import torch
+
+    import tracer
+    from tests.tracer.models import MLP
+
+    model = MLP()
+    with tracer.Dumper(model, {"path": str(tmp_path), "writer": "sync"}):
+        model(torch.randn(4, 8)).sum().backward()
+    before = _ids(tmp_path)
+    cfg = tmp_path / "dump.json"
+    cfg.write_text(json.dumps({"writer": "sync"}))
+    marker = tmp_path / "started"
+    cmd = ["run", "--run-dir", str(tmp_path), "--dump", str(cfg), "--", "python", "-c",
+           f"open({str(marker)!r}, 'w').close()"]
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert "holds the dump of an earlier run" in err and "--overwrite" in err
+    assert not marker.exists() and _ids(tmp_path) == before  # never started, nothing touched
+    cmd.insert(1, "--overwrite")
+    assert main(cmd) == 0 and marker.exists()
