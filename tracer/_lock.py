@@ -26,7 +26,6 @@ import re
 import socket
 import uuid
 import warnings
-import weakref
 from pathlib import Path
 
 from tracer._errors import DumpWriteError, TracerError
@@ -154,14 +153,10 @@ class RankLock:
         body = (json.dumps(content, indent=2) + "\n").encode()
         for _ in range(3):
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                _create_exclusive(path, body)
             except FileExistsError:
                 _take_over_if_stale(rank_dir, path)
                 continue
-            try:
-                os.write(fd, body)
-            finally:
-                os.close(fd)
             return cls(path, content)
         raise DumpLockedError(f"{path}: could not take the lock (it kept changing hands); "
                               f"is another writer starting on rank folder {rank_dir}?")
@@ -188,7 +183,31 @@ class _NoLock:
 
 
 _NO_LOCK = _NoLock()
-_held: weakref.WeakSet[RankLock] = weakref.WeakSet()
+_held: set[RankLock] = set()  # held until released, even by a writer nobody closed
+
+
+def _create_exclusive(path: Path, body: bytes) -> None:
+    """Create `path` holding `body`, or raise FileExistsError: written under a temporary name
+    and hard-linked into place, so nobody ever reads a lock without its owner in it (O_EXCL
+    where the filesystem has no hard links)."""
+    temp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, body)
+    finally:
+        os.close(fd)
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, body)
+        finally:
+            os.close(fd)
+    finally:
+        temp.unlink()
 
 
 @atexit.register

@@ -61,7 +61,8 @@ def test_every_step_file_and_the_run_file_carry_one_run_id(tmp_path):
     assert len(set(ids.values())) == 1
     run = json.loads((tmp_path / "dump" / RUN_FILE).read_text())
     assert run["run_id"] == ids["step0.h5"] and run["format_version"] == "1.0"
-    assert not (tmp_path / "dump" / "rank0" / LOCK_NAME).exists()  # released at close
+    # the lock released at close, and nothing else left beside the step files
+    assert sorted(p.name for p in (tmp_path / "dump" / "rank0").iterdir()) == sorted(ids)
     assert open_dump(tmp_path).attrs(0, 2)["run_id"] == run["run_id"]
 
 
