@@ -191,23 +191,24 @@ def _create_exclusive(path: Path, body: bytes) -> None:
     and hard-linked into place, so nobody ever reads a lock without its owner in it (O_EXCL
     where the filesystem has no hard links)."""
     temp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, body)
-    finally:
-        os.close(fd)
+    _write_new(temp, body)
     try:
         os.link(temp, path)
     except FileExistsError:
         raise
     except OSError:  # no hard links here
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, body)
-        finally:
-            os.close(fd)
+        _write_new(path, body)
     finally:
         temp.unlink()
+
+
+def _write_new(path: Path, body: bytes) -> None:
+    """Create `path` (FileExistsError if it exists) holding `body`."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, body)
+    finally:
+        os.close(fd)
 
 
 @atexit.register
