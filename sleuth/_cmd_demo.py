@@ -19,7 +19,10 @@ from sleuth.cli import CliError
 
 # Full tensors (and their statistics) of every module and op on the first step, so the diff can
 # measure cosine similarity and errors, not only statistics; about 45 MB per run.
-_DUMP_CONFIG = {"steps": "0", "level": "mix", "mode": "full", "writer": "async"}
+# The demo owns its two runs: overwrite lets a re-run replace their dumps even if removing the
+# previous runs left something behind.
+_DUMP_CONFIG = {"steps": "0", "level": "mix", "mode": "full", "writer": "async",
+                "overwrite": True}
 _RUNS = ("baseline", "bf16")
 
 

@@ -7,6 +7,7 @@ tools right after it imports torch. Nothing in the user's script changes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -31,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--summary", action="store_true",
                    help="log parameter and gradient norms and histograms at optimizer steps")
     p.add_argument("--save-graphs", action="store_true", help="export the model's IR graphs")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the dump of another run found in the run directory (its step "
+                   "files only) instead of refusing to dump")
     p.add_argument("--strict", action="store_true",
                    help="stop the run when a tool fails to attach (default: warn and go on)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
@@ -59,6 +63,14 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
         env.setdefault("SLEUTH_SAVE_GRAPHS_PATH", str(run_dir / "ir"))
     if args.strict:
         env["SLEUTH_STRICT"] = "1"
+    if getattr(args, "overwrite", False):
+        env["SLEUTH_DUMP_OVERWRITE"] = "1"
+    # every process of the command (each torchrun worker) writes one run: one id for all; a
+    # caller's own id (a run continuing) is kept
+    if not env.get("SLEUTH_RUN_ID", "").strip():
+        from trainer import new_run_id
+
+        env["SLEUTH_RUN_ID"] = new_run_id()
     paths = [str(_BOOT_DIR), str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
@@ -71,8 +83,11 @@ def _run(args: argparse.Namespace) -> int:
     if not cmd:
         raise CliError("no command given; write it after `--`, e.g. "
                        "sleuth run --dump dump.json -- python train.py")
+    continuing = bool(os.environ.get("SLEUTH_RUN_ID", "").strip())  # the caller's own run id
     env = child_env(args)
     _validate_configs(args)
+    if not continuing:
+        _refuse_another_runs_dump(env)
     run_dir = Path(env["SLEUTH_RUN_DIR"])
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_run_json(run_dir, cmd, env)
@@ -125,6 +140,29 @@ def _call(cmd: list[str], env: dict[str, str]) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _refuse_another_runs_dump(env: dict[str, str]) -> None:
+    """CliError before the command starts when its dump would go where an earlier run's dump is:
+    the dump's writers would refuse it in every process of the command (docs/dump-format.md,
+    "Run id, run file and lock"), after the command had started."""
+    value = env.get("SLEUTH_DUMP_CONFIG", "").strip()
+    if not value or value == "0" or env.get("SLEUTH_DUMP_OVERWRITE") == "1":
+        return
+    config: object = {}
+    if value != "1":
+        try:
+            config = json.loads(value if value.startswith("{") else Path(value).read_text())
+        except (OSError, ValueError):
+            return  # the dump's own config check reports it
+    if not isinstance(config, dict) or config.get("overwrite") is True:
+        return
+    dump = Path(config.get("path") or env["SLEUTH_RUN_DIR"]) / "dump"
+    if (dump / "dump.json").is_file() or next(dump.glob("rank*/step*.h5"), None) is not None:
+        raise CliError(f"{dump} holds the dump of an earlier run, and this command starts a new "
+                       f"one: pass --overwrite to replace that dump, or --run-dir NEW_DIR (to "
+                       f"continue that run instead, set SLEUTH_RUN_ID to the run_id in "
+                       f"{dump / 'dump.json'})")
 
 
 def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:

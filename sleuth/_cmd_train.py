@@ -31,6 +31,9 @@ def register(subparsers: Any) -> None:
     tools = p.add_argument_group("tools (write into the run directory)")
     tools.add_argument("--dump", metavar="CONFIG.json",
                        help="dump tensors with this dump config (`sleuth docs dump-config`)")
+    tools.add_argument("--overwrite", action="store_true",
+                       help="replace the dump of another run found in the run directory (its "
+                       "step files only; a resumed run needs no overwrite)")
     tools.add_argument("--profile", nargs="?", const="1", metavar="CONFIG.json",
                        help="profile steps (default schedule: wait 1, warmup 1, active 3); "
                        "optional collector config")
@@ -54,10 +57,19 @@ def build_config(args: argparse.Namespace):
 
 def build_callbacks(args: argparse.Namespace, config: Any) -> list:
     """The tools' callbacks for this run, from the tool flags."""
-    from sleuth._tools import callbacks_from_flags
+    import dataclasses
 
-    return callbacks_from_flags(dump=args.dump, profile=args.profile, summary=args.summary,
-                                save_graphs=args.save_graphs)
+    from sleuth._tools import DumpCallback, callbacks_from_flags
+
+    callbacks = callbacks_from_flags(dump=args.dump, profile=args.profile, summary=args.summary,
+                                     save_graphs=args.save_graphs)
+    if getattr(args, "overwrite", False):
+        if not args.dump:
+            raise CliError("--overwrite replaces an old dump: give it with --dump CONFIG.json")
+        for cb in callbacks:
+            if isinstance(cb, DumpCallback):
+                cb.config = dataclasses.replace(cb.config, overwrite=True)
+    return callbacks
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -17,39 +17,42 @@ into pinned host memory on a side stream; the writer thread waits on that copy's
 path runs the same `Writer._record` as the sync writer, so both write the same content.
 Observers see a row in the thread that made it.
 
-Files: when a step ends, a second thread (the flusher) writes its metadata and bytes while the
-writer thread goes on with the next step, and a third (the syncer) fsyncs and renames it while
-the flusher writes the next one, so disk waits overlap both; one file at a time is being
-written (memory stays bounded), at most four written files wait for their fsync, and `flush()`
-and `close()` return once every file is renamed. The HDF5 part of each step file (metadata,
-/records, /hits) is written by a helper process (tracer._filer), so h5py's GIL-holding work does
-not stall the training thread; a file without tensor bytes is written there entirely. One
-helper serves the process's writers one after another; until it has started, the flusher
-writes the files itself.
+Files (tracer._pipeline): when a step ends, a second thread (the flusher) writes its metadata
+and bytes while the writer thread goes on with the next step, and a third (the syncer) fsyncs
+and renames it while the flusher writes the next one, so disk waits overlap both; one file at a
+time is being written (memory stays bounded), at most four written files wait for their fsync,
+and `flush()` and `close()` return once every file is renamed. The HDF5 part of each step file
+(metadata, /records, /hits) is written by a helper process (tracer._filer), so h5py's
+GIL-holding work does not stall the training thread; a file without tensor bytes is written
+there entirely. One helper serves the process's writers one after another; until it has
+started, the flusher writes the files itself.
 
 Back-pressure: the queue is bounded in BYTES (`async_max_queued_mb`); `add` waits while it is
 full and never drops a record. One record larger than the bound is let through alone.
 
 Errors: a failure in the writer thread is raised in the training thread at its next
 `add`/`end_step`/`flush`/`close` (on_error='raise') or warned once (on_error='warn'), after which
-dumping is off. The writer thread keeps draining so producers never block on a dead writer.
+dumping is off, and `close()` raises again that the dump is incomplete. The writer thread keeps
+draining so producers never block on a dead writer. The files are at most one step behind: the
+end of step S+1 (or the next step boundary, dumped or not: `step_boundary`) waits until step S's
+file is written, fsynced and renamed, so a failure to write step S (disk full) is raised there,
+naming the step and its cause, not many queued steps later.
 """
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from tracer._config import DumpConfig, env_switch
-from tracer._errors import TracerError
+from tracer._errors import DumpWriteError, TracerError
 from tracer._fastpath import NOT_HERE, stats_row
 from tracer._filer import shared_file_process
-from tracer._format import PendingFile, StepFile
+from tracer._format import StepFile
+from tracer._pipeline import Barrier, FileFailure, FilePipeline
 from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
 from tracer._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
@@ -58,7 +61,6 @@ from tracer._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes
 _STOP = ("stop",)
 
 _USE_FILER = env_switch("SLEUTH_FILE_PROCESS")
-_MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
 _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 # tensor bytes snapshotted in the training thread go to the writer thread in chunks this large:
 # one queue item (and one wake-up of the writer thread, which then takes the GIL) per chunk, not
@@ -128,6 +130,8 @@ class AsyncWriter(Writer):
         self._error: BaseException | None = None  # storage failure in the writer thread
         self._observer_error: BaseException | None = None
         self._error_reported = False
+        # one per ended step, oldest first: its file is on disk once the barrier is passed
+        self._barriers: deque[Barrier] = deque()
         self._in_step = False
         self._step = -1
         self._streams: dict[torch.device, Any] = {}
@@ -142,10 +146,7 @@ class AsyncWriter(Writer):
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1
-        self._flusher: ThreadPoolExecutor | None = None
-        self._finishing: Future | None = None
-        self._syncer: ThreadPoolExecutor | None = None
-        self._commits: deque[Future] = deque()
+        self._files = FilePipeline(self.rank, self._filer, self.files_written)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"sleuth-dump-writer-rank{self.rank}")
         self._thread.start()
@@ -155,6 +156,7 @@ class AsyncWriter(Writer):
         self._raise_pending()
         if not self.enabled:
             return
+        self._claim()
         if self._in_step:
             self._close_step(complete=False)
         self._step, self._seq, self._in_step = int(step), 0, True
@@ -316,6 +318,32 @@ class AsyncWriter(Writer):
                 return
             self._in_step = False
             self._close_step(complete=status_reason is None, reason=status_reason)
+            barrier = Barrier(self._step)
+            self._put(("barrier", barrier), 0)
+            self._barriers.append(barrier)
+            # this step's file is written while the next step trains; the one before must be
+            # on disk now, or its error raised here
+            self._await_barriers(keep=1)
+
+    def step_boundary(self) -> None:
+        """A step ended that was not dumped: wait until every ended step's file is on disk,
+        and raise a pending error (the Dumper calls it at each step boundary)."""
+        if self._barriers:
+            self._await_barriers(keep=0)
+        self._raise_pending()
+
+    def _await_barriers(self, keep: int) -> None:
+        """Wait until at most `keep` ended steps' files may still be in flight; a failure to
+        write one of them is raised as a DumpWriteError naming the step (see on_error)."""
+        while len(self._barriers) > keep:
+            barrier = self._barriers.popleft()
+            try:
+                barrier.wait()
+            except BaseException as e:  # noqa: BLE001 - reported as the writer's error
+                with self._cond:
+                    if self._error is None:
+                        self._error = e
+            self._raise_pending()
 
     def flush(self) -> None:
         """Wait until everything queued so far is written; raise a pending error."""
@@ -336,7 +364,15 @@ class AsyncWriter(Writer):
             self._closed = True
             self._put(_STOP, 0)
             self._thread.join()
+            self._barriers.clear()
+            self._release_lock()
+        reported = self._error_reported
         self._raise_pending()
+        if reported and self.config.on_error == "raise" and self._error is not None:
+            # raised at a step boundary already: the caller went on (or is unwinding); the
+            # dump is still incomplete, and close() returning would say otherwise
+            raise DumpWriteError(f"the dump of rank {self.rank} under {self.run_dir} is "
+                                 f"incomplete: {self._failure}") from self._error
 
     @property
     def queued_bytes(self) -> int:
@@ -396,7 +432,11 @@ class AsyncWriter(Writer):
             raise err
         if self._error is not None and not self._error_reported:
             self._error_reported = True
-            self._storage_error(self._error, "in the writer thread")
+            error = self._error
+            if isinstance(error, FileFailure):
+                self._storage_error(error.cause, f"writing step {error.step} ({error.path})")
+            else:
+                self._storage_error(error, "in the writer thread")
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -410,12 +450,16 @@ class AsyncWriter(Writer):
                 if item is _STOP:
                     stop = True
                     self._finish_file(complete=False)
-                    self._wait_finishing()
+                    self._files.wait_all()
                 elif item[0] == "flush":
                     try:
-                        self._wait_finishing()
+                        self._files.wait_all()
                     finally:
                         item[1].set()
+                elif item[0] == "barrier":
+                    # the step's file is being written: the training thread waits for it at
+                    # the next step's end, while this thread goes on
+                    self._files.mark(item[1])
                 elif self._error is None:
                     self._process(item)
             except BaseException as e:  # noqa: BLE001 - handed to the training thread
@@ -428,9 +472,7 @@ class AsyncWriter(Writer):
                 with self._cond:
                     self._queued -= nbytes
                     self._cond.notify_all()
-        for pool in (self._flusher, self._syncer):
-            if pool is not None:
-                pool.shutdown(wait=True)
+        self._files.shutdown()
 
     def _process(self, item: tuple) -> None:
         kind = item[0]
@@ -483,85 +525,10 @@ class AsyncWriter(Writer):
             raise AssertionError(f"unknown queue item {kind!r}")
 
     def _finish_file(self, *, complete: bool, reason: str | None = None) -> None:
-        """Hand the open step file to the flusher thread, which writes its metadata and bytes
-        while this thread goes on with the next step (I/O and CPU overlap); then a syncer
-        thread fsyncs and renames it while the flusher writes the next one (disk waits overlap
-        writes). One file at a time is being written, so memory stays bounded; at most
-        _MAX_UNSYNCED written files wait for their fsync."""
+        """Hand the open step file, with why it ended when not normally, to the file pipeline
+        (tracer._pipeline)."""
         file, self._wfile = self._wfile, None
-        if file is None:
-            return
-        if reason:
-            file.attrs["status_reason"] = reason
-        try:
-            self._wait_written()
-            self._collect_commits(keep=_MAX_UNSYNCED - 1)
-        except BaseException:
-            file.abort()
-            raise
-        if self._flusher is None:
-            self._flusher = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"sleuth-dump-flush-rank{self.rank}")
-        self._finishing = self._flusher.submit(self._write_file, file, complete)
-
-    def _write_file(self, file: StepFile, complete: bool) -> PendingFile | _Committed:
-        """On the flusher thread, with the file-writer process (h5py there does not hold this
-        process's GIL): a file without tensor bytes is written there entirely; of any other,
-        the HDF5 part is written there and the bytes here. Without that process, all is
-        written here. The file is aborted (its partial removed) on error."""
-        try:
-            if self._filer is None:
-                return file.write(complete=complete)
-            if not file.nbytes and not file.spilled:
-                path = self._filer.finish(file, complete)
-                if path is not None:
-                    return _Committed(path)
-            return file.write(complete=complete, metadata=self._filer.write_metadata)
-        except BaseException:
-            file.abort()
-            raise
-
-    def _wait_written(self) -> None:
-        """Wait for the file being written and queue its commit; its error is raised here."""
-        future, self._finishing = self._finishing, None
-        if future is None:
-            return
-        pending = future.result()
-        if self._syncer is None:
-            self._syncer = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"sleuth-dump-sync-rank{self.rank}")
-        self._commits.append(self._syncer.submit(_commit_or_abort, pending))
-
-    def _collect_commits(self, keep: int = 0) -> None:
-        """Take finished commits in order (raising the first error), waiting until at most
-        `keep` are left."""
-        while self._commits and (len(self._commits) > keep or self._commits[0].done()):
-            self.files_written.append(self._commits.popleft().result())
-
-    def _wait_finishing(self) -> None:
-        """Wait until every file handed over is written, fsynced and renamed."""
-        try:
-            self._wait_written()
-        finally:
-            self._collect_commits()
-
-
-class _Committed:
-    """What the file-writer process returns: a file already fsynced and renamed."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def commit(self) -> Path:
-        return self.path
-
-    def abort(self) -> None:
-        pass
-
-
-def _commit_or_abort(pending: PendingFile) -> Path:
-    try:
-        return pending.commit()
-    except BaseException:
-        pending.abort()
-        raise
+        if file is not None:
+            if reason:
+                file.attrs["status_reason"] = reason
+            self._files.finish(file, complete)

@@ -85,6 +85,9 @@ class DumpConfig:
     nan_allow: tuple[str, ...] = ()
     """Record names whose NaN/Inf are intended (globs or "re:<regex>"): `sleuth check` passes
     over them in the first-NaN search and counts no nan_inf hit on them."""
+    overwrite: bool = False
+    """Replace the dump of another run found in the run directory (its step files only) instead
+    of refusing to write; the same run continuing (a resume) needs no overwrite."""
 
     _step_ranges: tuple[tuple[int, int], ...] | None = field(default=None, init=False, repr=False,
                                                              compare=False)

@@ -32,7 +32,7 @@ import torch
 from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig, load_json
-from tracer._errors import ConfigError, TracerError, WatchpointHit
+from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
 from tracer._flight import describe_exception, disarm_flight_recorder, on_crash
 from tracer._module_hooks import ModuleTracker, tool_range
 from tracer._scaler import on_scaler_update
@@ -236,6 +236,11 @@ class Dumper:
             # the exception in flight (often the first hit, raised where it happened) is the
             # one to see; a later record hitting while the step is written must not mask it
             pass
+        except DumpWriteError:
+            # close() says again that the dump is incomplete; the write error in flight
+            # already says so, and where
+            if not isinstance(exc, DumpWriteError):
+                raise
 
     def step(self) -> None:
         """End the current step (its file is written) and start the next one.
@@ -535,6 +540,11 @@ class Dumper:
 
     def _end(self, final: bool = False, interrupted: str | None = None) -> None:
         if not self.capturing:
+            # a step that was not dumped ended: an earlier step's file that failed to write
+            # is reported now, not at close (the async writer's `step_boundary`)
+            boundary = getattr(self._writer, "step_boundary", None)
+            if boundary is not None and not final:
+                boundary()
             return
         drop = False
         try:

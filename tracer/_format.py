@@ -84,12 +84,12 @@ def _versions() -> tuple[str, str]:
 
 
 def root_attrs(*, rank: int, world_size: int, step: int, level: str, mode: str,
-               config: dict) -> dict[str, Any]:
+               config: dict, run_id: str = "") -> dict[str, Any]:
     """The root attributes of a step file (docs/dump-format.md)."""
     sleuth_version, torch_version = _versions()
     return {
         "format_version": FORMAT_VERSION, "rank": int(rank), "world_size": int(world_size),
-        "step": int(step), "level": level, "mode": mode,
+        "step": int(step), "run_id": run_id, "level": level, "mode": mode,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "sleuth_version": sleuth_version, "torch_version": torch_version,
         "config": json.dumps(config, sort_keys=True),

@@ -28,6 +28,7 @@ from tracer._fastpath import observer_dict as _observer_dict
 from tracer._fastpath import available as lean_available
 from tracer._format import StepFile, root_attrs, step_path
 from tracer._layout import stored_extent
+from tracer._lock import claim_rank
 from tracer._queued import QueuedRows
 from tracer._stats import (copy_stats_into, decode_packed, dense_span, device_stats, dtype_name,
                            element_bits, empty_stats, host_stats, memory_span,
@@ -276,6 +277,10 @@ class Writer:
         step, where observers would be; no dict is built for them (the flight recorder)."""
         self.keep_bytes = config.mode in ("tensor", "full")
         self.run_dir = config.run_dir()
+        # one writer per rank, and only into a dump of this run (tracer._lock): taken at the
+        # first step, so a writer that never writes claims nothing
+        self.run_id = ""
+        self._rank_lock: Any = None
         self._config_dict = config.to_dict()
         # as much as the queue may hold: a step's snapshots reuse the previous step's buffers
         # instead of faulting fresh memory in (slow on a VM's first touch)
@@ -284,6 +289,7 @@ class Writer:
         self._spill_bytes = max(1 << 20, config.async_max_queued_mb * (1 << 20) // 2)
         self._disabled = False
         self._closed = False
+        self._failure = ""  # what failed, once a storage error switched dumping off
         # elements per torch call in host_stats, in blocks (the result is the same for any):
         # one block keeps each kernel single-threaded; parallel reductions were 7x slower, not
         # faster, whenever the cores were busy with anything else. With one torch thread every
@@ -563,7 +569,7 @@ class Writer:
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
                            level=self.config.level, mode=self.config.mode,
-                           config=self._config_dict)
+                           config=self._config_dict, run_id=self.run_id)
         return StepFile(step_path(self.run_dir, self.rank, step), attrs,
                         spill_bytes=self._spill_bytes)
 
@@ -652,11 +658,24 @@ class Writer:
         for observer in tuple(self.observers):  # another thread may remove one meanwhile
             observer(row)
 
+    def _claim(self) -> None:
+        """Take this rank's lock and check that the dump there is this run's (tracer._lock),
+        once, before the first step file: raises DumpLockedError or OtherRunError."""
+        if self._rank_lock is None:
+            self.run_id, self._rank_lock = claim_rank(
+                self.run_dir, self.rank, self.world_size, overwrite=self.config.overwrite)
+
+    def _release_lock(self) -> None:
+        """Let the next writer of this rank in (at close)."""
+        if self._rank_lock is not None:
+            self._rank_lock.release()
+
     def _storage_error(self, e: BaseException, where: str) -> None:
         """Apply on_error to a failure of the dump itself (not of an observer)."""
         self._disabled = True
-        msg = (f"sleuth dump (rank {self.rank}) failed {where}: {type(e).__name__}: {e}; "
-               f"dumping is off for the rest of the run")
+        self._failure = f"failed {where}: {type(e).__name__}: {e}"
+        msg = (f"sleuth dump (rank {self.rank}) {self._failure}; dumping is off for the rest "
+               f"of the run")
         if self.config.on_error == "raise":
             raise DumpWriteError(msg) from e
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
@@ -673,6 +692,7 @@ class SyncWriter(Writer):
     def begin_step(self, step: int) -> None:
         if not self.enabled:
             return
+        self._claim()
         if self._file is not None:
             self.settle()
             self._finish(complete=False)
@@ -767,6 +787,7 @@ class SyncWriter(Writer):
                     self._finish(complete=False)
         finally:
             self._closed = True
+            self._release_lock()
 
     def _finish(self, *, complete: bool, reason: str | None = None) -> None:
         file, self._file = self._file, None

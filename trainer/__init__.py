@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     # run directory
     "RunDir": "trainer._rundir",
     "write_run_json": "trainer._rundir",
+    "new_run_id": "trainer._rundir",
     "read_metrics": "trainer._rundir",
     # LoRA
     "LoRALinear": "trainer.lora",

@@ -46,7 +46,7 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
 
 def save_checkpoint(directory: Path, *, model_state: dict[str, torch.Tensor], optimizer_state: dict,
                     step: int, data_position: int, config: dict[str, Any],
-                    extra: dict[str, Any] | None = None) -> Path:
+                    extra: dict[str, Any] | None = None, run_id: str = "") -> Path:
     """Write a complete checkpoint directory atomically and return its path.
 
     `extra` maps further file names (e.g. "adapter.pt") to objects saved alongside.
@@ -61,6 +61,8 @@ def save_checkpoint(directory: Path, *, model_state: dict[str, torch.Tensor], op
     for name, obj in (extra or {}).items():
         _save(obj, partial / name)
     meta = {"format_version": FORMAT_VERSION, "step": step, "config": config}
+    if run_id:  # the run a resume continues (the tools' files carry it: SLEUTH_RUN_ID)
+        meta["run_id"] = run_id
     with open(partial / "meta.json", "w") as f:
         json.dump(meta, f, indent=2)
         f.flush()

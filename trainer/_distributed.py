@@ -88,6 +88,20 @@ def all_reduce_sum(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value
 
 
+def broadcast_str(value: str, d: Dist, max_bytes: int = 256) -> str:
+    """Rank 0's `value` (at most `max_bytes` of UTF-8, no NUL) on every rank; sent as a tensor
+    of bytes, so nothing is pickled."""
+    if d.world_size == 1:
+        return value
+    buf = torch.zeros(max_bytes, dtype=torch.uint8)
+    data = value.encode()[:max_bytes]
+    if data:
+        buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buf = buf.to(d.device)
+    dist.broadcast(buf, src=0)
+    return bytes(buf.cpu().tolist()).rstrip(b"\0").decode()
+
+
 def full_tensor(value: torch.Tensor) -> torch.Tensor:
     """A DTensor (FSDP) as a plain tensor; a plain tensor unchanged."""
     return value.full_tensor() if hasattr(value, "full_tensor") else value

@@ -1,7 +1,7 @@
 """The run directory as the trainer sees it: run.json, metrics files, checkpoint paths, atomic writes.
 
-`write_run_json` is public because the CLI also records runs of other people's scripts
-(`sleuth run`) with it.
+`write_run_json` and `new_run_id` are public because the CLI also records runs of other people's
+scripts (`sleuth run`) with them.
 """
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 FORMAT_VERSION = "1.0"
+
+
+def new_run_id() -> str:
+    """A fresh run id (UTC start time, then a random part): every file of one run carries it, so
+    the tools never mix two runs' files in one run directory (docs/dump-format.md, "Run id")."""
+    import uuid
+
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:12]
 
 
 def atomic_write_text(path: Path, text: str) -> None:

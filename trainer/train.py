@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -22,11 +23,13 @@ from trainer._callbacks import Callback, TrainState, _CallbackList
 from trainer._checkpoint import (load_model_into, load_trainer_state, read_meta,
                                  resolve_checkpoint, save_checkpoint, set_rng_state)
 from trainer._errors import CheckpointError, ConfigError, DataError
-from trainer._rundir import RunDir, write_run_json
+from trainer._rundir import RunDir, new_run_id, write_run_json
 from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Sampler, TokenDataset, build_datasets
 from trainer.lora import adapter_blob, apply_lora
 from trainer.model import GPT, IGNORE_INDEX
+
+RUN_ID_ENV = "SLEUTH_RUN_ID"
 
 
 def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:
@@ -97,10 +100,29 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = (), *,
         ConfigError, DataError, CheckpointError: with messages that say what to change.
     """
     d = _distributed.setup(config.parallel, config.device)
+    previous = os.environ.get(RUN_ID_ENV)
     try:
         return _train(config, list(callbacks), d, list(sys.argv if argv is None else argv))
     finally:
+        if previous is None:
+            os.environ.pop(RUN_ID_ENV, None)
+        else:
+            os.environ[RUN_ID_ENV] = previous
         _distributed.teardown(d)
+
+
+def _run_id(resume_dir: Path | None, d: _distributed.Dist) -> str:
+    """The id the tools' files of this run carry: a resumed run continues the run that wrote
+    its checkpoint; else the caller's $SLEUTH_RUN_ID (sleuth run), else a new one, the same on
+    every rank."""
+    if resume_dir is not None:
+        run_id = read_meta(resume_dir).get("run_id")
+        if isinstance(run_id, str) and run_id:
+            return run_id
+    run_id = os.environ.get(RUN_ID_ENV, "").strip()
+    if run_id:
+        return run_id
+    return _distributed.broadcast_str(new_run_id(), d)
 
 
 def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist, argv: list[str]) -> TrainState:
@@ -113,6 +135,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
 
     if d.mode == "fsdp" and config.lora.enabled:
         raise ConfigError("LoRA with parallel=fsdp is not supported; use parallel=ddp (the default)")
+    # the dump (tracer) takes the run id from the environment: see _run_id
+    run_id = os.environ[RUN_ID_ENV] = _run_id(resume_dir, d)
     model = build_model(config, resume_dir)
     start_step, position = 0, 0
     if resume_dir is not None:
@@ -224,7 +248,7 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
                 events.on_eval(state, result)
             if (config.checkpoint_every and (done % config.checkpoint_every == 0 or done == config.steps)) \
                     or (config.stop_after is not None and done == stop and done < config.steps):
-                _checkpoint(run, model, optimizer, d, config, done, position)
+                _checkpoint(run, model, optimizer, d, config, done, position, run_id)
     finally:
         metrics_file.close()
         events.on_run_end(state)
@@ -232,14 +256,16 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
 
 
 def _checkpoint(run: RunDir, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                d: _distributed.Dist, config: TrainConfig, done: int, position: int) -> None:
+                d: _distributed.Dist, config: TrainConfig, done: int, position: int,
+                run_id: str) -> None:
     # gathering full state dicts is collective under FSDP, so every rank calls these
     model_state = _distributed.model_state(model, d)
     optim_state = _distributed.optimizer_state(model, optimizer, d)
     if d.is_main:
         extra = {"adapter.pt": adapter_blob(model)} if config.lora.enabled else None
         save_checkpoint(run.checkpoint(done), model_state=model_state, optimizer_state=optim_state,
-                        step=done, data_position=position, config=config.to_dict(), extra=extra)
+                        step=done, data_position=position, config=config.to_dict(), extra=extra,
+                        run_id=run_id)
     if d.world_size > 1:
         torch.distributed.barrier()  # nobody resumes from a checkpoint still being written
 

@@ -84,7 +84,7 @@ def test_partial_and_unreadable_files_are_skipped_with_a_reason(tmp_path):
     rank0 = tmp_path / "dump" / "rank0"
     (rank0 / "step4.h5.partial").write_bytes(b"\x89HDF half written")
     (rank0 / "step5.h5").write_bytes(b"garbage, not HDF5")
-    with pytest.warns(RuntimeWarning, match="skipped 2 partial or unreadable"):
+    with pytest.warns(RuntimeWarning, match="skipped 2 partial, unreadable or other-run"):
         d = open_dump(tmp_path)
     assert d.steps(0) == [0, 2]
     reasons = dict(d.skipped)

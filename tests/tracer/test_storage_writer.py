@@ -245,7 +245,8 @@ def test_async_error_surfaces_at_next_call(tmp_path):
         w.flush()
     w.begin_step(1)  # off now: no further error, no exception
     w.add(meta("a"), torch.ones(3))
-    w.close()
+    with pytest.raises(DumpWriteError, match="incomplete: failed writing step 0"):
+        w.close()  # the dump is incomplete: close() must not return as if it were fine
 
 
 @pytest.mark.parametrize("writer", ["sync", "async"])

@@ -10,7 +10,8 @@ EXPECTED = [
     "ByteTokenizer", "Callback", "CheckpointError", "ConfigError", "DataConfig", "DataError", "GPT",
     "LoRAConfig", "LoRALinear", "ModelConfig", "OptimConfig", "RunDir", "TrainConfig",
     "TrainState", "TrainerError", "apply_lora", "evaluate", "generate", "load_config",
-    "load_lora", "load_model", "lora_state_dict", "merge_lora", "read_metrics", "save_lora",
+    "load_lora", "load_model", "lora_state_dict", "merge_lora", "new_run_id", "read_metrics",
+    "save_lora",
     "small", "stream_generate", "tiny", "train", "write_run_json",
 ]
 
