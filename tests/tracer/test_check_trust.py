@@ -76,7 +76,7 @@ def test_first_nan_names_a_damaged_earlier_step(tmp_path, capsys, damage):
     assert main(["check", str(run), "--first-nan", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["first_nan"]["unread_before"][0]["path"] == str(bad)
-    with pytest.warns(RuntimeWarning, match="skipped 1 partial or unreadable") if \
+    with pytest.warns(RuntimeWarning, match="skipped 1 partial, unreadable or other-run") if \
             damage == "truncated" else contextlib.nullcontext():
         coverage = tracer.check(run).attrs["coverage"]
     assert coverage["read"] == 2 and [u["path"] for u in coverage["unread"]] == [str(bad)]

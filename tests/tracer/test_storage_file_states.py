@@ -35,7 +35,7 @@ def test_every_step_file_is_classified(tmp_path):
     (rank0 / "step5.h5").rename(rank0 / "step5.h5.partial")
     (rank0 / "step0.h5.partial").write_bytes(b"")  # a leftover beside a complete file
     (tmp_path / "dump" / "rank1").mkdir()
-    with pytest.warns(RuntimeWarning, match="skipped 4 partial or unreadable"):
+    with pytest.warns(RuntimeWarning, match="skipped 4 partial, unreadable or other-run"):
         d = open_dump(tmp_path)
     states = {(s.rank, s.step, s.state) for s in d.file_states}
     assert states == {(0, 0, "complete"), (0, 0, "partial"), (0, 1, "truncated"),
