@@ -21,7 +21,7 @@ def run_sleuth(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
                           env=full_env, cwd=cwd or REPO, timeout=timeout)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def sleuth_cli():
     return run_sleuth
 

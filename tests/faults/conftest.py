@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # damage.py, imported by the tests as a plain module
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ import torch
 
 import profiler
 import tracer
-from conftest import run_sleuth
 from sleuth.cli import main
 
 TOOLS = ("--summary", "--profile", "--save-graphs")
@@ -108,7 +107,7 @@ def _name(combo):
 
 # ---- a plain loop under `sleuth run` --------------------------------------------------------
 @pytest.fixture(scope="module")
-def loop_runs(tmp_path_factory):
+def loop_runs(tmp_path_factory, sleuth_cli):
     """Every combination under `sleuth run` with the dump on: {combo: run directory}."""
     root = tmp_path_factory.mktemp("loop")
     script = root / "train_mlp.py"
@@ -123,7 +122,7 @@ def loop_runs(tmp_path_factory):
     for combo in COMBOS:
         run_dir = root / _name(combo)
         dump = watched if combo == TOOLS else config
-        r = run_sleuth("run", "--run-dir", str(run_dir), "--dump", str(dump), *combo, "--",
+        r = sleuth_cli("run", "--run-dir", str(run_dir), "--dump", str(dump), *combo, "--",
                        sys.executable, str(script), str(run_dir / "weights.pt"), cwd=root)
         assert r.returncode == 0, r.stderr[-3000:]
         runs[combo] = run_dir
@@ -145,19 +144,19 @@ def test_plain_loop_dump_is_the_same_with_other_tools(loop_runs, combo):
             dump.close()
 
 
-def test_profile_changes_no_weight_and_still_counts_flops(loop_runs, tmp_path):
+def test_profile_changes_no_weight_and_still_counts_flops(loop_runs, tmp_path, sleuth_cli):
     script, runs = loop_runs
     plain = tmp_path / "plain.pt"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
     subprocess.run([sys.executable, str(script), str(plain)], check=True, cwd=tmp_path, env=env)
     profiled = tmp_path / "profiled"
-    r = run_sleuth("run", "--run-dir", str(profiled), "--profile", "--", sys.executable,
+    r = sleuth_cli("run", "--run-dir", str(profiled), "--profile", "--", sys.executable,
                    str(script), str(tmp_path / "profiled.pt"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    want = torch.load(plain)
+    want = torch.load(plain, weights_only=True)
     for label, path in [("profile", tmp_path / "profiled.pt"),
                         *((_name(c), d / "weights.pt") for c, d in runs.items())]:
-        got = torch.load(path)
+        got = torch.load(path, weights_only=True)
         diff = [k for k in want if not torch.equal(want[k], got[k])]
         assert not diff, f"{label}: weights differ from the run without Sleuth in {diff}"
     meta = json.loads((profiled / "profile" / "rank0" / "window0.json").read_text())
