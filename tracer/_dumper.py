@@ -93,6 +93,21 @@ def _plain_add(writer: Any) -> Any:
     return plain
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose memory holds `t`'s values on this rank: a DTensor's (FSDP2, tensor
+    parallel) local shard, else `t`. The statistics kernels and the op observer read memory
+    through a data pointer, which a tensor subclass does not have."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return t
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _plain(params: list) -> bool:
+    """Every parameter of `params` ((name, owner, parameter) each) is an ordinary tensor."""
+    return all(type(p.data) is torch.Tensor for _, _, p in params)
+
+
 def _in_data_worker() -> bool:
     """True in a DataLoader worker process once its loop runs (see `Dumper._leave_process`)."""
     data = sys.modules.get("torch.utils.data")
@@ -653,7 +668,7 @@ class Dumper:
         that order per parameter (run by `_quietly`)."""
         if not self._open:
             self._open_step()
-        if self._params_compiled:
+        if self._params_compiled and _plain(params):
             # statistics only, through the op observer: the same records in compiled code
             before = [self._snapshots.get(id(p), (None,))[0] if with_update else None
                       for _, _, p in params]
@@ -669,16 +684,17 @@ class Dumper:
                 else (None, None)
             # RecordMeta(name, module, op, phase, direction, index, call, source)
             add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source),
-                before if before is not None else p.detach(), True, None, before_stats, False)
+                before if before is not None else _local(p.detach()), True, None, before_stats,
+                False)
             if p.grad is not None:
                 # measured on the helper thread while this loop goes on (when large); settled in
                 # `_record_params`, before user code could write the gradient again
                 add(meta(f"{name}{prefix}grad.0", owner, "", "optimizer", "grad", 0, call,
-                         source), p.grad.detach(), True, None, None, True)
+                         source), _local(p.grad.detach()), True, None, None, True)
             if before is None:
                 continue
             # after the param record: with bytes kept, the difference goes into `before`
-            update, update_stats = self._update(p.detach(), before, materialize)
+            update, update_stats = self._update(_local(p.detach()), before, materialize)
             add(meta(f"{name}{prefix}update.0", owner, "", "optimizer", "update", 0, call,
                      source), update, True, None, update_stats, False)
 
@@ -721,7 +737,7 @@ class Dumper:
     def _snapshot_compiled(self, params: list) -> bool:
         """The pre-step copies of `params` made by the op observer in one call (statistics
         only, every parameter dense on the CPU); False where `_snapshot_param` must."""
-        if not self._params_compiled:
+        if not self._params_compiled or not _plain(params):
             return False
         ids = [id(p) for _, _, p in params]
         plan = self._snapshot_plan
@@ -750,7 +766,7 @@ class Dumper:
         the copy, its statistics (the param record's, taken while the bytes are in cache). A
         tracer writer is told the copy holds `param`'s values (`Writer.same_bytes`): the param
         record then shares the bytes of the op record that read the weight, if any."""
-        p = param.detach()
+        p = _local(param.detach())
         if not p.is_cpu:  # a side-stream copy of last step's buffer may still be in flight
             snap, stats = p.clone(), None
         else:
