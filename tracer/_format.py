@@ -11,17 +11,17 @@ side file (`step{S}.h5.data.partial`) so memory stays bounded, at the offset `/t
 are copied around them and the side file becomes the step file, so the bulk is written once.
 
 The file is built as `step{S}.h5.partial`, fsynced and renamed: a file without the suffix is
-always complete. A file without tensor bytes or hits is, from the third step of a table shape
-on, the second one's image with the new values patched in (tracer._template), byte for byte
-what HDF5 would write.
+always complete. The root attribute `records_crc32` holds the CRC-32 of /records' bytes, so a
+reader tells a table changed on disk from one written so (HDF5 checksums its metadata blocks,
+never a dataset's data).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import errno
-import itertools
 import json
 import os
+import zlib
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +30,6 @@ import h5py
 import numpy as np
 from h5py import h5a, h5d, h5f, h5p, h5s, h5t
 
-from tracer._template import ImageCache
 
 FORMAT_VERSION = "3.1"
 FORMAT_MAJOR = 3
@@ -105,7 +104,7 @@ UNENDED = "the writer closed, or the next step began, while this step was open"
 def mark_status(attrs: dict[str, Any], complete: bool) -> None:
     """Set `status` ("complete" or "interrupted") and `status_reason` from `complete`.
 
-    Every write path (HDF5 here or in the file-writer process, a template's image) calls this
+    Every write path (HDF5 here or in the file-writer process) calls this
     before it uses the attributes, so `status` always agrees with `complete`: an interrupted
     step keeps the reason its writer set (`Writer.end_step(status_reason=...)`), or UNENDED."""
     if complete:
@@ -220,10 +219,6 @@ class StepFile:
         thread (`write_metadata` in another process, tracer._filer) and returns the offset of
         /tensors, or None to have it written here."""
         mark_status(self.attrs, complete)
-        if metadata is None:
-            pending = self.write_from_image(complete)
-            if pending is not None:
-                return pending
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.partial_path
         offset = metadata(self, complete) if metadata is not None else None
@@ -243,34 +238,6 @@ class StepFile:
             self._drop_spill()
         self._buffers = []
         self._release()
-        return PendingFile(fd, partial, self.path)
-
-    def write_from_image(self, complete: bool = True) -> PendingFile | None:
-        """`write` for a file without tensor bytes or hits whose table shape has a template
-        (tracer._template): an earlier step's image with this step's values patched in, written
-        with os.write (the GIL released), no HDF5 call; None, with nothing written, otherwise.
-        HDF5 builds a file of 204 rows in ~2 ms inside a training step, the patch ~0.1 ms."""
-        if self.nbytes or self.spilled or self.hits_table() is not None:
-            return None
-        mark_status(self.attrs, complete)
-        # packed once: HDF5 takes the same table when there is no template
-        self.table = self.records_table()
-        image = _IMAGES.image(self.attrs, complete, self.table)
-        if image is None:
-            return None
-        partial = self.partial_path
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        try:
-            fd = os.open(partial, flags, 0o644)
-        except FileNotFoundError:  # the rank's first file (a mkdir per step costs 0.1 ms)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(partial, flags, 0o644)
-        try:
-            _pwrite_all(fd, [memoryview(image)], 0)
-        except BaseException:
-            os.close(fd)
-            self.abort()
-            raise
         return PendingFile(fd, partial, self.path)
 
     def _write_in_side_file(self, partial: Path) -> PendingFile:
@@ -357,18 +324,24 @@ def write_objects(fid: Any, attrs: dict[str, Any], complete: int, table: np.ndar
     for key, value in attrs.items():
         _write_attr(fid, key, value)
     _write_attr(fid, "complete", int(complete))
+    _write_attr(fid, "records_crc32", records_crc32(table))
     _write_table(fid, b"records", table)
     if hits is not None:
         _write_table(fid, b"hits", hits)
     return _allocate_tensors(fid, nbytes)
 
 
+def records_crc32(table: np.ndarray) -> int:
+    """CRC-32 of a /records table's bytes: what `write_objects` stores and the reader checks
+    (the array h5py reads back has the bytes it was written from)."""
+    return zlib.crc32(np.ascontiguousarray(table).tobytes())
+
+
 def _file_plist() -> Any:
     """File creation properties: the root group's attributes stay in its object header
     (compact) up to 64 of them; HDF5's default moves more than 8 into a fractal heap, which is
-    slower to build and which `tracer._template` cannot patch. And no times in the root
-    group's header (the datasets have none either, as h5py makes them): with them, two builds
-    a second apart differed, and a template would carry the time it was made."""
+    slower to build. And no times in the root group's header (the datasets have none either, as
+    h5py makes them), so a file's bytes depend only on its content."""
     fcpl = h5p.create(h5p.FILE_CREATE)
     fcpl.set_attr_phase_change(64, 48)
     fcpl.set_obj_track_times(False)
@@ -506,32 +479,6 @@ def _packed_dtype(columns: tuple[tuple[str, Any], ...], widths: tuple[int, ...])
     """The dtype `table_array` builds for these string widths (`pack_rows`'s layout)."""
     return np.dtype([(name, h5py.string_dtype("utf-8", w) if dt is _STR else dt)
                      for (name, dt), w in zip(columns, widths)])
-
-
-def _memory_image(attrs: dict[str, Any], complete: int, table: np.ndarray) -> tuple[bytes, int]:
-    """The bytes of the step file `write_objects` makes of these values (no hits, no tensor
-    bytes), built in memory (HDF5's core driver), and the offset of /records' data in them
-    (-1 when it has none)."""
-    fapl = h5p.create(h5p.FILE_ACCESS)
-    fapl.set_fclose_degree(h5f.CLOSE_STRONG)
-    fapl.set_fapl_core(block_size=64 << 10, backing_store=False)
-    name = f"sleuth-image-{os.getpid()}-{next(_image_names)}".encode()  # in memory only
-    fid = h5f.create(name, h5f.ACC_TRUNC, fapl=fapl, fcpl=_file_plist())
-    try:
-        write_objects(fid, attrs, complete, table, None, 0)
-        dset = h5d.open(fid, b"records")
-        try:
-            offset = dset.get_offset()
-        finally:
-            dset.close()
-        h5f.flush(fid)
-        return fid.get_file_image(), -1 if offset is None else int(offset)
-    finally:
-        fid.close()
-
-
-_image_names = itertools.count()
-_IMAGES = ImageCache(_memory_image)
 
 
 class PendingFile:

@@ -788,7 +788,6 @@ static PyObject *fused_collect(PyObject *self, PyObject *args) {
 
 /* tracer/_table.c */
 PyObject *fused_pack_rows(PyObject *self, PyObject *args);
-PyObject *fused_lookup3(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"stats", fused_stats, METH_VARARGS,
@@ -820,8 +819,6 @@ static PyMethodDef methods[] = {
     {"pack_rows", fused_pack_rows, METH_VARARGS,
      "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
      "tuples (tracer/_table.c)"},
-    {"lookup3", fused_lookup3, METH_VARARGS,
-     "lookup3(buffer, start, stop) -> int: HDF5's metadata checksum of buffer[start:stop]"},
     {NULL, NULL, 0, NULL},
 };
 

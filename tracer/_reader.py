@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
-from tracer._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS
+from tracer._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, records_crc32
 from tracer._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
@@ -265,6 +265,10 @@ class Dump:
         try:
             return self._files[(rank, step)]
         except KeyError:
+            unread = [st for st in self.file_states if st.rank == rank and st.step == step]
+            if unread:  # the step is there, but its file could not be read
+                raise DumpFormatError(f"step {step} of rank {rank} cannot be read: "
+                                      f"{unread[0].path}: {unread[0].reason}") from None
             if rank not in self.ranks:
                 raise DumpFormatError(f"no rank {rank} in {self.root}; ranks: {self.ranks}") \
                     from None
@@ -417,6 +421,10 @@ class Dump:
             if names is None:
                 raise ValueError(f"it is not a list of records (dtype {arr.dtype}, shape "
                                  f"{arr.shape})")
+            want = f.attrs.get("records_crc32")  # files before format 3.1 have none
+            if want is not None and records_crc32(arr) != int(want):
+                raise ValueError("its bytes do not match the CRC-32 stored with them: they "
+                                 "changed on disk")
             index = {n.decode() if isinstance(n, bytes) else n: i for i, n in enumerate(names)}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
             raise _damaged(path, e) from e

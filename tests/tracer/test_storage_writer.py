@@ -317,7 +317,7 @@ def test_step_file_layout(tmp_path):
 def test_step_file_objects_are_those_h5py_would_make(tmp_path):
     """StepFile writes through h5py's low-level API; a reader must see what h5py's File,
     attrs and create_dataset make of the same values."""
-    from tracer._format import RECORD_COLUMNS, StepFile, table_array
+    from tracer._format import RECORD_COLUMNS, StepFile, records_crc32, table_array
 
     row = (0, "a.forward.0.output.0", "a", "", "forward", "output", 0, 0, "float32", "4", 4,
            -1.0, 1.0, 0.5, 2.0, 0, 0, 0, 1, 7, "model.py:7", -1, 0, "")
@@ -329,6 +329,7 @@ def test_step_file_objects_are_those_h5py_would_make(tmp_path):
         for key, value in attrs.items():
             ref.attrs[key] = value
         ref.attrs["complete"] = 1
+        ref.attrs["records_crc32"] = records_crc32(table_array([row], RECORD_COLUMNS))
         ref.create_dataset("records", data=table_array([row], RECORD_COLUMNS))
         ref.create_dataset("tensors", shape=(0,), dtype="uint8")
     with h5py.File(tmp_path / "step3.h5") as ours, h5py.File(tmp_path / "ref.h5") as ref:
@@ -342,6 +343,8 @@ def test_step_file_objects_are_those_h5py_would_make(tmp_path):
             assert ours[name].dtype == ref[name].dtype and ours[name].shape == ref[name].shape
             assert ours[name].id.get_type().get_class() == ref[name].id.get_type().get_class()
         assert ours["records"][()].tobytes() == ref["records"][()].tobytes()
+        # the table read back has the bytes its stored CRC was taken of
+        assert records_crc32(ours["records"][()]) == ours.attrs["records_crc32"]
     bad = StepFile(tmp_path / "step4.h5", {"when": [1, 2]}, spill_bytes=1 << 20)
     with pytest.raises(TypeError, match="'when'"):
         bad.finish()
