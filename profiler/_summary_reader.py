@@ -32,22 +32,43 @@ def _open(path: Path) -> Any:
     import h5py
     try:
         return h5py.File(path, "r")
-    except OSError:
+    except OSError as e:
+        if "truncated file" in str(e):
+            # shorter than its superblock says: a copy cut short or a full disk, never what a
+            # killed writer leaves (SWMR writes data before the metadata that points to it).
+            # Opened as SWMR it would read past its end, retrying each block for minutes.
+            raise ProfileFormatError(f"cannot read summary {path}: it is truncated ({e}); "
+                                     f"restore the file, or move it away to read the other "
+                                     f"ranks") from e
         try:  # a writer killed mid-run leaves the SWMR "open for write" flag set
             return h5py.File(path, "r", libver="latest", swmr=True)
         except OSError as e:
             raise ProfileFormatError(f"cannot read summary {path}: {e}") from e
 
 
+# what h5py raises on a summary whose metadata or data are damaged (checksums, missing objects,
+# values that do not decode)
+_DAMAGED = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
+
+
 def _each(run_dir: str | os.PathLike[str]) -> Iterator[tuple[int, Any, list[str]]]:
+    """(rank, open file, tags) of each summary file; an error while the caller reads the file
+    is a ProfileFormatError naming it."""
     for rank, path in _files(run_dir):
         with _open(path) as f:
-            version = str(f.attrs.get("format_version", ""))
-            if not version.startswith("1."):
-                raise ProfileFormatError(f"{path} has format_version {version!r}; this sleuth "
-                                         "reads 1.x summaries: upgrade sleuth to read it")
-            tags = [t.decode() for t in f["tags"][:]]
-            yield rank, f, tags
+            try:
+                version = f.attrs.get("format_version", "")
+                version = version.decode() if isinstance(version, bytes) else str(version)
+                if not version.startswith("1."):
+                    raise ProfileFormatError(f"{path} has format_version {version!r}; this "
+                                             "sleuth reads 1.x summaries: upgrade sleuth to "
+                                             "read it")
+                tags = [t.decode() for t in f["tags"][:]]
+                yield rank, f, tags
+            except _DAMAGED as e:
+                raise ProfileFormatError(f"cannot read summary {path}: it is damaged "
+                                         f"({type(e).__name__}: {e}); restore the file, or move "
+                                         f"it away to read the other ranks") from e
 
 
 def read_scalars(run_dir: str | os.PathLike[str]) -> Any:

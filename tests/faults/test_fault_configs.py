@@ -36,7 +36,6 @@ BAD_DUMP_CONFIGS = {
     "watch-missing-threshold": '{"watch": [{"condition": "max_abs_gt"}]}',
     "watch-range-reversed": '{"watch": [{"condition": "out_of_range", "low": 5, "high": -5}]}',
     "watch-bad-on-hit": '{"watch": [{"condition": "nan_inf", "on_hit": "explode"}]}',
-    "watch-not-list": '{"watch": {"condition": "nan_inf"}}',
     "watch-duplicate-key": '{"watch": [{"condition": "nan_inf", "condition": "all_zero"}]}',
 }
 
