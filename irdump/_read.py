@@ -50,6 +50,9 @@ def _types(text: str) -> list[tuple[str, tuple]]:
     return out
 
 
+_NODES_RE = re.compile(r"^(\d+)\b")
+
+
 def read_ir(path: str | os.PathLike) -> Any:
     """Parse a `.ir` or `.sorted.ir` file into a DataFrame, one row per node in file order.
 
@@ -66,6 +69,9 @@ def read_ir(path: str | os.PathLike) -> Any:
         lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise IrFormatError(f"cannot read {p}: {e}") from e
+    except UnicodeDecodeError as e:
+        raise IrFormatError(f"{p} is damaged: it is not UTF-8 text ({e}); export the graphs "
+                            f"again (sleuth ir, or SLEUTH_SAVE_GRAPHS=1)") from e
     if not lines or not lines[0].startswith("# sleuth-ir format_version="):
         raise IrFormatError(f"{p} is not a sleuth IR file (no '# sleuth-ir format_version=' "
                             "first line); pass a .ir or .sorted.ir file written by irdump")
@@ -80,6 +86,10 @@ def read_ir(path: str | os.PathLike) -> Any:
             key, sep, value = line[1:].strip().partition(": ")
             if sep and key in ("entry", "stage", "capture"):
                 meta[key] = value
+            elif sep and key == "nodes":
+                declared = _NODES_RE.match(value)
+                if declared:
+                    meta["nodes"] = declared.group(1)
             continue
         if not line.strip():
             continue
@@ -97,6 +107,10 @@ def read_ir(path: str | os.PathLike) -> Any:
             "input_shapes": [s for _, s in _types(m.group("ins"))], "attrs": attrs,
             "forward": fwd.group(1) if fwd else "",
         })
+    if "nodes" in meta and int(meta["nodes"]) != len(rows):
+        # a file cut at a line boundary parses: its header's count is what tells it is short
+        raise IrFormatError(f"{p} is truncated or damaged: its header says {meta['nodes']} "
+                            f"nodes, the file holds {len(rows)}; export the graphs again")
     columns = ["index", "name", "op", "module", "source", "inputs", "output_shapes",
                "output_dtypes", "input_shapes", "attrs", "forward"]
     df = pd.DataFrame(rows, columns=columns)

@@ -4,13 +4,14 @@ Layout of one checkpoint (S = optimizer steps completed):
   model.pt       the model's state dict (LoRA-wrapped layers included when LoRA is on)
   trainer.pt     {"optimizer": state dict, "step": int, "data_position": int, "rng": {...}}
   adapter.pt     LoRA adapters only (when LoRA is on), the format `trainer.load_lora` reads
-  meta.json      format_version, step, the resolved config; written last, so its presence
+  meta.json      format_version, step, the resolved config, each file's sha256 (checked at load); written last, so its presence
                  marks a complete checkpoint
 Everything is tensors, ints, floats and strings, so `torch.load(weights_only=True)` reads it.
 The directory is built as `step{S}.partial` and renamed into place.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -23,11 +24,20 @@ from trainer._errors import CheckpointError
 from trainer._rundir import FORMAT_VERSION, RunDir
 
 
-def _save(obj: Any, path: Path) -> None:
+def _save(obj: Any, path: Path) -> str:
+    """Save `obj` to `path`, durably; return the file's sha256 (kept in meta.json)."""
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+    return _sha256(path)
+
+
+def _sha256(path: Path) -> str:
+    # torch.load reads a zip without checking its members' CRCs: a flipped byte in a weight
+    # would load as a different weight
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def rng_state() -> dict[str, torch.Tensor]:
@@ -55,12 +65,14 @@ def save_checkpoint(directory: Path, *, model_state: dict[str, torch.Tensor], op
     if partial.exists():
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    _save(model_state, partial / "model.pt")
-    _save({"optimizer": optimizer_state, "step": step, "data_position": data_position,
-           "rng": rng_state()}, partial / "trainer.pt")
+    files = {"model.pt": _save(model_state, partial / "model.pt"),
+             "trainer.pt": _save({"optimizer": optimizer_state, "step": step,
+                                  "data_position": data_position, "rng": rng_state()},
+                                 partial / "trainer.pt")}
     for name, obj in (extra or {}).items():
-        _save(obj, partial / name)
-    meta = {"format_version": FORMAT_VERSION, "step": step, "config": config}
+        files[name] = _save(obj, partial / name)
+    meta = {"format_version": FORMAT_VERSION, "step": step, "config": config,
+            "sha256": files}
     if run_id:  # the run a resume continues (the tools' files carry it: SLEUTH_RUN_ID)
         meta["run_id"] = run_id
     with open(partial / "meta.json", "w") as f:
@@ -114,6 +126,12 @@ def read_meta(directory: Path) -> dict[str, Any]:
 
 
 def _load(path: Path) -> Any:
+    """torch.load of a checkpoint file, after checking it against the sha256 its meta.json
+    recorded (checkpoints written before that have none: loaded as they are)."""
+    want = _recorded_sha256(path)
+    if want is not None and path.is_file() and _sha256(path) != want:
+        raise CheckpointError(f"{path} is damaged: its sha256 differs from the one recorded in "
+                              f"{path.parent / 'meta.json'} when it was written; {_FIX}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as e:
@@ -122,6 +140,16 @@ def _load(path: Path) -> Any:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {first}): it is "
                               f"damaged or not a checkpoint file; {_FIX}") from e
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    try:
+        meta = json.loads((path.parent / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None  # read_meta, called first by every loader, reports a bad meta.json
+    files = meta.get("sha256") if isinstance(meta, dict) else None
+    digest = files.get(path.name) if isinstance(files, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def load_model_state(directory: Path) -> dict[str, torch.Tensor]:

@@ -93,5 +93,7 @@ def test_wrong_format_version_refused(pristine, tmp_path, version, command, caps
             "dump-ls": ["dump", "ls", str(bad)]}[command]
     code, text = _run_cli(argv, capsys)
     assert "Traceback" not in text, text
-    assert code == 2, text
+    # `dump ls` lists every file with its status and exits 1 when one is not complete (a newer
+    # major version refuses the whole dump: 2); the commands that answer from the files exit 2
+    assert code == 2 or (command == "dump-ls" and code == 1 and version != "9.0"), text
     assert target.name in text, text

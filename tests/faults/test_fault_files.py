@@ -113,7 +113,8 @@ def test_damaged_summary(runs, case):
         pytest.fail(f"read_scalars read a damaged {target} without a word")
 
 
-IR_CASES = [c for c in damage.truncations() if c not in ("truncate@0.9", "truncate@-1B")] + [
+# the last byte of an IR file is its final newline: without it the text is still whole
+IR_CASES = [c for c in damage.truncations() if c != "truncate@-1B"] + [
     f"flip@{r}" for r in ("head", "middle")]
 
 
