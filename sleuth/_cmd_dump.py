@@ -181,6 +181,10 @@ def _show(args: argparse.Namespace) -> int:
     step = args.step
     if step is None:
         steps = d.steps(rank)
+        unread = [p for p in d.problems if p.rank == rank and p.state != "interrupted"]
+        if not steps and unread:
+            raise CliError(f"rank {rank} has no step that reads: "
+                           + "; ".join(f"{p.path}: {p.reason}" for p in unread))
         if len(steps) != 1:
             raise CliError(f"rank {rank} has {len(steps)} steps ({', '.join(map(str, steps[:12]))}"
                            f"{', ...' if len(steps) > 12 else ''}): choose one with --step")
