@@ -98,6 +98,11 @@ class FlightRecorder:
         # the process that made the recorder writes its file
         self._owner = os.getpid()
 
+    @property
+    def keeps(self) -> bool:
+        """Whether it keeps steps (and so writes a file); with 0 it only runs the crash hooks."""
+        return bool(self.steps.maxlen)
+
     # -- observer -------------------------------------------------------------------------------
     def __call__(self, row: dict[str, Any]) -> None:
         """Keep a row dict (the observer API, for writers without `row_sinks`)."""
@@ -206,7 +211,7 @@ class FlightRecorder:
             _notify(describe_exception(value) if isinstance(value, BaseException)
                     else etype.__name__)
         try:
-            if self.saved is None and os.getpid() == self._owner:
+            if self.saved is None and os.getpid() == self._owner and self.keeps:
                 # (a watchpoint may have written it already, with its reason)
                 path = self.save(reason=f"uncaught {etype.__name__}: {value}")
                 print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
@@ -218,7 +223,7 @@ class FlightRecorder:
         if os.getpid() == self._owner:
             _notify("SIGTERM")
         try:
-            if os.getpid() == self._owner:
+            if os.getpid() == self._owner and self.keeps:
                 path = self.save(reason="SIGTERM")
                 print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
         except Exception as e:  # noqa: BLE001
@@ -260,11 +265,12 @@ def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None
                             steps: int | None = None) -> FlightRecorder | None:
     """Attach a flight recorder to `writer` (its `row_sinks`, else its `observers`) for the run
     directory of `config` (DumpConfig). Steps kept: `steps`, else $SLEUTH_FLIGHT_STEPS, else 3;
-    0 returns None."""
+    with 0 it keeps and writes nothing, but its crash hooks still run the `on_crash` listeners."""
     if steps is None:
         steps = int(os.environ.get(ENV_STEPS, DEFAULT_STEPS))
-    if steps <= 0:
-        return None
+    # with no steps to keep the hooks still go in: they tell the Dumper that the process is
+    # dying, so the open step is written, marked interrupted (`on_crash`)
+    steps = max(0, steps)
     if rank is None:
         rank = int(getattr(writer, "rank", 0) or 0)
     path = _recorder_path(config, rank)
@@ -279,7 +285,9 @@ def install_flight_recorder(writer: Any, config: Any, *, rank: int | None = None
         recorder.saved = None
     recorder._step_of = lambda: getattr(writer, "step", None)
     sinks = getattr(writer, "row_sinks", None)
-    if sinks is not None:  # a tracer writer: row tuples, no dict per record
+    if not steps:
+        pass
+    elif sinks is not None:  # a tracer writer: row tuples, no dict per record
         sinks.append(recorder.add_row)
     else:
         writer.observers.append(recorder)

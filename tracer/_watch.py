@@ -313,7 +313,7 @@ def install_watch(writer: Any, config: Any) -> _WatchHandle | None:
             writer.add_hit(hit)
             if w.on_hit == "raise":
                 message = describe_hit(hit)
-                if recorder is not None:
+                if recorder is not None and recorder.keeps:
                     path = recorder.save(reason=message)
                     message += f"; the last steps' statistics are in {path}"
                 raise WatchpointHit(message, hit)

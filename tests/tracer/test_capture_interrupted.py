@@ -173,10 +173,10 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _sleuth_run(tmp_path, how):
+def _sleuth_run(tmp_path, how, **extra_env):
     (tmp_path / "train.py").write_text(_SCRIPT)
     (tmp_path / "dump.json").write_text('{"level": "op"}')
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **extra_env}
     return subprocess.Popen([sys.executable, "-m", "sleuth", "run", "--run-dir", "run",
                              "--dump", "dump.json", "--", "python", "train.py", how],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
@@ -190,11 +190,14 @@ def _statuses(run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target,reason", [("script", "SIGTERM"), ("sleuth", "SIGTERM"),
-                                           ("ctrl-c", "KeyboardInterrupt")])
+                                           ("ctrl-c", "KeyboardInterrupt"),
+                                           ("script-no-flight", "SIGTERM")])
 def test_sigterm_under_sleuth_run_writes_the_open_step(tmp_path, target, reason):
     """SIGTERM to the script's process, or to `sleuth run` (a scheduler's), which passes it on;
-    Ctrl-C: SIGINT to the whole process group, as a terminal sends it."""
-    proc = _sleuth_run(tmp_path, "hang")
+    Ctrl-C: SIGINT to the whole process group, as a terminal sends it; with the flight recorder
+    off, the crash hooks still write the open step (and no flight recorder file)."""
+    no_flight = target == "script-no-flight"
+    proc = _sleuth_run(tmp_path, "hang", **({"SLEUTH_FLIGHT_STEPS": "0"} if no_flight else {}))
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "pid").exists():
@@ -204,8 +207,8 @@ def test_sigterm_under_sleuth_run_writes_the_open_step(tmp_path, target, reason)
         if target == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
         else:
-            os.kill(int((tmp_path / "pid").read_text()) if target == "script" else proc.pid,
-                    signal.SIGTERM)
+            os.kill(int((tmp_path / "pid").read_text()) if target.startswith("script")
+                    else proc.pid, signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -215,6 +218,8 @@ def test_sigterm_under_sleuth_run_writes_the_open_step(tmp_path, target, reason)
     assert statuses == {0: ("complete", ""), 1: ("complete", ""), 2: ("complete", ""),
                         3: ("interrupted", reason)}, err
     assert (d.stats(0, 3).phase == "forward").any()
+    flight = tmp_path / "run" / "dump" / "rank0" / "flight_recorder.h5"
+    assert flight.exists() != no_flight
 
 
 @pytest.mark.slow
