@@ -61,6 +61,9 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 
     if distributed:
+        # the DDP wrapper goes first: its reducer holds the process group, and one destroyed
+        # after the group can hang in gloo's destructor at exit
+        del model
         torch.distributed.destroy_process_group()
 
 
