@@ -61,8 +61,11 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 
     if distributed:
-        # the DDP wrapper goes first: its reducer holds the process group, and one destroyed
-        # after the group can hang in gloo's destructor at exit
+        # a last collective that no dispatch mode sees before the group goes: gloo's worker
+        # thread frees the previous all-reduce (whose saved thread state holds a Python
+        # dispatch mode when ops are dumped) while this thread can still give it the GIL
+        # (docs/frameworks.md, "DDP: a hang at exit")
+        torch.distributed.barrier()
         del model
         torch.distributed.destroy_process_group()
 
