@@ -80,9 +80,8 @@ def measure(rounds: int, steps: int, work: Path) -> dict:
             for lean in (True, False):
                 for writer in ("sync", "async"):
                     path = work / f"{writer}{r}{lean}"
-                    # the Python writer's records ("auto" takes the observer on CPU)
                     with tracer.Dumper(model, {"level": "module", "mode": "statistics",
-                                               "op_capture": "dispatch", "writer": writer,
+                                               "writer": writer,
                                                "path": str(path)}) as d:
                         bench.train_steps(model, opt, batches[:1])  # opens the writer
                         d._writer._lean = lean and d._writer._lean

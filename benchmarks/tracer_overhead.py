@@ -15,8 +15,6 @@ It is what a long run, whose queue fills and applies back-pressure, pays per ste
 are judged on it (for the sync writer the two agree). Prints one JSON object. Conditions and goals (issue 3):
 
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
-                        (the default capture, "auto": the observer with a CPU build of
-                        torch; module_statistics_observer/_dispatch name one)
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
   op_tensor_async       level op, tensor, async writer                 goal <= 4x
   module/op_statistics_async  the same statistics with the async writer (no goal of its own)
@@ -74,24 +72,6 @@ CONDITIONS = {
     # statistics computed in the async writer's thread from a snapshot (the hot path copies)
     "module_statistics_async": {"level": "module", "mode": "statistics", "writer": "async"},
     "op_statistics_async": {"level": "op", "mode": "statistics", "writer": "async"},
-    # the op level through torch's C++ op callbacks (tracer/_observer.cpp) instead of the
-    # Python dispatch mode
-    "op_statistics_observer": {"level": "op", "mode": "statistics", "writer": "sync",
-                               "op_capture": "observer"},
-    "op_statistics_observer_async": {"level": "op", "mode": "statistics", "writer": "async",
-                                     "op_capture": "observer"},
-    "op_tensor_async_observer": {"level": "op", "mode": "tensor", "writer": "async",
-                                 "op_capture": "observer"},
-    # the module hooks' records kept by the same compiled observer (no Python writer per record)
-    "module_statistics_observer": {"level": "module", "mode": "statistics", "writer": "sync",
-                                   "op_capture": "observer"},
-    "module_statistics_observer_async": {"level": "module", "mode": "statistics",
-                                         "writer": "async", "op_capture": "observer"},
-    # the module records through the Python writer (what "auto" picks with a CUDA build)
-    "module_statistics_dispatch": {"level": "module", "mode": "statistics", "writer": "sync",
-                                   "op_capture": "dispatch"},
-    "module_statistics_dispatch_async": {"level": "module", "mode": "statistics",
-                                         "writer": "async", "op_capture": "dispatch"},
     "attached_unselected": {"level": "mix", "steps": "1000000"},
     # the least a dumped step costs: every module hook runs, one record is kept (the model's
     # last module's forward output, resolved by `one_module`), and the step file is written
@@ -100,8 +80,8 @@ CONDITIONS = {
                                   "_one_module": True},
     # capture alone (hooks, dispatch mode, naming, source lines) with a writer that drops
     # records: separates the tracer's capture cost from the statistics and storage cost
-    "module_capture_only": {"level": "module", "op_capture": "dispatch", "_null_writer": True},
-    "op_capture_only": {"level": "op", "op_capture": "dispatch", "_null_writer": True},
+    "module_capture_only": {"level": "module", "_null_writer": True},
+    "op_capture_only": {"level": "op", "_null_writer": True},
     # no Dumper at all, measured like a condition: its ratio is the noise floor of the run
     "baseline_again": "baseline",
     # what torch's own mechanisms cost before any tool does anything (no Dumper): global
@@ -114,7 +94,7 @@ CONDITIONS = {
     # tracer opts out of (its cost per op is the difference)
     "floor_dispatch_mode_default": "floor_dispatch_mode_default",
     # torch's C++ per-op callbacks (RecordFunction, what torch.profiler uses), reading every
-    # op's inputs: where an op-level capture in compiled code would start, next to the
+    # op's inputs: the least an op-level capture in compiled code would cost, next to the
     # Python dispatch mode's floor
     "floor_op_observer": "floor_op_observer",
     # the write, fsync and rename of one step file per step with no tracer at all: with
@@ -407,24 +387,11 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "tracer_overhead", "device": args.device,
               "torch_threads": torch.get_num_threads(),
               "goals": {k: v for k, v in GOALS.items() if k in conditions},
-              # how each Dumper condition sees ops and keeps module records here ("auto"
-              # resolves by level and build: tracer._dumper.resolve_capture)
-              "captures": captures(conditions),
               "msprobe_reference": MSPROBE_REFERENCE}
     for which in models:
         result[which] = measure(which, conditions, args)
     print(json.dumps(result, indent=1))
     return 0
-
-
-def captures(conditions: dict) -> dict[str, str]:
-    """The op capture each Dumper condition gets in this process."""
-    from tracer._config import DumpConfig
-    from tracer._dumper import resolve_capture
-
-    return {name: resolve_capture(DumpConfig(**{k: v for k, v in config.items()
-                                                if not k.startswith("_")}))
-            for name, config in conditions.items() if isinstance(config, dict)}
 
 
 def bracketed_rounds(rounds: int, baseline: Callable[[], Block],

@@ -2,12 +2,9 @@
 # The GPU checks, in one call, for a session that is lent a GPU machine (README, "GPUs"):
 #   run(command="bash scripts/device_check.sh", timeout_s=540)
 # That machine has its own python3 with a CUDA torch, h5py, pandas, pybind11 and pytest, and can
-# fetch nothing. This builds the compiled parts in place against that torch, runs every test
-# marked `cuda`, and measures the tracer's overhead with the model on the GPU (each step
-# synchronized). Logs and the benchmark's JSON go to $OUT, else ./device_check. When the
-# observer's CUDA tests pass here and its module_statistics_observer row beats
-# module_statistics, "op_capture": "auto" may take the observer with CUDA builds too
-# (tracer._dumper.resolve_capture, which keeps them on the dispatch path until then).
+# fetch nothing. This builds the statistics kernel in place, runs every test marked `cuda`, and
+# measures the tracer's overhead with the model on the GPU (each step synchronized). Logs and
+# the benchmark's JSON go to $OUT, else ./device_check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-device_check}"
@@ -19,11 +16,11 @@ torch.cuda.is_available())" 2>&1 | tee "$out/versions.txt"
 if ! python3 setup.py -q build_ext --inplace > "$out/build.log" 2>&1; then
     echo "build failed (the tests run on what was built): $out/build.log"
 fi
-python3 -c "import torch, tracer._fused, tracer._observer; print('compiled parts built')" 2>&1 \
+python3 -c "import torch, tracer._fused; print('statistics kernel built')" 2>&1 \
     | tee -a "$out/versions.txt"
 timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/tracer tests/profiler \
     2>&1 | tee "$out/cuda_tests.log"
 timeout 180 python3 benchmarks/tracer_overhead.py --device cuda --models gpt --rounds 2 \
-    --conditions module_statistics,module_statistics_observer,op_statistics,op_statistics_observer,op_tensor_async,op_tensor_async_observer,attached_unselected \
+    --conditions module_statistics,op_statistics,op_tensor_async,attached_unselected \
     > "$out/tracer_overhead_cuda.json" 2> "$out/tracer_overhead_cuda.err"
 echo "benchmark exit $?; results in $out"

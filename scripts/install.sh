@@ -25,21 +25,20 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 # The pin comes first: an unpinned torch would make pip fetch a multi-GB CUDA build.
 "$py" -m pip install -q torch==2.13.0
 extra=""; [ "$want_test" = 1 ] && extra="[test]"
-# The build needs the torch just installed (the op observer compiles against it), so it runs
-# without pip's isolated build environment, which would have no torch.
+# The build uses the setuptools here instead of pip's isolated build environment, which would
+# fetch its own copy first.
 "$py" -c "import setuptools, wheel" 2>/dev/null || "$py" -m pip install -q "setuptools>=68" wheel
 "$py" -m pip install -q --no-build-isolation ".${extra}"
-# The checkout's own copy of the tracer gets the compiled parts too (tests and benchmarks import
-# the packages from here): those pip just built, else built here; optional, as in the package.
+# The checkout's own copy of the tracer gets the statistics kernel too (tests and benchmarks
+# import the packages from here): the one pip just built, else built here; optional, as in the
+# package (without a C compiler the tracer uses its numpy path).
 installed=$(cd / && "$py" -c "import os, tracer; print(os.path.dirname(tracer.__file__))")
-for part in _fused _observer; do
-  found=$(ls "$installed/$part".*.so 2>/dev/null | head -1 || true)
-  if [ -n "$found" ] && [ "$installed" != "$PWD/tracer" ]; then
-    cp -f "$found" tracer/
-  fi
-done
-if ! ls tracer/_fused.*.so >/dev/null 2>&1 || ! ls tracer/_observer.*.so >/dev/null 2>&1; then
+found=$(ls "$installed"/_fused.*.so 2>/dev/null | head -1 || true)
+if [ -n "$found" ] && [ "$installed" != "$PWD/tracer" ]; then
+  cp -f "$found" tracer/
+fi
+if ! ls tracer/_fused.*.so >/dev/null 2>&1; then
   "$py" setup.py -q build_ext --inplace >/dev/null 2>&1 \
-    || echo "note: the tracer's compiled parts (tracer/_fused.c, tracer/_observer.cpp) did not" \
-            "all build here; the tracer uses its Python paths where they are missing" >&2
+    || echo "note: the tracer's statistics kernel (tracer/_fused.c) did not build here; the" \
+            "tracer uses its numpy path" >&2
 fi

@@ -161,12 +161,15 @@ def _notes(rows: list[dict]) -> list[dict]:
 
 
 def _captured(d, rank: int, step: int) -> str:
-    """How the first step file was dumped: level, mode, op capture and writer."""
+    """How the first step file was dumped: level, mode and writer (and the op capture of a
+    file written through the compiled op observer, which records a few ops differently)."""
     from tracer._reader import config_of, op_capture_of
 
     attrs = d.attrs(rank, step)
+    capture = op_capture_of(attrs)
     return (f"captured: level {attrs.get('level', '?')}, mode {attrs.get('mode', '?')}, "
-            f"op capture {op_capture_of(attrs)}, writer {config_of(attrs).get('writer', '?')}")
+            + ("op capture observer, " if capture == "observer" else "")
+            + f"writer {config_of(attrs).get('writer', '?')}")
 
 
 def _show(args: argparse.Namespace) -> int:

@@ -249,22 +249,6 @@ class AsyncWriter(Writer):
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
 
-    def add_observed_bytes(self, data: torch.Tensor, on_written: Any = None) -> int:
-        if not self._in_step:
-            raise TracerError("Writer.add_observed_bytes() outside a step")
-        offset = self._rows.add_bytes(data.numpy(), on_written)
-        if self._rows.pending_bytes >= self._rows.chunk:
-            self._hand_over_bytes()  # waits while the queue is full (back-pressure)
-        return offset
-
-    def add_rows(self, rows: list[tuple]) -> None:
-        self._raise_pending()
-        if not self.enabled or not rows:
-            return
-        if not self._in_step:
-            raise TracerError("Writer.add_rows() outside a step: call begin_step(step) first")
-        self._put_rows(self._rows, self._step, rows)
-
     def _fail_staging(self, e: Exception, meta: RecordMeta) -> None:
         """Drop the half-made step and apply on_error to `e`, raised staging `meta`'s record."""
         self._drop_step()

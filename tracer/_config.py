@@ -25,7 +25,6 @@ _DEFAULT_RUN_DIR = "./sleuth_run"
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "level": ("module", "op", "mix"),
-    "op_capture": ("auto", "dispatch", "observer"),
     "mode": ("statistics", "tensor", "full"),
     "io": ("input", "output", "both"),
     "phases": ("forward", "backward", "both"),
@@ -53,11 +52,6 @@ class DumpConfig:
     """Ranks that dump: "all" or ranges like "0|1|4-7"."""
     level: Literal["module", "op", "mix"] = "module"
     """module: nn.Module hooks; op: every aten op through a dispatch mode; mix: both."""
-    op_capture: Literal["auto", "dispatch", "observer"] = "auto"
-    """How level op/mix sees ops: dispatch, a Python TorchDispatchMode; observer, torch's C++
-    op callbacks (tracer/_observer.cpp, built at install; several times cheaper per op), which
-    keep the module records too. auto: observer at level module where it is built and nothing
-    rules it out (tracer._dumper.resolve_capture), dispatch otherwise."""
     mode: Literal["statistics", "tensor", "full"] = "statistics"
     """statistics: no tensor bytes; tensor: exact data too (statistics are kept); full: both."""
     modules: tuple[str, ...] = ()
@@ -178,6 +172,9 @@ class DumpConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"a dump config must be a JSON object, got {type(d).__name__}")
         valid = cls.keys()
+        if "op_capture" in d:
+            _check_op_capture(d["op_capture"])
+            d = {k: v for k, v in d.items() if k != "op_capture"}
         for key in d:
             if key not in valid:
                 raise ConfigError(f"unknown key {key!r}{_suggest(str(key), valid)} "
@@ -288,6 +285,22 @@ def check_scalar(key: str, value: Any, annotation: Any,
 def _suggest(value: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_op_capture(value: Any) -> None:
+    """The retired key "op_capture": ops are recorded through one path, the dispatch mode, so
+    the values that meant it ("auto", "dispatch") are accepted and ignored, and configs written
+    for earlier versions keep working; "observer" named a compiled capture that is gone, and a
+    run asking for it by name is told so before it starts rather than given another capture."""
+    if value in ("auto", "dispatch"):
+        return
+    if value == "observer":
+        raise ConfigError('op_capture: "observer" (the compiled op observer) was removed from '
+                          'sleuth; ops are recorded through the dispatch mode, which also '
+                          'records tensor subclasses such as FSDP2\'s DTensor. Remove '
+                          '"op_capture" from the config')
+    raise ConfigError(f'op_capture: {value!r} is not a capture; the key is retired (ops are '
+                      f'recorded through the dispatch mode): remove it from the config')
 
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:

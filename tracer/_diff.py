@@ -353,7 +353,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
                 notes.append(note)
         ca, cb = op_capture_of(fa.attrs), op_capture_of(fb.attrs)
         note = (f"op captures differ: A used {ca}, B {cb}; the two record a few ops "
-                f"differently by design (docs/tracer.md, \"Where the two differ\"), "
+                f"differently by design (docs/tracer.md, \"Dumps made with the op observer\"), "
                 f"so compare runs captured the same way")
         if ca != cb and {la, lb} & {"op", "mix"} and note not in notes:
             notes.append(note)

@@ -17,7 +17,6 @@ optimizer step is written with its records so far and ``status`` "interrupted" (
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -52,26 +51,6 @@ def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
     return make_writer(config, rank=rank, world_size=world_size)
 
 
-def resolve_capture(config: DumpConfig) -> str:
-    """What `"op_capture": "auto"` means for `config`: "observer" at level module, where the
-    compiled observer is built, no other Dumper holds it, no watchpoint raises (the observer's
-    rows are watched at the next drain, not in the hook) and torch is built without CUDA (the
-    observer's device paths have not run on a GPU yet; asking whether a GPU is there would
-    initialise CUDA, which a script may still configure, and poison forks); "dispatch"
-    otherwise. At level op and mix the two record different ops where a dispatch mode changes
-    what torch runs (docs/tracer.md, "Op capture"), so auto keeps the dispatch mode there; at
-    level module their records are the same. An explicit choice is returned as it is."""
-    if config.op_capture != "auto":
-        return config.op_capture
-    if config.level != "module" or any(w.get("on_hit") == "raise" for w in config.watch):
-        return "dispatch"
-    if torch.backends.cuda.is_built():
-        return "dispatch"
-    from tracer import _op_observer
-
-    return "observer" if _op_observer.available() and not _op_observer.in_use() else "dispatch"
-
-
 def _record_meta() -> Any:
     from tracer._writer import RecordMeta
 
@@ -95,17 +74,36 @@ def _plain_add(writer: Any) -> Any:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The tensor whose memory holds `t`'s values on this rank: a DTensor's (FSDP2, tensor
-    parallel) local shard, else `t`. The statistics kernels and the op observer read memory
-    through a data pointer, which a tensor subclass does not have."""
+    parallel) local shard, else `t`. The statistics kernels read memory through a data
+    pointer, which a tensor subclass does not have."""
     if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
         return t
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 
 
-def _plain(params: list) -> bool:
-    """Every parameter of `params` ((name, owner, parameter) each) is an ordinary tensor."""
-    return all(type(p.data) is torch.Tensor for _, _, p in params)
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+
+
+def _values(t: torch.Tensor) -> torch.Tensor:
+    """`t` where it holds memory of its own, else a plain tensor of its values on this rank.
+
+    A wrapper tensor subclass (DTensor, a quantised or float8 weight, a user's own) has no
+    memory behind its data pointer, and the writers read memory. A DTensor gives its local
+    shard (the parameter records do the same); any other subclass copies its values into a
+    plain tensor through its own `copy_`, which it implements as it implements every op. The
+    copy runs without autograd so the run's graph is left as it was."""
+    try:
+        if t.data_ptr() or not t.numel():
+            return t
+    except RuntimeError:  # a subclass without storage that refuses to give a data pointer
+        pass
+    with torch.no_grad():
+        local = _local(t.detach())
+        if local is not t and type(local) in (_Tensor, _Parameter):
+            return local
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _in_data_worker() -> bool:
@@ -113,13 +111,6 @@ def _in_data_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     info = getattr(data, "get_worker_info", None)
     return info is not None and info() is not None
-
-
-def _has_backward(items: list) -> bool:
-    """Whether records the op observer kept hold a backward one: /records rows (phase at 4)
-    or (RecordMeta fields, tensor, stable) (phase at 3)."""
-    return any((item[0][3] if len(item) == 3 else item[4]) == "backward"
-               for item in reversed(items))
 
 
 _live: weakref.WeakSet[Dumper] = weakref.WeakSet()
@@ -172,11 +163,7 @@ class Dumper:
                  config: DumpConfig | dict | str | os.PathLike | None = None, *,
                  rank: int | None = None, world_size: int | None = None,
                  first_step: int = 0) -> None:
-        config = resolve_config(config)
-        capture = resolve_capture(config)
-        if capture != config.op_capture:  # the files say how the run was captured
-            config = dataclasses.replace(config, op_capture=capture)
-        self.config = config
+        self.config = resolve_config(config)
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else int(rank)
         self.world_size = (int(os.environ.get("WORLD_SIZE", 1)) if world_size is None
                            else int(world_size))
@@ -197,9 +184,6 @@ class Dumper:
         # next while steps are dumped (a fresh clone page-faults its memory in every time); CPU
         # parameters only (see _snapshot_param)
         self._snapshot_buffers: dict[int, torch.Tensor] = {}
-        # (parameter ids, their buffers, the parameters) of the last compiled snapshot (see
-        # _snapshot_compiled); dropped with the buffers
-        self._snapshot_plan: tuple | None = None
         self._optimizer_recorded = False
         self._stepped = False  # an optimizer step ended a step since the last scaler update
         self._auto_ended = False  # an optimizer step (or a skipping scaler) ended a step
@@ -212,18 +196,7 @@ class Dumper:
             return
         _live.add(self)
         self._tracker = ModuleTracker(self, model)
-        # the op observer's `record`: module records kept in compiled code (see emit_all)
-        self._record_compiled: Any = None
-        # the parameter records and their pre-step copies kept by the op observer too
-        self._params_compiled = False
-        if self.config.op_capture == "observer":
-            from tracer._op_observer import OpObserver
-
-            self._mode = OpObserver(self, self._tracker)
-            self._record_compiled = self._mode.record
-            self._params_compiled = self._mode.params_record
-            self._tracker.defer_grads = False  # the observer measures gradients at once
-        elif self.config.level in ("op", "mix"):
+        if self.config.level in ("op", "mix"):
             from tracer._op_mode import OpMode
 
             self._mode = OpMode(self, self._tracker)
@@ -269,11 +242,8 @@ class Dumper:
         if not self.enabled:
             self.current_step += 1
             return
-        if first and self._auto_ended:
-            if self._record_compiled is not None and self.capturing:
-                self.take_observed()  # the op observer's gradient records say if backward ran
-            if not self._backward:
-                return
+        if first and self._auto_ended and not self._backward:
+            return
         self._end()
         self.current_step += 1
         self._begin()
@@ -305,7 +275,6 @@ class Dumper:
                 handle.remove()
             self._handles = []
             self._snapshot_buffers = {}
-            self._snapshot_plan = None
             writer, self._writer = self._writer, None
             try:
                 if writer is not None:
@@ -363,16 +332,6 @@ class Dumper:
             self._leave_process()
             return
         error = None
-        if self._record_compiled is not None:
-            # with the op observer every record that comes here is a module hook's (its op
-            # records never pass through Python): kept by it, in order with its op records
-            try:
-                self._record_compiled(module, phase, direction, call, source, tensors, first)
-            except Exception as e:  # noqa: BLE001 - routed through on_error below
-                error = e
-            if error is not None:
-                self._fail(error)
-            return
         with self._lock:
             self._busy = True
             mode = self._mode
@@ -384,6 +343,8 @@ class Dumper:
                 meta, add = self._meta, self._add
                 prefix = f"{scope}.{phase}.{call}.{direction}."
                 for i, t in enumerate(tensors, first):
+                    if type(t) is not _Tensor and type(t) is not _Parameter:
+                        t = _values(t)  # a tensor subclass
                     # RecordMeta(name, module, op, phase, direction, index, call, source)
                     add(meta(prefix + str(i), module, op, phase, direction, i, call, source), t,
                         stable, version, stats, defer)
@@ -414,49 +375,6 @@ class Dumper:
                 self._busy = False
         return None
 
-    def take_observed(self) -> None:
-        """Turn what the op observer (tracer._op_observer, the mode; its only caller) kept into
-        records, in order: rows with their statistics, and copies for the writer's `add`.
-        Under the lock when called from a record's own pass (busy); errors go through
-        on_error."""
-        if not self._mode.pending():
-            return
-        if not self.enabled:
-            self._mode.discard()  # dumping is off: drop them
-            return
-        if self._busy:
-            self._take_observed()
-            return
-        error = self._quietly(self._take_observed)
-        if error is not None:
-            self._fail(error)
-
-    def _take_observed(self) -> None:
-        if not self._open:
-            self._open_step()
-        if not self._takes_stats:
-            raise TracerError('op_capture "observer" writes through the tracer\'s own writers')
-        writer, meta, add = self._writer, self._meta, self._add
-        items, kept = self._mode.drain(writer.next_seq, writer.add_observed_bytes)
-        if not self._backward:  # its gradient records never pass through `emit_all`
-            self._backward = _has_backward(items)
-        if not kept:  # rows only (every CPU tensor of a kernel dtype)
-            if items:
-                writer.add_rows(items)
-            return
-        run: list[tuple] = []
-        for item in items:
-            if len(item) != 3:  # a /records row, statistics taken
-                run.append(item)
-                continue
-            if run:
-                writer.add_rows(run)
-                run = []
-            fields, tensor, stable = item
-            add(meta(*fields), tensor, stable, None, None, False)
-        if run:
-            writer.add_rows(run)
-
     def _settle(self) -> None:
         """Make the rows of the writer's queued records now (errors go through on_error)."""
         self._settle_task = None
@@ -482,8 +400,6 @@ class Dumper:
             # a tracer writer takes the full call; a stand-in gets the plain one
             self._takes_stats = isinstance(self._writer, Writer)
             self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
-            if self._takes_stats and self._mode is not None:
-                self._writer.stored_elsewhere = getattr(self._mode, "stored", None)
             from tracer._watch import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
@@ -538,7 +454,6 @@ class Dumper:
         self._backward = False
         if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
             self._snapshot_buffers = {}  # memory the size of the model: not kept between dumps
-            self._snapshot_plan = None
             return
         self._tracker.reset_step()
         self._optimizer_recorded = False
@@ -563,8 +478,7 @@ class Dumper:
             return
         drop = False
         try:
-            # the parameter records' ops are not records; what the op observer kept becomes
-            # rows here, which opens the step as a record would
+            # the parameter records' ops are not records
             if self._mode is not None:
                 self._mode.pop()
             if final and interrupted is None and self._auto_ended and not self._explicit:
@@ -668,13 +582,6 @@ class Dumper:
         that order per parameter (run by `_quietly`)."""
         if not self._open:
             self._open_step()
-        if self._params_compiled and _plain(params):
-            # statistics only, through the op observer: the same records in compiled code
-            before = [self._snapshots.get(id(p), (None,))[0] if with_update else None
-                      for _, _, p in params]
-            self._mode.record_params(call, source, params, before)
-            self._take_observed()
-            return
         meta, add = self._meta, self._add
         # the update's values are needed unless a tracer writer keeps only the statistics
         materialize = self.config.mode != "statistics" or not self._takes_stats
@@ -729,37 +636,9 @@ class Dumper:
             try:
                 with torch.no_grad(), tool_range():
                     params = self._wanted_params(optimizer)
-                    if not self._snapshot_compiled(params):
-                        self._snapshots = {id(p): self._snapshot_param(p) for _, _, p in params}
+                    self._snapshots = {id(p): self._snapshot_param(p) for _, _, p in params}
             finally:
                 self._busy = False
-
-    def _snapshot_compiled(self, params: list) -> bool:
-        """The pre-step copies of `params` made by the op observer in one call (statistics
-        only, every parameter dense on the CPU); False where `_snapshot_param` must."""
-        if not self._params_compiled or not _plain(params):
-            return False
-        ids = [id(p) for _, _, p in params]
-        plan = self._snapshot_plan
-        if plan is None or plan[0] != ids:
-            buffers = []
-            for _, _, param in params:
-                p = param.detach()
-                if not p.is_cpu:
-                    return False
-                buf = self._snapshot_buffers.get(id(param))
-                if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype,
-                                                                            p.stride()):
-                    buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
-                buffers.append(buf)
-            # the same parameters the next step: the same buffers (snapshot checks shapes)
-            plan = self._snapshot_plan = (ids, buffers, [p for _, _, p in params])
-        _, buffers, tensors = plan
-        if not self._mode.snapshot(buffers, tensors):
-            self._snapshot_plan = None
-            return False
-        self._snapshots = {id(p): (buf, None) for (_, _, p), buf in zip(params, buffers)}
-        return True
 
     def _snapshot_param(self, param: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
         """A copy of `param` before the optimizer changes it, and, when the fused kernel made

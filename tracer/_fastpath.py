@@ -62,6 +62,8 @@ def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta
                 or not t.is_contiguous() or t.is_neg():
             return NOT_HERE
         ptr = t.data_ptr()
+        if not ptr:  # a wrapper subclass: no memory of its own to read
+            return NOT_HERE
         holder = None
         if stable and not t.is_inference():
             # the span key of `reuse_key`, valid while the storage lives (see Writer._reuse)

@@ -115,12 +115,6 @@ class FlightRecorder:
         """Keep a /records row tuple (a tracer writer's `row_sinks`: no dict per record)."""
         self._keep(step, row)
 
-    def add_rows(self, rows: list[tuple], step: int) -> None:
-        """`add_row` for several rows of one step (the op observer's, in one call)."""
-        if rows:
-            self._keep(step, rows[0])
-            self._current[1].extend(rows[1:])  # type: ignore[index]
-
     def _keep(self, step: int, row: Any) -> None:
         current = self._current
         if current is None or current[0] != step:

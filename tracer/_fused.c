@@ -61,8 +61,11 @@ typedef struct {
     uint64_t zeros, checksum;
 } acc_t;
 
-/* what stats() returns, as C values (the order of its tuple; see tracer/_fused_api.h) */
-#include "_fused_api.h"
+/* what stats() returns, as C values, in the order of its tuple */
+typedef struct {
+    double mn, mx, sum, sq;
+    uint64_t zeros, nan, posinf, neginf, checksum;
+} raw_stats_t;
 
 static inline float f32_from_bits(uint32_t u) {
     float f;
@@ -312,7 +315,7 @@ static void count_special(const work_t *w, uint64_t *nan, uint64_t *pinf, uint64
 
 /* The statistics of `w` into `out` (with the helper when threads > 1 and it is large), or -1
  * when memory for the per-chunk sums ran out. Touches no Python state: the caller decides
- * about the GIL (run_work releases it; the op observer's callbacks run without it). */
+ * about the GIL (run_work releases it). */
 static int compute_work(const work_t *w, int threads, raw_stats_t *out) {
     int64_t count = w->count;
     int64_t nchunks = (count + CHUNK - 1) / CHUNK;
@@ -449,43 +452,6 @@ static PyObject *int_stats(const char *src, int64_t count, int code) {
     return result_tuple(&r);
 }
 
-/* stats() for C callers, without the GIL (the capsule `_C_API`, tracer/_fused_api.h): 0, or
- * -1 for bad arguments or no memory. */
-static int raw_stats(const void *address, int64_t count, int code, int threads,
-                     raw_stats_t *out) {
-    if (address == NULL || count < 1 || code < CODE_F32 || code > CODE_LAST) return -1;
-    if (code >= CODE_I64) {
-        int_compute((const char *)address, count, code, out);
-        return 0;
-    }
-    work_t w = {(const char *)address, NULL, NULL, count, code, OP_STATS};
-    return compute_work(&w, threads, out);
-}
-
-/* copy_stats() for C callers: copy `count` elements from `src` to `dst` and fill `out` with
- * stats() of the copy, in one pass (float codes); other codes copy, then take stats(). */
-static int raw_copy_stats(void *dst, const void *src, int64_t count, int code, int threads,
-                          raw_stats_t *out) {
-    if (dst == NULL || src == NULL || count < 1 || code < CODE_F32 || code > CODE_LAST) return -1;
-    if (code >= CODE_I64) {
-        static const size_t widths[] = {0, 0, 0, 8, 4, 2, 1, 1};
-        memcpy(dst, src, (size_t)count * widths[code]);
-        int_compute((const char *)dst, count, code, out);
-        return 0;
-    }
-    work_t w = {(const char *)src, NULL, (char *)dst, count, code, OP_COPY};
-    return compute_work(&w, threads, out);
-}
-
-/* diff_stats() for C callers: stats() of the float32 difference a - b, written to `dst` unless
- * it is NULL */
-static int raw_diff_stats(const float *a, const float *b, float *dst, int64_t count, int threads,
-                          raw_stats_t *out) {
-    if (a == NULL || b == NULL || count < 1) return -1;
-    work_t w = {(const char *)a, (const char *)b, (char *)dst, count, CODE_F32, OP_DIFF};
-    return compute_work(&w, threads, out);
-}
-
 /* A strided tensor's elements in C order (the order of a contiguous copy), read a piece at a
  * time: dims of size 1 dropped, dims that continue each other merged, the innermost run copied
  * with memcpy when it is dense. */
@@ -588,7 +554,7 @@ static void gather_next(gather_t *g, char *dst, int64_t n) {
     }
 }
 
-/* strided_stats() for C callers: stats() of the float tensor at `address` with `sizes` and
+/* strided_stats()'s pass: stats() of the float tensor at `address` with `sizes` and
  * `strides` (in elements, none negative) as a contiguous copy of it would give, to the bit:
  * the same chunks, each gathered into a buffer of CHUNK elements and measured by the same
  * pass, their sums combined in the same order. One thread; no copy of the whole tensor. */
@@ -838,13 +804,5 @@ PyMODINIT_FUNC PyInit__fused(void) {
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    static fused_api_t api = {FUSED_API_VERSION, raw_stats, raw_copy_stats, raw_diff_stats,
-                              raw_strided_stats};
-    PyObject *capsule = PyCapsule_New(&api, FUSED_API_CAPSULE, NULL);
-    if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
-        Py_XDECREF(capsule);
-        Py_DECREF(m);
-        return NULL;
-    }
     return m;
 }

@@ -161,8 +161,6 @@ class ModuleTracker:
         self._handles: list[Any] = []
         self._inner_code = _call_impl_inner_code()
         self._param_cache: tuple[int, list] | None = None
-        # the op observer (tracer._op_observer), told of each module call's start and end
-        self.observer: Any = None
         if model is not None:
             self.add_root(model)
 
@@ -229,20 +227,14 @@ class ModuleTracker:
             _nn_module.register_module_forward_hook(self._post, with_kwargs=True,
                                                     always_call=True),
         ]
-        if self.observer is not None:
-            self.observer.capture(True)
 
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self.stack.clear()
-        if self.observer is not None:
-            self.observer.capture(False)
 
     def reset_step(self) -> None:
-        if self.observer is not None:
-            self.observer.reset_step()
         self.stack.clear()
         self.calls.reset()
         self._recompute_calls.reset()
@@ -276,8 +268,6 @@ class ModuleTracker:
         call = counter.next(name, "forward")
         self._seq += 1
         self.stack.append((module, name, call, self._seq, recomputing))
-        if self.observer is not None:
-            self.observer.enter(name, recomputing)
         if not (self.record and self.want_in and self.wants(name)):
             return
         inputs = flatten_tensors(args, [])
@@ -303,8 +293,6 @@ class ModuleTracker:
             return  # a module we do not track (outside the model, or a busy-time call)
         _, name, call, seq, recomputing = stack[pos]
         del stack[pos:]
-        if self.observer is not None:
-            self.observer.leave()
         outputs = None
         if self.tag_graph and _grad_enabled():
             outputs = flatten_tensors(output, [])
@@ -331,13 +319,6 @@ class ModuleTracker:
     def _record(self, name: str, direction: str, tensors: list[torch.Tensor], call: int,
                 recomputing: bool) -> None:
         """Emit a module call's forward inputs or outputs now, and hook their gradients."""
-        observer = self.observer
-        if observer is not None:
-            with tool_range():
-                kept = observer.record_call(name, direction, call, tensors,
-                                            self.want_fw and not recomputing, self.want_bw)
-            if kept:
-                return  # kept in compiled code, gradient hooks too (tracer._op_observer)
         if self.want_fw and not recomputing:
             source = user_source(3)  # above this, the hook, then torch's _call_impl
             with tool_range():

@@ -281,9 +281,12 @@ class OpMode(TorchDispatchMode):
         """Note an uninitialised output (`aten.empty` & co), which is not recorded: what it
         holds is whatever the allocator found, different in every run."""
         if isinstance(out, _Tensor) and out.layout == torch.strided and not out.is_inference():
+            ptr = out.data_ptr()
+            if not ptr:  # no memory of its own (a wrapper subclass, or no elements)
+                return
             if len(self._fresh) >= _MAX_FRESH:
                 self._fresh.clear()
-            self._fresh[out.data_ptr()] = (out, out._version)
+            self._fresh[ptr] = (out, out._version)
 
     def _is_fresh(self, t: Any) -> bool:
         """True when `t` is (a view at the start of) uninitialised memory not yet written."""

@@ -480,9 +480,10 @@ def config_of(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def op_capture_of(attrs: dict[str, Any]) -> str:
-    """How a step file's ops were seen: "dispatch" or "observer" ("dispatch" for files
-    written before the key; "auto" only where a writer was used without a Dumper)."""
-    return str(config_of(attrs).get("op_capture", "dispatch"))
+    """How a step file's ops were seen: "observer" for a file written through the compiled op
+    observer that earlier versions had (its config says so; it records a few ops differently,
+    docs/tracer.md, "Dumps made with the op observer"), else "dispatch"."""
+    return "observer" if config_of(attrs).get("op_capture") == "observer" else "dispatch"
 
 
 def c_order_bytes(raw: np.ndarray, itemsize: int, shape: tuple[int, ...],

@@ -48,16 +48,13 @@ _WRAPPER_FILE = os.path.join("nn", "parallel", "distributed.py")
 _WRAPPER_FUNCTIONS = frozenset({"__init__", "_pre_forward", "_post_forward"})
 _PREFIXES: tuple[str, ...] | None = None
 _RECEIVING: str | None = None  # the path of torch/multiprocessing/reductions.py
-# the path of torch/_dynamo/convert_frame.py: its frames run while torch.compile traces (the
-# op observer records none of the ops that tracing runs on real tensors)
-_COMPILING: str | None = None
 # torch.autograd.graph._engine_run_backward's code: what lies above that frame is fixed while
 # its graph task runs (None: an older torch without it; every walk then goes to the top)
 _ENGINE: types.CodeType | None = None
 _graph_task_id = None
 _engine_cache: tuple[int, str] = (-1, "")  # (graph task id, its source)
-# code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED), 3 torch.compile
-# tracing, 4 DistributedDataParallel's own work (WRAPPER)
+# code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED),
+# 4 DistributedDataParallel's own work (WRAPPER)
 _internal: dict[types.CodeType, int] = {}
 _formatted: dict[tuple[types.CodeType, int], str] = {}
 _relpath: dict[str, str] = {}
@@ -65,7 +62,7 @@ _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + o
 
 
 def _setup() -> None:
-    global _PREFIXES, _ENGINE, _graph_task_id, _RECEIVING, _COMPILING
+    global _PREFIXES, _ENGINE, _graph_task_id, _RECEIVING
     import torch
 
     engine = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
@@ -74,8 +71,6 @@ def _setup() -> None:
     _PREFIXES = _internal_prefixes()
     _RECEIVING = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)),
                               "multiprocessing", "reductions.py")
-    _COMPILING = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)),
-                              "_dynamo", "convert_frame.py")
 
 
 def _is_internal(code: types.CodeType) -> int:
@@ -93,8 +88,6 @@ def _is_internal(code: types.CodeType) -> int:
         absolute = os.path.abspath(path)
         if absolute == _RECEIVING:
             flag = 2
-        elif absolute == _COMPILING:
-            flag = 3
         elif code.co_name in _WRAPPER_FUNCTIONS and absolute.endswith(_WRAPPER_FILE) \
                 and absolute.startswith(_PREFIXES[0]):  # torch's own copy
             flag = 4

@@ -1,7 +1,7 @@
 /* The step file's tables packed from their rows: `pack_rows`, part of tracer._fused.
  *
- * A step's /records table is built from row tuples (RECORD_FIELDS order) made by the writers
- * and the op observer. numpy builds it column by column from Python objects: zip(*rows), one
+ * A step's /records table is built from row tuples (RECORD_FIELDS order) made by the writers.
+ * numpy builds it column by column from Python objects: zip(*rows), one
  * array per column, the string columns encoded value by value; that took 0.7 ms for a tiny
  * step's 204 module records and 2 ms for its 685 op records, inside the training step (the sync
  * writer) or holding the GIL against it (the async writer). Here it is two passes over the

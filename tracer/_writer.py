@@ -24,7 +24,6 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer._fastpath import NOT_HERE, put_row, stats_row
-from tracer._fastpath import observer_dict as _observer_dict
 from tracer._fastpath import available as lean_available
 from tracer._format import StepFile, root_attrs, step_path
 from tracer._layout import stored_extent
@@ -312,9 +311,6 @@ class Writer:
         self._same: dict[int, tuple] = {}
         self._waiting = QueuedRows(self)
         self._seq = 0  # the step's next record number (`next_seq`)
-        # (offset, nbytes) in /tensors of bytes stored outside this writer's reuse table that
-        # hold a tensor's memory as it is now (the op observer's), or None
-        self.stored_elsewhere: Callable[[torch.Tensor], tuple[int, int] | None] | None = None
         # statistics mode with the kernel: most records take tracer._fastpath
         self._lean = lean_available(self)
 
@@ -339,43 +335,10 @@ class Writer:
         caller goes on (tracer._queued; rows are made by `settle`)."""
         raise NotImplementedError
 
-    def add_rows(self, rows: list[tuple]) -> None:
-        """Add /records rows made elsewhere, statistics included (the op observer's,
-        tracer._op_observer), numbered from `next_seq`: they go where `add` puts its rows and
-        reach the row sinks and observers the same way. Queued records come first."""
-        raise NotImplementedError
-
-    def add_observed_bytes(self, data: torch.Tensor,
-                           on_written: Callable[[], None] | None = None) -> int:
-        """Store tensor bytes the op observer copied (a uint8 CPU tensor) in the step's
-        /tensors; returns their offset, and calls `on_written` once they are written. Their
-        rows follow through `add_rows`."""
-        raise NotImplementedError
-
     @property
     def next_seq(self) -> int:
         """The `seq` the next record of the step gets."""
         return self._seq
-
-    def _put_rows(self, target: Any, step: int, rows: list[tuple]) -> None:
-        """`add_rows` into `target` (the step file, or the async writer's rows)."""
-        if self._waiting:
-            self._waiting.settle(block=True)  # rows go in record order
-        if rows[0][0] != self._seq:
-            raise TracerError(f"rows numbered from {rows[0][0]}, but the step's next record is "
-                              f"{self._seq}")
-        self._seq += len(rows)
-        target.rows.extend(rows)
-        for sink in self.row_sinks:
-            bulk = getattr(getattr(sink, "__self__", None), "add_rows", None)
-            if bulk is not None:  # the flight recorder takes them in one call
-                bulk(rows, step)
-            else:
-                for row in rows:
-                    sink(row, step)
-        if self.observers:
-            for row in rows:
-                self._deliver(_observer_dict(self, step, row))
 
     def settle(self) -> None:
         """Make the rows of records whose statistics were queued (waiting for them); the Dumper
@@ -446,11 +409,6 @@ class Writer:
         if self._recent is None:
             return
         holder, hit, kind, _ = self._reuse(source, True, insert=False)
-        if not (hit and kind == "span") and self.stored_elsewhere is not None:
-            # a record the op observer stored (tracer._op_observer)
-            where = self.stored_elsewhere(source)
-            if where is not None:
-                holder, hit, kind = [None, (where[0], where[1], "")], True, "span"
         if hit and kind == "span":
             self._same[id(snapshot)] = (weakref.ref(snapshot), snapshot._version, holder,
                                         span_strides(source))
@@ -722,25 +680,6 @@ class SyncWriter(Writer):
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
             return
         self._deliver(row)
-
-    def add_observed_bytes(self, data: torch.Tensor,
-                           on_written: Callable[[], None] | None = None) -> int:
-        if self._file is None:
-            raise TracerError("Writer.add_observed_bytes() outside a step")
-        return self._file.add_bytes(data.numpy(), on_written)
-
-    def add_rows(self, rows: list[tuple]) -> None:
-        if not self.enabled or not rows:
-            return
-        if self._file is None:
-            raise TracerError("Writer.add_rows() outside a step: call begin_step(step) first")
-        try:
-            self._put_rows(self._file, self._step, rows)
-        except TracerError:
-            raise
-        except Exception as e:  # noqa: BLE001 - on_error decides
-            self._abort()
-            self._storage_error(e, f"recording {len(rows)} observed rows at step {self._step}")
 
     def _general_row(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
                      version: int | None, stats: dict | None, defer: bool) -> dict | None:

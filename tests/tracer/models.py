@@ -278,15 +278,3 @@ def stranger_models() -> list[tuple[str, Any, Any]]:
         ("shared_layer", SharedLayer, lambda: (torch.randn(3, 4),)),
         ("inplace", InplaceModel, lambda: (torch.randn(3, 4),)),
     ]
-
-
-def observer_built() -> bool:
-    """True where tracer._observer (the compiled op observer) is built and loads."""
-    from tracer import _op_observer
-    from tracer._errors import ConfigError
-
-    try:
-        _op_observer.load()
-    except ConfigError:
-        return False
-    return True

@@ -30,8 +30,7 @@ def writers(monkeypatch, tmp_path):
 
 
 def cfg(**kw):
-    # the Python hooks and writer: the compiled observer writes through the tracer's writers
-    return {"writer": "sync", "op_capture": "dispatch", **kw}
+    return {"writer": "sync", **kw}
 
 
 def train(model, make_batch, steps=1, micro=1, dumper=None, explicit=False):

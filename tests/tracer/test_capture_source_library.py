@@ -45,17 +45,12 @@ def library(tmp_path, monkeypatch):
     sys.modules.pop("fakelib", None)
 
 
-@pytest.mark.parametrize("level,capture", [("mix", "dispatch"), ("module", "observer")])
-def test_records_name_the_library_models_lines(library, tmp_path, level, capture):
-    from tracer._op_observer import available
-
-    if capture == "observer" and not available():
-        pytest.skip("the compiled op observer is not built")
+@pytest.mark.parametrize("level", ["mix", "module"])
+def test_records_name_the_library_models_lines(library, tmp_path, level):
     torch.manual_seed(0)
     model = library.LibraryNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    config = {"path": str(tmp_path / "run"), "level": level, "op_capture": capture,
-              "writer": "sync"}
+    config = {"path": str(tmp_path / "run"), "level": level, "writer": "sync"}
     with tracer.Dumper(model, config):
         model(torch.randn(2, 4)).sum().backward()  # SCRIPT LINE
         opt.step()

@@ -44,7 +44,7 @@ _SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("level", ["mix", "module"])  # module: the compiled observer, if built
+@pytest.mark.parametrize("level", ["mix", "module"])
 def test_ddp_run_has_the_names_of_a_single_process_run(tmp_path, sleuth_cli, free_port, level):
     (tmp_path / "train.py").write_text(_SCRIPT)
     (tmp_path / "dump.json").write_text(json.dumps({"steps": "all", "level": level}))

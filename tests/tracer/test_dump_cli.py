@@ -38,7 +38,7 @@ def test_ls(run, capsys):
     assert main(["dump", "ls", str(run)]) == 1
     out = capsys.readouterr().out
     assert "2 rank(s), 5 step file(s)" in out
-    assert "captured: level module, mode full, op capture auto, writer sync" in out
+    assert "captured: level module, mode full, writer sync" in out
     assert "step9.h5.partial: partial file" in out
     lines = [line.split() for line in out.splitlines() if line.strip().startswith(("0", "1"))]
     assert [(r[0], r[1], r[2], r[-1]) for r in lines] == [
@@ -128,3 +128,27 @@ def test_subprocess(run, sleuth_cli):
     r = sleuth_cli("dump", "show", str(run / "dump" / "rank1" / "step5.h5"))
     assert r.returncode == 0, r.stderr
     assert "rank 1 step 5: 3 record(s)" in r.stdout
+
+
+def test_a_dump_of_the_compiled_op_observer_is_named(tmp_path, capsys):
+    """Step files written through the compiled op observer (their config says
+    "op_capture": "observer") record a few ops differently from the dispatch mode: `dump ls`
+    says how they were captured, and a diff against a dispatch dump says why records differ."""
+    import h5py
+    import tracer
+    from models import MLP, train_and_dump
+
+    for name in ("a", "b"):
+        train_and_dump(MLP, lambda: (torch.randn(2, 8),), tmp_path / name, steps=1,
+                       level="op", writer="sync")
+    step_file = tmp_path / "b" / "dump" / "rank0" / "step0.h5"
+    with h5py.File(step_file, "a") as f:
+        config = json.loads(f.attrs["config"])
+        assert "op_capture" not in config  # one capture: files do not name it
+        f.attrs["config"] = json.dumps({**config, "op_capture": "observer"})
+    assert main(["dump", "ls", str(tmp_path / "b")]) == 0
+    assert "captured: level op, mode statistics, op capture observer, writer sync" in \
+        capsys.readouterr().out
+    result = tracer.diff(tmp_path / "a", tmp_path / "b")
+    assert any("op captures differ: A used dispatch, B observer" in n for n in result.notes)
+    assert not any("op captures" in n for n in tracer.diff(tmp_path / "a", tmp_path / "a").notes)

@@ -179,3 +179,28 @@ def test_inline_json_configs_are_as_strict_as_files():
         resolve_config('{"level": "op", "level": "module"}')
     with pytest.raises(ConfigError, match=r"SLEUTH_DUMP_CONFIG \(inline JSON\): NaN is not a number"):
         _attach('{"async_max_queued_mb": NaN}')
+
+
+@pytest.mark.parametrize("value", ["auto", "dispatch"])
+def test_op_capture_values_of_the_one_path_are_accepted_and_dropped(tmp_path, value):
+    """"op_capture" named a choice between the dispatch mode and a compiled op observer; the
+    dispatch mode is the one path, so configs that spell it keep working and say nothing."""
+    d = DumpConfig.from_dict({"level": "op", "op_capture": value})
+    assert d == DumpConfig(level="op") and "op_capture" not in d.to_dict()
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps({"op_capture": value}))
+    assert DumpConfig.from_json(path) == DumpConfig()
+
+
+def test_op_capture_observer_is_refused_with_the_fix(tmp_path):
+    """A config asking for the compiled observer gets no other capture in silence: it is told
+    the observer is gone and what to change, before the run starts."""
+    with pytest.raises(ConfigError, match=r'op_capture: "observer".*Remove "op_capture" from '
+                                          r'the config'):
+        DumpConfig.from_dict({"level": "module", "op_capture": "observer"})
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps({"op_capture": "observer"}))
+    with pytest.raises(ConfigError, match=r"dump\.json: op_capture"):
+        DumpConfig.from_json(path)
+    with pytest.raises(ConfigError, match="remove it from the config"):
+        DumpConfig.from_dict({"op_capture": "compiled"})

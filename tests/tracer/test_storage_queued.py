@@ -1,8 +1,7 @@
 """Backward records whose statistics the kernel's helper thread takes (tracer._queued).
 
 Tiny test models have tiny gradients, below the size worth queueing, so these tests lower
-`MIN_ELEMENTS` to queue every backward record, and compare against the hook-time path. The
-queue is the Python writer's ("op_capture": "dispatch"; the observer measures in its C++ hooks).
+`MIN_ELEMENTS` to queue every backward record, and compare against the hook-time path.
 """
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ import tracer._queued as queued
 import tracer._stats as stats_module
 from models import MLP, CheckpointedMLP, TinyCausalLM, TinyConfig, train_and_dump
 
-PYTHON_PATH = {"op_capture": "dispatch"}  # the Python writer, whose queue these test
-
 pytestmark = pytest.mark.skipif(not stats_module.fused_available(), reason="needs the C kernel")
 
 
@@ -31,7 +28,7 @@ def a_free_core(monkeypatch):
 
 def dump_rows(tmp_path, model_fn, batch_fn, *, writer, micro=1, **config):
     dump = train_and_dump(model_fn, batch_fn, tmp_path, micro=micro, writer=writer,
-                          **{**PYTHON_PATH, **config})
+                          **config)
     return [dump.stats(0, s).drop(columns=["source"]) for s in dump.steps(0)]
 
 
@@ -81,7 +78,7 @@ def test_nothing_is_pending_when_backward_returns(tmp_path, monkeypatch):
     monkeypatch.setattr(queued, "MIN_ELEMENTS", 1)
     model = MLP()
     seen = []
-    with tracer.Dumper(model, {"path": str(tmp_path), "writer": "sync", **PYTHON_PATH}) as d:
+    with tracer.Dumper(model, {"path": str(tmp_path), "writer": "sync"}) as d:
         model(torch.randn(4, 8)).pow(2).mean().backward()
         writer = d._writer
         writer.observers.append(lambda row: seen.append(row["name"]))
@@ -108,7 +105,7 @@ def test_gradient_changed_in_place_after_recording_is_warned(tmp_path, monkeypat
 
     model = Scaled()
     with pytest.warns(RuntimeWarning, match="fc.backward.0.output.0.*changed in place"):
-        with tracer.Dumper(model, {"path": str(tmp_path), "writer": "sync", **PYTHON_PATH}):
+        with tracer.Dumper(model, {"path": str(tmp_path), "writer": "sync"}):
             model(torch.randn(64, 8)).backward()
 
 
@@ -117,7 +114,7 @@ def test_watchpoint_on_a_queued_record_stops_backward(tmp_path, monkeypatch):
     model = MLP()
     x = torch.randn(2, 8)
     with pytest.raises(tracer.TracerError, match="fc2.backward"):
-        with tracer.Dumper(model, {"path": str(tmp_path), "writer": "sync", **PYTHON_PATH,
+        with tracer.Dumper(model, {"path": str(tmp_path), "writer": "sync",
                                    "phases": "backward",
                                    "watch": [{"condition": "nan_inf", "on_hit": "raise",
                                               "names": ["fc2.backward.*"]}]}):

@@ -625,7 +625,7 @@ def _strided_cases(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_strided_statistics_are_the_contiguous_copys_to_the_bit(dtype):
-    """The kernel's strided pass (what the op observer measures a split's q, k and v with)
+    """The kernel's strided pass (what a split's q, k and v are measured with, uncopied)
     gives what the pass over a C-order copy gives, sums included, for gaps, steps, stride 0,
     size-1 dims, several chunks and NaN/Inf."""
     from tracer import _stats
