@@ -289,8 +289,8 @@ def _suggest(value: str, choices: list[str] | tuple[str, ...]) -> str:
 
 def _check_op_capture(value: Any) -> None:
     """The retired key "op_capture": ops are recorded through one path, the dispatch mode, so
-    the values that meant it ("auto", "dispatch") are accepted and ignored, and configs written
-    for earlier versions keep working; "observer" named a compiled capture that is gone, and a
+    the values that meant it ("auto", "dispatch") are accepted and ignored, and configs that
+    name them keep working; "observer" named a compiled capture that sleuth does not have, and a
     run asking for it by name is told so before it starts rather than given another capture."""
     if value in ("auto", "dispatch"):
         return

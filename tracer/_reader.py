@@ -481,8 +481,8 @@ def config_of(attrs: dict[str, Any]) -> dict[str, Any]:
 
 def op_capture_of(attrs: dict[str, Any]) -> str:
     """How a step file's ops were seen: "observer" for a file written through the compiled op
-    observer that earlier versions had (its config says so; it records a few ops differently,
-    docs/tracer.md, "Dumps made with the op observer"), else "dispatch"."""
+    observer (its config says so; it records a few ops differently, docs/tracer.md, "Dumps
+    made with the op observer"), else "dispatch" (the one capture)."""
     return "observer" if config_of(attrs).get("op_capture") == "observer" else "dispatch"
 
 
