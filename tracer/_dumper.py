@@ -100,9 +100,9 @@ def _values(t: torch.Tensor) -> torch.Tensor:
     except RuntimeError:  # a subclass without storage that refuses to give a data pointer
         pass
     with torch.no_grad():
-        local = _local(t.detach())
-        if local is not t and type(local) in (_Tensor, _Parameter):
-            return local
+        t = _local(t.detach())
+        if type(t) is _Tensor or type(t) is _Parameter:
+            return t
         return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
 
 
