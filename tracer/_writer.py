@@ -29,6 +29,7 @@ from tracer._format import StepFile, root_attrs, step_path
 from tracer._layout import stored_extent
 from tracer._lock import claim_rank
 from tracer._queued import QueuedRows
+from tracer._source import Site
 from tracer._stats import (copy_stats_into, decode_packed, dense_span, device_stats, dtype_name,
                            element_bits, empty_stats, host_stats, memory_span,
                            refresh_stats_threads, shape_str)
@@ -588,7 +589,7 @@ class Writer:
         zeros, checksum = stats["zeros"], stats["checksum"]
         row = (seq, name, module, op, phase, direction, index, call, dtype_s, shape_s, numel, mn,
                mx, mean, norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes,
-               strides)
+               strides, source.caller if type(source) is Site else "")
         return put_row(self, file, step, row)
 
     def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
