@@ -39,6 +39,9 @@ def register(subparsers: Any) -> None:
     show.add_argument("--csv", metavar="FILE", help="also write every column to FILE as CSV")
     show.add_argument("--json", action="store_true", help="print JSON records, every column")
     show.set_defaults(run=_show)
+    from sleuth._cmd_dump_export import add_parser as add_export
+
+    add_export(sub)
     p.set_defaults(run=lambda args: _usage(p))
 
 

@@ -25,6 +25,8 @@ _EXPORTS: dict[str, str] = {
     "open_dump": "tracer.storage._reader",
     "Dump": "tracer.storage._reader",
     "RawTensor": "tracer.storage._reader",
+    "export_parquet": "tracer.storage._export",
+    "read_export": "tracer.storage._export",
     # diff and checks
     "diff": "tracer.analysis._diff",
     "DiffResult": "tracer.analysis._diff",
