@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     # diff and checks
     "diff": "tracer.analysis._diff",
     "DiffResult": "tracer.analysis._diff",
+    "diff_ranks": "tracer.analysis._ranks",
+    "RankDiffResult": "tracer.analysis._ranks",
     "Tolerance": "tracer.analysis._compare",
     "check": "tracer.analysis._check",
     "first_nan_origin": "tracer.analysis._check",

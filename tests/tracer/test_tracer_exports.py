@@ -9,8 +9,8 @@ import tracer
 
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
-    "Dumper", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError", "WatchConfig",
-    "WatchpointHit", "attach_from_env", "check", "diff", "export_parquet",
+    "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError", "WatchConfig",
+    "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks", "export_parquet",
     "first_nan_origin", "open_dump", "read_export",
 ]
 
