@@ -34,12 +34,12 @@ from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
-from tracer._flight import describe_exception, disarm_flight_recorder, on_crash
-from tracer._module_hooks import ModuleTracker, tool_range
-from tracer._scaler import on_scaler_update
-from tracer._scaler import rewrap as rewrap_scalers
-from tracer._source import user_source
-from tracer._stats import copy_stats, difference_stats
+from tracer.analysis._flight import describe_exception, disarm_flight_recorder, on_crash
+from tracer.capture._module_hooks import ModuleTracker, tool_range
+from tracer.capture._scaler import on_scaler_update
+from tracer.capture._scaler import rewrap as rewrap_scalers
+from tracer.capture._source import Site, user_source
+from tracer.storage._stats import copy_stats, difference_stats
 
 _graph_task_id = torch._C._current_graph_task_id
 # bumps a tensor's version counter after a write torch did not see (the fused kernels')
@@ -48,13 +48,13 @@ _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_
 
 
 def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
-    from tracer._writer import make_writer
+    from tracer.storage._writer import make_writer
 
     return make_writer(config, rank=rank, world_size=world_size)
 
 
 def _record_meta() -> Any:
-    from tracer._writer import RecordMeta
+    from tracer.storage._writer import RecordMeta
 
     return RecordMeta
 
@@ -227,7 +227,7 @@ class Dumper:
         _live.add(self)
         self._tracker = ModuleTracker(self, model)
         if self.config.level in ("op", "mix"):
-            from tracer._op_mode import OpMode
+            from tracer.capture._op_mode import OpMode
 
             self._mode = OpMode(self, self._tracker)
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -372,12 +372,13 @@ class Dumper:
                     self._open_step()
                 meta, add = self._meta, self._add
                 prefix = f"{scope}.{phase}.{call}.{direction}."
+                caller = source.caller if type(source) is Site else ""
                 for i, t in enumerate(tensors, first):
                     if type(t) is not _Tensor and type(t) is not _Parameter:
                         t = _values(t)  # a tensor subclass
-                    # RecordMeta(name, module, op, phase, direction, index, call, source)
-                    add(meta(prefix + str(i), module, op, phase, direction, i, call, source), t,
-                        stable, version, stats, defer)
+                    # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
+                    add(meta(prefix + str(i), module, op, phase, direction, i, call, source,
+                             caller), t, stable, version, stats, defer)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:
@@ -425,12 +426,12 @@ class Dumper:
         if self._writer is None:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
-            from tracer._writer import Writer
+            from tracer.storage._writer import Writer
 
             # a tracer writer takes the full call; a stand-in gets the plain one
             self._takes_stats = isinstance(self._writer, Writer)
             self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
-            from tracer._watch import install_watch
+            from tracer.analysis._watch import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
             install_watch(self._writer, self.config)
@@ -555,7 +556,7 @@ class Dumper:
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning
         and a line in the rank's notes.jsonl, both with the number of records dropped."""
-        from tracer._format import step_path
+        from tracer.storage._format import step_path
 
         records = self._writer.next_seq
         self._writer.end_step(drop=True)
@@ -616,24 +617,25 @@ class Dumper:
         # the update's values are needed unless a tracer writer keeps only the statistics
         materialize = self.config.mode != "statistics" or not self._takes_stats
         prefix = f".optimizer.{call}."
+        caller = source.caller if type(source) is Site else ""
         for name, owner, p in params:
             before, before_stats = self._snapshots.get(id(p), (None, None)) if with_update \
                 else (None, None)
-            # RecordMeta(name, module, op, phase, direction, index, call, source)
-            add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source),
-                before if before is not None else _local(p.detach()), True, None, before_stats,
-                False)
+            # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
+            add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source,
+                     caller), before if before is not None else _local(p.detach()), True, None,
+                before_stats, False)
             if p.grad is not None:
                 # measured on the helper thread while this loop goes on (when large); settled in
                 # `_record_params`, before user code could write the gradient again
                 add(meta(f"{name}{prefix}grad.0", owner, "", "optimizer", "grad", 0, call,
-                         source), _local(p.grad.detach()), True, None, None, True)
+                         source, caller), _local(p.grad.detach()), True, None, None, True)
             if before is None:
                 continue
             # after the param record: with bytes kept, the difference goes into `before`
             update, update_stats = self._update(_local(p.detach()), before, materialize)
             add(meta(f"{name}{prefix}update.0", owner, "", "optimizer", "update", 0, call,
-                     source), update, True, None, update_stats, False)
+                     source, caller), update, True, None, update_stats, False)
 
     @staticmethod
     def _update(p: torch.Tensor, before: torch.Tensor, materialize: bool

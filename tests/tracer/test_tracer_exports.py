@@ -9,8 +9,9 @@ import tracer
 
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
-    "Dumper", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError", "WatchConfig",
-    "WatchpointHit", "attach_from_env", "check", "diff", "first_nan_origin", "open_dump",
+    "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError", "WatchConfig",
+    "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks", "export_parquet",
+    "first_nan_origin", "open_dump", "read_export",
 ]
 
 

@@ -23,16 +23,15 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
-from tracer._fastpath import NOT_HERE, put_row, stats_row
-from tracer._fastpath import available as lean_available
-from tracer._format import StepFile, root_attrs, step_path
-from tracer._layout import stored_extent
-from tracer._lock import claim_rank
-from tracer._queued import QueuedRows
-from tracer._source import Site
-from tracer._stats import (copy_stats_into, decode_packed, dense_span, device_stats, dtype_name,
-                           element_bits, empty_stats, host_stats, memory_span,
-                           refresh_stats_threads, shape_str)
+from tracer.storage._fastpath import NOT_HERE, put_row, stats_row
+from tracer.storage._fastpath import available as lean_available
+from tracer.storage._format import StepFile, root_attrs, step_path
+from tracer.storage._layout import stored_extent
+from tracer.storage._lock import claim_rank
+from tracer.storage._queued import QueuedRows
+from tracer.storage._stats import (copy_stats_into, decode_packed, dense_span, device_stats,
+                                   dtype_name, element_bits, empty_stats, host_stats, memory_span,
+                                   refresh_stats_threads, shape_str)
 
 
 class RecordMeta(NamedTuple):
@@ -46,13 +45,14 @@ class RecordMeta(NamedTuple):
     index: int
     call: int
     source: str
+    caller: str = ""
 
 
 def make_writer(config: DumpConfig, *, rank: int, world_size: int) -> Writer:
     """The writer `config.writer` names, writing under `config.run_dir()`."""
     if config.writer == "sync":
         return SyncWriter(config, rank=rank, world_size=world_size)
-    from tracer._async import AsyncWriter
+    from tracer.storage._async import AsyncWriter
 
     return AsyncWriter(config, rank=rank, world_size=world_size)
 
@@ -582,14 +582,14 @@ class Writer:
                 release()
             if share is not None and share[1] is None:
                 share[1] = (offset, nbytes, strides)
-        name, module, op, phase, direction, index, call, source = meta
+        name, module, op, phase, direction, index, call, source, caller = meta
         dtype_s, shape_s = dtype_name(dtype), shape_str(shape)
         mn, mx, mean, norm = stats["min"], stats["max"], stats["mean"], stats["norm"]
         nan, posinf, neginf = stats["nan"], stats["posinf"], stats["neginf"]
         zeros, checksum = stats["zeros"], stats["checksum"]
         row = (seq, name, module, op, phase, direction, index, call, dtype_s, shape_s, numel, mn,
                mx, mean, norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes,
-               strides, source.caller if type(source) is Site else "")
+               strides, caller)
         return put_row(self, file, step, row)
 
     def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,

@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tracer import _stats
-from tracer._source import Site
-from tracer._stats import _STATS_CODES, _fused_dict, dtype_name, shape_str
+from tracer.storage import _stats
+from tracer.storage._stats import _STATS_CODES, _fused_dict, dtype_name, shape_str
 
 if TYPE_CHECKING:
-    from tracer._writer import RecordMeta, Writer
+    from tracer.storage._writer import RecordMeta, Writer
 
 NOT_HERE = object()
 """`stats_row`'s answer for a record it does not take (the caller goes the general way)."""
@@ -84,11 +83,11 @@ def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta
                                 code)
             if holder is not None:
                 holder[0] = stats
-    name, module, op, phase, direction, index, call, source = meta
+    name, module, op, phase, direction, index, call, source, caller = meta
     row = (seq, name, module, op, phase, direction, index, call, dtype_name(dtype),
            shape_str(t.shape), n, stats["min"], stats["max"], stats["mean"],
            stats["norm"], stats["nan"], stats["posinf"], stats["neginf"], stats["zeros"],
-           stats["checksum"], source, -1, 0, "", source.caller if type(source) is Site else "")
+           stats["checksum"], source, -1, 0, "", caller)
     return put_row(writer, target, step, row)
 
 
