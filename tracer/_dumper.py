@@ -35,6 +35,7 @@ from torch.optim import optimizer as _optim
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
 from tracer.analysis._flight import describe_exception, disarm_flight_recorder, on_crash
+from tracer.capture._compiled import EagerWhileDumped
 from tracer.capture._module_hooks import ModuleTracker, tool_range
 from tracer.capture._scaler import on_scaler_update
 from tracer.capture._scaler import rewrap as rewrap_scalers
@@ -221,6 +222,7 @@ class Dumper:
         self._handles: list[Any] = []
         self._failed = False
         self._mode: Any = None
+        self._eager = EagerWhileDumped()
         self.enabled = self.config.wants_rank(self.rank)
         if not self.enabled:
             return
@@ -469,6 +471,7 @@ class Dumper:
             handle.remove()
         self._handles = []
         self._tracker.remove()
+        self._eager.leave()
         mode = self._mode
         if pop_mode and mode is not None and mode.on_top():
             mode.pop()
@@ -492,9 +495,11 @@ class Dumper:
         if self._mode is not None:
             self._mode.push()
         self.capturing = True
+        self._eager.enter(self.current_step)
 
     def _uninstall(self) -> None:
         self.capturing = False
+        self._eager.leave()
         if self._mode is not None:
             self._mode.pop()
         self._tracker.remove()
