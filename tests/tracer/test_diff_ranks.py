@@ -113,3 +113,29 @@ def test_a_scheduler_that_is_not_there_is_a_clear_error(pair, capsys):
     err = capsys.readouterr().err
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in err
     assert "Traceback" not in err
+
+
+def test_each_rank_task_reads_its_own_rank(pair, monkeypatch):
+    """A task opens its rank's folder, never the other ranks' files (n ranks must not cost n^2
+    file opens), and a step missing on one rank is still named with its full path."""
+    from tracer.storage import _reader
+
+    a, b = pair
+    (b / "dump" / "rank1" / "step3.h5").unlink()
+    opened: list[str] = []
+    real = _reader._probe
+
+    def probe(path, rank, step):
+        opened.append(str(path))
+        return real(path, rank, step)
+
+    monkeypatch.setattr(_reader, "_probe", probe)
+    from tracer.analysis._ranks import diff_one_rank
+
+    res = diff_one_rank(2, str(a), str(b), None, tracer.Tolerance(), False)
+    assert opened and all("/rank2/" in p for p in opened)
+    res = diff_one_rank(1, str(a), str(b), None, tracer.Tolerance(), False)
+    assert res["status"] == "diverged" and res["exit_code"] == 1
+    missing = [p for p in res["problems"] if p["state"] == "missing"]
+    assert [(p["side"], p["step"], p["path"]) for p in missing] == [
+        ("B", 3, str(b / "dump" / "rank1" / "step3.h5"))]

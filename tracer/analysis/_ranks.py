@@ -164,8 +164,8 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # what could not be read comes back as problems
         try:
-            res = diff(a, b, step=step, rank=rank, b_rank=rank, tolerance=tol,
-                       allow_missing=allow_missing)
+            res = diff(_rank_path(a, rank), _rank_path(b, rank), step=step, rank=rank,
+                       b_rank=rank, tolerance=tol, allow_missing=allow_missing)
         except DiffError as e:  # e.g. a rank whose files are all damaged on one side
             return dict(rank=rank, status="incomplete", exit_code=2, first_divergence=None,
                         counts={}, problems=[], steps=[], notes=[], error=str(e))
@@ -173,6 +173,19 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
     return dict(rank=rank, status=res.status, exit_code=res.exit_code, first_divergence=fd,
                 counts=res.counts(), problems=[p.to_dict() for p in res.problems],
                 steps=res.steps, notes=res.notes, error="")
+
+
+def _rank_path(root: str, rank: int) -> str:
+    """The rank's own folder when the dump names its run (dump/dump.json), so that a task
+    reads one rank's files instead of probing every rank's (which would make n ranks cost n^2
+    file opens); the whole dump otherwise, where the run's files are told apart by the newest
+    file of all ranks."""
+    from tracer.storage._lock import RUN_FILE
+
+    d = Path(root) / "dump" if (Path(root) / "dump").is_dir() else Path(root)
+    if (d / RUN_FILE).is_file() and (d / f"rank{rank}").is_dir():
+        return str(d / f"rank{rank}")
+    return root
 
 
 def _on_pool(n: int, ranks: list[int], args: dict[str, Any],
