@@ -9,7 +9,7 @@ import tracer.storage._writer as writer_module
 from models import stranger_models, train_and_dump
 from tracer._config import DumpConfig
 from tracer.storage._stats import fused_available
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 pytestmark = pytest.mark.skipif(not fused_available(),
                                 reason="the fast path needs the C kernel (tracer/_fused.c)")

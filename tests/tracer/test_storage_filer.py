@@ -15,7 +15,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError
 from tracer.storage._reader import open_dump
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 
 def meta(i: int) -> RecordMeta:

@@ -10,7 +10,7 @@ import torch
 import shutil
 
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, fused_available,
-                           host_stats, numpy_host_stats)
+                                   host_stats, numpy_host_stats)
 
 INF, NAN = math.inf, math.nan
 
@@ -297,7 +297,7 @@ def count_statistics(monkeypatch) -> list:
 
 def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     from tracer._config import DumpConfig
-    from tracer.storage._writer import RecordMeta, make_writer
+    from tracer.storage import RecordMeta, make_writer
 
 
     calls = count_statistics(monkeypatch)
@@ -337,7 +337,7 @@ def test_view_outputs_take_their_base_version(tmp_path, monkeypatch):
     mode returns; the mode passes the base's version, so the view reuses the base's statistics,
     and a later view of the changed base does not reuse stale ones."""
     from tracer._config import DumpConfig
-    from tracer.storage._writer import RecordMeta, make_writer
+    from tracer.storage import RecordMeta, make_writer
 
     calls = count_statistics(monkeypatch)
     rows = []

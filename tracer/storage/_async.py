@@ -54,9 +54,9 @@ from tracer.storage._filer import shared_file_process
 from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                           fused_available, host_stats, refresh_stats_threads)
+                                   fused_available, host_stats, refresh_stats_threads)
 from tracer.storage._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
-                            snapshot_stats)
+                                    snapshot_stats)
 
 _STOP = ("stop",)
 

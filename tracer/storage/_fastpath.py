@@ -18,15 +18,25 @@ come from the kernel's result as `host_stats` makes them (`_stats._fused_dict`).
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 import torch
 
 from tracer.storage import _stats
+from tracer.storage._format import RecordMeta
 from tracer.storage._stats import _STATS_CODES, _fused_dict, dtype_name, shape_str
 
-if TYPE_CHECKING:
-    from tracer.storage._writer import RecordMeta, Writer
+
+class Writer(Protocol):
+    """What the fast path reads of a writer (tracer.storage._writer.Writer, which imports this
+    module, so it is described here rather than imported)."""
+
+    rank: int
+    keep_bytes: bool
+    row_sinks: list[Callable[[tuple, int], None]]
+    observers: list[Callable[[dict], None]]
+    _seen: dict
+    _waiting: Any
 
 NOT_HERE = object()
 """`stats_row`'s answer for a record it does not take (the caller goes the general way)."""

@@ -24,7 +24,7 @@ import os
 import zlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import h5py
 import numpy as np
@@ -45,6 +45,20 @@ RECORD_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 RECORD_DTYPE = np.dtype(list(RECORD_COLUMNS))
 RECORD_FIELDS = tuple(name for name, _ in RECORD_COLUMNS)
+
+
+class RecordMeta(NamedTuple):
+    """Who made a record; the capture side fills it (see docs/dump-format.md for each column)."""
+
+    name: str
+    module: str
+    op: str
+    phase: str
+    direction: str
+    index: int
+    call: int
+    source: str
+
 
 HIT_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("seq", np.int64), ("name", _STR), ("condition", _STR), ("value", np.float64),

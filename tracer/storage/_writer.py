@@ -25,35 +25,13 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._fastpath import NOT_HERE, put_row, stats_row
 from tracer.storage._fastpath import available as lean_available
-from tracer.storage._format import StepFile, root_attrs, step_path
+from tracer.storage._format import RecordMeta, StepFile, root_attrs, step_path
 from tracer.storage._layout import stored_extent
 from tracer.storage._lock import claim_rank
 from tracer.storage._queued import QueuedRows
 from tracer.storage._stats import (copy_stats_into, decode_packed, dense_span, device_stats,
                                    dtype_name, element_bits, empty_stats, host_stats, memory_span,
                                    refresh_stats_threads, shape_str)
-
-
-class RecordMeta(NamedTuple):
-    """Who made a record; the capture side fills it (see docs/dump-format.md for each column)."""
-
-    name: str
-    module: str
-    op: str
-    phase: str
-    direction: str
-    index: int
-    call: int
-    source: str
-
-
-def make_writer(config: DumpConfig, *, rank: int, world_size: int) -> Writer:
-    """The writer `config.writer` names, writing under `config.run_dir()`."""
-    if config.writer == "sync":
-        return SyncWriter(config, rank=rank, world_size=world_size)
-    from tracer.storage._async import AsyncWriter
-
-    return AsyncWriter(config, rank=rank, world_size=world_size)
 
 
 class StagingPool:
@@ -309,7 +287,7 @@ class Writer:
         self._recent: deque | None = deque(maxlen=_RECENT_SPANS) if self.keep_bytes else None
         # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
         self._same: dict[int, tuple] = {}
-        self._waiting = QueuedRows(self)
+        self._waiting = QueuedRows(self._record, self._deliver)
         self._seq = 0  # the step's next record number (`next_seq`)
         # statistics mode with the kernel: most records take tracer._fastpath
         self._lean = lean_available(self)
