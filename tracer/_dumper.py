@@ -5,8 +5,8 @@ A Dumper counts steps, and while the current step is selected it installs the mo
 unselected step costs only torch's global optimizer hooks. Step rule (DESIGN.md, the one
 definition for the trainer, plain loops and `sleuth run`): a step begins when the previous
 ``optimizer.step()`` of any optimizer returns, or ``GradScaler.update()`` after an iteration
-whose optimizer step the scaler skipped (tracer._scaler), and ends when its own does, until the
-script calls ``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps
+whose optimizer step the scaler skipped (tracer.capture._scaler), and ends when its own does, until
+the script calls ``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps
 (and each optimizer step inside a step adds one more ``call`` of parameter records).
 
 What runs after the last optimizer step (``loss.item()``, ``zero_grad``, logging, a final
@@ -301,7 +301,7 @@ class Dumper:
         `stats`: statistics computed already (see `Writer.add`). `defer`: nothing writes the
         tensor until the queue is settled (a gradient handed to a backward hook: settled when
         the backward pass ends; a parameter's gradient in `_record_params`: settled there), so
-        its statistics may be taken on the helper thread meanwhile (tracer._queued).
+        its statistics may be taken on the helper thread meanwhile (tracer.storage._queued).
         """
         if self._busy or not self.capturing:
             return
@@ -547,7 +547,7 @@ class Dumper:
                       stacklevel=4)
 
     def _crashed(self, reason: str) -> None:
-        """The process is dying (an uncaught exception, SIGTERM; tracer._flight's hooks):
+        """The process is dying (an uncaught exception, SIGTERM; tracer.analysis._flight's hooks):
         write the open step, marked interrupted, while it still can."""
         if not self._closed and self.enabled:
             self.close(interrupted=reason)

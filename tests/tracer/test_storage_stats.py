@@ -146,8 +146,8 @@ def test_float32_overflowing_sum_is_redone_wide():
 
 
 def test_the_c_kernel_is_built_where_a_compiler_is():
-    # the install builds tracer/_fused.c (setup.py; install.sh also in place for the checkout):
-    # without this, every statistics test above would quietly test only the numpy path
+    # the install builds tracer/storage/_fused.c (setup.py; install.sh also in place for the
+    # checkout): without this, every statistics test above would quietly test only the numpy path
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the tracer runs on its numpy path")
     assert fused_available(), "tracer.storage._fused is missing: run bash scripts/install.sh"
@@ -263,7 +263,7 @@ def test_reused_statistics_match_the_stored_tensor(tmp_path, writer):
 def count_statistics(monkeypatch) -> list:
     """A list that gets the element count of each tensor whose statistics a writer computes
     (not reused): counted at the kernel when it is built (the general path's host_stats and
-    tracer._fastpath both end there), else at host_stats."""
+    tracer.storage._fastpath both end there), else at host_stats."""
     import tracer.storage._async as async_module
     import tracer.storage._writer as writer_module
     from tracer.storage import _stats

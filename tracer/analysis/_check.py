@@ -311,7 +311,7 @@ def first_nan_origin(dump_or_path: Any, *, rank: int | None = None, step: int | 
     """Where the first NaN/Inf of a dump came from, in execution order (steps ascending, then
     forward, backward, optimizer): the op or module that made it from finite inputs, the
     in-place op that wrote it into a finite tensor, or the value no dumped call made
-    (tracer._origin says how). Values that a later op absorbs (a causal mask's -inf before
+    (tracer.analysis._origin says how). Values that a later op absorbs (a causal mask's -inf before
     softmax) and records matching `nan_allow` (or the dump config's) are passed over.
 
     Returns a dict (name, module, op, phase, step, rank, source, seq, counts, values, kind,

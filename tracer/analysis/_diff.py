@@ -4,8 +4,8 @@ diverges, in execution order.
 The diff streams: statistics tables are read whole (no tensor bytes), tensors are read in
 bounded chunks straight from the packed `/tensors` dataset, so a dump larger than RAM costs one
 chunk of memory per side. Only numpy, h5py and pandas are used here, never torch. Which steps
-are compared, and what could not be, is decided in tracer._diff_plan; tensor bytes are read and
-checked in tracer._diff_read.
+are compared, and what could not be, is decided in tracer.analysis._diff_plan; tensor bytes are read
+and checked in tracer.analysis._diff_read.
 """
 from __future__ import annotations
 

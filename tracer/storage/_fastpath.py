@@ -1,8 +1,8 @@
 """The statistics-mode record in one function: the path most records of a statistics dump take.
 
-`Writer.add` (tracer._writer, tracer._async) is general: it plans shared bytes, snapshots,
-queued statistics and device copies, in five or six calls per record. In statistics mode, for
-a contiguous CPU tensor of a dtype the C kernel reads (float32, bfloat16, float16, the
+`Writer.add` (tracer.storage._writer, tracer.storage._async) is general: it plans shared bytes,
+snapshots, queued statistics and device copies, in five or six calls per record. In statistics mode,
+for a contiguous CPU tensor of a dtype the C kernel reads (float32, bfloat16, float16, the
 integers, bool), none of that applies: the record reuses the statistics of an earlier record
 of the same memory at the same version, or the kernel computes them, and its row is made. Most
 of a step's records are such (all 204 forward, backward and parameter records of the trainer's

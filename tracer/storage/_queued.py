@@ -20,8 +20,8 @@ see them in record order, and a record that reuses a queued record's statistics 
 queued tensor whose version counter moved before its statistics were collected was changed in
 place (by user code outside autograd's rules): that is warned about once, naming the record.
 Queued tensors are held until their statistics are computed; beyond `MAX_QUEUED_BYTES` the hook
-waits. Only when torch leaves a core free (`tracer._stats.STATS_THREADS` is 2): otherwise the
-helper would compete with torch's own threads. `SLEUTH_DEFER_STATS=0` takes every statistic in
+waits. Only when torch leaves a core free (`tracer.storage._stats.STATS_THREADS` is 2): otherwise
+the helper would compete with torch's own threads. `SLEUTH_DEFER_STATS=0` takes every statistic in
 the hook.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ from tracer.storage._stats import collect_stats, host_stats, stats_ready, submit
 
 ENABLED = env_switch("SLEUTH_DEFER_STATS")
 MIN_ELEMENTS = 1 << 16
-"""Smaller tensors are measured in the hook (tracer._fastpath): the kernel there (~16 us for
+"""Smaller tensors are measured in the hook (tracer.storage._fastpath): the kernel there (~16 us for
 64K float32) costs less than queueing a record, waiting for it and making its row later
 (~10-15 us of Python with the caches a training step leaves)."""
 MAX_QUEUED_BYTES = 256 << 20

@@ -2,11 +2,11 @@
 
 The capture side (tracer._dumper) calls `begin_step`, `add(meta, tensor)` per record and
 `end_step`; it never knows which writer it has. `SyncWriter` does all work in the calling thread
-and a step file is complete when `end_step` returns; `AsyncWriter` (tracer._async) only snapshots
-and enqueues. Both go through `Writer._record`, so both write the same content.
+and a step file is complete when `end_step` returns; `AsyncWriter` (tracer.storage._async) only
+snapshots and enqueues. Both go through `Writer._record`, so both write the same content.
 
 Records of a step are buffered (rows in a list, tensor bytes in memory or spilled to a side file)
-and written once at `end_step`: one `/records` table per step file, see tracer._format.
+and written once at `end_step`: one `/records` table per step file, see tracer.storage._format.
 """
 from __future__ import annotations
 
@@ -254,7 +254,7 @@ class Writer:
         step, where observers would be; no dict is built for them (the flight recorder)."""
         self.keep_bytes = config.mode in ("tensor", "full")
         self.run_dir = config.run_dir()
-        # one writer per rank, and only into a dump of this run (tracer._lock): taken at the
+        # one writer per rank, and only into a dump of this run (tracer.storage._lock): taken at the
         # first step, so a writer that never writes claims nothing
         self.run_id = ""
         self._rank_lock: Any = None
@@ -289,7 +289,7 @@ class Writer:
         self._same: dict[int, tuple] = {}
         self._waiting = QueuedRows(self._record, self._deliver)
         self._seq = 0  # the step's next record number (`next_seq`)
-        # statistics mode with the kernel: most records take tracer._fastpath
+        # statistics mode with the kernel: most records take tracer.storage._fastpath
         self._lean = lean_available(self)
 
     # -- API ---------------------------------------------------------------------------------
@@ -310,7 +310,7 @@ class Writer:
         `tensor` is then a CPU tensor that supplies dtype and shape, and its bytes only with
         mode tensor/full; such a record takes no part in reuse. `defer`: nothing writes the
         tensor again, so in statistics mode they may be taken on the helper thread while the
-        caller goes on (tracer._queued; rows are made by `settle`)."""
+        caller goes on (tracer.storage._queued; rows are made by `settle`)."""
         raise NotImplementedError
 
     @property
@@ -595,7 +595,7 @@ class Writer:
             observer(row)
 
     def _claim(self) -> None:
-        """Take this rank's lock and check that the dump there is this run's (tracer._lock),
+        """Take this rank's lock and check that the dump there is this run's (tracer.storage._lock),
         once, before the first step file: raises DumpLockedError or OtherRunError."""
         if self._rank_lock is None:
             self.run_id, self._rank_lock = claim_rank(
@@ -661,7 +661,7 @@ class SyncWriter(Writer):
 
     def _general_row(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
                      version: int | None, stats: dict | None, defer: bool) -> dict | None:
-        """`add`'s record where tracer._fastpath does not take it (see `Writer._plan`)."""
+        """`add`'s record where tracer.storage._fastpath does not take it (see `Writer._plan`)."""
         ticket = None
         if stats is not None:  # computed by the caller (see Writer.add)
             same = self._take_same(tensor) if self._same else None
