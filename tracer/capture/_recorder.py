@@ -19,10 +19,10 @@ class Recorder(Protocol):
 
     config: DumpConfig
     capturing: bool
-    """True while the current step is selected and hooks should record."""
+    """True while the hooks of a selected step are installed."""
     _busy: bool
-    """True while the Dumper itself runs tensor code (statistics, copies), which the hooks
-    must not record as the user's."""
+    """True while the Dumper runs its own work on tensors (handing records to the writer,
+    the parameter records), which the hooks must not record as the user's."""
 
     def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
              call: int, source: str, tensor: torch.Tensor, stable: bool = True,
