@@ -13,6 +13,7 @@ import math
 import sys
 from typing import Any
 
+from sleuth._cmd_diff_ranks import run_ranks, wants_ranks
 from sleuth.cli import CliError
 
 
@@ -30,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A", help="run directory, dump directory or step file")
     p.add_argument("b", metavar="B", help="the run to compare with")
     p.add_argument("--step", type=int, help="step of A (default: every step either dump holds; a step on one side only is a problem)")
-    p.add_argument("--rank", type=int, default=0, help="rank of A (default 0)")
+    p.add_argument("--rank", type=int, help="rank of A (default: every rank, each with the same "
+                   "rank of B, and the earliest divergence across ranks)")
     p.add_argument("--b-step", type=int, help="step of B when it differs from --step")
     p.add_argument("--b-rank", type=int, help="rank of B when it differs from --rank")
     p.add_argument("--rtol", type=float, help="relative tolerance (default: per dtype)")
@@ -42,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=10, help="worst records to list (default 10)")
     p.add_argument("--csv", metavar="FILE", help="write every record's row to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--workers", type=int, help="local processes for the ranks (default: one "
+                   "per core; 1: in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="run the ranks on this Dask "
+                   "scheduler (tcp://host:8786; default: $SLEUTH_DASK_SCHEDULER, else local "
+                   "processes); workers must see the dumps at the same paths")
     p.add_argument("--progress", action="store_true",
                    help="show progress on stderr (default: only when stderr is a terminal)")
     p.set_defaults(run=_run)
@@ -188,6 +195,10 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         tol = tracer.Tolerance(rtol=args.rtol, atol=args.atol, cosine_min=args.cosine_min)
+        if wants_ranks(args):
+            if args.csv:
+                raise CliError("--csv writes one rank pair's records: choose it with --rank R")
+            return run_ranks(args, tol)
         progress = args.progress or sys.stderr.isatty()
         result = tracer.diff(args.a, args.b, step=args.step, rank=args.rank,
                              b_step=args.b_step, b_rank=args.b_rank, tolerance=tol,

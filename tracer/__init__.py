@@ -31,6 +31,8 @@ _EXPORTS: dict[str, str] = {
     # diff and checks
     "diff": "tracer.analysis",
     "DiffResult": "tracer.analysis",
+    "diff_ranks": "tracer.analysis",
+    "RankDiffResult": "tracer.analysis",
     "Tolerance": "tracer.analysis",
     "check": "tracer.analysis",
     "first_nan_origin": "tracer.analysis",

@@ -12,9 +12,9 @@ import tracer.storage
 
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
-    "Dumper", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError", "WatchConfig",
-    "WatchpointHit", "attach_from_env", "check", "diff", "export_parquet",
-    "first_nan_origin", "open_dump", "read_export",
+    "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError",
+    "WatchConfig", "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks",
+    "export_parquet", "first_nan_origin", "open_dump", "read_export",
 ]
 
 
@@ -25,10 +25,11 @@ FACES = {
                 "config_of", "copy_stats", "decode_bits", "dense_strides", "difference_stats",
                 "element_size", "export_parquet", "make_writer", "op_capture_of", "open_dump",
                 "parse_shape", "read_export", "step_path", "stored_extent"],
-    "analysis": ["Coverage", "DiffResult", "TABLE_READ_ERRORS", "Tolerance", "WatchConfig",
-                 "check", "describe_exception", "describe_origin", "diff",
-                 "disarm_flight_recorder", "file_rows", "find_first_nan", "first_nan_origin",
-                 "install_watch", "on_crash", "read_flight_recorder", "validate_watch"],
+    "analysis": ["Coverage", "DiffResult", "RankDiffResult", "TABLE_READ_ERRORS", "Tolerance",
+                 "WatchConfig", "check", "describe_exception", "describe_origin", "diff",
+                 "diff_ranks", "disarm_flight_recorder", "dump_ranks", "file_rows",
+                 "find_first_nan", "first_nan_origin", "install_watch", "on_crash",
+                 "read_flight_recorder", "validate_watch"],
 }
 
 

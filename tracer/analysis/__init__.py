@@ -14,6 +14,9 @@ _EXPORTS: dict[str, str] = {
     "DiffResult": "tracer.analysis._diff",
     "diff": "tracer.analysis._diff",
     "Tolerance": "tracer.analysis._compare",
+    "RankDiffResult": "tracer.analysis._ranks",
+    "diff_ranks": "tracer.analysis._ranks",
+    "dump_ranks": "tracer.analysis._ranks",
     # check and the first NaN
     "Coverage": "tracer.analysis._check",
     "TABLE_READ_ERRORS": "tracer.analysis._check",

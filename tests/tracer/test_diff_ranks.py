@@ -1,0 +1,115 @@
+"""`sleuth diff` over every rank: each rank pair diffed (in this process, a local pool or a real
+Dask cluster), the earliest divergence across ranks named, every rank accounted for."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import tracer
+from sleuth.cli import main
+from tests.tracer.test_dump_cli import damage_records
+from tracer._config import DumpConfig
+from tracer.storage import RecordMeta, make_writer
+
+
+def write_run(root: Path, ranks: int, steps=(1, 2, 3), bump: dict | None = None) -> Path:
+    """A statistics dump of `ranks` ranks; `bump` maps (rank, step, layer) to a value added to
+    that record and to every later layer of that step (as an error carries forward)."""
+    bump = bump or {}
+    for rank in range(ranks):
+        w = make_writer(DumpConfig(path=str(root), writer="sync"), rank=rank, world_size=ranks)
+        for step in steps:
+            w.begin_step(step)
+            extra = 0.0
+            for i in range(4):
+                extra += bump.get((rank, step, i), 0.0)
+                w.add(RecordMeta(f"layers.{i}.forward.0.output.0", f"layers.{i}", "", "forward",
+                                 "output", 0, 0, f"model.py:{10 + i}"),
+                      torch.full((4, 4), float(i + step) + extra))
+            w.end_step()
+        w.close()
+    return root
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> tuple[Path, Path]:
+    a = write_run(tmp_path / "a", 4)
+    # rank 1 goes wrong at step 3, rank 2 earlier (step 2, layers.1): rank 2 is the answer
+    b = write_run(tmp_path / "b", 4, bump={(1, 3, 0): 1.0, (2, 2, 1): 0.5})
+    return a, b
+
+
+def test_earliest_divergence_across_ranks(pair):
+    res = tracer.diff_ranks(*pair, workers=1)
+    assert res.status == "diverged" and res.exit_code == 1
+    fd = res.earliest
+    assert (fd["rank"], fd["step"], fd["name"], fd["source"]) == (
+        2, 2, "layers.1.forward.0.output.0", "model.py:11")
+    status = {r["rank"]: r["status"] for r in res.ranks}
+    assert status == {0: "same", 1: "diverged", 2: "diverged", 3: "same"}
+    assert res.table() == {0: {1: "same", 2: "same", 3: "same"},
+                           1: {1: "same", 2: "same", 3: "diverged"},
+                           2: {1: "same", 2: "diverged", 3: "same"},
+                           3: {1: "same", 2: "same", 3: "same"}}
+
+
+def test_local_pool_equals_in_process(pair):
+    one = tracer.diff_ranks(*pair, workers=1).to_dict()
+    pool = tracer.diff_ranks(*pair, workers=2).to_dict()
+    assert one.pop("engine") == "in-process" and pool.pop("engine") == "local (2 processes)"
+    assert pool == one
+
+
+def test_dask_cluster_equals_local(pair):
+    distributed = pytest.importorskip("distributed")
+    local = tracer.diff_ranks(*pair, workers=1).to_dict()
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        on_dask = tracer.diff_ranks(*pair, scheduler=cluster.scheduler_address).to_dict()
+        workers = len(cluster.scheduler_info["workers"])
+    assert workers == 2
+    assert on_dask.pop("engine").startswith("dask tcp://127.0.0.1:")
+    local.pop("engine")
+    assert on_dask == local
+
+
+def test_cli_reports_every_rank(pair, capsys):
+    assert main(["diff", str(pair[0]), str(pair[1]), "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "status: DIVERGED   ranks: 4 compared (2 same, 2 diverged, 0 incomplete)" in out
+    assert "earliest divergence (compute): rank 2 step 2: layers.1.forward.0.output.0" in out
+    assert "source model.py:11" in out
+    assert main(["diff", str(pair[0]), str(pair[1]), "--workers", "1", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["earliest"]["rank"] == 2 and data["table"]["1"]["3"] == "diverged"
+    # one rank chosen: the one-pair report, as before
+    assert main(["diff", str(pair[0]), str(pair[1]), "--rank", "3"]) == 0
+    assert capsys.readouterr().out.startswith("status: SAME")
+
+
+def test_a_rank_on_one_side_or_unreadable_is_never_same(tmp_path, capsys):
+    a = write_run(tmp_path / "a", 3)
+    b = write_run(tmp_path / "b", 2)
+    res = tracer.diff_ranks(a, b, workers=1)
+    assert res.only_a == [2] and res.status == "diverged" and res.exit_code == 1
+    assert main(["diff", str(a), str(b), "--workers", "1"]) == 1
+    assert "rank(s) only in A, not compared: 2" in capsys.readouterr().out
+    c = write_run(tmp_path / "c", 3)
+    for step in (1, 2, 3):
+        damage_records(c / "dump" / "rank1" / f"step{step}.h5")
+    res = tracer.diff_ranks(a, c, workers=1)
+    assert res.status == "incomplete" and res.exit_code == 2
+    bad = next(r for r in res.ranks if r["rank"] == 1)
+    assert bad["status"] == "incomplete" and (bad["error"] or bad["problems"])
+    assert [r["status"] for r in res.ranks if r["rank"] != 1] == ["same", "same"]
+
+
+def test_a_scheduler_that_is_not_there_is_a_clear_error(pair, capsys):
+    pytest.importorskip("distributed")
+    assert main(["diff", str(pair[0]), str(pair[1]), "--scheduler", "tcp://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in err
+    assert "Traceback" not in err
