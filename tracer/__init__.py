@@ -8,7 +8,7 @@ maps a public name to the module or subpackage face that provides it; a test pin
 """
 from __future__ import annotations
 
-from tracer._lazy import lazy_exports
+from tracer._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # config and errors
@@ -40,4 +40,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -6,7 +6,7 @@ file. Names load lazily (tracer._lazy); a test pins this list.
 """
 from __future__ import annotations
 
-from tracer._lazy import lazy_exports
+from tracer._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "ModuleTracker": "tracer.capture._module_hooks",
@@ -18,4 +18,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)
