@@ -5,7 +5,6 @@ damaged, partial or interrupted are named in an error panel, and the status is t
 "same"."""
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import pandas as pd
@@ -44,22 +43,10 @@ def layout(ctx: Context, q: dict[str, str]) -> html.Div:
 
 def call_diff(root_a: Any, root_b: Any, rank: int | None, step: int | None,
               b_rank: int | None = None, b_step: int | None = None) -> Any:
-    """tracer.diff on two runs (or two ranks or steps of one run), passing rank/step and B's
-    rank/step when its signature takes them."""
-    fn = _data._api("tracer", "diff", "the diff page")
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    kwargs: dict[str, Any] = {}
-    if rank is not None and "rank" in params:
-        kwargs["rank"] = int(rank)
-    if step is not None and "step" in params:
-        kwargs["step"] = int(step)
-    if b_rank is not None and "b_rank" in params:
-        kwargs["b_rank"] = int(b_rank)
-    if b_step is not None and "b_step" in params:
-        kwargs["b_step"] = int(b_step)
+    """tracer.diff on two runs (or two ranks or steps of one run) with A's rank and step and
+    B's; one left None takes tracer.diff's default."""
+    chosen = {"rank": rank, "step": step, "b_rank": b_rank, "b_step": b_step}
+    kwargs = {k: int(v) for k, v in chosen.items() if v is not None}
     return _data.diff(root_a, root_b, **kwargs)
 
 

@@ -24,10 +24,10 @@ HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "directio
                "condition", "value", "origin")
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 _STEP_FILE = re.compile(r"^step(\d+)\.h5(?:\.partial)?$")
-# what a damaged HDF5 file raises while its tables are read: the reader's own error for a table
-# it recognises as damaged, and h5py's for metadata that does not read
-_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError,
-                RuntimeError)
+TABLE_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError,
+                     RuntimeError)
+"""What a damaged HDF5 file raises while its tables are read: the reader's own error for a table
+it recognises as damaged, and h5py's for metadata that does not read."""
 
 
 @dataclass
@@ -118,7 +118,7 @@ def read_steps(dump: Any, coverage: Coverage, *, rank: int | None = None,
         try:
             attrs = dump.attrs(r, s)
             df = dump.stats(r, s)
-        except _READ_ERRORS as e:
+        except TABLE_READ_ERRORS as e:
             coverage.unread.append({"path": path, "rank": r, "step": s,
                                     "reason": f"damaged: {type(e).__name__}: {e}"})
             continue
@@ -134,7 +134,7 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
     """One row per step file of a dump, unread ones included: rank, step, records,
     tensor_bytes, file_bytes, status ("complete", "interrupted", "damaged", "partial",
     "unreadable"), reason, path. Each /records table is read, so damage shows here."""
-    from tracer.storage._reader import Dump
+    from tracer.storage import Dump
 
     rows = []
     for r in dump.ranks:
@@ -148,7 +148,7 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
                     row.update(one.summary().iloc[0].to_dict())
                     row["status"], row["reason"] = step_status(one.attrs(r, s))
                     one.stats(r, s)
-            except _READ_ERRORS as e:
+            except TABLE_READ_ERRORS as e:
                 row["status"], row["reason"] = "damaged", f"{type(e).__name__}: {e}"
             row.pop("complete", None)
             rows.append(row)
@@ -198,7 +198,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
     """
     import pandas as pd
 
-    from tracer.storage._reader import open_dump
+    from tracer.storage import open_dump
 
     dump = path if hasattr(path, "stats") else open_dump(path)
     explicit = parse_watch(list(watch)) if watch is not None else None
@@ -230,7 +230,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
                              "origin": "offline"})
         try:
             live = dump.hits(r, s)
-        except _READ_ERRORS as e:
+        except TABLE_READ_ERRORS as e:
             coverage.unread.append({"path": str(dump.path(r, s)), "rank": r, "step": s,
                                     "reason": f"damaged /hits table: {type(e).__name__}: {e}"})
             continue
@@ -257,7 +257,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
 
 # -- first NaN ------------------------------------------------------------------------------------
 def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
-    from tracer.storage._reader import config_of
+    from tracer.storage import config_of
 
     configured = config_of(attrs).get("nan_allow") or ()
     try:
@@ -294,7 +294,7 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
                 return None
             try:
                 return finite_params(_rows(dump.stats(r, s - 1)))
-            except _READ_ERRORS:
+            except TABLE_READ_ERRORS:
                 return None
 
         origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
@@ -311,14 +311,14 @@ def first_nan_origin(dump_or_path: Any, *, rank: int | None = None, step: int | 
     """Where the first NaN/Inf of a dump came from, in execution order (steps ascending, then
     forward, backward, optimizer): the op or module that made it from finite inputs, the
     in-place op that wrote it into a finite tensor, or the value no dumped call made
-    (tracer._origin says how). Values that a later op absorbs (a causal mask's -inf before
+    (tracer.analysis._origin says how). Values that a later op absorbs (a causal mask's -inf before
     softmax) and records matching `nan_allow` (or the dump config's) are passed over.
 
     Returns a dict (name, module, op, phase, step, rank, source, seq, counts, values, kind,
     inputs, why, status, unread_before, ...) or None when the readable steps hold no NaN/Inf
     that counts. With several ranks, the earliest step wins. Unread files are only listed in
     `unread_before`; `check()` and `sleuth check` report them."""
-    from tracer.storage._reader import open_dump
+    from tracer.storage import open_dump
 
     dump = dump_or_path if hasattr(dump_or_path, "stats") else open_dump(dump_or_path)
     return find_first_nan(dump, Coverage(), rank=rank, step=step, nan_allow=nan_allow)

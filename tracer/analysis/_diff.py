@@ -4,8 +4,8 @@ diverges, in execution order.
 The diff streams: statistics tables are read whole (no tensor bytes), tensors are read in
 bounded chunks straight from the packed `/tensors` dataset, so a dump larger than RAM costs one
 chunk of memory per side. Only numpy, h5py and pandas are used here, never torch. Which steps
-are compared, and what could not be, is decided in tracer._diff_plan; tensor bytes are read and
-checked in tracer._diff_read.
+are compared, and what could not be, is decided in tracer.analysis._diff_plan; tensor bytes are read
+and checked in tracer.analysis._diff_read.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tracer.analysis._compare import Tolerance, compare_stats, nonfinite_differ
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
-from tracer.storage._reader import op_capture_of
+from tracer.storage import op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",

@@ -83,7 +83,7 @@ def dump_ranks(path: str | os.PathLike) -> list[int]:
     are all damaged is still a rank the user ran)."""
     import warnings
 
-    from tracer.storage._reader import open_dump
+    from tracer.storage import open_dump
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # damaged files are the per-rank diff's to report
