@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "Writer": "tracer.storage._writer",
     "make_writer": "tracer.storage._make_writer",
     # reading
+    "RUN_FILE": "tracer.storage._lock",
     "Dump": "tracer.storage._reader",
     "RawTensor": "tracer.storage._reader",
     "open_dump": "tracer.storage._reader",
