@@ -329,6 +329,31 @@ def diff(root_a: Path, root_b: Path, **kwargs: Any) -> Any:
                    _reading("the diff", lambda: run_diff(root_a, root_b, **kwargs)))
 
 
+def rank_diff(root_a: Path, root_b: Path, step: int | None = None) -> Any:
+    """`tracer.diff_ranks(a, b)`: every rank pair, the earliest divergence across ranks and the
+    rank x step table (in this process: a dashboard request never starts a pool)."""
+    for root in (root_a, root_b):
+        _need_dir(root, "dump", f"run {root.name!r} has no tensor dump to diff: run both with --dump CONFIG")
+    from tracer import diff_ranks
+
+    key = ("rank_diff", root_a, root_b, step)
+    return _cached(key, (dump_stamp(root_a), dump_stamp(root_b)),
+                   _reading("the diff over ranks",
+                            lambda: diff_ranks(root_a, root_b, step=step, workers=1)))
+
+
+def rank_count(root: Path) -> int:
+    """How many ranks the run's dump has (0 without a dump or when it does not open)."""
+    if not (root / "dump").is_dir():
+        return 0
+    from tracer.analysis import dump_ranks
+
+    try:
+        return len(_cached(("ranks", root), dump_stamp(root), lambda: dump_ranks(root)))
+    except Exception:  # noqa: BLE001 - the diff itself reports what does not read
+        return 0
+
+
 # ---------------------------------------------------------------- graphs
 
 
