@@ -139,3 +139,16 @@ def test_each_rank_task_reads_its_own_rank(pair, monkeypatch):
     missing = [p for p in res["problems"] if p["state"] == "missing"]
     assert [(p["side"], p["step"], p["path"]) for p in missing] == [
         ("B", 3, str(b / "dump" / "rank1" / "step3.h5"))]
+
+
+def test_streamed_diff_says_what_the_whole_diff_says(pair, tmp_path):
+    """keep_records=False (one step at a time, as every rank task runs) gives the same status,
+    first divergence, counts, steps, problems and notes as the diff that keeps every row."""
+    a, b = pair
+    (b / "dump" / "rank1" / "step1.h5").unlink()
+    for rank in (0, 1, 2):
+        whole = tracer.diff(a, b, rank=rank)
+        streamed = tracer.diff(a, b, rank=rank, keep_records=False)
+        assert streamed.records.empty and len(whole.records)
+        assert streamed.to_dict(records=False) == whole.to_dict(records=False), rank
+    assert tracer.diff(a, b, rank=2, keep_records=False).first_divergence["step"] == 2

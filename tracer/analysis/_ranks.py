@@ -7,7 +7,9 @@ already streams tensors in bounded chunks), run in this process, on a local proc
 a Dask distributed cluster that the user names, each task reading its rank's files where they
 lie (shared storage: the paths are made absolute before they are sent). A task returns only
 its summary (status, first divergence, counts, per-step rows, problems), never its record
-table, so memory in this process grows with the number of ranks, not with the dump's size.
+table, so memory in this process grows with the number of ranks, not with the dump's size;
+and a task compares one step at a time (`diff(keep_records=False)`), so its own memory holds
+one step's tables whatever the number of steps.
 
 The earliest divergence across ranks is the one with the lowest (step, parameter-before-compute,
 execution order) key: in data-parallel runs every rank runs the same program, so the seq
@@ -165,7 +167,8 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
         warnings.simplefilter("ignore")  # what could not be read comes back as problems
         try:
             res = diff(_rank_path(a, rank), _rank_path(b, rank), step=step, rank=rank,
-                       b_rank=rank, tolerance=tol, allow_missing=allow_missing)
+                       b_rank=rank, tolerance=tol, allow_missing=allow_missing,
+                       keep_records=False)
         except DiffError as e:  # e.g. a rank whose files are all damaged on one side
             return dict(rank=rank, status="incomplete", exit_code=2, first_divergence=None,
                         counts={}, problems=[], steps=[], notes=[], error=str(e))
