@@ -278,13 +278,20 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
                    step: int | None = None, nan_allow: Iterable[str] = ()
                    ) -> dict[str, Any] | None:
     """`first_nan_origin` on an open Dump, filling `coverage` with what it read and could not.
-    The answer carries `unread_before`: unread files whose step may come before it."""
+    The answer carries `unread_before`: unread files whose step may come before it.
+
+    Across ranks, the earliest step wins; within that step every rank's origin is found and
+    the one earliest in execution order (seq: data-parallel ranks run the same program) is the
+    answer, so a NaN one rank makes and the others receive through a collective is blamed on
+    the rank that made it, not on the lowest rank number. The others are listed under
+    `other_ranks` (rank, name, kind, seq, source)."""
     patterns = _as_str_tuple("nan_allow", list(nan_allow))
     found: dict[str, Any] | None = None
+    others: list[dict[str, Any]] = []
     for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step, by_step=True):
         if found is not None and s > found["step"]:
             break  # an earlier step already holds the origin
-        if found is not None or not len(df):
+        if not len(df):
             continue
         if not ((df["nan"] > 0) | (df["posinf"] > 0) | (df["neginf"] > 0)).any():
             continue
@@ -300,9 +307,17 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
         origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
         if origin is not None:
             status, reason = step_status(attrs)
-            found = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason}
+            here = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason}
+            if found is None or (int(here["seq"]), r) < (int(found["seq"]), found["rank"]):
+                if found is not None:
+                    others.append(found)
+                found = here
+            else:
+                others.append(here)
     if found is not None:
         found["unread_before"] = coverage.unread_before(found["step"])
+        found["other_ranks"] = [{k: o.get(k) for k in ("rank", "name", "kind", "seq", "source")}
+                                for o in sorted(others, key=lambda o: (int(o["seq"]), o["rank"]))]
     return found
 
 
@@ -333,6 +348,13 @@ def describe_origin(o: dict[str, Any]) -> str:
     status = "" if o.get("status", "complete") == "complete" else \
         f" (step {o['status']}: {o.get('status_reason') or 'no reason recorded'})"
     where = o["source"] or "unknown source"
-    return (f"first {o.get('values', 'NaN/Inf')}: {o['name']} ({op}{module}, {o['phase']}, "
+    text = (f"first {o.get('values', 'NaN/Inf')}: {o['name']} ({op}{module}, {o['phase']}, "
             f"step {o['step']}{status}, rank {o['rank']}) at {where}: {counts} of {o['numel']} "
             f"elements; {o['why']}")
+    later = o.get("other_ranks") or []
+    if later:
+        shown = "; ".join(f"rank {x['rank']} at {x['name']}" for x in later[:4])
+        more = f" and {len(later) - 4} more" if len(later) > 4 else ""
+        text += (f". Later in that step (in execution order) {len(later)} other rank(s) hold "
+                 f"non-finite values, received or made after it: {shown}{more}")
+    return text
