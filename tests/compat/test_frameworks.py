@@ -19,6 +19,7 @@ pytestmark = pytest.mark.compat
 
 FRAMEWORKS = [
     Framework("nanogpt", "nanogpt.py"),
+    Framework("hf_trainer", "hf_trainer.py"),
 ]
 BY_NAME = {fw.name: fw for fw in FRAMEWORKS}
 XFAIL: dict[tuple[str, str], str] = {}
