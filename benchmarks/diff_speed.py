@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def write_dump(run: Path, tensors: list[np.ndarray], mode: str = "tensor") -> Path:
-    from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+    from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
 
     sf = StepFile(step_path(run, 0, 0), root_attrs(rank=0, world_size=1, step=0, level="module",
                                                    mode=mode, config={}),

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tracer_overhead as bench  # noqa: E402  (the tiny model)
 
 import tracer  # noqa: E402
-from tracer import _async, _writer  # noqa: E402
+from tracer.storage import _async, _writer  # noqa: E402
 
 
 class AddTimer:
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not tracer._stats.fused_available():
+    if not tracer.storage._stats.fused_available():
         print(json.dumps({"benchmark": "record_cost", "skipped": "the C kernel is not built"}))
         return 0
     work = Path(tempfile.mkdtemp(prefix="sleuth_record_cost_"))

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from tracer._config import DumpConfig  # noqa: E402
-from tracer._stats import host_stats  # noqa: E402
-from tracer._writer import RecordMeta, make_writer  # noqa: E402
+from tracer.storage._stats import host_stats  # noqa: E402
+from tracer.storage._writer import RecordMeta, make_writer  # noqa: E402
 
 
 def meta(i: int) -> RecordMeta:

@@ -97,7 +97,7 @@ def _clean(v: Any) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tracer._check import Coverage, check, describe_origin, find_first_nan
+    from tracer.analysis._check import Coverage, check, describe_origin, find_first_nan
     from tracer._errors import TracerError
     from sleuth._cmd_dump import _open
 

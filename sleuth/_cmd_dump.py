@@ -39,6 +39,9 @@ def register(subparsers: Any) -> None:
     show.add_argument("--csv", metavar="FILE", help="also write every column to FILE as CSV")
     show.add_argument("--json", action="store_true", help="print JSON records, every column")
     show.set_defaults(run=_show)
+    from sleuth._cmd_dump_export import add_parser as add_export
+
+    add_export(sub)
     p.set_defaults(run=lambda args: _usage(p))
 
 
@@ -92,7 +95,7 @@ def _human(n: int) -> str:
 def _ls(args: argparse.Namespace) -> int:
     import json
 
-    from tracer._check import file_rows
+    from tracer.analysis._check import file_rows
 
     d = _open(args.path)
     rows = sorted(file_rows(d), key=lambda r: (r["rank"] is None, r["rank"] or 0,
@@ -163,7 +166,7 @@ def _notes(rows: list[dict]) -> list[dict]:
 def _captured(d, rank: int, step: int) -> str:
     """How the first step file was dumped: level, mode and writer (and the op capture of a
     file written through the compiled op observer, which records a few ops differently)."""
-    from tracer._reader import config_of, op_capture_of
+    from tracer.storage._reader import config_of, op_capture_of
 
     attrs = d.attrs(rank, step)
     capture = op_capture_of(attrs)
@@ -177,7 +180,7 @@ def _show(args: argparse.Namespace) -> int:
     import re
 
     import tracer
-    from tracer._check import _READ_ERRORS
+    from tracer.analysis._check import _READ_ERRORS
 
     d = _open(args.path)
     rank = args.rank if args.rank is not None else (d.ranks[0] if d.ranks else 0)

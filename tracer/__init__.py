@@ -22,16 +22,18 @@ _EXPORTS: dict[str, str] = {
     "Dumper": "tracer._dumper",
     "attach_from_env": "tracer._attach",
     # reading
-    "open_dump": "tracer._reader",
-    "Dump": "tracer._reader",
-    "RawTensor": "tracer._reader",
+    "open_dump": "tracer.storage._reader",
+    "Dump": "tracer.storage._reader",
+    "RawTensor": "tracer.storage._reader",
+    "export_parquet": "tracer.storage._export",
+    "read_export": "tracer.storage._export",
     # diff and checks
-    "diff": "tracer._diff",
-    "DiffResult": "tracer._diff",
-    "Tolerance": "tracer._compare",
-    "check": "tracer._check",
-    "first_nan_origin": "tracer._check",
-    "WatchConfig": "tracer._watch",
+    "diff": "tracer.analysis._diff",
+    "DiffResult": "tracer.analysis._diff",
+    "Tolerance": "tracer.analysis._compare",
+    "check": "tracer.analysis._check",
+    "first_nan_origin": "tracer.analysis._check",
+    "WatchConfig": "tracer.analysis._watch",
 }
 
 __all__ = sorted(_EXPORTS)

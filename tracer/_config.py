@@ -381,9 +381,9 @@ def _check_watch(watch: Any) -> tuple[dict, ...]:
     watch = tuple(dict(w) for w in watch)
     if watch:
         try:
-            from tracer import _watch  # written separately; validate only when it exists
+            from tracer.analysis import _watch  # written separately; validate only when it exists
         except ModuleNotFoundError as e:
-            if e.name != "tracer._watch":
+            if e.name != "tracer.analysis._watch":
                 raise
             return watch
         validate = getattr(_watch, "validate_watch", None)

@@ -32,12 +32,12 @@ from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
-from tracer._flight import describe_exception, disarm_flight_recorder, on_crash
-from tracer._module_hooks import ModuleTracker, tool_range
-from tracer._scaler import on_scaler_update
-from tracer._scaler import rewrap as rewrap_scalers
-from tracer._source import user_source
-from tracer._stats import copy_stats, difference_stats
+from tracer.analysis._flight import describe_exception, disarm_flight_recorder, on_crash
+from tracer.capture._module_hooks import ModuleTracker, tool_range
+from tracer.capture._scaler import on_scaler_update
+from tracer.capture._scaler import rewrap as rewrap_scalers
+from tracer.capture._source import user_source
+from tracer.storage._stats import copy_stats, difference_stats
 
 _graph_task_id = torch._C._current_graph_task_id
 # bumps a tensor's version counter after a write torch did not see (the fused kernels')
@@ -46,13 +46,13 @@ _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_
 
 
 def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
-    from tracer._writer import make_writer
+    from tracer.storage._writer import make_writer
 
     return make_writer(config, rank=rank, world_size=world_size)
 
 
 def _record_meta() -> Any:
-    from tracer._writer import RecordMeta
+    from tracer.storage._writer import RecordMeta
 
     return RecordMeta
 
@@ -197,7 +197,7 @@ class Dumper:
         _live.add(self)
         self._tracker = ModuleTracker(self, model)
         if self.config.level in ("op", "mix"):
-            from tracer._op_mode import OpMode
+            from tracer.capture._op_mode import OpMode
 
             self._mode = OpMode(self, self._tracker)
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -395,12 +395,12 @@ class Dumper:
         if self._writer is None:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
-            from tracer._writer import Writer
+            from tracer.storage._writer import Writer
 
             # a tracer writer takes the full call; a stand-in gets the plain one
             self._takes_stats = isinstance(self._writer, Writer)
             self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
-            from tracer._watch import install_watch
+            from tracer.analysis._watch import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
             install_watch(self._writer, self.config)
@@ -525,7 +525,7 @@ class Dumper:
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning
         and a line in the rank's notes.jsonl, both with the number of records dropped."""
-        from tracer._format import step_path
+        from tracer.storage._format import step_path
 
         records = self._writer.next_seq
         self._writer.end_step(drop=True)

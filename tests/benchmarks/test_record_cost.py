@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tracer._stats import fused_available
-from tracer._writer import SyncWriter
+from tracer.storage._stats import fused_available
+from tracer.storage._writer import SyncWriter
 
 
 def _load():

@@ -54,7 +54,7 @@ def test_parameter_records_match_the_tensors_they_describe(tmp_path, writer, mon
     on CPU) are exactly the statistics of the tensors, and the stored update is exactly the
     parameter after the step minus the one before."""
     import tracer._dumper as dumper_module
-    from tracer._stats import STAT_FIELDS, fused_available, host_stats
+    from tracer.storage._stats import STAT_FIELDS, fused_available, host_stats
 
     fused = []
     for name in ("copy_stats", "difference_stats"):

@@ -444,10 +444,10 @@ def test_op_mode_runs_without_dynamo_wrapper_and_under_torch_compile(writers):
     """OpMode opts out of torch's per-op dynamo `disable` wrapper (it costs ~10 us an op) and
     keeps torch.compile out itself: a compiled model dumped at op level records what the
     plain model records."""
-    import tracer._op_mode as op_mode
+    import tracer.capture._op_mode as op_mode
 
     if op_mode._OWN_DYNAMO_GUARD:
-        assert op_mode.OpMode.__dict__["__torch_dispatch__"].__module__ == "tracer._op_mode"
+        assert op_mode.OpMode.__dict__["__torch_dispatch__"].__module__ == "tracer.capture._op_mode"
     torch.manual_seed(0)
     model = MLP()
     x = torch.randn(2, 8)
@@ -564,7 +564,7 @@ def test_grad_scaler_subclass_calling_its_parent_notifies_once(writers):
             super().update(new_scale)
 
     seen = []
-    import tracer._scaler as scaler_module
+    import tracer.capture._scaler as scaler_module
 
     handle = scaler_module.on_scaler_update(seen.append)
     try:

@@ -19,8 +19,8 @@ from models import MLP
 from torch import nn
 
 import tracer
-from tracer._format import FORMAT_VERSION
-from tracer._writer import RecordMeta, make_writer
+from tracer.storage._format import FORMAT_VERSION
+from tracer.storage._writer import RecordMeta, make_writer
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_3_0 = Path(__file__).parent / "data" / "dump_format_3_0_rank0_step5.h5"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from tracer._naming import CallCounter, module_names, op_name, op_scope, record_name
-from tracer._source import user_source
+from tracer.capture._naming import CallCounter, module_names, op_name, op_scope, record_name
+from tracer.capture._source import user_source
 
 
 def test_record_name_format():

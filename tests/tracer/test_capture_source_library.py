@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tracer
-from tracer import _source
+from tracer.capture import _source
 
 _MODEL = textwrap.dedent("""
     import torch

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from tracer import _source
+from tracer.capture import _source
 
 
 def test_trainer_frames_are_user_code_and_print_package_relative(monkeypatch, tmp_path):

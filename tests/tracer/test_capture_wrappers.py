@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import tracer
-from tracer._naming import module_names
+from tracer.capture._naming import module_names
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 import tracer
 from sleuth.cli import main
-from tracer._check import first_nan_origin
-from tracer._origin import StepOrigin
+from tracer.analysis._check import first_nan_origin
+from tracer.analysis._origin import StepOrigin
 from test_diff_synthetic import rec, write_step
 
 

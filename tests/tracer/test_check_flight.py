@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer._flight import FlightRecorder, read_flight_recorder
+from tracer.analysis._flight import FlightRecorder, read_flight_recorder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +107,7 @@ def test_ring_buffer_keeps_last_steps_and_chains_hooks(tmp_path):
 def test_row_tuples_and_row_dicts_are_kept_alike(tmp_path):
     """A tracer writer hands the recorder /records tuples (no dict per record); other writers
     hand it observer dicts. Both end up as the same saved row."""
-    from tracer._format import RECORD_FIELDS
+    from tracer.storage._format import RECORD_FIELDS
 
     row = (7, "fc.forward.0.output.0", "fc", "", "forward", "output", 0, 0, "float32", "3,4", 12,
            -1.5, 2.5, 0.25, 3.0, 0, 1, 0, 2, 12345, "train.py:9", -1, 0, "")

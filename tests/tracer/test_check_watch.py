@@ -7,9 +7,9 @@ import torch
 import torch.nn as nn
 
 import tracer
-from tracer._check import first_nan_origin
+from tracer.analysis._check import first_nan_origin
 from tracer._errors import ConfigError, WatchpointHit
-from tracer._watch import Watcher, WatchConfig
+from tracer.analysis._watch import Watcher, WatchConfig
 
 
 class SqrtNet(nn.Module):

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from tracer._compare import (TensorMetrics, Tolerance, compare_arrays, compare_stats, decode,
-                             judge_tensor)
+from tracer.analysis._compare import (TensorMetrics, Tolerance, compare_arrays, compare_stats,
+                                      decode, judge_tensor)
 from tracer._errors import ConfigError
 
 

@@ -171,7 +171,7 @@ def test_inserted_noop_op_level(tmp_path):
     assert (only_b["module"] == "layers.1").all()
     # msprobe-style exact-name join: B's no-op takes the name of A's residual add, so the
     # residual add is paired with the no-op and reported as a (false) divergence
-    from tracer._align import align_by_name
+    from tracer.analysis._align import align_by_name
 
     sa, sb = tracer.open_dump(a).stats(0, 0), tracer.open_dump(b).stats(0, 0)
     mispaired = [sa["name"].iat[i] for i, j in align_by_name(sa, sb)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,7 +105,7 @@ def test_identical_dumps_same(tmp_path, data):
 
 def test_inserted_noop_is_not_a_divergence(tmp_path, data):
     import tracer
-    from tracer._align import align_by_name
+    from tracer.analysis._align import align_by_name
 
     x, w = data
     write_step(tmp_path / "a", model_records(x, w=w))
@@ -228,7 +228,7 @@ def test_chunked_reads_bound_memory_and_match(tmp_path, monkeypatch):
     import tracemalloc
 
     import tracer
-    import tracer._diff as d
+    import tracer.analysis._diff as d
 
     rng = np.random.default_rng(7)
     big = rng.standard_normal(1 << 22).astype(np.float32)  # 16 MiB

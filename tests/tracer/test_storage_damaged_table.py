@@ -11,8 +11,8 @@ import torch
 from sleuth.cli import main
 from tracer._config import DumpConfig
 from tracer._errors import DumpFormatError
-from tracer._reader import open_dump
-from tracer._writer import RecordMeta, make_writer
+from tracer.storage._reader import open_dump
+from tracer.storage._writer import RecordMeta, make_writer
 
 
 def _one_step(run) -> None:

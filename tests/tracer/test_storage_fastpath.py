@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tracer._fastpath as fastpath
-import tracer._writer as writer_module
+import tracer.storage._fastpath as fastpath
+import tracer.storage._writer as writer_module
 from models import stranger_models, train_and_dump
 from tracer._config import DumpConfig
-from tracer._stats import fused_available
-from tracer._writer import RecordMeta, make_writer
+from tracer.storage._stats import fused_available
+from tracer.storage._writer import RecordMeta, make_writer
 
 pytestmark = pytest.mark.skipif(not fused_available(),
                                 reason="the fast path needs the C kernel (tracer/_fused.c)")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tracer._errors import DumpFormatError
-from tracer._reader import open_dump
+from tracer.storage._reader import open_dump
 from test_diff_synthetic import rec, write_step
 
 

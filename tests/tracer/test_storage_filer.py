@@ -14,8 +14,8 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError
-from tracer._reader import open_dump
-from tracer._writer import RecordMeta, make_writer
+from tracer.storage._reader import open_dump
+from tracer.storage._writer import RecordMeta, make_writer
 
 
 def meta(i: int) -> RecordMeta:
@@ -91,7 +91,7 @@ def test_a_failed_write_in_the_helper_is_the_writers_error(tmp_path):
 def test_while_the_helper_starts_the_threads_write_the_files(tmp_path, monkeypatch, mode):
     """A step ending before the helper has imported h5py is written by the writer's threads
     at once (no waiting for the start, no warning, no lost step)."""
-    from tracer._filer import FileProcess
+    from tracer.storage._filer import FileProcess
 
     monkeypatch.setattr(FileProcess, "_check_ready", lambda self, timeout: False)
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode=mode), rank=0,
@@ -106,7 +106,7 @@ def test_while_the_helper_starts_the_threads_write_the_files(tmp_path, monkeypat
 
 
 def test_without_the_helper_process_the_threads_write_the_files(tmp_path, monkeypatch):
-    import tracer._async as async_module
+    import tracer.storage._async as async_module
 
     monkeypatch.setattr(async_module, "_USE_FILER", False)  # SLEUTH_FILE_PROCESS=0
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics"), rank=0,
@@ -162,7 +162,7 @@ def test_tensor_files_get_their_metadata_from_the_helper_and_match_sync(tmp_path
 
 _FORK_SCRIPT = """
 import os, sys
-from tracer._filer import shared_file_process
+from tracer.storage._filer import shared_file_process
 helper = shared_file_process()
 helper.start()
 pid = os.fork()  # while the helper starts: closing it then would kill it

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tracer._reader import open_dump
+from tracer.storage._reader import open_dump
 
 GOLDEN = Path(__file__).parent / "data" / "dump_format_1_0_rank1_step7.h5"
 
@@ -95,7 +95,7 @@ def write_golden(path: Path, tensors: dict[str, torch.Tensor], step: int) -> Non
     import tempfile
 
     from tracer._config import DumpConfig
-    from tracer._writer import RecordMeta, make_writer
+    from tracer.storage._writer import RecordMeta, make_writer
 
     run = Path(tempfile.mkdtemp())
     w = make_writer(DumpConfig(path=str(run), writer="sync", mode="full"), rank=0,

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer._reader import open_dump
+from tracer.storage._reader import open_dump
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = 12
@@ -21,7 +21,7 @@ RECORDS = 12
 WRITER = f"""
 import sys, torch
 from tracer._config import DumpConfig
-from tracer._writer import RecordMeta, make_writer
+from tracer.storage._writer import RecordMeta, make_writer
 w = make_writer(DumpConfig(path=sys.argv[1], writer="async", mode="full",
                            async_max_queued_mb=8), rank=0, world_size=1)
 step = 0

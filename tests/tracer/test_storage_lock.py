@@ -18,10 +18,10 @@ import torch.nn as nn
 
 import tracer
 from tests.tracer.models import MLP
-from tracer import _async, _format
+from tracer.storage import _async, _format
 from tracer._errors import DumpWriteError, TracerError
-from tracer._lock import LOCK_NAME, RUN_FILE, _release_at_exit
-from tracer._reader import open_dump
+from tracer.storage._lock import LOCK_NAME, RUN_FILE, _release_at_exit
+from tracer.storage._reader import open_dump
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 import tracer
-import tracer._queued as queued
-import tracer._stats as stats_module
+import tracer.storage._queued as queued
+import tracer.storage._stats as stats_module
 from models import MLP, CheckpointedMLP, TinyCausalLM, TinyConfig, train_and_dump
 
 pytestmark = pytest.mark.skipif(not stats_module.fused_available(), reason="needs the C kernel")
@@ -125,7 +125,7 @@ def test_watchpoint_on_a_queued_record_stops_backward(tmp_path, monkeypatch):
 def test_a_forked_child_gets_lost_jobs_back_as_none():
     """Jobs queued before a fork are not computed in the child: collect answers None (the
     caller measures the tensor itself) instead of waiting forever; the parent's are fine."""
-    from tracer import _fused
+    from tracer.storage import _fused
 
     t = torch.randn(1 << 20)
     expected = stats_module.host_stats(t)
@@ -235,7 +235,7 @@ def test_helper_serves_shared_and_queued_jobs_from_several_threads_exactly():
     import threading
     import time
 
-    from tracer import _fused
+    from tracer.storage import _fused
 
     g = torch.Generator().manual_seed(1)
     ts = [torch.randn(n, generator=g) for n in (1 << 16, 300_001, 1 << 20)]

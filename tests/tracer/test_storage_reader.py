@@ -13,8 +13,8 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpFormatError, RecordNotFoundError
-from tracer._reader import decode_bits, open_dump
-from tracer._writer import RecordMeta, make_writer
+from tracer.storage._reader import decode_bits, open_dump
+from tracer.storage._writer import RecordMeta, make_writer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,11 +14,11 @@ import torch.nn as nn
 
 import tracer
 import tracer._dumper as dumper_module
-from tracer import _format
+from tracer.storage import _format
 from tracer._config import DumpConfig
-from tracer._diff import diff
-from tracer._reader import open_dump
-from tracer._writer import RecordMeta, make_writer
+from tracer.analysis._diff import diff
+from tracer.storage._reader import open_dump
+from tracer.storage._writer import RecordMeta, make_writer
 
 from models import stranger_models
 
@@ -166,7 +166,7 @@ def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("writer", ["sync", "async"])
 def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, kernel, monkeypatch):
     if kernel == "off":  # as SLEUTH_FUSED_STATS=0 or an install without a C compiler
-        import tracer._stats as stats_module
+        import tracer.storage._stats as stats_module
 
         monkeypatch.setattr(stats_module, "_fused", None)
     refs = dump_model(tmp_path, writer, monkeypatch)
@@ -212,7 +212,7 @@ def test_a_snapshot_of_memory_no_record_holds_stores_its_own_bytes(tmp_path):
     x_snap = x.clone()
     w.same_bytes(x_snap, x)
     x_snap.add_(1.0)  # written after: its values are no longer x's
-    from tracer._stats import host_stats
+    from tracer.storage._stats import host_stats
     w.add(meta("x_changed"), x_snap, stats=host_stats(x_snap))
     w.end_step()
     w.close()
@@ -324,7 +324,7 @@ def test_diff_compares_a_permutation_with_its_c_order_copy(tmp_path):
 def test_strides_that_reach_past_the_bytes_are_refused(tmp_path):
     """A damaged `strides` cell is a clear format error, not a read out of bounds."""
     from tracer._errors import DumpFormatError
-    from tracer._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+    from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
 
     f = StepFile(step_path(tmp_path, 0, 0), root_attrs(rank=0, world_size=1, step=0,
                                                        level="module", mode="tensor", config={}),
@@ -653,7 +653,7 @@ def test_diff_reads_a_large_slice_in_bounded_chunks(tmp_path, monkeypatch):
     """A slice pointing into its base's bytes is compared a few rows at a time, never read
     whole (its extent can be nearly the whole base: q of an attention split); it still
     compares equal to a C-order copy and finds one changed element."""
-    import tracer._diff as diff_module
+    import tracer.analysis._diff as diff_module
 
     write_slice_runs(tmp_path, torch.randn(40, 30, generator=torch.Generator().manual_seed(10)),
                      (31, 4))
@@ -677,7 +677,7 @@ def test_diff_reads_a_permutation_by_rows_of_its_first_dimension(tmp_path, monke
     """A permutation that keeps its first dimension outermost (heads moved in front of the
     sequence, say) is stored in memory order and compared in chunks of rows against its
     C-order copy; a change is found in either layout."""
-    import tracer._diff as diff_module
+    import tracer.analysis._diff as diff_module
 
     z = torch.randn(6, 5, 7, generator=torch.Generator().manual_seed(11))
     p = z.permute(0, 2, 1)  # strides (35, 1, 7): the first dimension is still outermost
@@ -707,7 +707,7 @@ def test_a_damaged_byte_length_is_a_clear_error(tmp_path):
         table["data_nbytes"][1] += 4  # the slice's byte range
         f["records"][...] = table
         # as a writer with this bug would store it: the table's CRC agrees with its bytes
-        from tracer._format import records_crc32
+        from tracer.storage._format import records_crc32
 
         f.attrs["records_crc32"] = records_crc32(table)
     res = diff(tmp_path / "a", tmp_path / "damaged")

@@ -9,7 +9,7 @@ import torch
 
 import shutil
 
-from tracer._stats import (decode_packed, device_stats, element_bits, fused_available,
+from tracer.storage._stats import (decode_packed, device_stats, element_bits, fused_available,
                            host_stats, numpy_host_stats)
 
 INF, NAN = math.inf, math.nan
@@ -51,7 +51,7 @@ def test_transposed_tensors_are_read_without_a_copy_and_agree():
     x = torch.randn(64, 3, 96)
     for t in (x.permute(2, 0, 1), x.transpose(0, 2), x[:, 1].t()):
         check(t)
-    from tracer._stats import dense_span
+    from tracer.storage._stats import dense_span
 
     assert dense_span(x.permute(2, 0, 1)) and not dense_span(x[:, 1].t())
     assert not dense_span(torch.randn(3, 1).expand(3, 4))
@@ -150,7 +150,7 @@ def test_the_c_kernel_is_built_where_a_compiler_is():
     # without this, every statistics test above would quietly test only the numpy path
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the tracer runs on its numpy path")
-    assert fused_available(), "tracer._fused is missing: run bash scripts/install.sh"
+    assert fused_available(), "tracer.storage._fused is missing: run bash scripts/install.sh"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -198,7 +198,7 @@ def test_integer_kernel_agrees_with_the_numpy_path(dtype):
         for k in ("mean", "norm"):
             assert math.isclose(fast[k], slow[k], rel_tol=1e-12), (k, fast[k], slow[k])
     if fused_available():  # the kernel, not the numpy path, took them
-        from tracer import _stats
+        from tracer.storage import _stats
 
         assert _stats._STATS_CODES[dtype] >= 3
 
@@ -264,9 +264,9 @@ def count_statistics(monkeypatch) -> list:
     """A list that gets the element count of each tensor whose statistics a writer computes
     (not reused): counted at the kernel when it is built (the general path's host_stats and
     tracer._fastpath both end there), else at host_stats."""
-    import tracer._async as async_module
-    import tracer._writer as writer_module
-    from tracer import _stats
+    import tracer.storage._async as async_module
+    import tracer.storage._writer as writer_module
+    from tracer.storage import _stats
 
     calls: list = []
     if fused_available():
@@ -297,7 +297,7 @@ def count_statistics(monkeypatch) -> list:
 
 def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     from tracer._config import DumpConfig
-    from tracer._writer import RecordMeta, make_writer
+    from tracer.storage._writer import RecordMeta, make_writer
 
 
     calls = count_statistics(monkeypatch)
@@ -337,7 +337,7 @@ def test_view_outputs_take_their_base_version(tmp_path, monkeypatch):
     mode returns; the mode passes the base's version, so the view reuses the base's statistics,
     and a later view of the changed base does not reuse stale ones."""
     from tracer._config import DumpConfig
-    from tracer._writer import RecordMeta, make_writer
+    from tracer.storage._writer import RecordMeta, make_writer
 
     calls = count_statistics(monkeypatch)
     rows = []
@@ -386,7 +386,7 @@ def test_op_level_transpose_of_a_weight_reuses_its_statistics(tmp_path, monkeypa
 def test_helper_thread_gives_the_same_result(dtype, monkeypatch):
     """A large tensor's statistics split with the kernel's helper thread equal one thread's,
     bit for bit (chunk results are combined in chunk order either way)."""
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     if not fused_available():
         pytest.skip("no C kernel")
@@ -411,7 +411,7 @@ def test_helper_thread_works_after_fork():
     """A forked child (a DataLoader worker, say) starts its own helper thread."""
     import os
 
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     if not fused_available():
         pytest.skip("no C kernel")
@@ -446,7 +446,7 @@ def test_helper_thread_works_after_fork():
 def test_helper_thread_only_when_torch_leaves_a_core(monkeypatch):
     import os
 
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     old = torch.get_num_threads()
     try:
@@ -465,7 +465,7 @@ def test_helper_thread_only_when_torch_leaves_a_core(monkeypatch):
 
 
 def test_stats_threads_variable_is_checked(monkeypatch):
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     for value, expected in (("1", 1), ("2", 2), ("8", 2), ("", None)):
         monkeypatch.setenv("SLEUTH_STATS_THREADS", value)
@@ -480,7 +480,7 @@ def test_stats_threads_variable_is_checked(monkeypatch):
 def test_fused_copy_gives_the_copy_and_its_statistics(dtype, threads, monkeypatch):
     """copy_stats copies bit for bit and returns exactly host_stats of the copy, with NaN, Inf,
     -0.0 and sizes around the vector, run and chunk boundaries."""
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     if not fused_available():
         pytest.skip("no C kernel")
@@ -501,7 +501,7 @@ def test_fused_copy_gives_the_copy_and_its_statistics(dtype, threads, monkeypatc
 def test_fused_difference_equals_the_statistics_of_the_subtraction(threads, monkeypatch):
     """difference_stats(a, b) is host_stats(a - b) exactly, whether the difference is written
     (into a third tensor, or over b as the Dumper does) or only measured."""
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     if not fused_available():
         pytest.skip("no C kernel")
@@ -527,7 +527,7 @@ def test_copy_into_a_buffer_checks_its_size_and_that_it_is_writable():
     and refuses a buffer too small for the elements or one it may not write, naming why."""
     import numpy as np
 
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     if not fused_available():
         pytest.skip("no C kernel")
@@ -546,7 +546,7 @@ def test_copy_into_a_buffer_checks_its_size_and_that_it_is_writable():
 def test_fused_copy_and_difference_decline_what_they_cannot_read():
     """None (and nothing written) for other dtypes, strided or mismatched tensors: the caller
     falls back to torch."""
-    import tracer._stats as stats_module
+    import tracer.storage._stats as stats_module
 
     src = torch.randn(4, 6)
     dst = torch.zeros(6, 4).t()
@@ -570,8 +570,8 @@ def test_snapshot_takes_statistics_in_the_copy(dtype):
     """snapshot_stats: the snapshot is the tensor bit for bit (a transpose keeps its strides,
     copied in memory order), its statistics are exactly host_stats of the snapshot where the
     kernel copies the dtype, and None (measured later) where it does not; pooled buffers too."""
-    from tracer._stats import shape_str
-    from tracer._writer import StagingPool, StoredBytes, snapshot_stats
+    from tracer.storage._stats import shape_str
+    from tracer.storage._writer import StagingPool, StoredBytes, snapshot_stats
 
     g = torch.Generator().manual_seed(9)
     base = (torch.randn(300, 257, generator=g) * 50).to(dtype)
@@ -628,7 +628,7 @@ def test_strided_statistics_are_the_contiguous_copys_to_the_bit(dtype):
     """The kernel's strided pass (what a split's q, k and v are measured with, uncopied)
     gives what the pass over a C-order copy gives, sums included, for gaps, steps, stride 0,
     size-1 dims, several chunks and NaN/Inf."""
-    from tracer import _stats
+    from tracer.storage import _stats
 
     if not fused_available():
         pytest.skip("the C kernel is not built")
@@ -645,7 +645,7 @@ def test_strided_statistics_are_the_contiguous_copys_to_the_bit(dtype):
 
 
 def test_strided_statistics_refuse_bad_arguments():
-    from tracer import _stats
+    from tracer.storage import _stats
 
     if not fused_available():
         pytest.skip("the C kernel is not built")

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from tracer import _format
-from tracer._format import HIT_COLUMNS, RECORD_COLUMNS, table_array
+from tracer.storage import _format
+from tracer.storage._format import HIT_COLUMNS, RECORD_COLUMNS, table_array
 
 pytestmark = pytest.mark.skipif(_format._pack_rows is None, reason="C kernel not built")
 

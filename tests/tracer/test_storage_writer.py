@@ -12,8 +12,8 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
-from tracer._reader import open_dump
-from tracer._writer import RecordMeta, make_writer
+from tracer.storage._reader import open_dump
+from tracer.storage._writer import RecordMeta, make_writer
 
 
 def meta(name: str, i: int = 0) -> RecordMeta:
@@ -168,7 +168,7 @@ def test_bytes_from_both_threads_land_where_their_rows_say(tmp_path):
     # async tensor mode: records with the caller's statistics keep their bytes in the training
     # thread (handed over in chunks), the others (here: no kernel) are stored by the writer
     # thread; the training thread places both in /tensors, in record order
-    from tracer._stats import host_stats
+    from tracer.storage._stats import host_stats
 
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="tensor",
                                async_max_queued_mb=1), rank=0, world_size=1)
@@ -317,7 +317,7 @@ def test_step_file_layout(tmp_path):
 def test_step_file_objects_are_those_h5py_would_make(tmp_path):
     """StepFile writes through h5py's low-level API; a reader must see what h5py's File,
     attrs and create_dataset make of the same values."""
-    from tracer._format import RECORD_COLUMNS, StepFile, records_crc32, table_array
+    from tracer.storage._format import RECORD_COLUMNS, StepFile, records_crc32, table_array
 
     row = (0, "a.forward.0.output.0", "a", "", "forward", "output", 0, 0, "float32", "4", 4,
            -1.0, 1.0, 0.5, 2.0, 0, 0, 0, 1, 7, "model.py:7", -1, 0, "")

@@ -10,7 +10,8 @@ import tracer
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
     "Dumper", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError", "WatchConfig",
-    "WatchpointHit", "attach_from_env", "check", "diff", "first_nan_origin", "open_dump",
+    "WatchpointHit", "attach_from_env", "check", "diff", "export_parquet",
+    "first_nan_origin", "open_dump", "read_export",
 ]
 
 

@@ -49,13 +49,13 @@ import torch
 
 from tracer._config import DumpConfig, env_switch
 from tracer._errors import DumpWriteError, TracerError
-from tracer._fastpath import NOT_HERE, stats_row
-from tracer._filer import shared_file_process
-from tracer._format import StepFile
-from tracer._pipeline import Barrier, FileFailure, FilePipeline
-from tracer._stats import (decode_packed, device_stats, element_bits, empty_stats,
+from tracer.storage._fastpath import NOT_HERE, stats_row
+from tracer.storage._filer import shared_file_process
+from tracer.storage._format import StepFile
+from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
+from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
                            fused_available, host_stats, refresh_stats_threads)
-from tracer._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
+from tracer.storage._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
                             snapshot_stats)
 
 _STOP = ("stop",)

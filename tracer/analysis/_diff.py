@@ -19,11 +19,12 @@ from typing import Any, Callable, Literal
 
 import numpy as np
 
-from tracer._align import align
-from tracer._compare import Tolerance, compare_stats, nonfinite_differ
-from tracer._diff_plan import EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side, plan
-from tracer._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
-from tracer._reader import op_capture_of
+from tracer.analysis._align import align
+from tracer.analysis._compare import Tolerance, compare_stats, nonfinite_differ
+from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
+                                        plan)
+from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
+from tracer.storage._reader import op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",

@@ -16,9 +16,9 @@ from typing import Any, Iterable, Iterator
 
 from tracer._errors import DumpFormatError
 from tracer._config import _as_str_tuple, _pattern_matcher
-from tracer._diff import _rows
-from tracer._origin import StepOrigin, finite_params, nonfinite, sig
-from tracer._watch import Watcher, WatchConfig, parse_watch
+from tracer.analysis._diff import _rows
+from tracer.analysis._origin import StepOrigin, finite_params, nonfinite, sig
+from tracer.analysis._watch import Watcher, WatchConfig, parse_watch
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
                "condition", "value", "origin")
@@ -134,7 +134,7 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
     """One row per step file of a dump, unread ones included: rank, step, records,
     tensor_bytes, file_bytes, status ("complete", "interrupted", "damaged", "partial",
     "unreadable"), reason, path. Each /records table is read, so damage shows here."""
-    from tracer._reader import Dump
+    from tracer.storage._reader import Dump
 
     rows = []
     for r in dump.ranks:
@@ -198,7 +198,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
     """
     import pandas as pd
 
-    from tracer._reader import open_dump
+    from tracer.storage._reader import open_dump
 
     dump = path if hasattr(path, "stats") else open_dump(path)
     explicit = parse_watch(list(watch)) if watch is not None else None
@@ -257,7 +257,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
 
 # -- first NaN ------------------------------------------------------------------------------------
 def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
-    from tracer._reader import config_of
+    from tracer.storage._reader import config_of
 
     configured = config_of(attrs).get("nan_allow") or ()
     try:
@@ -318,7 +318,7 @@ def first_nan_origin(dump_or_path: Any, *, rank: int | None = None, step: int | 
     inputs, why, status, unread_before, ...) or None when the readable steps hold no NaN/Inf
     that counts. With several ranks, the earliest step wins. Unread files are only listed in
     `unread_before`; `check()` and `sleuth check` report them."""
-    from tracer._reader import open_dump
+    from tracer.storage._reader import open_dump
 
     dump = dump_or_path if hasattr(dump_or_path, "stats") else open_dump(dump_or_path)
     return find_first_nan(dump, Coverage(), rank=rank, step=step, nan_allow=nan_allow)

@@ -291,7 +291,7 @@ def install_watch(writer: Any, config: Any) -> _WatchHandle | None:
     """
     recorder = None
     try:
-        from tracer._flight import install_flight_recorder
+        from tracer.analysis._flight import install_flight_recorder
 
         recorder = install_flight_recorder(writer, config)
     except Exception as e:  # noqa: BLE001 - the flight recorder is a best-effort extra

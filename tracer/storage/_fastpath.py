@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tracer import _stats
-from tracer._stats import _STATS_CODES, _fused_dict, dtype_name, shape_str
+from tracer.storage import _stats
+from tracer.storage._stats import _STATS_CODES, _fused_dict, dtype_name, shape_str
 
 if TYPE_CHECKING:
-    from tracer._writer import RecordMeta, Writer
+    from tracer.storage._writer import RecordMeta, Writer
 
 NOT_HERE = object()
 """`stats_row`'s answer for a record it does not take (the caller goes the general way)."""

@@ -95,7 +95,7 @@ class Side:
 def open_side(path: str | os.PathLike, label: str) -> Side:
     import warnings
 
-    from tracer._reader import open_dump
+    from tracer.storage._reader import open_dump
 
     p = Path(path)
     if not p.exists():

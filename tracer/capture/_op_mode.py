@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer._module_hooks import (TAG, ModuleTracker, fake_mode_active, keep_dynamo_out,
+from tracer.capture._module_hooks import (TAG, ModuleTracker, fake_mode_active, keep_dynamo_out,
                                   tool_range)
-from tracer._naming import NONE, op_name, op_scope
-from tracer._source import RECEIVED, WRAPPER, user_source
+from tracer.capture._naming import NONE, op_name, op_scope
+from tracer.capture._source import RECEIVED, WRAPPER, user_source
 
 if TYPE_CHECKING:
     from tracer._dumper import Dumper

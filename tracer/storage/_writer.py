@@ -23,15 +23,15 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
-from tracer._fastpath import NOT_HERE, put_row, stats_row
-from tracer._fastpath import available as lean_available
-from tracer._format import StepFile, root_attrs, step_path
-from tracer._layout import stored_extent
-from tracer._lock import claim_rank
-from tracer._queued import QueuedRows
-from tracer._stats import (copy_stats_into, decode_packed, dense_span, device_stats, dtype_name,
-                           element_bits, empty_stats, host_stats, memory_span,
-                           refresh_stats_threads, shape_str)
+from tracer.storage._fastpath import NOT_HERE, put_row, stats_row
+from tracer.storage._fastpath import available as lean_available
+from tracer.storage._format import StepFile, root_attrs, step_path
+from tracer.storage._layout import stored_extent
+from tracer.storage._lock import claim_rank
+from tracer.storage._queued import QueuedRows
+from tracer.storage._stats import (copy_stats_into, decode_packed, dense_span, device_stats,
+                                   dtype_name, element_bits, empty_stats, host_stats, memory_span,
+                                   refresh_stats_threads, shape_str)
 
 
 class RecordMeta(NamedTuple):
@@ -51,7 +51,7 @@ def make_writer(config: DumpConfig, *, rank: int, world_size: int) -> Writer:
     """The writer `config.writer` names, writing under `config.run_dir()`."""
     if config.writer == "sync":
         return SyncWriter(config, rank=rank, world_size=world_size)
-    from tracer._async import AsyncWriter
+    from tracer.storage._async import AsyncWriter
 
     return AsyncWriter(config, rank=rank, world_size=world_size)
 

@@ -19,8 +19,8 @@ import h5py
 import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
-from tracer._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, records_crc32
-from tracer._lock import RUN_FILE, one_run
+from tracer.storage._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, records_crc32
+from tracer.storage._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
 _PARTIAL_RE = re.compile(r"^step(\d+)\.h5(?:\.data)?\.partial$")

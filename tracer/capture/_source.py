@@ -21,15 +21,14 @@ import types
 _TOOL_PACKAGES = ("tracer", "profiler", "irdump", "sleuth", "dashboard")
 # Sleuth's reference trainer is the user's code even when installed into site-packages; its
 # locations print relative to the folder holding the packages ("trainer/model.py:33").
-_PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _USER_PACKAGE_ROOTS = (os.path.join(_PACKAGES_ROOT, "trainer") + os.sep,)
 
 
 def _internal_prefixes() -> tuple[str, ...]:
     import torch
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    repo = os.path.dirname(here)
+    repo = _PACKAGES_ROOT
     prefixes = [os.path.dirname(os.path.abspath(torch.__file__)) + os.sep]
     prefixes += [os.path.join(repo, pkg) + os.sep for pkg in _TOOL_PACKAGES]
     return tuple(prefixes)

@@ -40,7 +40,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from tracer._format import StepFile
+from tracer.storage._format import StepFile
 
 _LEN = struct.Struct("<Q")
 _READY = b'{"ready": true}'
@@ -201,12 +201,12 @@ class FileProcess:
     def _start(self) -> subprocess.Popen:
         if self._proc is not None:
             return self._proc
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         for key in [k for k in env if k.startswith("SLEUTH_")]:
             del env[key]  # the helper must not attach tools to itself
-        self._proc = subprocess.Popen([sys.executable, "-m", "tracer._filer"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "tracer.storage._filer"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                       start_new_session=True)
         return self._proc

@@ -29,8 +29,8 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
-from tracer._naming import ROOT, CallCounter, module_names, wrapper_inner
-from tracer._source import user_source
+from tracer.capture._naming import ROOT, CallCounter, module_names, wrapper_inner
+from tracer.capture._source import user_source
 
 if TYPE_CHECKING:
     from tracer._dumper import Dumper

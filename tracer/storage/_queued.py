@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tracer import _stats
+from tracer.storage import _stats
 from tracer._config import env_switch
-from tracer._stats import collect_stats, host_stats, stats_ready, submit_stats
+from tracer.storage._stats import collect_stats, host_stats, stats_ready, submit_stats
 
 if TYPE_CHECKING:
-    from tracer._writer import RecordMeta, Writer
+    from tracer.storage._writer import RecordMeta, Writer
 
 ENABLED = env_switch("SLEUTH_DEFER_STATS")
 MIN_ELEMENTS = 1 << 16

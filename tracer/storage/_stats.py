@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from tracer._config import env_switch
-from tracer._layout import dense_strides
+from tracer.storage._layout import dense_strides
 
 STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
 # Float sums are taken per block of _BLOCK elements (torch's parallel grain size, 128 KiB of
@@ -56,7 +56,7 @@ _NAN = float("nan")
 _STRIDED = torch.strided
 
 try:  # the optional one-pass C kernel (setup.py builds it where a C compiler exists)
-    from tracer import _fused
+    from tracer.storage import _fused
 except ImportError:
     _fused = None
 # dtype -> the kernel's dtype code for every fused form (copies, differences, the helper

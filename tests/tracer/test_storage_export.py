@@ -1,0 +1,128 @@
+"""`sleuth dump export`: one Parquet dataset of every rank's and step's statistics, equal to the
+step files it came from, and never quiet about a step it could not read."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import h5py
+import pandas as pd
+import pytest
+import torch
+
+import tracer
+from sleuth.cli import main
+from tests.tracer.test_dump_cli import damage_records
+from tracer._config import DumpConfig
+from tracer.storage._writer import RecordMeta, make_writer
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    for rank in (0, 1, 2):
+        w = make_writer(DumpConfig(path=str(tmp_path), writer="sync"), rank=rank, world_size=3)
+        for step in (1, 2, 3):
+            w.begin_step(step)
+            for i in range(4):
+                value = float(i + 10 * step + 100 * rank)
+                w.add(RecordMeta(f"layers.{i}.forward.0.output.0", f"layers.{i}", "", "forward",
+                                 "output", 0, 0, "model.py:7"), torch.full((4, 4), value))
+            w.end_step()
+        w.close()
+    return tmp_path
+
+
+def test_dataset_equals_the_step_files(run, capsys):
+    assert main(["dump", "export", str(run)]) == 0
+    assert "36 record(s) from 9 step file(s), 3 rank(s), steps 1-3" in capsys.readouterr().out
+    out = run / "export.parquet"
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.parquet")) == [
+        f"rank={r}/step={s}/part-0.parquet" for r in range(3) for s in (1, 2, 3)]
+    data = tracer.read_export(out)
+    dump = tracer.open_dump(run)
+    for rank in (0, 1, 2):
+        for step in (1, 2, 3):
+            got = data[(data["rank"] == rank) & (data["step"] == step)]
+            want = dump.stats(rank, step)
+            pd.testing.assert_frame_equal(
+                got.drop(columns=["rank", "step", "status"]).reset_index(drop=True), want,
+                check_dtype=True)
+            assert set(got["status"]) == {"complete"}
+    # a query across ranks, as a user would write it: the largest max per rank
+    top = data.groupby("rank")["max"].max().to_dict()
+    assert top == {0: 33.0, 1: 133.0, 2: 233.0}
+    manifest = json.loads((out / "_sleuth_export.json").read_text())
+    assert manifest["files"] == 9 and manifest["problems"] == [] and manifest["ranks"] == [0, 1, 2]
+
+
+def test_pyarrow_reads_it_as_a_hive_dataset(run):
+    import pyarrow.dataset as ds
+
+    out = run / "out"
+    tracer.export_parquet(run, out)
+    table = ds.dataset(out, partitioning="hive").to_table(
+        filter=(ds.field("rank") == 2) & (ds.field("step") == 3))
+    assert table.num_rows == 4 and set(table.column("max").to_pylist()) == {230.0, 231.0, 232.0,
+                                                                             233.0}
+
+
+def test_unreadable_and_cut_short_steps_are_named(run, capsys):
+    rank1 = run / "dump" / "rank1"
+    damage_records(rank1 / "step2.h5")
+    with h5py.File(run / "dump" / "rank2" / "step3.h5", "r+") as f:
+        f.attrs["status"] = "interrupted"
+        f.attrs["status_reason"] = "KeyboardInterrupt"
+    (rank1 / "step3.h5").write_bytes((rank1 / "step3.h5").read_bytes()[:3000])
+    assert main(["dump", "export", str(run), "--out", str(run / "x")]) == 1
+    err = capsys.readouterr().err
+    assert "rank 1 step 2 not exported (damaged)" in err
+    assert "rank 1 step 3 not exported (truncated)" in err
+    assert "rank 2 step 3 exported, cut short (interrupted)" in err
+    data = tracer.read_export(run / "x")
+    pairs = set(zip(data["rank"], data["step"]))
+    assert pairs == {(r, s) for r in range(3) for s in (1, 2, 3)} - {(1, 2), (1, 3)}
+    assert set(data[(data["rank"] == 2) & (data["step"] == 3)]["status"]) == {"interrupted"}
+    problems = json.loads((run / "x" / "_sleuth_export.json").read_text())["problems"]
+    assert sorted((p["rank"], p["step"], p["state"]) for p in problems) == [
+        (1, 2, "damaged"), (1, 3, "truncated"), (2, 3, "interrupted")]
+
+
+def test_an_existing_dataset_is_replaced_only_when_asked(run, capsys):
+    out = run / "export.parquet"
+    assert main(["dump", "export", str(run)]) == 0
+    (run / "dump" / "rank0" / "step1.h5").unlink()
+    assert main(["dump", "export", str(run)]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert len(tracer.read_export(out)) == 36  # untouched
+    assert main(["dump", "export", str(run), "--force"]) == 0
+    assert len(tracer.read_export(out)) == 32
+    assert not [p for p in run.iterdir() if p.name.startswith(".export")]
+
+
+def test_a_crash_leaves_no_half_dataset(run, monkeypatch):
+    import pyarrow.parquet as pq
+
+    calls = []
+    real = pq.write_table
+
+    def failing(table, where, **kw):
+        calls.append(where)
+        if len(calls) == 4:
+            raise OSError(28, "No space left on device")
+        return real(table, where, **kw)
+
+    monkeypatch.setattr(pq, "write_table", failing)
+    with pytest.raises(OSError):
+        tracer.export_parquet(run, run / "out")
+    assert not (run / "out").exists()
+    assert not [p for p in os.listdir(run) if "out" in p]
+
+
+def test_bad_input_is_a_clear_error(tmp_path, capsys):
+    assert main(["dump", "export", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["dump", "export", str(tmp_path)]) == 2
+    assert "--out" in capsys.readouterr().err
+    with pytest.raises(tracer.TracerError, match="not a sleuth Parquet export"):
+        tracer.read_export(tmp_path)

@@ -1,0 +1,166 @@
+"""Export a dump's statistics as one Parquet dataset, partitioned by rank and step.
+
+HDF5 step files are one file per rank per step: a 1,000-rank run is 1,000 files a step, which
+pandas, DuckDB or Spark users cannot query as one table. The export writes the /records table of
+every readable step file to `OUT/rank=R/step=S/part-0.parquet` (hive partitioning, which
+`pandas.read_parquet(OUT)`, `pyarrow.dataset.dataset(OUT, partitioning="hive")`, DuckDB's
+`read_parquet('OUT/**/*.parquet', hive_partitioning=true)` and Spark all read), one file at a
+time, so memory holds one step's table whatever the dump's size. Tensor bytes are never read.
+
+Trust: a step that could not be read is never exported as if it were empty. Every step file
+that is not fully readable (partial, truncated, unreadable, damaged table, empty rank folder) is
+named in the result and in `OUT/_sleuth_export.json` (a name starting with "_" so that dataset
+readers skip it); a step cut short (interrupted) is exported with `status` "interrupted".
+The dataset is built in a sibling folder and renamed into place when complete, so a crash leaves
+no half dataset under OUT, and an existing OUT is replaced only when asked (`overwrite`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from tracer._errors import DumpFormatError, TracerError
+from tracer.storage._format import RECORD_COLUMNS
+from tracer.storage._reader import PROBLEM_STATES, Dump, open_dump
+
+MANIFEST = "_sleuth_export.json"
+_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError)
+
+
+@dataclass
+class ExportResult:
+    """What `export_parquet` wrote and what it could not read."""
+
+    out: str
+    files: int = 0
+    """Parquet files written: one per exported (rank, step)."""
+    records: int = 0
+    ranks: list[int] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    """One dict (path, rank, step, state, reason) per step file left out or cut short."""
+
+    @property
+    def complete(self) -> bool:
+        """True when every step file found was exported and ended normally."""
+        return not self.problems
+
+
+def _schema():
+    import pyarrow as pa
+
+    kinds = {np.int64: pa.int64(), np.int32: pa.int32(), np.float64: pa.float64()}
+    cols = [pa.field(name, kinds.get(kind, pa.string())) for name, kind in RECORD_COLUMNS]
+    return pa.schema([*cols, pa.field("status", pa.string())])
+
+
+def export_parquet(run: str | Path, out: str | Path, *, overwrite: bool = False,
+                   progress: Callable[[int, int], None] | None = None) -> ExportResult:
+    """Write the statistics of every rank and step of the dump at `run` (a run directory, its
+    dump/ folder, a rank folder or one step file) to the Parquet dataset `out`.
+
+    Raises TracerError when `out` exists and `overwrite` is False, or when `run` holds no dump.
+    `progress(done, total)` is called after each step file.
+    """
+    out = Path(out)
+    if out.exists() and not overwrite:
+        raise TracerError(f"{out} exists: choose a new folder, or replace it (--force)")
+    if out.exists() and not out.is_dir():
+        raise TracerError(f"{out} is a file, not a dataset folder: choose another path")
+    dump = open_dump(run)
+    try:
+        return _export(dump, out, progress)
+    finally:
+        dump.close()
+
+
+def _export(dump: Dump, out: Path, progress: Callable[[int, int], None] | None) -> ExportResult:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _schema()
+    result = ExportResult(out=str(out))
+    result.problems = [_problem(s.path, s.rank, s.step, s.state, s.reason)
+                       for s in dump.file_states if s.state in PROBLEM_STATES]
+    work = out.with_name(f".{out.name}.partial")
+    if work.exists():  # left by an export that crashed: nothing in it is anyone's data
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    pairs = [(r, s) for r in dump.ranks for s in dump.steps(r)]
+    steps: set[int] = set()
+    ranks: set[int] = set()
+    try:
+        for done, (rank, step) in enumerate(pairs, 1):
+            try:
+                frame = dump.stats(rank, step)
+                status = dump.status(rank, step)[0]
+            except _READ_ERRORS as e:  # a /records table or attribute that does not read
+                if not any(p["rank"] == rank and p["step"] == step for p in result.problems):
+                    result.problems.append(_problem(str(dump.path(rank, step)), rank, step,
+                                                    "damaged", f"{type(e).__name__}: {e}"))
+                continue
+            frame["status"] = status
+            table = pa.Table.from_pandas(frame, schema=schema, preserve_index=False)
+            part = work / f"rank={rank}" / f"step={step}"
+            part.mkdir(parents=True)
+            pq.write_table(table, part / "part-0.parquet")
+            result.files += 1
+            result.records += table.num_rows
+            ranks.add(rank)
+            steps.add(step)
+            if progress:
+                progress(done, len(pairs))
+        result.ranks, result.steps = sorted(ranks), sorted(steps)
+        manifest = dict(source=str(dump.root), files=result.files, records=result.records,
+                        ranks=result.ranks, steps=result.steps, problems=result.problems,
+                        skipped=[dict(path=p, reason=r) for p, r in dump.skipped],
+                        partitioning=["rank", "step"])
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        _swap(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return result
+
+
+def _problem(path: str, rank: int, step: int | None, state: str, reason: str) -> dict[str, Any]:
+    return dict(path=path, rank=rank, step=step, state=state, reason=reason)
+
+
+def _swap(work: Path, out: Path) -> None:
+    """Put the finished dataset at `out`; an old dataset there goes only once the new one is in
+    place (renames within one folder)."""
+    if not out.exists():
+        os.replace(work, out)
+        return
+    old = out.with_name(f".{out.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(out, old)
+    os.replace(work, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def read_export(path: str | Path):
+    """The exported dataset at `path` as one pandas DataFrame with int `rank` and `step`
+    columns first (partition folders come back as categories otherwise); a TracerError names
+    a folder that is not an export."""
+    import pandas as pd
+
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise TracerError(f"{path} is not a sleuth Parquet export (no {MANIFEST}); write one "
+                          f"with `sleuth dump export RUN --format parquet --out {path}`")
+    manifest = json.loads((path / MANIFEST).read_text())
+    if not manifest.get("files"):
+        return pd.DataFrame(columns=["rank", "step", *(n for n, _ in RECORD_COLUMNS), "status"])
+    frame = pd.read_parquet(path)
+    for col in ("rank", "step"):
+        frame[col] = frame[col].astype("int64")
+    cols = ["rank", "step", *(c for c in frame.columns if c not in ("rank", "step"))]
+    return frame[cols].sort_values(["rank", "step", "seq"], kind="stable").reset_index(drop=True)
