@@ -20,6 +20,7 @@ pytestmark = pytest.mark.compat
 FRAMEWORKS = [
     Framework("nanogpt", "nanogpt.py"),
     Framework("hf_trainer", "hf_trainer.py"),
+    Framework("ddp", "nanogpt.py", ranks=2, unwrapped="nanogpt"),
 ]
 BY_NAME = {fw.name: fw for fw in FRAMEWORKS}
 XFAIL: dict[tuple[str, str], str] = {}
