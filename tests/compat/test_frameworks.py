@@ -21,6 +21,7 @@ FRAMEWORKS = [
     Framework("nanogpt", "nanogpt.py"),
     Framework("hf_trainer", "hf_trainer.py"),
     Framework("ddp", "nanogpt.py", ranks=2, unwrapped="nanogpt"),
+    Framework("lightning", "lightning_cnn.py"),
 ]
 BY_NAME = {fw.name: fw for fw in FRAMEWORKS}
 XFAIL: dict[tuple[str, str], str] = {}
