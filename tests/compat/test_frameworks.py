@@ -22,9 +22,16 @@ FRAMEWORKS = [
     Framework("hf_trainer", "hf_trainer.py"),
     Framework("ddp", "nanogpt.py", ranks=2, unwrapped="nanogpt"),
     Framework("lightning", "lightning_cnn.py"),
+    Framework("compile_eager", "nanogpt.py", ("--compile", "eager"), unwrapped="nanogpt"),
+    Framework("compile_inductor", "nanogpt.py", ("--compile", "inductor"), unwrapped="nanogpt"),
 ]
 BY_NAME = {fw.name: fw for fw in FRAMEWORKS}
-XFAIL: dict[tuple[str, str], str] = {}
+XFAIL: dict[tuple[str, str], str] = {
+    ("compile_inductor", "weights"): (
+        "torch.compile at op and mix level: the dump's dispatch mode stops dynamo, so under "
+        "the dump the inductor-compiled model runs eagerly and ends with other weights than "
+        "the compiled run without Sleuth (issue 25 item 4, owned by branch closure)"),
+}
 """(framework, check) -> the known tracer gap that makes that check fail"""
 
 

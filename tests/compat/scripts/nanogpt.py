@@ -134,7 +134,9 @@ def main() -> None:
 
     for it in range(args.steps):
         if it == 0:  # nanoGPT evaluates at iter 0, before the first optimizer step
-            print(f"eval before step 0: loss {estimate_loss():.4f}", flush=True)
+            eval_loss = estimate_loss()
+            if rank == 0:
+                print(f"eval before step 0: loss {eval_loss:.4f}", flush=True)
         set_step(it)
         for micro in range(args.accum):
             if distributed and not args.fsdp:  # all-reduce on the last micro-step only
