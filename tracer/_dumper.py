@@ -17,6 +17,8 @@ optimizer step is written with its records so far and ``status`` "interrupted" (
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import sys
@@ -109,6 +111,34 @@ def _in_data_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     info = getattr(data, "get_worker_info", None)
     return info is not None and info() is not None
+
+
+_takes_closure_first: dict[type, bool] = {}
+
+
+def with_closure(optimizer: Any, args: tuple, kwargs: dict, wrap: Any
+                 ) -> tuple[tuple, dict] | None:
+    """The (args, kwargs) of an ``optimizer.step`` call (``args[0]`` the optimizer) with its
+    closure replaced by ``wrap(closure)``, or None when the call passes no closure. A
+    positional argument counts as the closure only where the optimizer's ``step`` names its
+    first parameter ``closure`` (every torch optimizer's), so that an optimizer whose step
+    takes something else first is handed exactly what it was given."""
+    closure = kwargs.get("closure")
+    if closure is not None:
+        return args, {**kwargs, "closure": wrap(closure)}
+    if len(args) < 2 or args[1] is None:
+        return None
+    cls = type(optimizer)
+    first = _takes_closure_first.get(cls)
+    if first is None:
+        try:
+            names = list(inspect.signature(cls.step).parameters)
+        except (TypeError, ValueError):  # a step that cannot be inspected: leave it alone
+            names = []
+        first = _takes_closure_first[cls] = names[1:2] == ["closure"]
+    if not first:
+        return None
+    return (args[0], wrap(args[1]), *args[2:]), kwargs
 
 
 _live: weakref.WeakSet[Dumper] = weakref.WeakSet()
@@ -624,9 +654,13 @@ class Dumper:
         return before, stats
 
     # -- optimizer hooks ------------------------------------------------------------------------
-    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict
+                       ) -> tuple[tuple, dict] | None:
+        """Take the step's pre-step parameter copies and take the op mode off while the
+        optimizer runs; its closure, if any, is handed on wrapped so that its forward and
+        backward are recorded after all (`_recording`)."""
         if not self.capturing:
-            return
+            return None
         if self._mode is not None:
             self._mode.pop()  # the optimizer's own ops are not records
         if self.config.params:
@@ -637,6 +671,28 @@ class Dumper:
                     self._snapshots = {id(p): self._snapshot_param(p) for _, _, p in params}
             finally:
                 self._busy = False
+        if self._mode is None:
+            return None  # module hooks stay installed while the optimizer runs
+        return with_closure(optimizer, args, kwargs, self._recording)
+
+    def _recording(self, closure: Any) -> Any:
+        """`closure` run with the op mode pushed: what an ``optimizer.step(closure)`` call
+        evaluates (Lightning's training step, LBFGS's loss) is the model's forward and
+        backward, which belong to the step that this optimizer step ends. The optimizer's
+        own ops between evaluations stay unrecorded. The caller sees the closure's return
+        value and exceptions unchanged."""
+        mode = self._mode
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if not self.capturing or mode.active:
+                return closure(*args, **kwargs)
+            mode.push()
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                mode.pop()
+
+        return functools.wraps(closure)(recorded) if callable(closure) else closure
 
     def _snapshot_param(self, param: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
         """A copy of `param` before the optimizer changes it, and, when the fused kernel made

@@ -3,9 +3,9 @@
 Each op is scoped to a module: in forward the innermost running module (the ModuleTracker's
 stack), in backward the module whose forward created the autograd node now running (its tag in
 ``node.metadata``), else ``<none>``. Ops of the optimizer are not recorded (the mode is popped
-while ``optimizer.step()`` runs; its effect is recorded as ``update`` parameter records), nor
-are the ops the dump itself runs to compute statistics, nor forward ops re-run inside backward
-for activation recomputation. The hot path is a few dictionary look-ups per op.
+while ``optimizer.step()`` runs, pushed again while a closure given to it runs; its effect is
+recorded as ``update`` parameter records), nor are the ops the dump itself runs to compute
+statistics, nor forward ops re-run inside backward for activation recomputation. The hot path is a few dictionary look-ups per op.
 """
 from __future__ import annotations
 
