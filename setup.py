@@ -3,10 +3,10 @@ tracer's optional compiled part, the one-pass statistics kernel.
 
 The .pth line imports `sleuth._autoattach`, which does nothing unless a SLEUTH_* variable asks
 for a tool; that is what lets `SLEUTH_DUMP_CONFIG=dump.json python train.py` trace a script
-nobody edited. `tracer._fused` (tracer/_fused.c, plain C with GCC/Clang vector extensions, and
-tracer/_table.c, which packs the step files' tables) is `optional`: where no C compiler is
-there, or it fails, the install goes on and the tracer uses its numpy path. It needs neither
-torch nor a C++ compiler to build. Everything else about the build lives in pyproject.toml.
+nobody edited. `tracer.storage._fused` (tracer/storage/_fused.c, plain C with GCC/Clang vector
+extensions, and tracer/storage/_table.c, which packs the step files' tables) is `optional`: where no
+C compiler is there, or it fails, the install goes on and the tracer uses its numpy path. It needs
+neither torch nor a C++ compiler to build. Everything else about the build lives in pyproject.toml.
 """
 from pathlib import Path
 

@@ -1,5 +1,5 @@
 """What the writer's part of one statistics record costs inside a training step, with the
-statistics fast path (tracer/_fastpath.py) and without it, side by side in one process.
+statistics fast path (tracer/storage/_fastpath.py) and without it, side by side in one process.
 
 A record's Python runs on the caches the model's ops have just cooled, so it costs 2-3x what
 the same code costs in a loop; only a measurement inside real steps says what a change to the

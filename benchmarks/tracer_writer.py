@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from tracer._config import DumpConfig  # noqa: E402
 from tracer.storage._stats import host_stats  # noqa: E402
-from tracer.storage._writer import RecordMeta, make_writer  # noqa: E402
+from tracer.storage import RecordMeta, make_writer  # noqa: E402
 
 
 def meta(i: int) -> RecordMeta:

@@ -265,7 +265,8 @@ def profile(root: Path) -> Any:
 def dump(root: Path) -> Any:
     """The run's `tracer.Dump` (ranks, steps, stats, tensor)."""
     d = _need_dir(root, "dump", "this run has no tensor dump: run with --dump CONFIG")
-    open_dump = _api("tracer", "open_dump", "the dump page")
+    from tracer import open_dump
+
     stamp = tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) for s in _dir_stamps(r))
     return _cached(("dump", root), stamp, _reading("the dump", lambda: open_dump(root)))
 
@@ -288,7 +289,8 @@ def dump_hits(root: Path, rank: int, step: int) -> pd.DataFrame:
     """Watchpoint hits of one step: `tracer.check` over that step (the dump config's watchpoints
     plus NaN/Inf, and the hits recorded live); empty when unavailable."""
     try:
-        check = _api("tracer", "check", "watchpoint hits")
+        from tracer import check
+
         df = _cached(("hits", root, rank, step), dump_stamp(root),
                      lambda: check(root, rank=rank, step=step, first_nan=False))
     except Exception:  # noqa: BLE001 - hits are an overlay: the table shows without them
@@ -320,10 +322,36 @@ def diff(root_a: Path, root_b: Path, **kwargs: Any) -> Any:
     """`tracer.diff(a, b, **kwargs)`: a DiffResult with status, first_divergence, records."""
     for root in (root_a, root_b):
         _need_dir(root, "dump", f"run {root.name!r} has no tensor dump to diff: run both with --dump CONFIG")
-    run_diff = _api("tracer", "diff", "the diff page")
+    from tracer import diff as run_diff
+
     key = ("diff", root_a, root_b, tuple(sorted(kwargs.items())))
     return _cached(key, (dump_stamp(root_a), dump_stamp(root_b)),
                    _reading("the diff", lambda: run_diff(root_a, root_b, **kwargs)))
+
+
+def rank_diff(root_a: Path, root_b: Path, step: int | None = None) -> Any:
+    """`tracer.diff_ranks(a, b)`: every rank pair, the earliest divergence across ranks and the
+    rank x step table (in this process: a dashboard request never starts a pool)."""
+    for root in (root_a, root_b):
+        _need_dir(root, "dump", f"run {root.name!r} has no tensor dump to diff: run both with --dump CONFIG")
+    from tracer import diff_ranks
+
+    key = ("rank_diff", root_a, root_b, step)
+    return _cached(key, (dump_stamp(root_a), dump_stamp(root_b)),
+                   _reading("the diff over ranks",
+                            lambda: diff_ranks(root_a, root_b, step=step, workers=1)))
+
+
+def rank_count(root: Path) -> int:
+    """How many ranks the run's dump has (0 without a dump or when it does not open)."""
+    if not (root / "dump").is_dir():
+        return 0
+    from tracer.analysis import dump_ranks
+
+    try:
+        return len(_cached(("ranks", root), dump_stamp(root), lambda: dump_ranks(root)))
+    except Exception:  # noqa: BLE001 - the diff itself reports what does not read
+        return 0
 
 
 # ---------------------------------------------------------------- graphs

@@ -220,3 +220,44 @@ def diff_figure(records: pd.DataFrame, metrics: Sequence[str], *, first: int | N
     fig.update_layout(margin=dict(_LAYOUT["margin"], t=_LAYOUT["margin"]["t"] + DIFF_LABEL_SHIFT_PX))
     fig.update_xaxes(title_text="execution order", row=len(metrics), col=1)
     return fig
+
+
+RANK_STATES = ("same", "diverged", "interrupted", "missing", "unreadable")
+"""The cells of the rank x step grid, in colour order; any other problem state is "unreadable"."""
+_RANK_COLOURS = ("#c8e6c9", "#d62728", "#ffb74d", "#bdbdbd", "#6a1b9a")
+
+
+def rank_grid_figure(table: Mapping[int, Mapping[int, str]],
+                     earliest: tuple[int, int] | None = None) -> go.Figure:
+    """Rank x step grid of a diff over ranks, one cell per (rank, step) coloured by its status
+    (DiffResult tables: same, diverged, interrupted, missing, or a state that did not read),
+    the earliest divergence outlined. A click on a cell gives its rank (y) and step (x)."""
+    ranks = sorted(table)
+    steps = sorted({s for row in table.values() for s in row})
+    if not ranks or not steps:
+        return empty_figure("no step compared")
+    code = {state: i for i, state in enumerate(RANK_STATES)}
+    z, text = [], []
+    for r in ranks:
+        row = table[r]
+        states = [row.get(s, "missing") for s in steps]
+        states = [st if st in code else "unreadable" for st in states]
+        z.append([code[st] for st in states])
+        text.append(states)
+    n = len(RANK_STATES)
+    scale = []
+    for i, colour in enumerate(_RANK_COLOURS):  # a step function: one colour per state
+        scale += [[i / n, colour], [(i + 1) / n, colour]]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=steps, y=ranks, text=text, zmin=-0.5, zmax=n - 0.5, colorscale=scale,
+        xgap=1, ygap=1, colorbar=dict(tickvals=list(range(n)), ticktext=list(RANK_STATES)),
+        hovertemplate="rank %{y} step %{x}: %{text}<extra></extra>"))
+    if earliest is not None and earliest[0] in ranks and earliest[1] in steps:
+        # category axes place shapes by a category's index
+        i, j = steps.index(earliest[1]), ranks.index(earliest[0])
+        fig.add_shape(type="rect", x0=i - 0.5, x1=i + 0.5, y0=j - 0.5, y1=j + 0.5,
+                      line=dict(color="black", width=3))
+    fig.update_layout(xaxis=dict(title="step", type="category"),
+                      yaxis=dict(title="rank", type="category", autorange="reversed"),
+                      height=min(180 + 18 * len(ranks), 900), margin=dict(l=50, r=20, t=30, b=40))
+    return fig

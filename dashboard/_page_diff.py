@@ -5,7 +5,6 @@ damaged, partial or interrupted are named in an error panel, and the status is t
 "same"."""
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import pandas as pd
@@ -13,7 +12,7 @@ from dash import Input, Output, dcc, html
 
 from dashboard import _data
 from dashboard._context import Context
-from dashboard._figures import diff_figure, empty_figure
+from dashboard._figures import diff_figure, empty_figure, rank_grid_figure
 from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
                                 table_columns, table_records)
 
@@ -31,7 +30,8 @@ def layout(ctx: Context, q: dict[str, str]) -> html.Div:
         html.H2("Diff"),
         html.Div([run_picker("diff-a", ctx.runs, value=a, label="run A"),
                   run_picker("diff-b", ctx.runs, value=b, label="run B"),
-                  control("rank", dcc.Input(id="diff-rank", type="number", min=0, value=0, debounce=True), "diff-rank"),
+                  control("rank (empty: all)", dcc.Input(id="diff-rank", type="number", min=0, debounce=True),
+                          "diff-rank"),
                   control("step (empty: all)", dcc.Input(id="diff-step", type="number", min=0, debounce=True),
                           "diff-step"),
                   control("rank B (empty: same)", dcc.Input(id="diff-b-rank", type="number", min=0, debounce=True),
@@ -44,22 +44,10 @@ def layout(ctx: Context, q: dict[str, str]) -> html.Div:
 
 def call_diff(root_a: Any, root_b: Any, rank: int | None, step: int | None,
               b_rank: int | None = None, b_step: int | None = None) -> Any:
-    """tracer.diff on two runs (or two ranks or steps of one run), passing rank/step and B's
-    rank/step when its signature takes them."""
-    fn = _data._api("tracer", "diff", "the diff page")
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    kwargs: dict[str, Any] = {}
-    if rank is not None and "rank" in params:
-        kwargs["rank"] = int(rank)
-    if step is not None and "step" in params:
-        kwargs["step"] = int(step)
-    if b_rank is not None and "b_rank" in params:
-        kwargs["b_rank"] = int(b_rank)
-    if b_step is not None and "b_step" in params:
-        kwargs["b_step"] = int(b_step)
+    """tracer.diff on two runs (or two ranks or steps of one run) with A's rank and step and
+    B's; one left None takes tracer.diff's default."""
+    chosen = {"rank": rank, "step": step, "b_rank": b_rank, "b_step": b_step}
+    kwargs = {k: int(v) for k, v in chosen.items() if v is not None}
     return _data.diff(root_a, root_b, **kwargs)
 
 
@@ -168,6 +156,57 @@ def register(app: Any, ctx: Context) -> None:
     def _body(a, b, rank, step, b_rank, b_step, _v):
         return body(ctx, a, b, rank, step, b_rank, b_step)
 
+    @app.callback(Output("diff-rank", "value"), Output("diff-step", "value"),
+                  Input("diff-rank-grid", "clickData"), prevent_initial_call=True)
+    def _open_cell(click):
+        return cell_of(click)
+
+
+def cell_of(click: dict | None) -> tuple[Any, Any]:
+    """(rank, step) of a clicked cell of the rank x step grid: the one-pair diff opens there."""
+    from dash.exceptions import PreventUpdate
+
+    points = (click or {}).get("points") or []
+    if not points:
+        raise PreventUpdate
+    return int(points[0]["y"]), int(points[0]["x"])
+
+
+def ranks_body(ctx: Context, a: Any, b: Any, step: int | None) -> Any:
+    """Every rank of both runs: the earliest divergence across ranks, one line per rank that is
+    not the same, and the rank x step grid (a click opens that rank and step below)."""
+    ra, rb = ctx.root(a), ctx.root(b)
+    try:
+        result = _data.rank_diff(ra, rb, step)
+    except _data.NoData as e:
+        if _is_tracer_error(e.__cause__):
+            return [_error_panel(str(e))]
+        return [notice(e)]
+    status = str(result.status)
+    head: list[Any] = [
+        html.Span(f"status: {status}", id="diff-status",
+                  className="sleuth-badge " + ("on" if status == "same" else "off")),
+        html.Span(f"{len(result.ranks)} rank(s) compared, every rank with the same rank of B; "
+                  "click a cell to open that rank and step", className="sleuth-note")]
+    only = [f"rank(s) only in {side}: {', '.join(map(str, rs))}"
+            for side, rs in (("A", result.only_a), ("B", result.only_b)) if rs]
+    unread = [f"rank {r['rank']}: {r['error'] or '; '.join(p['path'] + ': ' + p['state'] for p in r['problems'][:3])}"
+              for r in result.ranks if r["status"] == "incomplete"]
+    if only or unread:
+        head.append(html.Div([html.Strong("not every rank was compared whole:"),
+                              html.Ul([html.Li(x) for x in only + unread])],
+                             id="diff-problems", className="sleuth-error", style=_ERROR_STYLE))
+    fd = result.earliest
+    earliest = None
+    if fd:
+        earliest = (int(fd["rank"]), int(fd["step"]))
+        where = " · ".join(f"{k}: {fd[k]}" for k in ("name", "module", "op", "source") if fd.get(k))
+        head += [html.P(f"earliest divergence: rank {fd['rank']} step {fd['step']} · {where}",
+                        id="diff-first"),
+                 graph_link(ra, a, str(fd.get("name", "")), "show {node} in the graph of run A")]
+    fig = rank_grid_figure(result.table(), earliest)
+    return [html.Div(head), dcc.Graph(id="diff-rank-grid", figure=fig)]
+
 
 def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_rank: int | None,
          b_step: int | None) -> Any:
@@ -179,6 +218,9 @@ def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_ran
         note = "start the dashboard with two runs to compare them: `sleuth dashboard RUN_A RUN_B`"
     else:
         note = None
+    if rank is None and b_rank is None and b_step is None and max(
+            _data.rank_count(ra), _data.rank_count(rb)) > 1:
+        return ranks_body(ctx, a, b, step)
     try:
         result = call_diff(ra, rb, rank, step, b_rank, b_step)
     except _data.NoData as e:

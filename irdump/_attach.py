@@ -15,7 +15,10 @@ How it works (kept simple on purpose):
    `forward_eager` and the link from each autograd node to its forward op.
 3. The first `torch.autograd.backward` call afterwards (so `loss.backward()`) walks the autograd
    graph of the real loss before running it, writes `backward`, and removes the patch. If the
-   model is called again before any backward, the backward stage is given up.
+   model is called again before any backward, the backward stage is given up. A first call
+   made without gradients (an evaluation before the first step, as nanoGPT does) has no
+   backward: `forward_eager` and `backward` are then taken again from the first call made
+   with gradients, so the backward graph belongs to a training step.
 Only rank 0 (`RANK` unset or 0) writes. Failures warn and never stop the run. Output goes to
 `$SLEUTH_SAVE_GRAPHS_PATH`, else `$SLEUTH_RUN_DIR/ir`, else `./sleuth_run/ir`.
 """
@@ -54,6 +57,7 @@ class GraphSaver:
         self._capture: Any = None
         self._backward_orig: Any = None
         self._backward_capture: Any = None
+        self._await_grad_call = False
         self.removed = False
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._pre_hook),
@@ -98,6 +102,8 @@ class GraphSaver:
         if self._model is not None:
             if module is self._model and self._backward_orig is not None:
                 self._give_up_backward()  # called again before any backward
+            elif module is self._model and self._await_grad_call and self._capture is None:
+                self._capture_grad_call(module, tuple(args), _call_kwargs(sys._getframe(1)))
             return
         if _wrapped(module) is not None:
             return  # the wrapped module's own call comes next: it is the model
@@ -141,8 +147,29 @@ class GraphSaver:
                     if not torch.equal(b, saved):
                         b.copy_(saved)
         self._write(graphs)
+        self._await_grad_call = not torch.is_grad_enabled()
         self._capture = DispatchCapture(module, args, kwargs, root_pushed=True)
         self._capture.start()
+
+    def _capture_grad_call(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """The first call with gradients after a first call without: record it for
+        `forward_eager` and `backward`."""
+        import torch
+
+        from irdump._capture_dispatch import DispatchCapture
+
+        if not torch.is_grad_enabled():
+            return
+        self._await_grad_call = False
+        self._busy = True
+        try:
+            self._capture = DispatchCapture(module, args, kwargs, root_pushed=True)
+            self._capture.start()
+        except Exception as e:  # noqa: BLE001 - never break the user's run
+            warnings.warn(f"sleuth irdump: forward_eager capture failed: {e}", stacklevel=3)
+            self._capture = None
+        finally:
+            self._busy = False
 
     def _post_hook(self, module: Any, args: Any, output: Any) -> None:
         if self._busy or module is not self._model or self._capture is None:
@@ -151,7 +178,8 @@ class GraphSaver:
         try:
             graph = capture.stop(output)
             self._write([graph])
-            self._patch_backward(capture)
+            if not self._await_grad_call:  # a call without gradients has no backward
+                self._patch_backward(capture)
         except Exception as e:  # noqa: BLE001
             warnings.warn(f"sleuth irdump: forward_eager capture failed: {e}", stacklevel=2)
 

@@ -97,8 +97,8 @@ def _clean(v: Any) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tracer.analysis._check import Coverage, check, describe_origin, find_first_nan
-    from tracer._errors import TracerError
+    from tracer import TracerError
+    from tracer.analysis import Coverage, check, describe_origin, find_first_nan
     from sleuth._cmd_dump import _open
 
     dump = _open(args.path)

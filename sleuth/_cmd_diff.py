@@ -192,7 +192,7 @@ def _nan_inf(r: dict) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     import tracer
-    from tracer._errors import TracerError
+    from tracer import TracerError
 
     try:
         tol = tracer.Tolerance(rtol=args.rtol, atol=args.atol, cosine_min=args.cosine_min)

@@ -18,7 +18,7 @@ def wants_ranks(args: argparse.Namespace) -> bool:
     """True when no rank was chosen and either side has more than one rank."""
     from pathlib import Path
 
-    from tracer.analysis._ranks import dump_ranks
+    from tracer.analysis import dump_ranks
 
     if args.rank is not None or args.b_rank is not None or args.b_step is not None:
         return False
@@ -31,8 +31,8 @@ def wants_ranks(args: argparse.Namespace) -> bool:
 
 
 def run_ranks(args: argparse.Namespace, tol: Any) -> int:
-    from tracer._errors import TracerError
-    from tracer.analysis._ranks import diff_ranks
+    from tracer import TracerError
+    from tracer.analysis import diff_ranks
 
     show = args.progress or sys.stderr.isatty()
 

@@ -95,7 +95,7 @@ def _human(n: int) -> str:
 def _ls(args: argparse.Namespace) -> int:
     import json
 
-    from tracer.analysis._check import file_rows
+    from tracer.analysis import file_rows
 
     d = _open(args.path)
     rows = sorted(file_rows(d), key=lambda r: (r["rank"] is None, r["rank"] or 0,
@@ -166,7 +166,7 @@ def _notes(rows: list[dict]) -> list[dict]:
 def _captured(d, rank: int, step: int) -> str:
     """How the first step file was dumped: level, mode and writer (and the op capture of a
     file written through the compiled op observer, which records a few ops differently)."""
-    from tracer.storage._reader import config_of, op_capture_of
+    from tracer.storage import config_of, op_capture_of
 
     attrs = d.attrs(rank, step)
     capture = op_capture_of(attrs)
@@ -180,7 +180,7 @@ def _show(args: argparse.Namespace) -> int:
     import re
 
     import tracer
-    from tracer.analysis._check import _READ_ERRORS
+    from tracer.analysis import TABLE_READ_ERRORS
 
     d = _open(args.path)
     rank = args.rank if args.rank is not None else (d.ranks[0] if d.ranks else 0)
@@ -200,7 +200,7 @@ def _show(args: argparse.Namespace) -> int:
         hits = d.hits(rank, step)
     except tracer.TracerError as e:
         raise CliError(str(e)) from e
-    except _READ_ERRORS as e:
+    except TABLE_READ_ERRORS as e:
         raise CliError(f"{d.path(rank, step)} is damaged: its tables do not read "
                        f"({type(e).__name__}: {e}); `sleuth dump ls` shows each file's "
                        f"status") from e

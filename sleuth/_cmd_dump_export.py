@@ -31,7 +31,7 @@ def _export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import tracer
-    from tracer.storage._export import export_parquet
+    from tracer.storage import export_parquet
 
     run = Path(args.path)
     if args.out:

@@ -1,13 +1,14 @@
 """Tensor dump for any PyTorch training run: capture, HDF5 dump format, reader, diff and checks.
 
-Public names are loaded lazily (PEP 562) so that `import tracer` costs nothing and the reader and
-diff work without importing torch. Each entry maps a public name to the private module that
-defines it; a test pins this list.
+A record is made in `tracer.capture`, measured, written and read back in `tracer.storage`, and
+compared and checked in `tracer.analysis`; `Dumper` drives the three, `DumpConfig` and the
+errors are shared by all. Public names are loaded lazily (PEP 562, tracer._lazy) so that
+`import tracer` costs nothing and the reader and diff work without importing torch. Each entry
+maps a public name to the module or subpackage face that provides it; a test pins this list.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from tracer._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # config and errors
@@ -22,33 +23,21 @@ _EXPORTS: dict[str, str] = {
     "Dumper": "tracer._dumper",
     "attach_from_env": "tracer._attach",
     # reading
-    "open_dump": "tracer.storage._reader",
-    "Dump": "tracer.storage._reader",
-    "RawTensor": "tracer.storage._reader",
-    "export_parquet": "tracer.storage._export",
-    "read_export": "tracer.storage._export",
+    "open_dump": "tracer.storage",
+    "Dump": "tracer.storage",
+    "RawTensor": "tracer.storage",
+    "export_parquet": "tracer.storage",
+    "read_export": "tracer.storage",
     # diff and checks
-    "diff": "tracer.analysis._diff",
-    "DiffResult": "tracer.analysis._diff",
-    "diff_ranks": "tracer.analysis._ranks",
-    "RankDiffResult": "tracer.analysis._ranks",
-    "Tolerance": "tracer.analysis._compare",
-    "check": "tracer.analysis._check",
-    "first_nan_origin": "tracer.analysis._check",
-    "WatchConfig": "tracer.analysis._watch",
+    "diff": "tracer.analysis",
+    "DiffResult": "tracer.analysis",
+    "diff_ranks": "tracer.analysis",
+    "RankDiffResult": "tracer.analysis",
+    "Tolerance": "tracer.analysis",
+    "check": "tracer.analysis",
+    "first_nan_origin": "tracer.analysis",
+    "WatchConfig": "tracer.analysis",
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tracer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

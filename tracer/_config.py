@@ -11,7 +11,6 @@ import dataclasses
 import difflib
 import fnmatch
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 from tracer._errors import ConfigError
+from tracer._validate import check_scalar
 
 ENV_VAR = "SLEUTH_DUMP_CONFIG"
 _DEFAULT_RUN_DIR = "./sleuth_run"
@@ -253,35 +253,6 @@ def load_json(text: str, source: str) -> Any:
         raise ConfigError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
 
 
-def check_scalar(key: str, value: Any, annotation: Any,
-                 bounds: tuple[float, float, str] | None = None) -> None:
-    """Validate one bool/int/float config value by its field annotation (a string under
-    `from __future__ import annotations`): the type, finiteness, and `bounds` (low, high, unit;
-    else >= 0). Other annotations are left to their own checks."""
-    kind = str(getattr(annotation, "__name__", annotation)).replace(" ", "")
-    optional = kind.endswith("|None")
-    kind = kind.removesuffix("|None")
-    if kind not in ("bool", "int", "float") or (optional and value is None):
-        return
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return
-    ok = (int,) if kind == "int" else (int, float)
-    if isinstance(value, bool) or not isinstance(value, ok):
-        what = "a whole number" if kind == "int" else "a number"
-        raise ConfigError(f"{key}: expected {what}, got {value!r}")
-    low, high, unit = bounds or (0, math.inf, "")
-    unit = f" {unit}" if unit else ""
-    if not math.isfinite(value) or not low <= value <= high:
-        def num(x: float) -> str:
-            return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-        span = (f" from {num(low)} to {num(high)}{unit}" if math.isfinite(high)
-                else f" >= {num(low)}{unit}" if math.isfinite(low) else "")
-        raise ConfigError(f"{key}: {value!r} is out of range; use a finite number{span}")
-
-
 def _suggest(value: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
@@ -380,20 +351,12 @@ def _check_watch(watch: Any) -> tuple[dict, ...]:
         raise ConfigError(f"watch: expected a list of watchpoint objects, got {watch!r}")
     watch = tuple(dict(w) for w in watch)
     if watch:
-        try:
-            from tracer.analysis import _watch  # written separately; validate only when it exists
-        except ModuleNotFoundError as e:
-            if e.name != "tracer.analysis._watch":
-                raise
-            return watch
-        validate = getattr(_watch, "validate_watch", None)
-        cls = getattr(_watch, "WatchConfig", None)
+        # here, not at the top: the watch conditions load only for a config that has some
+        from tracer.analysis import validate_watch
+
         for i, w in enumerate(watch):
             try:
-                if validate is not None:
-                    validate(w)
-                elif cls is not None and hasattr(cls, "from_dict"):
-                    cls.from_dict(w)
+                validate_watch(w)
             except ConfigError as e:
                 raise ConfigError(f"watch[{i}]: {e}") from e
     return watch

@@ -5,8 +5,8 @@ A Dumper counts steps, and while the current step is selected it installs the mo
 unselected step costs only torch's global optimizer hooks. Step rule (DESIGN.md, the one
 definition for the trainer, plain loops and `sleuth run`): a step begins when the previous
 ``optimizer.step()`` of any optimizer returns, or ``GradScaler.update()`` after an iteration
-whose optimizer step the scaler skipped (tracer._scaler), and ends when its own does, until the
-script calls ``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps
+whose optimizer step the scaler skipped (tracer.capture._scaler), and ends when its own does, until
+the script calls ``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps
 (and each optimizer step inside a step adds one more ``call`` of parameter records).
 
 What runs after the last optimizer step (``loss.item()``, ``zero_grad``, logging, a final
@@ -34,13 +34,11 @@ from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
-from tracer.analysis._flight import describe_exception, disarm_flight_recorder, on_crash
-from tracer.capture._compiled import EagerWhileDumped
-from tracer.capture._module_hooks import ModuleTracker, tool_range
-from tracer.capture._scaler import on_scaler_update
-from tracer.capture._scaler import rewrap as rewrap_scalers
-from tracer.capture._source import Site, user_source
-from tracer.storage._stats import copy_stats, difference_stats
+from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
+from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, on_scaler_update, tool_range,
+                            user_source)
+from tracer.capture import rewrap as rewrap_scalers
+from tracer.storage import copy_stats, difference_stats
 
 _graph_task_id = torch._C._current_graph_task_id
 # bumps a tensor's version counter after a write torch did not see (the fused kernels')
@@ -49,13 +47,13 @@ _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_
 
 
 def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
-    from tracer.storage._writer import make_writer
+    from tracer.storage import make_writer
 
     return make_writer(config, rank=rank, world_size=world_size)
 
 
 def _record_meta() -> Any:
-    from tracer.storage._writer import RecordMeta
+    from tracer.storage import RecordMeta
 
     return RecordMeta
 
@@ -229,7 +227,7 @@ class Dumper:
         _live.add(self)
         self._tracker = ModuleTracker(self, model)
         if self.config.level in ("op", "mix"):
-            from tracer.capture._op_mode import OpMode
+            from tracer.capture import OpMode
 
             self._mode = OpMode(self, self._tracker)
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
@@ -335,7 +333,7 @@ class Dumper:
         `stats`: statistics computed already (see `Writer.add`). `defer`: nothing writes the
         tensor until the queue is settled (a gradient handed to a backward hook: settled when
         the backward pass ends; a parameter's gradient in `_record_params`: settled there), so
-        its statistics may be taken on the helper thread meanwhile (tracer._queued).
+        its statistics may be taken on the helper thread meanwhile (tracer.storage._queued).
         """
         if self._busy or not self.capturing:
             return
@@ -428,12 +426,12 @@ class Dumper:
         if self._writer is None:
             self._meta = _record_meta()
             self._writer = _make_writer(self.config, self.rank, self.world_size)
-            from tracer.storage._writer import Writer
+            from tracer.storage import Writer
 
             # a tracer writer takes the full call; a stand-in gets the plain one
             self._takes_stats = isinstance(self._writer, Writer)
             self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
-            from tracer.analysis._watch import install_watch
+            from tracer.analysis import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
             install_watch(self._writer, self.config)
@@ -561,7 +559,7 @@ class Dumper:
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning
         and a line in the rank's notes.jsonl, both with the number of records dropped."""
-        from tracer.storage._format import step_path
+        from tracer.storage import step_path
 
         records = self._writer.next_seq
         self._writer.end_step(drop=True)
@@ -585,7 +583,7 @@ class Dumper:
                       stacklevel=4)
 
     def _crashed(self, reason: str) -> None:
-        """The process is dying (an uncaught exception, SIGTERM; tracer._flight's hooks):
+        """The process is dying (an uncaught exception, SIGTERM; tracer.analysis._flight's hooks):
         write the open step, marked interrupted, while it still can."""
         if not self._closed and self.enabled:
             self.close(interrupted=reason)

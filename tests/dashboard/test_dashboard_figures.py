@@ -209,7 +209,7 @@ def test_graph_search_and_svg_highlight():
 
 
 def test_diff_passes_ranks_and_steps_to_tracer(monkeypatch, tmp_path):
-    from dashboard import _data
+    import tracer
     from dashboard._page_diff import call_diff
 
     seen = {}
@@ -218,7 +218,7 @@ def test_diff_passes_ranks_and_steps_to_tracer(monkeypatch, tmp_path):
         seen.update(a=a, b=b, step=step, rank=rank, b_step=b_step, b_rank=b_rank)
         return SimpleNamespace(status="same", first_divergence=None, records=pd.DataFrame())
 
-    monkeypatch.setattr(_data, "_api", lambda *a: fake_diff)
+    monkeypatch.setattr(tracer, "diff", fake_diff)
     for r in ("a", "b"):
         (tmp_path / r / "dump" / "rank0").mkdir(parents=True)
     call_diff(tmp_path / "a", tmp_path / "b", 0, 3, 1, 4)

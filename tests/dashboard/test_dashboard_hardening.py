@@ -179,7 +179,7 @@ def test_damaged_dump_step_is_a_read_error(tmp_path):
     from dashboard import _data
     from dashboard._widgets import notice
     from tracer._config import DumpConfig
-    from tracer.storage._writer import RecordMeta, make_writer
+    from tracer.storage import RecordMeta, make_writer
 
     run = write_run(tmp_path / "r", name="r", steps=2)
     w = make_writer(DumpConfig(path=str(run), writer="sync"), rank=0, world_size=1)

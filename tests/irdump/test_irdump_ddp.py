@@ -135,6 +135,45 @@ def test_attach_captures_a_keyword_call_and_leaves_training_bit_identical(tmp_pa
     assert (tmp_path / "ir" / "02_backward.ir").exists()
 
 
+def test_an_evaluation_before_the_first_step_still_gives_the_training_backward(tmp_path):
+    """nanoGPT evaluates (no_grad, eval mode) before its first step: the backward graph is
+    then taken from the first call with gradients, not given up, and training is untouched."""
+    import torch
+    from torch import nn
+
+    from irdump._attach import GraphSaver
+
+    def train(saver_path=None):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        saver = GraphSaver(saver_path) if saver_path else None
+        try:
+            model.eval()
+            with torch.no_grad():
+                model(torch.randn(4, 6))
+            model.train()
+            for _ in range(2):
+                model(torch.randn(4, 6)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            if saver is not None:
+                saver.remove()
+        return model.state_dict(), torch.rand(1)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "backward graph is not saved" fails
+        state, after = train(tmp_path / "ir")
+    plain_state, plain_after = train()
+    assert all(torch.equal(state[k], plain_state[k]) for k in plain_state)
+    assert torch.equal(after, plain_after)
+    backward = (tmp_path / "ir" / "02_backward.ir").read_text()
+    assert "stage: backward" in backward
+    eager = (tmp_path / "ir" / "03_forward_eager.ir").read_text()
+    assert "aten.bernoulli_" in eager  # dropout: from the training call, not the evaluation
+
+
 
 def test_several_processes_never_fall_back_to_a_forward_of_their_own(tmp_path, monkeypatch):
     """Where export fails under several processes, no traced call runs (it would run the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,8 @@ def test_help_points_to_guides_that_sleuth_docs_prints(capsys):
     assert "`sleuth docs` lists the guides" in capsys.readouterr().out
     assert main(["docs"]) == 0
     listing = capsys.readouterr().out
-    assert "readme" in listing and "dump-config  Dump config" in listing
+    # the title column is as wide as the longest topic name, whichever guides there are
+    assert "readme" in listing and re.search(r"^dump-config +Dump config", listing, re.M)
     assert main(["docs", "dump-config"]) == 0
     assert capsys.readouterr().out == (REPO / "docs" / "dump-config.md").read_text()
     assert main(["docs", "dump-confg"]) == 2

@@ -20,7 +20,7 @@ from torch import nn
 
 import tracer
 from tracer.storage._format import FORMAT_VERSION
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN_3_0 = Path(__file__).parent / "data" / "dump_format_3_0_rank0_step5.h5"

@@ -1,5 +1,5 @@
-"""The op level through its one capture, the dispatch mode (tracer._op_mode), as users meet it:
-order against the module records, filters, diff and watchpoints on op records, the hard cases
+"""The op level through its one capture, the dispatch mode (tracer.capture._op_mode), as users meet
+it: order against the module records, filters, diff and watchpoints on op records, the hard cases
 of a real step, tensor subclasses and other dispatch modes; and what the module level keeps
 across Dumpers and at the parameter records."""
 from __future__ import annotations

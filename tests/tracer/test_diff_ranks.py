@@ -12,7 +12,7 @@ import tracer
 from sleuth.cli import main
 from tests.tracer.test_dump_cli import damage_records
 from tracer._config import DumpConfig
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 
 def write_run(root: Path, ranks: int, steps=(1, 2, 3), bump: dict | None = None) -> Path:
@@ -113,3 +113,42 @@ def test_a_scheduler_that_is_not_there_is_a_clear_error(pair, capsys):
     err = capsys.readouterr().err
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in err
     assert "Traceback" not in err
+
+
+def test_each_rank_task_reads_its_own_rank(pair, monkeypatch):
+    """A task opens its rank's folder, never the other ranks' files (n ranks must not cost n^2
+    file opens), and a step missing on one rank is still named with its full path."""
+    from tracer.storage import _reader
+
+    a, b = pair
+    (b / "dump" / "rank1" / "step3.h5").unlink()
+    opened: list[str] = []
+    real = _reader._probe
+
+    def probe(path, rank, step):
+        opened.append(str(path))
+        return real(path, rank, step)
+
+    monkeypatch.setattr(_reader, "_probe", probe)
+    from tracer.analysis._ranks import diff_one_rank
+
+    res = diff_one_rank(2, str(a), str(b), None, tracer.Tolerance(), False)
+    assert opened and all("/rank2/" in p for p in opened)
+    res = diff_one_rank(1, str(a), str(b), None, tracer.Tolerance(), False)
+    assert res["status"] == "diverged" and res["exit_code"] == 1
+    missing = [p for p in res["problems"] if p["state"] == "missing"]
+    assert [(p["side"], p["step"], p["path"]) for p in missing] == [
+        ("B", 3, str(b / "dump" / "rank1" / "step3.h5"))]
+
+
+def test_streamed_diff_says_what_the_whole_diff_says(pair, tmp_path):
+    """keep_records=False (one step at a time, as every rank task runs) gives the same status,
+    first divergence, counts, steps, problems and notes as the diff that keeps every row."""
+    a, b = pair
+    (b / "dump" / "rank1" / "step1.h5").unlink()
+    for rank in (0, 1, 2):
+        whole = tracer.diff(a, b, rank=rank)
+        streamed = tracer.diff(a, b, rank=rank, keep_records=False)
+        assert streamed.records.empty and len(whole.records)
+        assert streamed.to_dict(records=False) == whole.to_dict(records=False), rank
+    assert tracer.diff(a, b, rank=2, keep_records=False).first_divergence["step"] == 2

@@ -10,7 +10,7 @@ import torch
 
 from sleuth.cli import main
 from tracer._config import DumpConfig
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 
 @pytest.fixture

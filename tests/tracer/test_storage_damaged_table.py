@@ -12,7 +12,7 @@ from sleuth.cli import main
 from tracer._config import DumpConfig
 from tracer._errors import DumpFormatError
 from tracer.storage._reader import open_dump
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 
 def _one_step(run) -> None:

@@ -15,7 +15,7 @@ import tracer
 from sleuth.cli import main
 from tests.tracer.test_dump_cli import damage_records
 from tracer._config import DumpConfig
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The statistics-mode fast path (tracer._fastpath) against the general path it shortcuts."""
+"""The statistics-mode fast path (tracer.storage._fastpath) against the general path it
+shortcuts."""
 from __future__ import annotations
 
 import pytest
@@ -8,11 +9,12 @@ import tracer.storage._fastpath as fastpath
 import tracer.storage._writer as writer_module
 from models import stranger_models, train_and_dump
 from tracer._config import DumpConfig
+from tracer.storage import RecordMeta, make_writer
 from tracer.storage._stats import fused_available
-from tracer.storage._writer import RecordMeta, make_writer
 
 pytestmark = pytest.mark.skipif(not fused_available(),
-                                reason="the fast path needs the C kernel (tracer/_fused.c)")
+                                reason="the fast path needs the C kernel "
+                                "(tracer/storage/_fused.c)")
 
 
 def general_only(monkeypatch) -> None:

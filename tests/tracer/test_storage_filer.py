@@ -1,4 +1,4 @@
-"""The async writer's step files are written by a helper process (tracer._filer): whole
+"""The async writer's step files are written by a helper process (tracer.storage._filer): whole
 statistics-only files, and the HDF5 part of files with tensor bytes (the bytes are written by
 the parent); the parent falls back from it without losing a step."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError
 from tracer.storage._reader import open_dump
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 
 def meta(i: int) -> RecordMeta:

@@ -95,7 +95,7 @@ def write_golden(path: Path, tensors: dict[str, torch.Tensor], step: int) -> Non
     import tempfile
 
     from tracer._config import DumpConfig
-    from tracer.storage._writer import RecordMeta, make_writer
+    from tracer.storage import RecordMeta, make_writer
 
     run = Path(tempfile.mkdtemp())
     w = make_writer(DumpConfig(path=str(run), writer="sync", mode="full"), rank=0,

@@ -21,7 +21,7 @@ RECORDS = 12
 WRITER = f"""
 import sys, torch
 from tracer._config import DumpConfig
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 w = make_writer(DumpConfig(path=sys.argv[1], writer="async", mode="full",
                            async_max_queued_mb=8), rank=0, world_size=1)
 step = 0

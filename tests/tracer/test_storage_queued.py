@@ -1,4 +1,4 @@
-"""Backward records whose statistics the kernel's helper thread takes (tracer._queued).
+"""Backward records whose statistics the kernel's helper thread takes (tracer.storage._queued).
 
 Tiny test models have tiny gradients, below the size worth queueing, so these tests lower
 `MIN_ELEMENTS` to queue every backward record, and compare against the hook-time path.

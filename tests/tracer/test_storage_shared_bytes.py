@@ -18,7 +18,7 @@ from tracer.storage import _format
 from tracer._config import DumpConfig
 from tracer.analysis._diff import diff
 from tracer.storage._reader import open_dump
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 from models import stranger_models
 

@@ -10,7 +10,7 @@ import torch
 import shutil
 
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, fused_available,
-                           host_stats, numpy_host_stats)
+                                   host_stats, numpy_host_stats)
 
 INF, NAN = math.inf, math.nan
 
@@ -146,8 +146,8 @@ def test_float32_overflowing_sum_is_redone_wide():
 
 
 def test_the_c_kernel_is_built_where_a_compiler_is():
-    # the install builds tracer/_fused.c (setup.py; install.sh also in place for the checkout):
-    # without this, every statistics test above would quietly test only the numpy path
+    # the install builds tracer/storage/_fused.c (setup.py; install.sh also in place for the
+    # checkout): without this, every statistics test above would quietly test only the numpy path
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the tracer runs on its numpy path")
     assert fused_available(), "tracer.storage._fused is missing: run bash scripts/install.sh"
@@ -263,7 +263,7 @@ def test_reused_statistics_match_the_stored_tensor(tmp_path, writer):
 def count_statistics(monkeypatch) -> list:
     """A list that gets the element count of each tensor whose statistics a writer computes
     (not reused): counted at the kernel when it is built (the general path's host_stats and
-    tracer._fastpath both end there), else at host_stats."""
+    tracer.storage._fastpath both end there), else at host_stats."""
     import tracer.storage._async as async_module
     import tracer.storage._writer as writer_module
     from tracer.storage import _stats
@@ -297,7 +297,7 @@ def count_statistics(monkeypatch) -> list:
 
 def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     from tracer._config import DumpConfig
-    from tracer.storage._writer import RecordMeta, make_writer
+    from tracer.storage import RecordMeta, make_writer
 
 
     calls = count_statistics(monkeypatch)
@@ -337,7 +337,7 @@ def test_view_outputs_take_their_base_version(tmp_path, monkeypatch):
     mode returns; the mode passes the base's version, so the view reuses the base's statistics,
     and a later view of the changed base does not reuse stale ones."""
     from tracer._config import DumpConfig
-    from tracer.storage._writer import RecordMeta, make_writer
+    from tracer.storage import RecordMeta, make_writer
 
     calls = count_statistics(monkeypatch)
     rows = []

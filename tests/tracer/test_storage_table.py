@@ -1,4 +1,5 @@
-"""The step file's tables packed in C (`pack_rows`, tracer/_table.c) against numpy's packing.
+"""The step file's tables packed in C (`pack_rows`, tracer/storage/_table.c) against numpy's
+packing.
 
 `table_array` takes the C kernel's packing where it is built and numpy's otherwise; the two
 must give the same array, byte for byte and dtype metadata included, for every row the writers

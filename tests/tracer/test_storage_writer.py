@@ -13,7 +13,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._reader import open_dump
-from tracer.storage._writer import RecordMeta, make_writer
+from tracer.storage import RecordMeta, make_writer
 
 
 def meta(name: str, i: int = 0) -> RecordMeta:

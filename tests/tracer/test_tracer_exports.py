@@ -1,22 +1,56 @@
 """The tracer's public API: pinned, every name resolvable, and `import tracer` stays free."""
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import tracer
+import tracer.analysis
+import tracer.storage
 
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
-    "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError", "WatchConfig",
-    "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks", "export_parquet",
-    "first_nan_origin", "open_dump", "read_export",
+    "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError",
+    "WatchConfig", "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks",
+    "export_parquet", "first_nan_origin", "open_dump", "read_export",
 ]
+
+
+FACES = {
+    "capture": ["EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "on_scaler_update",
+                "rewrap", "tool_range", "user_source"],
+    "storage": ["Dump", "RECORD_FIELDS", "RUN_FILE", "RawTensor", "RecordMeta", "Writer", "c_order_bytes",
+                "config_of", "copy_stats", "decode_bits", "dense_strides", "difference_stats",
+                "element_size", "export_parquet", "make_writer", "op_capture_of", "open_dump",
+                "parse_shape", "read_export", "step_path", "stored_extent"],
+    "analysis": ["Coverage", "DiffResult", "RankDiffResult", "TABLE_READ_ERRORS", "Tolerance",
+                 "WatchConfig", "check", "describe_exception", "describe_origin", "diff",
+                 "diff_ranks", "disarm_flight_recorder", "dump_ranks", "file_rows",
+                 "find_first_nan", "first_nan_origin", "install_watch", "on_crash",
+                 "read_flight_recorder", "validate_watch"],
+}
 
 
 def test_all_is_pinned_and_sorted():
     assert tracer.__all__ == EXPECTED
+
+
+def test_each_face_is_pinned_and_resolves():
+    """What the subpackages offer each other, the Dumper and the CLI (docs/architecture.md)."""
+    for sub, names in FACES.items():
+        face = importlib.import_module(f"tracer.{sub}")
+        assert face.__all__ == names, sub
+        for name in names:
+            assert getattr(face, name) is not None, (sub, name)
+        assert set(names) <= set(dir(face))
+
+
+def test_public_names_are_the_faces_objects():
+    assert tracer.open_dump is tracer.storage.open_dump
+    assert tracer.diff is tracer.analysis.diff
+    assert tracer.WatchConfig is tracer.analysis.WatchConfig
 
 
 def test_every_public_name_resolves():

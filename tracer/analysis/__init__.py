@@ -1,2 +1,40 @@
-"""Where records are compared and judged: alignment and comparison of two dumps, `diff`,
-watchpoints (live and offline), `check`, the first NaN's origin and the flight recorder."""
+"""Where records are compared and judged: two dumps aligned and compared (`diff`), watchpoints
+checked live and offline (`check`), the first NaN traced to its origin, and the flight recorder
+that keeps the last steps' statistics for a crash.
+
+Reads dumps through `tracer.storage`'s reader only; `diff` and `check` need no torch. Names load
+lazily (tracer._lazy); a test pins this list.
+"""
+from __future__ import annotations
+
+from tracer._lazy import lazy_exports as _lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    # diff
+    "DiffResult": "tracer.analysis._diff",
+    "diff": "tracer.analysis._diff",
+    "Tolerance": "tracer.analysis._compare",
+    "RankDiffResult": "tracer.analysis._ranks",
+    "diff_ranks": "tracer.analysis._ranks",
+    "dump_ranks": "tracer.analysis._ranks",
+    # check and the first NaN
+    "Coverage": "tracer.analysis._check",
+    "TABLE_READ_ERRORS": "tracer.analysis._check",
+    "check": "tracer.analysis._check",
+    "describe_origin": "tracer.analysis._check",
+    "file_rows": "tracer.analysis._check",
+    "find_first_nan": "tracer.analysis._check",
+    "first_nan_origin": "tracer.analysis._check",
+    # watchpoints, live and offline
+    "WatchConfig": "tracer.analysis._watch",
+    "install_watch": "tracer.analysis._watch",
+    "validate_watch": "tracer.analysis._watch",
+    # flight recorder
+    "describe_exception": "tracer.analysis._flight",
+    "disarm_flight_recorder": "tracer.analysis._flight",
+    "on_crash": "tracer.analysis._flight",
+    "read_flight_recorder": "tracer.analysis._flight",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -24,10 +24,10 @@ HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "directio
                "condition", "value", "origin")
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 _STEP_FILE = re.compile(r"^step(\d+)\.h5(?:\.partial)?$")
-# what a damaged HDF5 file raises while its tables are read: the reader's own error for a table
-# it recognises as damaged, and h5py's for metadata that does not read
-_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError,
-                RuntimeError)
+TABLE_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError,
+                     RuntimeError)
+"""What a damaged HDF5 file raises while its tables are read: the reader's own error for a table
+it recognises as damaged, and h5py's for metadata that does not read."""
 
 
 @dataclass
@@ -118,7 +118,7 @@ def read_steps(dump: Any, coverage: Coverage, *, rank: int | None = None,
         try:
             attrs = dump.attrs(r, s)
             df = dump.stats(r, s)
-        except _READ_ERRORS as e:
+        except TABLE_READ_ERRORS as e:
             coverage.unread.append({"path": path, "rank": r, "step": s,
                                     "reason": f"damaged: {type(e).__name__}: {e}"})
             continue
@@ -134,7 +134,7 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
     """One row per step file of a dump, unread ones included: rank, step, records,
     tensor_bytes, file_bytes, status ("complete", "interrupted", "damaged", "partial",
     "unreadable"), reason, path. Each /records table is read, so damage shows here."""
-    from tracer.storage._reader import Dump
+    from tracer.storage import Dump
 
     rows = []
     for r in dump.ranks:
@@ -148,7 +148,7 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
                     row.update(one.summary().iloc[0].to_dict())
                     row["status"], row["reason"] = step_status(one.attrs(r, s))
                     one.stats(r, s)
-            except _READ_ERRORS as e:
+            except TABLE_READ_ERRORS as e:
                 row["status"], row["reason"] = "damaged", f"{type(e).__name__}: {e}"
             row.pop("complete", None)
             rows.append(row)
@@ -198,7 +198,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
     """
     import pandas as pd
 
-    from tracer.storage._reader import open_dump
+    from tracer.storage import open_dump
 
     dump = path if hasattr(path, "stats") else open_dump(path)
     explicit = parse_watch(list(watch)) if watch is not None else None
@@ -230,7 +230,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
                              "origin": "offline"})
         try:
             live = dump.hits(r, s)
-        except _READ_ERRORS as e:
+        except TABLE_READ_ERRORS as e:
             coverage.unread.append({"path": str(dump.path(r, s)), "rank": r, "step": s,
                                     "reason": f"damaged /hits table: {type(e).__name__}: {e}"})
             continue
@@ -257,7 +257,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
 
 # -- first NaN ------------------------------------------------------------------------------------
 def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
-    from tracer.storage._reader import config_of
+    from tracer.storage import config_of
 
     configured = config_of(attrs).get("nan_allow") or ()
     try:
@@ -278,13 +278,20 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
                    step: int | None = None, nan_allow: Iterable[str] = ()
                    ) -> dict[str, Any] | None:
     """`first_nan_origin` on an open Dump, filling `coverage` with what it read and could not.
-    The answer carries `unread_before`: unread files whose step may come before it."""
+    The answer carries `unread_before`: unread files whose step may come before it.
+
+    Across ranks, the earliest step wins; within that step every rank's origin is found and
+    the one earliest in execution order (seq: data-parallel ranks run the same program) is the
+    answer, so a NaN one rank makes and the others receive through a collective is blamed on
+    the rank that made it, not on the lowest rank number. The others are listed under
+    `other_ranks` (rank, name, kind, seq, source)."""
     patterns = _as_str_tuple("nan_allow", list(nan_allow))
     found: dict[str, Any] | None = None
+    others: list[dict[str, Any]] = []
     for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step, by_step=True):
         if found is not None and s > found["step"]:
             break  # an earlier step already holds the origin
-        if found is not None or not len(df):
+        if not len(df):
             continue
         if not ((df["nan"] > 0) | (df["posinf"] > 0) | (df["neginf"] > 0)).any():
             continue
@@ -294,15 +301,23 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
                 return None
             try:
                 return finite_params(_rows(dump.stats(r, s - 1)))
-            except _READ_ERRORS:
+            except TABLE_READ_ERRORS:
                 return None
 
         origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
         if origin is not None:
             status, reason = step_status(attrs)
-            found = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason}
+            here = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason}
+            if found is None or (int(here["seq"]), r) < (int(found["seq"]), found["rank"]):
+                if found is not None:
+                    others.append(found)
+                found = here
+            else:
+                others.append(here)
     if found is not None:
         found["unread_before"] = coverage.unread_before(found["step"])
+        found["other_ranks"] = [{k: o.get(k) for k in ("rank", "name", "kind", "seq", "source")}
+                                for o in sorted(others, key=lambda o: (int(o["seq"]), o["rank"]))]
     return found
 
 
@@ -311,14 +326,14 @@ def first_nan_origin(dump_or_path: Any, *, rank: int | None = None, step: int | 
     """Where the first NaN/Inf of a dump came from, in execution order (steps ascending, then
     forward, backward, optimizer): the op or module that made it from finite inputs, the
     in-place op that wrote it into a finite tensor, or the value no dumped call made
-    (tracer._origin says how). Values that a later op absorbs (a causal mask's -inf before
+    (tracer.analysis._origin says how). Values that a later op absorbs (a causal mask's -inf before
     softmax) and records matching `nan_allow` (or the dump config's) are passed over.
 
     Returns a dict (name, module, op, phase, step, rank, source, seq, counts, values, kind,
     inputs, why, status, unread_before, ...) or None when the readable steps hold no NaN/Inf
     that counts. With several ranks, the earliest step wins. Unread files are only listed in
     `unread_before`; `check()` and `sleuth check` report them."""
-    from tracer.storage._reader import open_dump
+    from tracer.storage import open_dump
 
     dump = dump_or_path if hasattr(dump_or_path, "stats") else open_dump(dump_or_path)
     return find_first_nan(dump, Coverage(), rank=rank, step=step, nan_allow=nan_allow)
@@ -333,6 +348,13 @@ def describe_origin(o: dict[str, Any]) -> str:
     status = "" if o.get("status", "complete") == "complete" else \
         f" (step {o['status']}: {o.get('status_reason') or 'no reason recorded'})"
     where = o["source"] or "unknown source"
-    return (f"first {o.get('values', 'NaN/Inf')}: {o['name']} ({op}{module}, {o['phase']}, "
+    text = (f"first {o.get('values', 'NaN/Inf')}: {o['name']} ({op}{module}, {o['phase']}, "
             f"step {o['step']}{status}, rank {o['rank']}) at {where}: {counts} of {o['numel']} "
             f"elements; {o['why']}")
+    later = o.get("other_ranks") or []
+    if later:
+        shown = "; ".join(f"rank {x['rank']} at {x['name']}" for x in later[:4])
+        more = f" and {len(later) - 4} more" if len(later) > 4 else ""
+        text += (f". Later in that step (in execution order) {len(later)} other rank(s) hold "
+                 f"non-finite values, received or made after it: {shown}{more}")
+    return text

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tracer._errors import ConfigError, TracerError
-from tracer.storage._reader import decode_bits, element_size
+from tracer.storage import decode_bits, element_size
 
 # (rtol, atol, cosine_min) per dtype family, loosest last. A pair is judged with the looser of
 # its two dtypes, so fp32 against bf16 gets bf16's tolerance instead of a sea of false alarms.

@@ -4,8 +4,8 @@ diverges, in execution order.
 The diff streams: statistics tables are read whole (no tensor bytes), tensors are read in
 bounded chunks straight from the packed `/tensors` dataset, so a dump larger than RAM costs one
 chunk of memory per side. Only numpy, h5py and pandas are used here, never torch. Which steps
-are compared, and what could not be, is decided in tracer._diff_plan; tensor bytes are read and
-checked in tracer._diff_read.
+are compared, and what could not be, is decided in tracer.analysis._diff_plan; tensor bytes are read
+and checked in tracer.analysis._diff_read.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from tracer.analysis._compare import Tolerance, compare_stats, nonfinite_differ
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
-from tracer.storage._reader import op_capture_of
+from tracer.storage import op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
@@ -64,6 +64,8 @@ class DiffResult:
     steps: list[dict[str, Any]] = field(default_factory=list)
     """One dict per compared step pair: rank, step, b_rank, b_step, status ("complete" or
     "interrupted", the worse of the two sides), reason, and its records' same/diverged counts."""
+    record_counts: dict[str, int] | None = None
+    """Records per verdict, kept when `records` is not (`diff(keep_records=False)`)."""
 
     @property
     def exit_code(self) -> int:
@@ -80,6 +82,8 @@ class DiffResult:
 
     def counts(self) -> dict[str, int]:
         """Number of records per verdict (same, diverged, only_a, only_b)."""
+        if self.record_counts is not None:
+            return dict(self.record_counts)
         v = self.records["verdict"].value_counts()
         return {k: int(v.get(k, 0)) for k in ("same", "diverged", "only_a", "only_b")}
 
@@ -258,7 +262,7 @@ class _StderrProgress:
 def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
          rank: int | None = 0, b_step: int | None = None, b_rank: int | None = None,
          tolerance: Tolerance | None = None, progress: bool = False,
-         allow_missing: bool = False) -> DiffResult:
+         allow_missing: bool = False, keep_records: bool = True) -> DiffResult:
     """Compare dump A with dump B record by record and name the first divergent record.
 
     Args:
@@ -270,6 +274,9 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         progress: print progress on stderr (for long diffs).
         allow_missing: compare only the steps both sides hold complete and readable; the
             others go to `left_out` instead of `problems`.
+        keep_records: False reads, compares and forgets one step at a time, so memory holds
+            one step's tables whatever the number of steps; `records` is then empty and
+            `record_counts`, `first_divergence`, `steps` and the notes carry the answer.
 
     Returns:
         DiffResult with `.status`, `.exit_code`, `.first_divergence`, `.problems` and
@@ -287,6 +294,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     sa, sb = open_side(a, "A"), open_side(b, "B")
     sel = plan(sa, sb, step, rank, b_step, b_rank, allow_missing)
     problems, notes = list(sel.problems), list(sel.notes)
+    if not keep_records:
+        return _streamed(sa, sb, sel, tol, problems, notes, pd)
     tables = []
     total = 0
     for pl in sel.plans:
@@ -320,6 +329,56 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     finally:
         bar.close()
     return _result(rows, kinds, notes, problems, sel.left_out, steps, pd)
+
+
+def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Problem],
+              notes: list[str], pd: Any) -> DiffResult:
+    """`diff` one step pair at a time: each step's tables are read, compared, summarised
+    (verdict counts, its first divergence, dtype mismatches) and dropped."""
+    summary = _Summary()
+    steps: list[dict[str, Any]] = []
+    kinds: set[str] = set()
+    bar = _StderrProgress(0, 1, False)
+    for pl in sel.plans:
+        try:
+            ta = _stats(sa, pl[0], pl[1])
+            tb = _stats(sb, pl[2], pl[3])
+        except ReadError as e:
+            problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), "unreadable",
+                                    str(e)))
+            continue
+        rows: list[dict] = []
+        try:
+            _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes)
+        except ReadError as e:
+            problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
+                                    str(e)))
+            continue
+        steps.append(_step_summary(pl, rows, problems))
+        summary.add(_ordered(rows))
+    return _result([], kinds, notes, problems, sel.left_out, steps, pd, summary)
+
+
+class _Summary:
+    """What `_result` needs of the rows, gathered one step at a time."""
+
+    def __init__(self) -> None:
+        self.counts = {k: 0 for k in ("same", "diverged", "only_a", "only_b")}
+        self.first: dict[str, Any] | None = None
+        self.mixed = 0
+        self.first_mixed: dict[str, Any] | None = None
+
+    def add(self, rows: list[dict]) -> None:
+        for r in rows:
+            if r["verdict"] in self.counts:
+                self.counts[r["verdict"]] += 1
+        fd = _first_divergence(rows)
+        if fd is not None and (self.first is None or fd["step"] < self.first["step"]):
+            self.first = fd
+        mixed = [r for r in rows if r["dtype"] and r["b_dtype"] and r["dtype"] != r["b_dtype"]]
+        self.mixed += len(mixed)
+        if mixed and (self.first_mixed is None or mixed[0]["step"] < self.first_mixed["step"]):
+            self.first_mixed = {k: mixed[0][k] for k in ("name", "dtype", "b_dtype", "source")}
 
 
 def _stats(side: Side, rank: int, step: int) -> Any:
@@ -392,31 +451,38 @@ def _step_summary(pl: Plan, rows: list[dict], problems: list[Problem]) -> dict[s
 
 
 def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[Problem],
-            left_out: list[Problem], steps: list[dict[str, Any]], pd: Any) -> DiffResult:
+            left_out: list[Problem], steps: list[dict[str, Any]], pd: Any,
+            summary: _Summary | None = None) -> DiffResult:
     rows = _ordered(rows)
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    only = df["verdict"].isin(["only_a", "only_b"]).sum() if len(df) else 0
+    if summary is None:
+        summary = _Summary()
+        summary.add(rows)
+        counts = None
+    else:
+        counts = summary.counts
+    only = summary.counts["only_a"] + summary.counts["only_b"]
     if only:
         notes.append(f"{int(only)} records have no partner on the other side (see verdict "
                      "only_a/only_b); they do not count as divergence")
     if "statistics" in kinds:
         notes.append("statistics compared (no tensor bytes on at least one side): min, max, "
                      "mean, norm, NaN/Inf counts and checksum")
-    mixed = [r for r in rows if r["dtype"] and r["b_dtype"] and r["dtype"] != r["b_dtype"]]
-    if mixed:
-        r = mixed[0]
-        notes.append(f"{len(mixed)} matched records differ in dtype, the first at {r['name']} "
+    if summary.first_mixed is not None:
+        r = summary.first_mixed
+        notes.append(f"{summary.mixed} matched records differ in dtype, the first at {r['name']} "
                      f"({r['dtype']} vs {r['b_dtype']}, {r['source'] or 'unknown source'}); "
                      "they are judged with the looser dtype's tolerance")
     if left_out:
         notes.append(f"--allow-missing: {len({(p.rank, p.step) for p in left_out})} step(s) "
                      f"left out of the comparison, only steps both sides hold complete were "
                      f"compared")
-    first = _first_divergence(rows)
+    first = summary.first
     compared = ("mixed" if len(kinds) == 2 else next(iter(kinds))) if kinds else "none"
     worst = max((EXIT_OF_STATE.get(p.state, 2) for p in problems), default=0)
     status = "incomplete" if worst == 2 else ("diverged" if first or worst == 1 else "same")
     if worst == 1 and status == "diverged":
         notes.append("the runs' step sets differ: a step one side has is missing on the other")
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,
-                      notes=notes, problems=problems, left_out=left_out, steps=steps)
+                      notes=notes, problems=problems, left_out=left_out, steps=steps,
+                      record_counts=counts)

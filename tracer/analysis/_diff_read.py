@@ -11,10 +11,9 @@ from typing import Callable
 
 import numpy as np
 
-from tracer.analysis._compare import TensorMetrics, Tolerance, itemsize, judge_tensor
 from tracer._errors import DumpFormatError
-from tracer.storage._layout import dense_strides, stored_extent
-from tracer.storage._reader import c_order_bytes, parse_shape
+from tracer.analysis._compare import TensorMetrics, Tolerance, itemsize, judge_tensor
+from tracer.storage import c_order_bytes, dense_strides, parse_shape, stored_extent
 
 # errors h5py and numpy raise on a damaged file, besides OSError
 READ_ERRORS = (DumpFormatError, OSError, RuntimeError, ValueError, KeyError, TypeError,

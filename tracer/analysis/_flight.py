@@ -128,7 +128,7 @@ class FlightRecorder:
         current[1].append(row)
 
     def rows(self) -> list[tuple]:
-        from tracer.storage._format import RECORD_FIELDS
+        from tracer.storage import RECORD_FIELDS
 
         where = {c: RECORD_FIELDS.index(c) for c in _COLS if c != "step"}
         with self._lock:

@@ -7,7 +7,9 @@ already streams tensors in bounded chunks), run in this process, on a local proc
 a Dask distributed cluster that the user names, each task reading its rank's files where they
 lie (shared storage: the paths are made absolute before they are sent). A task returns only
 its summary (status, first divergence, counts, per-step rows, problems), never its record
-table, so memory in this process grows with the number of ranks, not with the dump's size.
+table, so memory in this process grows with the number of ranks, not with the dump's size;
+and a task compares one step at a time (`diff(keep_records=False)`), so its own memory holds
+one step's tables whatever the number of steps.
 
 The earliest divergence across ranks is the one with the lowest (step, parameter-before-compute,
 execution order) key: in data-parallel runs every rank runs the same program, so the seq
@@ -83,7 +85,7 @@ def dump_ranks(path: str | os.PathLike) -> list[int]:
     are all damaged is still a rank the user ran)."""
     import warnings
 
-    from tracer.storage._reader import open_dump
+    from tracer.storage import open_dump
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # damaged files are the per-rank diff's to report
@@ -164,8 +166,9 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # what could not be read comes back as problems
         try:
-            res = diff(a, b, step=step, rank=rank, b_rank=rank, tolerance=tol,
-                       allow_missing=allow_missing)
+            res = diff(_rank_path(a, rank), _rank_path(b, rank), step=step, rank=rank,
+                       b_rank=rank, tolerance=tol, allow_missing=allow_missing,
+                       keep_records=False)
         except DiffError as e:  # e.g. a rank whose files are all damaged on one side
             return dict(rank=rank, status="incomplete", exit_code=2, first_divergence=None,
                         counts={}, problems=[], steps=[], notes=[], error=str(e))
@@ -173,6 +176,19 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
     return dict(rank=rank, status=res.status, exit_code=res.exit_code, first_divergence=fd,
                 counts=res.counts(), problems=[p.to_dict() for p in res.problems],
                 steps=res.steps, notes=res.notes, error="")
+
+
+def _rank_path(root: str, rank: int) -> str:
+    """The rank's own folder when the dump names its run (dump/dump.json), so that a task
+    reads one rank's files instead of probing every rank's (which would make n ranks cost n^2
+    file opens); the whole dump otherwise, where the run's files are told apart by the newest
+    file of all ranks."""
+    from tracer.storage import RUN_FILE
+
+    d = Path(root) / "dump" if (Path(root) / "dump").is_dir() else Path(root)
+    if (d / RUN_FILE).is_file() and (d / f"rank{rank}").is_dir():
+        return str(d / f"rank{rank}")
+    return root
 
 
 def _on_pool(n: int, ranks: list[int], args: dict[str, Any],

@@ -16,8 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
 
-from tracer._config import check_scalar
 from tracer._errors import ConfigError, WatchpointHit
+from tracer._validate import check_scalar
 
 Condition = Literal["nan_inf", "all_zero", "max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt",
                     "out_of_range", "weight_change_gt", "weight_change_lt", "unchanged_weight",

@@ -1,2 +1,23 @@
-"""Where a record is made: module hooks, the op dispatch mode, record names, source lines and
-the gradient scaler's skipped steps. `tracer.Dumper` drives these; nothing here writes a file."""
+"""Where a record is made: module hooks and the module stack, the op dispatch mode, record names,
+the user's source line, and the gradient scaler's skipped steps.
+
+`tracer.Dumper` drives these and hands each record to `tracer.storage`; nothing here writes a
+file. Names load lazily (tracer._lazy); a test pins this list.
+"""
+from __future__ import annotations
+
+from tracer._lazy import lazy_exports as _lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "EagerWhileDumped": "tracer.capture._compiled",
+    "ModuleTracker": "tracer.capture._module_hooks",
+    "tool_range": "tracer.capture._module_hooks",
+    "OpMode": "tracer.capture._op_mode",
+    "on_scaler_update": "tracer.capture._scaler",
+    "rewrap": "tracer.capture._scaler",
+    "Site": "tracer.capture._source",
+    "user_source": "tracer.capture._source",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -23,7 +23,7 @@ import contextlib
 import dataclasses
 import sys
 import types
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch.nn.modules import module as _nn_module
@@ -31,10 +31,8 @@ from torch.nn.modules import module as _nn_module
 from tracer._errors import ConfigError
 from tracer.capture._compiled import compiled_module, tell_once
 from tracer.capture._naming import ROOT, CallCounter, module_names, wrapper_inner
+from tracer.capture._recorder import Recorder
 from tracer.capture._source import user_source
-
-if TYPE_CHECKING:
-    from tracer._dumper import Dumper
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
@@ -130,7 +128,7 @@ def _call_impl_inner_code() -> types.CodeType | None:
 class ModuleTracker:
     """Names modules, tracks the running-module stack and records module-level tensors."""
 
-    def __init__(self, dumper: Dumper, model: torch.nn.Module | None) -> None:
+    def __init__(self, dumper: Recorder, model: torch.nn.Module | None) -> None:
         cfg = dumper.config
         self._dumper = dumper
         self._cfg = cfg

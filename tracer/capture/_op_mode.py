@@ -10,18 +10,16 @@ statistics, nor forward ops re-run inside backward for activation recomputation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer.capture._module_hooks import (TAG, ModuleTracker, fake_mode_active, keep_dynamo_out,
-                                  tool_range)
+from tracer.capture._module_hooks import (TAG, ModuleTracker, fake_mode_active,
+                                          keep_dynamo_out, tool_range)
 from tracer.capture._naming import NONE, op_name, op_scope
+from tracer.capture._recorder import Recorder
 from tracer.capture._source import RECEIVED, WRAPPER, user_source
-
-if TYPE_CHECKING:
-    from tracer._dumper import Dumper
 
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
@@ -137,7 +135,7 @@ class OpMode(TorchDispatchMode):
         # switches frame evaluation off around its work, as the wrapper would.
         return not _OWN_DYNAMO_GUARD
 
-    def __init__(self, dumper: Dumper, tracker: ModuleTracker) -> None:
+    def __init__(self, dumper: Recorder, tracker: ModuleTracker) -> None:
         super().__init__()
         cfg = dumper.config
         self._dumper = dumper

@@ -1,2 +1,41 @@
-"""Where a record is measured, written and read back: tensor statistics (and the C kernel), the
-HDF5 step-file format, the synchronous and asynchronous writers, the rank lock and the reader."""
+"""Where a record is measured, written and read back: tensor statistics (and their C kernel), the
+HDF5 step file, the synchronous and asynchronous writers, the rank lock, and the reader.
+
+The reader side (`open_dump`, `Dump`, the decoding helpers) never imports torch. Names load
+lazily (tracer._lazy); a test pins this list.
+"""
+from __future__ import annotations
+
+from tracer._lazy import lazy_exports as _lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    # measuring
+    "copy_stats": "tracer.storage._stats",
+    "difference_stats": "tracer.storage._stats",
+    # the step file and its layout
+    "RECORD_FIELDS": "tracer.storage._format",
+    "step_path": "tracer.storage._format",
+    "dense_strides": "tracer.storage._layout",
+    "stored_extent": "tracer.storage._layout",
+    # writing
+    "RecordMeta": "tracer.storage._format",
+    "Writer": "tracer.storage._writer",
+    "make_writer": "tracer.storage._make_writer",
+    # reading
+    "RUN_FILE": "tracer.storage._lock",
+    "Dump": "tracer.storage._reader",
+    "RawTensor": "tracer.storage._reader",
+    "open_dump": "tracer.storage._reader",
+    "config_of": "tracer.storage._reader",
+    "op_capture_of": "tracer.storage._reader",
+    "decode_bits": "tracer.storage._reader",
+    "element_size": "tracer.storage._reader",
+    "c_order_bytes": "tracer.storage._reader",
+    "parse_shape": "tracer.storage._reader",
+    # exporting
+    "export_parquet": "tracer.storage._export",
+    "read_export": "tracer.storage._export",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -17,12 +17,12 @@ into pinned host memory on a side stream; the writer thread waits on that copy's
 path runs the same `Writer._record` as the sync writer, so both write the same content.
 Observers see a row in the thread that made it.
 
-Files (tracer._pipeline): when a step ends, a second thread (the flusher) writes its metadata
-and bytes while the writer thread goes on with the next step, and a third (the syncer) fsyncs
-and renames it while the flusher writes the next one, so disk waits overlap both; one file at a
-time is being written (memory stays bounded), at most four written files wait for their fsync,
+Files (tracer.storage._pipeline): when a step ends, a second thread (the flusher) writes its
+metadata and bytes while the writer thread goes on with the next step, and a third (the syncer)
+fsyncs and renames it while the flusher writes the next one, so disk waits overlap both; one file at
+a time is being written (memory stays bounded), at most four written files wait for their fsync,
 and `flush()` and `close()` return once every file is renamed. The HDF5 part of each step file
-(metadata, /records, /hits) is written by a helper process (tracer._filer), so h5py's
+(metadata, /records, /hits) is written by a helper process (tracer.storage._filer), so h5py's
 GIL-holding work does not stall the training thread; a file without tensor bytes is written
 there entirely. One helper serves the process's writers one after another; until it has
 started, the flusher writes the files itself.
@@ -54,9 +54,9 @@ from tracer.storage._filer import shared_file_process
 from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                           fused_available, host_stats, refresh_stats_threads)
+                                   fused_available, host_stats, refresh_stats_threads)
 from tracer.storage._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
-                            snapshot_stats)
+                                    snapshot_stats)
 
 _STOP = ("stop",)
 
@@ -136,7 +136,7 @@ class AsyncWriter(Writer):
         self._step = -1
         self._streams: dict[torch.device, Any] = {}
         self._fused = fused_available()
-        # step files' HDF5 part is written by a helper process (tracer._filer), one per
+        # step files' HDF5 part is written by a helper process (tracer.storage._filer), one per
         # training process, kept from writer to writer
         self._filer = shared_file_process(self.rank) if _USE_FILER else None
         if self._filer is not None:
@@ -510,7 +510,7 @@ class AsyncWriter(Writer):
 
     def _finish_file(self, *, complete: bool, reason: str | None = None) -> None:
         """Hand the open step file, with why it ended when not normally, to the file pipeline
-        (tracer._pipeline)."""
+        (tracer.storage._pipeline)."""
         file, self._wfile = self._wfile, None
         if file is not None:
             if reason:

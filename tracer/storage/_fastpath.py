@@ -1,8 +1,8 @@
 """The statistics-mode record in one function: the path most records of a statistics dump take.
 
-`Writer.add` (tracer._writer, tracer._async) is general: it plans shared bytes, snapshots,
-queued statistics and device copies, in five or six calls per record. In statistics mode, for
-a contiguous CPU tensor of a dtype the C kernel reads (float32, bfloat16, float16, the
+`Writer.add` (tracer.storage._writer, tracer.storage._async) is general: it plans shared bytes,
+snapshots, queued statistics and device copies, in five or six calls per record. In statistics mode,
+for a contiguous CPU tensor of a dtype the C kernel reads (float32, bfloat16, float16, the
 integers, bool), none of that applies: the record reuses the statistics of an earlier record
 of the same memory at the same version, or the kernel computes them, and its row is made. Most
 of a step's records are such (all 204 forward, backward and parameter records of the trainer's
@@ -18,15 +18,25 @@ come from the kernel's result as `host_stats` makes them (`_stats._fused_dict`).
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
 import torch
 
 from tracer.storage import _stats
+from tracer.storage._format import RecordMeta
 from tracer.storage._stats import _STATS_CODES, _fused_dict, dtype_name, shape_str
 
-if TYPE_CHECKING:
-    from tracer.storage._writer import RecordMeta, Writer
+
+class WriterState(Protocol):
+    """What the fast path reads of a writer (tracer.storage._writer.Writer, which imports this
+    module, so it is described here rather than imported)."""
+
+    rank: int
+    keep_bytes: bool
+    row_sinks: list[Callable[[tuple, int], None]]
+    observers: list[Callable[[dict], None]]
+    _seen: dict
+    _waiting: Any
 
 NOT_HERE = object()
 """`stats_row`'s answer for a record it does not take (the caller goes the general way)."""
@@ -36,12 +46,12 @@ _CPU = torch.device("cpu")  # equal, and equal in hash, to every CPU tensor's `d
 _NO_BYTES = (-1, 0, "")  # a statistics-mode record's (data_offset, data_nbytes, strides)
 
 
-def available(writer: Writer) -> bool:
+def available(writer: WriterState) -> bool:
     """True when `writer`'s records may take `stats_row`: statistics mode, the kernel built."""
     return not writer.keep_bytes and _stats._fused is not None
 
 
-def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta,
+def stats_row(writer: WriterState, target: Any, step: int, seq: int, meta: RecordMeta,
               t: torch.Tensor, stable: bool, version: int | None, stats: dict | None,
               defer: bool) -> Any:
     """Make the row of record `seq` (tensor `t`, name and origin `meta`) in `target` (a step
@@ -91,7 +101,7 @@ def stats_row(writer: Writer, target: Any, step: int, seq: int, meta: RecordMeta
     return put_row(writer, target, step, row)
 
 
-def put_row(writer: Writer, target: Any, step: int, row: tuple) -> dict | None:
+def put_row(writer: WriterState, target: Any, step: int, row: tuple) -> dict | None:
     """Add a /records row (RECORD_FIELDS order) to `target` and hand it to the writer's row
     sinks; returns it as the observers' dict, or None when there are none (both paths)."""
     target.add_row(row)
@@ -102,7 +112,7 @@ def put_row(writer: Writer, target: Any, step: int, row: tuple) -> dict | None:
     return observer_dict(writer, step, row)
 
 
-def observer_dict(writer: Writer, step: int, row: tuple) -> dict:
+def observer_dict(writer: WriterState, step: int, row: tuple) -> dict:
     """A /records row as the observers' dict (with `step` and `rank`)."""
     # a dict display: ~3x faster than dict(zip(RECORD_FIELDS, row))
     (seq, name, module, op, phase, direction, index, call, dtype, shape, numel, mn, mx, mean,

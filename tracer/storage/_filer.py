@@ -19,8 +19,8 @@ says {"ready": true}; until then the writer writes its files itself instead of w
 start takes ~0.4 s, longer than a short run's first steps). End of input ends the process, so
 it exits with its parent even when the parent is killed.
 
-Started as `python -m tracer._filer`, not through multiprocessing: spawning would re-import the
-user's training script in the child.
+Started as `python -m tracer.storage._filer`, not through multiprocessing: spawning would re-import
+the user's training script in the child.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import os
 import zlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import h5py
 import numpy as np
@@ -45,6 +45,21 @@ RECORD_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 RECORD_DTYPE = np.dtype(list(RECORD_COLUMNS))
 RECORD_FIELDS = tuple(name for name, _ in RECORD_COLUMNS)
+
+
+class RecordMeta(NamedTuple):
+    """Who made a record; the capture side fills it (see docs/dump-format.md for each column)."""
+
+    name: str
+    module: str
+    op: str
+    phase: str
+    direction: str
+    index: int
+    call: int
+    source: str
+    caller: str = ""
+
 
 HIT_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("seq", np.int64), ("name", _STR), ("condition", _STR), ("value", np.float64),
@@ -216,8 +231,8 @@ class StepFile:
         async writer can write the next step while the disk syncs this one.
 
         `metadata(file, complete)`: writes the HDF5 part in the partial path instead of this
-        thread (`write_metadata` in another process, tracer._filer) and returns the offset of
-        /tensors, or None to have it written here."""
+        thread (`write_metadata` in another process, tracer.storage._filer) and returns the offset
+        of /tensors, or None to have it written here."""
         mark_status(self.attrs, complete)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.partial_path
@@ -432,8 +447,8 @@ def table_array(rows: list[tuple], columns: tuple[tuple[str, Any], ...]) -> np.n
     """Rows -> the compound array written as /records or /hits. String columns become
     fixed-length UTF-8 as wide as their longest value (format 2.0): HDF5 writes those at 3x the
     speed of variable-length strings, which cost ~9 us a row (a step of 700 op records: 6.4 ms
-    against 1.9 ms). Packed by the C kernel's `pack_rows` (tracer/_table.c) where it is built
-    and the values are plain (0.1 ms for 700 rows against 2 ms in a step); by numpy otherwise,
+    against 1.9 ms). Packed by the C kernel's `pack_rows` (tracer/storage/_table.c) where it is
+    built and the values are plain (0.1 ms for 700 rows against 2 ms in a step); by numpy otherwise,
     to the same array."""
     if _pack_rows is not None and type(rows) is list and rows:
         packed = _pack_rows(rows, _column_kinds(columns))

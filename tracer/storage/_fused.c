@@ -1,4 +1,5 @@
-/* tracer._fused: one-pass tensor statistics over raw memory (see tracer/_stats.py).
+/* tracer.storage._fused: one-pass tensor statistics over raw memory (see
+ * tracer/storage/_stats.py).
  *
  * stats(address, count, code, threads=1) reads `count` elements at `address` (float32,
  * bfloat16 or float16, by `code`; also int64, int32, int16, int8 and uint8/bool, see int_stats)
@@ -752,7 +753,7 @@ static PyObject *fused_collect(PyObject *self, PyObject *args) {
     return ticket_call(args, "collect", 1);
 }
 
-/* tracer/_table.c */
+/* tracer/storage/_table.c */
 PyObject *fused_pack_rows(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
@@ -784,7 +785,7 @@ static PyMethodDef methods[] = {
      "written to out unless out is 0 (out may be a or b)"},
     {"pack_rows", fused_pack_rows, METH_VARARGS,
      "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
-     "tuples (tracer/_table.c)"},
+     "tuples (tracer/storage/_table.c)"},
     {NULL, NULL, 0, NULL},
 };
 

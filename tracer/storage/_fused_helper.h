@@ -1,4 +1,4 @@
-/* tracer._fused's helper thread (included by _fused.c, after run_chunks).
+/* tracer.storage._fused's helper thread (included by _fused.c, after run_chunks).
  *
  * One helper thread, started on first use, does two kinds of work:
  *

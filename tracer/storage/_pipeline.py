@@ -56,7 +56,7 @@ class FilePipeline:
 
     def __init__(self, rank: int, filer: Any, files_written: list[Path]) -> None:
         self.rank = rank
-        self.filer = filer  # the file-writer process (tracer._filer), or None
+        self.filer = filer  # the file-writer process (tracer.storage._filer), or None
         self.files_written = files_written
         self._flusher: ThreadPoolExecutor | None = None
         self._syncer: ThreadPoolExecutor | None = None

@@ -20,28 +20,26 @@ see them in record order, and a record that reuses a queued record's statistics 
 queued tensor whose version counter moved before its statistics were collected was changed in
 place (by user code outside autograd's rules): that is warned about once, naming the record.
 Queued tensors are held until their statistics are computed; beyond `MAX_QUEUED_BYTES` the hook
-waits. Only when torch leaves a core free (`tracer._stats.STATS_THREADS` is 2): otherwise the
-helper would compete with torch's own threads. `SLEUTH_DEFER_STATS=0` takes every statistic in
+waits. Only when torch leaves a core free (`tracer.storage._stats.STATS_THREADS` is 2): otherwise
+the helper would compete with torch's own threads. `SLEUTH_DEFER_STATS=0` takes every statistic in
 the hook.
 """
 from __future__ import annotations
 
 import warnings
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import torch
 
-from tracer.storage import _stats
 from tracer._config import env_switch
+from tracer.storage import _stats
+from tracer.storage._format import RecordMeta
 from tracer.storage._stats import collect_stats, host_stats, stats_ready, submit_stats
-
-if TYPE_CHECKING:
-    from tracer.storage._writer import RecordMeta, Writer
 
 ENABLED = env_switch("SLEUTH_DEFER_STATS")
 MIN_ELEMENTS = 1 << 16
-"""Smaller tensors are measured in the hook (tracer._fastpath): the kernel there (~16 us for
+"""Smaller tensors are measured in the hook (tracer.storage._fastpath): the kernel there (~16 us for
 64K float32) costs less than queueing a record, waiting for it and making its row later
 (~10-15 us of Python with the caches a training step leaves)."""
 MAX_QUEUED_BYTES = 256 << 20
@@ -50,8 +48,12 @@ MAX_QUEUED_BYTES = 256 << 20
 class QueuedRows:
     """The queue of one writer: records waiting for statistics, in record order."""
 
-    def __init__(self, writer: Writer) -> None:
-        self._writer = writer
+    def __init__(self, record: Callable[..., dict | None],
+                 deliver: Callable[[dict | None], None]) -> None:
+        # the writer's `_record` and `_deliver`, passed in rather than the writer itself, which
+        # imports this module
+        self._record = record
+        self._deliver = deliver
         # (target, step, seq, meta, tensor, version, ticket, stats, share, shared)
         self._entries: deque[tuple] = deque()
         self._bytes = 0
@@ -92,7 +94,6 @@ class QueuedRows:
         with `block` False only those whose statistics are ready. Rows go to the writer's
         `_deliver`; an observer's exception propagates (the rest stay queued)."""
         entries = self._entries
-        writer = self._writer
         while entries:
             target, step, seq, meta, tensor, version, ticket, stats, share, shared = entries[0]
             if ticket is not None:
@@ -105,9 +106,9 @@ class QueuedRows:
                 elif tensor._version != version:
                     self._warn(meta.name)
             entries.popleft()
-            row = writer._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
-                                 tensor.numel(), stats, None, None, share, shared)
-            writer._deliver(row)
+            row = self._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
+                               tensor.numel(), stats, None, None, share, shared)
+            self._deliver(row)
 
     def drop(self) -> None:
         """Forget every queued record (its step is being dropped); waits for the helper to be

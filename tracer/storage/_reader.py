@@ -595,7 +595,7 @@ def open_dump(path: str | Path) -> Dump:
 
 def _one_run(files: dict[tuple[int, int], Path], states: list[FileState],
              dump_dir: Path | None) -> tuple[dict[tuple[int, int], Path], list[FileState]]:
-    """The files of one run only (`tracer._lock.one_run`); the others' states become
+    """The files of one run only (`tracer.storage._lock.one_run`); the others' states become
     "other_run" with the reason."""
     by_path = {s.path: s for s in states}
     run_ids = {key: by_path[str(path)].run_id for key, path in files.items()}

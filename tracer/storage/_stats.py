@@ -1,9 +1,9 @@
 """Per-record tensor statistics: min, max, mean, L2 norm, NaN/Inf/zero counts and a checksum.
 
 Speed matters here: the capture hooks call this for every record. float32, bfloat16 and
-float16 on CPU (and integers and bool, in a scalar pass) go through `tracer._fused`, a small C
-kernel (tracer/_fused.c, built by setup.py where a C compiler exists) that reads the tensor
-once and computes every statistic in that pass (with the GIL released from 64K elements), at
+float16 on CPU (and integers and bool, in a scalar pass) go through `tracer.storage._fused`, a small
+C kernel (tracer/storage/_fused.c, built by setup.py where a C compiler exists) that reads the
+tensor once and computes every statistic in that pass (with the GIL released from 64K elements), at
 3-4x the speed of the numpy path below (benchmarks/RESULTS.md); a tensor of 256K elements or
 more is shared with one helper thread when torch leaves a core
 free (`STATS_THREADS`).
@@ -28,7 +28,7 @@ Entry points:
   parameter records (a copy, or the update `a - b`, and its statistics in the same pass, while
   each chunk is in cache); None where the kernel cannot, and the caller uses torch.
 - `submit_stats(t)` / `collect_stats(ticket)`: statistics computed by the kernel's helper
-  thread while the caller goes on (tracer._queued).
+  thread while the caller goes on (tracer.storage._queued).
 - `device_stats(t)`: CUDA tensors, the same values packed into one int64 tensor on the device,
   with no host sync (the vector is copied to pinned memory, on a side stream for the async
   writer, and decoded by `decode_packed`). It counts NaN/Inf unconditionally, since deciding
@@ -304,7 +304,7 @@ def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
 
 
 def fused_available() -> bool:
-    """True when the one-pass C kernel (tracer/_fused.c) was built and is in use."""
+    """True when the one-pass C kernel (tracer/storage/_fused.c) was built and is in use."""
     return _fused is not None
 
 

@@ -1,4 +1,4 @@
-/* The step file's tables packed from their rows: `pack_rows`, part of tracer._fused.
+/* The step file's tables packed from their rows: `pack_rows`, part of tracer.storage._fused.
  *
  * A step's /records table is built from row tuples (RECORD_FIELDS order) made by the writers.
  * numpy builds it column by column from Python objects: zip(*rows), one

@@ -2,11 +2,11 @@
 
 The capture side (tracer._dumper) calls `begin_step`, `add(meta, tensor)` per record and
 `end_step`; it never knows which writer it has. `SyncWriter` does all work in the calling thread
-and a step file is complete when `end_step` returns; `AsyncWriter` (tracer._async) only snapshots
-and enqueues. Both go through `Writer._record`, so both write the same content.
+and a step file is complete when `end_step` returns; `AsyncWriter` (tracer.storage._async) only
+snapshots and enqueues. Both go through `Writer._record`, so both write the same content.
 
 Records of a step are buffered (rows in a list, tensor bytes in memory or spilled to a side file)
-and written once at `end_step`: one `/records` table per step file, see tracer._format.
+and written once at `end_step`: one `/records` table per step file, see tracer.storage._format.
 """
 from __future__ import annotations
 
@@ -25,36 +25,13 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._fastpath import NOT_HERE, put_row, stats_row
 from tracer.storage._fastpath import available as lean_available
-from tracer.storage._format import StepFile, root_attrs, step_path
+from tracer.storage._format import RecordMeta, StepFile, root_attrs, step_path
 from tracer.storage._layout import stored_extent
 from tracer.storage._lock import claim_rank
 from tracer.storage._queued import QueuedRows
 from tracer.storage._stats import (copy_stats_into, decode_packed, dense_span, device_stats,
                                    dtype_name, element_bits, empty_stats, host_stats, memory_span,
                                    refresh_stats_threads, shape_str)
-
-
-class RecordMeta(NamedTuple):
-    """Who made a record; the capture side fills it (see docs/dump-format.md for each column)."""
-
-    name: str
-    module: str
-    op: str
-    phase: str
-    direction: str
-    index: int
-    call: int
-    source: str
-    caller: str = ""
-
-
-def make_writer(config: DumpConfig, *, rank: int, world_size: int) -> Writer:
-    """The writer `config.writer` names, writing under `config.run_dir()`."""
-    if config.writer == "sync":
-        return SyncWriter(config, rank=rank, world_size=world_size)
-    from tracer.storage._async import AsyncWriter
-
-    return AsyncWriter(config, rank=rank, world_size=world_size)
 
 
 class StagingPool:
@@ -277,7 +254,7 @@ class Writer:
         step, where observers would be; no dict is built for them (the flight recorder)."""
         self.keep_bytes = config.mode in ("tensor", "full")
         self.run_dir = config.run_dir()
-        # one writer per rank, and only into a dump of this run (tracer._lock): taken at the
+        # one writer per rank, and only into a dump of this run (tracer.storage._lock): taken at the
         # first step, so a writer that never writes claims nothing
         self.run_id = ""
         self._rank_lock: Any = None
@@ -310,9 +287,9 @@ class Writer:
         self._recent: deque | None = deque(maxlen=_RECENT_SPANS) if self.keep_bytes else None
         # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
         self._same: dict[int, tuple] = {}
-        self._waiting = QueuedRows(self)
+        self._waiting = QueuedRows(self._record, self._deliver)
         self._seq = 0  # the step's next record number (`next_seq`)
-        # statistics mode with the kernel: most records take tracer._fastpath
+        # statistics mode with the kernel: most records take tracer.storage._fastpath
         self._lean = lean_available(self)
 
     # -- API ---------------------------------------------------------------------------------
@@ -333,7 +310,7 @@ class Writer:
         `tensor` is then a CPU tensor that supplies dtype and shape, and its bytes only with
         mode tensor/full; such a record takes no part in reuse. `defer`: nothing writes the
         tensor again, so in statistics mode they may be taken on the helper thread while the
-        caller goes on (tracer._queued; rows are made by `settle`)."""
+        caller goes on (tracer.storage._queued; rows are made by `settle`)."""
         raise NotImplementedError
 
     @property
@@ -618,7 +595,7 @@ class Writer:
             observer(row)
 
     def _claim(self) -> None:
-        """Take this rank's lock and check that the dump there is this run's (tracer._lock),
+        """Take this rank's lock and check that the dump there is this run's (tracer.storage._lock),
         once, before the first step file: raises DumpLockedError or OtherRunError."""
         if self._rank_lock is None:
             self.run_id, self._rank_lock = claim_rank(
@@ -684,7 +661,7 @@ class SyncWriter(Writer):
 
     def _general_row(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
                      version: int | None, stats: dict | None, defer: bool) -> dict | None:
-        """`add`'s record where tracer._fastpath does not take it (see `Writer._plan`)."""
+        """`add`'s record where tracer.storage._fastpath does not take it (see `Writer._plan`)."""
         ticket = None
         if stats is not None:  # computed by the caller (see Writer.add)
             same = self._take_same(tensor) if self._same else None

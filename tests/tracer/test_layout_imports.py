@@ -1,0 +1,202 @@
+"""The tracer's folders keep their shape: no import circle among its modules, each subpackage
+reached from outside through its public face, and no other package importing tracer privates.
+
+Imports are read with `ast`, every one of them: at module level, inside functions (they run
+when called) and under `if TYPE_CHECKING:` (they tie two modules together just the same).
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACER = ROOT / "tracer"
+SUBPACKAGES = ("capture", "storage", "analysis")
+# the top-level modules the subpackages share; the Dumper and attach sit above the subpackages
+SHARED = {"tracer._config", "tracer._errors", "tracer._lazy", "tracer._validate"}
+OTHER_PACKAGES = ("sleuth", "dashboard", "profiler", "irdump", "trainer")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(TRACER.rglob("*.py"))}
+
+
+def _exports(package: str) -> dict[str, str]:
+    return importlib.import_module(package)._EXPORTS
+
+
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, module, names) of every import in `path`; names is empty for `import x`."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module, [a.name for a in node.names]))
+    return out
+
+
+def _targets(module: str, names: list[str], modules: dict[str, Path]) -> set[str]:
+    """The tracer modules an import runs: a submodule named in it, or the module that defines
+    a name a package's face exports."""
+    found = {module} if module in modules else set()
+    for name in names:
+        sub = f"{module}.{name}"
+        if sub in modules:
+            found.add(sub)
+        elif module in modules and modules[module].name == "__init__.py":
+            where = _exports(module).get(name)
+            if where is not None:
+                found |= _targets(where, [name], modules) - {where} or {where}
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for m, path in modules.items():
+        for _, module, names in _imports(path):
+            if module == "tracer" or module.startswith("tracer."):
+                graph[m] |= _targets(module, names, modules) - {m}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in SUBPACKAGES else None
+
+
+def test_the_import_graph_is_read():
+    graph = _graph()
+    # a few edges the layout rests on, so that an unread import cannot pass the tests below
+    assert "tracer.storage._reader" in graph["tracer.analysis._diff"]
+    assert "tracer.capture._module_hooks" in graph["tracer._dumper"]
+    assert "tracer.analysis._watch" in graph["tracer._config"]
+
+
+def test_no_import_circle_among_tracer_modules():
+    assert _cycles(_graph()) == []
+
+
+def test_a_circle_is_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_subpackages_are_entered_through_their_faces():
+    """Outside `tracer/X/`, the tracer imports X's names from `tracer.X`, never `tracer.X._m`."""
+    offenders = []
+    for m, path in _modules().items():
+        for line, module, _ in _imports(path):
+            where = _subpackage(module)
+            if where is not None and where != _subpackage(m) and module != f"tracer.{where}":
+                offenders.append(f"{path.relative_to(ROOT)}:{line}: {module}")
+    assert offenders == []
+
+
+def test_subpackages_use_only_the_shared_top_level_modules():
+    """capture, storage and analysis build on config, errors and validation; the Dumper and
+    attach, which drive all three, are above them."""
+    offenders = []
+    for m, path in _modules().items():
+        if _subpackage(m) is None:
+            continue
+        for line, module, _ in _imports(path):
+            top = module.split(".")
+            if module.startswith("tracer._") and len(top) == 2 and module not in SHARED:
+                offenders.append(f"{path.relative_to(ROOT)}:{line}: {module}")
+    assert offenders == []
+
+
+def _string_lookups(tree: ast.AST) -> list[tuple[int, str]]:
+    """Calls like `_api("tracer", ...)` or `import_module("tracer._x")`: imports by string."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            first = node.args[0].value
+            if isinstance(first, str) and (first == "tracer" or first.startswith("tracer.")):
+                found.append((node.lineno, first))
+    return found
+
+
+def test_other_packages_use_only_public_tracer_names():
+    offenders = []
+    for package in OTHER_PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            for line, module, names in _imports(path):
+                if module != "tracer" and not module.startswith("tracer."):
+                    continue
+                private = [p for p in module.split(".") if p.startswith("_")]
+                private += [n for n in names if n.startswith("_")]
+                if private:
+                    offenders.append(f"{rel}:{line}: {module} {names}")
+            for line, name in _string_lookups(ast.parse(path.read_text())):
+                offenders.append(f"{rel}:{line}: looks up {name!r} by string")
+    assert offenders == []
+
+
+def test_faces_map_to_their_own_modules():
+    modules = _modules()
+    for sub in SUBPACKAGES:
+        package = f"tracer.{sub}"
+        for name, where in _exports(package).items():
+            assert where in modules and where.startswith(package + "."), (package, name, where)
+    for name, where in _exports("tracer").items():
+        assert where in SHARED | {"tracer._dumper", "tracer._attach"} \
+            or where in {f"tracer.{s}" for s in SUBPACKAGES}, (name, where)
+        if where.startswith("tracer.") and not where.startswith("tracer._"):
+            assert name in _exports(where), (name, where)
+
+
+def test_reading_and_comparing_import_no_torch():
+    """The reader, diff and check run where torch is not installed (the dashboard, CI)."""
+    code = ("import sys; from tracer.storage import open_dump, Dump, config_of; "
+            "from tracer.analysis import diff, check, first_nan_origin, TABLE_READ_ERRORS; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.strip()
+    assert out == "False"
