@@ -25,6 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+_ROOT = Path(__file__).resolve().parent.parent
+if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure its code
+    sys.path.insert(0, str(_ROOT))
+
 SERIES = ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_s")
 
 

@@ -28,11 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+_ROOT = Path(__file__).resolve().parent.parent
+if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure its code
+    sys.path.insert(0, str(_ROOT))
 
 
 def write_dump(run: Path, tensors: list[np.ndarray], mode: str = "tensor") -> Path:
-    from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+    from tracer.storage._format import RECORD_COLUMNS, StepFile, root_attrs, step_path
 
     sf = StepFile(step_path(run, 0, 0), root_attrs(rank=0, world_size=1, step=0, level="module",
                                                    mode=mode, config={}),
@@ -44,10 +46,12 @@ def write_dump(run: Path, tensors: list[np.ndarray], mode: str = "tensor") -> Pa
                    op="", phase="forward", direction="output", index=0, call=0, dtype="float32",
                    shape=str(t.size), numel=t.size, min=float(f.min()), max=float(f.max()),
                    mean=float(f.mean()), norm=float(np.sqrt(f @ f)), nan=0, posinf=0, neginf=0,
-                   zeros=int((t == 0).sum()),
-                   checksum=int(t.view(np.int32).astype(np.int64).sum()), source="bench.py:1",
-                   data_offset=off, data_nbytes=t.nbytes if off >= 0 else 0)
-        sf.add_row(tuple(row[k] for k in RECORD_FIELDS))
+                   zeros=int((t == 0).sum()),  # checksum: the element bits summed, wrapping
+                   checksum=int(t.view(np.int32).sum(dtype=np.int32)), source="bench.py:1",
+                   data_offset=off, data_nbytes=t.nbytes if off >= 0 else 0, strides="")
+        # a column this writer does not fill (one the format adds later) gets its empty value
+        sf.add_row(tuple(row.get(k, "" if kind not in (np.int64, np.int32, np.float64) else 0)
+                         for k, kind in RECORD_COLUMNS))
     return sf.finish()
 
 

@@ -11,11 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+_ROOT = Path(__file__).resolve().parent.parent
+if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure its code
+    sys.path.insert(0, str(_ROOT))
 
 
 class Block(nn.Module):

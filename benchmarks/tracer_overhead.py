@@ -28,7 +28,7 @@ are judged on it (for the sync writer the two agree). Prints one JSON object. Co
                         callbacks, reading every op's inputs, with no Python per op
   floor_step_file       no Dumper: each optimizer step writes a 56 KiB file (a tiny module
                         statistics step file's size) as *.partial, fsyncs and renames it,
-                        the durable file per dumped step that DESIGN.md asks of every writer
+                        the durable file per dumped step that docs/architecture.md asks of every writer
   module_statistics_minimal  level module, statistics, sync, one module's forward output and
                         no parameters: every hook runs, one record a step, and its step file
 
@@ -98,7 +98,7 @@ CONDITIONS = {
     # Python dispatch mode's floor
     "floor_op_observer": "floor_op_observer",
     # the write, fsync and rename of one step file per step with no tracer at all: with
-    # floor_module_hooks, the least a sync module-level dump can cost under DESIGN.md's
+    # floor_module_hooks, the least a sync module-level dump can cost under docs/architecture.md's
     # atomic, durable files
     "floor_step_file": "floor_step_file",
 }

@@ -16,14 +16,20 @@ import contextlib
 import io
 import json
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-import trainer
-from trainer.data import Sampler, build_datasets
-from trainer.model import GPT
+_ROOT = Path(__file__).resolve().parent.parent
+if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure its code
+    sys.path.insert(0, str(_ROOT))
+
+import trainer  # noqa: E402
+from trainer.data import Sampler, build_datasets  # noqa: E402
+from trainer.model import GPT  # noqa: E402
 
 
 class _Interleaved(trainer.Callback):

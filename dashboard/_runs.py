@@ -11,7 +11,7 @@ from typing import Any
 
 from dashboard._errors import RunDirError, UnsafePathError
 
-# Sub-folders and files a run directory may hold (DESIGN.md), checked by `available`.
+# Sub-folders and files a run directory may hold (docs/architecture.md), checked by `available`.
 _DATA_KINDS: dict[str, str] = {
     "metrics": "metrics.jsonl",
     "summary": "summary",

@@ -2,7 +2,7 @@
 
 A Dumper counts steps, and while the current step is selected it installs the module hooks
 (and, for level op/mix, the dispatch mode); between selected steps nothing is installed, so an
-unselected step costs only torch's global optimizer hooks. Step rule (DESIGN.md, the one
+unselected step costs only torch's global optimizer hooks. Step rule (docs/architecture.md, the one
 definition for the trainer, plain loops and `sleuth run`): a step begins when the previous
 ``optimizer.step()`` of any optimizer returns, or ``GradScaler.update()`` after an iteration
 whose optimizer step the scaler skipped (tracer.capture._scaler), and ends when its own does, until

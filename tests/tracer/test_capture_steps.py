@@ -1,4 +1,4 @@
-"""One step boundary (DESIGN.md): a step begins when the previous optimizer.step() returns and
+"""One step boundary (docs/architecture.md): a step begins when the previous optimizer.step() returns and
 ends when its own does, for the trainer, plain loops and explicit `Dumper.step()` alike; dump
 step S is the trainer's metrics.jsonl step S, and what follows the last optimizer step is
 dropped with a note instead of becoming a step file of its own."""

@@ -3,7 +3,7 @@
 Every step either side holds is looked at, readable or not: a step that one side lacks, a step
 file that is truncated, unreadable or only a `*.partial`, and a step that was interrupted are
 each a `Problem` that the diff reports by file and counts, so that "same" is never said about
-data that was not fully read (DESIGN.md, trust rule). `allow_missing` narrows the comparison to
+data that was not fully read (docs/architecture.md, the trust rule). `allow_missing` narrows the comparison to
 the steps both sides hold complete and readable, and names what it left out.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The HDF5 step file (docs/dump-format.md): its columns, and `StepFile`, which writes one.
 
-Writing is arranged around two measured costs (DESIGN.md): an h5py dataset costs ~150 us to
+Writing is arranged around two measured costs (docs/architecture.md): an h5py dataset costs ~150 us to
 create, so a step has exactly three (`/records`, `/tensors`, optional `/hits`); and h5py keeps
 the GIL while it writes, which stalls the training thread. So tensor bytes never go through
 h5py: `/tensors` is a contiguous dataset whose file space HDF5 allocates up front (and never

@@ -9,7 +9,7 @@ more is shared with one helper thread when torch leaves a core
 free (`STATS_THREADS`).
 
 Without the kernel, and for other dtypes, `numpy_host_stats` runs cheap reductions. Measured on
-the 2-core CPU (see DESIGN.md): `isnan().sum()` and `(x == 0).sum()` cost 15-40x a plain read,
+the 2-core CPU (see docs/architecture.md): `isnan().sum()` and `(x == 0).sum()` cost 15-40x a plain read,
 while numpy's min and max, torch's float32 sum and norm, and a same-width integer sum of the raw
 bits run near memory speed. So one pass of each cheap reduction runs over cache-sized chunks
 (the later passes then read from cache); zeros are counted only when 0 lies in [min, max], and
