@@ -273,6 +273,8 @@ def _histogram(values: Any, bins: int) -> tuple[Any, Any]:
         raise ConfigError(f"bins must be >= 1, got {bins}")
     if hasattr(values, "detach"):  # a torch tensor: reduce on its device, move only the counts
         import torch
+        if hasattr(values, "to_local"):  # a DTensor (FSDP2): this rank's shard, no collective
+            values = values.to_local()
         t = values.detach().flatten().float()
         t = t[torch.isfinite(t)]
         if t.numel() == 0:

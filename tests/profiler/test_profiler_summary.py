@@ -113,3 +113,32 @@ def test_summary_survives_sigkill(tmp_path):
     assert (steps == np.arange(len(steps))).all() and (df.value == df.step).all()
     h = read_histograms(tmp_path / "run")
     assert len(h) >= 50 and all(c.sum() == 3 for c in h.counts)
+
+
+_DTENSOR_HISTOGRAM = textwrap.dedent("""
+    import sys
+    import torch, torch.distributed as dist
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+    from profiler import SummaryWriter
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    weight = distribute_tensor(torch.arange(12.0).view(3, 4), init_device_mesh("cpu", (1,)),
+                               [Shard(0)])
+    with SummaryWriter(sys.argv[1]) as w:  # FSDP2's parameters are such DTensors
+        w.add_histogram("weights/w", weight, 0, bins=4)
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.skipif(not hasattr(torch.distributed, "init_process_group"),
+                    reason="torch built without distributed")
+def test_histogram_of_a_dtensor_is_its_local_shard(tmp_path, free_port):
+    """A DTensor's histogram is taken on this rank's shard: boolean indexing of a DTensor has
+    no sharding rule, and `--summary` must not stop an FSDP2 run."""
+    script = tmp_path / "hist.py"
+    script.write_text(_DTENSOR_HISTOGRAM)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, env=env, timeout=120)
+    h = read_histograms(tmp_path, tag="weights/w")
+    assert h.counts[0].sum() == 12 and h.edges[0][0] == 0 and h.edges[0][-1] == 11
