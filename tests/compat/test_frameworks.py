@@ -30,7 +30,7 @@ XFAIL: dict[tuple[str, str], str] = {
     ("compile_inductor", "weights"): (
         "torch.compile at op and mix level: the dump's dispatch mode stops dynamo, so under "
         "the dump the inductor-compiled model runs eagerly and ends with other weights than "
-        "the compiled run without Sleuth (issue 25 item 4, owned by branch closure)"),
+        "the compiled run without Sleuth"),
 }
 """(framework, check) -> the known tracer gap that makes that check fail"""
 
