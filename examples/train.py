@@ -61,10 +61,9 @@ def main() -> None:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 
     if distributed:
-        # a last collective that no dispatch mode sees before the group goes: gloo's worker
-        # thread frees the previous all-reduce (whose saved thread state holds a Python
-        # dispatch mode when ops are dumped) while this thread can still give it the GIL
-        # (docs/frameworks.md, "DDP: a hang at exit")
+        # a last collective before the group goes: gloo's worker thread frees the last
+        # all-reduce of backward (whose saved thread state holds a Python object of torch's)
+        # while this thread can still give it the GIL (docs/frameworks.md, "A hang at exit")
         torch.distributed.barrier()
         del model
         torch.distributed.destroy_process_group()

@@ -111,7 +111,8 @@ def format_report(result: Any, top: int = 10) -> str:
         lines += ["", f"first divergence ({fd['kind']}): {fd['name']}",
                   f"  module {fd['module']}{op}   phase {fd['phase']}   step {fd['step']}   "
                   f"rank {fd['rank']}{cross}",
-                  f"  source {fd['source'] or '-'}",
+                  f"  source {fd['source'] or '-'}"
+                  + (f"   called from {fd['caller']}" if fd.get("caller") else ""),
                   f"  {fd['reason']}"]
         if fd["kind"] == "data":
             lines.append("  the model's input differs: the two runs were fed different data")

@@ -226,7 +226,9 @@ def _show(args: argparse.Namespace) -> int:
     print(f"rank {rank} step {step}: {len(df)} record(s)"
           + (f", {len(hits)} watchpoint hit(s)" if len(hits) else ""))
     if len(df):
-        print(df[_SHOW_COLUMNS].to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+        # the user's call site, where any record's source lies in an installed library
+        columns = _SHOW_COLUMNS + (["caller"] if (df.caller != "").any() else [])
+        print(df[columns].to_string(index=False, float_format=lambda v: f"{v:.6g}"))
     if len(hits):
         print("\nwatchpoint hits:")
         print(hits.to_string(index=False))

@@ -35,7 +35,8 @@ from torch.optim import optimizer as _optim
 from tracer._config import DumpConfig, load_json
 from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
 from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
-from tracer.capture import ModuleTracker, on_scaler_update, tool_range, user_source
+from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, on_scaler_update, tool_range,
+                            user_source)
 from tracer.capture import rewrap as rewrap_scalers
 from tracer.storage import copy_stats, difference_stats
 
@@ -219,6 +220,7 @@ class Dumper:
         self._handles: list[Any] = []
         self._failed = False
         self._mode: Any = None
+        self._eager = EagerWhileDumped()
         self.enabled = self.config.wants_rank(self.rank)
         if not self.enabled:
             return
@@ -370,12 +372,13 @@ class Dumper:
                     self._open_step()
                 meta, add = self._meta, self._add
                 prefix = f"{scope}.{phase}.{call}.{direction}."
+                caller = source.caller if type(source) is Site else ""
                 for i, t in enumerate(tensors, first):
                     if type(t) is not _Tensor and type(t) is not _Parameter:
                         t = _values(t)  # a tensor subclass
-                    # RecordMeta(name, module, op, phase, direction, index, call, source)
-                    add(meta(prefix + str(i), module, op, phase, direction, i, call, source), t,
-                        stable, version, stats, defer)
+                    # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
+                    add(meta(prefix + str(i), module, op, phase, direction, i, call, source,
+                             caller), t, stable, version, stats, defer)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:
@@ -466,6 +469,7 @@ class Dumper:
             handle.remove()
         self._handles = []
         self._tracker.remove()
+        self._eager.leave()
         mode = self._mode
         if pop_mode and mode is not None and mode.on_top():
             mode.pop()
@@ -489,9 +493,11 @@ class Dumper:
         if self._mode is not None:
             self._mode.push()
         self.capturing = True
+        self._eager.enter(self.current_step)
 
     def _uninstall(self) -> None:
         self.capturing = False
+        self._eager.leave()
         if self._mode is not None:
             self._mode.pop()
         self._tracker.remove()
@@ -614,24 +620,25 @@ class Dumper:
         # the update's values are needed unless a tracer writer keeps only the statistics
         materialize = self.config.mode != "statistics" or not self._takes_stats
         prefix = f".optimizer.{call}."
+        caller = source.caller if type(source) is Site else ""
         for name, owner, p in params:
             before, before_stats = self._snapshots.get(id(p), (None, None)) if with_update \
                 else (None, None)
-            # RecordMeta(name, module, op, phase, direction, index, call, source)
-            add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source),
-                before if before is not None else _local(p.detach()), True, None, before_stats,
-                False)
+            # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
+            add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source,
+                     caller), before if before is not None else _local(p.detach()), True, None,
+                before_stats, False)
             if p.grad is not None:
                 # measured on the helper thread while this loop goes on (when large); settled in
                 # `_record_params`, before user code could write the gradient again
                 add(meta(f"{name}{prefix}grad.0", owner, "", "optimizer", "grad", 0, call,
-                         source), _local(p.grad.detach()), True, None, None, True)
+                         source, caller), _local(p.grad.detach()), True, None, None, True)
             if before is None:
                 continue
             # after the param record: with bytes kept, the difference goes into `before`
             update, update_stats = self._update(_local(p.detach()), before, materialize)
             add(meta(f"{name}{prefix}update.0", owner, "", "optimizer", "update", 0, call,
-                     source), update, True, None, update_stats, False)
+                     source, caller), update, True, None, update_stats, False)
 
     @staticmethod
     def _update(p: torch.Tensor, before: torch.Tensor, materialize: bool

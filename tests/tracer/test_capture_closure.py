@@ -10,7 +10,7 @@ from torch import nn
 
 import tracer
 from sleuth.cli import main
-from tracer._check import first_nan_origin
+from tracer.analysis._check import first_nan_origin
 
 
 def _line(marker: str) -> str:

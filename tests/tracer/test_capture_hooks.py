@@ -12,7 +12,7 @@ import tracer._dumper as dumper_module
 from models import (MLP, CheckpointedMLP, CustomFnModel, FakeWriter, InplaceModel, SharedLayer,
                     SmallCNN, SmallLSTM, TinyCausalLM, TinyConfig)
 
-Meta = collections.namedtuple("Meta", "name module op phase direction index call source")
+Meta = collections.namedtuple("Meta", "name module op phase direction index call source caller")
 
 
 @pytest.fixture

@@ -31,14 +31,14 @@ def _stats(t: np.ndarray, dtype: str) -> dict:
 
 def rec(scope: str, phase: str, direction: str, tensor: np.ndarray, *, op: str = "",
         call: int = 0, index: int = 0, module: str | None = None, source: str = "model.py:1",
-        dtype: str | None = None) -> dict:
+        dtype: str | None = None, caller: str = "") -> dict:
     """One record for `write_step`. `tensor` holds the stored bits (for bf16 pass uint16 bits
     and dtype="bfloat16")."""
     module = module if module is not None else scope
     full_scope = f"{scope}::{op}" if op else scope
     return dict(name=f"{full_scope}.{phase}.{call}.{direction}.{index}", module=module, op=op,
                 phase=phase, direction=direction, index=index, call=call, tensor=tensor,
-                dtype=dtype or str(tensor.dtype), source=source)
+                dtype=dtype or str(tensor.dtype), source=source, caller=caller)
 
 
 def write_step(run: Path, records: list[dict], *, rank: int = 0, step: int = 0,

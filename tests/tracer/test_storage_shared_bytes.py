@@ -334,7 +334,8 @@ def test_strides_that_reach_past_the_bytes_are_refused(tmp_path):
     row = dict(seq=0, name="t.forward.0.output.0", module="t", op="", phase="forward",
                direction="output", index=0, call=0, dtype="float32", shape="3,4", numel=12,
                min=0.0, max=11.0, mean=5.5, norm=1.0, nan=0, posinf=0, neginf=0, zeros=1,
-               checksum=0, source="x.py:1", data_offset=off, data_nbytes=48, strides="1,5")
+               checksum=0, source="x.py:1", data_offset=off, data_nbytes=48, strides="1,5",
+               caller="")
     f.add_row(tuple(row[k] for k in RECORD_FIELDS))
     f.finish()
     with pytest.raises(DumpFormatError, match="reach past the stored bytes"):

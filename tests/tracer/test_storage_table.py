@@ -29,7 +29,8 @@ def _row(i: int, **changes):
                op="aten.addmm", phase="forward", direction="output", index=0, call=i,
                dtype="float32", shape="[8, 64]", numel=512, min=-1.5, max=2.5, mean=0.25,
                norm=12.5, nan=0, posinf=0, neginf=0, zeros=3, checksum=-(1 << 62) + i,
-               source="train.py:12 in step", data_offset=-1, data_nbytes=0, strides="")
+               source="train.py:12 in step", data_offset=-1, data_nbytes=0, strides="",
+               caller="")
     row.update(changes)
     return tuple(row[name] for name, _ in RECORD_COLUMNS)
 

@@ -32,8 +32,8 @@ _METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "wit
             "checksum_equal")
 _COUNTS = ("nan", "posinf", "neginf")  # per side, from the statistics rows
 COLUMNS = ("order", "step", "rank", "b_step", "b_rank", "seq", "b_seq", "name", "b_name",
-           "module", "op", "phase", "direction", "index", "source", "dtype", "b_dtype", "shape",
-           "b_shape") + _COUNTS + tuple(f"b_{c}" for c in _COUNTS) + (
+           "module", "op", "phase", "direction", "index", "source", "caller", "dtype", "b_dtype",
+           "shape", "b_shape") + _COUNTS + tuple(f"b_{c}" for c in _COUNTS) + (
            "compared", "verdict") + _METRICS + ("reason",)
 Progress = Callable[[int, int], None]
 
@@ -49,7 +49,7 @@ class DiffResult:
     (records out of tolerance, or a step one side lacks)."""
     first_divergence: dict[str, Any] | None
     """The first divergent record in execution order (name, module, op, phase, step, rank,
-    source, kind, reason, metrics), or None."""
+    source, caller, kind, reason, metrics), or None."""
     records: Any
     """pandas DataFrame, one row per record pair (or unmatched record), in execution order."""
     compared: Literal["tensor", "statistics", "mixed", "none"] = "none"
@@ -138,6 +138,7 @@ def _row_base(ra: dict | None, rb: dict | None, plan: Plan) -> dict:
                name=ref["name"], b_name=rb["name"] if rb else "",
                module=ref["module"], op=ref["op"], phase=ref["phase"],
                direction=ref["direction"], index=int(ref["index"]), source=ref["source"],
+               caller=ref.get("caller") or "",
                dtype=ra["dtype"] if ra else "", b_dtype=rb["dtype"] if rb else "",
                shape=ra["shape"] if ra else "", b_shape=rb["shape"] if rb else "",
                compared="", reason="", checksum_equal=None)
@@ -211,8 +212,8 @@ def _ordered(rows: list[dict]) -> list[dict]:
 def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
     for r in rows:
         if r["verdict"] == "diverged":
-            keys = ("name", "module", "op", "phase", "step", "rank", "source", "b_name",
-                    "b_step", "b_rank", "seq", "direction", "index", "dtype", "b_dtype",
+            keys = ("name", "module", "op", "phase", "step", "rank", "source", "caller",
+                    "b_name", "b_step", "b_rank", "seq", "direction", "index", "dtype", "b_dtype",
                     "compared", "reason") + _METRICS
             fd = _jsonable({k: r[k] for k in keys})
             fd["kind"] = _kind(r)

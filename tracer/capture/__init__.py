@@ -9,11 +9,13 @@ from __future__ import annotations
 from tracer._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
+    "EagerWhileDumped": "tracer.capture._compiled",
     "ModuleTracker": "tracer.capture._module_hooks",
     "tool_range": "tracer.capture._module_hooks",
     "OpMode": "tracer.capture._op_mode",
     "on_scaler_update": "tracer.capture._scaler",
     "rewrap": "tracer.capture._scaler",
+    "Site": "tracer.capture._source",
     "user_source": "tracer.capture._source",
 }
 

@@ -29,6 +29,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
+from tracer.capture._compiled import compiled_module, tell_once
 from tracer.capture._naming import ROOT, CallCounter, module_names, wrapper_inner
 from tracer.capture._recorder import Recorder
 from tracer.capture._source import user_source
@@ -260,6 +261,8 @@ class ModuleTracker:
             return
         name = self._name_of(module)
         if name is None:
+            if compiled_module(module):
+                tell_once()  # its forward runs eagerly in this step (tracer.capture._compiled)
             return
         recomputing = _graph_task_id() != -1 and _grad_enabled()
         counter = self._recompute_calls if recomputing else self.calls

@@ -5,6 +5,10 @@ Code installed in site-packages counts: a Hugging Face model's forward lives the
 line says more than the ``trainer.train()`` line that led to it. Such paths print relative to
 the site-packages folder (``transformers/models/llama/modeling_llama.py:120``).
 
+When that frame is in an installed library, the user's call site is kept as well: the innermost
+frame outside site-packages (``train.py:40``, the ``trainer.train()`` line), as the `caller`
+of a `Site`, which is the source text itself (a str) with that second field.
+
 Hooks run deep inside torch, so this walks ``sys._getframe`` outward. Whether a code object is
 "internal" is decided once per code object and cached, and formatted locations are cached per
 (code, line), so a call costs a few dictionary look-ups per frame and never ``inspect.stack``.
@@ -54,8 +58,35 @@ _graph_task_id = None
 _engine_cache: tuple[int, str] = (-1, "")  # (graph task id, its source)
 # code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED),
 # 4 DistributedDataParallel's own work (WRAPPER)
+# 8 user code installed in a library (site-packages): the source, but not the call site
 _internal: dict[types.CodeType, int] = {}
 _formatted: dict[tuple[types.CodeType, int], str] = {}
+_sited: dict[tuple[str, str], Site] = {}
+_LIBRARY = 8
+
+
+class Site(str):
+    """A record's source (``file:line``, the str itself) in an installed library, with the
+    user's call site that led there (`caller`, ``""`` where no frame outside libraries ran
+    it). A plain str source is its own call site."""
+
+    __slots__ = ("caller",)
+    caller: str
+
+    def __reduce__(self) -> tuple:
+        return Site._make, (str(self), self.caller)
+
+    @staticmethod
+    def _make(source: str, caller: str) -> Site:
+        site = Site(source)
+        site.caller = caller
+        return site
+
+
+def caller_of(source: str) -> str:
+    """The `caller` column of a record with this `source`: the user's call site where the
+    source is in an installed library, else ``""`` (the source is the call site)."""
+    return source.caller if type(source) is Site else ""
 _relpath: dict[str, str] = {}
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
@@ -90,6 +121,8 @@ def _is_internal(code: types.CodeType) -> int:
         elif code.co_name in _WRAPPER_FUNCTIONS and absolute.endswith(_WRAPPER_FILE) \
                 and absolute.startswith(_PREFIXES[0]):  # torch's own copy
             flag = 4
+    elif any(d in path for d in _LIBRARY_DIRS) and not path.startswith(_USER_PACKAGE_ROOTS):
+        flag = _LIBRARY
     _internal[code] = flag
     return flag
 
@@ -142,12 +175,44 @@ def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
             flag = _is_internal(code)
         if not flag:
             return _format(code, frame.f_lineno)
+        if flag == _LIBRARY:
+            return _library_site(_format(code, frame.f_lineno), frame.f_back)
         if flag == 2:
             return RECEIVED
         if flag == 4:
             return WRAPPER
         frame = frame.f_back
     return ""
+
+
+def _library_site(source: str, frame: types.FrameType | None) -> str:
+    """`source` (a library's line) as a `Site` whose caller is the innermost frame at or above
+    `frame` that is neither internal nor a library's; `source` itself when none is."""
+    caller = ""
+    internal = _internal
+    while frame is not None:
+        code = frame.f_code
+        if code is _ENGINE:
+            # above autograd's engine: the frame that called backward(), walked once per pass
+            above = _walk(frame, True)
+            caller = above.caller if type(above) is Site else above
+            if caller in (RECEIVED, WRAPPER):
+                caller = ""
+            break
+        flag = internal.get(code)
+        if flag is None:
+            flag = _is_internal(code)
+        if not flag:
+            caller = _format(code, frame.f_lineno)
+            break
+        frame = frame.f_back
+    if not caller:
+        return source
+    key = (source, caller)
+    site = _sited.get(key)
+    if site is None:
+        site = _sited[key] = Site._make(source, caller)
+    return site
 
 
 def _format(code: types.CodeType, line: int) -> str:

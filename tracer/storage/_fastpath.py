@@ -93,11 +93,11 @@ def stats_row(writer: WriterState, target: Any, step: int, seq: int, meta: Recor
                                 code)
             if holder is not None:
                 holder[0] = stats
-    name, module, op, phase, direction, index, call, source = meta
+    name, module, op, phase, direction, index, call, source, caller = meta
     row = (seq, name, module, op, phase, direction, index, call, dtype_name(dtype),
            shape_str(t.shape), n, stats["min"], stats["max"], stats["mean"],
            stats["norm"], stats["nan"], stats["posinf"], stats["neginf"], stats["zeros"],
-           stats["checksum"], source, -1, 0, "")
+           stats["checksum"], source, -1, 0, "", caller)
     return put_row(writer, target, step, row)
 
 
@@ -116,10 +116,11 @@ def observer_dict(writer: WriterState, step: int, row: tuple) -> dict:
     """A /records row as the observers' dict (with `step` and `rank`)."""
     # a dict display: ~3x faster than dict(zip(RECORD_FIELDS, row))
     (seq, name, module, op, phase, direction, index, call, dtype, shape, numel, mn, mx, mean,
-     norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes, strides) = row
+     norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes, strides, caller) = row
     return {"seq": seq, "name": name, "module": module, "op": op, "phase": phase,
             "direction": direction, "index": index, "call": call, "dtype": dtype,
             "shape": shape, "numel": numel, "min": mn, "max": mx, "mean": mean, "norm": norm,
             "nan": nan, "posinf": posinf, "neginf": neginf, "zeros": zeros,
             "checksum": checksum, "source": source, "data_offset": offset,
-            "data_nbytes": nbytes, "strides": strides, "step": step, "rank": writer.rank}
+            "data_nbytes": nbytes, "strides": strides, "caller": caller, "step": step,
+            "rank": writer.rank}

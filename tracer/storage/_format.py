@@ -31,7 +31,7 @@ import numpy as np
 from h5py import h5a, h5d, h5f, h5p, h5s, h5t
 
 
-FORMAT_VERSION = "3.1"
+FORMAT_VERSION = "3.2"
 FORMAT_MAJOR = 3
 
 _STR = h5py.string_dtype("utf-8")
@@ -41,7 +41,7 @@ RECORD_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("shape", _STR), ("numel", np.int64), ("min", np.float64), ("max", np.float64),
     ("mean", np.float64), ("norm", np.float64), ("nan", np.int64), ("posinf", np.int64),
     ("neginf", np.int64), ("zeros", np.int64), ("checksum", np.int64), ("source", _STR),
-    ("data_offset", np.int64), ("data_nbytes", np.int64), ("strides", _STR),
+    ("data_offset", np.int64), ("data_nbytes", np.int64), ("strides", _STR), ("caller", _STR),
 )
 RECORD_DTYPE = np.dtype(list(RECORD_COLUMNS))
 RECORD_FIELDS = tuple(name for name, _ in RECORD_COLUMNS)
@@ -58,6 +58,7 @@ class RecordMeta(NamedTuple):
     index: int
     call: int
     source: str
+    caller: str = ""
 
 
 HIT_COLUMNS: tuple[tuple[str, Any], ...] = (

@@ -27,7 +27,7 @@ _PARTIAL_RE = re.compile(r"^step(\d+)\.h5(?:\.data)?\.partial$")
 _TRUNCATED_RE = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
 _RANK_RE = re.compile(r"^rank(\d+)$")
 _STR_FIELDS_REC = ("name", "module", "op", "phase", "direction", "dtype", "shape", "source",
-                   "strides")
+                   "strides", "caller")
 _STR_FIELDS_HIT = ("name", "condition", "source")
 _OPEN_FILES = 8  # h5py handles kept open per Dump
 _CACHED_TABLES = 4  # /records tables kept decoded per Dump

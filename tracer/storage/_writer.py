@@ -559,14 +559,14 @@ class Writer:
                 release()
             if share is not None and share[1] is None:
                 share[1] = (offset, nbytes, strides)
-        name, module, op, phase, direction, index, call, source = meta
+        name, module, op, phase, direction, index, call, source, caller = meta
         dtype_s, shape_s = dtype_name(dtype), shape_str(shape)
         mn, mx, mean, norm = stats["min"], stats["max"], stats["mean"], stats["norm"]
         nan, posinf, neginf = stats["nan"], stats["posinf"], stats["neginf"]
         zeros, checksum = stats["zeros"], stats["checksum"]
         row = (seq, name, module, op, phase, direction, index, call, dtype_s, shape_s, numel, mn,
                mx, mean, norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes,
-               strides)
+               strides, caller)
         return put_row(self, file, step, row)
 
     def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
