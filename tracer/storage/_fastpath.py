@@ -46,9 +46,14 @@ _CPU = torch.device("cpu")  # equal, and equal in hash, to every CPU tensor's `d
 _NO_BYTES = (-1, 0, "")  # a statistics-mode record's (data_offset, data_nbytes, strides)
 
 
+_ENABLED = True
+"""False sends every record the general way (benchmarks/tracer_ablation.py measures the
+difference); read when a writer is made."""
+
+
 def available(writer: WriterState) -> bool:
     """True when `writer`'s records may take `stats_row`: statistics mode, the kernel built."""
-    return not writer.keep_bytes and _stats._fused is not None
+    return _ENABLED and not writer.keep_bytes and _stats._fused is not None
 
 
 def stats_row(writer: WriterState, target: Any, step: int, seq: int, meta: RecordMeta,
