@@ -1,6 +1,6 @@
 """Tracer overhead: training-step time with a Dumper attached, as a ratio to no dump.
 
-Two models, as issue 3 asks: `gpt` (vocab 512, 4 layers, d 256, seq 128, batch 8; the trainer's
+Two models: `gpt` (vocab 512, 4 layers, d 256, seq 128, batch 8; the trainer's
 GPT when importable) and `tiny` (the trainer's tiny preset: 2 layers, d 64, seq 64, batch 8,
 where per-record costs dominate). For each, every condition runs in one process, interleaved
 round by round, and each condition's block of steps is bracketed by two baseline blocks; a
@@ -12,7 +12,7 @@ its first step to the return of `Dumper.close()`: the async writer's drain (its 
 step files still to write and fsync) is in it, which the per-step median leaves out as long
 as a block fits the queue (16 tiny op tensor steps are 310 MB, under the 1 GiB default cap).
 It is what a long run, whose queue fills and applies back-pressure, pays per step; the goals
-are judged on it (for the sync writer the two agree). Prints one JSON object. Conditions and goals (issue 3):
+are judged on it (for the sync writer the two agree). Prints one JSON object. Conditions and goals:
 
   module_statistics     level module, statistics, sync writer          goal <= 1.15x
   op_statistics         level op, statistics, sync writer              goal <= 1.5x
@@ -32,7 +32,7 @@ are judged on it (for the sync writer the two agree). Prints one JSON object. Co
   module_statistics_minimal  level module, statistics, sync, one module's forward output and
                         no parameters: every hook runs, one record a step, and its step file
 
-msprobe (mindstudio-probe) reference numbers from the issue: L0 statistics 1.9x, L1 statistics
+msprobe (mindstudio-probe) reference numbers on the gpt model (benchmarks/RESULTS.md): L0 statistics 1.9x, L1 statistics
 4.9x, L1 tensor 22.9x. Run: PYTHONPATH=. python3 benchmarks/tracer_overhead.py [--rounds N]
 [--models gpt,tiny] [--conditions a,b] [--device cpu|cuda]
 """

@@ -2,11 +2,11 @@
 and the per-rank cluster view of one run's `profiler.Profile`, plus links to its traces."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import profiler
 from dash import Input, Output, dcc, html
 
 from dashboard import _data
@@ -120,7 +120,7 @@ def register(app: Any, ctx: Context) -> None:
         except _data.NoData as e:
             return notice(e)
         figs = profile_figures(prof)
-        lines = summary_lines(getattr(prof, "summary", None) or {})
+        lines = profiler.summary_lines(getattr(prof, "summary", None) or {})
         head = html.P([part for i, line in enumerate(lines) for part in ([html.Br()] if i else []) + [line]],
                       id="profile-summary", className="sleuth-note", style={"whiteSpace": "pre-wrap"})
         panels = [head] + [dcc.Graph(id=f"profile-{k}", figure=f, config={"displaylogo": False},
@@ -132,26 +132,6 @@ def register(app: Any, ctx: Context) -> None:
             panels.append(html.Div([html.Span("traces (open in ui.perfetto.dev): "), *links],
                                    className="sleuth-links"))
         return panels
-
-
-def summary_lines(s: dict[str, Any]) -> list[str]:
-    """The profile summary in the words, units and rounding of `sleuth profile` (a test holds
-    the two to the same text): step time in ms, MFU and communication share in percent, three
-    significant digits, n/a for what was not measured."""
-    def fmt(key: str, unit: str = "", scale: float = 1.0) -> str:
-        v = s.get(key)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
-            return "n/a"
-        return f"{v * scale:.3g}{unit}"
-
-    lines = [f"{s.get('ranks', 'n/a')} rank(s), {s.get('windows', 'n/a')} window(s), "
-             f"{s.get('steps', 'n/a')} step(s)",
-             f"step time {fmt('step_time_s', ' ms', 1e3)}   tokens/s {fmt('tokens_per_s')} (per rank)   "
-             f"MFU {fmt('mfu', ' %', 100)} (peak {fmt('peak_tflops')} TFLOP/s)   "
-             f"comm share {fmt('comm_share', ' %', 100)}"]
-    if s.get("clamped_events"):
-        lines.append(f"note: {s['clamped_events']} negative profiler times were clamped to 0")
-    return lines
 
 
 def _under(p: Path, root: Path) -> bool:

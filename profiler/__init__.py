@@ -23,6 +23,7 @@ _EXPORTS: dict[str, str] = {
     "read_profile": "profiler._reader",
     "read_scalars": "profiler._summary_reader",
     "read_histograms": "profiler._summary_reader",
+    "summary_lines": "profiler._text",
     # errors
     "ProfilerError": "profiler._errors",
     "ConfigError": "profiler._errors",

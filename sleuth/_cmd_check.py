@@ -168,8 +168,9 @@ def _verdict(args: argparse.Namespace, found: bool, origin: dict | None,
              cov: dict[str, Any]) -> tuple[int, str]:
     """The exit code and, when it is 2, why: nothing is called clean on data not all read."""
     unread, read = cov["unread"], cov["read"]
+    files = [u for u in unread if u.get("state") != "empty"]
     if not read:
-        what = (f"{len(unread)} file(s) could not be read" if unread
+        what = (f"{len(files)} file(s) could not be read" if files
                 else f"no step file under {args.path}")
         return 2, f"nothing was read: {what}; nothing was checked"
     if args.first_nan and origin is not None:
@@ -178,9 +179,13 @@ def _verdict(args: argparse.Namespace, found: bool, origin: dict | None,
             return 2, (f"the origin may lie in {len(before)} earlier step file(s) that could not "
                        f"be read: {', '.join(u['path'] for u in before)}")
         return 1, "origin found"
-    if unread:
-        return 2, (f"{len(unread)} of {read + len(unread)} step file(s) could not be read; the "
+    if files:
+        return 2, (f"{len(files)} of {read + len(files)} step file(s) could not be read; the "
                    f"answer covers only the rest")
+    if unread:  # rank folders without a step file: those ranks dumped nothing
+        return 2, (f"{len(unread)} rank folder(s) hold no step file ("
+                   + ", ".join(u["path"] for u in unread[:4])
+                   + "): those ranks dumped nothing, so the answer covers only the others")
     if found:
         return 1, "found"
     if cov["interrupted"]:

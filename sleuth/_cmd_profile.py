@@ -69,24 +69,10 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=1))
         return 0
     s = prof.summary
-
-    def fmt(v: Any, unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
-        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v * scale:.{digits}g}{unit}"
-
-    print(f"profile of {args.run_dir}: {s['ranks']} rank(s), {s['windows']} window(s), {s['steps']} step(s)")
-    print(f"  step time {fmt(s['step_time_s'], ' ms', 1e3)}   tokens/s {fmt(s['tokens_per_s'])} (per rank)   "
-          f"MFU {fmt(s['mfu'], ' %', 100)} (peak {fmt(s['peak_tflops'])} TFLOP/s)   "
-          f"comm share {fmt(s['comm_share'], ' %', 100)}")
-    if s.get("clamped_events"):
-        print(f"  note: {s['clamped_events']} negative profiler times were clamped to 0")
-    if s.get("tools"):
-        per_step = sum(s["tools"].values())
-        parts = ", ".join(f"{name} {fmt(us, ' ms', 1e-3)}" for name, us in s["tools"].items())
-        print(f"  {'the dump was on in these steps: ' if s.get('dump_on') else ''}Sleuth's own "
-              f"work took {fmt(per_step, ' ms', 1e-3)} a step ({parts}; "
-              f"{fmt(s.get('tool_share'), ' %', 100)} of the step time), inside the phases "
-              f"below (tools_us) and left out of the op table; the model's step without it: "
-              f"{fmt(s['step_time_s'] - per_step / 1e6, ' ms', 1e3)}")
+    lines = profiler.summary_lines(s)
+    print(f"profile of {args.run_dir}: {lines[0]}")
+    for line in lines[1:]:
+        print(f"  {line}")
     print("\nstep breakdown (mean per step, us):")
     print(breakdown.round(1).to_string(index=False))
     print(f"\ntop {args.top} ops (us, summed over windows and ranks):")
@@ -97,7 +83,9 @@ def _run(args: argparse.Namespace) -> int:
     if len(prof.cluster) > 1:
         print("\nranks:")
         print(prof.cluster.round(4).to_string(index=False))
-        print(f"  slowest rank {s.get('slowest_rank')}, spread {fmt(s.get('step_time_spread'), ' %', 100)}")
+        spread = s.get("step_time_spread")
+        print(f"  slowest rank {s.get('slowest_rank')}, spread "
+              f"{'n/a' if spread is None else f'{spread * 100:.3g} %'}")
     print("\ntraces (open in https://ui.perfetto.dev):")
     for p in prof.traces:
         print(f"  {p}")

@@ -256,14 +256,14 @@ def tool_runs(tmp_path_factory):
 def test_profile_summary_reads_as_sleuth_profile_prints_it(tool_runs, capsys):
     import profiler
 
-    from dashboard._page_profile import summary_lines
     from sleuth.cli import main
 
-    lines = summary_lines(profiler.read_profile(tool_runs / "all").summary)
+    lines = profiler.summary_lines(profiler.read_profile(tool_runs / "all").summary)
     assert main(["profile", str(tool_runs / "all")]) == 0
     cli = capsys.readouterr().out.splitlines()
     assert cli[0].endswith(f": {lines[0]}")
     assert [c.strip() for c in cli[1:len(lines)]] == lines[1:]
+
     assert " ms " in lines[1] and "MFU" in lines[1] and "step_time_s" not in "".join(lines)
 
 

@@ -51,8 +51,8 @@ def test_attach_from_env_unset_returns_none(monkeypatch):
 def test_attach_from_env_before_torch_is_imported(tmp_path):
     """A script that calls `attach_from_env()` itself before importing torch, with the start-up
     hook installed: importing torch inside the call runs the hook's attach, which must leave
-    the attaching to the call (it used to fail on the half-imported tracer: a warning, or a
-    crash with SLEUTH_STRICT=1)."""
+    the attaching to the call (attaching from the hook on the half-imported tracer would warn,
+    or crash with SLEUTH_STRICT=1)."""
     code = textwrap.dedent("""
         import tracer
         dumper = tracer.attach_from_env()
@@ -144,8 +144,8 @@ LOADER_SCRIPT = textwrap.dedent("""
 def test_dataloader_workers_leave_the_dump_to_the_trainer(tmp_path, start):
     """DataLoader workers running nn.Module transforms under the zero-code attach: a forked
     worker inherits the trainer's Dumper (hooks, writer, file helper) and a spawned one makes
-    its own; either used to record the transforms into the trainer's step files (rank 0 too),
-    and a spawned worker crashed the run at exit. Now workers record nothing, the run ends
+    its own; either would record the transforms into the trainer's step files (rank 0 too),
+    and a spawned one could crash the run at exit. Workers record nothing, the run ends
     normally and each step file holds the trainer's records only."""
     (tmp_path / "train.py").write_text(LOADER_SCRIPT)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}

@@ -101,3 +101,35 @@ def test_interrupted_step_is_searched_and_named(tmp_path, capsys):
     assert main(["check", str(clean)]) == 2  # nothing found, but not called clean
     assert "1 step(s) were interrupted" in capsys.readouterr().err
     assert main(["check", str(clean), "--step", "0"]) == 0
+
+
+def test_check_and_ls_classify_leftovers_as_the_reader_does(tmp_path, capsys):
+    """check and `dump ls` read the reader's FileStates: a stale partial beside a complete
+    step is read through its complete file (not unread), a spill file `*.data.partial` is
+    placed at its own step (so an origin before it is not doubted), an empty rank folder beside
+    a complete rank is named and keeps the answer from being called complete."""
+    run = _mlp_run(tmp_path / "run", nan_step=1, steps=3)
+    rank0 = run / "dump" / "rank0"
+    (rank0 / "step0.h5.partial").write_bytes(b"left by a crash")  # beside complete step 0
+    assert main(["check", str(run), "--first-nan"]) == 1
+    out = capsys.readouterr().out
+    assert "step 1" in out and "not read" not in out
+    (rank0 / "step7.h5.data.partial").write_bytes(b"spilled bytes of a step never finished")
+    assert main(["check", str(run), "--first-nan", "--json"]) == 1  # step 7 comes after step 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [(u["step"], u["state"]) for u in doc["unread"]] == [(7, "partial_only")]
+    assert doc["first_nan"]["unread_before"] == []
+    assert main(["check", str(run)]) == 2  # a step file not read: hits, but not over all files
+    capsys.readouterr()
+    assert main(["dump", "ls", str(run), "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)["files"]
+    assert sorted((r["step"], r["status"]) for r in rows if r["status"] != "complete") == [
+        (0, "partial"), (7, "partial")]
+    (rank0 / "step7.h5.data.partial").unlink()
+    (run / "dump" / "rank1").mkdir()
+    assert main(["check", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "1 rank folder(s) hold no step file" in err and "rank1" in err
+    assert main(["dump", "ls", str(run), "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)["files"]
+    assert [(r["rank"], r["step"]) for r in rows if r["status"] == "empty"] == [(1, None)]

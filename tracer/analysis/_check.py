@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -22,8 +21,6 @@ from tracer.analysis._watch import Watcher, WatchConfig, parse_watch
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
                "condition", "value", "origin")
-_RANK_DIR = re.compile(r"^rank(\d+)$")
-_STEP_FILE = re.compile(r"^step(\d+)\.h5(?:\.partial)?$")
 TABLE_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError,
                      RuntimeError)
 """What a damaged HDF5 file raises while its tables are read: the reader's own error for a table
@@ -67,19 +64,24 @@ def step_status(attrs: dict[str, Any]) -> tuple[str, str]:
     return "complete", ""
 
 
-def _place(path: str) -> tuple[int | None, int | None]:
-    """(rank, step) a file's path names: .../rank{R}/step{S}.h5[.partial]."""
-    head, name = os.path.split(path)
-    m, d = _STEP_FILE.match(name), _RANK_DIR.match(os.path.basename(head))
-    return (int(d.group(1)) if d else None), (int(m.group(1)) if m else None)
+_UNREAD_STATES = ("partial_only", "truncated", "unreadable", "other_run", "empty")
+"""FileStates (the reader's classification) whose data a check could not read. Not among them:
+"partial", a leftover beside the step's complete file, which is read instead; "interrupted",
+which is read and named apart."""
 
 
 def _unread(dump: Any, rank: int | None, step: int | None) -> list[dict]:
+    """{path, rank, step, state, reason} of each file (or empty rank folder) of the selection
+    that could not be read; rank None where no rank folder names it, step None where no file
+    does (an empty rank folder)."""
     out = []
-    for path, reason in dump.skipped:
-        r, s = _place(path)
-        if (rank is None or r in (rank, None)) and (step is None or s in (step, None)):
-            out.append({"path": path, "rank": r, "step": s, "reason": reason})
+    for st in getattr(dump, "file_states", []):
+        if st.state not in _UNREAD_STATES:
+            continue
+        r = None if st.rank is None or st.rank < 0 else st.rank
+        if (rank is None or r in (rank, None)) and (step is None or st.step in (step, None)):
+            out.append({"path": st.path, "rank": r, "step": st.step, "state": st.state,
+                        "reason": st.reason})
     return out
 
 
@@ -133,7 +135,8 @@ def read_steps(dump: Any, coverage: Coverage, *, rank: int | None = None,
 def file_rows(dump: Any) -> list[dict[str, Any]]:
     """One row per step file of a dump, unread ones included: rank, step, records,
     tensor_bytes, file_bytes, status ("complete", "interrupted", "damaged", "partial",
-    "unreadable"), reason, path. Each /records table is read, so damage shows here."""
+    "unreadable", or "empty" for a rank folder without a step file), reason, path; rank and
+    step as the reader's FileStates give them (None where the path does not name one). Each /records table is read, so damage shows here."""
     from tracer.storage import Dump
 
     rows = []
@@ -152,15 +155,20 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
                 row["status"], row["reason"] = "damaged", f"{type(e).__name__}: {e}"
             row.pop("complete", None)
             rows.append(row)
-    for u in _unread(dump, None, None):
-        partial = u["path"].endswith(".partial")
+    for st in getattr(dump, "file_states", []):
+        if st.state not in _UNREAD_STATES and st.state != "partial":
+            continue
+        empty = st.state == "empty"
         try:
-            size = os.path.getsize(u["path"])
+            size = None if empty else os.path.getsize(st.path)
         except OSError:
             size = None
-        rows.append({"rank": u["rank"], "step": u["step"], "records": None, "tensor_bytes": None,
-                     "file_bytes": size, "status": "partial" if partial else "unreadable",
-                     "reason": u["reason"], "path": u["path"]})
+        status = ("partial" if st.state in ("partial", "partial_only") else
+                  "empty" if empty else "unreadable")
+        rows.append({"rank": None if st.rank is None or st.rank < 0 else st.rank,
+                     "step": st.step, "records": None, "tensor_bytes": None,
+                     "file_bytes": size, "status": status, "reason": st.reason,
+                     "path": st.path})
     return rows
 
 

@@ -9,7 +9,7 @@ of a step's records are such (all 204 forward, backward and parameter records of
 tiny preset at module level but the large gradients queued to the helper thread). In the
 training step, where the model's ops have just cooled the caches, the writer's part of a record
 costs 11.9-13.0 us this way against 13.8-16.4 the general way (sync writer;
-benchmarks/record_cost.py, RESULTS.md, ninth session): most of what is left is calling into the
+benchmarks/record_cost.py): most of what is left is calling into the
 writer at all, and the interpreter's and torch's attribute lookups missing the cache. Every
 other record goes the general way (`NOT_HERE`), and both ways make the same rows: the reuse
 entries they leave in `Writer._seen` have one shape, so either finds the other's. Statistics
@@ -46,9 +46,14 @@ _CPU = torch.device("cpu")  # equal, and equal in hash, to every CPU tensor's `d
 _NO_BYTES = (-1, 0, "")  # a statistics-mode record's (data_offset, data_nbytes, strides)
 
 
+_ENABLED = True
+"""False sends every record the general way (benchmarks/tracer_ablation.py measures the
+difference); read when a writer is made."""
+
+
 def available(writer: WriterState) -> bool:
     """True when `writer`'s records may take `stats_row`: statistics mode, the kernel built."""
-    return not writer.keep_bytes and _stats._fused is not None
+    return _ENABLED and not writer.keep_bytes and _stats._fused is not None
 
 
 def stats_row(writer: WriterState, target: Any, step: int, seq: int, meta: RecordMeta,

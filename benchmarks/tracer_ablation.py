@@ -1,0 +1,286 @@
+"""Speed-device ablation: what each of the tracer's speed devices gains on realistic training.
+
+Each device is switched off in turn and its blocks of training
+steps are timed against blocks with the tracer as shipped, on two workloads side by side in
+one process, with torch's default threads unless `--threads` says otherwise:
+
+  gpt    the "gpt" model of benchmarks/tracer_overhead.py (vocab 512, 4 layers, d 256, seq 128,
+         batch 8)
+  llama  a Hugging Face LlamaForCausalLM built from a config (vocab 8192, hidden 384, 6 layers,
+         6 heads, 2 KV heads, intermediate 1024; batch 2 x 256 random token ids), AdamW
+
+Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/storage/_fused.c and
+_table.c, what an install without a C compiler lacks), the statistics fast path
+(tracer/storage/_fastpath.py), the helper file process of the async writer
+(tracer/storage/_filer.py), deferred statistics (tracer/storage/_queued.py) and the kernel's
+second statistics thread. Deferred
+statistics and the second thread act only when torch leaves a core free; so they are measured
+in a group of their own whose reference forces the second thread on ("spare_core"), whatever
+torch's thread count is.
+
+Timing reuses tracer_overhead's blocks (`timed_block`: the first step untimed, the wall time
+counted until the Dumper's close returns, so an async writer's drain is in it). Within one
+round, for each workload and condition, each group's variant blocks are bracketed by blocks of
+its reference: a variant's ratio is its median step time over the mean of the reference
+medians right before and after it (and likewise with wall time per step: "sustained"). The
+variants' order rotates from round to round. A device's `on_off` is the median over rounds of
+(time with the device on / time with it off): below 1 it gains; `gain_pct` is 100 * (1 /
+on_off - 1), from the sustained ratio for the async writer (its drain is only in the wall
+time), from the median one otherwise; `spread` is the per-round range of the median ratio. `overhead` is the tracer as shipped against no
+Dumper, measured the same way. Prints one JSON object.
+
+Run: PYTHONPATH=. python3 benchmarks/tracer_ablation.py [--rounds N] [--steps N]
+[--workloads gpt,llama] [--conditions a,b] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo path)
+
+import tracer  # noqa: E402
+from tracer.storage import _async, _fastpath, _format, _queued, _stats  # noqa: E402
+
+CONDITIONS = {
+    "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
+    "op_statistics": {"level": "op", "mode": "statistics", "writer": "sync"},
+    "op_tensor_async": {"level": "op", "mode": "tensor", "writer": "async"},
+    "attached_unselected": {"level": "mix", "steps": "1000000"},
+}
+# arm -> (devices switched off, forced statistics threads or None, extra Dumper config); an arm
+# of None is no Dumper at all
+ARMS: dict[str, tuple[frozenset, int | None, dict] | None] = {
+    "shipped": (frozenset(), None, {}),
+    "no_c_kernel": (frozenset({"c_kernel"}), None, {}),
+    "no_fast_path": (frozenset({"fast_path"}), None, {}),
+    "no_file_process": (frozenset({"file_process"}), None, {}),
+    "no_dump": None,
+    "spare_core": (frozenset(), 2, {}),
+    "spare_core_no_defer": (frozenset({"deferred_statistics"}), 2, {}),
+    "spare_core_one_thread": (frozenset({"deferred_statistics"}), 1, {}),
+}
+# device -> (reference arm, arm with it on, arm with it off, conditions where it acts)
+DEVICES = {
+    "c_kernel": ("shipped", "shipped", "no_c_kernel",
+                 ("module_statistics", "op_statistics", "op_tensor_async")),
+    "fast_path": ("shipped", "shipped", "no_fast_path", ("module_statistics", "op_statistics")),
+    "file_process": ("shipped", "shipped", "no_file_process", ("op_tensor_async",)),
+    "deferred_statistics": ("spare_core", "spare_core", "spare_core_no_defer",
+                            ("module_statistics", "op_statistics")),
+    "statistics_threads": ("spare_core", "spare_core_no_defer", "spare_core_one_thread",
+                           ("module_statistics", "op_statistics")),
+}
+GAIN_RULE_PCT = 5.0  # a device that gains less on both workloads goes
+LLAMA = dict(vocab_size=8192, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
+             num_key_value_heads=2, intermediate_size=1024)
+LLAMA_BATCH, LLAMA_SEQ = 2, 256
+
+
+class _LlamaLM(nn.Module):
+    """A Hugging Face Llama under tracer_overhead's model interface: forward(ids, labels) ->
+    (logits, loss)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        self.lm = LlamaForCausalLM(LlamaConfig(**LLAMA))
+
+    def forward(self, ids, labels):
+        out = self.lm(input_ids=ids, labels=labels)
+        return out.logits, out.loss
+
+
+def make_workload(which: str, steps: int) -> tuple[nn.Module, torch.optim.Optimizer, list]:
+    """(model, AdamW, steps + 1 batches of random token ids) for "gpt" or "llama"."""
+    torch.manual_seed(0)
+    if which == "gpt":
+        model, vocab, batch, seq = overhead.make_model(), overhead.VOCAB, overhead.BATCH, \
+            overhead.SEQ
+    else:
+        model, vocab, batch, seq = _LlamaLM(), LLAMA["vocab_size"], LLAMA_BATCH, LLAMA_SEQ
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = [(torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq)))
+               for _ in range(steps + 1)]
+    return model, opt, batches
+
+
+class switched:
+    """The devices named in `off` switched off (and the statistics threads forced to
+    `threads` when given) while inside; everything restored at exit."""
+
+    def __init__(self, off: frozenset, threads: int | None) -> None:
+        self.off, self.threads = off, threads
+
+    def __enter__(self) -> None:
+        self.saved = (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER,
+                      _queued.ENABLED, _stats._ENV_THREADS)
+        if "c_kernel" in self.off:
+            _stats._fused, _format._pack_rows = None, None
+        _fastpath._ENABLED = "fast_path" not in self.off
+        _async._USE_FILER = "file_process" not in self.off and self.saved[3]
+        _queued.ENABLED = "deferred_statistics" not in self.off and self.saved[4]
+        if self.threads is not None:
+            _stats._ENV_THREADS = self.threads
+
+    def __exit__(self, *exc) -> None:
+        (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER,
+         _queued.ENABLED, _stats._ENV_THREADS) = self.saved
+
+
+def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhead.Block:
+    """One timed block of `arm` under the Dumper `config` (none for "no_dump")."""
+    spec = ARMS[arm]
+    if spec is None:
+        return overhead.timed_block(model, opt, batches)
+    off, threads, extra = spec
+    path = work / arm
+    with switched(off, threads):
+        block = overhead.timed_block(
+            model, opt, batches,
+            lambda: tracer.Dumper(model, {**config, **extra, "path": str(path)}))
+    shutil.rmtree(path, ignore_errors=True)
+    # untimed: write back what the block left dirty in the page cache before the next one
+    if hasattr(os, "sync"):
+        os.sync()
+    return block
+
+
+def groups_for(condition: str, devices: list[str]) -> dict[str, list[str]]:
+    """reference arm -> the variant arms one round measures against it for `condition`."""
+    groups: dict[str, list[str]] = {"shipped": ["no_dump"]}
+    for device in devices:
+        ref, on, off, conditions = DEVICES[device]
+        if condition in conditions:
+            for arm in (on, off):
+                if arm != ref and arm not in groups.setdefault(ref, []):
+                    groups[ref].append(arm)
+    return groups
+
+
+def bracketed(run: Callable[[str], overhead.Block], ref: str, variants: list[str],
+              rotate: int) -> dict[str, tuple[float, float]]:
+    """One round of `variants`, each between two blocks of `ref`: arm -> (median ratio,
+    sustained ratio) to the mean of its two reference blocks (the reference itself: 1, 1)."""
+    out = {ref: (1.0, 1.0)}
+    order = variants[rotate % len(variants):] + variants[:rotate % len(variants)]
+    before = run(ref)
+    for arm in order:
+        block = run(arm)
+        after = run(ref)
+        out[arm] = (block.median / ((before.median + after.median) / 2),
+                    block.per_step / ((before.per_step + after.per_step) / 2))
+        before = after
+    return out
+
+
+def summary(per_round: list[tuple[float, float]]) -> dict[str, Any]:
+    """Per-round (median, sustained) ratios -> their medians and the median ratios' range."""
+    medians = [m for m, _ in per_round]
+    return {"ratio": round(statistics.median(medians), 3),
+            "sustained": round(statistics.median([s for _, s in per_round]), 3),
+            "spread": [round(min(medians), 3), round(max(medians), 3)]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per block")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--workloads", default="gpt,llama", help="comma-separated: gpt, llama")
+    ap.add_argument("--conditions", default=",".join(CONDITIONS),
+                    help="comma-separated subset of: " + ", ".join(CONDITIONS))
+    ap.add_argument("--devices", default=",".join(DEVICES),
+                    help="comma-separated subset of: " + ", ".join(DEVICES))
+    args = ap.parse_args(argv)
+    workloads = args.workloads.split(",")
+    conditions = args.conditions.split(",")
+    devices = args.devices.split(",")
+    for given, known, flag in ((workloads, ("gpt", "llama"), "--workloads"),
+                               (conditions, CONDITIONS, "--conditions"),
+                               (devices, DEVICES, "--devices")):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            ap.error(f"{flag}: unknown {unknown}; choose from {', '.join(known)}")
+    if args.rounds < 1 or args.steps < 1:
+        ap.error("--rounds and --steps must be at least 1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    absent: dict[str, str] = {}
+    result: dict[str, Any] = {
+        "benchmark": "tracer_ablation", "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(), "rounds": args.rounds, "steps_per_block": args.steps,
+        # the kernel's threads as shipped: 1 leaves deferred statistics off too
+        "statistics_threads_shipped": _stats.refresh_stats_threads(),
+        "c_kernel_built": _stats._fused is not None, "not_measured": absent,
+        "workloads": {}, "overhead": {}, "devices": {}}
+    work = Path(tempfile.mkdtemp(prefix="sleuth_ablation_"))
+    # (workload, condition) -> arm -> per-round (median, sustained) ratios to its reference
+    ratios: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = {}
+    try:
+        loaded = {w: make_workload(w, args.steps) for w in workloads}
+        for w, (model, opt, batches) in loaded.items():
+            overhead.train_steps(model, opt, batches[:2])  # kernels and optimizer state warm
+            base = overhead.timed_block(model, opt, batches)
+            result["workloads"][w] = {
+                "params": sum(p.numel() for p in model.parameters()),
+                "baseline_step_s": round(base.median, 4)}
+        for r in range(args.rounds):
+            for w, (model, opt, batches) in loaded.items():  # side by side, round by round
+                for c in conditions:
+                    config = dict(CONDITIONS[c])
+                    run = functools.partial(arm_block, config=config, model=model, opt=opt,
+                                            batches=batches, work=work)
+                    table = ratios.setdefault((w, c), {})
+                    for ref, variants in groups_for(c, devices).items():
+                        for arm, pair in bracketed(run, ref, variants, r).items():
+                            table.setdefault(arm, []).append(pair)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for (w, c), table in ratios.items():
+        # shipped against no Dumper: invert the per-round ratios of no_dump to shipped
+        result["overhead"].setdefault(c, {})[w] = summary(
+            [(1 / m, 1 / s) for m, s in table["no_dump"]])
+    for device in devices:
+        ref, on, off, acts = DEVICES[device]
+        entry: dict[str, Any] = {"conditions": {}}
+        best = float("-inf")
+        for c in conditions:
+            if c not in acts:
+                continue
+            for w in workloads:
+                table = ratios[(w, c)]
+                pairs = [(a_m / b_m, a_s / b_s) for (a_m, a_s), (b_m, b_s)
+                         in zip(table[on], table[off])]
+                s = summary(pairs)
+                s["on_off"] = s.pop("ratio")
+                s["on_off_sustained"] = s.pop("sustained")
+                # the async writer's drain is in the wall time only (see the docstring)
+                judged = s["on_off_sustained"] if CONDITIONS[c].get("writer") == "async" \
+                    else s["on_off"]
+                s["gain_pct"] = round(100 * (1 / judged - 1), 1)
+                best = max(best, s["gain_pct"])
+                entry["conditions"].setdefault(c, {})[w] = s
+        if entry["conditions"]:
+            entry["best_gain_pct"] = best
+            entry["earns_its_place"] = best >= GAIN_RULE_PCT
+        result["devices"][device] = entry
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

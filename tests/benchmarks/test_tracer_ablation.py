@@ -1,0 +1,89 @@
+"""benchmarks/tracer_ablation.py at its smallest size: its JSON, its switches, its arithmetic."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracer.storage import _stats
+
+WHERE = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load():
+    sys.path.insert(0, str(WHERE))  # it imports tracer_overhead beside it
+    try:
+        spec = importlib.util.spec_from_file_location("tracer_ablation_under_test",
+                                                      WHERE / "tracer_ablation.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(WHERE))
+    return module
+
+
+def _run(bench, capsys, *argv: str) -> dict:
+    assert bench.main(["--rounds", "1", "--steps", "1", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.skipif(not _stats.fused_available(), reason="the fast path needs the C kernel")
+def test_smallest_run_reports_each_device_on_the_gpt_preset(capsys):
+    bench = _load()
+    out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "module_statistics",
+               "--devices", "fast_path,c_kernel")
+    assert out["benchmark"] == "tracer_ablation" and out["rounds"] == 1
+    assert out["workloads"]["gpt"]["params"] > 0 and out["workloads"]["gpt"]["baseline_step_s"] > 0
+    over = out["overhead"]["module_statistics"]["gpt"]
+    assert over["ratio"] > 0 and over["spread"][0] <= over["ratio"] <= over["spread"][1]
+    assert set(out["devices"]) == {"fast_path", "c_kernel"}
+    for device in out["devices"].values():
+        row = device["conditions"]["module_statistics"]["gpt"]
+        assert row["on_off"] > 0 and row["on_off_sustained"] > 0
+        assert row["gain_pct"] == pytest.approx(100 * (1 / row["on_off"] - 1), abs=0.1)
+        assert device["earns_its_place"] == (device["best_gain_pct"] >= 5.0)
+
+
+def test_the_llama_workload_is_built_from_a_config_and_trains(capsys):
+    pytest.importorskip("transformers")
+    bench = _load()
+    out = _run(bench, capsys, "--workloads", "llama", "--conditions", "attached_unselected",
+               "--devices", "c_kernel")
+    assert out["workloads"]["llama"]["params"] == 15_733_632
+    assert out["overhead"]["attached_unselected"]["llama"]["ratio"] > 0
+    # the kernel does not act on a step that is not selected: nothing is reported for it
+    assert out["devices"]["c_kernel"] == {"conditions": {}}
+
+
+def test_switches_turn_devices_off_and_restore_them():
+    bench = _load()
+    before = (_stats._fused, _stats._ENV_THREADS, bench._fastpath._ENABLED,
+              bench._queued.ENABLED, bench._async._USE_FILER)
+    with bench.switched(frozenset({"c_kernel", "fast_path", "deferred_statistics",
+                                   "file_process"}), 1):
+        assert _stats._fused is None and bench._format._pack_rows is None
+        assert not bench._fastpath._ENABLED and not bench._queued.ENABLED
+        assert not bench._async._USE_FILER and _stats._ENV_THREADS == 1
+    assert (_stats._fused, _stats._ENV_THREADS, bench._fastpath._ENABLED,
+            bench._queued.ENABLED, bench._async._USE_FILER) == before
+
+
+def test_each_variant_is_divided_by_the_reference_blocks_around_it():
+    bench = _load()
+    times = {"ref": [1.0, 3.0, 1.0], "slow": [4.0], "fast": [1.0]}
+    seen = []
+
+    def run(arm):
+        seen.append(arm)
+        t = times[arm].pop(0)
+        return bench.overhead.Block([t, t], 2 * t)
+
+    ratios = bench.bracketed(run, "ref", ["fast", "slow"], rotate=1)
+    assert seen == ["ref", "slow", "ref", "fast", "ref"]  # rotated by one
+    assert ratios == {"ref": (1.0, 1.0), "slow": (2.0, 2.0), "fast": (0.5, 0.5)}
+    groups = bench.groups_for("module_statistics", list(bench.DEVICES))
+    assert groups["shipped"][0] == "no_dump" and "no_file_process" not in groups["shipped"]
+    assert groups["spare_core"] == ["spare_core_no_defer", "spare_core_one_thread"]
