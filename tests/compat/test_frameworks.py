@@ -32,7 +32,7 @@ XFAIL: dict[tuple[str, str], str] = {
         "torch.compile at op and mix level: a dumped step runs eagerly (the tracer sets the "
         "compiler's stance to force_eager; recording inside a compiled region is not done), "
         "so with inductor the weights differ by rounding from the compiled run without "
-        "Sleuth (issue 25 item 4, branch closure)"),
+        "Sleuth"),
     **{("fsdp2", check): (
         "FSDP2 on two ranks (gloo) with fp16 autocast and GradScaler: under an op or mix dump "
         "both ranks die with SIGSEGV in the native statistics path (tracer/storage/"

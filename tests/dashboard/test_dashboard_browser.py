@@ -151,8 +151,8 @@ def test_scalars_overlay_smoothing_and_zoom(browser, server):
 
 def test_scalars_slow_first_draw_still_draws(browser, runs_dir, monkeypatch):
     """A slow server: the graph's first autosize fires while the first draw is still running,
-    and Dash's renderer drops that draw. The autosize call must then draw the figure (it used to
-    answer no_update and leave "loading" on the page for good: seen in CI)."""
+    and Dash's renderer drops that draw. The autosize call must then draw the figure: answering
+    no_update would leave "loading" on the page for good."""
     import dashboard
     import dashboard._page_scalars as page
 
