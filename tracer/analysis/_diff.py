@@ -299,13 +299,10 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     tables = []
     total = 0
     for pl in sel.plans:
-        try:
-            ta = _stats(sa, pl[0], pl[1])
-            tb = _stats(sb, pl[2], pl[3])
-        except ReadError as e:
-            problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), "unreadable",
-                                    str(e)))
+        read = _step_tables(sa, sb, pl, problems)
+        if read is None:
             continue
+        ta, tb = read
         pairs = align(ta, tb)
         tables.append((pl, ta, tb, pairs))
         na, nb = ta["data_nbytes"].to_numpy(), tb["data_nbytes"].to_numpy()
@@ -331,6 +328,17 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     return _result(rows, kinds, notes, problems, sel.left_out, steps, pd)
 
 
+def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem]) -> tuple | None:
+    """The statistics tables of a step pair, or None with the side that does not read added
+    to `problems`."""
+    try:
+        return _stats(sa, pl[0], pl[1]), _stats(sb, pl[2], pl[3])
+    except ReadError as e:
+        problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), "unreadable",
+                                str(e)))
+        return None
+
+
 def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Problem],
               notes: list[str], pd: Any) -> DiffResult:
     """`diff` one step pair at a time: each step's tables are read, compared, summarised
@@ -340,13 +348,10 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
     kinds: set[str] = set()
     bar = _StderrProgress(0, 1, False)
     for pl in sel.plans:
-        try:
-            ta = _stats(sa, pl[0], pl[1])
-            tb = _stats(sb, pl[2], pl[3])
-        except ReadError as e:
-            problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), "unreadable",
-                                    str(e)))
+        read = _step_tables(sa, sb, pl, problems)
+        if read is None:
             continue
+        ta, tb = read
         rows: list[dict] = []
         try:
             _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes)
