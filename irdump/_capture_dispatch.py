@@ -10,6 +10,7 @@ Works on any model, including data-dependent control flow that torch.export reje
 """
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -161,7 +162,9 @@ class DispatchCapture:
                 ref = value_ref(name, i, len(outs))
                 self._refs[o] = ref
                 self._types[ref] = out_types[i]
-                self._pending.append((o, name, i))
+                # weakly: a mode that keeps an op's output alive past its return makes torch hand
+                # the caller a detached alias (an extra aten.detach every other mode records)
+                self._pending.append((weakref.ref(o), name, i))
         self._nodes.append(Node(
             len(self._nodes), name, op, "op", operands=tuple(operands), attrs=tuple(attrs),
             input_types=tuple(self._types[r] for r in operands), output_types=out_types,
@@ -169,8 +172,9 @@ class DispatchCapture:
 
     def _flush_pending(self) -> None:
         # autograd sets grad_fn after the dispatch returns, so read it at the next op
-        for t, name, i in self._pending:
-            fn = t.grad_fn
+        for ref, name, i in self._pending:
+            t = ref()
+            fn = t.grad_fn if t is not None else None
             if fn is not None and fn not in self.grad_fn_links:
                 self.grad_fn_links[fn] = (name, i)
         self._pending.clear()

@@ -91,20 +91,37 @@ def _values(t: torch.Tensor) -> torch.Tensor:
     """`t` where it holds memory of its own, else a plain tensor of its values on this rank.
 
     A wrapper tensor subclass (DTensor, a quantised or float8 weight, a user's own) has no
-    memory behind its data pointer, and the writers read memory. A DTensor gives its local
-    shard (the parameter records do the same); any other subclass copies its values into a
-    plain tensor through its own `copy_`, which it implements as it implements every op. The
-    copy runs without autograd so the run's graph is left as it was."""
-    try:
-        if t.data_ptr() or not t.numel():
-            return t
-    except RuntimeError:  # a subclass without storage that refuses to give a data pointer
-        pass
+    memory behind it, and the writers read memory. A DTensor gives its local shard (the
+    parameter records do the same); any other subclass copies its values into a plain tensor
+    through its own `copy_`, which it implements as it implements every op. The copy runs
+    without autograd so the run's graph is left as it was."""
+    if _has_memory(t):
+        return t
     with torch.no_grad():
         t = _local(t.detach())
         if type(t) is _Tensor or type(t) is _Parameter:
             return t
         return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _has_memory(t: torch.Tensor) -> bool:
+    """True when `t`'s storage holds memory that covers its elements.
+
+    The data pointer alone does not tell: a wrapper's storage is empty, but its data pointer
+    is the storage's (null) plus its storage offset, and FSDP2 makes its gradient DTensors with
+    the local shard's offset, so a reader trusting that pointer reads address 0x1000 and the
+    run dies with SIGSEGV."""
+    if not t.numel():
+        return True
+    try:
+        storage = t.untyped_storage()
+        if not storage.data_ptr():
+            return False
+        nbytes = storage.nbytes()
+    except (RuntimeError, NotImplementedError):  # a wrapper's invalid storage, or none at all
+        return False
+    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return nbytes >= (t.storage_offset() + extent + 1) * t.element_size()
 
 
 def _in_data_worker() -> bool:

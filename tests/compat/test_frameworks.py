@@ -33,13 +33,10 @@ XFAIL: dict[tuple[str, str], str] = {
         "compiler's stance to force_eager; recording inside a compiled region is not done), "
         "so with inductor the weights differ by rounding from the compiled run without "
         "Sleuth"),
-    **{("fsdp2", check): (
-        "FSDP2 on two ranks (gloo) with fp16 autocast and GradScaler: under an op or mix dump "
-        "both ranks die with SIGSEGV in the native statistics path (tracer/storage/"
-        "_fastpath.py stats_row) on a tensor of GradScaler's "
-        "_amp_foreach_non_finite_check_and_unscale_ over the DTensor gradients; and graphs "
-        "are not captured for FSDP under several processes (docs/frameworks.md)")
-       for check in ("weights", "steps", "ops", "graphs", "names", "nan")},
+    ("fsdp2", "graphs"): (
+        "FSDP2 under several processes: the graph capture is refused (its forward gathers "
+        "parameters on every rank); capture the model unsharded with `sleuth ir` "
+        "(docs/frameworks.md)"),
 }
 """(framework, check) -> the known tracer gap that makes that check fail"""
 
@@ -95,13 +92,34 @@ def test_graphs_are_exported(fw, compat_run):
     assert any("backward" in s for s in stages), f"no backward graph in {ir}: {sorted(stages)}"
 
 
+def _accumulation(stats, leaves: list[str]):
+    """The records of gradient accumulation (AccumulateGrad's `aten.detach` of a new gradient,
+    `aten.add_` onto the one there) in the modules that own parameters."""
+    ops = stats["op"].isin(["aten.detach", "aten.add_"]) & (stats["phase"] == "backward")
+    return ops & stats["module"].isin(leaves)
+
+
 @pytest.mark.parametrize("fw", _params("names", [f for f in FRAMEWORKS if f.unwrapped]))
 def test_record_names_equal_the_unwrapped_runs(fw, compat_run):
     wrapped = records(compat_run(fw, "traced"), 0)
     plain = records(compat_run(BY_NAME[fw.unwrapped], "traced"), 0)
     assert sorted(wrapped) == sorted(plain)
+    leaves = script_report(compat_run(fw, "traced"), 0)["leaf_modules"]
     for step, stats in plain.items():
-        want, got = list(stats["name"]), list(wrapped[step]["name"])
+        theirs = wrapped[step]
+        if fw.name == "fsdp2":
+            # FSDP2 accumulates gradients itself, into the sharded gradient after each
+            # reduce-scatter: every micro-step's unsharded gradient is new (a detach) where
+            # the single process adds onto the one there (add_); every other record matches
+            stats, theirs = stats[~_accumulation(stats, leaves)], \
+                theirs[~_accumulation(theirs, leaves)]
+            # its hooks on each sharded block run beside the tracer's module backward hooks,
+            # so a module's backward record may come a record or two earlier: ops in order,
+            # module records as a set
+            ops_want = list(stats.loc[stats["op"] != "", "name"])
+            assert list(theirs.loc[theirs["op"] != "", "name"]) == ops_want, f"step {step}"
+            stats, theirs = stats.sort_values("name"), theirs.sort_values("name")
+        want, got = list(stats["name"]), list(theirs["name"])
         extra = [n for n in got if n not in set(want)][:5]
         missing = [n for n in want if n not in set(got)][:5]
         assert got == want, (f"step {step}: {len(got)} records against {len(want)} unwrapped; "

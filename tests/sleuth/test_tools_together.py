@@ -54,7 +54,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(hidden, d, bias=False)
 
     def forward(self, x):
-        h = self.norm(x)
+        # a factory call in forward: a tool's mode that keeps its output alive hands the
+        # model a detached alias, an op every other mode then records
+        ramp = torch.arange(1, x.shape[-1] + 1, dtype=x.dtype) / x.shape[-1]
+        h = self.norm(x * ramp)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 

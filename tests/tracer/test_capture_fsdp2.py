@@ -3,6 +3,7 @@ own. The dump records each rank's local shard and never stops the run: the stati
 read memory through a data pointer, which only the local shard has."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -116,3 +117,46 @@ def test_dtensor_activations_are_recorded_as_their_local_values(tmp_path, level,
         for column in ("shape", "checksum", "norm"):
             assert plain.loc[name, column] == dt.loc[name, column], (name, column)
     assert (dt.op == "aten.addmm").any()
+
+
+OFFSET_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import torch, torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard, init_device_mesh
+    import tracer
+
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+    torch.manual_seed(0)
+    flat = torch.randn(2048)
+    # FSDP2's gradients: views into one reduce-scatter buffer, wrapped with the view's offset
+    grad = DTensor.from_local(flat[1024:].view(32, 32), mesh, [Shard(0)])
+    assert grad.storage_offset() == 1024 and grad.data_ptr() != 0  # a pointer to nothing
+    model = torch.nn.Identity()
+    with tracer.Dumper(model, {"path": sys.argv[1], "level": sys.argv[2], "writer": "sync"}) as d:
+        model(torch.ones(1))
+        (grad * 2).to_local()
+        d.step()
+    json.dump({"norm": float(flat[1024:].norm())}, open(sys.argv[3], "w"))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.skipif(not hasattr(torch.distributed, "init_process_group"),
+                    reason="torch built without distributed")
+@pytest.mark.parametrize("level", ["op", "mix"])
+def test_a_dtensor_at_an_offset_is_read_from_its_local_shard(tmp_path, level, free_port):
+    """A DTensor whose wrapper carries its shard's storage offset has a data pointer that is
+    null plus the offset: reading it killed the run with SIGSEGV (FSDP2 with GradScaler). The
+    record holds the local shard's values instead."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    res = subprocess.run([sys.executable, "-c", OFFSET_SCRIPT, str(tmp_path / "run"), level,
+                          str(tmp_path / "want.json")], capture_output=True, text=True, env=env,
+                         timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    want = json.loads((tmp_path / "want.json").read_text())["norm"]
+    df = tracer.open_dump(tmp_path / "run").stats(0, 0).set_index("name")
+    record = df.loc["<none>::aten.mul.forward.0.input.0"]
+    assert record["shape"] == "32,32"
+    assert record["norm"] == pytest.approx(want, rel=1e-6)

@@ -289,3 +289,37 @@ def test_parameter_records_of_frozen_unstepped_and_bf16_parameters(tmp_path):
     updates = pd.concat([dump.stats(0, s) for s in (0, 2)])
     updates = updates[updates.direction == "update"]
     assert {"bfloat16", "float32"} <= set(updates.dtype)
+
+
+class _Factories(nn.Module):
+    """Factory calls in forward: the tensors the model gets back must be the ones torch made."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        buf = torch.empty(2, 8)
+        buf.fill_(0.5)
+        return self.fc(x * torch.arange(8, dtype=x.dtype)) + buf.sum()
+
+
+@pytest.mark.parametrize("level", ["op", "mix"])
+def test_the_op_mode_hands_the_model_the_tensors_torch_made(tmp_path, level):
+    """A dispatch mode that keeps an op's output alive past its return makes torch hand the
+    caller a detached alias: an `aten.detach` the plain run never dispatches (seen by the
+    profiler and by every other mode). The op mode remembers uninitialised outputs by their
+    storage instead, so the run dispatches exactly the ops it does without Sleuth."""
+    def detaches(dumped: bool) -> int:
+        torch.manual_seed(0)
+        model = _Factories()
+        dumper = tracer.Dumper(model, {"path": str(tmp_path / level), "level": level,
+                                       "writer": "sync", "overwrite": True}) if dumped else None
+        with torch.no_grad(), torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            model(torch.randn(2, 8))
+        if dumper is not None:
+            dumper.close()
+        return sum(e.count for e in prof.key_averages() if e.key == "aten::detach")
+
+    assert detaches(True) == detaches(False) == 0

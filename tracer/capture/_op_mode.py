@@ -284,7 +284,9 @@ class OpMode(TorchDispatchMode):
                 return
             if len(self._fresh) >= _MAX_FRESH:
                 self._fresh.clear()
-            self._fresh[ptr] = (out, out._version)
+            # its storage, not the tensor, keeps the memory from being reused: a mode that
+            # holds an op's output past its return makes torch hand the caller a detached alias
+            self._fresh[ptr] = (out.untyped_storage(), out._version)
 
     def _is_fresh(self, t: Any) -> bool:
         """True when `t` is (a view at the start of) uninitialised memory not yet written."""

@@ -42,13 +42,18 @@ RECEIVED = "<received from another process>"
 """What `user_source` returns for code that runs while torch rebuilds a tensor another process
 sent (torch/multiprocessing/reductions.py: a DataLoader worker's batch): not the user's."""
 WRAPPER = "<a parallel wrapper's own work>"
-"""What `user_source` returns for code that DistributedDataParallel runs on its own account
-(its construction, and the buffer broadcast and bookkeeping around each forward): work a
-single-process run of the same model does not do, so it is not recorded as the user's."""
+"""What `user_source` returns for code that DistributedDataParallel or FSDP2 runs on its own
+account (DDP's construction, buffer broadcast and bookkeeping around each forward; FSDP2's
+all-gathers, reduce-scatters and the copies around them): work a single-process run of the
+same model does not do, so it is not recorded as the user's."""
 # torch/nn/parallel/distributed.py's functions whose ops are the wrapper's own; the wrapped
 # module's forward runs from `_run_ddp_forward`, outside them
 _WRAPPER_FILE = os.path.join("nn", "parallel", "distributed.py")
 _WRAPPER_FUNCTIONS = frozenset({"__init__", "_pre_forward", "_post_forward"})
+# FSDP2 (fully_shard): every function in this folder is the wrapper's own (all-gather and its
+# copy-in, the views onto the unsharded parameters, reduce-scatter and its chunk_cat, input
+# casts); the model's forward is called by the module, never from inside it
+_FSDP2_DIR = os.path.join("distributed", "fsdp", "_fully_shard") + os.sep
 _PREFIXES: tuple[str, ...] | None = None
 _RECEIVING: str | None = None  # the path of torch/multiprocessing/reductions.py
 # torch.autograd.graph._engine_run_backward's code: what lies above that frame is fixed while
@@ -57,7 +62,7 @@ _ENGINE: types.CodeType | None = None
 _graph_task_id = None
 _engine_cache: tuple[int, str] = (-1, "")  # (graph task id, its source)
 # code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED),
-# 4 DistributedDataParallel's own work (WRAPPER)
+# 4 DistributedDataParallel's or FSDP2's own work (WRAPPER)
 # 8 user code installed in a library (site-packages): the source, but not the call site
 _internal: dict[types.CodeType, int] = {}
 _formatted: dict[tuple[types.CodeType, int], str] = {}
@@ -118,8 +123,9 @@ def _is_internal(code: types.CodeType) -> int:
         absolute = os.path.abspath(path)
         if absolute == _RECEIVING:
             flag = 2
-        elif code.co_name in _WRAPPER_FUNCTIONS and absolute.endswith(_WRAPPER_FILE) \
-                and absolute.startswith(_PREFIXES[0]):  # torch's own copy
+        elif absolute.startswith(_PREFIXES[0]) and (  # torch's own copy
+                (code.co_name in _WRAPPER_FUNCTIONS and absolute.endswith(_WRAPPER_FILE))
+                or _FSDP2_DIR in absolute):
             flag = 4
     elif any(d in path for d in _LIBRARY_DIRS) and not path.startswith(_USER_PACKAGE_ROOTS):
         flag = _LIBRARY
@@ -149,7 +155,7 @@ def _relative(path: str) -> str:
 def user_source(skip: int = 1) -> str:
     """``file:line`` of the innermost user frame above the caller, or ``""`` when there is none,
     `RECEIVED` when torch is rebuilding a tensor received from another process, or `WRAPPER`
-    for DistributedDataParallel's own work.
+    for DistributedDataParallel's or FSDP2's own work.
 
     ``skip`` frames are skipped first (1 = the caller of this function).
     """
