@@ -121,18 +121,23 @@ class GraphSaver:
     def _capture_forward(self, module: Any, args: tuple, kwargs: dict) -> None:
         import torch
 
-        from irdump._capture_dispatch import DispatchCapture
         from irdump._errors import CaptureError
         from irdump._save import capture_graphs, rng_devices
 
         several = torch.distributed.is_available() and torch.distributed.is_initialized() \
             and torch.distributed.get_world_size() > 1
-        if several and any(_is_fsdp(m) for m in module.modules()):
-            raise RuntimeError("FSDP models are not captured in a run of several processes "
-                               "(their forward gathers parameters on every rank); capture the "
-                               "model unsharded with `irdump.save_graphs` or `sleuth ir`")
-        buffers = [(b, b.detach().clone()) for b in module.buffers()]
         graphs = []
+        if several and any(_is_fsdp(m) for m in module.modules()):
+            # an extra forward would gather parameters on this rank alone: only the real call
+            warnings.warn("sleuth irdump: an FSDP model in a run of several processes: the "
+                          "forward and forward_aten_decomposed stages are not saved (their "
+                          "capture runs an extra forward, whose all-gathers the other ranks "
+                          "would not join); forward_eager and backward are, from the real call. "
+                          "Capture the model unsharded with `sleuth ir` for the others",
+                          stacklevel=4)
+            self._capture_real_call(module, args, kwargs, graphs)
+            return
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
         try:
             with torch.random.fork_rng(devices=rng_devices(module, (args, kwargs))):
                 graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
@@ -146,6 +151,15 @@ class GraphSaver:
                 for b, saved in buffers:
                     if not torch.equal(b, saved):
                         b.copy_(saved)
+        self._capture_real_call(module, args, kwargs, graphs)
+
+    def _capture_real_call(self, module: Any, args: tuple, kwargs: dict, graphs: list) -> None:
+        """Write `graphs`, then record the real call for `forward_eager` and `backward` (the
+        first call with gradients, where this one has none)."""
+        import torch
+
+        from irdump._capture_dispatch import DispatchCapture
+
         self._write(graphs)
         self._await_grad_call = not torch.is_grad_enabled()
         self._capture = DispatchCapture(module, args, kwargs, root_pushed=True)

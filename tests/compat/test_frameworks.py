@@ -33,10 +33,6 @@ XFAIL: dict[tuple[str, str], str] = {
         "compiler's stance to force_eager; recording inside a compiled region is not done), "
         "so with inductor the weights differ by rounding from the compiled run without "
         "Sleuth"),
-    ("fsdp2", "graphs"): (
-        "FSDP2 under several processes: the graph capture is refused (its forward gathers "
-        "parameters on every rank); capture the model unsharded with `sleuth ir` "
-        "(docs/frameworks.md)"),
 }
 """(framework, check) -> the known tracer gap that makes that check fail"""
 
