@@ -31,7 +31,6 @@ class _BuildPyWithPth(build_py):
 
 _FUSED = Extension(
     "tracer.storage._fused", ["tracer/storage/_fused.c", "tracer/storage/_table.c"], optional=True,
-    depends=["tracer/storage/_fused_helper.h"],
     # no FMA contraction: the sums must not depend on which CPU built the kernel
     extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-psabi"],
 )

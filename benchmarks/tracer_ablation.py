@@ -11,12 +11,9 @@ one process, with torch's default threads unless `--threads` says otherwise:
 
 Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/storage/_fused.c and
 _table.c, what an install without a C compiler lacks), the statistics fast path
-(tracer/storage/_fastpath.py), the helper file process of the async writer
-(tracer/storage/_filer.py), deferred statistics (tracer/storage/_queued.py) and the kernel's
-second statistics thread. Deferred
-statistics and the second thread act only when torch leaves a core free; so they are measured
-in a group of their own whose reference forces the second thread on ("spare_core"), whatever
-torch's thread count is.
+(tracer/storage/_fastpath.py) and the helper file process of the async writer
+(tracer/storage/_filer.py). Two more devices, deferred statistics and the kernel's second
+statistics thread, were measured here and removed by the rule below (benchmarks/RESULTS.md).
 
 Timing reuses tracer_overhead's blocks (`timed_block`: the first step untimed, the wall time
 counted until the Dumper's close returns, so an async writer's drain is in it). Within one
@@ -52,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo path)
 
 import tracer  # noqa: E402
-from tracer.storage import _async, _fastpath, _format, _queued, _stats  # noqa: E402
+from tracer.storage import _async, _fastpath, _format, _stats  # noqa: E402
 
 CONDITIONS = {
     "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
@@ -60,17 +57,13 @@ CONDITIONS = {
     "op_tensor_async": {"level": "op", "mode": "tensor", "writer": "async"},
     "attached_unselected": {"level": "mix", "steps": "1000000"},
 }
-# arm -> (devices switched off, forced statistics threads or None, extra Dumper config); an arm
-# of None is no Dumper at all
-ARMS: dict[str, tuple[frozenset, int | None, dict] | None] = {
-    "shipped": (frozenset(), None, {}),
-    "no_c_kernel": (frozenset({"c_kernel"}), None, {}),
-    "no_fast_path": (frozenset({"fast_path"}), None, {}),
-    "no_file_process": (frozenset({"file_process"}), None, {}),
+# arm -> (devices switched off, extra Dumper config); an arm of None is no Dumper at all
+ARMS: dict[str, tuple[frozenset, dict] | None] = {
+    "shipped": (frozenset(), {}),
+    "no_c_kernel": (frozenset({"c_kernel"}), {}),
+    "no_fast_path": (frozenset({"fast_path"}), {}),
+    "no_file_process": (frozenset({"file_process"}), {}),
     "no_dump": None,
-    "spare_core": (frozenset(), 2, {}),
-    "spare_core_no_defer": (frozenset({"deferred_statistics"}), 2, {}),
-    "spare_core_one_thread": (frozenset({"deferred_statistics"}), 1, {}),
 }
 # device -> (reference arm, arm with it on, arm with it off, conditions where it acts)
 DEVICES = {
@@ -78,10 +71,6 @@ DEVICES = {
                  ("module_statistics", "op_statistics", "op_tensor_async")),
     "fast_path": ("shipped", "shipped", "no_fast_path", ("module_statistics", "op_statistics")),
     "file_process": ("shipped", "shipped", "no_file_process", ("op_tensor_async",)),
-    "deferred_statistics": ("spare_core", "spare_core", "spare_core_no_defer",
-                            ("module_statistics", "op_statistics")),
-    "statistics_threads": ("spare_core", "spare_core_no_defer", "spare_core_one_thread",
-                           ("module_statistics", "op_statistics")),
 }
 GAIN_RULE_PCT = 5.0  # a device that gains less on both workloads goes
 LLAMA = dict(vocab_size=8192, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
@@ -119,26 +108,20 @@ def make_workload(which: str, steps: int) -> tuple[nn.Module, torch.optim.Optimi
 
 
 class switched:
-    """The devices named in `off` switched off (and the statistics threads forced to
-    `threads` when given) while inside; everything restored at exit."""
+    """The devices named in `off` switched off while inside; everything restored at exit."""
 
-    def __init__(self, off: frozenset, threads: int | None) -> None:
-        self.off, self.threads = off, threads
+    def __init__(self, off: frozenset) -> None:
+        self.off = off
 
     def __enter__(self) -> None:
-        self.saved = (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER,
-                      _queued.ENABLED, _stats._ENV_THREADS)
+        self.saved = (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER)
         if "c_kernel" in self.off:
             _stats._fused, _format._pack_rows = None, None
         _fastpath._ENABLED = "fast_path" not in self.off
         _async._USE_FILER = "file_process" not in self.off and self.saved[3]
-        _queued.ENABLED = "deferred_statistics" not in self.off and self.saved[4]
-        if self.threads is not None:
-            _stats._ENV_THREADS = self.threads
 
     def __exit__(self, *exc) -> None:
-        (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER,
-         _queued.ENABLED, _stats._ENV_THREADS) = self.saved
+        (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER) = self.saved
 
 
 def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhead.Block:
@@ -146,9 +129,9 @@ def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhe
     spec = ARMS[arm]
     if spec is None:
         return overhead.timed_block(model, opt, batches)
-    off, threads, extra = spec
+    off, extra = spec
     path = work / arm
-    with switched(off, threads):
+    with switched(off):
         block = overhead.timed_block(
             model, opt, batches,
             lambda: tracer.Dumper(model, {**config, **extra, "path": str(path)}))
@@ -223,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "benchmark": "tracer_ablation", "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "rounds": args.rounds, "steps_per_block": args.steps,
-        # the kernel's threads as shipped: 1 leaves deferred statistics off too
-        "statistics_threads_shipped": _stats.refresh_stats_threads(),
         "c_kernel_built": _stats._fused is not None, "not_measured": absent,
         "workloads": {}, "overhead": {}, "devices": {}}
     work = Path(tempfile.mkdtemp(prefix="sleuth_ablation_"))

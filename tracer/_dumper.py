@@ -40,7 +40,6 @@ from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, on_scaler_upd
 from tracer.capture import rewrap as rewrap_scalers
 from tracer.storage import copy_stats, difference_stats
 
-_graph_task_id = torch._C._current_graph_task_id
 # bumps a tensor's version counter after a write torch did not see (the fused kernels')
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version",
                              None) or torch._C._increment_version
@@ -59,15 +58,14 @@ def _record_meta() -> Any:
 
 
 def _plain_add(writer: Any) -> Any:
-    """`add(meta, tensor, stable, version, stats, defer)` for a stand-in writer with a plain
+    """`add(meta, tensor, stable, version, stats)` for a stand-in writer with a plain
     `add(meta, tensor)` (a test double): the stable flag picks `add_unstable` when it has one,
     and the rest is dropped."""
     add = writer.add
     unstable = getattr(writer, "add_unstable", add)
 
     def plain(meta: Any, tensor: torch.Tensor, stable: bool = True,
-              version: int | None = None, stats: dict | None = None,
-              defer: bool = False) -> None:
+              version: int | None = None, stats: dict | None = None) -> None:
         (add if stable else unstable)(meta, tensor)
 
     return plain
@@ -221,7 +219,6 @@ class Dumper:
         self._writer: Any = None
         self._add: Any = None  # the writer's add, bound when it opens (see _open_step)
         self._takes_stats = False  # the writer takes computed statistics (a tracer Writer)
-        self._settle_task: int | None = None  # the backward pass that settles the writer's queue
         self._meta: Any = None
         self._open = False
         self._lock = threading.Lock()
@@ -338,8 +335,7 @@ class Dumper:
     # -- recording ------------------------------------------------------------------------------
     def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
              call: int, source: str, tensor: torch.Tensor, stable: bool = True,
-             version: int | None = None, stats: dict | None = None,
-             defer: bool = False) -> None:
+             version: int | None = None, stats: dict | None = None) -> None:
         """Hand one tensor to the writer under its record name (called from the hooks).
 
         `stable` False: the tensor is an argument or output of an in-place op running in the
@@ -347,27 +343,17 @@ class Dumper:
         must not match its statistics to (or offer them for) another record at that version.
         `version`: the output of a view op in the dispatch mode, which shares its base's
         version counter only after the mode returns: the base's version (`Writer.add_view`).
-        `stats`: statistics computed already (see `Writer.add`). `defer`: nothing writes the
-        tensor until the queue is settled (a gradient handed to a backward hook: settled when
-        the backward pass ends; a parameter's gradient in `_record_params`: settled there), so
-        its statistics may be taken on the helper thread meanwhile (tracer.storage._queued).
+        `stats`: statistics computed already (see `Writer.add`).
         """
         if self._busy or not self.capturing:
             return
-        if defer:
-            # inside a backward pass: have the writer make the rows of queued records when it
-            # ends (an autograd engine callback), so nothing is pending once backward() returns
-            task = _graph_task_id()
-            if task != -1 and task != self._settle_task:
-                self._settle_task = task
-                torch.autograd.Variable._execution_engine.queue_callback(self._settle)
         self.emit_all(scope, module, op, phase, direction, call, source, (tensor,), stable,
-                      version, index, stats, defer)
+                      version, index, stats)
 
     def emit_all(self, scope: str, module: str, op: str, phase: str, direction: str,
                  call: int, source: str, tensors: Sequence[torch.Tensor], stable: bool = True,
-                 version: int | None = None, first: int = 0, stats: dict | None = None,
-                 defer: bool = False) -> None:
+                 version: int | None = None, first: int = 0, stats: dict | None = None
+                 ) -> None:
         """`emit` for several tensors of one call, indexed from `first`: one pass through the
         lock and the dispatch-mode suspension for all of them. Inline, not through
         `_quietly`: each Python call level costs ~3 us on the caches an op just cooled."""
@@ -395,7 +381,7 @@ class Dumper:
                         t = _values(t)  # a tensor subclass
                     # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
                     add(meta(prefix + str(i), module, op, phase, direction, i, call, source,
-                             caller), t, stable, version, stats, defer)
+                             caller), t, stable, version, stats)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:
@@ -422,16 +408,6 @@ class Dumper:
                     mode.resume()
                 self._busy = False
         return None
-
-    def _settle(self) -> None:
-        """Make the rows of the writer's queued records now (errors go through on_error)."""
-        self._settle_task = None
-        settle = getattr(self._writer, "settle", None)
-        if settle is None:
-            return
-        error = self._quietly(settle)
-        if error is not None:
-            self._fail(error)
 
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """Tell the writer these tensors are being written in place (see `Writer.forget`)."""
@@ -626,7 +602,6 @@ class Dumper:
             if error is not None:
                 self._fail(error)
         self._snapshots.clear()
-        self._settle()
 
     def _add_params(self, params: list, call: int, source: str, with_update: bool) -> None:
         """The param, grad and update records of `params` ((name, owner, parameter) each), in
@@ -644,18 +619,16 @@ class Dumper:
             # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
             add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source,
                      caller), before if before is not None else _local(p.detach()), True, None,
-                before_stats, False)
+                before_stats)
             if p.grad is not None:
-                # measured on the helper thread while this loop goes on (when large); settled in
-                # `_record_params`, before user code could write the gradient again
                 add(meta(f"{name}{prefix}grad.0", owner, "", "optimizer", "grad", 0, call,
-                         source, caller), _local(p.grad.detach()), True, None, None, True)
+                         source, caller), _local(p.grad.detach()), True, None, None)
             if before is None:
                 continue
             # after the param record: with bytes kept, the difference goes into `before`
             update, update_stats = self._update(_local(p.detach()), before, materialize)
             add(meta(f"{name}{prefix}update.0", owner, "", "optimizer", "update", 0, call,
-                     source, caller), update, True, None, update_stats, False)
+                     source, caller), update, True, None, update_stats)
 
     @staticmethod
     def _update(p: torch.Tensor, before: torch.Tensor, materialize: bool

@@ -130,7 +130,7 @@ def test_env_switch_reads_the_usual_spellings(monkeypatch, value, expected):
 
 
 def test_env_switch_warns_about_a_value_it_cannot_read_and_keeps_the_default(monkeypatch):
-    """SLEUTH_DEFER_STATS=nope must not silently turn queueing off (or on): it says so."""
+    """SLEUTH_FILE_PROCESS=nope must not silently turn the file process off (or on): it says so."""
     from tracer._config import env_switch
 
     monkeypatch.setenv("SLEUTH_TEST_SWITCH", "nope")

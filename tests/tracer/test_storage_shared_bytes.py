@@ -135,9 +135,9 @@ def record_adds(monkeypatch) -> dict[str, torch.Tensor]:
         w = real(config, rank, world_size)
         add = w.add
 
-        def add_and_keep(m, t, stable=True, version=None, stats=None, defer=False):
+        def add_and_keep(m, t, stable=True, version=None, stats=None):
             refs[m.name] = t.detach().resolve_conj().resolve_neg().clone()
-            add(m, t, stable, version, stats, defer)
+            add(m, t, stable, version, stats)
 
         w.add = add_and_keep
         return w

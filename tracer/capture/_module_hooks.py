@@ -144,11 +144,6 @@ class ModuleTracker:
         self.want_out = cfg.io in ("output", "both")
         self.want_fw = cfg.phases in ("forward", "both")
         self.want_bw = cfg.phases in ("backward", "both")
-        # backward gradients' statistics may be queued to the helper thread (Dumper.emit's
-        # `defer`) at module level only: the queue holds them a little longer, which changes
-        # the ops autograd runs (it copies a gradient instead of taking it over), so op-level
-        # records would differ from run to run
-        self.defer_grads = cfg.level == "module"
         self.calls = CallCounter()
         self._recompute_calls = CallCounter()
         # (module, direction, index, call) of the backward records made this step: a
@@ -333,19 +328,16 @@ class ModuleTracker:
     def _grad_hook(self, name: str, direction: str, index: int,
                    call: int) -> Callable[[torch.Tensor], None]:
         dumper = self._dumper
-        defer = self.defer_grads
         seen = self._grads_seen
         key = (name, direction, index, call)
 
         def hook(grad: torch.Tensor) -> None:
             if dumper.capturing and grad is not None and key not in seen:
                 seen.add(key)
-                # autograd does not write a gradient again once hooks have seen it: its
-                # statistics may be taken while backward goes on (Dumper.emit's `defer`)
                 source = user_source(2)
                 with tool_range():
                     dumper.emit(name, name, "", "backward", direction, index, call, source,
-                                grad, defer=defer)
+                                grad)
 
         return hook
 

@@ -26,14 +26,13 @@ class Recorder(Protocol):
 
     def emit(self, scope: str, module: str, op: str, phase: str, direction: str, index: int,
              call: int, source: str, tensor: torch.Tensor, stable: bool = True,
-             version: int | None = None, stats: dict | None = None,
-             defer: bool = False) -> None:
+             version: int | None = None, stats: dict | None = None) -> None:
         """Record one tensor under its record name."""
 
     def emit_all(self, scope: str, module: str, op: str, phase: str, direction: str,
                  call: int, source: str, tensors: Sequence[torch.Tensor], stable: bool = True,
-                 version: int | None = None, first: int = 0, stats: dict | None = None,
-                 defer: bool = False) -> None:
+                 version: int | None = None, first: int = 0, stats: dict | None = None
+                 ) -> None:
         """Record several tensors of one call, indexed from `first`."""
 
     def forget(self, tensors: list[torch.Tensor]) -> None:

@@ -54,7 +54,7 @@ from tracer.storage._filer import shared_file_process
 from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                                   fused_available, host_stats, refresh_stats_threads)
+                                   fused_available, host_stats)
 from tracer.storage._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
                                     snapshot_stats)
 
@@ -162,25 +162,21 @@ class AsyncWriter(Writer):
         self._step, self._seq, self._in_step = int(step), 0, True
         self._rows.reset()
         self._reset_reuse()
-        refresh_stats_threads()
         self._put(("begin", self._step), 0)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None, stats: dict | None = None,
-            defer: bool = False) -> None:
+            version: int | None = None, stats: dict | None = None) -> None:
         self._raise_pending()
         if not self.enabled:
             return
         if not self._in_step:
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
-        if self._waiting:
-            self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
         if self._lean:
             try:
                 row = stats_row(self, self._rows, self._step, seq, meta, tensor, stable, version,
-                                stats, defer)
+                                stats)
             except Exception as e:  # noqa: BLE001 - on_error decides, as below
                 self._fail_staging(e, meta)
                 return
@@ -206,7 +202,7 @@ class AsyncWriter(Writer):
                 # snapshot, and the row is made here too, so the writer thread has nothing to do
                 # per record (a writer thread running Python per record makes the training
                 # thread wait for the GIL, up to the 5 ms switch interval each time)
-                ticket = snap = release = None
+                snap = release = None
                 if stats is not None:
                     if self.keep_bytes and not tensor.is_meta and same is None:
                         snap, release = snapshot_bytes(tensor, self._pool)
@@ -215,10 +211,10 @@ class AsyncWriter(Writer):
                         stats = empty_stats()
                     elif self.keep_bytes and shared is None:  # (a `Within` has its bytes)
                         snap, release, stats = snapshot_stats(tensor, self._pool)
-                    elif not defer or (ticket := self._waiting.submit(tensor)) is None:
+                    else:
                         stats = host_stats(tensor)
                 row = self._row(self._rows, self._step, seq, meta, tensor, stats, snap, release,
-                                share, shared, ticket)
+                                share, shared)
             elif stats is not None and same is not None:  # its bytes are queued already
                 staged, nbytes = ("ready", stats, None, None), 0
             elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
@@ -269,9 +265,8 @@ class AsyncWriter(Writer):
                 self._observer_error = e
 
     def _close_step(self, *, complete: bool, reason: str | None = None) -> None:
-        """Make the queued records' rows, hand the rows made in the training thread to the
-        writer thread, and end the step's file there (marked complete or not, and why)."""
-        self.settle()
+        """Hand the rows made in the training thread to the writer thread, and end the step's
+        file there (marked complete or not, and why)."""
         self._hand_over_bytes()
         if self._rows.rows:
             rows, self._rows.rows = self._rows.rows, []
@@ -280,7 +275,6 @@ class AsyncWriter(Writer):
 
     def _drop_step(self) -> None:
         """Forget the open step: nothing of it is written."""
-        self._waiting.drop()
         self._rows.reset()
         self._put(("end", None, None), 0)
         self._in_step = False

@@ -1,12 +1,12 @@
 """The statistics-mode record in one function: the path most records of a statistics dump take.
 
 `Writer.add` (tracer.storage._writer, tracer.storage._async) is general: it plans shared bytes,
-snapshots, queued statistics and device copies, in five or six calls per record. In statistics mode,
+snapshots and device copies, in five or six calls per record. In statistics mode,
 for a contiguous CPU tensor of a dtype the C kernel reads (float32, bfloat16, float16, the
 integers, bool), none of that applies: the record reuses the statistics of an earlier record
 of the same memory at the same version, or the kernel computes them, and its row is made. Most
-of a step's records are such (all 204 forward, backward and parameter records of the trainer's
-tiny preset at module level but the large gradients queued to the helper thread). In the
+of a step's records are such (the forward, backward and parameter records of a float model
+on CPU). In the
 training step, where the model's ops have just cooled the caches, the writer's part of a record
 costs 11.9-13.0 us this way against 13.8-16.4 the general way (sync writer;
 benchmarks/record_cost.py): most of what is left is calling into the
@@ -36,7 +36,6 @@ class WriterState(Protocol):
     row_sinks: list[Callable[[tuple, int], None]]
     observers: list[Callable[[dict], None]]
     _seen: dict
-    _waiting: Any
 
 NOT_HERE = object()
 """`stats_row`'s answer for a record it does not take (the caller goes the general way)."""
@@ -57,19 +56,13 @@ def available(writer: WriterState) -> bool:
 
 
 def stats_row(writer: WriterState, target: Any, step: int, seq: int, meta: RecordMeta,
-              t: torch.Tensor, stable: bool, version: int | None, stats: dict | None,
-              defer: bool) -> Any:
+              t: torch.Tensor, stable: bool, version: int | None, stats: dict | None) -> Any:
     """Make the row of record `seq` (tensor `t`, name and origin `meta`) in `target` (a step
     file or the async writer's rows) and hand it to the row sinks; returns the row as a dict
     for the observers (None when there are none), or NOT_HERE, with nothing done, for a
-    record the general path must take: one behind records that wait for queued statistics
-    (rows are made in record order), or a deferred one (`defer`) large enough to be queued
-    itself. `stats`: computed by the caller (a parameter record, see `Writer.add`); `t` then
+    record the general path must take. `stats`: computed by the caller (a parameter record, see `Writer.add`); `t` then
     gives dtype and shape only. The caller has checked that the writer is `available` and
     enabled."""
-    waiting = writer._waiting
-    if waiting or (defer and waiting.wanted(t)):
-        return NOT_HERE
     dtype, n = t.dtype, t.numel()
     if stats is None:
         code = _STATS_CODES.get(dtype)
@@ -88,14 +81,13 @@ def stats_row(writer: WriterState, target: Any, step: int, seq: int, meta: Recor
             entry = writer._seen.get(where)
             if entry is not None and entry[1] == state and entry[0]() is storage:
                 stats = entry[2][0]
-                if stats is None:  # its statistics are queued (a deferred record): wait in line
+                if stats is None:  # not known yet (the writer thread takes them): the general way
                     return NOT_HERE
             else:
                 holder = [None, _NO_BYTES]
                 writer._seen[where] = (weakref.ref(storage), state, holder)
         if stats is None:
-            stats = _fused_dict(_stats._fused.stats(ptr, n, code, _stats.STATS_THREADS), n,
-                                code)
+            stats = _fused_dict(_stats._fused.stats(ptr, n, code), n, code)
             if holder is not None:
                 holder[0] = stats
     name, module, op, phase, direction, index, call, source, caller = meta

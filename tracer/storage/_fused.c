@@ -1,28 +1,24 @@
 /* tracer.storage._fused: one-pass tensor statistics over raw memory (see
  * tracer/storage/_stats.py).
  *
- * stats(address, count, code, threads=1) reads `count` elements at `address` (float32,
+ * stats(address, count, code) reads `count` elements at `address` (float32,
  * bfloat16 or float16, by `code`; also int64, int32, int16, int8 and uint8/bool, see int_stats)
  * once and returns
  *     (min, max, sum, sum_of_squares, zeros, nan, posinf, neginf, checksum)
  * with min/max over the non-NaN elements, zeros counting +0 and -0, and checksum the sum of the
  * raw element bits modulo 2**64 (the caller wraps it to the element width). Sums run in float32
  * lanes over short runs, then in float64 per chunk of 64K elements, and chunk results are added
- * in chunk order: the result depends only on the data, not on threads or on the instruction
- * set. NaN and Inf are counted in a second pass, run only when the first pass shows they exist
+ * in chunk order: the result depends only on the data, not on the instruction set. NaN and Inf are counted in a second pass, run only when the first pass shows they exist
  * (they propagate into the sum or reach min/max). The GIL is released while it runs over 64K
- * elements or more (GIL_FREE_MIN); with threads=2 a helper thread shares the chunks of a large
- * tensor (see run_shared).
+ * elements or more (GIL_FREE_MIN).
  *
  * Fused forms serve the async snapshots and the parameter records (memory cold by step end):
- *     copy_stats(dst, src, count, code, threads=1)   copies, and returns the statistics of
+ *     copy_stats(dst, src, count, code)   copies, and returns the statistics of
  *                                                    the copy, chunk by chunk while in cache
- *     copy_stats_into(buffer, src, count, code, threads=1)   the same into a writable buffer
- *     diff_stats(a, b, out, count, threads=1)        float32: the statistics of a - b, written
+ *     copy_stats_into(buffer, src, count, code)   the same into a writable buffer
+ *     diff_stats(a, b, out, count)        float32: the statistics of a - b, written
  *                                                    to `out` when it is not 0 (out may be b)
- * Each returns exactly what stats() returns for the resulting tensor. And a queue for
- * statistics the caller does not wait for (_fused_helper.h):
- *     submit(address, count, code) -> ticket,  ready(ticket),  collect(ticket) -> result
+ * Each returns exactly what stats() returns for the resulting tensor.
  *
  * The numpy/torch path in _stats.py makes five passes and ~10 torch calls per chunk; this one
  * pass runs near memory speed. The build is optional (setup.py): without a C compiler the
@@ -43,11 +39,9 @@ enum { CODE_I64 = 3, CODE_I32 = 4, CODE_I16 = 5, CODE_I8 = 6, CODE_U8 = 7, CODE_
 #define UNROLL 2
 #define LANES (VL * UNROLL)
 /* Elements per chunk. Each chunk's sum and sum of squares is reduced on its own and the chunk
- * results are added in chunk order, so the result is the same whether one thread or two
- * computed the chunks; per-lane 32-bit counters cannot overflow inside one chunk. */
+ * results are added in chunk order; per-lane 32-bit counters cannot overflow inside one
+ * chunk. */
 #define CHUNK (1 << 16)
-/* Tensors of at least this many elements are split between the caller and the helper thread. */
-#define SPLIT_MIN (1 << 18)
 #define STACK_CHUNKS 256
 /* Passes over fewer elements keep the GIL (~16 us of float32 at most): releasing it lets a
  * thread that waits for it (the async writer's) run Python, and the caller then waits to take
@@ -287,7 +281,6 @@ static void run_chunks(const work_t *w, int64_t c0, int64_t c1, acc_t *acc, doub
     }
 }
 
-#include "_fused_helper.h"
 
 
 /* Count NaN, +Inf and -Inf in the values `w` produced: the input, the copy, the written
@@ -314,10 +307,10 @@ static void count_special(const work_t *w, uint64_t *nan, uint64_t *pinf, uint64
     }
 }
 
-/* The statistics of `w` into `out` (with the helper when threads > 1 and it is large), or -1
+/* The statistics of `w` into `out`, or -1
  * when memory for the per-chunk sums ran out. Touches no Python state: the caller decides
  * about the GIL (run_work releases it). */
-static int compute_work(const work_t *w, int threads, raw_stats_t *out) {
+static int compute_work(const work_t *w, raw_stats_t *out) {
     int64_t count = w->count;
     int64_t nchunks = (count + CHUNK - 1) / CHUNK;
     double stack_sums[STACK_CHUNKS], stack_sqs[STACK_CHUNKS];
@@ -337,18 +330,8 @@ static int compute_work(const work_t *w, int threads, raw_stats_t *out) {
     }
     acc_t acc = {INFINITY, -INFINITY, 0.0, 0.0, 0, 0};
     uint64_t nan = 0, pinf = 0, ninf = 0;
-    int split = 0;
-#if HAVE_HELPER
-    if (threads > 1 && count >= SPLIT_MIN && nchunks >= 2 && helper_acquire()) {
-        run_shared(w, nchunks, &acc, sums, sqs, scratch, scratch ? scratch + CHUNK : NULL);
-        pthread_mutex_unlock(&helper_owner);
-        split = 1;
-    }
-#else
-    (void)threads;
-#endif
-    if (!split) run_chunks(w, 0, nchunks, &acc, sums, sqs, scratch);
-    for (int64_t c = 0; c < nchunks; c++) { /* chunk order: the same for any split */
+    run_chunks(w, 0, nchunks, &acc, sums, sqs, scratch);
+    for (int64_t c = 0; c < nchunks; c++) { /* chunk order */
         acc.sum += sums[c];
         acc.sq += sqs[c];
     }
@@ -369,10 +352,10 @@ static PyObject *result_tuple(const raw_stats_t *r) {
 }
 
 /* Runs `w` (GIL released when it is large) and builds the result tuple. */
-static PyObject *run_work(const work_t *w, int threads) {
+static PyObject *run_work(const work_t *w) {
     raw_stats_t r;
     RELEASE_GIL_IF(w->count >= GIL_FREE_MIN);
-    int status = compute_work(w, threads, &r);
+    int status = compute_work(w, &r);
     RESTORE_GIL();
     if (status < 0) return PyErr_NoMemory();
     return result_tuple(&r);
@@ -638,25 +621,25 @@ static PyObject *fused_strided_stats(PyObject *self, PyObject *args) {
 static PyObject *fused_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     long long count;
-    int code, threads = 1;
+    int code;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KLi|i", &address, &count, &code, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "KLi", &address, &count, &code)) return NULL;
     if (check_args(address, count, code, CODE_LAST, "stats", 0, NULL) < 0) return NULL;
     if (code >= CODE_I64) return int_stats((const char *)(uintptr_t)address, count, code);
     work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
-    return run_work(&w, threads);
+    return run_work(&w);
 }
 
 static PyObject *fused_copy_stats(PyObject *self, PyObject *args) {
     unsigned long long dst, src;
     long long count;
-    int code, threads = 1;
+    int code;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KKLi|i", &dst, &src, &count, &code, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "KKLi", &dst, &src, &count, &code)) return NULL;
     if (check_args(src, count, code, CODE_F16, "copy_stats", dst, "destination") < 0)
         return NULL;
     work_t w = {(const char *)(uintptr_t)src, NULL, (char *)(uintptr_t)dst, count, code, OP_COPY};
-    return run_work(&w, threads);
+    return run_work(&w);
 }
 
 /* copy_stats with the destination given as a writable buffer (a numpy array): its address
@@ -665,9 +648,9 @@ static PyObject *fused_copy_stats_into(PyObject *self, PyObject *args) {
     Py_buffer dst;
     unsigned long long src;
     long long count;
-    int code, threads = 1;
+    int code;
     (void)self;
-    if (!PyArg_ParseTuple(args, "w*KLi|i", &dst, &src, &count, &code, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*KLi", &dst, &src, &count, &code)) return NULL;
     PyObject *result = NULL;
     if (check_args(src, count, code, CODE_F16, "copy_stats_into", (uintptr_t)dst.buf,
                    "destination") == 0) {
@@ -677,7 +660,7 @@ static PyObject *fused_copy_stats_into(PyObject *self, PyObject *args) {
         else {
             work_t w = {(const char *)(uintptr_t)src, NULL, (char *)dst.buf, count, code,
                         OP_COPY};
-            result = run_work(&w, threads);
+            result = run_work(&w);
         }
     }
     PyBuffer_Release(&dst);
@@ -687,70 +670,12 @@ static PyObject *fused_copy_stats_into(PyObject *self, PyObject *args) {
 static PyObject *fused_diff_stats(PyObject *self, PyObject *args) {
     unsigned long long a, b, out;
     long long count;
-    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KKKL|i", &a, &b, &out, &count, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "KKKL", &a, &b, &out, &count)) return NULL;
     if (check_args(a, count, CODE_F32, CODE_F16, "diff_stats", b, "subtrahend") < 0) return NULL;
     work_t w = {(const char *)(uintptr_t)a, (const char *)(uintptr_t)b, (char *)(uintptr_t)out,
                 count, CODE_F32, OP_DIFF};
-    return run_work(&w, threads);
-}
-
-static PyObject *fused_submit(PyObject *self, PyObject *args) {
-    unsigned long long address;
-    long long count;
-    int code;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "KLi", &address, &count, &code)) return NULL;
-    if (check_args(address, count, code, CODE_F16, "submit", 0, NULL) < 0) return NULL;
-#if HAVE_HELPER
-    work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
-    return PyLong_FromLongLong(queue_submit(&w));
-#else
-    return PyLong_FromLong(-1);
-#endif
-}
-
-/* ready(ticket) (`collect` 0) or collect(ticket) (`collect` 1): a ValueError naming `fn` when
- * no job with that ticket is outstanding (always, without the helper: nothing is queued). */
-static PyObject *ticket_call(PyObject *args, const char *fn, int collect) {
-    long long ticket;
-    if (!PyArg_ParseTuple(args, "L", &ticket)) return NULL;
-#if HAVE_HELPER
-    slot_t *slot = queue_slot(ticket);
-    if (slot != NULL) {
-        if (!collect) return PyBool_FromLong(atomic_load(&slot->state) != SLOT_QUEUED);
-        int state;
-        Py_BEGIN_ALLOW_THREADS
-        state = queue_wait(slot);
-        Py_END_ALLOW_THREADS
-        PyObject *out = Py_None;
-        if (state == SLOT_DONE) {
-            const acc_t *a = &slot->acc;
-            raw_stats_t r = {(double)a->mn, (double)a->mx, a->sum, a->sq, a->zeros, slot->nan,
-                             slot->pinf, slot->ninf, a->checksum};
-            out = result_tuple(&r);
-        } else {
-            Py_INCREF(out);
-        }
-        atomic_store(&slot->state, SLOT_FREE);
-        return out;
-    }
-#else
-    (void)collect;
-#endif
-    PyErr_Format(PyExc_ValueError, "%s(): no job with ticket %lld", fn, ticket);
-    return NULL;
-}
-
-static PyObject *fused_ready(PyObject *self, PyObject *args) {
-    (void)self;
-    return ticket_call(args, "ready", 0);
-}
-
-static PyObject *fused_collect(PyObject *self, PyObject *args) {
-    (void)self;
-    return ticket_call(args, "collect", 1);
+    return run_work(&w);
 }
 
 /* tracer/storage/_table.c */
@@ -758,30 +683,21 @@ PyObject *fused_pack_rows(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"stats", fused_stats, METH_VARARGS,
-     "stats(address, count, code, threads=1) -> (min, max, sum, sumsq, zeros, nan, posinf, "
-     "neginf, checksum); code 0 float32, 1 bfloat16, 2 float16, 3 int64, 4 int32, 5 int16, 6 "
-     "int8, 7 uint8 or bool (integers: one thread; nothing NaN); threads 2 lets a helper "
-     "thread take half of a large tensor (the result does not change)"},
+     "stats(address, count, code) -> (min, max, sum, sumsq, zeros, nan, posinf, neginf, "
+     "checksum); code 0 float32, 1 bfloat16, 2 float16, 3 int64, 4 int32, 5 int16, 6 int8, "
+     "7 uint8 or bool (integers: nothing NaN)"},
     {"strided_stats", fused_strided_stats, METH_VARARGS,
      "strided_stats(address, count, code, sizes, strides) -> stats() of the float tensor "
      "(codes 0-2) read with these sizes and strides (in elements), equal to the bit to stats() "
      "of its contiguous copy, without making the copy"},
     {"copy_stats_into", fused_copy_stats_into, METH_VARARGS,
-     "copy_stats_into(dst_buffer, src, count, code, threads=1): copy_stats into a writable "
+     "copy_stats_into(dst_buffer, src, count, code): copy_stats into a writable "
      "buffer of at least count elements"},
     {"copy_stats", fused_copy_stats, METH_VARARGS,
-     "copy_stats(dst, src, count, code, threads=1): copy count elements from src to dst and "
+     "copy_stats(dst, src, count, code): copy count elements from src to dst and "
      "return stats() of them, computed chunk by chunk while cached"},
-    {"submit", fused_submit, METH_VARARGS,
-     "submit(address, count, code) -> ticket: queue stats() of up to 4M elements for the "
-     "helper thread and return at once; -1 when not queued (compute them yourself). The "
-     "memory must stay alive and unchanged until collected"},
-    {"ready", fused_ready, METH_VARARGS, "ready(ticket) -> True once the job is computed"},
-    {"collect", fused_collect, METH_VARARGS,
-     "collect(ticket) -> stats() tuple, waiting for it (GIL released); None when the job was "
-     "lost (queued before a fork, in the child)"},
     {"diff_stats", fused_diff_stats, METH_VARARGS,
-     "diff_stats(a, b, out, count, threads=1): stats() of the float32 difference a - b, "
+     "diff_stats(a, b, out, count): stats() of the float32 difference a - b, "
      "written to out unless out is 0 (out may be a or b)"},
     {"pack_rows", fused_pack_rows, METH_VARARGS,
      "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
@@ -799,9 +715,6 @@ PyMODINIT_FUNC PyInit__fused(void) {
         passes[CODE_BF16] = (pass_fn)pass_bf16_avx2;
         passes[CODE_F16] = (pass_fn)pass_f16_avx2;
     }
-#endif
-#if HAVE_HELPER
-    pthread_atfork(NULL, NULL, helper_after_fork);
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

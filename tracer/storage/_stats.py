@@ -4,9 +4,7 @@ Speed matters here: the capture hooks call this for every record. float32, bfloa
 float16 on CPU (and integers and bool, in a scalar pass) go through `tracer.storage._fused`, a small
 C kernel (tracer/storage/_fused.c, built by setup.py where a C compiler exists) that reads the
 tensor once and computes every statistic in that pass (with the GIL released from 64K elements), at
-3-4x the speed of the numpy path below (benchmarks/RESULTS.md); a tensor of 256K elements or
-more is shared with one helper thread when torch leaves a core
-free (`STATS_THREADS`).
+3-4x the speed of the numpy path below (benchmarks/RESULTS.md).
 
 Without the kernel, and for other dtypes, `numpy_host_stats` runs cheap reductions. Measured on
 the 2-core CPU (see docs/architecture.md): `isnan().sum()` and `(x == 0).sum()` cost 15-40x a plain read,
@@ -27,8 +25,6 @@ Entry points:
 - `copy_stats(dst, src)` and `difference_stats(a, b, out)`: the kernel's fused forms for the
   parameter records (a copy, or the update `a - b`, and its statistics in the same pass, while
   each chunk is in cache); None where the kernel cannot, and the caller uses torch.
-- `submit_stats(t)` / `collect_stats(ticket)`: statistics computed by the kernel's helper
-  thread while the caller goes on (tracer.storage._queued).
 - `device_stats(t)`: CUDA tensors, the same values packed into one int64 tensor on the device,
   with no host sync (the vector is copied to pinned memory, on a side stream for the async
   writer, and decoded by `decode_packed`). It counts NaN/Inf unconditionally, since deciding
@@ -37,7 +33,6 @@ Entry points:
 from __future__ import annotations
 
 import math
-import os
 import threading
 from typing import Any
 
@@ -70,39 +65,6 @@ _STATS_CODES = {**_FUSED_CODES, torch.int64: 3, torch.int32: 4, torch.int16: 5, 
 _CODE_BITS = (32, 16, 16, 64, 32, 16, 8, 8)
 if not env_switch("SLEUTH_FUSED_STATS"):
     _fused = None
-
-
-def _env_threads() -> int | None:
-    value = os.environ.get("SLEUTH_STATS_THREADS", "")
-    if not value:
-        return None
-    try:
-        return min(2, max(1, int(value)))
-    except ValueError:
-        import warnings
-
-        warnings.warn(f"SLEUTH_STATS_THREADS={value!r} is not 1 or 2; ignored", RuntimeWarning,
-                      stacklevel=2)
-        return None
-
-
-_ENV_THREADS = _env_threads()
-_CPUS = os.cpu_count() or 1  # read once: 0.07 ms a call here, and the writers ask every step
-STATS_THREADS = 1
-"""Threads the C kernel uses for one tensor of 256K elements or more: 2 (it and a helper thread
-share the chunks) when a core is left over by torch (`torch.get_num_threads()` below the CPU
-count), else 1; SLEUTH_STATS_THREADS=1 or 2 forces it. Set by `refresh_stats_threads()`, which
-the writers call at each step start. The result is the same for 1 or 2."""
-
-
-def refresh_stats_threads() -> int:
-    """Re-read SLEUTH_STATS_THREADS and torch's thread count into STATS_THREADS."""
-    global STATS_THREADS
-    if _ENV_THREADS is not None:
-        STATS_THREADS = _ENV_THREADS
-    else:
-        STATS_THREADS = 2 if _CPUS > torch.get_num_threads() else 1
-    return STATS_THREADS
 
 
 # Signed integer of the element width, for the checksum over raw bits.
@@ -308,14 +270,14 @@ def fused_available() -> bool:
     return _fused is not None
 
 
-_STRIDED_MAX = 1 << 20  # elements; a larger strided tensor is copied (the kernel's threads)
+_STRIDED_MAX = 1 << 20  # elements; a larger strided tensor is copied
 # the kernel's strided pass (None from a build older than its sources: the copy is taken)
 _strided = getattr(_fused, "strided_stats", None)
 
 
 def _fused_stats(flat: torch.Tensor, n: int, code: int) -> dict:
     """host_stats through the C kernel; `flat` is a contiguous CPU tensor of `n` elements."""
-    return _fused_dict(_fused.stats(flat.data_ptr(), n, code, STATS_THREADS), n, code)
+    return _fused_dict(_fused.stats(flat.data_ptr(), n, code), n, code)
 
 
 def _fused_dict(result: tuple, n: int, code: int) -> dict:
@@ -351,7 +313,7 @@ def copy_stats(dst: torch.Tensor, src: torch.Tensor) -> dict | None:
     if code is None or not _plain_cpu(dst, src):
         return None
     n = src.numel()
-    return _fused_dict(_fused.copy_stats(dst.data_ptr(), src.data_ptr(), n, code, STATS_THREADS),
+    return _fused_dict(_fused.copy_stats(dst.data_ptr(), src.data_ptr(), n, code),
                        n, code)
 
 
@@ -364,7 +326,7 @@ def copy_stats_into(dst: Any, src_address: int, count: int, dtype: torch.dtype) 
     code = _FUSED_CODES.get(dtype) if _fused is not None else None
     if code is None or count <= 0:
         return None
-    return _fused_dict(_fused.copy_stats_into(dst, src_address, count, code, STATS_THREADS),
+    return _fused_dict(_fused.copy_stats_into(dst, src_address, count, code),
                        count, code)
 
 
@@ -379,38 +341,8 @@ def difference_stats(a: torch.Tensor, b: torch.Tensor,
         return None
     n = a.numel()
     result = _fused.diff_stats(a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr(),
-                               n, STATS_THREADS)
+                               n)
     return _fused_dict(result, n, 0)
-
-
-def submit_stats(t: torch.Tensor) -> tuple[int, int, int] | None:
-    """Queue `host_stats(t)` to the kernel's helper thread and return at once: a ticket for
-    `collect_stats` (the caller keeps `t` alive and unchanged until then), or None when it was
-    not queued (no kernel, another dtype, not one dense span, over 4M elements, queue full)."""
-    code = _FUSED_CODES.get(t.dtype) if _fused is not None else None
-    if code is None:
-        return None
-    span = memory_span(t)
-    if span is None:
-        return None
-    n = span.numel()
-    if not n:
-        return None
-    job = _fused.submit(span.data_ptr(), n, code)
-    return None if job < 0 else (job, n, code)
-
-
-def stats_ready(ticket: tuple[int, int, int]) -> bool:
-    """True once the queued statistics of `ticket` are computed."""
-    return _fused.ready(ticket[0])
-
-
-def collect_stats(ticket: tuple[int, int, int]) -> dict | None:
-    """The statistics queued under `ticket` (waiting for them, GIL released), or None when the
-    job was lost (queued before a fork; the caller computes them itself)."""
-    job, n, code = ticket
-    result = _fused.collect(job)
-    return None if result is None else _fused_dict(result, n, code)
 
 
 def numpy_host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:

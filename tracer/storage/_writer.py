@@ -28,10 +28,9 @@ from tracer.storage._fastpath import available as lean_available
 from tracer.storage._format import RecordMeta, StepFile, root_attrs, step_path
 from tracer.storage._layout import stored_extent
 from tracer.storage._lock import claim_rank
-from tracer.storage._queued import QueuedRows
 from tracer.storage._stats import (copy_stats_into, decode_packed, dense_span, device_stats,
                                    dtype_name, element_bits, empty_stats, host_stats, memory_span,
-                                   refresh_stats_threads, shape_str)
+                                   shape_str)
 
 
 class StagingPool:
@@ -287,7 +286,6 @@ class Writer:
         self._recent: deque | None = deque(maxlen=_RECENT_SPANS) if self.keep_bytes else None
         # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
         self._same: dict[int, tuple] = {}
-        self._waiting = QueuedRows(self._record, self._deliver)
         self._seq = 0  # the step's next record number (`next_seq`)
         # statistics mode with the kernel: most records take tracer.storage._fastpath
         self._lean = lean_available(self)
@@ -299,8 +297,7 @@ class Writer:
         raise NotImplementedError
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None, stats: dict | None = None,
-            defer: bool = False) -> None:
+            version: int | None = None, stats: dict | None = None) -> None:
         """Record one tensor: statistics always, an exact copy with mode tensor/full.
 
         `stable` False: the tensor is an argument of an in-place op, whose version counter is
@@ -308,20 +305,13 @@ class Writer:
         `Dumper.emit`). `version`: see `add_view`. `stats`: the record's statistics, already
         computed (by a fused kernel that produced the values, see `Dumper._record_params`);
         `tensor` is then a CPU tensor that supplies dtype and shape, and its bytes only with
-        mode tensor/full; such a record takes no part in reuse. `defer`: nothing writes the
-        tensor again, so in statistics mode they may be taken on the helper thread while the
-        caller goes on (tracer.storage._queued; rows are made by `settle`)."""
+        mode tensor/full; such a record takes no part in reuse."""
         raise NotImplementedError
 
     @property
     def next_seq(self) -> int:
         """The `seq` the next record of the step gets."""
         return self._seq
-
-    def settle(self) -> None:
-        """Make the rows of records whose statistics were queued (waiting for them); the Dumper
-        calls it when a backward pass ends, the writers before a step file is written."""
-        self._waiting.settle(block=True)
 
     def add_unstable(self, meta: RecordMeta, tensor: torch.Tensor) -> None:
         """`add` for an input or output of an in-place op (see `add`'s `stable`)."""
@@ -571,16 +561,9 @@ class Writer:
 
     def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
              stats: dict | None, snap: torch.Tensor | StoredBytes | None,
-             release: Callable[[], None] | None, share: list | None, shared: str | None,
-             ticket: tuple | None = None
+             release: Callable[[], None] | None, share: list | None, shared: str | None
              ) -> dict | None:
-        """`_record` now, or, when its statistics were queued (`ticket`) or earlier records
-        wait in the queue, queue it behind them (returns None; `settle` makes the row)."""
-        if ticket is not None or self._waiting:
-            if snap is not None:  # pragma: no cover - internal invariant
-                raise AssertionError("records with bytes are never queued")
-            self._waiting.add(target, step, seq, meta, tensor, ticket, stats, share, shared)
-            return None
+        """`_record` of a tensor's record (dtype, shape and size read from `tensor`)."""
         return self._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
                             tensor.numel(), stats, snap, release, share, shared)
 
@@ -630,29 +613,24 @@ class SyncWriter(Writer):
             return
         self._claim()
         if self._file is not None:
-            self.settle()
             self._finish(complete=False)
         self._step, self._seq = int(step), 0
         self._reset_reuse()
-        refresh_stats_threads()
         self._file = self._new_file(self._step)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
-            version: int | None = None, stats: dict | None = None,
-            defer: bool = False) -> None:
+            version: int | None = None, stats: dict | None = None) -> None:
         if not self.enabled:
             return
         if self._file is None:
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
-        if self._waiting:
-            self._waiting.settle(block=False)  # rows whose statistics are ready
         seq = self._seq
         self._seq += 1
         try:
             row = stats_row(self, self._file, self._step, seq, meta, tensor, stable, version,
-                            stats, defer) if self._lean else NOT_HERE
+                            stats) if self._lean else NOT_HERE
             if row is NOT_HERE:
-                row = self._general_row(seq, meta, tensor, stable, version, stats, defer)
+                row = self._general_row(seq, meta, tensor, stable, version, stats)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
@@ -660,9 +638,8 @@ class SyncWriter(Writer):
         self._deliver(row)
 
     def _general_row(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
-                     version: int | None, stats: dict | None, defer: bool) -> dict | None:
+                     version: int | None, stats: dict | None) -> dict | None:
         """`add`'s record where tracer.storage._fastpath does not take it (see `Writer._plan`)."""
-        ticket = None
         if stats is not None:  # computed by the caller (see Writer.add)
             same = self._take_same(tensor) if self._same else None
             share, shared = same if same is not None else (None, None)
@@ -672,14 +649,11 @@ class SyncWriter(Writer):
             share, shared, skip = self._plan(tensor, stable, version)
             if skip:
                 snap, release = None, None
-            elif defer and not self.keep_bytes and \
-                    (ticket := self._waiting.submit(tensor)) is not None:
-                snap, release = None, None
             else:  # a `Within` record's bytes are stored already: statistics only
                 stats, snap, release = _capture_now(tensor, self.keep_bytes and shared is None,
                                                     self._pool)
         return self._row(self._file, self._step, seq, meta, tensor, stats, snap, release,
-                         share, shared, ticket)
+                         share, shared)
 
     def add_hit(self, hit: dict) -> None:
         if self.enabled and self._file is not None:
@@ -690,7 +664,6 @@ class SyncWriter(Writer):
             if drop:
                 self._abort()
                 return
-            self.settle()
             self._finish(complete=status_reason is None, reason=status_reason)
 
     def close(self) -> None:
@@ -698,10 +671,7 @@ class SyncWriter(Writer):
             return
         try:
             if self.enabled and self._file is not None:
-                try:
-                    self.settle()
-                finally:
-                    self._finish(complete=False)
+                self._finish(complete=False)
         finally:
             self._closed = True
             self._release_lock()
@@ -718,7 +688,6 @@ class SyncWriter(Writer):
             self._storage_error(e, f"writing {file.path}")
 
     def _abort(self) -> None:
-        self._waiting.drop()
         if self._file is not None:
             self._file.abort()
             self._file = None
