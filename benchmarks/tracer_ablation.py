@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo path)
 
 import tracer  # noqa: E402
-from tracer.storage import _async, _fastpath, _format, _stats  # noqa: E402
+from tracer.storage import _fastpath, _format, _stats  # noqa: E402
 
 CONDITIONS = {
     "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
@@ -62,7 +62,7 @@ ARMS: dict[str, tuple[frozenset, dict] | None] = {
     "shipped": (frozenset(), {}),
     "no_c_kernel": (frozenset({"c_kernel"}), {}),
     "no_fast_path": (frozenset({"fast_path"}), {}),
-    "no_file_process": (frozenset({"file_process"}), {}),
+    "no_file_process": (frozenset(), {"file_process": False}),
     "no_dump": None,
 }
 # device -> (reference arm, arm with it on, arm with it off, conditions where it acts)
@@ -114,14 +114,13 @@ class switched:
         self.off = off
 
     def __enter__(self) -> None:
-        self.saved = (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER)
+        self.saved = (_stats._fused, _format._pack_rows, _fastpath._ENABLED)
         if "c_kernel" in self.off:
             _stats._fused, _format._pack_rows = None, None
         _fastpath._ENABLED = "fast_path" not in self.off
-        _async._USE_FILER = "file_process" not in self.off and self.saved[3]
 
     def __exit__(self, *exc) -> None:
-        (_stats._fused, _format._pack_rows, _fastpath._ENABLED, _async._USE_FILER) = self.saved
+        (_stats._fused, _format._pack_rows, _fastpath._ENABLED) = self.saved
 
 
 def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhead.Block:

@@ -72,6 +72,9 @@ class DumpConfig:
     """sync: a record is on disk when the hook returns; async: a writer thread persists it."""
     async_max_queued_mb: int = 1024
     """Async back-pressure: the training thread waits while this many MiB are queued."""
+    file_process: bool = True
+    """Async writer: write the HDF5 part of each step file in one helper process per training
+    process (h5py holds the GIL while it writes); false keeps it in the writer's threads."""
     on_error: Literal["raise", "warn"] = "raise"
     """raise: a dump error stops the run; warn: warn once and stop dumping."""
     watch: tuple[dict, ...] = ()
@@ -210,25 +213,31 @@ class DumpConfig:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-_ON = ("1", "true", "yes", "on")
-_OFF = ("0", "false", "no", "off")
 
 
-def env_switch(name: str, default: bool = True) -> bool:
-    """The on/off environment variable `name` (1/0, true/false, yes/no, on/off; unset or empty:
-    `default`). Any other value is warned about, naming the accepted ones, and `default`
-    holds, so a typo never silently flips a switch the user meant the other way."""
-    value = os.environ.get(name, "").strip().lower()
-    if not value:
-        return default
-    if value in _ON or value in _OFF:
-        return value in _ON
-    import warnings
+_RETIRED_SWITCHES = {
+    "SLEUTH_FILE_PROCESS": 'set "file_process": false in the dump config instead',
+    "SLEUTH_FUSED_STATS": "the C kernel is used wherever it is built",
+    "SLEUTH_STATS_THREADS": "statistics take one thread",
+    "SLEUTH_DEFER_STATS": "every statistic is taken in its hook",
+}
+_retired_warned = False
 
-    warnings.warn(f"{name}={os.environ[name]!r} is not one of 0/1, true/false, yes/no, on/off; "
-                  f"ignored ({name} stays {'on' if default else 'off'})", RuntimeWarning,
-                  stacklevel=2)
-    return default
+
+def warn_retired_switches() -> None:
+    """Warn once per process about tuning variables the tracer no longer reads, so a user who
+    sets one learns it does nothing (and what replaces it) instead of trusting it."""
+    global _retired_warned
+    if _retired_warned:
+        return
+    _retired_warned = True
+    found = [f"{name} ({why})" for name, why in _RETIRED_SWITCHES.items()
+             if os.environ.get(name, "").strip()]
+    if found:
+        import warnings
+
+        warnings.warn("sleuth tracer: no longer read, so ignored: " + "; ".join(found),
+                      RuntimeWarning, stacklevel=3)
 
 
 def load_json(text: str, source: str) -> Any:

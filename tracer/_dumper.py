@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.optim import optimizer as _optim
 
-from tracer._config import DumpConfig, load_json
+from tracer._config import DumpConfig, load_json, warn_retired_switches
 from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
 from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
 from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, on_scaler_update, tool_range,
@@ -208,6 +208,7 @@ class Dumper:
                  rank: int | None = None, world_size: int | None = None,
                  first_step: int = 0) -> None:
         self.config = resolve_config(config)
+        warn_retired_switches()
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else int(rank)
         self.world_size = (int(os.environ.get("WORLD_SIZE", 1)) if world_size is None
                            else int(world_size))

@@ -60,11 +60,12 @@ def test_the_llama_workload_is_built_from_a_config_and_trains(capsys):
 
 def test_switches_turn_devices_off_and_restore_them():
     bench = _load()
-    before = (_stats._fused, bench._fastpath._ENABLED, bench._async._USE_FILER)
-    with bench.switched(frozenset({"c_kernel", "fast_path", "file_process"})):
+    before = (_stats._fused, bench._fastpath._ENABLED)
+    with bench.switched(frozenset({"c_kernel", "fast_path"})):
         assert _stats._fused is None and bench._format._pack_rows is None
-        assert not bench._fastpath._ENABLED and not bench._async._USE_FILER
-    assert (_stats._fused, bench._fastpath._ENABLED, bench._async._USE_FILER) == before
+        assert not bench._fastpath._ENABLED
+    assert (_stats._fused, bench._fastpath._ENABLED) == before
+    assert bench.ARMS["no_file_process"] == (frozenset(), {"file_process": False})
 
 
 def test_each_variant_is_divided_by_the_reference_blocks_around_it():

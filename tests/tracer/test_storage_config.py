@@ -120,25 +120,29 @@ def test_watchpoints_are_validated_by_the_watch_module():
     assert DumpConfig.from_dict(c.to_dict()) == c
 
 
-@pytest.mark.parametrize("value,expected", [("", True), ("0", False), ("1", True),
-                                            ("off", False), ("True", True), (" no ", False)])
-def test_env_switch_reads_the_usual_spellings(monkeypatch, value, expected):
-    from tracer._config import env_switch
+def test_retired_tuning_variables_are_named_once_with_what_replaces_them(tmp_path, monkeypatch):
+    """A user who still sets a variable the tracer no longer reads is told it does nothing,
+    and what to do instead, once per process; a file-process switch is a config key now."""
+    import warnings
 
-    monkeypatch.setenv("SLEUTH_TEST_SWITCH", value)
-    assert env_switch("SLEUTH_TEST_SWITCH") is expected
+    import torch
 
+    import tracer
+    import tracer._config as config_module
 
-def test_env_switch_warns_about_a_value_it_cannot_read_and_keeps_the_default(monkeypatch):
-    """SLEUTH_FILE_PROCESS=nope must not silently turn the file process off (or on): it says so."""
-    from tracer._config import env_switch
-
-    monkeypatch.setenv("SLEUTH_TEST_SWITCH", "nope")
-    with pytest.warns(RuntimeWarning, match=r"SLEUTH_TEST_SWITCH='nope' is not one of 0/1.*"
-                                            r"stays on"):
-        assert env_switch("SLEUTH_TEST_SWITCH") is True
-    monkeypatch.delenv("SLEUTH_TEST_SWITCH")
-    assert env_switch("SLEUTH_TEST_SWITCH", default=False) is False
+    monkeypatch.setattr(config_module, "_retired_warned", False)
+    monkeypatch.setenv("SLEUTH_FILE_PROCESS", "0")
+    monkeypatch.setenv("SLEUTH_STATS_THREADS", "2")
+    model = torch.nn.Linear(2, 2)
+    with pytest.warns(RuntimeWarning, match=r"no longer read.*SLEUTH_FILE_PROCESS \(set "
+                                            r"\"file_process\": false.*SLEUTH_STATS_THREADS"):
+        tracer.Dumper(model, {"path": str(tmp_path / "a")}).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tracer.Dumper(model, {"path": str(tmp_path / "b")}).close()
+    assert DumpConfig.from_dict({"file_process": False}).file_process is False
+    with pytest.raises(ConfigError, match="file_process"):
+        DumpConfig.from_dict({"file_process": "no"})
 
 
 @pytest.mark.parametrize("text, message", [

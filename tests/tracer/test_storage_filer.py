@@ -106,11 +106,8 @@ def test_while_the_helper_starts_the_threads_write_the_files(tmp_path, monkeypat
 
 
 def test_without_the_helper_process_the_threads_write_the_files(tmp_path, monkeypatch):
-    import tracer.storage._async as async_module
-
-    monkeypatch.setattr(async_module, "_USE_FILER", False)  # SLEUTH_FILE_PROCESS=0
-    w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics"), rank=0,
-                    world_size=1)
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics",
+                               file_process=False), rank=0, world_size=1)
     assert w._filer is None
     write_steps(w, 2)
     w.close()

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 import tracer
 from tests.tracer.models import MLP
-from tracer.storage import _async, _format
+from tracer.storage import _format
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._lock import LOCK_NAME, RUN_FILE, _release_at_exit
 from tracer.storage._reader import open_dump
@@ -215,9 +215,8 @@ def test_the_run_id_comes_from_the_environment_under_torchrun(tmp_path, monkeypa
         train(tmp_path, 1)
 
 
-def _disk_full_at(monkeypatch, step_file: str, filer: bool = False) -> None:
+def _disk_full_at(monkeypatch, step_file: str) -> None:
     """Make the fsync-and-rename of `step_file` fail as a full disk does."""
-    monkeypatch.setattr(_async, "_USE_FILER", filer)
     commit = _format.PendingFile.commit
 
     def full_disk(self):
@@ -243,9 +242,10 @@ def _train_until_error(dumper: tracer.Dumper, model: nn.Module, steps: int):
 def test_an_async_write_error_surfaces_at_the_next_step_boundary(tmp_path, monkeypatch, filer):
     """Disk full while step 3's file is written: raised at step 3's or step 4's boundary,
     naming the step and the cause; close() says again that the dump is incomplete."""
-    _disk_full_at(monkeypatch, "step3.h5", filer)
+    _disk_full_at(monkeypatch, "step3.h5")
     model = MLP()
-    dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "mode": "tensor"})
+    dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "mode": "tensor",
+                                   "file_process": filer})
     raised_at, error = _train_until_error(dumper, model, 12)
     assert raised_at in (3, 4)
     assert "step 3" in str(error) and "No space left on device" in str(error)
@@ -260,7 +260,8 @@ def test_an_async_write_error_before_undumped_steps_surfaces_at_the_next_boundar
         tmp_path, monkeypatch):
     _disk_full_at(monkeypatch, "step1.h5")
     model = MLP()
-    dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "steps": "0-1"})
+    dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "steps": "0-1",
+                                   "file_process": False})
     raised_at, error = _train_until_error(dumper, model, 8)
     assert raised_at == 2 and "step 1" in str(error)  # step 2 is not dumped; its end is a boundary
     with pytest.raises(DumpWriteError):

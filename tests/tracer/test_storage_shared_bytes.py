@@ -165,7 +165,7 @@ def dump_model(run, writer: str, monkeypatch) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kernel", ["built", "off"])
 @pytest.mark.parametrize("writer", ["sync", "async"])
 def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, kernel, monkeypatch):
-    if kernel == "off":  # as SLEUTH_FUSED_STATS=0 or an install without a C compiler
+    if kernel == "off":  # as an install without a C compiler
         import tracer.storage._stats as stats_module
 
         monkeypatch.setattr(stats_module, "_fused", None)

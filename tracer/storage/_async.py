@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from tracer._config import DumpConfig, env_switch
+from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._fastpath import NOT_HERE, stats_row
 from tracer.storage._filer import shared_file_process
@@ -60,7 +60,6 @@ from tracer.storage._writer import (RecordMeta, Within, Writer, snapshot, snapsh
 
 _STOP = ("stop",)
 
-_USE_FILER = env_switch("SLEUTH_FILE_PROCESS")
 _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor bytes, roughly
 # tensor bytes snapshotted in the training thread go to the writer thread in chunks this large:
 # one queue item (and one wake-up of the writer thread, which then takes the GIL) per chunk, not
@@ -138,7 +137,7 @@ class AsyncWriter(Writer):
         self._fused = fused_available()
         # step files' HDF5 part is written by a helper process (tracer.storage._filer), one per
         # training process, kept from writer to writer
-        self._filer = shared_file_process(self.rank) if _USE_FILER else None
+        self._filer = shared_file_process(self.rank) if config.file_process else None
         if self._filer is not None:
             self._filer.start()
         # rows and bytes made in the training thread (see `add`)

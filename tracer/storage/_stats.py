@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from tracer._config import env_switch
 from tracer.storage._layout import dense_strides
 
 STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
@@ -54,8 +53,7 @@ try:  # the optional one-pass C kernel (setup.py builds it where a C compiler ex
     from tracer.storage import _fused
 except ImportError:
     _fused = None
-# dtype -> the kernel's dtype code for every fused form (copies, differences, the helper
-# thread's queue); SLEUTH_FUSED_STATS=0 switches the kernel off
+# dtype -> the kernel's dtype code for every fused form (copies, differences)
 _FUSED_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # the dtypes `stats` alone takes besides those: integers and bool in one scalar pass (their
 # numpy path cost ~35 us for 512 token ids, 150 us in a training step with cold caches)
@@ -63,8 +61,6 @@ _STATS_CODES = {**_FUSED_CODES, torch.int64: 3, torch.int32: 4, torch.int16: 5, 
                 torch.uint8: 7, torch.bool: 7}
 # the checksum's width in bits by kernel code (see element_bits)
 _CODE_BITS = (32, 16, 16, 64, 32, 16, 8, 8)
-if not env_switch("SLEUTH_FUSED_STATS"):
-    _fused = None
 
 
 # Signed integer of the element width, for the checksum over raw bits.
