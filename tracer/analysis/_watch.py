@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Literal
 
 from tracer._errors import ConfigError, WatchpointHit
 from tracer._validate import check_scalar
-from tracer.analysis._headroom import FLOAT_RANGES, overflow_bits
+from tracer.analysis._headroom import FLOAT_RANGES, log2_range, overflow_bits
 
 Condition = Literal["nan_inf", "all_zero", "max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt",
                     "out_of_range", "weight_change_gt", "weight_change_lt", "unchanged_weight",
@@ -37,7 +37,8 @@ CONDITIONS: dict[str, str] = {
     "grad_explode": "gradient L2 norm above `threshold` (default 1e3)",
     "grad_vanish": "gradient L2 norm below `threshold` (default 1e-7)",
     "overflow_headroom_lt": "fewer than `threshold` bits (powers of two) between max |x| and the "
-                            "dtype's largest value (default 8)",
+                            "dtype's largest value (default: half the dtype's range, 8 bits for "
+                            "float16, 64 for float32 and bfloat16, below which x*x overflows)",
     "zero_share_gt": "more than `threshold` (a share from 0 to 1) of a float tensor's elements "
                      "are exactly zero",
 }
@@ -47,10 +48,7 @@ _NEEDS_THRESHOLD = {"max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt", "weight_ch
 # record (or never), which is a sign error, not a watchpoint.
 _MAGNITUDE = {"max_abs_gt", "max_abs_lt", "weight_change_gt", "weight_change_lt", "grad_explode",
               "grad_vanish"}
-# 8 bits of overflow headroom: a value that close to float16's largest (2^16) overflows when
-# squared (a variance, an L2 norm, q.k in attention) or summed 256 times; in bfloat16 and float32
-# it is a value beyond 2^120, a blow-up by any measure.
-_DEFAULT_THRESHOLD = {"grad_explode": 1e3, "grad_vanish": 1e-7, "overflow_headroom_lt": 8.0}
+_DEFAULT_THRESHOLD = {"grad_explode": 1e3, "grad_vanish": 1e-7}
 # what a missing threshold's message suggests, where 1e4 would be wrong
 _EXAMPLE_THRESHOLD = {"zero_share_gt": 0.9}
 
@@ -190,7 +188,14 @@ class WatchConfig:
         if c == "overflow_headroom_lt":
             # -inf for a record holding an infinity (it overflowed); a NaN row has no max |x|
             bits = overflow_bits(row)
-            return bits if bits is not None and bits < t else None
+            if bits is None:
+                return None
+            if t is None:
+                # half the dtype's range: below it the value's square overflows (a variance, an
+                # L2 norm, q.k in attention), the usual first Inf of a run that blows up; a
+                # fixed number of bits would be 8 of float16's 16 but 8 of float32's 128
+                t = log2_range(str(row.get("dtype")))[0] / 2
+            return bits if bits < t else None
         if c == "zero_share_gt":
             if str(row.get("dtype")) not in FLOAT_RANGES:
                 return None  # integer and bool zeros are ids and masks, not lost values
