@@ -254,6 +254,12 @@ def _run_headroom(args: argparse.Namespace) -> int:
         _table(("at step", "steps left", "headroom", "growth/step", "dtype", "module",
                 "record"), rows, ranks)
         _more(len(report.overflow), args.limit)
+        first = report.overflow.iloc[0]
+        sq = first["square_steps_left"]
+        when = (f"in {sq:.1f} steps, at step {math.ceil(first['last_step'] + sq)}" if sq > 0
+                else "already")
+        print(f"  sooner, x*x overflows (headroom below half the dtype's range: a variance, a "
+              f"norm, q.k; the usual first Inf): {first['name']} {when}")
     if len(report.underflow):
         print(f"heading toward underflow within {horizon} steps: {len(report.underflow)} "
               "record(s), soonest first")

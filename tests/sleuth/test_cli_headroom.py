@@ -40,6 +40,7 @@ def test_headroom_names_the_growing_layer_first(runs, capsys):
     row = table[1].split()
     assert row[0] == "17" and row[4:7] == ["+1.03", "bits", "float16"]
     assert row[-2:] == [GROWING_MODULE, GROWING]
+    assert f"the usual first Inf): {GROWING} in 4.2 steps, at step 10\n" in out
     assert "fitted 202 of 202 floating-point record(s) (rank 0: steps 0-5)" in out
 
 

@@ -73,9 +73,12 @@ def test_record_headroom_reads_only_what_the_row_holds():
 
 
 @pytest.mark.parametrize("cond,row,hit", [
-    ({"condition": "overflow_headroom_lt"}, _row(), math.log2(65504) - 8),  # default 8 bits
+    # the default is half the dtype's range: 256 * 256 overflows float16, 255 * 255 does not
+    ({"condition": "overflow_headroom_lt"}, _row(), math.log2(65504) - 8),
     ({"condition": "overflow_headroom_lt"}, _row(min=-255.0), None),
     ({"condition": "overflow_headroom_lt"}, _row(dtype="float32"), None),
+    ({"condition": "overflow_headroom_lt"}, _row(dtype="float32", min=-2.0**64), 64),
+    ({"condition": "overflow_headroom_lt"}, _row(dtype="float32", min=-2.0**63), None),
     ({"condition": "overflow_headroom_lt", "threshold": 120}, _row(dtype="float32"),
      128 - 8),
     ({"condition": "overflow_headroom_lt"}, _row(max=math.inf, posinf=1), -math.inf),
@@ -153,6 +156,9 @@ def test_growing_activation_is_named_first_toward_overflow(runs):
     assert first["growth_bits"] == pytest.approx(1.0, abs=0.1)  # the weight doubles each step
     assert 10 < first["steps_left"] < 14 and first["at_step"] == 17
     assert first["headroom_bits"] == pytest.approx(12.33, abs=0.05)
+    # x*x overflows float16 once the headroom is below 8 bits, about 4 steps later
+    assert first["square_steps_left"] == pytest.approx(
+        (first["headroom_bits"] - math.log2(65504) / 2) / first["growth_bits"], rel=1e-6)
     # what the layer feeds grows with it, after it
     assert set(report.overflow["name"].head(4)) == {
         GROWING, f"{GROWING_MODULE[:-5]}.act.forward.0.input.0",

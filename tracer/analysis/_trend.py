@@ -48,7 +48,8 @@ _KEEP = ("seq", "name", "module", "op", "phase", "direction", "source", "dtype",
          "max", "mean", "norm", "nan", "posinf", "neginf", "zeros")
 _WHO = ("rank", "name", "module", "op", "phase", "direction", "source", "dtype")
 OVERFLOW_COLUMNS = (*_WHO, "steps", "first_step", "last_step", "seq", "max_abs",
-                    "headroom_bits", "growth_bits", "fit", "steps_left", "at_step")
+                    "headroom_bits", "growth_bits", "fit", "steps_left", "at_step",
+                    "square_steps_left")
 UNDERFLOW_COLUMNS = (*_WHO, "kind", "steps", "first_step", "last_step", "seq", "zero_share",
                      "zero_share_per_step", "max_abs", "underflow_bits", "growth_bits",
                      "smallest_bits", "smallest_exact", "fit", "steps_left", "at_step")
@@ -62,7 +63,9 @@ class HeadroomReport:
     overflow: Any
     """Records heading toward overflow within `horizon` steps (OVERFLOW_COLUMNS): headroom_bits
     now, growth_bits per step, the fit ("log2": multiplicative, "linear": additive), steps_left
-    and at_step, the first step the trend is past the dtype's largest value."""
+    and at_step, the first step the trend is past the dtype's largest value, and
+    square_steps_left, the steps until x*x overflows (headroom below half the dtype's range:
+    where a variance, a norm or q.k in attention make the first Inf)."""
     underflow: Any
     """Records heading toward underflow within `horizon` (UNDERFLOW_COLUMNS); `kind` is
     "zero_share" (the share of exact zeros rising toward 1) or "max_abs" (max |x| falling
@@ -72,7 +75,8 @@ class HeadroomReport:
     table: Any
     """Every projected record: its headroom at its last step (headroom_bits, underflow_bits,
     zero_share), the fitted growth_bits and fit, and the steps left by each projection
-    (overflow_left, underflow_left for a falling max |x|, zero_left; inf when none)."""
+    (overflow_left, square_left, underflow_left for a falling max |x|, zero_left; inf when
+    none)."""
     horizon: float = DEFAULT_HORIZON
     window: int | None = None
     min_steps: int = MIN_STEPS
@@ -303,6 +307,9 @@ def headroom_trend(path: str | os.PathLike | Any, *, rank: int | None = None,
         rises = has_mag & (up > 0)
         over_left = np.where(rises, np.where(log_fit, head, 1 - v_last) / slope, np.inf)
         over_slow = np.where(rises, np.where(log_fit, head, 1 - v_last) / up, np.inf)
+        half = mlast["log_max"].to_numpy(dtype=float) / 2
+        square_left = np.where(rises, np.maximum(np.where(
+            log_fit, head - half, np.exp2(-half) - v_last), 0) / slope, np.inf)
         # a falling max |x| is projected for the table only (module doc)
         under_left = np.where(has_mag & (down > 0),
                               np.where(log_fit, np.maximum(floor, 0) / -slope,
@@ -330,6 +337,7 @@ def headroom_trend(path: str | os.PathLike | Any, *, rank: int | None = None,
     for g in np.flatnonzero(over_slow <= horizon):
         over.append({**_who(last, g), **mag_cols(g),
                      "headroom_bits": float(head[g]), "steps_left": float(over_left[g]),
+                     "square_steps_left": float(square_left[g]),
                      "at_step": _at(mlast["step"].iat[g], over_left[g])})
     now = np.where(subnormal, 0.0, np.inf)
     for kind, left, slow in (("zero_share", zero_left, zero_slow), ("subnormal", now, now)):
@@ -353,7 +361,8 @@ def headroom_trend(path: str | os.PathLike | Any, *, rank: int | None = None,
         "zero_share": z_last[sel], "zero_share_per_step": zslope[sel],
         "headroom_bits": now_head[sel], "underflow_bits": now_floor[sel],
         "growth_bits": growth[sel],
-        "fit": fit[sel], "overflow_left": over_left[sel], "underflow_left": under_left[sel],
+        "fit": fit[sel], "overflow_left": over_left[sel], "square_left": square_left[sel],
+        "underflow_left": under_left[sel],
         "zero_left": zero_left[sel]})
     report.table["rank"] = report.table["rank"].astype(int)
     report.overflow = _sorted(over, OVERFLOW_COLUMNS)
