@@ -207,8 +207,9 @@ def test_fewer_than_three_steps_project_nothing(tmp_path):
 
 
 def test_a_record_already_non_finite_is_listed_not_projected(tmp_path):
-    """Left to run, the doubling weight gives a NaN at step 9, in the backward of the layer
-    (float16 GELU's tanh form cubes its input: 3x the bits, so it overflows first)."""
+    """Left to run, the doubling weight gives a NaN at step 9, in the backward of the layer: the
+    backward of float16 GELU's tanh form takes 3*x*x, which overflows with 8.5 bits of headroom
+    left."""
     run = gpt2_growing(tmp_path / "run", steps=12)
     report = headroom_trend(run)
     first = report.nonfinite.iloc[0]
