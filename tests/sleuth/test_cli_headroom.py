@@ -114,3 +114,17 @@ def test_conditions_offline_name_the_records(runs, capsys):
     assert main(["check", runs["dying"], "--watch", watch, "--json"]) == 1
     hits = json.loads(capsys.readouterr().out)["hits"]
     assert (hits[0]["name"], hits[0]["step"]) == (DYING, 4)
+
+
+def test_several_ranks_get_a_rank_column(tmp_path, capsys):
+    from tests.tracer.test_check_headroom import write_ranks
+
+    run = write_ranks(tmp_path / "run")
+    assert main(["check", "--headroom", str(run)]) == 1
+    out = capsys.readouterr().out
+    table = _lines_after(out, "heading toward overflow within 100 steps: 1 record(s)")
+    assert table[0].split()[:3] == ["rank", "at", "step"]
+    assert table[1].split() == ["1", "16", "11.0", "11.0", "bits", "+1.00", "bits", "float16",
+                                "layer", "layer.forward.0.output.0"]
+    assert "(rank 0: steps 0-5; rank 1: steps 0-5)" in out
+    assert main(["check", "--headroom", str(run), "--rank", "0"]) == 0

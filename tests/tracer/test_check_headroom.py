@@ -229,3 +229,46 @@ def test_a_record_already_non_finite_is_listed_not_projected(tmp_path):
 def test_bad_arguments_say_the_fix(runs, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         headroom_trend(runs["growing"], **kwargs)
+
+
+# -- ranks and what was not read, on a dump written directly ------------------------------------
+def write_ranks(root, steps=range(6)):
+    """Two ranks of a float16 layer: rank 1's output doubles every step, rank 0's stays."""
+    from tracer._config import DumpConfig
+    from tracer.storage import RecordMeta, make_writer
+
+    for rank in (0, 1):
+        w = make_writer(DumpConfig(path=str(root), writer="sync"), rank=rank, world_size=2)
+        for step in steps:
+            w.begin_step(step)
+            value = 2.0 ** step if rank == 1 else 1.5
+            w.add(RecordMeta("layer.forward.0.output.0", "layer", "", "forward", "output", 0, 0,
+                             "model.py:3"), torch.full((8,), value, dtype=torch.float16))
+            w.end_step()
+        w.close()
+    return root
+
+
+def test_each_rank_is_fitted_on_its_own(tmp_path):
+    run = write_ranks(tmp_path / "run")
+    report = headroom_trend(run)
+    assert report.records == report.projected == 2 and report.steps == {0: list(range(6)),
+                                                                         1: list(range(6))}
+    [row] = report.overflow.to_dict("records")
+    assert (row["rank"], row["name"], row["at_step"]) == (1, "layer.forward.0.output.0", 16)
+    assert row["growth_bits"] == pytest.approx(1.0) and row["steps_left"] == pytest.approx(
+        math.log2(65504) - 5)
+    assert headroom_trend(run, rank=0).verdict == (0, "clean")
+
+
+def test_an_unread_step_file_makes_it_incomplete(tmp_path):
+    run = write_ranks(tmp_path / "run")
+    step = run / "dump" / "rank0" / "step3.h5"
+    with open(step, "r+b") as f:
+        f.truncate(step.stat().st_size // 2)
+    with pytest.warns(RuntimeWarning, match="skipped 1 partial, unreadable"):
+        report = headroom_trend(run)
+    assert report.overflow["rank"].tolist() == [1]  # the rest is still read and fitted
+    code, why = report.verdict
+    assert code == 2 and why.startswith("1 of 12 step file(s) could not be read")
+    assert [u["step"] for u in report.coverage["unread"]] == [3]
