@@ -16,9 +16,10 @@ all of them would be listed. Values that do underflow become zeros, which the ze
 Two guards keep a healthy run quiet. A growth that is additive (a straight line in |x| fits the
 steps better than one in log2 |x|: what steady optimizer updates do to a weight that starts at
 zero, like a bias) is projected as additive; projected as multiplicative, every bias growing
-from zero would look like an overflow within a hundred steps. And a trend counts only when the
-fitted slope is at least `MIN_T` standard errors from zero, so the noise of a few steps is not
-read as a trend. Records with fewer than `MIN_STEPS` steps are not projected, and a record that
+from zero would look like an overflow within a hundred steps. And a trend is listed only when
+even the slowest growth the fit allows (the slope minus `MIN_T` standard errors) reaches the limit
+within the horizon, so neither the noise of a few steps nor a slow drift stretched far beyond the
+dumped steps (a ReLU's zero share moving by a percent) is read as a trend. Records with fewer than `MIN_STEPS` steps are not projected, and a record that
 already holds a NaN or an infinity is listed as such: where it started is `first_nan_origin`'s
 question.
 """
@@ -42,7 +43,7 @@ something. `sleuth check --headroom --horizon N` changes it."""
 MIN_STEPS = 3
 """Fewer points than this fit any line exactly, so no trend is projected from them."""
 MIN_T = 2.0
-"""A slope counts as a trend when it is at least this many standard errors from zero."""
+"""Standard errors taken off a slope before it is projected against the horizon."""
 
 _KEEP = ("seq", "name", "module", "op", "phase", "direction", "source", "dtype", "numel", "min",
          "max", "mean", "norm", "nan", "posinf", "neginf", "zeros")
@@ -68,8 +69,8 @@ class HeadroomReport:
     where a variance, a norm or q.k in attention make the first Inf)."""
     underflow: Any
     """Records heading toward underflow within `horizon` (UNDERFLOW_COLUMNS); `kind` is
-    "zero_share" (the share of exact zeros rising toward 1) or "max_abs" (max |x| falling
-    toward the smallest normal)."""
+    "zero_share" (the share of exact zeros rising toward 1) or "subnormal" (max |x| already
+    below the smallest normal and not rising: steps_left 0)."""
     nonfinite: Any
     """Records already holding NaN or Inf (not projected; NONFINITE_COLUMNS), by first step."""
     table: Any
