@@ -5,6 +5,7 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
 
     python examples/train.py                          # 8 steps of a small MLP, a few seconds
     python examples/train.py --nan-at 2               # a bug: step 2 writes a NaN into a weight
+    python examples/train.py --grow 16                # a bug: fc1's weight compounds, x16 a step
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
 """
 from __future__ import annotations
@@ -34,6 +35,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate (default 1e-2)")
     parser.add_argument("--nan-at", type=int, metavar="STEP",
                         help="write a NaN into fc1.weight at this step (a bug to find)")
+    parser.add_argument("--grow", type=float, metavar="FACTOR",
+                        help="multiply fc1.weight by FACTOR after every step, a scale that "
+                        "compounds (a bug to find before it overflows)")
     args = parser.parse_args()
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -57,6 +61,9 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if args.grow is not None:
+            with torch.no_grad():
+                net.fc1.weight.mul_(args.grow)
         if rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 

@@ -1,4 +1,5 @@
-"""`sleuth check RUN`: evaluate watchpoints on a dump and locate the first NaN/Inf.
+"""`sleuth check RUN`: evaluate watchpoints on a dump and locate the first NaN/Inf;
+`sleuth check --headroom RUN`: the records heading toward overflow or underflow.
 
 Exit codes: 0 nothing found in a dump read completely, 1 a watchpoint hit (or a NaN/Inf origin
 found), 2 error, or not everything could be read (partial, unreadable, truncated or damaged
@@ -24,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "weight change, gradient explosion/vanishing, unchanged weights) on every record of a "
         "dump, and name the first record whose outputs are NaN/Inf while its inputs are finite. "
         "Conditions: --condition nan_inf --condition max_abs_gt=1e4 --condition "
-        "out_of_range=-10:10 --condition grad_explode=100. Exit code 0 clean, 1 hits, 2 error or "
+        "out_of_range=-10:10 --condition grad_explode=100 --condition overflow_headroom_lt=8. "
+        "With --headroom, the records heading toward overflow or underflow instead, from the "
+        "trend of their statistics over the dumped steps. Exit code 0 clean, 1 hits, 2 error or "
         "not everything could be read (each unread file is named).",
     )
     p.add_argument("path", metavar="RUN", help="run directory, dump directory or step file")
@@ -42,7 +45,20 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "no first-NaN origin on them or on records holding the same values; a glob "
                    "over record names or re:REGEX (repeatable; adds to the dump config's "
                    "nan_allow)")
-    p.add_argument("--limit", type=int, default=20, help="hits to print (default 20)")
+    p.add_argument("--headroom", action="store_true",
+                   help="only the headroom trends: per record, log2 max|x| and the share of "
+                   "zeros fitted over the dumped steps; lists the records heading toward "
+                   "overflow (steps left until the dtype's largest value) or underflow (zeros "
+                   "rising toward every element; max|x| below the smallest normal), soonest "
+                   "first")
+    p.add_argument("--horizon", type=float, metavar="STEPS",
+                   help="with --headroom: list trends that reach their limit within STEPS steps "
+                   "of a record's last dumped step (default 100)")
+    p.add_argument("--window", type=int, metavar="N",
+                   help="with --headroom: fit only each record's last N dumped steps (default: "
+                   "all of them)")
+    p.add_argument("--limit", type=int, default=20,
+                   help="hits (with --headroom: rows of each list) to print (default 20)")
     p.add_argument("--csv", metavar="FILE", help="write every hit to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run)
@@ -97,6 +113,11 @@ def _clean(v: Any) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.headroom:
+        return _run_headroom(args)
+    for flag, value in (("--horizon", args.horizon), ("--window", args.window)):
+        if value is not None:
+            raise CliError(f"{flag} goes with --headroom (sleuth check --headroom RUN {flag} ...)")
     from tracer import TracerError
     from tracer.analysis import Coverage, check, describe_origin, find_first_nan
     from sleuth._cmd_dump import _open
@@ -192,3 +213,132 @@ def _verdict(args: argparse.Namespace, found: bool, origin: dict | None,
         return 2, (f"nothing found, but {len(cov['interrupted'])} step(s) were interrupted: "
                    f"their records stop early, so the dump is not called clean")
     return 0, "clean"
+
+
+# -- --headroom ------------------------------------------------------------------------------------
+def _run_headroom(args: argparse.Namespace) -> int:
+    from tracer import TracerError
+    from tracer.analysis import headroom_trend
+    from sleuth._cmd_dump import _open
+
+    for flag, given in (("--step", args.step is not None), ("--first-nan", args.first_nan),
+                        ("--condition", bool(args.condition)), ("--watch", bool(args.watch)),
+                        ("--csv", bool(args.csv))):
+        if given:
+            why = ("a trend needs every dumped step" if flag == "--step" else
+                   "use --json for the trend rows" if flag == "--csv" else
+                   "run it as a separate sleuth check")
+            raise CliError(f"--headroom and {flag} do not go together: {why}")
+    dump = _open(args.path)
+    kwargs: dict[str, Any] = {"rank": args.rank, "nan_allow": args.nan_allow}
+    if args.horizon is not None:
+        kwargs["horizon"] = args.horizon
+    if args.window is not None:
+        kwargs["window"] = args.window
+    try:
+        report = headroom_trend(dump, **kwargs)
+    except TracerError as e:
+        raise CliError(str(e)) from e
+    code, verdict = report.verdict
+    if args.json:
+        print(json.dumps(report.to_dict(), allow_nan=False))
+        return code
+    ranks = len(report.steps) > 1
+    horizon = f"{report.horizon:g}"
+    if len(report.overflow):
+        print(f"heading toward overflow within {horizon} steps: {len(report.overflow)} "
+              "record(s), soonest first (log2 max|x| fitted over the dumped steps)")
+        rows = [(f"{r['at_step']}", f"{r['steps_left']:.1f}", f"{r['headroom_bits']:.1f} bits",
+                 f"{r['growth_bits']:+.2f} bits", r["dtype"], r["module"], r["name"], r["rank"])
+                for r in report.overflow.head(args.limit).to_dict("records")]
+        _table(("at step", "steps left", "headroom", "growth/step", "dtype", "module",
+                "record"), rows, ranks)
+        _more(len(report.overflow), args.limit)
+        first = report.overflow.iloc[0]
+        sq = first["square_steps_left"]
+        when = (f"in {sq:.1f} steps, at step {math.ceil(first['last_step'] + sq)}" if sq > 0
+                else "already")
+        print(f"  sooner, x*x overflows (headroom below half the dtype's range: a variance, a "
+              f"norm, q.k; the usual first Inf): {first['name']} {when}")
+    if len(report.underflow):
+        print(f"heading toward underflow within {horizon} steps: {len(report.underflow)} "
+              "record(s), soonest first")
+        rows = []
+        for r in report.underflow.head(args.limit).to_dict("records"):
+            if r["kind"] == "zero_share":
+                now = f"{100 * r['zero_share']:.1f}% zeros"
+                per = f"{100 * r['zero_share_per_step']:+.1f}% zeros"
+            else:
+                now = f"max|x| {-r['underflow_bits']:.1f} bits below normal"
+                g = r["growth_bits"]
+                per = f"{g:+.2f} bits" if g == g else "-"
+            rows.append((f"{r['at_step']}", f"{r['steps_left']:.1f}", now, per, r["dtype"],
+                         r["module"], r["name"], r["rank"]))
+        _table(("at step", "steps left", "now", "per step", "dtype", "module", "record"), rows,
+               ranks)
+        _more(len(report.underflow), args.limit)
+    if len(report.nonfinite):
+        print(f"already non-finite: {len(report.nonfinite)} record(s), not projected; where "
+              f"the first came from: sleuth check --first-nan {args.path}")
+        rows = [(f"{r['first_step']}", f"{r['nan']}", f"{r['posinf']}", f"{r['neginf']}",
+                 r["module"], r["name"], r["rank"])
+                for r in report.nonfinite.head(args.limit).to_dict("records")]
+        _table(("first step", "NaN", "+Inf", "-Inf", "module", "record"), rows, ranks)
+        _more(len(report.nonfinite), args.limit)
+    cov = report.coverage
+    if cov["read"]:
+        if not report.projected:
+            print(report.no_trend_reason())
+        elif not report.found:
+            print(f"nothing heading toward overflow or underflow within {horizon} steps")
+        spans = "; ".join(f"rank {r}: steps {_span(s)}" for r, s in sorted(report.steps.items()))
+        few = (f"; {report.too_few} with fewer than {report.min_steps} dumped steps, not "
+               "projected" if report.too_few else "")
+        print(f"fitted {report.projected} of {report.records} floating-point record(s) ({spans})"
+              f"{few}")
+    for i in cov["interrupted"]:
+        print(f"step {i['step']} rank {i['rank']} is {i['status']} "
+              f"({i['reason'] or 'no reason recorded'}): its records up to the stop are used")
+    for u in cov["unread"]:
+        print(f"not read: {u['path']}: {u['reason']}")
+    if code == 2:
+        print(f"sleuth check: {verdict}", file=sys.stderr)
+    return code
+
+
+def _table(header: tuple[str, ...], rows: list[tuple], ranks: bool) -> None:
+    """A left-aligned table, two spaces in; the numbers right-aligned; a rank column first when
+    the dump has several ranks (each row's last item is its rank)."""
+    if ranks:
+        header = ("rank", *header)
+        rows = [(str(r[-1]), *r[:-1]) for r in rows]
+    else:
+        rows = [r[:-1] for r in rows]
+    numeric = {i for i, h in enumerate(header) if h in ("rank", "at step", "steps left",
+                                                         "first step", "NaN", "+Inf", "-Inf")}
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for row in (header, *rows):
+        cells = [str(x).rjust(w) if i in numeric else str(x).ljust(w)
+                 for i, (x, w) in enumerate(zip(row, widths))]
+        print("  " + "  ".join(cells).rstrip())
+
+
+def _more(n: int, limit: int) -> None:
+    if n > limit:
+        print(f"  ... {n - limit} more (--limit, --json)")
+
+
+def _span(steps: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    parts: list[str] = []
+    start = prev = None
+    for s in sorted(steps):
+        if prev is not None and s == prev + 1:
+            prev = s
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = s
+    if start is not None:
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ", ".join(parts) or "none"

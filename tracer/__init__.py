@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "Tolerance": "tracer.analysis",
     "check": "tracer.analysis",
     "first_nan_origin": "tracer.analysis",
+    "headroom_trend": "tracer.analysis",
     "WatchConfig": "tracer.analysis",
 }
 

@@ -195,7 +195,8 @@ def test_faces_map_to_their_own_modules():
 def test_reading_and_comparing_import_no_torch():
     """The reader, diff and check run where torch is not installed (the dashboard, CI)."""
     code = ("import sys; from tracer.storage import open_dump, Dump, config_of; "
-            "from tracer.analysis import diff, check, first_nan_origin, TABLE_READ_ERRORS; "
+            "from tracer.analysis import diff, check, first_nan_origin, TABLE_READ_ERRORS, "
+            "headroom_trend, record_headroom; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip()

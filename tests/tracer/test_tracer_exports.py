@@ -14,7 +14,7 @@ EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
     "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError",
     "WatchConfig", "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks",
-    "export_parquet", "first_nan_origin", "open_dump", "read_export",
+    "export_parquet", "first_nan_origin", "headroom_trend", "open_dump", "read_export",
 ]
 
 
@@ -25,11 +25,11 @@ FACES = {
                 "config_of", "copy_stats", "decode_bits", "dense_strides", "difference_stats",
                 "element_size", "export_parquet", "make_writer", "op_capture_of", "open_dump",
                 "parse_shape", "read_export", "step_path", "stored_extent"],
-    "analysis": ["Coverage", "DiffResult", "RankDiffResult", "TABLE_READ_ERRORS", "Tolerance",
-                 "WatchConfig", "check", "describe_exception", "describe_origin", "diff",
-                 "diff_ranks", "disarm_flight_recorder", "dump_ranks", "file_rows",
-                 "find_first_nan", "first_nan_origin", "install_watch", "on_crash",
-                 "read_flight_recorder", "validate_watch"],
+    "analysis": ["Coverage", "DiffResult", "HeadroomReport", "RankDiffResult", "TABLE_READ_ERRORS",
+                 "Tolerance", "WatchConfig", "check", "describe_exception", "describe_origin",
+                 "diff", "diff_ranks", "disarm_flight_recorder", "dump_ranks", "file_rows",
+                 "find_first_nan", "first_nan_origin", "headroom_trend", "install_watch",
+                 "on_crash", "read_flight_recorder", "record_headroom", "validate_watch"],
 }
 
 
@@ -51,6 +51,7 @@ def test_public_names_are_the_faces_objects():
     assert tracer.open_dump is tracer.storage.open_dump
     assert tracer.diff is tracer.analysis.diff
     assert tracer.WatchConfig is tracer.analysis.WatchConfig
+    assert tracer.headroom_trend is tracer.analysis.headroom_trend
 
 
 def test_every_public_name_resolves():

@@ -25,6 +25,10 @@ _EXPORTS: dict[str, str] = {
     "file_rows": "tracer.analysis._check",
     "find_first_nan": "tracer.analysis._check",
     "first_nan_origin": "tracer.analysis._check",
+    # numeric headroom and its trend over steps
+    "HeadroomReport": "tracer.analysis._trend",
+    "headroom_trend": "tracer.analysis._trend",
+    "record_headroom": "tracer.analysis._headroom",
     # watchpoints, live and offline
     "WatchConfig": "tracer.analysis._watch",
     "install_watch": "tracer.analysis._watch",

@@ -18,10 +18,11 @@ from typing import Any, Callable, Iterable, Literal
 
 from tracer._errors import ConfigError, WatchpointHit
 from tracer._validate import check_scalar
+from tracer.analysis._headroom import FLOAT_RANGES, log2_range, overflow_bits
 
 Condition = Literal["nan_inf", "all_zero", "max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt",
                     "out_of_range", "weight_change_gt", "weight_change_lt", "unchanged_weight",
-                    "grad_explode", "grad_vanish"]
+                    "grad_explode", "grad_vanish", "overflow_headroom_lt", "zero_share_gt"]
 CONDITIONS: dict[str, str] = {
     "nan_inf": "a NaN or an infinity (overflow) in the tensor",
     "all_zero": "every element is zero",
@@ -35,14 +36,21 @@ CONDITIONS: dict[str, str] = {
     "unchanged_weight": "the optimizer step left the weight exactly as it was",
     "grad_explode": "gradient L2 norm above `threshold` (default 1e3)",
     "grad_vanish": "gradient L2 norm below `threshold` (default 1e-7)",
+    "overflow_headroom_lt": "fewer than `threshold` bits (powers of two) between max |x| and the "
+                            "dtype's largest value (default: half the dtype's range, 8 bits for "
+                            "float16, 64 for float32 and bfloat16, below which x*x overflows)",
+    "zero_share_gt": "more than `threshold` (a share from 0 to 1) of a float tensor's elements "
+                     "are exactly zero",
 }
 _NEEDS_THRESHOLD = {"max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt", "weight_change_gt",
-                    "weight_change_lt"}
+                    "weight_change_lt", "zero_share_gt"}
 # Conditions on a magnitude (|x|, a norm, a ratio of norms): a negative threshold fires on every
 # record (or never), which is a sign error, not a watchpoint.
 _MAGNITUDE = {"max_abs_gt", "max_abs_lt", "weight_change_gt", "weight_change_lt", "grad_explode",
               "grad_vanish"}
 _DEFAULT_THRESHOLD = {"grad_explode": 1e3, "grad_vanish": 1e-7}
+# what a missing threshold's message suggests, where 1e4 would be wrong
+_EXAMPLE_THRESHOLD = {"zero_share_gt": 0.9}
 
 
 def _suggest(value: str, choices: Iterable[str]) -> str:
@@ -80,11 +88,13 @@ class WatchConfig:
             bounds = ((0, math.inf, "") if key == "threshold" and self.condition in _MAGNITUDE
                       else (-math.inf, math.inf, ""))
             check_scalar(key, getattr(self, key), "float | None", bounds)
+        self._check_share_or_bits()
         if self.low is not None and self.high is not None and not self.low < self.high:
             raise ConfigError(f"out_of_range: low={self.low!r} must be below high={self.high!r}")
         if self.condition in _NEEDS_THRESHOLD and self.threshold is None:
+            example = _EXAMPLE_THRESHOLD.get(self.condition, 1e4)
             raise ConfigError(f"condition {self.condition} needs a threshold, e.g. "
-                              f'{{"condition": "{self.condition}", "threshold": 1e4}}')
+                              f'{{"condition": "{self.condition}", "threshold": {example:g}}}')
         if self.condition == "out_of_range" and self.low is None and self.high is None:
             raise ConfigError('condition out_of_range needs "low" and/or "high"')
         names = self.names
@@ -93,6 +103,26 @@ class WatchConfig:
         if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
             raise ConfigError(f"names: expected a list of globs, got {self.names!r}")
         object.__setattr__(self, "names", tuple(names))
+
+    def _check_share_or_bits(self) -> None:
+        """The headroom conditions' thresholds have units of their own; a value outside them
+        would fire on every float record or on none, so it is refused with the fix."""
+        t, c = self.threshold, self.condition
+        if t is None:
+            return
+        if c == "overflow_headroom_lt" and not t > 0:
+            raise ConfigError(f"threshold: {t!r} is out of range for overflow_headroom_lt: it is "
+                              "the room left below the dtype's largest value in bits (powers of "
+                              "two), above 0, e.g. 8 (float16's largest value is about 2^16)")
+        if c == "zero_share_gt" and not 0 <= t < 1:
+            if 1 < t <= 100:
+                fix = f"for {t:g}% use {t / 100:g}"
+            elif t >= 1:
+                fix = "a tensor whose every element is zero is the all_zero condition"
+            else:
+                fix = "e.g. 0.9 for more than 90% zeros"
+            raise ConfigError(f"threshold: {t!r} is out of range for zero_share_gt: it is a "
+                              f"share of the elements, from 0 to below 1; {fix}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> WatchConfig:
@@ -155,6 +185,22 @@ class WatchConfig:
             return None
         if c in ("grad_explode", "grad_vanish"):
             return norm if (norm > t if c == "grad_explode" else norm < t) else None
+        if c == "overflow_headroom_lt":
+            # -inf for a record holding an infinity (it overflowed); a NaN row has no max |x|
+            bits = overflow_bits(row)
+            if bits is None:
+                return None
+            if t is None:
+                # half the dtype's range: below it the value's square overflows (a variance, an
+                # L2 norm, q.k in attention), the usual first Inf of a run that blows up; a
+                # fixed number of bits would be 8 of float16's 16 but 8 of float32's 128
+                t = log2_range(str(row.get("dtype")))[0] / 2
+            return bits if bits < t else None
+        if c == "zero_share_gt":
+            if str(row.get("dtype")) not in FLOAT_RANGES:
+                return None  # integer and bool zeros are ids and masks, not lost values
+            share = int(row.get("zeros", 0)) / numel
+            return share if share > t else None
         if c == "unchanged_weight":
             return 0.0 if int(row.get("zeros", 0)) == numel else None
         if c in ("weight_change_gt", "weight_change_lt"):
