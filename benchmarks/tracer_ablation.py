@@ -23,8 +23,9 @@ medians right before and after it (and likewise with wall time per step: "sustai
 variants' order rotates from round to round. A device's `on_off` is the median over rounds of
 (time with the device on / time with it off): below 1 it gains; `gain_pct` is 100 * (1 /
 on_off - 1), from the sustained ratio for the async writer (its drain is only in the wall
-time), from the median one otherwise; `spread` is the per-round range of the median ratio. `overhead` is the tracer as shipped against no
-Dumper, measured the same way. Prints one JSON object.
+time), from the median one otherwise; `spread` is the per-round range of the median ratio.
+`overhead` is the tracer as shipped against no Dumper, measured the same way. Prints one JSON
+object.
 
 Run: PYTHONPATH=. python3 benchmarks/tracer_ablation.py [--rounds N] [--steps N]
 [--workloads gpt,llama] [--conditions a,b] [--threads N]

@@ -43,8 +43,8 @@ def test_fast_and_general_paths_write_the_same_rows(tmp_path, monkeypatch, write
 
 def test_fast_path_takes_plain_records_and_leaves_the_rest(tmp_path, monkeypatch):
     """Contiguous CPU tensors of the kernel's dtypes take the fast path; float64, complex,
-    strided views, empty and meta tensors, and anything while queued records wait, go the
-    general way, and the rows are the same either way."""
+    strided views, empty and meta tensors go the general way, and the rows are the same either
+    way."""
     taken: list[str] = []
     real = fastpath.stats_row
 

@@ -6,14 +6,13 @@ for a contiguous CPU tensor of a dtype the C kernel reads (float32, bfloat16, fl
 integers, bool), none of that applies: the record reuses the statistics of an earlier record
 of the same memory at the same version, or the kernel computes them, and its row is made. Most
 of a step's records are such (the forward, backward and parameter records of a float model
-on CPU). In the
-training step, where the model's ops have just cooled the caches, the writer's part of a record
-costs 11.9-13.0 us this way against 13.8-16.4 the general way (sync writer;
-benchmarks/record_cost.py): most of what is left is calling into the
-writer at all, and the interpreter's and torch's attribute lookups missing the cache. Every
-other record goes the general way (`NOT_HERE`), and both ways make the same rows: the reuse
-entries they leave in `Writer._seen` have one shape, so either finds the other's. Statistics
-come from the kernel's result as `host_stats` makes them (`_stats._fused_dict`).
+on CPU). In the training step, where the model's ops have just cooled the caches, the writer's
+part of a record costs 11.9-13.0 us this way against 13.8-16.4 the general way (sync writer;
+benchmarks/record_cost.py): most of what is left is calling into the writer at all, and the
+interpreter's and torch's attribute lookups missing the cache. Every other record goes the
+general way (`NOT_HERE`), and both ways make the same rows: the reuse entries they leave in
+`Writer._seen` have one shape, so either finds the other's. Statistics come from the kernel's
+result as `host_stats` makes them (`_stats._fused_dict`).
 """
 from __future__ import annotations
 
@@ -60,9 +59,9 @@ def stats_row(writer: WriterState, target: Any, step: int, seq: int, meta: Recor
     """Make the row of record `seq` (tensor `t`, name and origin `meta`) in `target` (a step
     file or the async writer's rows) and hand it to the row sinks; returns the row as a dict
     for the observers (None when there are none), or NOT_HERE, with nothing done, for a
-    record the general path must take. `stats`: computed by the caller (a parameter record, see `Writer.add`); `t` then
-    gives dtype and shape only. The caller has checked that the writer is `available` and
-    enabled."""
+    record the general path must take. `stats`: computed by the caller (a parameter record,
+    see `Writer.add`); `t` then gives dtype and shape only. The caller has checked that the
+    writer is `available` and enabled."""
     dtype, n = t.dtype, t.numel()
     if stats is None:
         code = _STATS_CODES.get(dtype)
