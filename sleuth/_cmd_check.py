@@ -175,44 +175,34 @@ def _run(args: argparse.Namespace) -> int:
                       f"{h['source'] or '-'})")
             if n > args.limit:
                 print(f"  ... {n - args.limit} more (--limit, --csv)")
+    return _close(cov, code, verdict, "searched, records up to the stop")
+
+
+
+def _close(cov: dict[str, Any], code: int, verdict: str, interrupted_use: str) -> int:
+    """The lines every check answer ends with: the interrupted steps (and how their records were
+    used), the files not read, and on stderr why the answer is incomplete; returns `code`."""
     for i in cov["interrupted"]:
         print(f"step {i['step']} rank {i['rank']} is {i['status']} "
-              f"({i['reason'] or 'no reason recorded'}): searched, records up to the stop")
+              f"({i['reason'] or 'no reason recorded'}): {interrupted_use}")
     for u in cov["unread"]:
         print(f"not read: {u['path']}: {u['reason']}")
     if code == 2:
         print(f"sleuth check: {verdict}", file=sys.stderr)
     return code
 
-
 def _verdict(args: argparse.Namespace, found: bool, origin: dict | None,
              cov: dict[str, Any]) -> tuple[int, str]:
     """The exit code and, when it is 2, why: nothing is called clean on data not all read."""
-    unread, read = cov["unread"], cov["read"]
-    files = [u for u in unread if u.get("state") != "empty"]
-    if not read:
-        what = (f"{len(files)} file(s) could not be read" if files
-                else f"no step file under {args.path}")
-        return 2, f"nothing was read: {what}; nothing was checked"
-    if args.first_nan and origin is not None:
+    from tracer.analysis import Coverage
+
+    if cov["read"] and args.first_nan and origin is not None:
         before = origin.get("unread_before") or []
         if before:
             return 2, (f"the origin may lie in {len(before)} earlier step file(s) that could not "
                        f"be read: {', '.join(u['path'] for u in before)}")
         return 1, "origin found"
-    if files:
-        return 2, (f"{len(files)} of {read + len(files)} step file(s) could not be read; the "
-                   f"answer covers only the rest")
-    if unread:  # rank folders without a step file: those ranks dumped nothing
-        return 2, (f"{len(unread)} rank folder(s) hold no step file ("
-                   + ", ".join(u["path"] for u in unread[:4])
-                   + "): those ranks dumped nothing, so the answer covers only the others")
-    if found:
-        return 1, "found"
-    if cov["interrupted"]:
-        return 2, (f"nothing found, but {len(cov['interrupted'])} step(s) were interrupted: "
-                   f"their records stop early, so the dump is not called clean")
-    return 0, "clean"
+    return Coverage.verdict(cov, found, args.path)
 
 
 # -- --headroom ------------------------------------------------------------------------------------
@@ -296,14 +286,7 @@ def _run_headroom(args: argparse.Namespace) -> int:
                "projected" if report.too_few else "")
         print(f"fitted {report.projected} of {report.records} floating-point record(s) ({spans})"
               f"{few}")
-    for i in cov["interrupted"]:
-        print(f"step {i['step']} rank {i['rank']} is {i['status']} "
-              f"({i['reason'] or 'no reason recorded'}): its records up to the stop are used")
-    for u in cov["unread"]:
-        print(f"not read: {u['path']}: {u['reason']}")
-    if code == 2:
-        print(f"sleuth check: {verdict}", file=sys.stderr)
-    return code
+    return _close(cov, code, verdict, "its records up to the stop are used")
 
 
 def _table(header: tuple[str, ...], rows: list[tuple], ranks: bool) -> None:

@@ -38,7 +38,7 @@ from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
 from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, on_scaler_update, tool_range,
                             user_source)
 from tracer.capture import rewrap as rewrap_scalers
-from tracer.storage import copy_stats, difference_stats
+from tracer.storage import copy_stats, difference_stats, stored_extent
 
 # bumps a tensor's version counter after a write torch did not see (the fused kernels')
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version",
@@ -118,8 +118,8 @@ def _has_memory(t: torch.Tensor) -> bool:
         nbytes = storage.nbytes()
     except (RuntimeError, NotImplementedError):  # a wrapper's invalid storage, or none at all
         return False
-    extent = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return nbytes >= (t.storage_offset() + extent + 1) * t.element_size()
+    extent = stored_extent(tuple(t.shape), t.stride())
+    return nbytes >= (t.storage_offset() + extent) * t.element_size()
 
 
 def _in_data_worker() -> bool:

@@ -9,11 +9,8 @@ import pytest
 from sleuth.cli import main
 
 pytest.importorskip("transformers")
-from tests.tracer.headroom_runs import (DYING_MODULE, GROWING_MODULE,  # noqa: E402
-                                        bert_dying_relu, gpt2_growing)
-
-GROWING = f"{GROWING_MODULE}.forward.0.output.0"
-DYING = f"{DYING_MODULE}.forward.0.output.0"
+from tests.tracer.headroom_runs import (DYING, DYING_MODULE, GROWING,  # noqa: E402
+                                        GROWING_MODULE, bert_dying_relu, gpt2_growing)
 
 
 @pytest.fixture(scope="module")

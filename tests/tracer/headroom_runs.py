@@ -21,11 +21,33 @@ import tracer
 
 GROWING_MODULE = "transformer.h.1.mlp.c_fc"
 DYING_MODULE = "bert.encoder.layer.1.intermediate.intermediate_act_fn"
+GROWING = f"{GROWING_MODULE}.forward.0.output.0"
+"""The record the growing fault drives toward overflow."""
+DYING = f"{DYING_MODULE}.forward.0.output.0"
+"""The record whose share of zeros the dying fault drives toward 1."""
 
 
 def _quiet_transformers() -> None:
     # GPT-2's default bos/eos ids lie outside the tiny vocabulary; the ids are never used
     logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _train(model: torch.nn.Module, path: Path, steps: int, watch: Iterable[dict[str, Any]],
+           fault: Any) -> Path:
+    """`steps` SGD steps on one batch of token ids under a module-level statistics dump at
+    `path`, calling `fault()` (None: no fault) after each optimizer step, outside autograd."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 64, (2, 8))
+    dump = {"path": str(path), "level": "module", "mode": "statistics", "watch": list(watch)}
+    with tracer.Dumper(model, dump):
+        for _ in range(steps):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if fault is not None:
+                with torch.no_grad():
+                    fault()
+    return path
 
 
 def gpt2_growing(path: Path, *, steps: int = 6, fault: bool = True,
@@ -38,18 +60,8 @@ def gpt2_growing(path: Path, *, steps: int = 6, fault: bool = True,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
                         eos_token_id=0)
     model = GPT2LMHeadModel(config).half()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    ids = torch.randint(0, 64, (2, 8))
-    dump = {"path": str(path), "level": "module", "mode": "statistics", "watch": list(watch)}
-    with tracer.Dumper(model, dump):
-        for _ in range(steps):
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if fault:
-                with torch.no_grad():
-                    model.get_submodule(GROWING_MODULE).weight.mul_(2)
-    return path
+    weight = model.get_submodule(GROWING_MODULE).weight
+    return _train(model, path, steps, watch, (lambda: weight.mul_(2)) if fault else None)
 
 
 def bert_dying_relu(path: Path, *, steps: int = 6, fault: bool = True,
@@ -63,15 +75,5 @@ def bert_dying_relu(path: Path, *, steps: int = 6, fault: bool = True,
                         hidden_act="relu", hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
     model = BertForMaskedLM(config)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    ids = torch.randint(0, 64, (2, 8))
-    dump = {"path": str(path), "level": "module", "mode": "statistics", "watch": list(watch)}
-    with tracer.Dumper(model, dump):
-        for _ in range(steps):
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if fault:
-                with torch.no_grad():
-                    model.get_submodule("bert.encoder.layer.1.intermediate.dense").bias.sub_(0.02)
-    return path
+    bias = model.get_submodule("bert.encoder.layer.1.intermediate.dense").bias
+    return _train(model, path, steps, watch, (lambda: bias.sub_(0.02)) if fault else None)

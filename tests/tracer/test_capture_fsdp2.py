@@ -17,6 +17,16 @@ import tracer
 
 REPO = Path(__file__).resolve().parents[2]
 
+
+def _run_one_rank(script: str, port: int, *args: str) -> None:
+    """Run `script` as rank 0 of a one-process gloo group (its own process: the group is
+    process-wide) and fail with its stderr when it does not finish cleanly."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port)}
+    res = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                         env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+
 SCRIPT = textwrap.dedent("""
     import sys
     import torch, torch.distributed as dist
@@ -42,12 +52,7 @@ SCRIPT = textwrap.dedent("""
                     reason="torch built without distributed")
 @pytest.mark.parametrize("level", ["module", "op", "mix"])
 def test_fsdp2_dump_records_local_shards(tmp_path, level, free_port):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    res = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run"), level,
-                          str(tmp_path / "w.pt")], capture_output=True, text=True, env=env,
-                         timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
+    _run_one_rank(SCRIPT, free_port(), str(tmp_path / "run"), level, str(tmp_path / "w.pt"))
     d = tracer.open_dump(tmp_path / "run")
     assert d.steps(0) == [0, 1] and not d.problems
     df = d.stats(0, 1)
@@ -101,11 +106,7 @@ def test_dtensor_activations_are_recorded_as_their_local_values(tmp_path, level,
     plain model's (one rank: the whole tensor)."""
     stats = {}
     for kind in ("plain", "dtensor"):
-        env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(free_port())}
-        res = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(tmp_path / kind), level,
-                              kind], capture_output=True, text=True, env=env, timeout=240)
-        assert res.returncode == 0, res.stderr[-3000:]
+        _run_one_rank(TP_SCRIPT, free_port(), str(tmp_path / kind), level, kind)
         d = tracer.open_dump(tmp_path / kind)
         assert d.steps(0) == [0, 1] and not d.problems
         stats[kind] = d.stats(0, 1).set_index("name")
@@ -149,12 +150,8 @@ def test_a_dtensor_at_an_offset_is_read_from_its_local_shard(tmp_path, level, fr
     """A DTensor whose wrapper carries its shard's storage offset has a data pointer that is
     null plus the offset: reading it killed the run with SIGSEGV (FSDP2 with GradScaler). The
     record holds the local shard's values instead."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    res = subprocess.run([sys.executable, "-c", OFFSET_SCRIPT, str(tmp_path / "run"), level,
-                          str(tmp_path / "want.json")], capture_output=True, text=True, env=env,
-                         timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
+    _run_one_rank(OFFSET_SCRIPT, free_port(), str(tmp_path / "run"), level,
+                  str(tmp_path / "want.json"))
     want = json.loads((tmp_path / "want.json").read_text())["norm"]
     df = tracer.open_dump(tmp_path / "run").stats(0, 0).set_index("name")
     record = df.loc["<none>::aten.mul.forward.0.input.0"]

@@ -16,11 +16,8 @@ from tracer.analysis._headroom import FLOAT_RANGES
 from tracer.analysis._watch import Watcher, WatchConfig
 
 pytest.importorskip("transformers")
-from tests.tracer.headroom_runs import (DYING_MODULE, GROWING_MODULE,  # noqa: E402
-                                        bert_dying_relu, gpt2_growing)
-
-GROWING = f"{GROWING_MODULE}.forward.0.output.0"
-DYING = f"{DYING_MODULE}.forward.0.output.0"
+from tests.tracer.headroom_runs import (DYING, DYING_MODULE, GROWING,  # noqa: E402
+                                        GROWING_MODULE, bert_dying_relu, gpt2_growing)
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,35 @@ class Coverage:
         return {"read": self.read, "unread": list(self.unread),
                 "interrupted": list(self.interrupted)}
 
+    @staticmethod
+    def verdict(cov: dict[str, Any], found: bool, where: str | None = None,
+                unfound: str | None = None) -> tuple[int, str]:
+        """(exit code, why) of an answer over `cov` (`to_dict()`): 2 when not everything was
+        read, 1 when something was `found`, else 2 with `unfound` when given (the answer could
+        not be made) or when a step was interrupted, else 0. Nothing is called clean on data
+        not all read. `where`: the path searched, named when no step file was there."""
+        unread, read = cov["unread"], cov["read"]
+        files = [u for u in unread if u.get("state") != "empty"]
+        if not read:
+            what = (f"{len(files)} file(s) could not be read" if files
+                    else f"no step file under {where}" if where else "no step file")
+            return 2, f"nothing was read: {what}; nothing was checked"
+        if files:
+            return 2, (f"{len(files)} of {read + len(files)} step file(s) could not be read; "
+                       "the answer covers only the rest")
+        if unread:  # rank folders without a step file: those ranks dumped nothing
+            return 2, (f"{len(unread)} rank folder(s) hold no step file ("
+                       + ", ".join(u["path"] for u in unread[:4])
+                       + "): those ranks dumped nothing, so the answer covers only the others")
+        if found:
+            return 1, "found"
+        if unfound:
+            return 2, unfound
+        if cov["interrupted"]:
+            return 2, (f"nothing found, but {len(cov['interrupted'])} step(s) were interrupted: "
+                       "their records stop early, so the dump is not called clean")
+        return 0, "clean"
+
 
 def step_status(attrs: dict[str, Any]) -> tuple[str, str]:
     """(status, reason) of a step file: its `status` and `status_reason` attributes; files

@@ -97,7 +97,7 @@ def record_headroom(row: dict[str, Any]) -> dict[str, Any] | None:
     zeros = int(row.get("zeros", 0))
     bad = int(row.get("nan", 0)) + int(row.get("posinf", 0)) + int(row.get("neginf", 0))
     lo, hi = float(row.get("min", math.nan)), float(row.get("max", math.nan))
-    m = max(abs(lo), abs(hi))
+    m = max_abs(row)
     over = overflow_bits(row)
     under = (None if not math.isfinite(m) else math.inf if m == 0 else math.log2(m) - log_tiny)
     smallest, exact = None, False

@@ -100,25 +100,9 @@ class HeadroomReport:
     def verdict(self) -> tuple[int, str]:
         """(exit code, why), as `sleuth check` gives them: 0 nothing heading anywhere in a dump
         read completely, 1 found, 2 not everything read or nothing could be projected."""
-        cov = self.coverage
-        unread, read = cov.get("unread", []), cov.get("read", 0)
-        files = [u for u in unread if u.get("state") != "empty"]
-        if not read:
-            return 2, "nothing was read; nothing was checked"
-        if files:
-            return 2, (f"{len(files)} of {read + len(files)} step file(s) could not be read; the "
-                       "trends cover only the rest")
-        if unread:
-            return 2, (f"{len(unread)} rank folder(s) hold no step file: those ranks dumped "
-                       "nothing, so the trends cover only the others")
-        if self.found:
-            return 1, "found"
-        if not self.projected:
-            return 2, self.no_trend_reason()
-        if cov.get("interrupted"):
-            return 2, (f"nothing found, but {len(cov['interrupted'])} step(s) were interrupted: "
-                       "their records stop early, so the dump is not called clean")
-        return 0, "clean"
+        cov = {"read": 0, "unread": [], "interrupted": [], **self.coverage}
+        unfound = None if self.projected else self.no_trend_reason()
+        return Coverage.verdict(cov, self.found, unfound=unfound)
 
     @property
     def exit_code(self) -> int:
