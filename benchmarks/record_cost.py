@@ -1,14 +1,16 @@
-"""What the writer's part of one statistics record costs inside a training step, with the
-statistics fast path (tracer/storage/_fastpath.py) and without it, side by side in one process.
+"""What the writer's part of one statistics record costs inside a training step, for the sync
+and the async writer, side by side in one process.
 
 A record's Python runs on the caches the model's ops have just cooled, so it costs 2-3x what
 the same code costs in a loop; only a measurement inside real steps says what a change to the
 per-record path is worth. This wraps `Writer.add` of both writers in a timer and trains the
-trainer's tiny preset (module level, statistics mode) in alternating blocks with the fast path
-on and off (`Writer._lean`), each block in a Dumper of its own.
+trainer's tiny preset (module level, statistics mode) in alternating blocks, one writer a
+block, each block in a Dumper of its own. Information only: no goal is set on the tiny
+preset (benchmarks/RESULTS.md).
 
-Prints one JSON object: for each writer the median microseconds a record over the blocks,
-fast and general, their ratio (goal: below 1), and records a step.
+Prints one JSON object: for each writer the median microseconds a record over the blocks, the
+records a step, and what they add up to against the median step time of the blocks (the
+writer's share of a dumped step).
 Run: PYTHONPATH=. python3 benchmarks/record_cost.py [--rounds N] [--steps S]
 """
 from __future__ import annotations
@@ -73,31 +75,29 @@ def measure(rounds: int, steps: int, work: Path) -> dict:
     batches = [(torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq)))
                for _ in range(steps + 1)]
     bench.train_steps(model, opt, batches[:2])  # warm up kernels and the optimizer state
-    per_record: dict[tuple[str, bool], list[float]] = {}
+    per_record: dict[str, list[float]] = {}
+    share: dict[str, list[float]] = {}
     records = 0
     with AddTimer() as timer:
         for r in range(rounds):
-            for lean in (True, False):
-                for writer in ("sync", "async"):
-                    path = work / f"{writer}{r}{lean}"
-                    with tracer.Dumper(model, {"level": "module", "mode": "statistics",
-                                               "writer": writer,
-                                               "path": str(path)}) as d:
-                        bench.train_steps(model, opt, batches[:1])  # opens the writer
-                        d._writer._lean = lean and d._writer._lean
-                        timer.reset()
-                        bench.train_steps(model, opt, batches[1:])
-                        per_record.setdefault((writer, lean), []).append(
-                            timer.ns / max(1, timer.calls) / 1e3)
-                        records = timer.calls // steps
-                    shutil.rmtree(path, ignore_errors=True)
+            for writer in ("sync", "async"):
+                path = work / f"{writer}{r}"
+                with tracer.Dumper(model, {"level": "module", "mode": "statistics",
+                                           "writer": writer, "path": str(path)}):
+                    bench.train_steps(model, opt, batches[:1])  # opens the writer
+                    timer.reset()
+                    start = time.perf_counter_ns()
+                    bench.train_steps(model, opt, batches[1:])
+                    elapsed = time.perf_counter_ns() - start
+                    per_record.setdefault(writer, []).append(
+                        timer.ns / max(1, timer.calls) / 1e3)
+                    share.setdefault(writer, []).append(timer.ns / elapsed)
+                    records = timer.calls // steps
+                shutil.rmtree(path, ignore_errors=True)
     out: dict[str, Any] = {"records_per_step": records}
     for writer in ("sync", "async"):
-        fast = statistics.median(per_record[(writer, True)])
-        general = statistics.median(per_record[(writer, False)])
-        out[writer] = {"fast_us_per_record": round(fast, 2),
-                       "general_us_per_record": round(general, 2),
-                       "ratio": round(fast / general, 3)}
+        out[writer] = {"us_per_record": round(statistics.median(per_record[writer]), 2),
+                       "share_of_step": round(statistics.median(share[writer]), 3)}
     return out
 
 

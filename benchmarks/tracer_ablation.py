@@ -10,10 +10,10 @@ one process, with torch's default threads unless `--threads` says otherwise:
          6 heads, 2 KV heads, intermediate 1024; batch 2 x 256 random token ids), AdamW
 
 Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/storage/_fused.c and
-_table.c, what an install without a C compiler lacks), the statistics fast path
-(tracer/storage/_fastpath.py) and the helper file process of the async writer
-(tracer/storage/_filer.py). Two more devices, deferred statistics and the kernel's second
-statistics thread, were measured here and removed by the rule below (benchmarks/RESULTS.md).
+_table.c, what an install without a C compiler lacks) and the helper file process of the async
+writer (tracer/storage/_filer.py). Three more devices, deferred statistics, the kernel's second
+statistics thread and a statistics fast path beside the writer's one record path, were measured
+here and removed by the rule below (benchmarks/RESULTS.md).
 
 Timing reuses tracer_overhead's blocks (`timed_block`: the first step untimed, the wall time
 counted until the Dumper's close returns, so an async writer's drain is in it). Within one
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo path)
 
 import tracer  # noqa: E402
-from tracer.storage import _fastpath, _format, _stats  # noqa: E402
+from tracer.storage import _format, _stats  # noqa: E402
 
 CONDITIONS = {
     "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
@@ -62,7 +62,6 @@ CONDITIONS = {
 ARMS: dict[str, tuple[frozenset, dict] | None] = {
     "shipped": (frozenset(), {}),
     "no_c_kernel": (frozenset({"c_kernel"}), {}),
-    "no_fast_path": (frozenset({"fast_path"}), {}),
     "no_file_process": (frozenset(), {"file_process": False}),
     "no_dump": None,
 }
@@ -70,7 +69,6 @@ ARMS: dict[str, tuple[frozenset, dict] | None] = {
 DEVICES = {
     "c_kernel": ("shipped", "shipped", "no_c_kernel",
                  ("module_statistics", "op_statistics", "op_tensor_async")),
-    "fast_path": ("shipped", "shipped", "no_fast_path", ("module_statistics", "op_statistics")),
     "file_process": ("shipped", "shipped", "no_file_process", ("op_tensor_async",)),
 }
 GAIN_RULE_PCT = 5.0  # a device that gains less on both workloads goes
@@ -115,13 +113,12 @@ class switched:
         self.off = off
 
     def __enter__(self) -> None:
-        self.saved = (_stats._fused, _format._pack_rows, _fastpath._ENABLED)
+        self.saved = (_stats._fused, _format._pack_rows)
         if "c_kernel" in self.off:
             _stats._fused, _format._pack_rows = None, None
-        _fastpath._ENABLED = "fast_path" not in self.off
 
     def __exit__(self, *exc) -> None:
-        (_stats._fused, _format._pack_rows, _fastpath._ENABLED) = self.saved
+        (_stats._fused, _format._pack_rows) = self.saved
 
 
 def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhead.Block:

@@ -1,4 +1,4 @@
-"""benchmarks/record_cost.py: both writers' records are timed with the fast path on and off."""
+"""benchmarks/record_cost.py: both writers' records are timed inside training steps."""
 from __future__ import annotations
 
 import importlib.util
@@ -24,8 +24,8 @@ def _load():
     return module
 
 
-@pytest.mark.skipif(not fused_available(), reason="the fast path needs the C kernel")
-def test_both_paths_of_both_writers_are_timed(tmp_path):
+@pytest.mark.skipif(not fused_available(), reason="the benchmark times the kernel's records")
+def test_both_writers_are_timed(tmp_path):
     bench = _load()
     real_add = SyncWriter.add
     result = bench.measure(rounds=1, steps=2, work=tmp_path)
@@ -33,5 +33,4 @@ def test_both_paths_of_both_writers_are_timed(tmp_path):
     assert result["records_per_step"] == 204  # the tiny preset at module level
     for writer in ("sync", "async"):
         r = result[writer]
-        assert r["fast_us_per_record"] > 0 and r["general_us_per_record"] > 0
-        assert abs(r["ratio"] - r["fast_us_per_record"] / r["general_us_per_record"]) < 0.01
+        assert r["us_per_record"] > 0 and 0 < r["share_of_step"] < 1

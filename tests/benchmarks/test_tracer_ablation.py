@@ -30,16 +30,16 @@ def _run(bench, capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.skipif(not _stats.fused_available(), reason="the fast path needs the C kernel")
+@pytest.mark.skipif(not _stats.fused_available(), reason="the ablation of the kernel needs it built")
 def test_smallest_run_reports_each_device_on_the_gpt_preset(capsys):
     bench = _load()
     out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "module_statistics",
-               "--devices", "fast_path,c_kernel")
+               "--devices", "c_kernel")
     assert out["benchmark"] == "tracer_ablation" and out["rounds"] == 1
     assert out["workloads"]["gpt"]["params"] > 0 and out["workloads"]["gpt"]["baseline_step_s"] > 0
     over = out["overhead"]["module_statistics"]["gpt"]
     assert over["ratio"] > 0 and over["spread"][0] <= over["ratio"] <= over["spread"][1]
-    assert set(out["devices"]) == {"fast_path", "c_kernel"}
+    assert set(out["devices"]) == {"c_kernel"}
     for device in out["devices"].values():
         row = device["conditions"]["module_statistics"]["gpt"]
         assert row["on_off"] > 0 and row["on_off_sustained"] > 0
@@ -60,11 +60,10 @@ def test_the_llama_workload_is_built_from_a_config_and_trains(capsys):
 
 def test_switches_turn_devices_off_and_restore_them():
     bench = _load()
-    before = (_stats._fused, bench._fastpath._ENABLED)
-    with bench.switched(frozenset({"c_kernel", "fast_path"})):
+    before = (_stats._fused, bench._format._pack_rows)
+    with bench.switched(frozenset({"c_kernel"})):
         assert _stats._fused is None and bench._format._pack_rows is None
-        assert not bench._fastpath._ENABLED
-    assert (_stats._fused, bench._fastpath._ENABLED) == before
+    assert (_stats._fused, bench._format._pack_rows) == before
     assert bench.ARMS["no_file_process"] == (frozenset(), {"file_process": False})
 
 
@@ -84,4 +83,4 @@ def test_each_variant_is_divided_by_the_reference_blocks_around_it():
     groups = bench.groups_for("module_statistics", list(bench.DEVICES))
     assert groups["shipped"][0] == "no_dump" and "no_file_process" not in groups["shipped"]
     assert set(groups) == {"shipped"}
-    assert "no_c_kernel" in groups["shipped"] and "no_fast_path" in groups["shipped"]
+    assert "no_c_kernel" in groups["shipped"]

@@ -21,8 +21,8 @@ EXPECTED = [
 FACES = {
     "capture": ["EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "on_scaler_update",
                 "rewrap", "tool_range", "user_source"],
-    "storage": ["Dump", "RECORD_FIELDS", "RUN_FILE", "RawTensor", "RecordMeta", "Writer", "c_order_bytes",
-                "config_of", "copy_stats", "decode_bits", "dense_strides", "difference_stats",
+    "storage": ["Dump", "RECORD_FIELDS", "RUN_FILE", "RawTensor", "RecordMeta", "RecordRow",
+                "Writer", "c_order_bytes", "config_of", "copy_stats", "decode_bits", "dense_strides", "difference_stats",
                 "element_size", "export_parquet", "make_writer", "op_capture_of", "open_dump",
                 "parse_shape", "read_export", "step_path", "stored_extent"],
     "analysis": ["Coverage", "DiffResult", "HeadroomReport", "RankDiffResult", "TABLE_READ_ERRORS",

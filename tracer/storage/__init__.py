@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "stored_extent": "tracer.storage._layout",
     # writing
     "RecordMeta": "tracer.storage._format",
+    "RecordRow": "tracer.storage._format",
     "Writer": "tracer.storage._writer",
     "make_writer": "tracer.storage._make_writer",
     # reading

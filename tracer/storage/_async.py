@@ -49,7 +49,6 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
-from tracer.storage._fastpath import NOT_HERE, stats_row
 from tracer.storage._filer import shared_file_process
 from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
@@ -172,18 +171,6 @@ class AsyncWriter(Writer):
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
         seq = self._seq
         self._seq += 1
-        if self._lean:
-            try:
-                row = stats_row(self, self._rows, self._step, seq, meta, tensor, stable, version,
-                                stats)
-            except Exception as e:  # noqa: BLE001 - on_error decides, as below
-                self._fail_staging(e, meta)
-                return
-            if row is not NOT_HERE:
-                if self._rows.pending_bytes >= self._rows.chunk:
-                    self._hand_over_bytes()
-                self._deliver(row)
-                return
         # made here (inline): records on CPU (or meta) with the kernel built, and records whose
         # statistics the caller computed; the writer thread gets their bytes in chunks
         inline = (stats is not None and not self.keep_bytes) or (
@@ -212,8 +199,8 @@ class AsyncWriter(Writer):
                         snap, release, stats = snapshot_stats(tensor, self._pool)
                     else:
                         stats = host_stats(tensor)
-                row = self._row(self._rows, self._step, seq, meta, tensor, stats, snap, release,
-                                share, shared)
+                row = self._record_tensor(self._rows, self._step, seq, meta, tensor, stats,
+                                          snap, release, share, shared)
             elif stats is not None and same is not None:  # its bytes are queued already
                 staged, nbytes = ("ready", stats, None, None), 0
             elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed

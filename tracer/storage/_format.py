@@ -61,6 +61,76 @@ class RecordMeta(NamedTuple):
     caller: str = ""
 
 
+class RecordRow(NamedTuple):
+    """One /records row, in column order: what both writers put in a step file, what the row
+    sinks get, and what the reader gives back (`from_stored`). Made in one place, `make`."""
+
+    seq: int
+    name: str
+    module: str
+    op: str
+    phase: str
+    direction: str
+    index: int
+    call: int
+    dtype: str
+    shape: str
+    numel: int
+    min: float
+    max: float
+    mean: float
+    norm: float
+    nan: int
+    posinf: int
+    neginf: int
+    zeros: int
+    checksum: int
+    source: str
+    data_offset: int
+    data_nbytes: int
+    strides: str
+    caller: str
+
+    @classmethod
+    def make(cls, seq: int, meta: RecordMeta, dtype: str, shape: str, numel: int, stats: dict,
+             data_offset: int = -1, data_nbytes: int = 0, strides: str = "") -> RecordRow:
+        """The row of record `seq`: who made it (`meta`), its dtype and shape as the columns
+        spell them, its statistics (the keys of `host_stats`), and where its bytes are stored
+        (-1, 0, "": none)."""
+        name, module, op, phase, direction, index, call, source, caller = meta
+        return cls(seq, name, module, op, phase, direction, index, call, dtype, shape, numel,
+                   stats["min"], stats["max"], stats["mean"], stats["norm"], stats["nan"],
+                   stats["posinf"], stats["neginf"], stats["zeros"], stats["checksum"], source,
+                   data_offset, data_nbytes, strides, caller)
+
+    @classmethod
+    def from_stored(cls, row: np.void) -> RecordRow:
+        """A row of a step file's /records as Python values: text decoded, "" for a column an
+        older file lacks (no `strides` before format 2.0, no `caller` before 3.2)."""
+        names = row.dtype.names or ()
+        values = []
+        for field in cls._fields:
+            if field not in names:
+                values.append("")
+                continue
+            value = row[field]
+            if isinstance(value, bytes):
+                value = value.decode("utf-8")
+            values.append(value if isinstance(value, str) else value.item())
+        return cls(*values)
+
+    def as_dict(self, **extra: Any) -> dict[str, Any]:
+        """The row as a dict of its columns, with `extra` keys after them (an observer's
+        `step` and `rank`)."""
+        out = dict(zip(self._fields, self))
+        out.update(extra)
+        return out
+
+
+if RecordRow._fields != RECORD_FIELDS:  # pragma: no cover - the two are written side by side
+    raise AssertionError("RecordRow's fields are not the /records columns")
+
+
 HIT_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("seq", np.int64), ("name", _STR), ("condition", _STR), ("value", np.float64),
     ("source", _STR),

@@ -19,7 +19,8 @@ import h5py
 import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
-from tracer.storage._format import FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, records_crc32
+from tracer.storage._format import (FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, RecordRow,
+                                    records_crc32)
 from tracer.storage._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
@@ -108,18 +109,6 @@ def decode_bits(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarr
 def parse_shape(shape: str) -> tuple[int, ...]:
     """The `shape` (or `strides`) column's text -> a tuple: "8,128" -> (8, 128); "" -> ()."""
     return tuple(int(s) for s in shape.split(",")) if shape else ()
-
-
-def _cell(row: np.void, field: str) -> Any:
-    """One column of a /records row as a Python value: strings decoded, "" for a column the
-    file does not have (1.x files have no `strides`)."""
-    names = row.dtype.names or ()
-    if field not in names:
-        return ""
-    value = row[field]
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    return value if isinstance(value, str) else value.item()
 
 
 def _table_to_frame(arr: np.ndarray, fields: tuple[str, ...], str_fields: tuple[str, ...]):
@@ -305,10 +294,16 @@ class Dump:
     records = stats
 
     def record(self, rank: int, step: int, name: str) -> dict[str, Any]:
-        """One record's row as a dict."""
+        """One record's row as a dict (`row(...)` gives it as a `RecordRow`)."""
+        return self.row(rank, step, name).as_dict()
+
+    def row(self, rank: int, step: int, name: str) -> RecordRow:
+        """One record's row, as the writer made it."""
         arr, index = self._table(rank, step)
-        row = arr[self._row_index(rank, step, index, name)]
-        return {f: _cell(row, f) for f in RECORD_FIELDS}
+        try:
+            return RecordRow.from_stored(arr[self._row_index(rank, step, index, name)])
+        except UnicodeDecodeError as e:  # text columns that are not UTF-8
+            raise _damaged(self.path(rank, step), e) from e
 
     def hits(self, rank: int = 0, step: int | None = None):
         """The /hits table (watchpoint hits) of a step as a DataFrame; empty when none."""
@@ -341,7 +336,7 @@ class Dump:
         slice read from another record's bytes); None when it was C-contiguous or the file does
         not say. `tensor()` and `tensor_torch()` always
         return C-contiguous data."""
-        strides = self.record(rank, step, name).get("strides") or ""
+        strides = self.row(rank, step, name).strides
         return parse_shape(strides) if strides else None
 
     def tensor_torch(self, rank: int, step: int, name: str):
@@ -442,10 +437,9 @@ class Dump:
         return i
 
     def _bytes(self, rank: int, step: int, name: str) -> tuple[np.ndarray, str, tuple]:
-        arr, index = self._table(rank, step)
-        row = arr[self._row_index(rank, step, index, name)]
-        offset, nbytes = int(row["data_offset"]), int(row["data_nbytes"])
-        dtype, shape = _cell(row, "dtype"), parse_shape(_cell(row, "shape"))
+        row = self.row(rank, step, name)
+        offset, nbytes, dtype = row.data_offset, row.data_nbytes, row.dtype
+        shape = parse_shape(row.shape)
         if offset < 0:
             mode = self.attrs(rank, step).get("mode")
             raise DumpFormatError(f"record {name!r} (rank {rank} step {step}) has no tensor "
@@ -453,7 +447,7 @@ class Dump:
                                   f"'tensor' or 'full' to keep tensors")
         data = self._open(rank, step)["tensors"][offset:offset + nbytes]
         data = np.ascontiguousarray(data, dtype=np.uint8)
-        strides = _cell(row, "strides")
+        strides = row.strides
         if strides:
             # the bytes run from the first element to the last, with gaps for a slice of
             # another record's bytes (3.0): the element size comes from the dtype

@@ -23,9 +23,7 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
-from tracer.storage._fastpath import NOT_HERE, put_row, stats_row
-from tracer.storage._fastpath import available as lean_available
-from tracer.storage._format import RecordMeta, StepFile, root_attrs, step_path
+from tracer.storage._format import RecordMeta, RecordRow, StepFile, root_attrs, step_path
 from tracer.storage._layout import stored_extent
 from tracer.storage._lock import claim_rank
 from tracer.storage._stats import (copy_stats_into, decode_packed, dense_span, device_stats,
@@ -249,8 +247,8 @@ class Writer:
         An observer's exception reaches the training thread whatever `on_error` says (from
         the writer thread: at the next add/end_step/close)."""
         self.row_sinks: list[Callable[[tuple, int], None]] = []
-        """Called with each record's /records row as a tuple (RECORD_FIELDS order) and its
-        step, where observers would be; no dict is built for them (the flight recorder)."""
+        """Called with each record's /records row (a `RecordRow`) and its step, where
+        observers would be; no dict is built for them (the flight recorder)."""
         self.keep_bytes = config.mode in ("tensor", "full")
         self.run_dir = config.run_dir()
         # one writer per rank, and only into a dump of this run (tracer.storage._lock): taken at the
@@ -287,8 +285,6 @@ class Writer:
         # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
         self._same: dict[int, tuple] = {}
         self._seq = 0  # the step's next record number (`next_seq`)
-        # statistics mode with the kernel: most records take tracer.storage._fastpath
-        self._lean = lean_available(self)
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -549,17 +545,14 @@ class Writer:
                 release()
             if share is not None and share[1] is None:
                 share[1] = (offset, nbytes, strides)
-        name, module, op, phase, direction, index, call, source, caller = meta
-        dtype_s, shape_s = dtype_name(dtype), shape_str(shape)
-        mn, mx, mean, norm = stats["min"], stats["max"], stats["mean"], stats["norm"]
-        nan, posinf, neginf = stats["nan"], stats["posinf"], stats["neginf"]
-        zeros, checksum = stats["zeros"], stats["checksum"]
-        row = (seq, name, module, op, phase, direction, index, call, dtype_s, shape_s, numel, mn,
-               mx, mean, norm, nan, posinf, neginf, zeros, checksum, source, offset, nbytes,
-               strides, caller)
-        return put_row(self, file, step, row)
+        row = RecordRow.make(seq, meta, dtype_name(dtype), shape_str(shape), numel, stats,
+                             offset, nbytes, strides)
+        file.add_row(row)
+        for sink in self.row_sinks:
+            sink(row, step)
+        return row.as_dict(step=step, rank=self.rank) if self.observers else None
 
-    def _row(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
+    def _record_tensor(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
              stats: dict | None, snap: torch.Tensor | StoredBytes | None,
              release: Callable[[], None] | None, share: list | None, shared: str | None
              ) -> dict | None:
@@ -627,19 +620,17 @@ class SyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            row = stats_row(self, self._file, self._step, seq, meta, tensor, stable, version,
-                            stats) if self._lean else NOT_HERE
-            if row is NOT_HERE:
-                row = self._general_row(seq, meta, tensor, stable, version, stats)
+            row = self._capture(seq, meta, tensor, stable, version, stats)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
             return
         self._deliver(row)
 
-    def _general_row(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
-                     version: int | None, stats: dict | None) -> dict | None:
-        """`add`'s record where tracer.storage._fastpath does not take it (see `Writer._plan`)."""
+    def _capture(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
+                  version: int | None, stats: dict | None) -> dict | None:
+        """`add`'s record: its statistics and bytes now (or an earlier record's, see
+        `Writer._plan`), its row in the step file."""
         if stats is not None:  # computed by the caller (see Writer.add)
             same = self._take_same(tensor) if self._same else None
             share, shared = same if same is not None else (None, None)
@@ -652,7 +643,7 @@ class SyncWriter(Writer):
             else:  # a `Within` record's bytes are stored already: statistics only
                 stats, snap, release = _capture_now(tensor, self.keep_bytes and shared is None,
                                                     self._pool)
-        return self._row(self._file, self._step, seq, meta, tensor, stats, snap, release,
+        return self._record_tensor(self._file, self._step, seq, meta, tensor, stats, snap, release,
                          share, shared)
 
     def add_hit(self, hit: dict) -> None:
