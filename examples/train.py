@@ -6,6 +6,7 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
     python examples/train.py                          # 8 steps of a small MLP, a few seconds
     python examples/train.py --nan-at 2               # a bug: step 2 writes a NaN into a weight
     python examples/train.py --grow 16                # a bug: fc1's weight compounds, x16 a step
+    python examples/train.py --swap-halves            # a bug: fc1's output units come swapped
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
 """
 from __future__ import annotations
@@ -38,6 +39,9 @@ def main() -> None:
     parser.add_argument("--grow", type=float, metavar="FACTOR",
                         help="multiply fc1.weight by FACTOR after every step, a scale that "
                         "compounds (a bug to find before it overflows)")
+    parser.add_argument("--swap-halves", action="store_true",
+                        help="swap the two halves of fc1's output units when the model is built, "
+                        "as a weight conversion that permutes rows does (a bug to find)")
     args = parser.parse_args()
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -47,6 +51,10 @@ def main() -> None:
         rank = torch.distributed.get_rank()
     torch.manual_seed(0)  # the same initial weights on every rank
     net = Net()
+    if args.swap_halves:
+        with torch.no_grad():
+            for p in (net.fc1.weight, net.fc1.bias):
+                p.copy_(p.roll(32, dims=0))
     model = nn.parallel.DistributedDataParallel(net) if distributed else net
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(1 + rank)  # each rank its own batches

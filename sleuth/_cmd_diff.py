@@ -151,7 +151,8 @@ def _table(df: Any, top: int) -> list[str]:
               r["dtype"] if r["dtype"] == r["b_dtype"] else f"{r['dtype'] or '-'}/"
               f"{r['b_dtype'] or '-'}", _counts(r),
               _fmt(r["cosine"], "cos"), _fmt(r["max_abs_err"]),
-              _fmt(r["max_rel_err"] if r["compared"] == "tensor" else r["max_rdiff"]),
+              _fmt(r["max_rel_err"] if r["compared"] in ("tensor", "sketch")
+                   else r["max_rdiff"]),
               _fmt(r["within"]), r["compared"] or r["verdict"]] for r in table]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(_HEAD)]
     widths[2] = min(widths[2], 70)

@@ -68,6 +68,9 @@ class DumpConfig:
     """Which passes to dump."""
     params: bool = True
     """Dump parameters, gradients and updates at the end of each dumped step."""
+    sketch: bool = True
+    """Statistics mode: keep a sketch of each record, 128 of its elements at positions every run
+    picks alike (512 bytes a record), so that a diff sees elements that moved (docs/diff.md)."""
     writer: Literal["sync", "async"] = "async"
     """sync: a record is on disk when the hook returns; async: a writer thread persists it."""
     async_max_queued_mb: int = 1024

@@ -38,7 +38,7 @@ from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
 from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, on_scaler_update, tool_range,
                             user_source)
 from tracer.capture import rewrap as rewrap_scalers
-from tracer.storage import copy_stats, difference_stats, stored_extent
+from tracer.storage import copy_stats, difference_sketch, difference_stats, stored_extent
 
 # bumps a tensor's version counter after a write torch did not see (the fused kernels')
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version",
@@ -627,7 +627,11 @@ class Dumper:
             if before is None:
                 continue
             # after the param record: with bytes kept, the difference goes into `before`
-            update, update_stats = self._update(_local(p.detach()), before, materialize)
+            after = _local(p.detach())
+            update, update_stats = self._update(after, before, materialize)
+            if update_stats is not None and not materialize and self._writer.sketch:
+                # `update` is `before` standing in for dtype and shape: its sketch from the two
+                update_stats["sketch"] = difference_sketch(after, before)
             add(meta(f"{name}{prefix}update.0", owner, "", "optimizer", "update", 0, call,
                      source, caller), update, True, None, update_stats)
 

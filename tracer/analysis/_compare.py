@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from tracer._errors import ConfigError, TracerError
-from tracer.storage import decode_bits, element_size
+from tracer.storage import decode_bits, element_size, sketch_positions
 
 # (rtol, atol, cosine_min) per dtype family, loosest last. A pair is judged with the looser of
 # its two dtypes, so fp32 against bf16 gets bf16's tolerance instead of a sea of false alarms.
@@ -316,3 +316,21 @@ def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[
     out["reason"] = "; ".join(reasons)
     return out
 
+
+
+def compare_sketch(sa: np.ndarray, sb: np.ndarray, numel: int, dtype_a: str, dtype_b: str,
+                   tol: Tolerance) -> dict[str, Any]:
+    """Compare two records' sketches (tracer.storage._sketch: the same positions on both sides
+    for the same `numel`) element by element, as `compare_arrays` compares tensors: the error
+    metrics of the sampled elements (estimates of the whole tensor's), `verdict` and
+    `reason`. A sampled element out of tolerance is a real element out of tolerance."""
+    k = len(sketch_positions(numel))
+    rtol, atol, cos_min = tol.resolve(dtype_a, dtype_b)
+    acc = TensorMetrics(rtol, atol)
+    acc.add(np.asarray(sa[:k], dtype=np.float64), np.asarray(sb[:k], dtype=np.float64))
+    out = acc.result()
+    out.update(judge_tensor(out, cos_min, atol))
+    if out["verdict"] == "diverged":
+        reason = out["reason"].replace("% of elements out of", "% of them out of")
+        out["reason"] = f"{k} sampled elements: {reason}"
+    return out

@@ -20,7 +20,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from tracer.analysis._align import align
-from tracer.analysis._compare import Tolerance, compare_stats, nonfinite_differ
+from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats, nonfinite_differ
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
@@ -147,7 +147,8 @@ def _row_base(ra: dict | None, rb: dict | None, plan: Plan) -> dict:
 
 def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
                   fb: TensorReader | None, tol: Tolerance, plan: Plan,
-                  progress: Callable[[int], None]) -> dict:
+                  progress: Callable[[int], None], rows: tuple[int, int] = (-1, -1)) -> dict:
+    """Compare one record pair (`rows`: their rows in the two /records tables)."""
     row = _row_base(ra, rb, plan)
     if ra is None or rb is None:
         row["verdict"] = "only_b" if ra is None else "only_a"
@@ -167,7 +168,31 @@ def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
     else:
         row["compared"] = "statistics"
         row.update(compare_stats(ra, rb, tol))
+        if fa is not None and fb is not None:
+            _compare_sketches(row, ra, rb, fa.sketch(rows[0]), fb.sketch(rows[1]), tol)
     return row
+
+
+def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: tuple,
+                      tol: Tolerance) -> None:
+    """Add what the two records' sketches say to a statistics comparison: the sampled
+    elements' error metrics, and a divergence the statistics cannot see (elements that moved:
+    the same values in another order keep every statistic)."""
+    (sa, scheme_a), (sb, scheme_b) = sketch_a, sketch_b
+    if sa is None or sb is None or scheme_a != scheme_b:
+        return
+    m = compare_sketch(sa, sb, int(ra["numel"]), str(ra["dtype"]), str(rb["dtype"]), tol)
+    row["compared"] = "sketch"
+    for key in ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within"):
+        row[key] = m[key]
+    if m["verdict"] != "diverged":
+        return
+    if row["verdict"] == "diverged":
+        row["reason"] = f"{row['reason']}; {m['reason']}"
+        return
+    row["verdict"] = "diverged"
+    row["reason"] = (f"statistics agree, but {m['reason']}: elements moved or changed in a way "
+                     f"the statistics do not show (a permutation, a transpose, swapped heads)")
 
 
 _DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
@@ -430,9 +455,10 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             ra = recs_a[ia] if ia is not None else None
             rb = recs_b[ib] if ib is not None else None
             matched += ra is not None and rb is not None
-            row = _compare_pair(ra, rb, fa, fb, tol, pl, bar)
+            row = _compare_pair(ra, rb, fa, fb, tol, pl, bar,
+                                (-1 if ia is None else ia, -1 if ib is None else ib))
             bar.record()
-            if row["compared"] in ("tensor", "statistics"):
+            if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
             rows.append(row)
         if matched == 0 and (len(ta) or len(tb)):
@@ -470,6 +496,11 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
     if only:
         notes.append(f"{int(only)} records have no partner on the other side (see verdict "
                      "only_a/only_b); they do not count as divergence")
+    if "sketch" in kinds:
+        notes.append("sketches compared beside the statistics: up to 128 elements a record, at "
+                     "positions both runs sample alike (compared 'sketch'; its cosine and errors "
+                     "are those of the sampled elements)")
+    kinds = {"statistics" if k == "sketch" else k for k in kinds}
     if "statistics" in kinds:
         notes.append("statistics compared (no tensor bytes on at least one side): min, max, "
                      "mean, norm, NaN/Inf counts and checksum")

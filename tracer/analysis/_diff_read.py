@@ -13,7 +13,8 @@ import numpy as np
 
 from tracer._errors import DumpFormatError
 from tracer.analysis._compare import TensorMetrics, Tolerance, itemsize, judge_tensor
-from tracer.storage import c_order_bytes, dense_strides, parse_shape, stored_extent
+from tracer.storage import (c_order_bytes, dense_strides, parse_shape, read_sketches,
+                            stored_extent)
 
 # errors h5py and numpy raise on a damaged file, besides OSError
 READ_ERRORS = (DumpFormatError, OSError, RuntimeError, ValueError, KeyError, TypeError,
@@ -61,6 +62,7 @@ class TensorReader:
                 self.base = int(offset)
                 self.fd = os.open(path, os.O_RDONLY)
         self._bufs: dict[int, np.ndarray] = {}
+        self._sketches: tuple[np.ndarray | None, str] | None = None
 
     def read(self, offset: int, nbytes: int, slot: int = 0) -> np.ndarray:
         """`nbytes` bytes at `offset` of /tensors as uint8; the array is reused by the next call
@@ -92,6 +94,20 @@ class TensorReader:
                                  "tensor (truncated while it was read?)")
             got += n
         return view
+
+    def sketch(self, row: int) -> tuple[np.ndarray | None, str]:
+        """(the sketch of the record in /records row `row`, the file's sketch scheme), or
+        (None, scheme) when that record has none; the file's /sketches is read once."""
+        if self._sketches is None:
+            try:
+                self._sketches = read_sketches(self.file, self.path)
+            except DumpFormatError as e:
+                raise ReadError(self.side, self.path, f"damaged: {e}", "damaged") from e
+        table, scheme = self._sketches
+        if table is None or row < 0 or row >= len(table):
+            return None, scheme
+        values = table[row]
+        return (None if np.isnan(values).all() else values), scheme
 
     def close(self) -> None:
         if self.fd is not None:

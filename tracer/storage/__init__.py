@@ -12,6 +12,7 @@ _EXPORTS: dict[str, str] = {
     # measuring
     "copy_stats": "tracer.storage._stats",
     "difference_stats": "tracer.storage._stats",
+    "difference_sketch": "tracer.storage._sampling",
     # the step file and its layout
     "RECORD_FIELDS": "tracer.storage._format",
     "step_path": "tracer.storage._format",
@@ -33,6 +34,9 @@ _EXPORTS: dict[str, str] = {
     "element_size": "tracer.storage._reader",
     "c_order_bytes": "tracer.storage._reader",
     "parse_shape": "tracer.storage._reader",
+    "read_sketches": "tracer.storage._reader",
+    "sketch_positions": "tracer.storage._sketch",
+    "SKETCH_SIZE": "tracer.storage._sketch",
     # exporting
     "export_parquet": "tracer.storage._export",
     "read_export": "tracer.storage._export",

@@ -52,6 +52,7 @@ from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._filer import shared_file_process
 from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
+from tracer.storage._sampling import with_sketch
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
                                    fused_available, host_stats)
 from tracer.storage._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
@@ -67,8 +68,9 @@ _BYTES_CHUNK = 16 << 20
 
 
 class _RowBuffer:
-    """Where `Writer._record` puts what it makes in the training thread: rows, which reach the
-    step file in one queue item when the step ends (StepFile orders rows by `seq`), and tensor
+    """Where `Writer._record` puts what it makes in the training thread: rows and sketches,
+    which reach the step file in one queue item when the step ends (StepFile orders rows by
+    `seq`), and tensor
     bytes, handed to the writer thread in chunks of about `chunk` bytes (`take`). The training
     thread assigns every record's offset in /tensors: `nbytes` also counts the bytes of records
     the writer thread stores (`reserve`), which are queued after the chunks before them."""
@@ -76,12 +78,16 @@ class _RowBuffer:
     def __init__(self, chunk: int) -> None:
         self.chunk = chunk
         self.rows: list[tuple] = []
+        self.sketches: list[tuple[int, Any]] = []
         self.nbytes = 0  # offset of the step's next tensor bytes
         self.pending: list[tuple[memoryview, Any]] = []  # (bytes, on_written) not handed over
         self.pending_bytes = 0
 
     def add_row(self, row: tuple) -> None:
         self.rows.append(row)
+
+    def add_sketch(self, seq: int, sketch: Any) -> None:
+        self.sketches.append((seq, sketch))
 
     def add_bytes(self, data: Any, on_written: Any = None) -> int:
         view = memoryview(data).cast("B")
@@ -107,7 +113,7 @@ class _RowBuffer:
 
     def reset(self) -> None:
         """Forget the step: rows dropped, pending bytes' buffers handed back."""
-        self.rows = []
+        self.rows, self.sketches = [], []
         for _, on_written in self.pending:
             if on_written is not None:
                 on_written()
@@ -256,7 +262,8 @@ class AsyncWriter(Writer):
         self._hand_over_bytes()
         if self._rows.rows:
             rows, self._rows.rows = self._rows.rows, []
-            self._put(("rows", rows), 0)
+            sketches, self._rows.sketches = self._rows.sketches, []
+            self._put(("rows", rows, sketches), 0)
         self._put(("end", complete, reason), 0)
 
     def _drop_step(self) -> None:
@@ -358,6 +365,8 @@ class AsyncWriter(Writer):
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device=device)
         packed = device_stats(t)  # on the current stream, no sync
+        if self.sketch:
+            packed = with_sketch(packed, t)
         src = t.detach().resolve_conj().resolve_neg()
         if self.keep_bytes:
             src = src.contiguous()
@@ -482,6 +491,7 @@ class AsyncWriter(Writer):
         elif kind == "rows":
             if self._wfile is not None:
                 self._wfile.rows.extend(item[1])
+                self._wfile.sketches.extend(item[2])
         elif kind == "hit":
             if self._wfile is not None:
                 self._wfile.add_hit(item[1])

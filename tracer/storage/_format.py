@@ -30,8 +30,11 @@ import h5py
 import numpy as np
 from h5py import h5a, h5d, h5f, h5p, h5s, h5t
 
+from tracer.storage._sketch import SCHEME as SKETCH_SCHEME
+from tracer.storage._sketch import SKETCH_SIZE
 
-FORMAT_VERSION = "3.2"
+
+FORMAT_VERSION = "3.3"
 FORMAT_MAJOR = 3
 
 _STR = h5py.string_dtype("utf-8")
@@ -212,9 +215,11 @@ class StepFile:
         self.attrs = attrs
         self.rows: list[tuple] = []
         self.hits: list[tuple] = []
-        # prebuilt /records and /hits arrays (the file-writer process gets tables, not rows)
+        self.sketches: list[tuple[int, np.ndarray]] = []  # (seq, sketch) of some records
+        # prebuilt /records, /hits and /sketches arrays (the file-writer process gets tables)
         self.table: np.ndarray | None = None
         self.hit_table: np.ndarray | None = None
+        self.sketch_table: np.ndarray | None = None
         self._spill_bytes = max(1, spill_bytes)
         self._buffers: list[memoryview] = []  # in memory, not yet spilled
         self._released: list[Callable[[], None]] = []  # to call once those are written
@@ -257,6 +262,27 @@ class StepFile:
 
     def add_row(self, row: tuple) -> None:
         self.rows.append(row)
+
+    def add_sketch(self, seq: int, sketch: np.ndarray) -> None:
+        """Keep record `seq`'s sketch (tracer.storage._sketch) for /sketches."""
+        self.sketches.append((seq, sketch))
+
+    def sketches_table(self, table: np.ndarray) -> np.ndarray | None:
+        """The /sketches array for the /records array `table`: row i is the sketch of the
+        record in row i (float32: what every float of 32 bits or fewer holds exactly), NaN for
+        a record without one; None when no record has one."""
+        if self.sketch_table is not None:
+            return self.sketch_table
+        if not self.sketches:
+            return None
+        out = np.full((len(table), SKETCH_SIZE), np.nan, dtype=np.float32)
+        seqs = np.asarray(table["seq"])
+        wanted = np.fromiter((seq for seq, _ in self.sketches), np.int64, len(self.sketches))
+        rows = np.searchsorted(seqs, wanted).clip(0, max(len(seqs) - 1, 0))
+        found = seqs[rows] == wanted if len(seqs) else np.zeros(len(wanted), bool)
+        values = np.stack([sketch for _, sketch in self.sketches])
+        out[rows[found]] = values[found]
+        return out
 
     def records_table(self) -> np.ndarray:
         """The /records array: the prebuilt `table`, or the rows in seq order."""
@@ -388,6 +414,7 @@ class StepFile:
         mark_status(self.attrs, complete)
         table = self.records_table()
         hits = self.hits_table()
+        sketches = self.sketches_table(table)
         fapl = h5p.create(h5p.FILE_ACCESS)
         # closing the file closes whatever HDF5 object an error left open
         fapl.set_fclose_degree(h5f.CLOSE_STRONG)
@@ -396,16 +423,17 @@ class StepFile:
         fid = h5f.create(os.fsencode(self.partial_path), h5f.ACC_TRUNC, fapl=fapl,
                          fcpl=_file_plist())
         try:
-            return write_objects(fid, self.attrs, complete, table, hits, self.nbytes)
+            return write_objects(fid, self.attrs, complete, table, hits, self.nbytes, sketches)
         finally:
             fid.close()
 
 
 def write_objects(fid: Any, attrs: dict[str, Any], complete: int, table: np.ndarray,
-                  hits: np.ndarray | None, nbytes: int) -> int:
+                  hits: np.ndarray | None, nbytes: int, sketches: np.ndarray | None = None
+                  ) -> int:
     """Everything a step file holds but the tensor bytes, into the open file `fid`: the root
-    attributes, `complete`, /records, /hits and /tensors (`nbytes` allocated); returns the
-    offset of /tensors (0 when empty)."""
+    attributes, `complete`, /records, /hits, /sketches and /tensors (`nbytes` allocated);
+    returns the offset of /tensors (0 when empty)."""
     for key, value in attrs.items():
         _write_attr(fid, key, value)
     _write_attr(fid, "complete", int(complete))
@@ -413,12 +441,17 @@ def write_objects(fid: Any, attrs: dict[str, Any], complete: int, table: np.ndar
     _write_table(fid, b"records", table)
     if hits is not None:
         _write_table(fid, b"hits", hits)
+    if sketches is not None:
+        sketches = np.ascontiguousarray(sketches, dtype="<f4")
+        _write_attr(fid, "sketch_scheme", SKETCH_SCHEME)
+        _write_attr(fid, "sketches_crc32", records_crc32(sketches))
+        _write_matrix(fid, b"sketches", sketches)
     return _allocate_tensors(fid, nbytes)
 
 
 def records_crc32(table: np.ndarray) -> int:
-    """CRC-32 of a /records table's bytes: what `write_objects` stores and the reader checks
-    (the array h5py reads back has the bytes it was written from)."""
+    """CRC-32 of a table's bytes (/records, /sketches): what `write_objects` stores and the
+    reader checks (the array h5py reads back has the bytes it was written from)."""
     return zlib.crc32(np.ascontiguousarray(table).tobytes())
 
 
@@ -488,6 +521,17 @@ def _write_table(fid: Any, name: bytes, table: np.ndarray) -> None:
     try:
         if len(table):
             dset.write(h5s.ALL, h5s.ALL, np.ascontiguousarray(table), mtype=types[1])
+    finally:
+        dset.close()
+
+
+def _write_matrix(fid: Any, name: bytes, values: np.ndarray) -> None:
+    """A 2-D contiguous float32 dataset holding `values` (float32 already)."""
+    dset = h5d.create(fid, name, h5t.IEEE_F32LE, h5s.create_simple(values.shape),
+                      dcpl=_dataset_plist())
+    try:
+        if values.size:
+            dset.write(h5s.ALL, h5s.ALL, values)
     finally:
         dset.close()
 

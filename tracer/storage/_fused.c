@@ -18,7 +18,8 @@
  *     copy_stats_into(buffer, src, count, code)   the same into a writable buffer
  *     diff_stats(a, b, out, count)        float32: the statistics of a - b, written
  *                                                    to `out` when it is not 0 (out may be b)
- * Each returns exactly what stats() returns for the resulting tensor.
+ * Each returns exactly what stats() returns for the resulting tensor. sample() reads a record's
+ * sketch: a few elements at given offsets, as float64.
  *
  * The numpy/torch path in _stats.py makes five passes and ~10 torch calls per chunk; this one
  * pass runs near memory speed. The build is optional (setup.py): without a C compiler the
@@ -678,6 +679,51 @@ static PyObject *fused_diff_stats(PyObject *self, PyObject *args) {
     return run_work(&w);
 }
 
+/* sample(address, code, offsets) -> bytes: the elements at `offsets` (a buffer of int64 element
+ * offsets from `address`, -1 for none) as float64, NaN where the offset is -1. Codes as for
+ * stats(); the sketch of a record (tracer/storage/_sketch.py) in one call, without a copy. */
+static PyObject *fused_sample(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    int code;
+    Py_buffer offsets;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kiy*", &address, &code, &offsets)) return NULL;
+    if (code < 0 || code > CODE_LAST || offsets.len % 8 != 0 || address == 0) {
+        PyBuffer_Release(&offsets);
+        PyErr_SetString(PyExc_ValueError, "sample: a code 0-7, a non-null address and int64 "
+                        "offsets");
+        return NULL;
+    }
+    Py_ssize_t n = offsets.len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out == NULL) {
+        PyBuffer_Release(&offsets);
+        return NULL;
+    }
+    double *values = (double *)PyBytes_AS_STRING(out);
+    const int64_t *where = (const int64_t *)offsets.buf;
+    const char *base = (const char *)(uintptr_t)address;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t k = where[i];
+        double v = NAN;
+        if (k >= 0) {
+            switch (code) {
+            case CODE_F32: { float f; memcpy(&f, base + 4 * k, 4); v = f; break; }
+            case CODE_BF16: { uint16_t h; memcpy(&h, base + 2 * k, 2); v = bf16_to_f32(h); break; }
+            case CODE_F16: { uint16_t h; memcpy(&h, base + 2 * k, 2); v = f16_to_f32(h); break; }
+            case CODE_I64: { int64_t x; memcpy(&x, base + 8 * k, 8); v = (double)x; break; }
+            case CODE_I32: { int32_t x; memcpy(&x, base + 4 * k, 4); v = x; break; }
+            case CODE_I16: { int16_t x; memcpy(&x, base + 2 * k, 2); v = x; break; }
+            case CODE_I8: v = (int8_t)base[k]; break;
+            default: v = (uint8_t)base[k]; break;
+            }
+        }
+        values[i] = v;
+    }
+    PyBuffer_Release(&offsets);
+    return out;
+}
+
 /* tracer/storage/_table.c */
 PyObject *fused_pack_rows(PyObject *self, PyObject *args);
 
@@ -699,6 +745,9 @@ static PyMethodDef methods[] = {
     {"diff_stats", fused_diff_stats, METH_VARARGS,
      "diff_stats(a, b, out, count): stats() of the float32 difference a - b, "
      "written to out unless out is 0 (out may be a or b)"},
+    {"sample", fused_sample, METH_VARARGS,
+     "sample(address, code, offsets) -> bytes of float64: the elements at these int64 element "
+     "offsets (-1: NaN), codes as for stats()"},
     {"pack_rows", fused_pack_rows, METH_VARARGS,
      "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
      "tuples (tracer/storage/_table.c)"},

@@ -21,6 +21,7 @@ import numpy as np
 from tracer._errors import DumpFormatError, RecordNotFoundError
 from tracer.storage._format import (FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, RecordRow,
                                     records_crc32)
+from tracer.storage._sketch import SKETCH_SIZE
 from tracer.storage._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
@@ -194,6 +195,7 @@ class Dump:
         self.file_states: list[FileState] = list(states or [])
         """One FileState per step file, partial file and empty rank folder found."""
         self._handles: OrderedDict[Path, h5py.File] = OrderedDict()
+        self._sketches: tuple[tuple[int, int], np.ndarray | None] | None = None  # the last read
         self._tables: OrderedDict[tuple[int, int], tuple[np.ndarray, dict[str, int]]] = \
             OrderedDict()
 
@@ -305,6 +307,26 @@ class Dump:
         except UnicodeDecodeError as e:  # text columns that are not UTF-8
             raise _damaged(self.path(rank, step), e) from e
 
+    def sketches(self, rank: int = 0, step: int | None = None) -> np.ndarray | None:
+        """The /sketches array of a step (one row per /records row, in the same order: 128 of
+        the record's elements at the positions `sketch_positions(numel)` names, NaN-padded;
+        a row of NaN for a record without one), or None when the step kept no sketches (a
+        tensor dump, `"sketch": false`, a file before format 3.3)."""
+        step = self._default_step(rank, step)
+        if self._sketches is None or self._sketches[0] != (rank, step):
+            table = read_sketches(self._open(rank, step), self.path(rank, step))[0]
+            self._sketches = ((rank, step), table)
+        return self._sketches[1]
+
+    def sketch(self, rank: int, step: int, name: str) -> np.ndarray | None:
+        """One record's sketch (see `sketches`), or None when it has none."""
+        arr, index = self._table(rank, step)
+        i = self._row_index(rank, step, index, name)
+        table = self.sketches(rank, step)
+        if table is None or np.isnan(table[i]).all():
+            return None
+        return table[i]
+
     def hits(self, rank: int = 0, step: int | None = None):
         """The /hits table (watchpoint hits) of a step as a DataFrame; empty when none."""
         import pandas as pd
@@ -361,6 +383,7 @@ class Dump:
                 pass
         self._handles.clear()
         self._tables.clear()
+        self._sketches = None
 
     def __enter__(self) -> Dump:
         return self
@@ -454,6 +477,30 @@ class Dump:
             itemsize = element_size(dtype) or nbytes // max(1, math.prod(shape))
             data = c_order_bytes(data, itemsize, shape, parse_shape(strides))
         return data, dtype, shape
+
+
+def read_sketches(f: Any, path: Path) -> tuple[np.ndarray | None, str]:
+    """(/sketches of the open step file `f`, its scheme), or (None, "") when it has none;
+    DumpFormatError when the array is not one row of SKETCH_SIZE values per record or its
+    bytes changed on disk (its CRC-32)."""
+    if "sketches" not in f:
+        return None, ""
+    try:
+        arr = f["sketches"][()]
+        rows = f["records"].shape[0] if "records" in f else -1
+        if arr.ndim != 2 or arr.shape != (rows, SKETCH_SIZE) or arr.dtype.kind != "f":
+            raise ValueError(f"it is not {SKETCH_SIZE} values per record (shape {arr.shape}, "
+                             f"{rows} records)")
+        want = f.attrs.get("sketches_crc32")
+        if want is None or records_crc32(arr) != int(want):
+            raise ValueError("its bytes do not match the CRC-32 stored with them")
+        scheme = f.attrs.get("sketch_scheme", "")
+        scheme = scheme.decode() if isinstance(scheme, bytes) else str(scheme)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise DumpFormatError(f"{path}: the /sketches array is damaged ({e}); read this "
+                              f"step's statistics without it by comparing with tensors, or "
+                              f"dump the step again") from e
+    return arr, scheme
 
 
 def _damaged(path: Path, cause: BaseException) -> DumpFormatError:

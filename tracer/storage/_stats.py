@@ -461,4 +461,6 @@ def decode_packed(values: list[int], bits: int) -> dict:
     out = dict(zip(STAT_FIELDS[:4], floats))
     out.update(nan=values[4], posinf=values[5], neginf=values[6], zeros=values[7],
                checksum=_wrap(values[8], bits))
+    if len(values) > 9:  # a sketch's float64 bits follow (tracer.storage._sampling)
+        out["sketch"] = np.array(values[9:], dtype=np.int64).view(np.float64)
     return out

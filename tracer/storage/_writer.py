@@ -25,6 +25,7 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._format import RecordMeta, RecordRow, StepFile, root_attrs, step_path
 from tracer.storage._layout import stored_extent
+from tracer.storage._sampling import sketch_of, with_sketch
 from tracer.storage._lock import claim_rank
 from tracer.storage._stats import (copy_stats_into, decode_packed, dense_span, device_stats,
                                    dtype_name, element_bits, empty_stats, host_stats, memory_span,
@@ -250,6 +251,9 @@ class Writer:
         """Called with each record's /records row (a `RecordRow`) and its step, where
         observers would be; no dict is built for them (the flight recorder)."""
         self.keep_bytes = config.mode in ("tensor", "full")
+        # statistics mode: each record keeps a sketch (tracer.storage._sketch); with its bytes
+        # kept a record needs none
+        self.sketch = config.sketch and not self.keep_bytes
         self.run_dir = config.run_dir()
         # one writer per rank, and only into a dump of this run (tracer.storage._lock): taken at the
         # first step, so a writer that never writes claims nothing
@@ -519,6 +523,9 @@ class Writer:
                      else empty_stats())
         if share is not None and share[0] is None:
             share[0] = stats
+        if self.sketch and "sketch" not in stats and snap is not None \
+                and type(snap) is not StoredBytes:
+            stats["sketch"] = sketch_of(snap)  # the writer thread's records, from the snapshot
         offset, nbytes, strides = -1, 0, ""
         if type(shared) is Within:
             stored = shared.holder[1]
@@ -548,15 +555,21 @@ class Writer:
         row = RecordRow.make(seq, meta, dtype_name(dtype), shape_str(shape), numel, stats,
                              offset, nbytes, strides)
         file.add_row(row)
+        if self.sketch and (sketch := stats.get("sketch")) is not None:
+            file.add_sketch(seq, sketch)
         for sink in self.row_sinks:
             sink(row, step)
         return row.as_dict(step=step, rank=self.rank) if self.observers else None
 
-    def _record_tensor(self, target: Any, step: int, seq: int, meta: RecordMeta, tensor: torch.Tensor,
-             stats: dict | None, snap: torch.Tensor | StoredBytes | None,
-             release: Callable[[], None] | None, share: list | None, shared: str | None
-             ) -> dict | None:
-        """`_record` of a tensor's record (dtype, shape and size read from `tensor`)."""
+    def _record_tensor(self, target: Any, step: int, seq: int, meta: RecordMeta,
+                       tensor: torch.Tensor, stats: dict | None,
+                       snap: torch.Tensor | StoredBytes | None,
+                       release: Callable[[], None] | None, share: list | None,
+                       shared: str | None) -> dict | None:
+        """`_record` of a tensor's record (dtype, shape and size read from `tensor`, and its
+        sketch, where `stats` lacks one)."""
+        if self.sketch and stats is not None and "sketch" not in stats:
+            stats["sketch"] = sketch_of(tensor)
         return self._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
                             tensor.numel(), stats, snap, release, share, shared)
 
@@ -642,7 +655,7 @@ class SyncWriter(Writer):
                 snap, release = None, None
             else:  # a `Within` record's bytes are stored already: statistics only
                 stats, snap, release = _capture_now(tensor, self.keep_bytes and shared is None,
-                                                    self._pool)
+                                                    self._pool, self.sketch)
         return self._record_tensor(self._file, self._step, seq, meta, tensor, stats, snap, release,
                          share, shared)
 
@@ -684,10 +697,11 @@ class SyncWriter(Writer):
             self._file = None
 
 
-def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool
+def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool, sketch: bool = False
                  ) -> tuple[dict | None, torch.Tensor | StoredBytes | None,
                             Callable[[], None] | None]:
-    """Sync path: statistics now, and a snapshot when bytes are kept (one host sync on CUDA)."""
+    """Sync path: statistics now, and a snapshot when bytes are kept (one host sync on CUDA);
+    on a device the `sketch` comes with the statistics (on CPU `_record_tensor` takes it)."""
     if t.is_meta:
         return empty_stats(), None, None
     if t.is_cpu:
@@ -697,7 +711,7 @@ def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool
             snap, release, stats = snapshot_stats(t, pool)
             return stats, snap, release
         return host_stats(t), None, None
-    packed = device_stats(t)
+    packed = with_sketch(device_stats(t), t) if sketch else device_stats(t)
     if not t.is_cuda:  # other accelerators: plain blocking copies
         snap = snapshot(t)[0] if keep_bytes else None
         return decode_packed(packed.cpu().tolist(), element_bits(t.dtype)), snap, None
