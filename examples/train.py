@@ -7,6 +7,7 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
     python examples/train.py --nan-at 2               # a bug: step 2 writes a NaN into a weight
     python examples/train.py --grow 16                # a bug: fc1's weight compounds, x16 a step
     python examples/train.py --swap-halves            # a bug: fc1's output units come swapped
+    python examples/train.py --port                   # the same MLP written another way
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
 """
 from __future__ import annotations
@@ -30,6 +31,23 @@ class Net(nn.Module):
         return self.fc2(self.norm(self.act(self.fc1(x))))
 
 
+class PortedNet(nn.Module):
+    """The same MLP as another codebase would write it: other names, the layers in a list."""
+
+    def __init__(self, net: Net) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(16, 64), nn.GELU(), nn.LayerNorm(64)])
+        self.head = nn.Linear(64, 1)
+        for mine, theirs in zip([*self.layers, self.head],
+                                [net.fc1, net.act, net.norm, net.fc2]):
+            mine.load_state_dict(theirs.state_dict())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Train a small MLP on a synthetic regression.")
     parser.add_argument("--steps", type=int, default=8, help="optimizer steps (default 8)")
@@ -42,6 +60,9 @@ def main() -> None:
     parser.add_argument("--swap-halves", action="store_true",
                         help="swap the two halves of fc1's output units when the model is built, "
                         "as a weight conversion that permutes rows does (a bug to find)")
+    parser.add_argument("--port", action="store_true",
+                        help="train the same MLP, with the same weights, as another codebase "
+                        "writes it (other module names)")
     args = parser.parse_args()
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -51,9 +72,12 @@ def main() -> None:
         rank = torch.distributed.get_rank()
     torch.manual_seed(0)  # the same initial weights on every rank
     net = Net()
+    if args.port:
+        net = PortedNet(net)
+    fc1 = net.layers[0] if args.port else net.fc1
     if args.swap_halves:
         with torch.no_grad():
-            for p in (net.fc1.weight, net.fc1.bias):
+            for p in (fc1.weight, fc1.bias):
                 p.copy_(p.roll(32, dims=0))
     model = nn.parallel.DistributedDataParallel(net) if distributed else net
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -64,14 +88,14 @@ def main() -> None:
         y = x[:, :4].sum(dim=1, keepdim=True).sin()
         if step == args.nan_at:
             with torch.no_grad():
-                net.fc1.weight[0, 0] = float("nan")
+                fc1.weight[0, 0] = float("nan")
         loss = nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if args.grow is not None:
             with torch.no_grad():
-                net.fc1.weight.mul_(args.grow)
+                fc1.weight.mul_(args.grow)
         if rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
 

@@ -51,6 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "processes); workers must see the dumps at the same paths")
     p.add_argument("--progress", action="store_true",
                    help="show progress on stderr (default: only when stderr is a terminal)")
+    p.add_argument("--map", metavar="FILE",
+                   help="a module map (`sleuth map A B > FILE`): B's modules are read as the A "
+                        "modules it pairs them with, to compare two codebases")
     p.set_defaults(run=_run)
 
 
@@ -197,6 +200,13 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         tol = tracer.Tolerance(rtol=args.rtol, atol=args.atol, cosine_min=args.cosine_min)
+        module_map = None
+        if args.map:
+            from tracer.analysis import read_module_map
+
+            module_map = read_module_map(args.map)
+            if args.rank is None:
+                args.rank = 0  # a map pairs one rank's modules: the other ranks have the same
         if wants_ranks(args):
             if args.csv:
                 raise CliError("--csv writes one rank pair's records: choose it with --rank R")
@@ -204,7 +214,8 @@ def _run(args: argparse.Namespace) -> int:
         progress = args.progress or sys.stderr.isatty()
         result = tracer.diff(args.a, args.b, step=args.step, rank=args.rank,
                              b_step=args.b_step, b_rank=args.b_rank, tolerance=tol,
-                             progress=progress, allow_missing=args.allow_missing)
+                             progress=progress, allow_missing=args.allow_missing,
+                             module_map=module_map)
     except TracerError as e:
         raise CliError(str(e)) from e
     if args.csv:

@@ -36,6 +36,7 @@ _COMMAND_MODULES = (
     "sleuth._cmd_run",
     "sleuth._cmd_dump",
     "sleuth._cmd_diff",
+    "sleuth._cmd_map",
     "sleuth._cmd_check",
     "sleuth._cmd_profile",
     "sleuth._cmd_ir",

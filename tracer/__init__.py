@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "check": "tracer.analysis",
     "first_nan_origin": "tracer.analysis",
     "headroom_trend": "tracer.analysis",
+    "map_modules": "tracer.analysis",
     "WatchConfig": "tracer.analysis",
 }
 

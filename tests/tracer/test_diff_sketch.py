@@ -158,3 +158,22 @@ def test_rounding_is_not_a_divergence():
     moved = from_array(a.roll(1).numpy())
     diverged = compare_sketch(sa, moved, 4096, "float32", "float32", Tolerance())
     assert diverged["verdict"] == "diverged" and math.isfinite(diverged["cosine"])
+
+
+def test_a_damaged_sketch_array_is_named_not_read_as_same(runs, tmp_path):
+    """Sketch bytes changed on disk fail their CRC-32: the diff says incomplete and names the
+    file, instead of comparing sampled elements that are not the run's."""
+    import shutil
+
+    import h5py
+
+    b = tmp_path / "b"
+    shutil.copytree(runs["a_async"], b)
+    path = b / "dump" / "rank0" / "step0.h5"
+    with h5py.File(path, "r+") as f:
+        f["sketches"][0, 0] = f["sketches"][0, 0] + 1.0
+    result = tracer.diff(runs["a"], b)
+    assert result.status == "incomplete" and result.exit_code == 2
+    assert any("/sketches" in p.reason and p.side == "B" for p in result.problems)
+    with pytest.raises(tracer.DumpFormatError, match="/sketches array is damaged"):
+        open_dump(b).sketches(0, 0)

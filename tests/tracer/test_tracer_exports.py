@@ -14,7 +14,8 @@ EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
     "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError",
     "WatchConfig", "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks",
-    "export_parquet", "first_nan_origin", "headroom_trend", "open_dump", "read_export",
+    "export_parquet", "first_nan_origin", "headroom_trend", "map_modules", "open_dump",
+    "read_export",
 ]
 
 
@@ -27,11 +28,12 @@ FACES = {
                 "element_size", "export_parquet", "make_writer", "op_capture_of", "open_dump",
                 "parse_shape", "read_export", "read_sketches", "sketch_positions", "step_path",
                 "stored_extent"],
-    "analysis": ["Coverage", "DiffResult", "HeadroomReport", "RankDiffResult", "TABLE_READ_ERRORS",
-                 "Tolerance", "WatchConfig", "check", "describe_exception", "describe_origin",
-                 "diff", "diff_ranks", "disarm_flight_recorder", "dump_ranks", "file_rows",
-                 "find_first_nan", "first_nan_origin", "headroom_trend", "install_watch",
-                 "on_crash", "read_flight_recorder", "record_headroom", "validate_watch"],
+    "analysis": ["Coverage", "DiffResult", "HeadroomReport", "ModuleMap", "RankDiffResult",
+                 "TABLE_READ_ERRORS", "Tolerance", "WatchConfig", "check", "describe_exception",
+                 "describe_origin", "diff", "diff_ranks", "disarm_flight_recorder",
+                 "dump_ranks", "file_rows", "find_first_nan", "first_nan_origin",
+                 "headroom_trend", "install_watch", "map_modules", "on_crash",
+                 "read_flight_recorder", "read_module_map", "record_headroom", "validate_watch"],
 }
 
 

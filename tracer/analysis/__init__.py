@@ -17,6 +17,10 @@ _EXPORTS: dict[str, str] = {
     "RankDiffResult": "tracer.analysis._ranks",
     "diff_ranks": "tracer.analysis._ranks",
     "dump_ranks": "tracer.analysis._ranks",
+    # two codebases: which module is which
+    "ModuleMap": "tracer.analysis._map",
+    "map_modules": "tracer.analysis._map",
+    "read_module_map": "tracer.analysis._map",
     # check and the first NaN
     "Coverage": "tracer.analysis._check",
     "TABLE_READ_ERRORS": "tracer.analysis._check",

@@ -24,6 +24,7 @@ from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats, n
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
+from tracer.analysis._map import ModuleMap
 from tracer.storage import op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
@@ -71,7 +72,7 @@ class DiffResult:
     def exit_code(self) -> int:
         """0 same; 1 diverged or the step sets differ; 2 something could not be read."""
         code = max((EXIT_OF_STATE.get(p.state, 2) for p in self.problems), default=0)
-        return max(code, 1 if self.first_divergence else 0)
+        return max(code, 1 if self.first_divergence or self.status == "diverged" else 0)
 
     def problem_counts(self) -> dict[str, int]:
         """Number of problems per state (missing, truncated, ...)."""
@@ -147,17 +148,36 @@ def _row_base(ra: dict | None, rb: dict | None, plan: Plan) -> dict:
 
 def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
                   fb: TensorReader | None, tol: Tolerance, plan: Plan,
-                  progress: Callable[[int], None], rows: tuple[int, int] = (-1, -1)) -> dict:
-    """Compare one record pair (`rows`: their rows in the two /records tables)."""
+                  progress: Callable[[int], None], rows: tuple[int, int] = (-1, -1),
+                  layouts: frozenset[str] | None = None) -> dict:
+    """Compare one record pair (`rows`: their rows in the two /records tables).
+
+    `layouts` (a diff through a module map, two codebases; None otherwise): A's parameters
+    that B stores in another layout. Their records, and any record whose dims come in
+    another order (a weight stored transposed), are compared by statistics, which do not
+    depend on the order of the elements; shapes that differ only by dims of 1 compare as
+    equal (the same elements in the same order)."""
     row = _row_base(ra, rb, plan)
     if ra is None or rb is None:
         row["verdict"] = "only_b" if ra is None else "only_a"
         row["reason"] = f"no matching record in {'A' if ra is None else 'B'}"
         return row
-    if ra["shape"] != rb["shape"]:
-        row.update(verdict="diverged", compared="shape",
-                   reason=f"shape [{ra['shape']}] vs [{rb['shape']}]")
-        return row
+    permuted = layouts is not None and ra["phase"] == "optimizer" \
+        and str(ra["name"]).rsplit(".optimizer.", 1)[0] in layouts
+    if ra["shape"] != rb["shape"] or permuted:
+        layout = "permuted" if permuted else (
+            _layout(str(ra["shape"]), str(rb["shape"])) if layouts is not None else None)
+        if layout is None:
+            row.update(verdict="diverged", compared="shape",
+                       reason=f"shape [{ra['shape']}] vs [{rb['shape']}]")
+            return row
+        if layout == "permuted":
+            row["compared"] = "statistics"
+            row.update(compare_stats(ra, rb, tol))
+            if row["verdict"] == "diverged":
+                row["reason"] = (f"{row['reason']} (shape [{ra['shape']}] vs [{rb['shape']}], "
+                                 f"compared by statistics)")
+            return row
     if _has_data(ra) and _has_data(rb) and fa is not None and fb is not None:
         row["compared"] = "tensor"
         row.update(compare_tensor(ra, rb, fa, fb, tol, progress, CHUNK_ELEMENTS))
@@ -171,6 +191,18 @@ def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
         if fa is not None and fb is not None:
             _compare_sketches(row, ra, rb, fa.sketch(rows[0]), fb.sketch(rows[1]), tol)
     return row
+
+
+def _layout(shape_a: str, shape_b: str) -> str | None:
+    """How two shapes of two codebases' records relate: "squeezed" (equal but for dims of 1),
+    "permuted" (the same dims in another order, a transpose), or None (different)."""
+    da = [int(d) for d in shape_a.split(",")] if shape_a else []
+    db = [int(d) for d in shape_b.split(",")] if shape_b else []
+    if [d for d in da if d != 1] == [d for d in db if d != 1]:
+        return "squeezed"
+    if sorted(da) == sorted(db):
+        return "permuted"
+    return None
 
 
 def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: tuple,
@@ -287,7 +319,8 @@ class _StderrProgress:
 def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
          rank: int | None = 0, b_step: int | None = None, b_rank: int | None = None,
          tolerance: Tolerance | None = None, progress: bool = False,
-         allow_missing: bool = False, keep_records: bool = True) -> DiffResult:
+         allow_missing: bool = False, keep_records: bool = True,
+         module_map: ModuleMap | dict[str, str] | None = None) -> DiffResult:
     """Compare dump A with dump B record by record and name the first divergent record.
 
     Args:
@@ -302,6 +335,12 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         keep_records: False reads, compares and forgets one step at a time, so memory holds
             one step's tables whatever the number of steps; `records` is then empty and
             `record_counts`, `first_divergence`, `steps` and the notes carry the answer.
+        module_map: which module of B is which of A, for dumps of two codebases: a
+            `ModuleMap` (`map_modules`, or a file `read_module_map` reads), or a dict of B
+            module name -> A module name. B's records are aligned as records of those A
+            modules (`b_name` keeps B's own name); the map's `permuted` parameters are
+            compared by statistics, and shapes that differ by dims of 1 or by the order of
+            their dims are not a divergence by themselves.
 
     Returns:
         DiffResult with `.status`, `.exit_code`, `.first_divergence`, `.problems` and
@@ -319,12 +358,20 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     sa, sb = open_side(a, "A"), open_side(b, "B")
     sel = plan(sa, sb, step, rank, b_step, b_rank, allow_missing)
     problems, notes = list(sel.problems), list(sel.notes)
+    layouts = None
+    if isinstance(module_map, ModuleMap):
+        layouts = frozenset(module_map.permuted)
+        module_map = module_map.b_to_a()
+    elif module_map is not None:
+        layouts = frozenset()
+    if module_map is not None:
+        notes.append(f"B's modules read as A's through a module map ({len(module_map)} pairs)")
     if not keep_records:
-        return _streamed(sa, sb, sel, tol, problems, notes, pd)
+        return _streamed(sa, sb, sel, tol, problems, notes, pd, module_map, layouts)
     tables = []
     total = 0
     for pl in sel.plans:
-        read = _step_tables(sa, sb, pl, problems)
+        read = _step_tables(sa, sb, pl, problems, module_map)
         if read is None:
             continue
         ta, tb = read
@@ -341,7 +388,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         for pl, ta, tb, pairs in tables:
             done = len(rows)
             try:
-                _compare_step(sa, sb, pl, ta, tb, pairs, tol, bar, rows, kinds, notes)
+                _compare_step(sa, sb, pl, ta, tb, pairs, tol, bar, rows, kinds, notes,
+                              layouts)
             except ReadError as e:
                 problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
                                         str(e)))
@@ -353,11 +401,15 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     return _result(rows, kinds, notes, problems, sel.left_out, steps, pd)
 
 
-def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem]) -> tuple | None:
-    """The statistics tables of a step pair, or None with the side that does not read added
-    to `problems`."""
+def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem],
+                 module_map: dict[str, str] | None = None) -> tuple | None:
+    """The statistics tables of a step pair (B's modules renamed by `module_map`), or None
+    with the side that does not read added to `problems`."""
     try:
-        return _stats(sa, pl[0], pl[1]), _stats(sb, pl[2], pl[3])
+        ta, tb = _stats(sa, pl[0], pl[1]), _stats(sb, pl[2], pl[3])
+        if module_map:
+            tb = tb.assign(module=[module_map.get(m, m) for m in tb["module"]])
+        return ta, tb
     except ReadError as e:
         problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), "unreadable",
                                 str(e)))
@@ -365,7 +417,8 @@ def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem]) -> tuple
 
 
 def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Problem],
-              notes: list[str], pd: Any) -> DiffResult:
+              notes: list[str], pd: Any, module_map: dict[str, str] | None = None,
+              layouts: frozenset[str] | None = None) -> DiffResult:
     """`diff` one step pair at a time: each step's tables are read, compared, summarised
     (verdict counts, its first divergence, dtype mismatches) and dropped."""
     summary = _Summary()
@@ -373,13 +426,14 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
     kinds: set[str] = set()
     bar = _StderrProgress(0, 1, False)
     for pl in sel.plans:
-        read = _step_tables(sa, sb, pl, problems)
+        read = _step_tables(sa, sb, pl, problems, module_map)
         if read is None:
             continue
         ta, tb = read
         rows: list[dict] = []
         try:
-            _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes)
+            _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes,
+                          layouts)
         except ReadError as e:
             problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
                                     str(e)))
@@ -428,8 +482,9 @@ def _rank_step(side: str, pl: Plan) -> tuple[int, int]:
 
 def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, tol: Tolerance,
                   bar: _StderrProgress, rows: list[dict], kinds: set[str],
-                  notes: list[str]) -> None:
-    """Compare the records of one step pair into `rows`."""
+                  notes: list[str], layouts: frozenset[str] | None = None) -> None:
+    """Compare the records of one step pair into `rows` (`layouts`: two codebases, see
+    `_compare_pair`)."""
     fa = TensorReader(sa.step_file(pl[0], pl[1]), "A")
     try:
         fb = TensorReader(sb.step_file(pl[2], pl[3]), "B")
@@ -456,7 +511,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             rb = recs_b[ib] if ib is not None else None
             matched += ra is not None and rb is not None
             row = _compare_pair(ra, rb, fa, fb, tol, pl, bar,
-                                (-1 if ia is None else ia, -1 if ib is None else ib))
+                                (-1 if ia is None else ia, -1 if ib is None else ib), layouts)
             bar.record()
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
@@ -519,6 +574,17 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
     status = "incomplete" if worst == 2 else ("diverged" if first or worst == 1 else "same")
     if worst == 1 and status == "diverged":
         notes.append("the runs' step sets differ: a step one side has is missing on the other")
+    paired = summary.counts["same"] + summary.counts["diverged"]
+    if paired < min(summary.counts["only_a"], summary.counts["only_b"]):
+        # most of each side's records found no partner: the runs recorded different modules,
+        # and a "same" over the few that paired would speak for what was never compared
+        if status == "same":
+            status = "diverged"
+        notes.insert(0, f"most records of each side have no partner ({paired} paired, "
+                        f"{summary.counts['only_a']} only in A, {summary.counts['only_b']} only "
+                        f"in B): the two dumps record different modules. Two codebases? "
+                        f"`sleuth map A B > map.yaml` pairs their modules for `--map map.yaml`; "
+                        f"else compare dumps of the same level and module filter")
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
                       record_counts=counts)
