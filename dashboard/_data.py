@@ -305,6 +305,27 @@ def dump_stamp(root: Path) -> tuple:
     return tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) if r.is_dir() for s in _dir_stamps(r))
 
 
+def record_history(root: Path, rank: int, name: str) -> pd.DataFrame:
+    """One record over the dumped steps of a rank: step, dtype, overflow_bits, underflow_bits,
+    zero_share (`tracer.analysis.record_headroom` of each step's row; NaN where the record has
+    no headroom that step: a NaN in it, an integer dtype). Empty when no step holds it."""
+    from tracer.analysis import record_headroom
+
+    def read() -> pd.DataFrame:
+        stats = dump(root).stats(rank=rank)
+        rows = []
+        for row in stats[stats["name"] == name].to_dict("records"):
+            h = record_headroom(row) or {}
+            rows.append({"step": int(row["step"]), "dtype": row["dtype"],
+                         **{k: (np.nan if h.get(k) is None else float(h[k]))
+                            for k in ("overflow_bits", "underflow_bits", "zero_share")}})
+        return pd.DataFrame(rows, columns=["step", "dtype", "overflow_bits", "underflow_bits",
+                                           "zero_share"])
+
+    return _cached(("history", root, rank, name), dump_stamp(root),
+                   _reading(f"{name!r} over the steps of rank {rank}", read))
+
+
 def dump_tensor(root: Path, rank: int, step: int, name: str) -> np.ndarray:
     """One stored tensor as numpy (bf16/fp8 upcast exactly); NoData when the dump holds no bytes."""
     try:

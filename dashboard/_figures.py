@@ -261,3 +261,27 @@ def rank_grid_figure(table: Mapping[int, Mapping[int, str]],
                       yaxis=dict(title="rank", type="category", autorange="reversed"),
                       height=min(180 + 18 * len(ranks), 900), margin=dict(l=50, r=20, t=30, b=40))
     return fig
+
+
+def headroom_figure(history: pd.DataFrame, name: str) -> go.Figure:
+    """A record's numeric headroom over the dumped steps (dashboard._data.record_history): the
+    doublings of its largest |x| left before its dtype overflows (0: Inf), and the share of
+    its elements that are exactly zero; the same numbers `sleuth check --headroom` fits."""
+    if history.empty or history["overflow_bits"].isna().all():
+        return empty_figure(f"{name}: no headroom over the steps (not a floating-point record, "
+                            f"or NaN in every step)")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("headroom to overflow (bits: doublings of max |x| left)",
+                                        "share of exact zeros"))
+    fig.add_trace(go.Scatter(x=history["step"], y=history["overflow_bits"], mode="lines+markers",
+                             name="overflow headroom"), row=1, col=1)
+    fig.add_hline(y=0, line_dash="dash", line_color="#c62828", annotation_text="Inf",
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=history["step"], y=history["zero_share"], mode="lines+markers",
+                             name="zeros"), row=2, col=1)
+    fig.update_yaxes(range=[0, 1], row=2, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_layout(template="plotly_white",
+                      title=f"{name} ({history['dtype'].iloc[-1]}) over the steps",
+                      height=420, showlegend=False, margin=dict(l=50, r=20, t=60, b=40))
+    return fig

@@ -1,6 +1,7 @@
 """The Dumps page: the statistics table of one step of one rank (sortable, filterable by name),
-NaN/Inf and watchpoint hits highlighted; clicking a record shows its tensor's histogram when the
-dump holds tensor data, and links to its node in the graph."""
+NaN/Inf and watchpoint hits highlighted; clicking a record shows its numeric headroom over the
+dumped steps, its tensor's histogram when the dump holds tensor data, and links to its node in
+the graph."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ from dash import Input, Output, State, dcc, html
 
 from dashboard import _data
 from dashboard._context import Context
-from dashboard._figures import tensor_histogram
+from dashboard._figures import headroom_figure, tensor_histogram
 from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
                                 table_columns, table_records)
 
@@ -125,8 +126,15 @@ def register(app: Any, ctx: Context) -> None:
             return None
         name = str(row["name"])
         link = graph_link(root, run, name, "show {node} in the graph", "dumps-graph-link")
+        parts: list[Any] = [html.H4(name), link]
         try:
-            fig = tensor_histogram(_data.dump_tensor(root, rank, step, name), name)
+            parts.append(dcc.Graph(id="dumps-tensor", figure=tensor_histogram(
+                _data.dump_tensor(root, rank, step, name), name)))
         except _data.NoData as e:
-            return html.Div([html.H4(name), link, notice(e)])
-        return html.Div([html.H4(name), link, dcc.Graph(id="dumps-tensor", figure=fig)])
+            parts.append(notice(e))
+        try:
+            history = _data.record_history(root, rank, name)
+            parts.append(dcc.Graph(id="dumps-headroom", figure=headroom_figure(history, name)))
+        except _data.NoData as e:
+            parts.append(notice(e))
+        return html.Div(parts)

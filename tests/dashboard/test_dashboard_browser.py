@@ -255,6 +255,9 @@ def test_dumps_table_highlight_filter_and_tensor(browser, server, tools):
     # click a record: its tensor's histogram and a link to the graph
     browser.find_element(By.CSS_SELECTOR, "#dumps-table td[data-dash-column='name']").click()
     assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dumps-tensor .js-plotly-plot"))
+    # and its headroom over the dumped steps
+    title = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dumps-headroom .gtitle"))
+    assert "over the steps" in title[0].text and "aten.addmm" in title[0].text
     link = wait_for(lambda: (e := browser.find_elements(By.ID, "dumps-graph-link")) and e[0].get_attribute("href"))
     assert "/graph?" in link and "aten.addmm.forward." in urllib.parse.unquote(link)
     screenshot(browser, "dumps-tensor")

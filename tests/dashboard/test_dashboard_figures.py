@@ -276,3 +276,18 @@ def test_graph_links_only_where_the_run_has_graphs(tool_runs):
     assert link.children == "show 0::aten.addmm.forward.0 in the graph"
     assert graph_link(tool_runs / "no-graphs", 1, record, "show {node}") is None
     assert graph_link(tool_runs / "all", 0, "not a record name", "show {node}") is None
+
+
+def test_headroom_figure_shows_a_record_over_the_steps():
+    import pandas as pd
+
+    from dashboard._figures import headroom_figure
+
+    history = pd.DataFrame({"step": [0, 1, 2], "dtype": ["float16"] * 3,
+                            "overflow_bits": [9.0, 7.0, 5.0], "underflow_bits": [20.0] * 3,
+                            "zero_share": [0.0, 0.1, 0.2]})
+    fig = headroom_figure(history, "fc1.forward.0.output.0")
+    assert list(fig.data[0].y) == [9.0, 7.0, 5.0] and list(fig.data[1].y) == [0.0, 0.1, 0.2]
+    assert "fc1.forward.0.output.0 (float16)" in fig.layout.title.text
+    empty = headroom_figure(history.iloc[:0], "ids")
+    assert "no headroom" in empty.layout.annotations[0].text
