@@ -24,8 +24,11 @@ variants' order rotates from round to round. A device's `on_off` is the median o
 (time with the device on / time with it off): below 1 it gains; `gain_pct` is 100 * (1 /
 on_off - 1), from the sustained ratio for the async writer (its drain is only in the wall
 time), from the median one otherwise; `spread` is the per-round range of the median ratio.
-`overhead` is the tracer as shipped against no Dumper, measured the same way. Prints one JSON
-object.
+`overhead` is the tracer as shipped against no Dumper, measured the same way. For op tensors
+with the async writer it also gives the disk floor: the least a step can take that writes its
+step file, (step + file bytes / disk speed) / step, the disk speed measured in the same round by
+writing and fsyncing a file as large as a block's (`disk_floor`, `step_file_mb`, `disk_mb_s`),
+and the sustained ratio over it (`over_floor`, goal at most 1.3). Prints one JSON object.
 
 Run: PYTHONPATH=. python3 benchmarks/tracer_ablation.py [--rounds N] [--steps N]
 [--workloads gpt,llama] [--conditions a,b] [--threads N]
@@ -40,6 +43,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -121,6 +125,36 @@ class switched:
         (_stats._fused, _format._pack_rows) = self.saved
 
 
+WRITTEN: dict[tuple[str, str], list[float]] = {}
+"""(arm, mode) -> bytes of step files per dumped step, one entry per block (the disk floor)."""
+
+
+def _dump_bytes(path: Path) -> tuple[int, int]:
+    """(bytes, step files) of the dump under `path`."""
+    files = list(path.glob("dump/rank*/step*.h5"))
+    return sum(f.stat().st_size for f in files), len(files)
+
+
+def disk_bandwidth(nbytes: int, work: Path) -> float:
+    """Bytes a second this disk takes for one file of `nbytes` (at most 512 MiB), written in 16
+    MiB pieces and fsynced, as the async writer writes a step file: the disk floor's divisor."""
+    nbytes = max(1 << 20, min(nbytes, 512 << 20))
+    piece = b"\x5a" * (16 << 20)
+    path = work / "bandwidth.probe"
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = nbytes
+        while left > 0:
+            left -= os.write(fd, piece[:min(left, len(piece))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    seconds = time.perf_counter() - start
+    path.unlink()
+    return nbytes / seconds
+
+
 def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhead.Block:
     """One timed block of `arm` under the Dumper `config` (none for "no_dump")."""
     spec = ARMS[arm]
@@ -132,6 +166,9 @@ def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhe
         block = overhead.timed_block(
             model, opt, batches,
             lambda: tracer.Dumper(model, {**config, **extra, "path": str(path)}))
+    if config.get("mode") in ("tensor", "full"):
+        nbytes, files = _dump_bytes(path)
+        WRITTEN.setdefault((arm, config["mode"]), []).append(nbytes / max(files, 1))
     shutil.rmtree(path, ignore_errors=True)
     # untimed: write back what the block left dirty in the page cache before the next one
     if hasattr(os, "sync"):
@@ -216,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
             result["workloads"][w] = {
                 "params": sum(p.numel() for p in model.parameters()),
                 "baseline_step_s": round(base.median, 4)}
+        disk_floors: dict[str, dict[str, Any]] = {}
         for r in range(args.rounds):
             for w, (model, opt, batches) in loaded.items():  # side by side, round by round
                 for c in conditions:
@@ -223,15 +261,32 @@ def main(argv: list[str] | None = None) -> int:
                     run = functools.partial(arm_block, config=config, model=model, opt=opt,
                                             batches=batches, work=work)
                     table = ratios.setdefault((w, c), {})
+                    WRITTEN.clear()
                     for ref, variants in groups_for(c, devices).items():
                         for arm, pair in bracketed(run, ref, variants, r).items():
                             table.setdefault(arm, []).append(pair)
+                    if c == "op_tensor_async" and WRITTEN.get(("shipped", "tensor")):
+                        # the disk floor of this workload: its step files' bytes over what the
+                        # disk takes a second, measured now, beside the blocks
+                        per_step = statistics.median(WRITTEN[("shipped", "tensor")])
+                        speed = disk_bandwidth(int(per_step * len(batches)), work)
+                        disk_floors.setdefault(w, {"step_file_mb": [], "disk_mb_s": []})
+                        disk_floors[w]["step_file_mb"].append(per_step / 2**20)
+                        disk_floors[w]["disk_mb_s"].append(speed / 2**20)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for (w, c), table in ratios.items():
         # shipped against no Dumper: invert the per-round ratios of no_dump to shipped
         result["overhead"].setdefault(c, {})[w] = summary(
             [(1 / m, 1 / s) for m, s in table["no_dump"]])
+    for w, floor in disk_floors.items():
+        mb, speed = statistics.median(floor["step_file_mb"]), statistics.median(floor["disk_mb_s"])
+        base = result["workloads"][w]["baseline_step_s"]
+        row = result["overhead"]["op_tensor_async"][w]
+        # the least a step can take that writes its file: the step, then the file at disk speed
+        row["disk_floor"] = round(1 + mb / speed / base, 3)
+        row["over_floor"] = round(row["sustained"] / row["disk_floor"], 3)
+        row["step_file_mb"], row["disk_mb_s"] = round(mb, 1), round(speed, 1)
     for device in devices:
         ref, on, off, acts = DEVICES[device]
         entry: dict[str, Any] = {"conditions": {}}

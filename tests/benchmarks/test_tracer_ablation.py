@@ -84,3 +84,15 @@ def test_each_variant_is_divided_by_the_reference_blocks_around_it():
     assert groups["shipped"][0] == "no_dump" and "no_file_process" not in groups["shipped"]
     assert set(groups) == {"shipped"}
     assert "no_c_kernel" in groups["shipped"]
+
+
+def test_op_tensors_are_measured_against_the_disk_floor(capsys):
+    bench = _load()
+    out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "op_tensor_async",
+               "--devices", "file_process")
+    row = out["overhead"]["op_tensor_async"]["gpt"]
+    assert row["step_file_mb"] > 1 and row["disk_mb_s"] > 0 and row["disk_floor"] > 1
+    step = out["workloads"]["gpt"]["baseline_step_s"]
+    want = 1 + row["step_file_mb"] / row["disk_mb_s"] / step
+    assert abs(row["disk_floor"] - want) < 0.01 * want
+    assert abs(row["over_floor"] - row["sustained"] / row["disk_floor"]) < 0.01
