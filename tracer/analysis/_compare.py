@@ -318,6 +318,11 @@ def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[
 
 
 
+_SAME_SKETCH = {"cosine": 1.0, "max_abs_err": 0.0, "max_rel_err": 0.0, "mean_abs_err": 0.0,
+                "rmse": 0.0, "within": 1.0, "rms": math.nan, "nan_diff": 0, "inf_diff": 0,
+                "identical": True, "verdict": "same", "reason": ""}
+
+
 def compare_sketch(sa: np.ndarray, sb: np.ndarray, numel: int, dtype_a: str, dtype_b: str,
                    tol: Tolerance) -> dict[str, Any]:
     """Compare two records' sketches (tracer.storage._sketch: the same positions on both sides
@@ -325,6 +330,8 @@ def compare_sketch(sa: np.ndarray, sb: np.ndarray, numel: int, dtype_a: str, dty
     metrics of the sampled elements (estimates of the whole tensor's), `verdict` and
     `reason`. A sampled element out of tolerance is a real element out of tolerance."""
     k = len(sketch_positions(numel))
+    if np.array_equal(sa[:k], sb[:k], equal_nan=True):  # the common case, at a tenth the cost
+        return dict(_SAME_SKETCH)
     rtol, atol, cos_min = tol.resolve(dtype_a, dtype_b)
     acc = TensorMetrics(rtol, atol)
     acc.add(np.asarray(sa[:k], dtype=np.float64), np.asarray(sb[:k], dtype=np.float64))
