@@ -318,10 +318,14 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
     The answer carries `unread_before`: unread files whose step may come before it.
 
     Across ranks, the earliest step wins; within that step every rank's origin is found and
-    the one earliest in execution order (seq: data-parallel ranks run the same program) is the
-    answer, so a NaN one rank makes and the others receive through a collective is blamed on
-    the rank that made it, not on the lowest rank number. The others are listed under
-    `other_ranks` (rank, name, kind, seq, source)."""
+    the earliest is the answer: by the collectives each rank had begun before its record (the
+    c10d calls an op-level dump records: a collective is the one point where the ranks'
+    orders meet, `collectives_before`), then in execution order (seq: data-parallel ranks run
+    the same program). So a NaN one rank makes and the others receive through a collective is blamed on
+    the rank that made it, not on the lowest rank number nor on a rank that merely ran fewer
+    ops before the collective. The others are listed under `other_ranks` (rank, name, kind,
+    seq, source, collective, received: whether it came after a collective the answer's record
+    preceded)."""
     patterns = _as_str_tuple("nan_allow", list(nan_allow))
     found: dict[str, Any] | None = None
     others: list[dict[str, Any]] = []
@@ -344,8 +348,9 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
         origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
         if origin is not None:
             status, reason = step_status(attrs)
-            here = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason}
-            if found is None or (int(here["seq"]), r) < (int(found["seq"]), found["rank"]):
+            here = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason,
+                    "collective": collectives_before(df, int(origin["seq"]))}
+            if found is None or _order(here) < _order(found):
                 if found is not None:
                     others.append(found)
                 found = here
@@ -353,9 +358,35 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
                 others.append(here)
     if found is not None:
         found["unread_before"] = coverage.unread_before(found["step"])
-        found["other_ranks"] = [{k: o.get(k) for k in ("rank", "name", "kind", "seq", "source")}
-                                for o in sorted(others, key=lambda o: (int(o["seq"]), o["rank"]))]
+        first = int(found.get("collective", -1))
+        found["other_ranks"] = [
+            {**{k: o.get(k) for k in ("rank", "name", "kind", "seq", "source", "collective")},
+             "received": 0 <= first < int(o.get("collective", -1))}
+            for o in sorted(others, key=_order)]
     return found
+
+
+def _order(origin: dict[str, Any]) -> tuple[int, int, int]:
+    """Cross-rank order of two ranks' origins in one step: collectives begun before them,
+    then seq, then rank."""
+    return int(origin.get("collective", 0)), int(origin["seq"]), int(origin["rank"])
+
+
+_COLLECTIVE_OPS = ("c10d.", "_c10d_functional.")
+
+
+def collectives_before(df: Any, seq: int) -> int:
+    """How many collective calls (c10d ops: dist.all_reduce & co., recorded at op level) of a
+    step's records began before record `seq`: a call begins with its first record (its input,
+    before it runs), so its output records come after it. 0 in a dump without op records
+    (module level): the order across ranks is then seq's."""
+    ops = df["op"].astype(str)
+    calls = df[ops.str.startswith(_COLLECTIVE_OPS)]
+    if not len(calls):
+        return 0
+    # one call's records share their name up to ".{direction}.{index}"
+    first = calls.groupby(calls["name"].astype(str).str.rsplit(".", n=2).str[0])["seq"].min()
+    return int((first < seq).sum())
 
 
 def first_nan_origin(dump_or_path: Any, *, rank: int | None = None, step: int | None = None,
@@ -390,7 +421,13 @@ def describe_origin(o: dict[str, Any]) -> str:
             f"elements; {o['why']}")
     later = o.get("other_ranks") or []
     if later:
-        shown = "; ".join(f"rank {x['rank']} at {x['name']}" for x in later[:4])
+        def one(x: dict[str, Any]) -> str:
+            if not x.get("received"):
+                return f"rank {x['rank']} at {x['name']}"
+            return (f"rank {x['rank']} at {x['name']} (after {x['collective']} collective(s) of "
+                    f"the step, rank {o['rank']}'s after {o['collective']}): received from rank "
+                    f"{o['rank']} through a collective")
+        shown = "; ".join(one(x) for x in later[:4])
         more = f" and {len(later) - 4} more" if len(later) > 4 else ""
         text += (f". Later in that step (in execution order) {len(later)} other rank(s) hold "
                  f"non-finite values, received or made after it: {shown}{more}")
