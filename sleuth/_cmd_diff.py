@@ -117,6 +117,16 @@ def format_report(result: Any, top: int = 10) -> str:
                   f"  source {fd['source'] or '-'}"
                   + (f"   called from {fd['caller']}" if fd.get("caller") else ""),
                   f"  {fd['reason']}"]
+        before = fd.get("unpaired_before") or []
+        if before:
+            def ops(side: str) -> str:
+                mine = [b for b in before if b["side"] == side]
+                names = ", ".join(dict.fromkeys(b["op"] or b["name"] for b in mine))
+                where = ", ".join(dict.fromkeys(b["source"] for b in mine if b["source"]))
+                return f"{side}: {names} ({where or 'unknown source'})" if mine else ""
+            sides = "; ".join(x for x in (ops("A"), ops("B")) if x)
+            lines.append(f"  right before it the runs ran different ops, which have no partner "
+                         f"({sides}): the difference may be made there")
         if fd["kind"] == "data":
             lines.append("  the model's input differs: the two runs were fed different data")
         elif fd["kind"] == "parameter":

@@ -177,3 +177,58 @@ def test_a_damaged_sketch_array_is_named_not_read_as_same(runs, tmp_path):
     assert any("/sketches" in p.reason and p.side == "B" for p in result.problems)
     with pytest.raises(tracer.DumpFormatError, match="/sketches array is damaged"):
         open_dump(b).sketches(0, 0)
+
+
+class _Heads(torch.nn.Module):
+    """Multi-head attention written by hand; `right=False` merges the heads without moving
+    the head dimension back (the classic transposed-reshape bug)."""
+
+    def __init__(self, right: bool) -> None:
+        super().__init__()
+        self.right = right
+        self.qkv, self.proj = torch.nn.Linear(16, 48), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (z.view(b, t, 4, 4).transpose(1, 2) for z in self.qkv(x).split(16, dim=2))
+        y = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+        y = (y.transpose(1, 2) if self.right else y).reshape(b, t, 16)
+        return self.proj(y)
+
+
+def test_a_transposed_reshape_is_named_at_the_op_that_makes_it(tmp_path):
+    """Op level: the wrong reshape's output holds the right values in another order. The
+    sketch names that op and its line; without sketches the next op (the projection) is
+    blamed."""
+    x = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(2))
+    runs = {}
+    for right in (True, False):
+        for sketch in (True, False):
+            torch.manual_seed(0)
+            model = _Heads(right)
+            path = tmp_path / f"{right}{sketch}"
+            with tracer.Dumper(model, {"path": str(path), "level": "op", "params": False,
+                                       "sketch": sketch}) as d:
+                model(x).sum().backward()
+                d.step()
+            runs[right, sketch] = path
+    first = tracer.diff(runs[True, True], runs[False, True]).first_divergence
+    # the first paired record that differs: the projection's input, the right values moved
+    assert first["name"] == "proj::aten.view.forward.0.input.0"
+    assert first["reason"].startswith("statistics agree, but")
+    # and the ops the two runs did differently right before it: the reshape's, on its line
+    line = f"test_diff_sketch.py:{_reshape_line()}"
+    before = first["unpaired_before"]
+    assert {b["side"] for b in before} == {"A", "B"}
+    assert all(b["source"].endswith(line) for b in before)
+    assert {b["op"] for b in before if b["side"] == "A"} >= {"aten.transpose", "aten.clone"}
+    assert [b["op"] for b in before if b["side"] == "B"] == ["aten.view", "aten.view"]
+    plain = tracer.diff(runs[True, False], runs[False, False]).first_divergence
+    assert plain["op"] == "aten.addmm"  # without sketches: the projection's result
+
+
+def _reshape_line() -> int:
+    import inspect
+
+    lines, start = inspect.getsourcelines(_Heads.forward)
+    return start + next(i for i, line in enumerate(lines) if "self.right else y" in line)

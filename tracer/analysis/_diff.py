@@ -50,7 +50,8 @@ class DiffResult:
     (records out of tolerance, or a step one side lacks)."""
     first_divergence: dict[str, Any] | None
     """The first divergent record in execution order (name, module, op, phase, step, rank,
-    source, caller, kind, reason, metrics), or None."""
+    source, caller, kind, reason, metrics, and `unpaired_before`: the records without a partner
+    right before it, each {side, name, op, source}), or None."""
     records: Any
     """pandas DataFrame, one row per record pair (or unmatched record), in execution order."""
     compared: Literal["tensor", "statistics", "mixed", "none"] = "none"
@@ -267,15 +268,33 @@ def _ordered(rows: list[dict]) -> list[dict]:
 
 
 def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
-    for r in rows:
+    for i, r in enumerate(rows):
         if r["verdict"] == "diverged":
             keys = ("name", "module", "op", "phase", "step", "rank", "source", "caller",
                     "b_name", "b_step", "b_rank", "seq", "direction", "index", "dtype", "b_dtype",
                     "compared", "reason") + _METRICS
             fd = _jsonable({k: r[k] for k in keys})
             fd["kind"] = _kind(r)
+            fd["unpaired_before"] = _unpaired_before(rows, i)
             return fd
     return None
+
+
+def _unpaired_before(rows: list[dict], i: int) -> list[dict[str, str]]:
+    """The records without a partner right before row `i` in execution order (same step):
+    where the two runs computed something differently, which is where a divergence that
+    shows first in the next paired record was made (a reshape done with other ops, say).
+    Each as {side, name, op, source}, in order."""
+    out = []
+    j = i - 1
+    while j >= 0 and rows[j]["verdict"] in ("only_a", "only_b") \
+            and rows[j]["step"] == rows[i]["step"]:
+        r = rows[j]
+        side = "A" if r["verdict"] == "only_a" else "B"
+        out.append({"side": side, "name": str(r["name"] if side == "A" else r["b_name"]),
+                    "op": str(r["op"]), "source": str(r["source"])})
+        j -= 1
+    return out[::-1]
 
 
 class _StderrProgress:
