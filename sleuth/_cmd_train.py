@@ -7,8 +7,6 @@ flags (--dump, --profile, ...) are added in `register` and turned into callbacks
 from __future__ import annotations
 
 import argparse
-import atexit
-import os
 import sys
 from typing import Any
 
@@ -92,20 +90,5 @@ def _run(args: argparse.Namespace) -> int:
     except (trainer.TrainerError, tracer.TracerError, profiler.ProfilerError,
             irdump.IrDumpError) as e:
         raise CliError(str(e)) from e
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _exit_past_gloo_teardown()
+    trainer.exit_worker()  # under torchrun: past gloo's teardown (trainer._distributed)
     return 0
-
-
-def _exit_past_gloo_teardown() -> None:
-    """Leave a finished torchrun worker without the interpreter's C++ teardown.
-
-    The process group is destroyed by then, but torch's gloo threads still abort a rank now and
-    then while the interpreter finalizes ("terminate called without an active exception",
-    pytorch/pytorch#190489), and torchrun then reports a finished run as failed. Exit handlers
-    (the tools' writers, logging) run first, so nothing is lost.
-    """
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "GPT": "trainer.model",
     "ByteTokenizer": "trainer.data",
     "train": "trainer.train",
+    "exit_worker": "trainer._distributed",
     "evaluate": "trainer.train",
     "Callback": "trainer._callbacks",
     "TrainState": "trainer._callbacks",

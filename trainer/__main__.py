@@ -6,7 +6,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer import ConfigError, TrainerError, load_config, train
+    from trainer import ConfigError, TrainerError, exit_worker, load_config, train
 
     parser = argparse.ArgumentParser(prog="python -m trainer", description="Train the reference GPT.")
     parser.add_argument("--config", help="JSON file of config keys (any subset)")
@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TrainerError) as e:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2
+    if argv is None:  # the command, not a call from Python: a torchrun worker leaves now
+        exit_worker()
     return 0
 
 

@@ -59,6 +59,25 @@ def teardown(d: Dist) -> None:
         dist.destroy_process_group()
 
 
+def exit_worker() -> None:
+    """Leave a finished torchrun worker (WORLD_SIZE > 1) without the interpreter's C++
+    teardown; return at once in a single process.
+
+    The process group is destroyed by then, but torch's gloo threads still abort a rank now and
+    then while the interpreter finalizes ("terminate called without an active exception"), and
+    torchrun then reports a finished run as failed. Exit handlers (the tools' writers,
+    logging) run first, so nothing is lost."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def wrap(model: nn.Module, d: Dist) -> nn.Module:
     """The module the loop calls: DDP wrapper, the model sharded in place (FSDP), or the model."""
     if d.mode == "ddp":

@@ -9,7 +9,8 @@ import trainer
 EXPECTED = [
     "ByteTokenizer", "Callback", "CheckpointError", "ConfigError", "DataConfig", "DataError", "GPT",
     "LoRAConfig", "LoRALinear", "ModelConfig", "OptimConfig", "RunDir", "TrainConfig",
-    "TrainState", "TrainerError", "apply_lora", "evaluate", "generate", "load_config",
+    "TrainState", "TrainerError", "apply_lora", "evaluate", "exit_worker", "generate",
+    "load_config",
     "load_lora", "load_model", "lora_state_dict", "merge_lora", "new_run_id", "read_metrics",
     "save_lora",
     "small", "stream_generate", "tiny", "train", "write_run_json",
