@@ -321,11 +321,11 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
     the earliest is the answer: by the collectives each rank had begun before its record (the
     c10d calls an op-level dump records: a collective is the one point where the ranks'
     orders meet, `collectives_before`), then in execution order (seq: data-parallel ranks run
-    the same program). So a NaN one rank makes and the others receive through a collective is blamed on
-    the rank that made it, not on the lowest rank number nor on a rank that merely ran fewer
-    ops before the collective. The others are listed under `other_ranks` (rank, name, kind,
-    seq, source, collective, received: whether it came after a collective the answer's record
-    preceded)."""
+    the same program). So a NaN one rank makes and the others receive through a collective is
+    blamed on the rank that made it, not on the lowest rank number nor on a rank that merely
+    ran fewer ops before the collective. The others are listed under `other_ranks` (rank,
+    name, kind, seq, source, collective, received: whether it came after a collective the
+    answer's record preceded)."""
     patterns = _as_str_tuple("nan_allow", list(nan_allow))
     found: dict[str, Any] | None = None
     others: list[dict[str, Any]] = []
@@ -358,10 +358,9 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
                 others.append(here)
     if found is not None:
         found["unread_before"] = coverage.unread_before(found["step"])
-        first = int(found.get("collective", -1))
         found["other_ranks"] = [
             {**{k: o.get(k) for k in ("rank", "name", "kind", "seq", "source", "collective")},
-             "received": 0 <= first < int(o.get("collective", -1))}
+             "received": found["collective"] < o["collective"]}
             for o in sorted(others, key=_order)]
     return found
 
@@ -369,7 +368,7 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
 def _order(origin: dict[str, Any]) -> tuple[int, int, int]:
     """Cross-rank order of two ranks' origins in one step: collectives begun before them,
     then seq, then rank."""
-    return int(origin.get("collective", 0)), int(origin["seq"]), int(origin["rank"])
+    return origin["collective"], int(origin["seq"]), int(origin["rank"])
 
 
 _COLLECTIVE_OPS = ("c10d.", "_c10d_functional.")

@@ -25,6 +25,7 @@ from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
 from tracer.analysis._map import ModuleMap
+from tracer.analysis._origin import param_name
 from tracer.storage import op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
@@ -164,7 +165,7 @@ def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
         row["reason"] = f"no matching record in {'A' if ra is None else 'B'}"
         return row
     permuted = layouts is not None and ra["phase"] == "optimizer" \
-        and str(ra["name"]).rsplit(".optimizer.", 1)[0] in layouts
+        and param_name(ra) in layouts
     if ra["shape"] != rb["shape"] or permuted:
         layout = "permuted" if permuted else (
             _layout(str(ra["shape"]), str(rb["shape"])) if layouts is not None else None)

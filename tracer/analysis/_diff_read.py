@@ -14,7 +14,7 @@ import numpy as np
 from tracer._errors import DumpFormatError
 from tracer.analysis._compare import TensorMetrics, Tolerance, itemsize, judge_tensor
 from tracer.storage import (c_order_bytes, dense_strides, parse_shape, read_sketches,
-                            stored_extent)
+                            sketch_row, stored_extent)
 
 # errors h5py and numpy raise on a damaged file, besides OSError
 READ_ERRORS = (DumpFormatError, OSError, RuntimeError, ValueError, KeyError, TypeError,
@@ -104,10 +104,7 @@ class TensorReader:
             except DumpFormatError as e:
                 raise ReadError(self.side, self.path, f"damaged: {e}", "damaged") from e
         table, scheme = self._sketches
-        if table is None or row < 0 or row >= len(table):
-            return None, scheme
-        values = table[row]
-        return (None if np.isnan(values).all() else values), scheme
+        return sketch_row(table, row), scheme
 
     def close(self) -> None:
         if self.fd is not None:

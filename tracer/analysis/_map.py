@@ -30,6 +30,7 @@ from typing import Any
 
 from tracer._errors import ConfigError, TracerError
 from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats
+from tracer.analysis._origin import param_name
 from tracer.storage import open_dump
 
 
@@ -58,7 +59,8 @@ class ModuleMap:
 
         lines = [f"# sleuth map {self.a} {self.b}",
                  "# modules: A's module -> B's module. Edit freely: change a B name, add a pair,",
-                 "# or delete a line to leave a module unpaired; then `sleuth diff --map FILE A B`.",
+                 "# or delete a line to leave a module unpaired; then",
+                 "# `sleuth diff --map FILE A B`.",
                  f"a: {q(self.a)}", f"b: {q(self.b)}", "modules:"]
         lines += [f"  {q(a)}: {q(b)}  # {why}" for a, b, why in self.pairs]
         lines.append("# A's parameters that B stores in another layout (transposed): compared by "
@@ -142,7 +144,7 @@ def _by_parameters(ta: Any, tb: Any, ska: Any, skb: Any
         j = candidates.pop(0)  # equal values held alike by several: in recorded order
         rb = tb.loc[j]
         how = _how_equal(r.shape, rb["shape"], int(r.numel), ska, skb, i, j)
-        full = r.name.rsplit(".optimizer.", 1)[0]
+        full = param_name({"name": r.name})
         param = full.removeprefix(f"{r.module}.")
         if how not in ("equal", "same values"):
             permuted.append(full)

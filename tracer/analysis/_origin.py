@@ -69,7 +69,9 @@ def _call(rec: dict) -> str:
     return str(rec["name"]).rsplit(".", 2)[0]  # {scope}.{phase}.{call}
 
 
-def _param_scope(rec: dict) -> str:
+def param_name(rec: dict) -> str:
+    """The parameter a param, grad or update record belongs to (its name before
+    `.optimizer.`)."""
     return str(rec["name"]).split(".optimizer.", 1)[0]
 
 
@@ -244,12 +246,12 @@ class StepOrigin:
         module = str(out["module"])
         for r in self.recs:
             if (r["phase"] == "optimizer" and r["direction"] == "param" and nonfinite(r)
-                    and (module == "<root>" or _param_scope(r).startswith(module + "."))):
+                    and (module == "<root>" or param_name(r).startswith(module + "."))):
                 return self._weight(r, out)
         return None
 
     def _weight(self, param: dict, first: dict) -> dict[str, Any]:
-        scope = _param_scope(param)
+        scope = param_name(param)
         before = self.finite_before()
         if before is None:
             when = "whether it was finite when the step began is not known (the step before " \
@@ -272,7 +274,7 @@ class StepOrigin:
     def _origin(self, r: dict, kind: str, why: str | None = None) -> dict[str, Any]:
         call = self.calls.get(_call(r), {"consumed": []})
         if kind == "in_place_write":
-            params = [_param_scope(p) for p in self.recs if p["phase"] == "optimizer"
+            params = [param_name(p) for p in self.recs if p["phase"] == "optimizer"
                       and p["direction"] == "param" and nonfinite(p)]
             if params:
                 why = (why or _KIND_WHY[kind]) + ("; parameters non-finite when the optimizer "
@@ -287,7 +289,7 @@ class StepOrigin:
 
 def finite_params(recs: list[dict]) -> set[str]:
     """Parameter scopes whose weight and update are finite in a step: finite after it."""
-    bad = {_param_scope(r) for r in recs if r["phase"] == "optimizer" and nonfinite(r)
+    bad = {param_name(r) for r in recs if r["phase"] == "optimizer" and nonfinite(r)
            and r["direction"] in ("param", "update")}
-    return {_param_scope(r) for r in recs if r["phase"] == "optimizer"
+    return {param_name(r) for r in recs if r["phase"] == "optimizer"
             and r["direction"] == "param"} - bad

@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "parse_shape": "tracer.storage._reader",
     "read_sketches": "tracer.storage._reader",
     "sketch_positions": "tracer.storage._sketch",
+    "sketch_row": "tracer.storage._sketch",
     "SKETCH_SIZE": "tracer.storage._sketch",
     # exporting
     "export_parquet": "tracer.storage._export",

@@ -21,7 +21,7 @@ import numpy as np
 from tracer._errors import DumpFormatError, RecordNotFoundError
 from tracer.storage._format import (FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, RecordRow,
                                     records_crc32)
-from tracer.storage._sketch import SKETCH_SIZE
+from tracer.storage._sketch import SKETCH_SIZE, row_of
 from tracer.storage._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
@@ -322,10 +322,7 @@ class Dump:
         """One record's sketch (see `sketches`), or None when it has none."""
         arr, index = self._table(rank, step)
         i = self._row_index(rank, step, index, name)
-        table = self.sketches(rank, step)
-        if table is None or np.isnan(table[i]).all():
-            return None
-        return table[i]
+        return row_of(self.sketches(rank, step), i)
 
     def hits(self, rank: int = 0, step: int | None = None):
         """The /hits table (watchpoint hits) of a step as a DataFrame; empty when none."""

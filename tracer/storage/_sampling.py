@@ -21,10 +21,15 @@ _INDEX: dict[tuple, torch.Tensor] = {}  # (shape, strides, device) -> the sample
 _INDEX_MAX = 4096
 
 
+def _sampled(t: torch.Tensor) -> bool:
+    """Whether `t` has a sketch: a strided tensor of real values with elements."""
+    return t.layout is _STRIDED and not t.dtype.is_complex and t.numel() > 0
+
+
 def sketch_of(t: torch.Tensor) -> np.ndarray | None:
     """The sketch of `t`'s values (SKETCH_SIZE float64, NaN-padded), or None where it has none:
     no elements, a meta tensor, complex values, or not a strided tensor."""
-    if t.is_meta or t.layout is not _STRIDED or t.dtype.is_complex or not t.numel():
+    if t.is_meta or not _sampled(t):
         return None
     if t.is_cpu and _sample is not None and not t.is_neg():
         code = _STATS_CODES.get(t.dtype)
@@ -61,7 +66,7 @@ def with_sketch(packed: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """`device_stats(t)`'s packed vector with `t`'s sketch after it, as float64 bits
     (`decode_packed` returns it as the statistics' "sketch"); `packed` alone where `t` has no
     sketch."""
-    if t.layout is not _STRIDED or t.dtype.is_complex or not t.numel():
+    if not _sampled(t):
         return packed
     return torch.cat([packed, device_sample(t).view(torch.int64)])
 

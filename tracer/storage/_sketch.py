@@ -75,6 +75,15 @@ def offsets(shape: tuple[int, ...], strides: tuple[int, ...]) -> bytes:
     return where.tobytes()
 
 
+def row_of(table: np.ndarray | None, row: int) -> np.ndarray | None:
+    """Row `row` of a /sketches array: that record's sketch, or None when the step kept none
+    or the record has none (a row of NaN)."""
+    if table is None or not 0 <= row < len(table):
+        return None
+    values = table[row]
+    return None if np.isnan(values).all() else values
+
+
 def padded(values: np.ndarray) -> np.ndarray:
     """Sampled values (float64, at most SKETCH_SIZE) as a sketch: NaN after the last."""
     out = np.full(SKETCH_SIZE, np.nan)
@@ -97,3 +106,4 @@ def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 sketch_positions = positions
+sketch_row = row_of
