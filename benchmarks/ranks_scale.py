@@ -7,7 +7,9 @@ rewritten as the writer would), and then, each as the user runs it (`sleuth` in 
 
   diff_wN        `sleuth diff A B --workers N`         for N in --workers (1, 2, all cores)
   diff_dask      `sleuth diff A B --scheduler ADDR`     on a local Dask cluster (2 workers)
-  check          `sleuth check B --first-nan`           (one process)
+  check_wN       `sleuth check B --workers N`           watchpoints and the first NaN, likewise
+  check_dask     `sleuth check B --scheduler ADDR`
+  first_nan_wN   `sleuth check B --first-nan --workers N`  the first NaN only
 
 Each row: wall seconds, the command's peak resident memory (the whole process tree, sampled
 every 20 ms; the Dask workers' memory is theirs, listed apart), and whether the perturbed rank,
@@ -213,6 +215,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         wall, mem, code, out = timed(_sleuth("diff", str(a), str(b), "--workers", str(n),
                                              "--json"))
         rows[f"diff_w{n}"] = _diff_row(wall, mem, code, out, planted)
+        for name, extra in (("check", ()), ("first_nan", ("--first-nan",))):
+            wall, mem, code, out = timed(_sleuth("check", str(b), *extra, "--workers", str(n),
+                                                 "--json"))
+            rows[f"{name}_w{n}"] = _check_row(wall, mem, code, out, planted)
     if not args.no_dask:
         from distributed import LocalCluster
 
@@ -222,18 +228,24 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                                  cluster.scheduler_address, "--json"))
             rows["diff_dask"] = _diff_row(wall, mem, code, out, planted)
             rows["diff_dask"]["workers"] = 2
-    wall, mem, code, out = timed(_sleuth("check", str(b), "--first-nan", "--json"))
-    origin = (json.loads(out).get("first_nan") or {})
-    rows["check"] = {"wall_s": round(wall, 2), "peak_rss_mib": round(mem / 2**20, 1),
-                     "exit": code, "named": [origin.get("rank"), origin.get("step"),
-                                             origin.get("name")],
-                     "right": [origin.get("rank"), origin.get("step"), origin.get("name")]
-                     == [planted["rank"], planted["step"], planted["name"]]}
+            wall, mem, code, out = timed(_sleuth("check", str(b), "--scheduler",
+                                                 cluster.scheduler_address, "--json"))
+            rows["check_dask"] = _check_row(wall, mem, code, out, planted)
+            rows["check_dask"]["workers"] = 2
     return {"benchmark": "ranks_scale", "model": args.model, "ranks": args.ranks,
             "real_ranks": args.procs, "steps": args.steps, "records": records,
             "dump_mib": round(size / 2**20, 1), "cores": os.cpu_count(), "planted": planted,
             "rows": rows, "all_right": all(r["right"] for r in rows.values()),
             "total_s": round(time.perf_counter() - t0, 1)}
+
+
+def _check_row(wall: float, mem: int, code: int, out: str, planted: dict) -> dict[str, Any]:
+    res = json.loads(out)
+    origin = res.get("first_nan") or {}
+    named = [origin.get("rank"), origin.get("step"), origin.get("name")]
+    return {"wall_s": round(wall, 2), "peak_rss_mib": round(mem / 2**20, 1), "exit": code,
+            "engine": res.get("engine"), "named": named,
+            "right": named == [planted["rank"], planted["step"], planted["name"]]}
 
 
 def _diff_row(wall: float, mem: int, code: int, out: str, planted: dict) -> dict[str, Any]:

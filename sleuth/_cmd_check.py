@@ -59,6 +59,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "all of them)")
     p.add_argument("--limit", type=int, default=20,
                    help="hits (with --headroom: rows of each list) to print (default 20)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="local processes checking the ranks of a dump of several ranks "
+                   "(default: one per core, at most one per rank; 1 checks them in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="check the ranks on this Dask scheduler (tcp://host:8786; default: "
+                   "$SLEUTH_DASK_SCHEDULER, else local processes); every worker must see the "
+                   "dump at the same path")
     p.add_argument("--csv", metavar="FILE", help="write every hit to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run)
@@ -122,9 +129,20 @@ def _run(args: argparse.Namespace) -> int:
     from tracer.analysis import Coverage, check, describe_origin, find_first_nan
     from sleuth._cmd_dump import _open
 
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers {args.workers}: give 1 or more")
     dump = _open(args.path)
+    engine = "in-process"
     try:
-        if args.first_nan:
+        if _several_ranks(args):
+            dump.close()  # each rank's task opens its own files
+            hits = _check_ranks(args)
+            engine = hits.attrs["engine"]
+            origin = hits.attrs["first_nan"]
+            cov = hits.attrs["coverage"]
+            if args.first_nan:
+                hits = None
+        elif args.first_nan:
             coverage = Coverage()
             origin = find_first_nan(dump, coverage, rank=args.rank, step=args.step,
                                     nan_allow=args.nan_allow)
@@ -148,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         out = {"status": {0: "clean", 1: "hit", 2: "incomplete"}[code], "found": found,
                "verdict": verdict, "read": cov["read"], "unread": cov["unread"],
-               "interrupted": cov["interrupted"],
+               "interrupted": cov["interrupted"], "engine": engine,
                "first_nan": {k: _clean(v) for k, v in origin.items()} if origin else None}
         if hits is not None:
             out["hits"] = [{k: _clean(v) for k, v in h.items()} for h in hits.to_dict("records")]
@@ -177,6 +195,35 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"  ... {n - args.limit} more (--limit, --csv)")
     return _close(cov, code, verdict, "searched, records up to the stop")
 
+
+
+def _several_ranks(args: argparse.Namespace) -> bool:
+    """Whether each rank is checked as its own task: no --rank, a directory, several ranks."""
+    if args.rank is not None or not Path(args.path).is_dir():
+        return False
+    from tracer.analysis import dump_ranks
+
+    return len(dump_ranks(args.path)) > 1
+
+
+def _check_ranks(args: argparse.Namespace) -> Any:
+    """`check_ranks` with the CLI's options and a progress line on a terminal."""
+    from tracer.analysis import check_ranks
+
+    show = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            print(f"\rcheck: {done}/{total} rank(s)", end="", file=sys.stderr, flush=True)
+
+    try:
+        return check_ranks(args.path, watch=None if args.first_nan else _watch(args),
+                           step=args.step, nan_allow=args.nan_allow,
+                           only_first_nan=args.first_nan, workers=args.workers,
+                           scheduler=args.scheduler, progress=progress)
+    finally:
+        if show:
+            print(file=sys.stderr)
 
 
 def _close(cov: dict[str, Any], code: int, verdict: str, interrupted_use: str) -> int:
@@ -213,10 +260,13 @@ def _run_headroom(args: argparse.Namespace) -> int:
 
     for flag, given in (("--step", args.step is not None), ("--first-nan", args.first_nan),
                         ("--condition", bool(args.condition)), ("--watch", bool(args.watch)),
-                        ("--csv", bool(args.csv))):
+                        ("--csv", bool(args.csv)), ("--workers", args.workers is not None),
+                        ("--scheduler", bool(args.scheduler))):
         if given:
             why = ("a trend needs every dumped step" if flag == "--step" else
                    "use --json for the trend rows" if flag == "--csv" else
+                   "the trends are fitted in this process" if flag in ("--workers",
+                                                                        "--scheduler") else
                    "run it as a separate sleuth check")
             raise CliError(f"--headroom and {flag} do not go together: {why}")
     dump = _open(args.path)

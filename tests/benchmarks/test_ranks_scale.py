@@ -20,7 +20,8 @@ def test_smallest_size_names_the_perturbed_rank(tmp_path):
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     data = json.loads(out.stdout)
-    assert set(data["rows"]) == {"diff_w1", "diff_w2", "diff_dask", "check"}
+    assert set(data["rows"]) == {"diff_w1", "diff_w2", "diff_dask", "check_w1", "check_w2",
+                                 "check_dask", "first_nan_w1", "first_nan_w2"}
     planted = data["planted"]
     assert planted["rank"] == 2 and planted["step"] == 1
     for name, row in data["rows"].items():
@@ -29,4 +30,6 @@ def test_smallest_size_names_the_perturbed_rank(tmp_path):
         assert row["peak_rss_mib"] > 10, name
     assert data["rows"]["diff_w2"]["engine"] == "local (2 processes)"
     assert data["rows"]["diff_dask"]["engine"].startswith("dask ")
+    assert data["rows"]["check_w2"]["engine"] == "local (2 processes)"
+    assert data["rows"]["check_dask"]["engine"].startswith("dask ")
     assert data["all_right"] and data["ranks"] == 4 and data["records"] > 0

@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "Coverage": "tracer.analysis._check",
     "TABLE_READ_ERRORS": "tracer.analysis._check",
     "check": "tracer.analysis._check",
+    "check_ranks": "tracer.analysis._check_ranks",
     "describe_origin": "tracer.analysis._check",
     "file_rows": "tracer.analysis._check",
     "find_first_nan": "tracer.analysis._check",

@@ -19,16 +19,15 @@ not run, is named; neither ever reads as "same".
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff_plan import DiffError
+from tracer.analysis._engine import SCHEDULER_ENV, rank_path, run_per_rank
 
-SCHEDULER_ENV = "SLEUTH_DASK_SCHEDULER"
-"""Environment variable naming a Dask scheduler address when `scheduler` is not given."""
+__all__ = ["RankDiffResult", "SCHEDULER_ENV", "diff_one_rank", "diff_ranks", "dump_ranks"]
 
 
 @dataclass
@@ -128,12 +127,8 @@ def diff_ranks(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None =
     only_b = [r for r in chosen if r in rb and r not in ra]
     tol = tolerance or Tolerance()
     args = dict(a=a, b=b, step=step, tol=tol, allow_missing=allow_missing)
-    scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
-    if scheduler:
-        summaries, engine = _on_dask(scheduler, both, args, progress), f"dask {scheduler}"
-    else:
-        n = workers or min(os.cpu_count() or 1, len(both))
-        summaries, engine = _on_pool(n, both, args, progress)
+    summaries, engine = run_per_rank(diff_one_rank, both, args, workers=workers,
+                                     scheduler=scheduler, progress=progress)
     summaries.sort(key=lambda s: s["rank"])
     earliest = min((s["first_divergence"] for s in summaries if s["first_divergence"]),
                    key=_order, default=None)
@@ -166,7 +161,7 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # what could not be read comes back as problems
         try:
-            res = diff(_rank_path(a, rank), _rank_path(b, rank), step=step, rank=rank,
+            res = diff(rank_path(a, rank), rank_path(b, rank), step=step, rank=rank,
                        b_rank=rank, tolerance=tol, allow_missing=allow_missing,
                        keep_records=False)
         except DiffError as e:  # e.g. a rank whose files are all damaged on one side
@@ -176,64 +171,3 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
     return dict(rank=rank, status=res.status, exit_code=res.exit_code, first_divergence=fd,
                 counts=res.counts(), problems=[p.to_dict() for p in res.problems],
                 steps=res.steps, notes=res.notes, error="")
-
-
-def _rank_path(root: str, rank: int) -> str:
-    """The rank's own folder when the dump names its run (dump/dump.json), so that a task
-    reads one rank's files instead of probing every rank's (which would make n ranks cost n^2
-    file opens); the whole dump otherwise, where the run's files are told apart by the newest
-    file of all ranks."""
-    from tracer.storage import RUN_FILE
-
-    d = Path(root) / "dump" if (Path(root) / "dump").is_dir() else Path(root)
-    if (d / RUN_FILE).is_file() and (d / f"rank{rank}").is_dir():
-        return str(d / f"rank{rank}")
-    return root
-
-
-def _on_pool(n: int, ranks: list[int], args: dict[str, Any],
-             progress: Callable[[int, int], None] | None) -> tuple[list[dict], str]:
-    out = []
-    if n <= 1 or len(ranks) <= 1:
-        for r in ranks:
-            out.append(diff_one_rank(r, **args))
-            if progress:
-                progress(len(out), len(ranks))
-        return out, "in-process"
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    # forkserver: a child never inherits this process's open HDF5 handles or threads
-    ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futures = [pool.submit(diff_one_rank, r, **args) for r in ranks]
-        for f in as_completed(futures):
-            out.append(f.result())
-            if progress:
-                progress(len(out), len(ranks))
-    return out, f"local ({n} processes)"
-
-
-def _on_dask(address: str, ranks: list[int], args: dict[str, Any],
-             progress: Callable[[int, int], None] | None) -> list[dict]:
-    try:
-        from distributed import Client, as_completed
-    except ImportError as e:
-        raise DiffError("a Dask scheduler was named but dask.distributed is not installed: "
-                        "pip install 'dask[distributed]', or drop --scheduler to use local "
-                        "processes") from e
-    try:
-        client = Client(address, timeout=10)
-    except (OSError, TimeoutError) as e:
-        raise DiffError(f"cannot reach the Dask scheduler at {address}: {e}; start one "
-                        f"(`dask scheduler`) or drop --scheduler to use local processes") from e
-    out = []
-    try:
-        futures = [client.submit(diff_one_rank, r, pure=False, **args) for r in ranks]
-        for f in as_completed(futures):
-            out.append(f.result())
-            if progress:
-                progress(len(out), len(ranks))
-    finally:
-        client.close()
-    return out

@@ -1,0 +1,101 @@
+"""Where per-rank tasks run: in this process, on a local process pool, or on a Dask
+distributed cluster the user names.
+
+A run of many ranks is one dump folder per rank, and the analyses (`diff_ranks`,
+`check_ranks`) are one task per rank whose arguments and result are plain data. The task
+functions live at module level so a pool or a Dask worker can import them; each task reads its
+rank's files where they lie (shared storage on a cluster: paths are made absolute before they
+are sent) and returns a summary, never a record table, so the caller's memory grows with the
+number of ranks, not with the dump's size.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from tracer._errors import TracerError
+
+SCHEDULER_ENV = "SLEUTH_DASK_SCHEDULER"
+"""Environment variable naming a Dask scheduler address when `scheduler` is not given."""
+
+Progress = Callable[[int, int], None]
+
+
+def run_per_rank(task: Callable[..., dict], ranks: list[int], kwargs: dict[str, Any], *,
+                 workers: int | None = None, scheduler: str | None = None,
+                 progress: Progress | None = None) -> tuple[list[dict], str]:
+    """`task(rank, **kwargs)` for every rank; (results in completion order, engine).
+
+    scheduler (else $SLEUTH_DASK_SCHEDULER) runs the tasks on that Dask cluster; otherwise
+    `workers` local processes (default one per core, at most one per rank), or this process
+    when that is one. The engine reads "in-process", "local (N processes)" or "dask ADDRESS".
+    """
+    scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
+    if scheduler:
+        return _on_dask(scheduler, task, ranks, kwargs, progress), f"dask {scheduler}"
+    n = workers or min(os.cpu_count() or 1, len(ranks))
+    return _on_pool(n, task, ranks, kwargs, progress)
+
+
+def rank_path(root: str, rank: int) -> str:
+    """The rank's own folder when the dump names its run (dump/dump.json), so that a task
+    reads one rank's files instead of probing every rank's (which would make n ranks cost n^2
+    file opens); the whole dump otherwise, where the run's files are told apart by the newest
+    file of all ranks."""
+    from tracer.storage import RUN_FILE
+
+    d = Path(root) / "dump" if (Path(root) / "dump").is_dir() else Path(root)
+    if (d / RUN_FILE).is_file() and (d / f"rank{rank}").is_dir():
+        return str(d / f"rank{rank}")
+    return root
+
+
+def _on_pool(n: int, task: Callable[..., dict], ranks: list[int], kwargs: dict[str, Any],
+             progress: Progress | None) -> tuple[list[dict], str]:
+    out = []
+    if n <= 1 or len(ranks) <= 1:
+        for r in ranks:
+            out.append(task(r, **kwargs))
+            if progress:
+                progress(len(out), len(ranks))
+        return out, "in-process"
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # forkserver: a child never inherits this process's open HDF5 handles or threads
+    ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+        futures = [pool.submit(task, r, **kwargs) for r in ranks]
+        for f in as_completed(futures):
+            out.append(f.result())
+            if progress:
+                progress(len(out), len(ranks))
+    return out, f"local ({n} processes)"
+
+
+def _on_dask(address: str, task: Callable[..., dict], ranks: list[int],
+             kwargs: dict[str, Any], progress: Progress | None) -> list[dict]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError as e:
+        raise TracerError("a Dask scheduler was named but dask.distributed is not installed: "
+                          "pip install 'dask[distributed]', or drop --scheduler (and "
+                          f"${SCHEDULER_ENV}) to use local processes") from e
+    try:
+        client = Client(address, timeout=10)
+    except (OSError, TimeoutError) as e:
+        raise TracerError(f"cannot reach the Dask scheduler at {address}: {e}; start one "
+                          f"(`dask scheduler`) or drop --scheduler (and ${SCHEDULER_ENV}) to "
+                          "use local processes") from e
+    out = []
+    try:
+        futures = [client.submit(task, r, pure=False, **kwargs) for r in ranks]
+        for f in as_completed(futures):
+            out.append(f.result())
+            if progress:
+                progress(len(out), len(ranks))
+    finally:
+        client.close()
+    return out
