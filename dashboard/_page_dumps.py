@@ -73,8 +73,13 @@ def register(app: Any, ctx: Context) -> None:
         except _data.NoData as e:
             return [], None, notice(e)
         skipped = list(getattr(d, "skipped", None) or [])
-        note = (html.P(f"{len(skipped)} partial or unreadable step file(s) skipped (a run still "
-                       f"writing, or a crash): {skipped[0]}", className="sleuth-note") if skipped else None)
+        notes = [html.P(f"{len(skipped)} partial or unreadable step file(s) skipped (a run still "
+                        f"writing, or a crash): {skipped[0]}", className="sleuth-note")] if skipped else []
+        if getattr(d, "manifest", None) is not None:  # a Parquet export (tracer.storage.ExportedDump)
+            notes.append(html.P(f"statistics read from the Parquet export {d.root}: no tensor "
+                                "bytes, and no watchpoint hits (those need the HDF5 dump)",
+                                className="sleuth-note", id="dumps-export-note"))
+        note = html.Div(notes) if notes else None
         if not ranks:
             return [], None, empty_state("this dump holds no complete step file yet")
         wanted = int(want["rank"]) if (want or {}).get("rank") not in (None, "") else None

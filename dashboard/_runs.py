@@ -71,6 +71,9 @@ def available(root: Path) -> dict[str, bool]:
     for kind, rel in _DATA_KINDS.items():
         p = root / rel
         out[kind] = p.is_file() if p.suffix else (p.is_dir() and any(p.iterdir()))
+    # a Parquet export of a dump's statistics (sleuth dump export) is read by the Dumps page
+    out["dump"] = out["dump"] or any((p / "_sleuth_export.json").is_file()
+                                     for p in (root, root / "export.parquet"))
     return out
 
 
@@ -79,6 +82,7 @@ def available(root: Path) -> dict[str, bool]:
 # would make every open page re-read it once more.
 _DATA_FILES: tuple[tuple[str, str], ...] = (
     (".", "run.json"), (".", "metrics*.jsonl"), ("summary", "rank*.h5"), ("dump/rank*", "step*.h5"),
+    ("export.parquet", "_sleuth_export.json"), (".", "_sleuth_export.json"),
     ("profile/rank*", "window*.trace.json*"), ("ir", "*.ir"), ("ir", "*.svg"),
 )
 

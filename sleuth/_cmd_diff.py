@@ -65,19 +65,6 @@ def _fmt(v: Any, kind: str = "g") -> str:
     return str(v)
 
 
-def _severity(row: dict) -> tuple:
-    """Sort key, worst first: NaN/Inf patterns that differ, then low cosine, then large
-    relative error."""
-    nonfinite = -(_nan_inf(row) or 0)
-    cos = row.get("cosine")
-    cos = 1.0 if cos is None or (isinstance(cos, float) and math.isnan(cos)) else cos
-    rel = row.get("max_rel_err")
-    rel = row.get("norm_rdiff") if rel is None or (isinstance(rel, float) and math.isnan(rel)) \
-        else rel
-    rel = 0.0 if rel is None or (isinstance(rel, float) and math.isnan(rel)) else rel
-    return (nonfinite, -(1.0 - cos), -rel)
-
-
 _STATUS_LINE = {
     "same": "SAME",
     "diverged": "DIVERGED",
@@ -141,7 +128,8 @@ def format_report(result: Any, top: int = 10) -> str:
                          f"diverged){mark}")
     for note in result.notes:
         lines.append(f"note: {note}")
-    lines += _table(result.records, top)
+    c = result.counts()
+    lines += _table(result.shown, top, c["only_a"] + c["only_b"])
     return "\n".join(lines)
 
 
@@ -149,16 +137,15 @@ _HEAD = ("order", "step", "name", "phase", "dtype", "nan/+inf/-inf A | B", "cosi
          "max_rel", "within", "compared")
 
 
-def _table(df: Any, top: int) -> list[str]:
+def _table(df: Any, top: int, n_unpaired: int) -> list[str]:
     """The first divergent record, the worst others, then the records without a partner
-    (named, after every real divergence)."""
+    (named, after every real divergence): `DiffResult.shown`, whose divergent rows come
+    first, then worst first."""
     rows = df[df["verdict"] == "diverged"].to_dict("records")
     unpaired = df[df["verdict"].isin(["only_a", "only_b"])].to_dict("records")
     if not rows and not unpaired:
         return []
-    table = []
-    if rows:
-        table = [rows[0]] + sorted(rows[1:], key=_severity)[:max(top - 1, 0)]
+    table = rows[:max(top, 1)] if rows else []
     table += unpaired[:top]
     cells = [[str(r["order"]), _step(r), r["name"] or r["b_name"], r["phase"],
               r["dtype"] if r["dtype"] == r["b_dtype"] else f"{r['dtype'] or '-'}/"
@@ -172,7 +159,7 @@ def _table(df: Any, top: int) -> list[str]:
     title = (f"divergent records (first, then the worst {max(len(table) - len(unpaired[:top]) - 1, 0)})"
              if rows else "records")
     if unpaired:
-        title += f"; then {min(len(unpaired), top)} of {len(unpaired)} without a partner"
+        title += f"; then {min(len(unpaired), top)} of {n_unpaired} without a partner"
     lines = ["", title + ":", "  ".join(h.ljust(w) for h, w in zip(_HEAD, widths))]
     for cell in cells:
         if len(cell[2]) > widths[2]:
@@ -197,11 +184,79 @@ def _counts(r: dict) -> str:
     return f"{side('')} | {side('b_')}"
 
 
-def _nan_inf(r: dict) -> Any:
-    n, i = r.get("nan_diff"), r.get("inf_diff")
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return None
-    return int(n) + int(i)
+class _RowSinks:
+    """Where a streamed diff's rows go, step by step, so that memory holds one step's rows
+    whatever the dump's size: the --csv file, and for --json a temporary file spliced into the
+    JSON object at the end (the answer's status is known only then)."""
+
+    def __init__(self, csv_path: str | None, json_rows: bool) -> None:
+        self.csv_path, self.json_rows = csv_path, json_rows
+        self.csv = self.tmp = None
+        self.csv_tmp = ""
+        self.header = True
+        self.first = True
+
+    def __enter__(self) -> "_RowSinks":
+        import tempfile
+
+        if self.csv_path:
+            import os
+
+            # beside the target, renamed over it once the diff ends: a diff that fails leaves
+            # a file the user had there as it was
+            folder = os.path.dirname(os.path.abspath(self.csv_path))
+            try:
+                fd, self.csv_tmp = tempfile.mkstemp(prefix=".sleuth-diff-", suffix=".csv",
+                                                    dir=folder)
+                self.csv = os.fdopen(fd, "w", newline="")
+            except OSError as e:
+                raise CliError(f"cannot write {self.csv_path}: {e}") from e
+        if self.json_rows:
+            self.tmp = tempfile.TemporaryFile("w+")
+        return self
+
+    def add(self, rows: list[dict]) -> None:
+        from tracer import DiffResult
+
+        if self.csv is not None:
+            try:
+                DiffResult.frame(rows).to_csv(self.csv, index=False, header=self.header)
+            except OSError as e:
+                raise CliError(f"cannot write {self.csv_path}: {e}") from e
+            self.header = False
+        if self.tmp is not None:
+            for r in DiffResult.json_rows(rows):
+                self.tmp.write(("" if self.first else ", ") + json.dumps(r, allow_nan=False))
+                self.first = False
+
+    def print_json(self, head: dict) -> None:
+        """`head` with "records": every row written so far."""
+        text = json.dumps(head, allow_nan=False)
+        sys.stdout.write(text[:-1] + (', "records": [' if head else '"records": ['))
+        self.tmp.seek(0)
+        while chunk := self.tmp.read(1 << 20):
+            sys.stdout.write(chunk)
+        sys.stdout.write("]}\n")
+        sys.stdout.flush()
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        import os
+
+        if self.csv is not None:
+            if self.header:  # no step compared: the header alone, as an empty table writes
+                from tracer import DiffResult
+
+                DiffResult.frame([]).to_csv(self.csv, index=False)
+            self.csv.close()
+            if kind is None:
+                try:
+                    os.replace(self.csv_tmp, self.csv_path)
+                except OSError as e:
+                    raise CliError(f"cannot write {self.csv_path}: {e}") from e
+            else:
+                os.unlink(self.csv_tmp)
+        if self.tmp is not None:
+            self.tmp.close()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -222,19 +277,16 @@ def _run(args: argparse.Namespace) -> int:
                 raise CliError("--csv writes one rank pair's records: choose it with --rank R")
             return run_ranks(args, tol)
         progress = args.progress or sys.stderr.isatty()
-        result = tracer.diff(args.a, args.b, step=args.step, rank=args.rank,
-                             b_step=args.b_step, b_rank=args.b_rank, tolerance=tol,
-                             progress=progress, allow_missing=args.allow_missing,
-                             module_map=module_map)
+        with _RowSinks(args.csv, args.json) as sinks:
+            result = tracer.diff(args.a, args.b, step=args.step, rank=args.rank,
+                                 b_step=args.b_step, b_rank=args.b_rank, tolerance=tol,
+                                 progress=progress, allow_missing=args.allow_missing,
+                                 module_map=module_map, keep_records=False,
+                                 keep_worst=max(args.top, 1), on_rows=sinks.add)
+            if args.json:
+                sinks.print_json(result.to_dict(records=False))
     except TracerError as e:
         raise CliError(str(e)) from e
-    if args.csv:
-        try:
-            result.records.to_csv(args.csv, index=False)
-        except OSError as e:
-            raise CliError(f"cannot write {args.csv}: {e}") from e
-    if args.json:
-        print(json.dumps(result.to_dict(), allow_nan=False))
-    else:
+    if not args.json:
         print(format_report(result, args.top))
     return result.exit_code

@@ -323,3 +323,39 @@ def test_empty_states(browser, server, path, message):
     if path.startswith("/profile"):
         screenshot(browser, "empty-profile")
     assert severe_logs(browser) == []
+
+
+def test_dumps_page_reads_a_parquet_export(browser, runs_dir, tools):
+    """A run folder holding only the Parquet export of a dump (`sleuth dump export`): the Dumps
+    page reads its statistics, NaN rows and headroom, and says that tensors are not there."""
+    from selenium.webdriver.common.by import By
+
+    import dashboard
+    import tracer
+    from tracer.storage import export_parquet
+
+    need(tools, "dump")
+    exp = runs_dir / "exported"
+    exp.mkdir()
+    (exp / "run.json").write_text('{"name": "exported", "world_size": 1}')
+    export_parquet(runs_dir / "lr-up", exp / "export.parquet")
+    dump = tracer.open_dump(runs_dir / "lr-up")
+    bad = [s for s in dump.steps(0)
+           if (dump.stats(0, s)[["nan", "posinf", "neginf"]].to_numpy() > 0).any()]
+    n = len(dump.stats(0, bad[0]))
+    handle = dashboard.serve(dashboard.create_app([exp], refresh_s=1.0), port=free_port(),
+                             background=True)
+    try:
+        open_page(browser, handle, f"/dumps?run=0&rank=0&step={bad[0]}")
+        note = wait_for(lambda: browser.find_elements(By.ID, "dumps-export-note"))
+        assert "Parquet export" in note[0].text and "no tensor bytes" in note[0].text
+        assert wait_for(lambda: text_of(browser, "dumps-detail").startswith(f"{n} records"))
+        assert "with NaN/Inf" in text_of(browser, "dumps-detail")
+        browser.find_element(By.CSS_SELECTOR, "#dumps-table td[data-dash-column='name']").click()
+        title = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dumps-headroom .gtitle"))
+        assert "over the steps" in title[0].text
+        assert "statistics only" in text_of(browser, "dumps-detail")
+        screenshot(browser, "dumps-export")
+        assert severe_logs(browser) == []
+    finally:
+        handle.close()

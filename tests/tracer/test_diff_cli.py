@@ -105,3 +105,47 @@ def test_progress_on_stderr_only_when_asked(tmp_path, capsys):
     assert "diff:" not in capsys.readouterr().err  # not a terminal here
     main(["diff", a, b, "--progress"])
     assert "diff:" in capsys.readouterr().err
+
+
+def test_streamed_cli_writes_what_the_whole_diff_holds(tmp_path, capsys):
+    """`sleuth diff` streams step by step: its --json records, --csv rows and the table it prints
+    are those of the diff that keeps every record; a diff that fails leaves a CSV already
+    there as it was."""
+    import math
+
+    import pandas as pd
+
+    import tracer
+    from test_diff_ranks import write_run
+
+    a = write_run(tmp_path / "a", 1, steps=(1, 2, 3))
+    b = write_run(tmp_path / "b", 1, steps=(1, 2, 3), bump={(0, 2, 1): 0.5, (0, 3, 3): 9.0})
+    whole = tracer.diff(a, b)
+    assert main(["diff", str(a), str(b), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    want = whole.to_dict()
+    assert len(doc["records"]) == len(want["records"]) == 12
+    for got, ref in zip(doc["records"], want["records"]):
+        for k, v in ref.items():
+            same = (v == got[k] or (isinstance(v, float) and math.isnan(v) and got[k] is None)
+                    or (v is None and got[k] is None))
+            assert same, (k, v, got[k])
+    assert [r["order"] for r in doc["records"]] == list(range(12))
+    assert {k: v for k, v in doc.items() if k != "records"} == {
+        k: v for k, v in want.items() if k != "records"}
+    csv = tmp_path / "rows.csv"
+    assert main(["diff", str(a), str(b), "--csv", str(csv)]) == 1
+    text = capsys.readouterr().out
+    got = pd.read_csv(csv)
+    ref = whole.records.reset_index(drop=True)
+    assert list(got.columns) == list(ref.columns) and len(got) == len(ref)
+    assert list(got["name"]) == list(ref["name"]) and list(got["verdict"]) == list(ref["verdict"])
+    # the table: the first divergence, then the worst others (step 3's larger error first)
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("order"))
+    assert lines[header + 1].split()[:3] == ["5", "2", "layers.1.forward.0.output.0"]
+    assert lines[header + 2].split()[1] == "3"
+    csv.write_text("kept\n")
+    assert main(["diff", str(a), str(tmp_path / "missing"), "--csv", str(csv)]) == 2
+    assert csv.read_text() == "kept\n"
+    assert not list(tmp_path.glob(".sleuth-diff-*"))

@@ -126,3 +126,26 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "--out" in capsys.readouterr().err
     with pytest.raises(tracer.TracerError, match="not a sleuth Parquet export"):
         tracer.read_export(tmp_path)
+
+
+def test_exported_dump_reads_as_the_dump_does(run):
+    """What the dashboard's Dumps page reads from an export: ranks, steps, one step's table
+    (as the HDF5 reader gives it), a rank's every step, and a clear error for the rest."""
+    from tracer.storage import ExportedDump, export_parquet, is_export
+
+    out = run / "export.parquet"
+    export_parquet(run, out)
+    assert is_export(out) and not is_export(run)
+    got, dump = ExportedDump(out), tracer.open_dump(run)
+    assert got.ranks == [0, 1, 2] and got.steps(1) == [1, 2, 3] and got.skipped == []
+    pd.testing.assert_frame_equal(got.stats(2, 3).drop(columns=["status"]), dump.stats(2, 3))
+    pd.testing.assert_frame_equal(got.stats(rank=1).drop(columns=["status"]),
+                                  dump.stats(rank=1))
+    assert got.status(0, 1) == ("complete", "")
+    with pytest.raises(tracer.DumpFormatError, match=r"no rank 0 step 9 .*steps of rank 0: "
+                                                     r"\[1, 2, 3\]"):
+        got.stats(0, 9)
+    with pytest.raises(tracer.DumpFormatError, match="statistics only"):
+        got.tensor(0, 1, "layers.0.forward.0.output.0")
+    with pytest.raises(tracer.TracerError, match="not a sleuth Parquet export"):
+        ExportedDump(run)

@@ -69,6 +69,10 @@ class DiffResult:
     "interrupted", the worse of the two sides), reason, and its records' same/diverged counts."""
     record_counts: dict[str, int] | None = None
     """Records per verdict, kept when `records` is not (`diff(keep_records=False)`)."""
+    shown: Any = None
+    """pandas DataFrame of the rows a report lists, in both modes: the first divergent record,
+    the `keep_worst` worst other divergent records (`severity`), then the first `keep_worst`
+    records without a partner."""
 
     @property
     def exit_code(self) -> int:
@@ -103,6 +107,18 @@ class DiffResult:
         if records:
             out["records"] = [_jsonable(r) for r in self.records.to_dict("records")]
         return out
+
+    @staticmethod
+    def frame(rows: list[dict]) -> Any:
+        """Rows `on_rows` received as a DataFrame with the columns of `records`."""
+        import pandas as pd
+
+        return pd.DataFrame(rows, columns=list(COLUMNS))
+
+    @staticmethod
+    def json_rows(rows: list[dict]) -> list[dict[str, Any]]:
+        """Rows `on_rows` received as JSON-ready dicts, as `to_dict` writes `records`."""
+        return [_jsonable(r) for r in DiffResult.frame(rows).to_dict("records")]
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -229,6 +245,20 @@ def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: 
                      f"the statistics do not show (a permutation, a transpose, swapped heads)")
 
 
+def severity(row: dict) -> tuple:
+    """Sort key of divergent records, worst first: NaN/Inf patterns that differ, then low
+    cosine, then large relative error."""
+    n, i = row.get("nan_diff"), row.get("inf_diff")
+    nonfinite = 0 if n is None or (isinstance(n, float) and math.isnan(n)) else int(n) + int(i)
+    cos = row.get("cosine")
+    cos = 1.0 if cos is None or (isinstance(cos, float) and math.isnan(cos)) else cos
+    rel = row.get("max_rel_err")
+    rel = row.get("norm_rdiff") if rel is None or (isinstance(rel, float) and math.isnan(rel)) \
+        else rel
+    rel = 0.0 if rel is None or (isinstance(rel, float) and math.isnan(rel)) else rel
+    return (-nonfinite, -(1.0 - cos), -rel)
+
+
 _DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
 
 
@@ -301,8 +331,11 @@ def _unpaired_before(rows: list[dict], i: int) -> list[dict[str, str]]:
 class _StderrProgress:
     """Progress on stderr: by bytes compared when there are tensors, else by records."""
 
-    def __init__(self, total_bytes: int, total_records: int, enabled: bool) -> None:
+    def __init__(self, total_bytes: int, total_records: int, enabled: bool,
+                 steps: int = 0) -> None:
         self.total_bytes, self.total_records = total_bytes, max(total_records, 1)
+        self.steps, self.step = steps, 0
+        """With `steps` (a streamed diff, whose sizes are not known ahead): step k of n."""
         self.bytes = self.records = 0
         self.enabled = enabled
         self.last = 0.0
@@ -322,7 +355,10 @@ class _StderrProgress:
         if not self.enabled or now - self.last < 0.5:
             return
         self.last = now
-        if self.total_bytes:
+        if self.steps:
+            done = (f"step {min(self.step + 1, self.steps)}/{self.steps}, {self.records} "
+                    f"records, {self.bytes / 2**20:.0f} MiB compared")
+        elif self.total_bytes:
             rate = self.bytes / max(now - self.t0, 1e-9) / 2**20
             share = 100 * self.bytes / self.total_bytes
             done = f"{share:5.1f}% of {self.total_bytes / 2**20:.0f} MiB ({rate:.0f} MiB/s)"
@@ -340,7 +376,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
          rank: int | None = 0, b_step: int | None = None, b_rank: int | None = None,
          tolerance: Tolerance | None = None, progress: bool = False,
          allow_missing: bool = False, keep_records: bool = True,
-         module_map: ModuleMap | dict[str, str] | None = None) -> DiffResult:
+         module_map: ModuleMap | dict[str, str] | None = None, keep_worst: int = 10,
+         on_rows: Callable[[list[dict]], None] | None = None) -> DiffResult:
     """Compare dump A with dump B record by record and name the first divergent record.
 
     Args:
@@ -361,6 +398,10 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
             modules (`b_name` keeps B's own name); the map's `permuted` parameters are
             compared by statistics, and shapes that differ by dims of 1 or by the order of
             their dims are not a divergence by themselves.
+        keep_worst: how many of the worst divergent records, and of the records without a
+            partner, `shown` keeps.
+        on_rows: with keep_records False, called with each step's rows (dicts of COLUMNS, in
+            execution order) before they are dropped: a CSV or JSON writer that streams.
 
     Returns:
         DiffResult with `.status`, `.exit_code`, `.first_divergence`, `.problems` and
@@ -387,7 +428,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     if module_map is not None:
         notes.append(f"B's modules read as A's through a module map ({len(module_map)} pairs)")
     if not keep_records:
-        return _streamed(sa, sb, sel, tol, problems, notes, pd, module_map, layouts)
+        return _streamed(sa, sb, sel, tol, problems, notes, pd, module_map, layouts, progress,
+                         on_rows, keep_worst)
     tables = []
     total = 0
     for pl in sel.plans:
@@ -418,7 +460,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
             steps.append(_step_summary(pl, rows[done:], problems))
     finally:
         bar.close()
-    return _result(rows, kinds, notes, problems, sel.left_out, steps, pd)
+    return _result(rows, kinds, notes, problems, sel.left_out, steps, pd,
+                   _Summary(keep_worst), keep_records=True)
 
 
 def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem],
@@ -438,44 +481,77 @@ def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem],
 
 def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Problem],
               notes: list[str], pd: Any, module_map: dict[str, str] | None = None,
-              layouts: frozenset[str] | None = None) -> DiffResult:
+              layouts: frozenset[str] | None = None, progress: bool = False,
+              on_rows: Callable[[list[dict]], None] | None = None,
+              keep_worst: int = 10) -> DiffResult:
     """`diff` one step pair at a time: each step's tables are read, compared, summarised
-    (verdict counts, its first divergence, dtype mismatches) and dropped."""
-    summary = _Summary()
+    (verdict counts, its first divergence, dtype mismatches, the rows a report shows), handed
+    to `on_rows`, and dropped."""
+    summary = _Summary(keep_worst)
     steps: list[dict[str, Any]] = []
     kinds: set[str] = set()
-    bar = _StderrProgress(0, 1, False)
-    for pl in sel.plans:
-        read = _step_tables(sa, sb, pl, problems, module_map)
-        if read is None:
-            continue
-        ta, tb = read
-        rows: list[dict] = []
-        try:
-            _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes,
-                          layouts)
-        except ReadError as e:
-            problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
-                                    str(e)))
-            continue
-        steps.append(_step_summary(pl, rows, problems))
-        summary.add(_ordered(rows))
+    bar = _StderrProgress(0, 1, progress, steps=len(sel.plans))
+    order = 0
+    try:
+        for pl in sel.plans:
+            read = _step_tables(sa, sb, pl, problems, module_map)
+            bar.step += 1
+            if read is None:
+                continue
+            ta, tb = read
+            rows: list[dict] = []
+            try:
+                _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes,
+                              layouts)
+            except ReadError as e:
+                problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
+                                        str(e)))
+                continue
+            del ta, tb
+            steps.append(_step_summary(pl, rows, problems))
+            rows = _ordered(rows)
+            for r in rows:  # execution order across steps, as the whole diff numbers it
+                r["order"] += order
+            order += len(rows)
+            summary.add(rows)
+            if on_rows is not None:
+                on_rows(rows)
+    finally:
+        bar.close()
     return _result([], kinds, notes, problems, sel.left_out, steps, pd, summary)
 
 
 class _Summary:
-    """What `_result` needs of the rows, gathered one step at a time."""
+    """What `_result` needs of the rows, gathered one step at a time, and the rows a report
+    shows (`DiffResult.shown`): the first divergent, the `keep` worst others, the first `keep`
+    without a partner."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = 10) -> None:
         self.counts = {k: 0 for k in ("same", "diverged", "only_a", "only_b")}
         self.first: dict[str, Any] | None = None
         self.mixed = 0
         self.first_mixed: dict[str, Any] | None = None
+        self.keep = keep
+        self.first_row: dict | None = None
+        self.worst: list[dict] = []
+        self.unpaired: list[dict] = []
+
+    def shown(self) -> list[dict]:
+        return ([self.first_row] if self.first_row else []) + self.worst + self.unpaired
 
     def add(self, rows: list[dict]) -> None:
+        divergent = []
         for r in rows:
             if r["verdict"] in self.counts:
                 self.counts[r["verdict"]] += 1
+            if r["verdict"] == "diverged":
+                divergent.append(r)
+            elif r["verdict"] in ("only_a", "only_b") and len(self.unpaired) < self.keep:
+                self.unpaired.append(r)
+        if divergent and self.first_row is None:
+            self.first_row, divergent = divergent[0], divergent[1:]
+        if divergent:
+            self.worst = sorted(self.worst + divergent, key=severity)[:self.keep]
         fd = _first_divergence(rows)
         if fd is not None and (self.first is None or fd["step"] < self.first["step"]):
             self.first = fd
@@ -558,11 +634,11 @@ def _step_summary(pl: Plan, rows: list[dict], problems: list[Problem]) -> dict[s
 
 def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[Problem],
             left_out: list[Problem], steps: list[dict[str, Any]], pd: Any,
-            summary: _Summary | None = None) -> DiffResult:
+            summary: _Summary, keep_records: bool = False) -> DiffResult:
+    """The result from every row (`keep_records`) or from a summary gathered step by step."""
     rows = _ordered(rows)
     df = pd.DataFrame(rows, columns=list(COLUMNS))
-    if summary is None:
-        summary = _Summary()
+    if keep_records:
         summary.add(rows)
         counts = None
     else:
@@ -607,4 +683,5 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
                         f"else compare dumps of the same level and module filter")
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
-                      record_counts=counts)
+                      record_counts=counts,
+                      shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)))

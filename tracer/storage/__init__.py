@@ -39,7 +39,9 @@ _EXPORTS: dict[str, str] = {
     "sketch_row": "tracer.storage._sketch",
     "SKETCH_SIZE": "tracer.storage._sketch",
     # exporting
+    "ExportedDump": "tracer.storage._export",
     "export_parquet": "tracer.storage._export",
+    "is_export": "tracer.storage._export",
     "read_export": "tracer.storage._export",
 }
 

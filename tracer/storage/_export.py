@@ -164,3 +164,81 @@ def read_export(path: str | Path):
         frame[col] = frame[col].astype("int64")
     cols = ["rank", "step", *(c for c in frame.columns if c not in ("rank", "step"))]
     return frame[cols].sort_values(["rank", "step", "seq"], kind="stable").reset_index(drop=True)
+
+
+class ExportedDump:
+    """A Parquet export read with the reading side of `Dump` that needs no tensor bytes:
+    `ranks`, `steps(rank)`, `stats(rank, step)` (step None: every step of the rank with a
+    leading `step` column), `status(rank, step)`, `skipped`. One (rank, step) reads one Parquet
+    file, so a dashboard over an export of thousands of ranks opens only what it shows."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.root = Path(path)
+        try:
+            self.manifest = json.loads((self.root / MANIFEST).read_text())
+        except (OSError, ValueError) as e:
+            raise TracerError(f"{self.root} is not a sleuth Parquet export ({MANIFEST}: {e}); "
+                              f"write one with `sleuth dump export RUN --out {self.root}`") from e
+        self._parts: dict[int, dict[int, Path]] = {}
+        for rank_dir in self.root.glob("rank=*"):
+            rank = _partition(rank_dir.name)
+            for step_dir in rank_dir.glob("step=*"):
+                step = _partition(step_dir.name)
+                if rank is not None and step is not None and step_dir.is_dir():
+                    self._parts.setdefault(rank, {})[step] = step_dir
+        self.ranks = sorted(self._parts)
+        self.skipped = [(p["path"], p["reason"]) for p in self.manifest.get("problems") or []
+                        if p.get("state") != "interrupted"]
+        """(path, reason) of each step file the export left out, as its manifest names them."""
+
+    def steps(self, rank: int) -> list[int]:
+        return sorted(self._parts.get(rank, {}))
+
+    def stats(self, rank: int = 0, step: int | None = None):
+        """The records of one step in seq order, as `Dump.stats` gives them (plus `status`)."""
+        import pandas as pd
+        import pyarrow.parquet as pq
+
+        if step is None:
+            frames = []
+            for s in self.steps(rank):
+                df = self.stats(rank, s)
+                df.insert(0, "step", s)
+                frames.append(df)
+            return (pd.concat(frames, ignore_index=True) if frames else
+                    pd.DataFrame(columns=["step", *(n for n, _ in RECORD_COLUMNS)]))
+        part = self._parts.get(rank, {}).get(step)
+        if part is None:
+            raise DumpFormatError(f"no rank {rank} step {step} in the export {self.root} "
+                                  f"(ranks: {self.ranks}; steps of rank {rank}: "
+                                  f"{self.steps(rank)})")
+        try:
+            frame = pq.read_table(sorted(part.glob("*.parquet")), partitioning=None).to_pandas()
+        except (OSError, ValueError) as e:  # pyarrow's errors derive from these
+            raise DumpFormatError(f"{part}: the Parquet file does not read ({e}); export the "
+                                  "dump again") from e
+        return frame.sort_values("seq", kind="stable").reset_index(drop=True)
+
+    def status(self, rank: int, step: int) -> tuple[str, str]:
+        frame = self.stats(rank, step)
+        status = str(frame["status"].iloc[0]) if len(frame) and "status" in frame else "complete"
+        return status, ""
+
+    def tensor(self, rank: int, step: int, name: str):
+        raise DumpFormatError("a Parquet export holds statistics only, no tensor bytes: open "
+                              "the HDF5 dump it was exported from for the tensor")
+
+    def close(self) -> None:
+        pass
+
+
+def _partition(name: str) -> int | None:
+    try:
+        return int(name.split("=", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def is_export(path: str | Path) -> bool:
+    """Whether `path` is a folder `export_parquet` wrote (it holds the manifest)."""
+    return (Path(path) / MANIFEST).is_file()
