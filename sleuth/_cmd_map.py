@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "map", help="pair the modules of two codebases' dumps (for diff --map)",
         description="Pair the modules of dump A with those of dump B, two dumps of the same "
         "weights fed the same batch from two codebases: by parameter values (the checksum, so a "
-        "weight stored transposed pairs too), then by forward outputs in execution order. "
+        "weight stored transposed pairs too), a fused parameter with the parameters it "
+        "concatenates (a qkv projection against q, k and v: element counts and checksums add "
+        "up), then by forward outputs in execution order. "
         "Prints an editable YAML map; `sleuth diff --map FILE A B` reads it.",
     )
     p.add_argument("a", metavar="A", help="run directory, dump directory or step file")
@@ -47,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
             raise CliError(f"cannot write {args.output}: {e.strerror or e}") from e
     else:
         sys.stdout.write(text)
-    print(f"sleuth map: {len(m.pairs)} module pair(s), {len(m.only_a)} module(s) of A and "
-          f"{len(m.only_b)} of B unpaired, {len(m.permuted)} parameter(s) stored in another "
-          f"layout", file=sys.stderr)
+    print(f"sleuth map: {len(m.pairs)} module pair(s), {len(m.fused)} fused module(s) with "
+          f"their parts, {len(m.only_a)} module(s) of A and {len(m.only_b)} of B unpaired, "
+          f"{len(m.permuted)} parameter(s) stored in another layout", file=sys.stderr)
     return 0

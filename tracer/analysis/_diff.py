@@ -24,6 +24,7 @@ from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats, n
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
+from tracer.analysis._fused import combine, compare_fused, is_combined
 from tracer.analysis._map import ModuleMap
 from tracer.analysis._origin import param_name
 from tracer.storage import op_capture_of
@@ -179,6 +180,9 @@ def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
     if ra is None or rb is None:
         row["verdict"] = "only_b" if ra is None else "only_a"
         row["reason"] = f"no matching record in {'A' if ra is None else 'B'}"
+        return row
+    if is_combined(ra) or is_combined(rb):  # a fused module against its parts combined
+        row.update(compare_fused(ra, rb, tol))
         return row
     permuted = layouts is not None and ra["phase"] == "optimizer" \
         and param_name(ra) in layouts
@@ -420,20 +424,26 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     sel = plan(sa, sb, step, rank, b_step, b_rank, allow_missing)
     problems, notes = list(sel.problems), list(sel.notes)
     layouts = None
+    fused: tuple[dict, dict] | None = None
     if isinstance(module_map, ModuleMap):
         layouts = frozenset(module_map.permuted)
+        if module_map.fused:
+            fused = (module_map.fused_parts("a"), module_map.fused_parts("b"))
         module_map = module_map.b_to_a()
     elif module_map is not None:
         layouts = frozenset()
     if module_map is not None:
         notes.append(f"B's modules read as A's through a module map ({len(module_map)} pairs)")
+    if fused:
+        notes.append(f"{len(fused[0]) + len(fused[1])} fused module(s) compared with their "
+                     "parts combined (a concatenation's statistics follow from its parts')")
     if not keep_records:
         return _streamed(sa, sb, sel, tol, problems, notes, pd, module_map, layouts, progress,
-                         on_rows, keep_worst)
+                         on_rows, keep_worst, fused)
     tables = []
     total = 0
     for pl in sel.plans:
-        read = _step_tables(sa, sb, pl, problems, module_map)
+        read = _step_tables(sa, sb, pl, problems, module_map, fused)
         if read is None:
             continue
         ta, tb = read
@@ -465,11 +475,14 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
 
 
 def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem],
-                 module_map: dict[str, str] | None = None) -> tuple | None:
-    """The statistics tables of a step pair (B's modules renamed by `module_map`), or None
-    with the side that does not read added to `problems`."""
+                 module_map: dict[str, str] | None = None,
+                 fused: tuple[dict, dict] | None = None) -> tuple | None:
+    """The statistics tables of a step pair (the parts of fused modules combined, B's modules
+    renamed by `module_map`), or None with the side that does not read added to `problems`."""
     try:
         ta, tb = _stats(sa, pl[0], pl[1]), _stats(sb, pl[2], pl[3])
+        if fused:
+            ta, tb = combine(ta, fused[0]), combine(tb, fused[1])
         if module_map:
             tb = tb.assign(module=[module_map.get(m, m) for m in tb["module"]])
         return ta, tb
@@ -483,7 +496,7 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
               notes: list[str], pd: Any, module_map: dict[str, str] | None = None,
               layouts: frozenset[str] | None = None, progress: bool = False,
               on_rows: Callable[[list[dict]], None] | None = None,
-              keep_worst: int = 10) -> DiffResult:
+              keep_worst: int = 10, fused: tuple[dict, dict] | None = None) -> DiffResult:
     """`diff` one step pair at a time: each step's tables are read, compared, summarised
     (verdict counts, its first divergence, dtype mismatches, the rows a report shows), handed
     to `on_rows`, and dropped."""
@@ -494,7 +507,7 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
     order = 0
     try:
         for pl in sel.plans:
-            read = _step_tables(sa, sb, pl, problems, module_map)
+            read = _step_tables(sa, sb, pl, problems, module_map, fused)
             bar.step += 1
             if read is None:
                 continue
@@ -607,7 +620,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             rb = recs_b[ib] if ib is not None else None
             matched += ra is not None and rb is not None
             row = _compare_pair(ra, rb, fa, fb, tol, pl, bar,
-                                (-1 if ia is None else ia, -1 if ib is None else ib), layouts)
+                                (_file_row(ra, ia), _file_row(rb, ib)), layouts)
             bar.record()
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
@@ -619,6 +632,14 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
     finally:
         fa.close()
         fb.close()
+
+
+def _file_row(rec: dict | None, i: int | None) -> int:
+    """A record's row in its step file's /records table (where its sketch is): its position
+    in the table compared, unless combining fused parts rebuilt that table."""
+    if rec is None or i is None:
+        return -1
+    return int(rec.get("_file_row", i))
 
 
 def _step_summary(pl: Plan, rows: list[dict], problems: list[Problem]) -> dict[str, Any]:

@@ -11,6 +11,10 @@ that never match. `map_modules` pairs the modules by what they hold and compute:
    moved". Equal parameters that several modules hold alike (LayerNorm weights of ones) pair in
    the order the two dumps recorded them. A module pairs with the module its parameters pair
    into.
+   A parameter that pairs nothing one to one may be the concatenation of several of the
+   other side's (a fused qkv projection against q, k and v): element counts and checksums add
+   up over a concatenation (tracer.analysis._fused), so such a group is found exactly, and
+   the diff compares the one module with the others combined.
 2. Modules without parameters of their own (activations, containers, attention cores), by
    their forward output: the first module of B, after the last one paired, whose output has the
    same dtype and shape and compares the same as the A module's (statistics and sketches, with
@@ -30,6 +34,7 @@ from typing import Any
 
 from tracer._errors import ConfigError, TracerError
 from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats
+from tracer.analysis._fused import find_fused, group_name
 from tracer.analysis._origin import param_name
 from tracer.storage import open_dump
 
@@ -45,12 +50,28 @@ class ModuleMap:
     permuted: list[str] = field(default_factory=list)
     """A's parameters that B holds with the same values in another layout (a weight stored
     transposed): the diff compares their records by statistics, which do not see order."""
+    fused: list[tuple[list[str], list[str], str]] = field(default_factory=list)
+    """([A modules], [B modules], why): one module of one side holding what several modules
+    of the other hold, concatenated (a fused qkv projection against q, k and v;
+    tracer.analysis._fused). The diff compares the one with the others combined."""
     a: str = ""
     b: str = ""
 
     def b_to_a(self) -> dict[str, str]:
-        """B module -> A module, what `diff(module_map=...)` takes."""
-        return {b: a for a, b, _ in self.pairs}
+        """B module -> A module, what `diff(module_map=...)` takes; the parts of a fused group
+        go by the whole's name (B's parts: A's module; A's parts: their group's name)."""
+        out = {b: a for a, b, _ in self.pairs}
+        for mods_a, mods_b, _ in self.fused:
+            for m in mods_b:
+                out[m] = mods_a[0] if len(mods_a) == 1 else group_name(mods_a)
+        return out
+
+    def fused_parts(self, side: str) -> dict[str, list[str]]:
+        """The groups whose parts are on `side` ("a" or "b"): whole's name -> part modules,
+        what `combine` takes for that side's table."""
+        if side == "b":
+            return {a[0]: b for a, b, _ in self.fused if len(a) == 1 and len(b) > 1}
+        return {group_name(a): a for a, b, _ in self.fused if len(b) == 1 and len(a) > 1}
 
     def to_yaml(self) -> str:
         """The editable mapping file (`read_module_map` reads it back)."""
@@ -63,6 +84,12 @@ class ModuleMap:
                  "# `sleuth diff --map FILE A B`.",
                  f"a: {q(self.a)}", f"b: {q(self.b)}", "modules:"]
         lines += [f"  {q(a)}: {q(b)}  # {why}" for a, b, why in self.pairs]
+        lines.append("# one module of one side holding several of the other's, concatenated "
+                     "(a fused qkv)")
+        lines.append("fused:" + ("" if self.fused else " []"))
+        for mods_a, mods_b, why in self.fused:
+            lines += [f"  - a: [{', '.join(map(q, mods_a))}]",
+                      f"    b: [{', '.join(map(q, mods_b))}]  # {why}"]
         lines.append("# A's parameters that B stores in another layout (transposed): compared by "
                      "statistics")
         for key, names in (("permuted", self.permuted), ("only_a", self.only_a),
@@ -101,7 +128,13 @@ def map_modules(a: str | os.PathLike, b: str | os.PathLike, *, rank: int = 0,
     out = ModuleMap(a=str(a), b=str(b))
     paired_a: dict[str, tuple[str, str]] = {}
     paired_b: set[str] = set()
-    pairs, out.permuted = _by_parameters(ta, tb, ska, skb)
+    pairs, out.permuted, rest_a, rest_b = _by_parameters(ta, tb, ska, skb)
+    out.fused = find_fused(rest_a, rest_b)
+    for mods_a, mods_b, why in out.fused:  # taken before the one-to-one pairs: a part's
+        for ma in mods_a:                  # zero bias may have paired with any zero bias
+            paired_a[ma] = (mods_b[0], why)
+        paired_b.update(mods_b)
+    in_fused = set(paired_a)
     for ma, mb, why in pairs:
         if ma not in paired_a and mb not in paired_b:
             paired_a[ma] = (mb, why)
@@ -110,7 +143,7 @@ def map_modules(a: str | os.PathLike, b: str | os.PathLike, *, rank: int = 0,
         paired_a[ma] = (mb, why)
         paired_b.add(mb)
     order_a = _modules_in_order(ta)
-    out.pairs = [(m, *paired_a[m]) for m in order_a if m in paired_a]
+    out.pairs = [(m, *paired_a[m]) for m in order_a if m in paired_a and m not in in_fused]
     out.only_a = [m for m in order_a if m not in paired_a]
     out.only_b = [m for m in _modules_in_order(tb) if m not in paired_b]
     return out
@@ -127,9 +160,10 @@ def _params(t: Any) -> Any:
 
 
 def _by_parameters(ta: Any, tb: Any, ska: Any, skb: Any
-                   ) -> tuple[list[tuple[str, str, str]], list[str]]:
-    """(A module, B module, why) of module pairs whose parameters hold the same values, and
-    A's parameters whose B counterpart holds them in another layout."""
+                   ) -> tuple[list[tuple[str, str, str]], list[str], list[dict], list[dict]]:
+    """(A module, B module, why) of module pairs whose parameters hold the same values, A's
+    parameters whose B counterpart holds them in another layout, and the parameter records of
+    each side that paired nothing (for `find_fused`)."""
     permuted: list[str] = []
     pa, pb = _params(ta), _params(tb)
     free: dict[tuple, list[int]] = {}
@@ -137,9 +171,11 @@ def _by_parameters(ta: Any, tb: Any, ska: Any, skb: Any
         free.setdefault((r.dtype, int(r.numel), int(r.checksum)), []).append(i)
     votes: dict[str, Counter] = {}
     reasons: dict[tuple[str, str], list[str]] = {}
+    rest_a = []
     for i, r in zip(pa.index, pa.itertuples()):
         candidates = free.get((r.dtype, int(r.numel), int(r.checksum)))
         if not candidates:
+            rest_a.append(pa.loc[i].to_dict())
             continue
         j = candidates.pop(0)  # equal values held alike by several: in recorded order
         rb = tb.loc[j]
@@ -154,7 +190,9 @@ def _by_parameters(ta: Any, tb: Any, ska: Any, skb: Any
     for ma, counter in votes.items():
         mb, _ = counter.most_common(1)[0]
         out.append((ma, mb, "parameters: " + ", ".join(reasons[(ma, mb)])))
-    return out, permuted
+    left = {j for js in free.values() for j in js}
+    rest_b = [pb.loc[j].to_dict() for j in pb.index if j in left]
+    return out, permuted, rest_a, rest_b
 
 
 def _how_equal(shape_a: str, shape_b: str, numel: int, ska: Any, skb: Any, i: int, j: int
@@ -222,6 +260,8 @@ def read_module_map(path: str | os.PathLike) -> ModuleMap:
     except yaml.YAMLError as e:
         raise ConfigError(f"--map {path}: not YAML ({e}); `sleuth map A B` writes one") from e
     modules = data.get("modules") if isinstance(data, dict) else None
+    if modules is None and isinstance(data, dict) and data.get("fused"):
+        modules = {}
     if not isinstance(modules, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in modules.items()):
         raise ConfigError(f"--map {path}: expected a `modules:` mapping of A module names to B "
@@ -232,6 +272,16 @@ def read_module_map(path: str | os.PathLike) -> ModuleMap:
             raise ConfigError(f"--map {path}: B module {b!r} is paired with both "
                               f"{seen[b]!r} and {a!r}; keep one")
         seen[b] = a
+    fused = []
+    for i, entry in enumerate(data.get("fused") or []):
+        sides = [entry.get(k) if isinstance(entry, dict) else None for k in ("a", "b")]
+        if not all(isinstance(v, list) and v and all(isinstance(x, str) for x in v)
+                   for v in sides) or sorted(map(len, sides))[0] != 1 or \
+                max(map(len, sides)) < 2:
+            raise ConfigError(f"--map {path}: fused[{i}] must name one module on one side and "
+                              f"its parts on the other: {{a: [\"whole\"], b: [\"part1\", "
+                              f"\"part2\"]}}")
+        fused.append((sides[0], sides[1], f"from {path}"))
     lists = {}
     for key in ("permuted", "only_a", "only_b"):
         value = data.get(key) or []
@@ -239,4 +289,4 @@ def read_module_map(path: str | os.PathLike) -> ModuleMap:
             raise ConfigError(f"--map {path}: `{key}:` must be a list of names")
         lists[key] = value
     return ModuleMap(pairs=[(a, b, f"from {path}") for a, b in modules.items()],
-                     a=str(data.get("a", "")), b=str(data.get("b", "")), **lists)
+                     fused=fused, a=str(data.get("a", "")), b=str(data.get("b", "")), **lists)
