@@ -232,3 +232,44 @@ def _reshape_line() -> int:
 
     lines, start = inspect.getsourcelines(_Heads.forward)
     return start + next(i for i, line in enumerate(lines) if "self.right else y" in line)
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_a_transposed_view_keeps_its_own_sketch(tmp_path, writer):
+    """A transpose shares its base's memory and statistics, but not its order: the record of
+    `aten.t`'s output (and of the addmm that reads it) holds the sketch of W.t(), not of W.
+    So a port that multiplies by W where the reference multiplies by W.t() (a square weight:
+    shapes do not show it) is named at the op that reads it."""
+    from tracer.storage._sampling import sketch_of
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+
+    class Wrong(torch.nn.Module):  # the port's bug: the weight used untransposed
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight, self.bias = layer.weight, layer.bias
+
+        def forward(self, x):
+            return torch.addmm(self.bias, x, self.weight)
+
+    def dump(model, path):
+        with tracer.Dumper(model, {"path": str(path), "level": "op", "mode": "statistics",
+                                   "writer": writer}):
+            model(x)
+        return path
+
+    a = dump(torch.nn.Sequential(layer), tmp_path / "a")
+    d = open_dump(a)
+    table, sketches = d.stats(0, d.steps(0)[0]), d.sketches(0, d.steps(0)[0])
+    rows = {n: i for i, n in enumerate(table["name"])}
+    want = sketch_of(layer.weight.detach().t())
+    for name in ("0::aten.t.forward.0.output.0", "0::aten.addmm.forward.0.input.2"):
+        np.testing.assert_array_equal(sketches[rows[name]], want, err_msg=name)
+    np.testing.assert_array_equal(sketches[rows["0::aten.t.forward.0.input.0"]],
+                                  sketch_of(layer.weight.detach()))
+    b = dump(torch.nn.Sequential(Wrong()), tmp_path / "b")
+    first = tracer.diff(a, b).first_divergence
+    assert first["name"] == "0::aten.addmm.forward.0.input.2", first
+    assert "elements moved" in first["reason"]

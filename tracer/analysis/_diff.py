@@ -168,14 +168,16 @@ def _row_base(ra: dict | None, rb: dict | None, plan: Plan) -> dict:
 def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
                   fb: TensorReader | None, tol: Tolerance, plan: Plan,
                   progress: Callable[[int], None], rows: tuple[int, int] = (-1, -1),
-                  layouts: frozenset[str] | None = None) -> dict:
+                  layouts: frozenset[str] | None = None,
+                  moved: frozenset[tuple] = frozenset()) -> dict:
     """Compare one record pair (`rows`: their rows in the two /records tables).
 
     `layouts` (a diff through a module map, two codebases; None otherwise): A's parameters
-    that B stores in another layout. Their records, and any record whose dims come in
-    another order (a weight stored transposed), are compared by statistics, which do not
-    depend on the order of the elements; shapes that differ only by dims of 1 compare as
-    equal (the same elements in the same order)."""
+    that B stores in another layout. Their records, any record holding exactly such a
+    parameter's values (`moved`: (dtype, numel, checksum); the weight an op reads, square so
+    its shape does not show the transpose), and any record whose dims come in another order,
+    are compared by statistics, which do not depend on the order of the elements; shapes that
+    differ only by dims of 1 compare as equal (the same elements in the same order)."""
     row = _row_base(ra, rb, plan)
     if ra is None or rb is None:
         row["verdict"] = "only_b" if ra is None else "only_a"
@@ -184,8 +186,9 @@ def _compare_pair(ra: dict | None, rb: dict | None, fa: TensorReader | None,
     if is_combined(ra) or is_combined(rb):  # a fused module against its parts combined
         row.update(compare_fused(ra, rb, tol))
         return row
-    permuted = layouts is not None and ra["phase"] == "optimizer" \
-        and param_name(ra) in layouts
+    permuted = layouts is not None and (
+        (ra["phase"] == "optimizer" and param_name(ra) in layouts)
+        or (str(ra["dtype"]), int(ra["numel"]), int(ra["checksum"])) in moved)
     if ra["shape"] != rb["shape"] or permuted:
         layout = "permuted" if permuted else (
             _layout(str(ra["shape"]), str(rb["shape"])) if layouts is not None else None)
@@ -613,6 +616,9 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
         if ca != cb and {la, lb} & {"op", "mix"} and note not in notes:
             notes.append(note)
         recs_a, recs_b = _rows(ta), _rows(tb)
+        moved = frozenset((str(r["dtype"]), int(r["numel"]), int(r["checksum"])) for r in recs_a
+                          if layouts and r["phase"] == "optimizer" and r["direction"] == "param"
+                          and param_name(r) in layouts)
         pairs.sort(key=lambda p: (p[0] is None, p[0] if p[0] is not None else p[1]))
         matched = 0
         for ia, ib in pairs:
@@ -620,7 +626,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             rb = recs_b[ib] if ib is not None else None
             matched += ra is not None and rb is not None
             row = _compare_pair(ra, rb, fa, fb, tol, pl, bar,
-                                (_file_row(ra, ia), _file_row(rb, ib)), layouts)
+                                (_file_row(ra, ia), _file_row(rb, ib)), layouts, moved)
             bar.record()
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])

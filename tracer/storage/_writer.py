@@ -410,6 +410,10 @@ class Writer:
             return None, False, None, None
         where, state = key
         kind = where[0]
+        if self.sketch and kind == "span" and not t.is_contiguous():
+            # the statistics do not see order, the sketch does: a permutation of the span (a
+            # transposed weight) has its elements in another C order, so its own sketch
+            state = (*state, tuple(t.shape), t.stride())
         storage = None
         if kind == "span":
             # the storage is alive (a tensor uses it), so the span's memory is still its: the
