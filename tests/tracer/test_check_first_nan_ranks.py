@@ -43,10 +43,14 @@ def test_the_rank_that_made_it_is_blamed_not_the_lowest(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "layers.1.forward.0.output.0" in out and "rank 1)" in out
     assert "1 other rank(s) hold non-finite values" in out and "rank 0 at layers.2" in out
+    # module-level records hold no collective: the order across ranks is said to be a guess
+    assert origin["ranks_ordered_by"] == "execution order"
+    assert "record no collective calls" in out and "dump at level op or mix" in out
     assert main(["check", str(run), "--first-nan", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["first_nan"]["rank"] == 1
     assert data["first_nan"]["other_ranks"][0]["rank"] == 0
+    assert data["first_nan"]["ranks_ordered_by"] == "execution order"
 
 
 def test_an_earlier_step_on_a_higher_rank_still_wins(tmp_path):
@@ -98,6 +102,7 @@ def test_a_nan_received_through_a_collective_is_blamed_on_its_sender(tmp_path, c
     assert (other["rank"], other["collective"], other["received"]) == (0, 1, True)
     assert other["name"] == "<none>::c10d.allreduce_.forward.0.output.0"
     assert other["seq"] < origin["seq"]  # by seq alone, rank 0 would have been blamed
+    assert origin["ranks_ordered_by"] == "collectives"
     assert main(["check", str(root), "--first-nan"]) == 1
     assert ("rank 0 at <none>::c10d.allreduce_.forward.0.output.0 (after 1 collective(s) of "
             "the step, rank 1's after 0): received from rank 1 through a collective"

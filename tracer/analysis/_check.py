@@ -349,7 +349,9 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
         if origin is not None:
             status, reason = step_status(attrs)
             here = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason,
-                    "collective": collectives_before(df, int(origin["seq"]))}
+                    "collective": collectives_before(df, int(origin["seq"])),
+                    "collectives_recorded": bool(
+                        df["op"].astype(str).str.startswith(_COLLECTIVE_OPS).any())}
             if found is None or _order(here) < _order(found):
                 if found is not None:
                     others.append(found)
@@ -362,7 +364,19 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
             {**{k: o.get(k) for k in ("rank", "name", "kind", "seq", "source", "collective")},
              "received": found["collective"] < o["collective"]}
             for o in sorted(others, key=_order)]
+        found["ranks_ordered_by"] = ranks_ordered_by(found, others)
     return found
+
+
+def ranks_ordered_by(found: dict[str, Any], others: list[dict[str, Any]]) -> str | None:
+    """How the ranks holding a NaN origin in the same step were put in order: "collectives"
+    when their dumps record collective calls (level op or mix), else "execution order" (a
+    module-level dump: which rank sent a NaN through an all-reduce cannot be told, only which
+    made one earliest in its own program); None with one rank."""
+    if not others:
+        return None
+    recorded = all(o.get("collectives_recorded") for o in (found, *others))
+    return "collectives" if recorded else "execution order"
 
 
 def _order(origin: dict[str, Any]) -> tuple[int, int, int]:
@@ -430,4 +444,9 @@ def describe_origin(o: dict[str, Any]) -> str:
         more = f" and {len(later) - 4} more" if len(later) > 4 else ""
         text += (f". Later in that step (in execution order) {len(later)} other rank(s) hold "
                  f"non-finite values, received or made after it: {shown}{more}")
+        if o.get("ranks_ordered_by") == "execution order":
+            text += (". These dumps record no collective calls (dump level module), so the "
+                     "ranks are ordered by execution order alone: which rank sent the NaN "
+                     "through an all-reduce cannot be told; dump at level op or mix to see the "
+                     "collectives")
     return text

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from tracer._errors import TracerError
-from tracer.analysis._check import HIT_COLUMNS, Coverage, _order, check, find_first_nan
+from tracer.analysis._check import (HIT_COLUMNS, Coverage, _order, check, find_first_nan,
+                                    ranks_ordered_by)
 from tracer.analysis._engine import rank_path, run_per_rank
 from tracer._config import _as_str_tuple
 from tracer.analysis._watch import WatchConfig, parse_watch
@@ -97,6 +98,7 @@ def earliest_origin(origins: list[dict[str, Any] | None],
     first["other_ranks"] = [
         {**{k: o.get(k) for k in ("rank", "name", "kind", "seq", "source", "collective")},
          "received": first["collective"] < o["collective"]} for o in same[1:]]
+    first["ranks_ordered_by"] = ranks_ordered_by(first, same[1:])
     return first
 
 

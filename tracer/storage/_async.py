@@ -55,8 +55,8 @@ from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._sampling import with_sketch
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
                                    fused_available, host_stats)
-from tracer.storage._writer import (RecordMeta, Within, Writer, snapshot, snapshot_bytes,
-                                    snapshot_stats)
+from tracer.storage._writer import (RecordMeta, Within, Writer, needs_own_sketch, snapshot,
+                                    snapshot_bytes, snapshot_stats)
 
 _STOP = ("stop",)
 
@@ -212,11 +212,16 @@ class AsyncWriter(Writer):
             elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
                 snap, release = snapshot(tensor, self._pool)
                 staged, nbytes = ("ready", stats, snap, release), snap.nbytes
-            elif skip:
+            elif skip and not (self.sketch and needs_own_sketch(tensor)):
                 # the same tensor (or bytes), unchanged, is already queued: no snapshot, and the
                 # writer thread takes the statistics (and byte range) that record leaves in
                 # `share`
                 staged, nbytes = ("ready", None, None, None), 0
+            elif skip:
+                # the same memory read in another order (a transpose): the statistics are the
+                # same, the sketch is not; a snapshot gives both (without the kernel only)
+                staged, nbytes = self._stage(tensor)
+                share = None
             elif type(shared) is Within:  # its bytes are queued already: statistics only
                 staged, nbytes = ("ready", host_stats(tensor), None, None), 0
             else:

@@ -410,10 +410,6 @@ class Writer:
             return None, False, None, None
         where, state = key
         kind = where[0]
-        if self.sketch and kind == "span" and not t.is_contiguous():
-            # the statistics do not see order, the sketch does: a permutation of the span (a
-            # transposed weight) has its elements in another C order, so its own sketch
-            state = (*state, tuple(t.shape), t.stride())
         storage = None
         if kind == "span":
             # the storage is alive (a tensor uses it), so the span's memory is still its: the
@@ -572,8 +568,17 @@ class Writer:
                        shared: str | None) -> dict | None:
         """`_record` of a tensor's record (dtype, shape and size read from `tensor`, and its
         sketch, where `stats` lacks one)."""
-        if self.sketch and stats is not None and "sketch" not in stats:
-            stats["sketch"] = sketch_of(tensor)
+        if self.sketch:
+            layout = _sketch_layout(tensor)
+            if stats is not None:
+                if "sketch" not in stats:
+                    stats["sketch"] = sketch_of(tensor)
+                    stats["sketch_layout"] = layout
+            elif share is not None and share[0] is not None \
+                    and share[0].get("sketch_layout") != layout:
+                # statistics reused from a record of the same memory (they do not see order),
+                # but this one reads it in another order (a transpose): its own sketch
+                stats = {**share[0], "sketch": sketch_of(tensor), "sketch_layout": layout}
         return self._record(target, step, seq, meta, tensor.dtype, tuple(tensor.shape),
                             tensor.numel(), stats, snap, release, share, shared)
 
@@ -699,6 +704,18 @@ class SyncWriter(Writer):
         if self._file is not None:
             self._file.abort()
             self._file = None
+
+
+def _sketch_layout(t: torch.Tensor) -> tuple | None:
+    """What a sketch taken from `t` depends on besides its memory: None for a contiguous
+    tensor (its C order is its memory order, whatever its shape), else its shape and strides."""
+    return None if t.is_contiguous() else (tuple(t.shape), t.stride())
+
+
+def needs_own_sketch(t: torch.Tensor) -> bool:
+    """Whether a record of `t` that reuses an earlier record's statistics may need a sketch
+    of its own (`t` a permutation of that record's memory)."""
+    return t.is_cpu and not t.is_contiguous()
 
 
 def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool, sketch: bool = False
