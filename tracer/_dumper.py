@@ -392,6 +392,39 @@ class Dumper:
         if error is not None:
             self._fail(error)
 
+    def emit_call(self, name: str, func: Any, args: tuple, kwargs: dict) -> None:
+        """Record what re-running an op call needs (its overload and arguments, the tensors
+        by input record: tracer.capture._calls) in the step's /calls, before its inputs are
+        recorded (its seq is that of its first input record)."""
+        if self._busy or not self.capturing:
+            return
+        if not self._open and _in_data_worker():
+            self._leave_process()
+            return
+        error = None
+        with self._lock:
+            self._busy = True
+            mode = self._mode
+            suspended = False
+            try:
+                suspended = mode is not None and mode.suspend()
+                if not self._open:
+                    self._open_step()
+                add_call = getattr(self._writer, "add_call", None)
+                if add_call is not None:
+                    from tracer.capture._calls import encode_call
+
+                    add_call(getattr(self._writer, "next_seq", -1), name,
+                             encode_call(func, args, kwargs))
+            except Exception as e:  # noqa: BLE001 - routed through on_error below
+                error = e
+            finally:
+                if suspended:
+                    mode.resume()
+                self._busy = False
+        if error is not None:
+            self._fail(error)
+
     def _quietly(self, work: Any, *args: Any) -> Exception | None:
         """Run the dump's own `work(*args)` under the lock, marked busy (the hooks ignore what
         it runs) and with the op mode off the dispatch stack; returns its exception."""

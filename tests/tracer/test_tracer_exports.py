@@ -28,13 +28,15 @@ FACES = {
                 "element_size", "export_parquet", "is_export", "make_writer", "op_capture_of", "open_dump",
                 "parse_shape", "read_export", "read_sketches", "sketch_positions", "sketch_row",
                 "step_path", "stored_extent"],
-    "analysis": ["Coverage", "DiffResult", "HeadroomReport", "ModuleMap", "RankDiffResult",
+    "analysis": ["Coverage", "DiffResult", "Explanation", "HeadroomReport", "ModuleMap",
+                 "NotReplayable", "RankDiffResult",
                  "TABLE_READ_ERRORS", "Tolerance", "WatchConfig", "check", "check_ranks",
                  "describe_exception",
                  "describe_origin", "diff", "diff_ranks", "disarm_flight_recorder",
-                 "dump_ranks", "file_rows", "find_first_nan", "first_nan_origin",
+                 "dump_ranks", "explain", "file_rows", "find_first_nan", "first_nan_origin",
                  "headroom_trend", "install_watch", "map_modules", "on_crash",
-                 "read_flight_recorder", "read_module_map", "record_headroom", "validate_watch"],
+                 "read_flight_recorder", "read_module_map", "record_headroom", "replay",
+                 "validate_watch"],
 }
 
 

@@ -17,6 +17,11 @@ _EXPORTS: dict[str, str] = {
     "RankDiffResult": "tracer.analysis._ranks",
     "diff_ranks": "tracer.analysis._ranks",
     "dump_ranks": "tracer.analysis._ranks",
+    # a bug or rounding: ops re-run on recorded inputs
+    "Explanation": "tracer.analysis._explain",
+    "explain": "tracer.analysis._explain",
+    "NotReplayable": "tracer.analysis._replay",
+    "replay": "tracer.analysis._replay",
     # two codebases: which module is which
     "ModuleMap": "tracer.analysis._map",
     "map_modules": "tracer.analysis._map",

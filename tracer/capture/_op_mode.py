@@ -153,6 +153,8 @@ class OpMode(TorchDispatchMode):
         self.want_fw = cfg.phases in ("forward", "both")
         self.want_bw = cfg.phases in ("backward", "both")
         self.calls = tracker.calls  # op scopes contain "::", so they never collide with modules
+        # what re-running each call needs, where its inputs are kept to re-run it on
+        self.want_specs = self.want_in and cfg.mode in ("tensor", "full")
         self.active = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (),
@@ -218,6 +220,9 @@ class OpMode(TorchDispatchMode):
         # this mode: before and after it they carry the same version, so no reuse for them
         stable = not info[2]
         inputs = _flat(args, kwargs) if self.want_in or self._fresh else None
+        if self.want_specs:
+            with tool_range():
+                dumper.emit_call(f"{scope}.{phase}.{call}", func, args, kwargs)
         uninitialised = False
         if self._fresh:
             with tool_range():

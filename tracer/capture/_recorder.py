@@ -35,5 +35,8 @@ class Recorder(Protocol):
                  ) -> None:
         """Record several tensors of one call, indexed from `first`."""
 
+    def emit_call(self, name: str, func: object, args: tuple, kwargs: dict) -> None:
+        """Record what re-running an op call needs (tracer.capture._calls)."""
+
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """These tensors are about to be written in place."""

@@ -286,6 +286,10 @@ class AsyncWriter(Writer):
         if self.enabled and self._in_step:
             self._put(("hit", dict(hit)), 0)
 
+    def add_call(self, seq: int, name: str, spec: str) -> None:
+        if self.enabled and self._in_step:
+            self._put(("call", seq, name, spec), 0)
+
     def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         self._raise_pending()
         if self.enabled and self._in_step:
@@ -500,6 +504,9 @@ class AsyncWriter(Writer):
         elif kind == "hit":
             if self._wfile is not None:
                 self._wfile.add_hit(item[1])
+        elif kind == "call":
+            if self._wfile is not None:
+                self._wfile.add_call(item[1], item[2], item[3])
         else:  # pragma: no cover - internal invariant
             raise AssertionError(f"unknown queue item {kind!r}")
 

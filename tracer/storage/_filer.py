@@ -3,17 +3,17 @@
 h5py holds the GIL while it writes, so an HDF5 file written by a thread stalls the training
 thread for as long (3-5 ms a step here, half of a small model's step; with a 700-record step
 of tensor bytes, 4.5 ms of a 50 ms step). A step's HDF5 part is fully described by its root
-attributes, its /records, /hits and /sketches tables and the size of /tensors, so the async
+attributes, its /records, /hits, /sketches and /calls tables and the size of /tensors, so the async
 writer sends those to this process (`StepFile`, the same code as in-process). A step without
 tensor bytes is written, fsynced and renamed here, and the answer is its path. For a step with
 tensor bytes this process writes the partial file's metadata and allocates /tensors, and
 answers with its offset; the writer's thread then writes the bytes there (os.pwrite releases
 the GIL), fsyncs and renames.
 
-Protocol, over the child's stdin and stdout (no pickle): a request is four length-prefixed
+Protocol, over the child's stdin and stdout (no pickle): a request is five length-prefixed
 parts (8-byte little-endian lengths): a JSON header {"path", "attrs", "complete"}, plus
 "nbytes" and "spilled" for a step with tensor bytes, the records table as a .npy array, the
-hits table and the sketches as .npy arrays (each of length 0 when none). The answer is one
+hits table, the sketches and the calls table as .npy arrays (each of length 0 when none). The answer is one
 JSON line: {"ok": path}, {"offset": offset of /tensors} or {"error": message}. Once its imports are done the helper
 says {"ready": true}; until then the writer writes its files itself instead of waiting (the
 start takes ~0.4 s, longer than a short run's first steps). End of input ends the process, so
@@ -148,7 +148,7 @@ class FileProcess:
                                  **fields}).encode()
             table = file.records_table()
             parts = (header, _npy(table), _npy(file.hits_table()),
-                     _npy(file.sketches_table(table)))
+                     _npy(file.sketches_table(table)), _npy(file.calls_table()))
             payload = b"".join(_LEN.pack(len(p)) + p for p in parts)
             try:
                 assert proc.stdin is not None and proc.stdout is not None
@@ -264,8 +264,9 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
         header = _read_part(stdin)
         if header is None:
             return
-        records, hits, sketches = _read_part(stdin), _read_part(stdin), _read_part(stdin)
-        if records is None or hits is None or sketches is None:
+        records, hits, sketches, calls = (_read_part(stdin), _read_part(stdin),
+                                          _read_part(stdin), _read_part(stdin))
+        if records is None or hits is None or sketches is None or calls is None:
             return
         try:
             request = json.loads(header)
@@ -278,6 +279,9 @@ def _serve(stdin: IO[bytes], stdout: IO[bytes]) -> None:
             if sketches:
                 file.sketch_table = np.lib.format.read_array(io.BytesIO(sketches),
                                                              allow_pickle=False)
+            if calls:
+                file.call_table = _utf8(np.lib.format.read_array(io.BytesIO(calls),
+                                                                 allow_pickle=False), h5py)
             answer: dict[str, Any]
             if "nbytes" in request:  # a step with tensor bytes: metadata only, not committed
                 file.nbytes = int(request["nbytes"])

@@ -34,7 +34,7 @@ from tracer.storage._sketch import SCHEME as SKETCH_SCHEME
 from tracer.storage._sketch import SKETCH_SIZE
 
 
-FORMAT_VERSION = "3.3"
+FORMAT_VERSION = "3.4"
 FORMAT_MAJOR = 3
 
 _STR = h5py.string_dtype("utf-8")
@@ -141,6 +141,13 @@ HIT_COLUMNS: tuple[tuple[str, Any], ...] = (
 HIT_DTYPE = np.dtype(list(HIT_COLUMNS))
 HIT_FIELDS = tuple(name for name, _ in HIT_COLUMNS)
 
+CALL_COLUMNS: tuple[tuple[str, Any], ...] = (("seq", np.int64), ("name", _STR), ("spec", _STR))
+"""/calls (format 3.4, op level in tensor and full mode): one row per recorded op call, what
+re-running it needs: `name` its records' stem ("{module}::{op}.{phase}.{call}"), `seq` that of
+its first record, `spec` JSON (tracer.capture._calls: the overload, its non-tensor arguments,
+its tensor arguments by input record index)."""
+CALL_FIELDS = tuple(name for name, _ in CALL_COLUMNS)
+
 _IOV_MAX = 1024
 SPILL_OFFSET = 16 << 20
 """Offset of /tensors in a step file whose bytes were spilled: HDF5's metadata (records,
@@ -215,10 +222,12 @@ class StepFile:
         self.attrs = attrs
         self.rows: list[tuple] = []
         self.hits: list[tuple] = []
+        self.calls: list[tuple] = []
         self.sketches: list[tuple[int, np.ndarray]] = []  # (seq, sketch) of some records
         # prebuilt /records, /hits and /sketches arrays (the file-writer process gets tables)
         self.table: np.ndarray | None = None
         self.hit_table: np.ndarray | None = None
+        self.call_table: np.ndarray | None = None
         self.sketch_table: np.ndarray | None = None
         self._spill_bytes = max(1, spill_bytes)
         self._buffers: list[memoryview] = []  # in memory, not yet spilled
@@ -301,6 +310,15 @@ class StepFile:
 
     def add_hit(self, hit: dict) -> None:
         self.hits.append(tuple(hit.get(k, "" if dt is _STR else 0) for k, dt in HIT_COLUMNS))
+
+    def add_call(self, seq: int, name: str, spec: str) -> None:
+        self.calls.append((seq, name, spec))
+
+    def calls_table(self) -> np.ndarray | None:
+        """The /calls array, or None when the step recorded no call."""
+        if self.call_table is not None:
+            return self.call_table
+        return table_array(sorted(self.calls), CALL_COLUMNS) if self.calls else None
 
     def _spill(self) -> None:
         if self._spill_fd is None:
@@ -415,6 +433,7 @@ class StepFile:
         table = self.records_table()
         hits = self.hits_table()
         sketches = self.sketches_table(table)
+        calls = self.calls_table()
         fapl = h5p.create(h5p.FILE_ACCESS)
         # closing the file closes whatever HDF5 object an error left open
         fapl.set_fclose_degree(h5f.CLOSE_STRONG)
@@ -423,17 +442,18 @@ class StepFile:
         fid = h5f.create(os.fsencode(self.partial_path), h5f.ACC_TRUNC, fapl=fapl,
                          fcpl=_file_plist())
         try:
-            return write_objects(fid, self.attrs, complete, table, hits, self.nbytes, sketches)
+            return write_objects(fid, self.attrs, complete, table, hits, self.nbytes, sketches,
+                                 calls)
         finally:
             fid.close()
 
 
 def write_objects(fid: Any, attrs: dict[str, Any], complete: int, table: np.ndarray,
-                  hits: np.ndarray | None, nbytes: int, sketches: np.ndarray | None = None
-                  ) -> int:
+                  hits: np.ndarray | None, nbytes: int, sketches: np.ndarray | None = None,
+                  calls: np.ndarray | None = None) -> int:
     """Everything a step file holds but the tensor bytes, into the open file `fid`: the root
-    attributes, `complete`, /records, /hits, /sketches and /tensors (`nbytes` allocated);
-    returns the offset of /tensors (0 when empty)."""
+    attributes, `complete`, /records, /hits, /sketches, /calls and /tensors (`nbytes`
+    allocated); returns the offset of /tensors (0 when empty)."""
     for key, value in attrs.items():
         _write_attr(fid, key, value)
     _write_attr(fid, "complete", int(complete))
@@ -446,6 +466,8 @@ def write_objects(fid: Any, attrs: dict[str, Any], complete: int, table: np.ndar
         _write_attr(fid, "sketch_scheme", SKETCH_SCHEME)
         _write_attr(fid, "sketches_crc32", records_crc32(sketches))
         _write_matrix(fid, b"sketches", sketches)
+    if calls is not None:
+        _write_table(fid, b"calls", calls)
     return _allocate_tensors(fid, nbytes)
 
 

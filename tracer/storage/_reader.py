@@ -19,8 +19,8 @@ import h5py
 import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
-from tracer.storage._format import (FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS, RecordRow,
-                                    records_crc32)
+from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS,
+                                    RecordRow, records_crc32)
 from tracer.storage._sketch import SKETCH_SIZE, row_of
 from tracer.storage._lock import RUN_FILE, one_run
 
@@ -323,6 +323,17 @@ class Dump:
         arr, index = self._table(rank, step)
         i = self._row_index(rank, step, index, name)
         return row_of(self.sketches(rank, step), i)
+
+    def calls(self, rank: int = 0, step: int | None = None):
+        """The /calls table of a step (what re-running each recorded op call needs: seq, name,
+        spec as JSON text) as a DataFrame; empty when the step has none (module level,
+        statistics mode, or a file written before format 3.4)."""
+        import pandas as pd
+
+        f = self._open(rank, self._default_step(rank, step))
+        if "calls" not in f:
+            return pd.DataFrame(columns=list(CALL_FIELDS))
+        return _table_to_frame(f["calls"][()], CALL_FIELDS, ("name", "spec"))
 
     def hits(self, rank: int = 0, step: int | None = None):
         """The /hits table (watchpoint hits) of a step as a DataFrame; empty when none."""

@@ -338,6 +338,11 @@ class Writer:
         current step's file."""
         raise NotImplementedError
 
+    def add_call(self, seq: int, name: str, spec: str) -> None:
+        """Record what re-running an op call needs (/calls: its records' stem `name`, the seq
+        of its first record, the JSON `spec`) in the current step's file."""
+        raise NotImplementedError
+
     def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         """Finish the current step: sync, the file exists on return; async, it is queued.
 
@@ -671,6 +676,10 @@ class SyncWriter(Writer):
     def add_hit(self, hit: dict) -> None:
         if self.enabled and self._file is not None:
             self._file.add_hit(hit)
+
+    def add_call(self, seq: int, name: str, spec: str) -> None:
+        if self.enabled and self._file is not None:
+            self._file.add_call(seq, name, spec)
 
     def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         if self.enabled and self._file is not None:

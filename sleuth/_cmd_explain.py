@@ -1,0 +1,92 @@
+"""`sleuth explain A B`: is the first divergence a bug or rounding, and which op introduced it.
+
+Exit codes as for `sleuth diff`: 0 the runs agree, 1 they differ (whatever the verdict), 2 error
+or not everything could be read.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from sleuth.cli import CliError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "explain", help="tell a bug from rounding: re-run the ops where two runs part",
+        description="Diff two op-level tensor dumps (A the reference), then re-run each op on "
+        "the divergence chain on A's recorded inputs: B's call in B's dtypes (the error the op "
+        "itself adds), and A's call in B's dtypes and in float64 (the rounding it is entitled "
+        "to). Ends with one verdict: bug (an op changes the result on identical inputs, named "
+        "with its line), precision (every op within its rounding; the ops that lose the most), "
+        "or inputs differ from the start. Needs both runs dumped at level op (or mix) with mode "
+        "tensor (or full).")
+    p.add_argument("a", metavar="A", help="the reference run (run, dump directory or step file)")
+    p.add_argument("b", metavar="B", help="the run to explain")
+    p.add_argument("--step", type=int, help="step (default: every step; the first divergence's)")
+    p.add_argument("--rank", type=int, default=0, help="rank (default 0)")
+    p.add_argument("--limit", type=int, default=20,
+                   help="op calls to follow along the chain (default 20)")
+    p.add_argument("--factor", type=float, default=4.0,
+                   help="how many times its measured rounding an op's error on identical "
+                   "inputs may be before it is called a bug (default 4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tracer import TracerError
+    from tracer.analysis import explain
+
+    if args.limit < 1 or not args.factor >= 1:
+        raise CliError("--limit must be 1 or more and --factor at least 1")
+    try:
+        result = explain(args.a, args.b, step=args.step, rank=args.rank, limit=args.limit,
+                         factor=args.factor)
+    except TracerError as e:
+        raise CliError(str(e)) from e
+    if args.json:
+        print(json.dumps(_clean(result.to_dict()), allow_nan=False))
+        return result.exit_code
+    print(result.verdict)
+    if result.chain:
+        print("\nthe chain, in execution order (relative errors; received: the inputs', "
+              "introduced: B's call on A's inputs, entitled: its measured rounding):")
+        rows = [(e["name"], _f(e["received"]), _f(e["introduced"]), _f(e["entitled"]),
+                 e["judged"] + (" (non-deterministic)" if e["nondeterministic"] else ""))
+                for e in result.chain]
+        head = ("op call", "received", "introduced", "entitled", "judged")
+        widths = [min(max(len(str(r[i])) for r in (head, *rows)), 70) for i in range(5)]
+        for r in (head, *rows):
+            print("  " + "  ".join(str(v)[-w:].ljust(w) for v, w in zip(r, widths)).rstrip())
+        skipped = [e for e in result.chain if e["judged"] == "not replayed"]
+        for e in skipped[:5]:
+            print(f"  not re-run: {e['name']}: {e['why']}")
+    if result.blamed:
+        b = result.blamed
+        print(f"\nblamed: {b['name']} (B: {b['b_name']})\n  module {b['module']}   phase "
+              f"{b['phase']}   step {b['step']}\n  source {b['source'] or '-'}")
+    if result.status == "incomplete":
+        print(f"sleuth explain: {result.verdict}", file=sys.stderr)
+    return result.exit_code
+
+
+def _f(x: Any) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}"
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if hasattr(v, "item"):
+        return _clean(v.item())
+    return v

@@ -1,0 +1,184 @@
+"""`sleuth explain`: ops on the divergence chain re-run on the reference's recorded inputs, and
+one verdict. Models nobody here wrote (a Hugging Face Llama built from a config, a small
+ResNet-style CNN), with injected faults of both kinds: a bug (a wrong epsilon, a changed custom
+backward, operands swapped) must get "bug" and the right op; a pure precision change (bf16
+autocast, a float16 island) must get "precision" with no op blamed."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tracer
+from sleuth.cli import main
+from tracer.analysis import explain
+
+TENSOR_OP = {"level": "op", "mode": "tensor"}
+
+
+def _llama(eps: float = 1e-6) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=32, rms_norm_eps=eps,
+                         attn_implementation="eager")
+    return LlamaForCausalLM(config)
+
+
+def _dump_llama(path: Path, eps: float = 1e-6, bf16: bool = False) -> Path:
+    model = _llama(eps)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    with tracer.Dumper(model, {"path": str(path), **TENSOR_OP}):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> dict[str, Path]:
+    pytest.importorskip("transformers")
+    root = tmp_path_factory.mktemp("explain")
+    return {"a": _dump_llama(root / "a"), "again": _dump_llama(root / "again"),
+            "eps": _dump_llama(root / "eps", eps=1e-2),
+            "bf16": _dump_llama(root / "bf16", bf16=True)}
+
+
+def test_a_wrong_epsilon_is_a_bug_at_the_op_that_adds_it(llama):
+    e = explain(llama["a"], llama["eps"])
+    assert e.status == "bug" and e.exit_code == 1
+    assert e.blamed["name"] == "model.layers.0.input_layernorm::aten.add.forward.0"
+    assert e.blamed["received"] == 0.0 and e.blamed["introduced"] > 1e3 * e.blamed["entitled"]
+    assert e.verdict.startswith("bug: op aten.add at ")
+    # the next ops inherit the error: received, not introduced
+    rsqrt = e.chain[1]
+    assert rsqrt["op"] == "aten.rsqrt" and rsqrt["judged"] == "rounding"
+    assert rsqrt["received"] > 1 and rsqrt["introduced"] == 0.0
+
+
+def test_bf16_autocast_is_precision_with_no_op_blamed(llama):
+    e = explain(llama["a"], llama["bf16"])
+    assert e.status == "precision" and e.blamed is None and e.exit_code == 1
+    assert all(x["judged"] != "bug" for x in e.chain)
+    assert "bfloat16" in e.verdict and "lose the most" in e.verdict
+    replayed = [x for x in e.chain if x["judged"] == "rounding"]
+    assert replayed and max(x["introduced"] for x in replayed) > 1e-4  # bf16 rounding, seen
+
+
+def test_the_same_run_twice_is_same(llama, capsys):
+    assert explain(llama["a"], llama["again"]).status == "same"
+    assert main(["explain", str(llama["a"]), str(llama["again"])]) == 0
+    assert "agree on every record" in capsys.readouterr().out
+
+
+def test_the_command_line_and_json(llama, capsys):
+    assert main(["explain", str(llama["a"]), str(llama["eps"]), "--limit", "3"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("bug: op aten.add at ")
+    assert "model.layers.0.input_layernorm::aten.add.forward.0" in out and "blamed:" in out
+    assert main(["explain", str(llama["a"]), str(llama["eps"]), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["status"] == "bug" and data["exit_code"] == 1 and len(data["chain"]) == 20
+    assert data["blamed"]["op"] == "aten.add"
+    assert main(["explain", str(llama["a"]), str(llama["eps"]), "--limit", "0"]) == 2
+    assert "--limit must be 1 or more" in capsys.readouterr().err
+
+
+class Block(nn.Module):
+    """A ResNet-style block with a custom scaling whose backward the faulty run changes."""
+
+    def __init__(self, swap: bool = False, half: bool = False, grad: float = 1.0) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.swap, self.half, self.grad = swap, half, grad
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.conv1(x)))
+        if self.half:  # a float16 island
+            h = (h.half() * 0.5).float()
+        else:
+            h = h * 0.5
+        h = Scale.apply(self.conv2(h), self.grad)
+        return torch.sub(h, x) if self.swap else torch.sub(x, h)
+
+
+class Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, grad):
+        ctx.grad = grad
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * (2.0 * ctx.grad), None
+
+
+def _dump_cnn(path: Path, **fault) -> Path:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), Block(**fault), nn.Flatten(),
+                          nn.Linear(4 * 8 * 8, 10))
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    with tracer.Dumper(model, {"path": str(path), **TENSOR_OP}):
+        model(x).square().mean().backward()
+    return path
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("explain_cnn")
+    return {"a": _dump_cnn(root / "a"), "swap": _dump_cnn(root / "swap", swap=True),
+            "half": _dump_cnn(root / "half", half=True),
+            "backward": _dump_cnn(root / "backward", grad=1.1)}
+
+
+def test_swapped_operands_are_a_bug_at_the_call(cnn):
+    e = explain(cnn["a"], cnn["swap"])
+    assert e.status == "bug"
+    assert e.blamed["name"] == "1::aten.sub.forward.0" and "operands swapped" in e.verdict
+    assert e.blamed["source"].endswith(f"test_explain.py:{_line('torch.sub(h, x)')}")
+
+
+def test_a_changed_custom_backward_is_a_bug_in_backward(cnn):
+    e = explain(cnn["a"], cnn["backward"])
+    assert e.status == "bug" and e.blamed["phase"] == "backward"
+    assert e.blamed["op"] == "aten.mul" and e.blamed["received"] == 0.0
+
+
+def test_a_float16_island_is_precision(cnn):
+    e = explain(cnn["a"], cnn["half"])
+    assert e.status == "precision" and e.blamed is None
+    assert "float16" in e.verdict
+
+
+def test_dumps_without_tensors_or_calls_are_a_clear_error(tmp_path, capsys):
+    torch.manual_seed(0)
+    for name in ("a", "b"):
+        m = nn.Linear(4, 4)
+        if name == "b":
+            with torch.no_grad():
+                m.bias.add_(1.0)
+        with tracer.Dumper(m, {"path": str(tmp_path / name), "level": "op"}):
+            m(torch.ones(2, 4)).sum().backward()
+    assert main(["explain", str(tmp_path / "a"), str(tmp_path / "b")]) == 1  # weights differ
+    assert "inputs differ from the start" in capsys.readouterr().out
+    for name in ("c", "d"):
+        m = nn.Linear(4, 4)
+        torch.manual_seed(0)
+        with tracer.Dumper(m, {"path": str(tmp_path / name), "level": "op"}):
+            m(torch.ones(2, 4) * (2.0 if name == "d" else 1.0)).sum().backward()
+    assert main(["explain", str(tmp_path / "c"), str(tmp_path / "d")]) in (1, 2)
+    text = capsys.readouterr()
+    assert "Traceback" not in text.err
+
+
+def _line(text: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
