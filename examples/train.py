@@ -8,6 +8,8 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
     python examples/train.py --grow 16                # a bug: fc1's weight compounds, x16 a step
     python examples/train.py --swap-halves            # a bug: fc1's output units come swapped
     python examples/train.py --port                   # the same MLP written another way
+    python examples/train.py --norm-eps 1e-2          # a bug: the LayerNorm's epsilon misread
+    python examples/train.py --bf16                   # not a bug: the forward in bf16 autocast
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
 """
 from __future__ import annotations
@@ -60,6 +62,11 @@ def main() -> None:
     parser.add_argument("--swap-halves", action="store_true",
                         help="swap the two halves of fc1's output units when the model is built, "
                         "as a weight conversion that permutes rows does (a bug to find)")
+    parser.add_argument("--norm-eps", type=float, metavar="EPS",
+                        help="the LayerNorm's epsilon (default 1e-5; another value is a bug to "
+                        "find, as a port that misreads a config)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="run the forward pass under bfloat16 autocast (rounding, not a bug)")
     parser.add_argument("--port", action="store_true",
                         help="train the same MLP, with the same weights, as another codebase "
                         "writes it (other module names)")
@@ -75,6 +82,8 @@ def main() -> None:
     if args.port:
         net = PortedNet(net)
     fc1 = net.layers[0] if args.port else net.fc1
+    if args.norm_eps is not None:
+        (net.layers[2] if args.port else net.norm).eps = args.norm_eps
     if args.swap_halves:
         with torch.no_grad():
             for p in (fc1.weight, fc1.bias):
@@ -89,7 +98,9 @@ def main() -> None:
         if step == args.nan_at:
             with torch.no_grad():
                 fc1.weight[0, 0] = float("nan")
-        loss = nn.functional.mse_loss(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            out = model(x)
+        loss = nn.functional.mse_loss(out.float(), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -149,3 +149,27 @@ def test_streamed_cli_writes_what_the_whole_diff_holds(tmp_path, capsys):
     assert main(["diff", str(a), str(tmp_path / "missing"), "--csv", str(csv)]) == 2
     assert csv.read_text() == "kept\n"
     assert not list(tmp_path.glob(".sleuth-diff-*"))
+
+
+def test_a_streamed_diff_of_mixed_dtypes_over_steps(tmp_path, capsys):
+    """float32 against float16 over several steps: the dtype note names the first step's
+    record, once, and the streamed diff (the command line's) reads every step."""
+    import torch
+
+    from tracer._config import DumpConfig
+    from tracer.storage import RecordMeta, make_writer
+
+    for side, dtype in (("a", torch.float32), ("b", torch.float16)):
+        w = make_writer(DumpConfig(path=str(tmp_path / side), writer="sync"), rank=0,
+                        world_size=1)
+        for step in (1, 2, 3):
+            w.begin_step(step)
+            for i in range(3):
+                w.add(RecordMeta(f"layers.{i}.forward.0.output.0", f"layers.{i}", "",
+                                 "forward", "output", 0, 0, f"model.py:{i}"),
+                      torch.full((8,), 0.1 * (i + step)).to(dtype))
+            w.end_step()
+        w.close()
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "9 matched records differ in dtype, the first at layers.0.forward.0.output.0" in out

@@ -574,7 +574,8 @@ class _Summary:
         mixed = [r for r in rows if r["dtype"] and r["b_dtype"] and r["dtype"] != r["b_dtype"]]
         self.mixed += len(mixed)
         if mixed and (self.first_mixed is None or mixed[0]["step"] < self.first_mixed["step"]):
-            self.first_mixed = {k: mixed[0][k] for k in ("name", "dtype", "b_dtype", "source")}
+            self.first_mixed = {k: mixed[0][k] for k in ("name", "dtype", "b_dtype", "source",
+                                                         "step")}
 
 
 def _stats(side: Side, rank: int, step: int) -> Any:
