@@ -98,7 +98,9 @@ def format_report(result: Any, top: int = 10) -> str:
         cross = ""
         if (fd["b_step"], fd["b_rank"]) != (fd["step"], fd["rank"]):
             cross = f" vs B step {fd['b_step']}, rank {fd['b_rank']}"
-        lines += ["", f"first divergence ({fd['kind']}): {fd['name']}",
+        b_name = fd.get("b_name") or ""
+        also = f"\n  in B: {b_name}" if b_name and b_name != fd["name"] else ""
+        lines += ["", f"first divergence ({fd['kind']}): {fd['name']}{also}",
                   f"  module {fd['module']}{op}   phase {fd['phase']}   step {fd['step']}   "
                   f"rank {fd['rank']}{cross}",
                   f"  source {fd['source'] or '-'}"
@@ -205,6 +207,9 @@ class _RowSinks:
             # beside the target, renamed over it once the diff ends: a diff that fails leaves
             # a file the user had there as it was
             folder = os.path.dirname(os.path.abspath(self.csv_path))
+            if not os.path.isdir(folder):
+                raise CliError(f"cannot write {self.csv_path}: the folder {folder} does not "
+                               "exist")
             try:
                 fd, self.csv_tmp = tempfile.mkstemp(prefix=".sleuth-diff-", suffix=".csv",
                                                     dir=folder)

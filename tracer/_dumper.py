@@ -401,29 +401,18 @@ class Dumper:
         if not self._open and _in_data_worker():
             self._leave_process()
             return
-        error = None
-        with self._lock:
-            self._busy = True
-            mode = self._mode
-            suspended = False
-            try:
-                suspended = mode is not None and mode.suspend()
-                if not self._open:
-                    self._open_step()
-                add_call = getattr(self._writer, "add_call", None)
-                if add_call is not None:
-                    from tracer.capture._calls import encode_call
-
-                    add_call(getattr(self._writer, "next_seq", -1), name,
-                             encode_call(func, args, kwargs))
-            except Exception as e:  # noqa: BLE001 - routed through on_error below
-                error = e
-            finally:
-                if suspended:
-                    mode.resume()
-                self._busy = False
+        error = self._quietly(self._add_call, name, func, args, kwargs)
         if error is not None:
             self._fail(error)
+
+    def _add_call(self, name: str, func: Any, args: tuple, kwargs: dict) -> None:
+        if not self._open:
+            self._open_step()
+        add_call = getattr(self._writer, "add_call", None)
+        if add_call is not None:
+            from tracer.capture._calls import encode_call
+
+            add_call(getattr(self._writer, "next_seq", -1), name, encode_call(func, args, kwargs))
 
     def _quietly(self, work: Any, *args: Any) -> Exception | None:
         """Run the dump's own `work(*args)` under the lock, marked busy (the hooks ignore what

@@ -145,6 +145,8 @@ def test_streamed_cli_writes_what_the_whole_diff_holds(tmp_path, capsys):
     header = next(i for i, line in enumerate(lines) if line.startswith("order"))
     assert lines[header + 1].split()[:3] == ["5", "2", "layers.1.forward.0.output.0"]
     assert lines[header + 2].split()[1] == "3"
+    assert main(["diff", str(a), str(b), "--csv", str(tmp_path / "nowhere" / "r.csv")]) == 2
+    assert "the folder" in capsys.readouterr().err
     csv.write_text("kept\n")
     assert main(["diff", str(a), str(tmp_path / "missing"), "--csv", str(csv)]) == 2
     assert csv.read_text() == "kept\n"

@@ -42,10 +42,12 @@ class Block(nn.Module):
 
 
 class Port(nn.Module):
-    def __init__(self, scale: float | None = None) -> None:
+    def __init__(self, scale: float | None = None, block: type | None = None,
+                 **kw: float) -> None:
         super().__init__()
         self.tokens, self.positions = nn.Embedding(VOCAB, D), nn.Embedding(16, D)
-        self.blocks = nn.ModuleList(Block(scale) for _ in range(LAYERS))
+        self.blocks = nn.ModuleList((block(**kw) if block else Block(scale))
+                                    for _ in range(LAYERS))
         self.norm = nn.LayerNorm(D)
         self.head = nn.Linear(D, VOCAB, bias=False)
         self.head.weight = self.tokens.weight

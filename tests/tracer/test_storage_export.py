@@ -149,3 +149,38 @@ def test_exported_dump_reads_as_the_dump_does(run):
         got.tensor(0, 1, "layers.0.forward.0.output.0")
     with pytest.raises(tracer.TracerError, match="not a sleuth Parquet export"):
         ExportedDump(run)
+
+
+def test_an_out_that_holds_or_lies_in_the_dump_is_refused(run, capsys):
+    """--out the run itself, its dump/ folder or a folder inside it: the dataset would
+    replace the step files (--force) or mix with them. Refused; every step file stays."""
+    files = sorted(p.relative_to(run) for p in run.rglob("*.h5"))
+    for out in (run, run / "dump", run / "dump" / "rank0" / "x", run.parent):
+        assert main(["dump", "export", str(run), "--out", str(out), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert "is a folder of the dump, holds it or lies in it" in err, out
+        assert f"--out {run / 'export.parquet'}" in err
+    assert sorted(p.relative_to(run) for p in run.rglob("*.h5")) == files
+    assert main(["dump", "export", str(run)]) == 0  # RUN/export.parquet, beside the dump
+
+
+def test_a_step_file_of_another_run_is_named_not_dropped(run, tmp_path, capsys):
+    """A step file another run wrote where this run's step would be: the export names it
+    (exit 1), and the diff calls that step not read (exit 2), never "missing" or "same"."""
+    import shutil
+
+    other = tmp_path / "other"
+    w = make_writer(DumpConfig(path=str(other), writer="sync"), rank=0, world_size=1)
+    w.begin_step(4)
+    w.add(RecordMeta("layers.0.forward.0.output.0", "layers.0", "", "forward", "output", 0, 0,
+                     "model.py:7"), torch.ones(4))
+    w.end_step()
+    w.close()
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run, mixed)
+    shutil.copy(next(other.rglob("step4.h5")), mixed / "dump" / "rank0" / "step4.h5")
+    assert main(["dump", "export", str(mixed), "--out", str(tmp_path / "x.parquet")]) == 1
+    assert "rank 0 step 4 not exported (other_run)" in capsys.readouterr().err
+    assert main(["diff", str(run), str(mixed), "--rank", "0"]) == 2
+    out = capsys.readouterr().out
+    assert "status: INCOMPLETE" in out and "written by another run" in out

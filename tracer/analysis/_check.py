@@ -445,8 +445,10 @@ def describe_origin(o: dict[str, Any]) -> str:
         text += (f". Later in that step (in execution order) {len(later)} other rank(s) hold "
                  f"non-finite values, received or made after it: {shown}{more}")
         if o.get("ranks_ordered_by") == "execution order":
-            text += (". These dumps record no collective calls (dump level module), so the "
-                     "ranks are ordered by execution order alone: which rank sent the NaN "
-                     "through an all-reduce cannot be told; dump at level op or mix to see the "
-                     "collectives")
+            text += (". These dumps hold no collective call in that step (a module-level dump "
+                     "records none, and the all-reduces DDP and FSDP run themselves are not "
+                     "recorded at any level), so the ranks are ordered by execution order "
+                     "alone: which rank sent the NaN through an all-reduce cannot be told "
+                     "from them; at level op or mix, the collectives the model's own code "
+                     "calls (dist.all_reduce) are recorded and order the ranks")
     return text

@@ -439,7 +439,10 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         notes.append(f"B's modules read as A's through a module map ({len(module_map)} pairs)")
     if fused:
         notes.append(f"{len(fused[0]) + len(fused[1])} fused module(s) compared with their "
-                     "parts combined (a concatenation's statistics follow from its parts')")
+                     "parts combined (a concatenation's statistics follow from its parts'); "
+                     "those statistics do not see the order of the parts, so parts swapped (a "
+                     "port loading them from the wrong slices) read the same there and show "
+                     "first at the records after the fused module")
     if not keep_records:
         return _streamed(sa, sb, sel, tol, problems, notes, pd, module_map, layouts, progress,
                          on_rows, keep_worst, fused)

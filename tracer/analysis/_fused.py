@@ -69,7 +69,8 @@ def find_fused(pa: list[dict], pb: list[dict]) -> list[tuple[list[str], list[str
             taken.update(id(x) for x in (w, *window))
             mods = [p["module"] for p in window]
             why = (f"{local or 'parameter'}: {w['module']} holds {', '.join(mods)} "
-                   f"concatenated (element counts and checksums add up)")
+                   f"concatenated (element counts and checksums add up; their order is not "
+                   f"seen)")
             out.append(([w["module"]], mods, why) if whole_side == "a" else
                        (mods, [w["module"]], why))
     return _merge(out)
@@ -105,7 +106,8 @@ def _merge(groups: list[tuple[list[str], list[str], str]]
         merged.setdefault((tuple(a), tuple(b)), []).append(why.split(":", 1)[0])
     return [(list(a), list(b), f"parameters {', '.join(names)}: {a[0] if len(a) == 1 else b[0]}"
              f" holds {', '.join(b if len(a) == 1 else a)} concatenated (element counts and "
-             f"checksums add up)") for (a, b), names in merged.items()]
+             f"checksums add up; the order of the parts is not seen)")
+            for (a, b), names in merged.items()]
 
 
 def group_name(parts: list[str]) -> str:

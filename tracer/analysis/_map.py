@@ -82,7 +82,8 @@ class ModuleMap:
                  "# modules: A's module -> B's module. Edit freely: change a B name, add a pair,",
                  "# or delete a line to leave a module unpaired; then",
                  "# `sleuth diff --map FILE A B`.",
-                 f"a: {q(self.a)}", f"b: {q(self.b)}", "modules:"]
+                 f"a: {q(self.a)}", f"b: {q(self.b)}",
+                 "modules:" + ("" if self.pairs else " {}")]
         lines += [f"  {q(a)}: {q(b)}  # {why}" for a, b, why in self.pairs]
         lines.append("# one module of one side holding several of the other's, concatenated "
                      "(a fused qkv)")
@@ -260,8 +261,8 @@ def read_module_map(path: str | os.PathLike) -> ModuleMap:
     except yaml.YAMLError as e:
         raise ConfigError(f"--map {path}: not YAML ({e}); `sleuth map A B` writes one") from e
     modules = data.get("modules") if isinstance(data, dict) else None
-    if modules is None and isinstance(data, dict) and data.get("fused"):
-        modules = {}
+    if modules is None and isinstance(data, dict) and "modules" in data:
+        modules = {}  # "modules:" with no pair under it
     if not isinstance(modules, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in modules.items()):
         raise ConfigError(f"--map {path}: expected a `modules:` mapping of A module names to B "

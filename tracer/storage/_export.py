@@ -27,7 +27,7 @@ import numpy as np
 
 from tracer._errors import DumpFormatError, TracerError
 from tracer.storage._format import RECORD_COLUMNS
-from tracer.storage._reader import PROBLEM_STATES, Dump, open_dump
+from tracer.storage._reader import PROBLEM_STATES, Dump, every_step, open_dump
 
 MANIFEST = "_sleuth_export.json"
 _READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError)
@@ -69,15 +69,41 @@ def export_parquet(run: str | Path, out: str | Path, *, overwrite: bool = False,
     `progress(done, total)` is called after each step file.
     """
     out = Path(out)
+    dump = open_dump(run)
+    try:
+        _refuse_over_dump(dump, Path(run), out)
+    except BaseException:
+        dump.close()
+        raise
     if out.exists() and not overwrite:
+        dump.close()
         raise TracerError(f"{out} exists: choose a new folder, or replace it (--force)")
     if out.exists() and not out.is_dir():
+        dump.close()
         raise TracerError(f"{out} is a file, not a dataset folder: choose another path")
-    dump = open_dump(run)
     try:
         return _export(dump, out, progress)
     finally:
         dump.close()
+
+
+def _refuse_over_dump(dump: Dump, run: Path, out: Path) -> None:
+    """An OUT that is the run, holds its dump or lies inside it would be replaced (--force)
+    or filled with the dataset: either loses or mixes the dump's files. Refused, naming a
+    safe place."""
+    target = out.resolve()
+    folders = {Path(dump.root).resolve()} | {Path(st.path).resolve().parent
+                                             for st in dump.file_states}
+    held = folders | {run.resolve()}
+    for src in held:
+        # OUT is a folder of the dump, holds one (replacing it deletes the step files), or
+        # lies inside the dump's own folders (the dataset among the step files)
+        if target == src or target in src.parents or (src in folders and src in target.parents):
+            safe = (run / "export.parquet") if (run / "dump").is_dir() else \
+                run.parent / f"{run.name}.parquet"
+            raise TracerError(f"--out {out} is a folder of the dump, holds it or lies in it: "
+                              f"the dataset would replace or mix with the step files. Write "
+                              f"it beside them, e.g. --out {safe}")
 
 
 def _export(dump: Dump, out: Path, progress: Callable[[int, int], None] | None) -> ExportResult:
@@ -178,7 +204,8 @@ class ExportedDump:
             self.manifest = json.loads((self.root / MANIFEST).read_text())
         except (OSError, ValueError) as e:
             raise TracerError(f"{self.root} is not a sleuth Parquet export ({MANIFEST}: {e}); "
-                              f"write one with `sleuth dump export RUN --out {self.root}`") from e
+                              "write one with `sleuth dump export RUN` (it goes to "
+                              "RUN/export.parquet)") from e
         self._parts: dict[int, dict[int, Path]] = {}
         for rank_dir in self.root.glob("rank=*"):
             rank = _partition(rank_dir.name)
@@ -196,17 +223,10 @@ class ExportedDump:
 
     def stats(self, rank: int = 0, step: int | None = None):
         """The records of one step in seq order, as `Dump.stats` gives them (plus `status`)."""
-        import pandas as pd
         import pyarrow.parquet as pq
 
         if step is None:
-            frames = []
-            for s in self.steps(rank):
-                df = self.stats(rank, s)
-                df.insert(0, "step", s)
-                frames.append(df)
-            return (pd.concat(frames, ignore_index=True) if frames else
-                    pd.DataFrame(columns=["step", *(n for n, _ in RECORD_COLUMNS)]))
+            return every_step(self, rank)
         part = self._parts.get(rank, {}).get(step)
         if part is None:
             raise DumpFormatError(f"no rank {rank} step {step} in the export {self.root} "

@@ -112,6 +112,21 @@ def parse_shape(shape: str) -> tuple[int, ...]:
     return tuple(int(s) for s in shape.split(",")) if shape else ()
 
 
+def every_step(dump: Any, rank: int):
+    """`dump.stats(rank, s)` of every step of the rank in one DataFrame, a leading `step`
+    column (a `Dump`, or anything with its `steps` and `stats`)."""
+    import pandas as pd
+
+    frames = []
+    for s in dump.steps(rank):
+        df = dump.stats(rank, s)
+        df.insert(0, "step", s)
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=["step", *RECORD_FIELDS])
+    return pd.concat(frames, ignore_index=True)
+
+
 def _table_to_frame(arr: np.ndarray, fields: tuple[str, ...], str_fields: tuple[str, ...]):
     import pandas as pd
 
@@ -173,9 +188,11 @@ class FileState(NamedTuple):
     """The run that wrote the file ("" before run ids, or when it could not be read)."""
 
 
-PROBLEM_STATES = ("interrupted", "partial_only", "truncated", "unreadable", "empty")
+PROBLEM_STATES = ("interrupted", "partial_only", "truncated", "unreadable", "empty",
+                  "other_run")
 """FileState.state values that mean a step was not fully read ("partial" is a stale leftover
-beside a complete file, worth a note only)."""
+beside a complete file, worth a note only; "other_run" a file of another run where this run's
+step would be, which is not this run's step)."""
 
 
 class _NewerFormat(DumpFormatError):
@@ -276,17 +293,8 @@ class Dump:
         """The /records table of one step as a pandas DataFrame in seq order (no tensor bytes
         are read). `step=None` concatenates every step of the rank, with a leading `step`
         column."""
-        import pandas as pd
-
         if step is None:
-            frames = []
-            for s in self.steps(rank):
-                df = self.stats(rank, s)
-                df.insert(0, "step", s)
-                frames.append(df)
-            if not frames:
-                return pd.DataFrame(columns=["step", *RECORD_FIELDS])
-            return pd.concat(frames, ignore_index=True)
+            return every_step(self, rank)
         arr, _ = self._table(rank, step)
         try:
             return _table_to_frame(arr, RECORD_FIELDS, _STR_FIELDS_REC)
