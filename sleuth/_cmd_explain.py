@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--factor", type=float, default=4.0,
                    help="how many times its measured rounding an op's error on identical "
                    "inputs may be before it is called a bug (default 4)")
+    p.add_argument("--repro", metavar="DIR",
+                   help="for a bug, write a one-op repro into DIR: repro_<op>.py and its inputs "
+                   "(repro_<op>.h5), runnable with torch, numpy and h5py alone")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run)
 
@@ -48,8 +51,12 @@ def _run(args: argparse.Namespace) -> int:
                          factor=args.factor)
     except TracerError as e:
         raise CliError(str(e)) from e
+    repro = _repro(args, result) if args.repro else None
     if args.json:
-        print(json.dumps(_clean(result.to_dict()), allow_nan=False))
+        out = _clean(result.to_dict())
+        if repro is not None:
+            out["repro"] = repro
+        print(json.dumps(out, allow_nan=False))
         return result.exit_code
     print(result.verdict)
     if result.chain:
@@ -69,9 +76,34 @@ def _run(args: argparse.Namespace) -> int:
         b = result.blamed
         print(f"\nblamed: {b['name']} (B: {b['b_name']})\n  module {b['module']}   phase "
               f"{b['phase']}   step {b['step']}\n  source {b['source'] or '-'}")
+    if repro is not None:
+        print(f"\n{repro}")
     if result.status == "incomplete":
         print(f"sleuth explain: {result.verdict}", file=sys.stderr)
     return result.exit_code
+
+
+def _repro(args: argparse.Namespace, result: Any) -> str:
+    """Write the one-op repro of the blamed call; what was written, or why nothing was."""
+    import tracer
+    from tracer import TracerError
+    from tracer.analysis import write_repro
+
+    blamed = result.blamed
+    if result.status != "bug" or blamed is None:
+        return f"no repro: the verdict is {result.status}, no op is blamed"
+    if blamed.get("introduced") is None:
+        return ("no repro: the op is blamed for the input it receives (an argument passed "
+                "wrongly), not for what it computes; its line is the place to look")
+    a, b = tracer.open_dump(args.a), tracer.open_dump(args.b)
+    try:
+        script, data = write_repro(a, b, blamed, result.first_divergence, args.repro)
+    except (TracerError, OSError) as e:
+        raise CliError(f"--repro {args.repro}: {e}") from e
+    finally:
+        a.close()
+        b.close()
+    return f"repro written: python {script}  (inputs in {data})"
 
 
 def _f(x: Any) -> str:

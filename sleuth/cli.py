@@ -38,6 +38,7 @@ _COMMAND_MODULES = (
     "sleuth._cmd_diff",
     "sleuth._cmd_map",
     "sleuth._cmd_explain",
+    "sleuth._cmd_audit",
     "sleuth._cmd_check",
     "sleuth._cmd_profile",
     "sleuth._cmd_ir",

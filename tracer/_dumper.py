@@ -410,7 +410,7 @@ class Dumper:
             self._open_step()
         add_call = getattr(self._writer, "add_call", None)
         if add_call is not None:
-            from tracer.capture._calls import encode_call
+            from tracer.capture import encode_call
 
             add_call(getattr(self._writer, "next_seq", -1), name, encode_call(func, args, kwargs))
 

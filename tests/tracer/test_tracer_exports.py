@@ -20,23 +20,25 @@ EXPECTED = [
 
 
 FACES = {
-    "capture": ["EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "on_scaler_update",
-                "rewrap", "tool_range", "user_source"],
+    "capture": ["EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "encode_call",
+                "on_scaler_update", "rewrap", "tool_range", "user_source"],
     "storage": ["Dump", "ExportedDump", "RECORD_FIELDS", "RUN_FILE", "RawTensor", "RecordMeta", "RecordRow",
                 "SKETCH_SIZE", "Writer", "c_order_bytes", "config_of", "copy_stats",
                 "decode_bits", "dense_strides", "difference_sketch", "difference_stats",
                 "element_size", "export_parquet", "is_export", "make_writer", "op_capture_of", "open_dump",
                 "parse_shape", "read_export", "read_sketches", "sketch_positions", "sketch_row",
                 "step_path", "stored_extent"],
-    "analysis": ["Coverage", "DiffResult", "Explanation", "HeadroomReport", "ModuleMap",
+    "analysis": ["AuditResult", "Coverage", "DiffResult", "Explanation", "HeadroomReport",
+                 "ModuleMap",
                  "NotReplayable", "RankDiffResult",
-                 "TABLE_READ_ERRORS", "Tolerance", "WatchConfig", "check", "check_ranks",
+                 "TABLE_READ_ERRORS", "Tolerance", "WatchConfig", "audit", "check",
+                 "check_ranks",
                  "describe_exception",
                  "describe_origin", "diff", "diff_ranks", "disarm_flight_recorder",
                  "dump_ranks", "explain", "file_rows", "find_first_nan", "first_nan_origin",
                  "headroom_trend", "install_watch", "map_modules", "on_crash",
                  "read_flight_recorder", "read_module_map", "record_headroom", "replay",
-                 "validate_watch"],
+                 "validate_watch", "write_repro"],
 }
 
 

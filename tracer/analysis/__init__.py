@@ -22,6 +22,9 @@ _EXPORTS: dict[str, str] = {
     "explain": "tracer.analysis._explain",
     "NotReplayable": "tracer.analysis._replay",
     "replay": "tracer.analysis._replay",
+    "write_repro": "tracer.analysis._repro",
+    "AuditResult": "tracer.analysis._audit",
+    "audit": "tracer.analysis._audit",
     # two codebases: which module is which
     "ModuleMap": "tracer.analysis._map",
     "map_modules": "tracer.analysis._map",

@@ -164,8 +164,10 @@ class _Sides:
             try:
                 out.append(d.tensor_torch(r, s, f"{stem}.{direction}.{i}"))
             except (TracerError, KeyError, ValueError) as e:
-                raise NotReplayable(f"{side.upper()}'s {direction} {i} of {stem} was not "
-                                    f"recorded with its bytes ({e})") from e
+                raise NotReplayable(f"{side.upper()}'s {direction} {i} of {stem} has no record "
+                                    f"with its bytes (uninitialised memory the op writes, "
+                                    f"left out by design, or a dump without tensors: "
+                                    f"{type(e).__name__})") from e
         return out
 
     def outputs(self, side: str, stem: str, n: int) -> list[Any | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from tracer._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
+    "encode_call": "tracer.capture._calls",
     "EagerWhileDumped": "tracer.capture._compiled",
     "ModuleTracker": "tracer.capture._module_hooks",
     "tool_range": "tracer.capture._module_hooks",
