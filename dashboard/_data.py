@@ -362,6 +362,19 @@ def dump_tensor(root: Path, rank: int, step: int, name: str) -> np.ndarray:
 # ---------------------------------------------------------------- diff
 
 
+def explain(root_a: Path, root_b: Path, *, rank: int = 0, step: int | None = None) -> Any:
+    """`tracer.analysis.explain(a, b)`: the verdict and the chain, cached while neither dump
+    changes; NoData naming why it cannot run (no dump, no op-level tensors)."""
+    for root in (root_a, root_b):
+        _need_dir(root, "dump", f"run {root.name!r} has no tensor dump to explain")
+    from tracer.analysis import explain as run_explain
+
+    stamp = (dump_stamp(root_a), dump_stamp(root_b))
+    return _cached(("explain", root_a, root_b, rank, step), stamp,
+                   _reading("the explanation", lambda: run_explain(root_a, root_b, rank=rank,
+                                                                   step=step)))
+
+
 def diff(root_a: Path, root_b: Path, **kwargs: Any) -> Any:
     """`tracer.diff(a, b, **kwargs)`: a DiffResult with status, first_divergence, records."""
     for root in (root_a, root_b):

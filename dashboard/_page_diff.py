@@ -1,6 +1,7 @@
 """The Diff page: two runs (and a rank and step of each) compared record by record through
-`tracer.diff`: error metrics along execution order with the first divergence marked, and the
-table of the worst records, each linked to its node in the graph. Step files that were missing,
+`tracer.diff`: error metrics along execution order with the first divergence marked, a button
+that explains it (bug or rounding: dashboard._explain_panel), and the table of the worst
+records, each linked to its node in the graph. Step files that were missing,
 damaged, partial or interrupted are named in an error panel, and the status is then never
 "same"."""
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dash import Input, Output, dcc, html
 
 from dashboard import _data
 from dashboard._context import Context
+from dashboard._explain_panel import panel as explain_panel
+from dashboard._explain_panel import register as register_explain
 from dashboard._figures import diff_figure, empty_figure, rank_grid_figure
 from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
                                 table_columns, table_records)
@@ -161,6 +164,8 @@ def register(app: Any, ctx: Context) -> None:
     def _open_cell(click):
         return cell_of(click)
 
+    register_explain(app, ctx)
+
 
 def cell_of(click: dict | None) -> tuple[Any, Any]:
     """(rank, step) of a clicked cell of the rank x step grid: the one-pair diff opens there."""
@@ -257,6 +262,6 @@ def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_ran
     cols = [c for c in (order, "step", "name", "verdict", "nan/+inf/-inf A | B", *metrics, "source",
                         "reason") if c in bad]
     rows = table_records(bad, cols)
-    return [html.Div(head), dcc.Graph(id="diff-graph", figure=fig),
+    return [html.Div(head), explain_panel(first), dcc.Graph(id="diff-graph", figure=fig),
             html.H3("worst records"),
             data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]
