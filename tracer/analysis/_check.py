@@ -428,7 +428,9 @@ def describe_origin(o: dict[str, Any]) -> str:
                        (("nan", "NaN"), ("posinf", "+Inf"), ("neginf", "-Inf")) if o[k])
     status = "" if o.get("status", "complete") == "complete" else \
         f" (step {o['status']}: {o.get('status_reason') or 'no reason recorded'})"
-    where = o["source"] or "unknown source"
+    # a parameter record has no line of its own: the records after it name where it was read
+    where = o["source"] or ("no source line (a parameter record)" if o["phase"] == "optimizer"
+                            else "unknown source")
     text = (f"first {o.get('values', 'NaN/Inf')}: {o['name']} ({op}{module}, {o['phase']}, "
             f"step {o['step']}{status}, rank {o['rank']}) at {where}: {counts} of {o['numel']} "
             f"elements; {o['why']}")
