@@ -16,7 +16,8 @@ def add_parser(sub: Any) -> None:
         "Parquet dataset partitioned by rank and step (OUT/rank=R/step=S/part-0.parquet), for "
         "pandas, DuckDB or Spark. Tensor bytes are not exported. Step files that cannot be "
         "read are named and listed in OUT/_sleuth_export.json. Exit code 0 when every step "
-        "file was exported complete, 1 when one was left out or cut short, 2 on error.")
+        "file was exported complete, 1 when one was left out or cut short, 2 on error or when "
+        "no step file could be exported.")
     p.add_argument("path", metavar="RUN",
                    help="a run directory, its dump/ folder, a rank folder or one step file")
     p.add_argument("--format", choices=["parquet"], default="parquet",
@@ -66,6 +67,9 @@ def _export(args: argparse.Namespace) -> int:
     if result.problems:
         print(f"{len(result.problems)} step file(s) not complete: see {out}/_sleuth_export.json",
               file=sys.stderr)
+    if not result.files:
+        print("sleuth dump: nothing was exported: no step file could be read", file=sys.stderr)
+        return 2
     return 1 if result.problems else 0
 
 

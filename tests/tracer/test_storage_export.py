@@ -184,3 +184,20 @@ def test_a_step_file_of_another_run_is_named_not_dropped(run, tmp_path, capsys):
     assert main(["diff", str(run), str(mixed), "--rank", "0"]) == 2
     out = capsys.readouterr().out
     assert "status: INCOMPLETE" in out and "written by another run" in out
+
+
+def test_nothing_exported_is_an_error_and_a_left_out_step_says_why(run, tmp_path, capsys):
+    from tracer.storage import ExportedDump
+
+    damage_records(run / "dump" / "rank1" / "step2.h5")
+    out = tmp_path / "part.parquet"
+    assert main(["dump", "export", str(run), "--out", str(out)]) == 1
+    capsys.readouterr()
+    with pytest.raises(tracer.DumpFormatError, match=r"no rank 1 step 2 .*the export left it "
+                                                     r"out \(damaged"):
+        ExportedDump(out).stats(1, 2)
+    for f in run.rglob("step*.h5"):
+        if f != run / "dump" / "rank1" / "step2.h5":  # damaged already
+            damage_records(f)
+    assert main(["dump", "export", str(run), "--out", str(tmp_path / "none.parquet")]) == 2
+    assert "nothing was exported" in capsys.readouterr().err

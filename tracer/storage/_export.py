@@ -229,7 +229,10 @@ class ExportedDump:
             return every_step(self, rank)
         part = self._parts.get(rank, {}).get(step)
         if part is None:
-            raise DumpFormatError(f"no rank {rank} step {step} in the export {self.root} "
+            why = next((f": the export left it out ({p['state']}: {p['reason']})"
+                        for p in self.manifest.get("problems") or []
+                        if p.get("rank") == rank and p.get("step") == step), "")
+            raise DumpFormatError(f"no rank {rank} step {step} in the export {self.root}{why} "
                                   f"(ranks: {self.ranks}; steps of rank {rank}: "
                                   f"{self.steps(rank)})")
         try:
