@@ -246,8 +246,16 @@ def _verdict(args: argparse.Namespace, found: bool, origin: dict | None,
     if cov["read"] and args.first_nan and origin is not None:
         before = origin.get("unread_before") or []
         if before:
-            return 2, (f"the origin may lie in {len(before)} earlier step file(s) that could not "
-                       f"be read: {', '.join(u['path'] for u in before)}")
+            empty = [u for u in before if u.get("state") == "empty"]
+            files = [u for u in before if u.get("state") != "empty"]
+            where = []
+            if files:
+                where.append(f"{len(files)} earlier step file(s) that could not be read: "
+                             + ", ".join(u["path"] for u in files))
+            if empty:
+                where.append(f"{len(empty)} rank folder(s) that hold no step file (those ranks "
+                             "dumped nothing): " + ", ".join(u["path"] for u in empty))
+            return 2, "the origin may lie in " + "; or in ".join(where)
         return 1, "origin found"
     return Coverage.verdict(cov, found, args.path)
 
