@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import tracer
-from tests.tracer.test_diff_map import D, HEADS, LAYERS, Port, _gpt2, _train
+from tests.tracer.test_diff_map import D, HEADS, LAYERS, Port, _gpt2, _port_of, _train
 from tracer.analysis import map_modules, read_module_map
 from tracer.analysis._fused import combine, group_name, wrap
 
@@ -50,23 +50,13 @@ class SplitBlock(nn.Module):
 
 
 def _split_port_of(gpt2: nn.Module, v_bias: float = 0.0) -> nn.Module:
-    port = Port(block=SplitBlock, v_bias=v_bias)
-    h = gpt2.transformer
+    port = _port_of(gpt2, port=Port(block=SplitBlock, v_bias=v_bias))
     with torch.no_grad():
-        port.tokens.weight.copy_(h.wte.weight)
-        port.positions.weight.copy_(h.wpe.weight)
-        port.norm.load_state_dict(h.ln_f.state_dict())
-        for block, theirs in zip(port.blocks, h.h):
-            block.norm1.load_state_dict(theirs.ln_1.state_dict())
-            block.norm2.load_state_dict(theirs.ln_2.state_dict())
+        for block, theirs in zip(port.blocks, gpt2.transformer.h):
             w, bias = theirs.attn.c_attn.weight, theirs.attn.c_attn.bias  # (in, 3 out)
             for i, lin in enumerate((block.q, block.k, block.v)):
                 lin.weight.copy_(w[:, i * D:(i + 1) * D].t())
                 lin.bias.copy_(bias[i * D:(i + 1) * D])
-            for mine, conv in ((block.out, theirs.attn.c_proj), (block.up, theirs.mlp.c_fc),
-                               (block.down, theirs.mlp.c_proj)):
-                mine.weight.copy_(conv.weight.t())
-                mine.bias.copy_(conv.bias)
     return port
 
 

@@ -72,8 +72,11 @@ def _gpt2() -> nn.Module:
     return GPT2LMHeadModel(config)
 
 
-def _port_of(gpt2: nn.Module, scale: float | None = None) -> nn.Module:
-    port = Port(scale)
+def _port_of(gpt2: nn.Module, scale: float | None = None, port: nn.Module | None = None
+             ) -> nn.Module:
+    """`port` (default a Port) with GPT-2's weights; a block whose attention projection is not
+    one `qkv` Linear copies `c_attn` itself (see test_diff_fused)."""
+    port = Port(scale) if port is None else port
     h = gpt2.transformer
     with torch.no_grad():
         port.tokens.weight.copy_(h.wte.weight)
@@ -82,8 +85,11 @@ def _port_of(gpt2: nn.Module, scale: float | None = None) -> nn.Module:
         for block, theirs in zip(port.blocks, h.h):
             block.norm1.load_state_dict(theirs.ln_1.state_dict())
             block.norm2.load_state_dict(theirs.ln_2.state_dict())
-            for mine, conv in ((block.qkv, theirs.attn.c_attn), (block.out, theirs.attn.c_proj),
-                               (block.up, theirs.mlp.c_fc), (block.down, theirs.mlp.c_proj)):
+            pairs = [(block.out, theirs.attn.c_proj), (block.up, theirs.mlp.c_fc),
+                     (block.down, theirs.mlp.c_proj)]
+            if hasattr(block, "qkv"):
+                pairs.append((block.qkv, theirs.attn.c_attn))
+            for mine, conv in pairs:
                 mine.weight.copy_(conv.weight.t())  # Conv1D stores (in, out)
                 mine.bias.copy_(conv.bias)
     return port
