@@ -182,3 +182,24 @@ def test_dumps_without_tensors_or_calls_are_a_clear_error(tmp_path, capsys):
 def _line(text: str) -> int:
     lines = Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def test_a_call_made_on_a_device_this_process_lacks_is_re_run_on_the_cpu_and_says_so():
+    """The spec names the device a call ran on; without it here, the re-run is on the CPU and
+    the chain says so (a GPU kernel may round differently), never silently."""
+    from tracer.analysis import replay
+    from tracer.analysis._replay import CallSpec, replay_device
+    from tracer.capture import encode_call
+
+    x = torch.randn(3)
+    spec = CallSpec.parse(encode_call(torch.ops.aten.mul.Tensor, (x, x), {}))
+    assert spec.device == "cpu" and replay_device(spec) == "cpu"
+    meta = torch.empty(3, device="meta")
+    named = CallSpec.parse(encode_call(torch.ops.aten.mul.Tensor, (meta, meta), {}))
+    assert named.args[0] == {"input": 0, "device": "meta"} and named.device == "meta"
+    far = CallSpec("aten.mul.Tensor", [{"input": 0, "device": "cuda:7"},
+                                       {"input": 1, "device": "cuda:7"}], {})
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 8:
+        assert replay_device(far) == "cpu"
+        out = replay(far, [x, x])[0]
+        assert out.device.type == "cpu" and torch.equal(out, x * x)

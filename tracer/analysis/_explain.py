@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 from tracer._errors import TracerError
 from tracer.analysis._compare import Tolerance
-from tracer.analysis._replay import CallSpec, NotReplayable, rel_error, replay
+from tracer.analysis._replay import (CallSpec, NotReplayable, rel_error, replay,
+                                     replay_device)
 
 Status = Literal["same", "bug", "precision", "inputs", "unexplained", "incomplete"]
 
@@ -47,7 +48,9 @@ class Explanation:
     chain: list[dict[str, Any]] = field(default_factory=list)
     """One entry per op call on the divergence chain, in execution order: name, b_name, op,
     module, phase, step, source, received, introduced, entitled, amplification, dtype,
-    b_dtype, nondeterministic, judged ("bug", "rounding", "not replayed"), why."""
+    b_dtype, nondeterministic, device (where B ran the call), replayed_on (where it was re-run:
+    that device when this process has it, else the CPU, which `why` then says), judged ("bug",
+    "rounding", "not replayed"), why."""
     first_divergence: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -231,14 +234,18 @@ class _Sides:
                  amplification=(out_err / received if received and math.isfinite(received)
                                 and received > 0 else None))
         bound = factor * entitled + 2 * unit
+        where = replay_device(spec_b)
+        e.update(device=spec_b.device, replayed_on=where)
+        moved = (f" (re-run on {where}: B ran on {spec_b.device}, whose kernels may round "
+                 f"differently)" if where != spec_b.device else "")
         if math.isnan(introduced):
             e.update(judged="not replayed", why="the re-run's output has another shape")
         elif introduced > bound:
             e.update(judged="bug", why=f"on A's inputs B's call is off by {introduced:.3g} "
-                     f"(relative); its rounding explains at most {entitled:.3g}")
+                     f"(relative); its rounding explains at most {entitled:.3g}{moved}")
         else:
             e.update(judged="rounding", why=f"on A's inputs B's call is off by {introduced:.3g}"
-                     f", within its rounding ({entitled:.3g})")
+                     f", within its rounding ({entitled:.3g}){moved}")
         return e
 
     def judge_input(self, fd: dict[str, Any]) -> dict[str, Any] | None:

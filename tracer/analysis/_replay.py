@@ -2,7 +2,8 @@
 dumps in tensor or full mode: tracer.capture._calls) and its input records.
 
 `replay(spec, inputs, dtypes)` runs the same overload with the same non-tensor arguments on the
-given inputs, cast to the given dtypes (a reference's inputs in the other run's precision, or in
+given inputs, on the device the call ran on when this process has it (else the CPU, and the
+caller says so), cast to the given dtypes (a reference's inputs in the other run's precision, or in
 float64 for the rounding-free answer). Nothing is unpickled: the spec is JSON and the tensors are
 the dump's bytes.
 
@@ -48,6 +49,35 @@ class CallSpec:
     def inputs(self) -> int:
         """How many tensor inputs the call takes."""
         return _count(self.args) + _count(list(self.kwargs.values()))
+
+    @property
+    def device(self) -> str:
+        """Where the call ran: its first tensor input's device ("cpu" when none is named)."""
+        return _device(self.args) or _device(list(self.kwargs.values())) or "cpu"
+
+
+def _device(values: list) -> str | None:
+    for v in values:
+        if isinstance(v, dict) and "input" in v:
+            return str(v.get("device", "cpu"))
+        if isinstance(v, list) and (found := _device(v)) is not None:
+            return found
+    return None
+
+
+def replay_device(spec: CallSpec) -> str:
+    """Where `replay` runs `spec`: the device it ran on when this process has it, else the
+    CPU (the caller says so: a GPU kernel may round differently from the CPU's)."""
+    import torch
+
+    device = spec.device
+    if device == "cpu" or device.startswith("meta"):
+        return "cpu"  # a meta tensor has no values to re-run on
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError):
+        return "cpu"
+    return device
 
 
 def _count(values: list) -> int:
@@ -101,7 +131,8 @@ def _has(values: list, key: str) -> bool:
 
 def replay(spec: CallSpec, inputs: list[Any], dtypes: list[Any] | None = None,
            float64: bool = False) -> list[Any]:
-    """The tensor outputs of `spec` run on `inputs` (torch tensors, in input record order):
+    """The tensor outputs (on the CPU) of `spec` run on `inputs` (torch tensors, in input record
+    order), on `replay_device(spec)`:
     each cast to `dtypes[i]` when given (None keeps it), or every floating one to float64 with
     `float64` (dtype arguments that name a floating type then read float64 too, so the call
     computes in float64 throughout). In-place calls write copies. NotReplayable when the call
@@ -114,8 +145,9 @@ def replay(spec: CallSpec, inputs: list[Any], dtypes: list[Any] | None = None,
     if len(inputs) != spec.inputs:
         raise NotReplayable(f"the call takes {spec.inputs} tensor input(s), {len(inputs)} given")
     ready = []
+    where = replay_device(spec)
     for i, t in enumerate(inputs):
-        t = t.clone()
+        t = t.clone().to(where)
         if float64 and t.is_floating_point():
             t = t.to(torch.float64)
         elif dtypes is not None and dtypes[i] is not None and t.dtype != dtypes[i]:
@@ -128,9 +160,9 @@ def replay(spec: CallSpec, inputs: list[Any], dtypes: list[Any] | None = None,
     except (RuntimeError, TypeError, ValueError, IndexError) as e:
         raise NotReplayable(f"{spec.op} did not run on the recorded inputs: {e}") from e
     if isinstance(out, torch.Tensor):
-        return [out]
+        return [out.cpu()]
     if isinstance(out, (list, tuple)):
-        return [t for t in out if isinstance(t, torch.Tensor)]
+        return [t.cpu() for t in out if isinstance(t, torch.Tensor)]
     return []
 
 
@@ -149,7 +181,7 @@ def _decode(v: Any, inputs: list[Any], float64: bool) -> Any:
         dtype = getattr(torch, v["dtype"])
         return torch.float64 if float64 and dtype.is_floating_point else dtype
     if "device" in v:
-        return torch.device("cpu")  # re-run here; the inputs were read to the host
+        return torch.device(replay_device(CallSpec("", [{"input": 0, **v}], {})))
     if "layout" in v:
         return getattr(torch, v["layout"])
     if "memory_format" in v:

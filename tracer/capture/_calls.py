@@ -11,7 +11,8 @@ result on identical inputs from rounding. The spec is plain JSON, never pickle:
      "kwargs": {"beta": 1, "alpha": 1}}
 
 Tensors are numbered in the order the op's input records are (`_op_mode._flat`: positional
-arguments, one level of lists, then keyword arguments). Other values: numbers, booleans,
+arguments, one level of lists, then keyword arguments); one that was not on the CPU also names
+its device ({"input": 0, "device": "cuda:0"}), where a re-run should happen. Other values: numbers, booleans,
 strings and None as they are (a float that JSON cannot hold as {"float": "nan"}), lists as
 lists, a dtype as {"dtype": "float32"}, a device as {"device": "cuda:0"}, a layout and a memory
 format by name; anything else as {"opaque": its type}, which makes the call not replayable.
@@ -48,7 +49,9 @@ def _overload_name(func: Any) -> str:
 def _encode(v: Any, counter: list[int], top: bool) -> Any:
     if isinstance(v, _Tensor):
         counter[0] += 1
-        return {"input": counter[0] - 1}
+        if v.device.type == "cpu":
+            return {"input": counter[0] - 1}
+        return {"input": counter[0] - 1, "device": str(v.device)}  # where it ran, to re-run there
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
