@@ -203,3 +203,24 @@ def test_a_call_made_on_a_device_this_process_lacks_is_re_run_on_the_cpu_and_say
         assert replay_device(far) == "cpu"
         out = replay(far, [x, x])[0]
         assert out.device.type == "cpu" and torch.equal(out, x * x)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_gpu_run_against_a_cpu_run_is_re_run_on_the_gpu(tmp_path):
+    """The same model and batch in float32 on the CPU (A) and on CUDA (B): B's calls are
+    re-run on CUDA, where they ran, and the verdict is rounding (or the same), never a bug."""
+    def run(path: Path, device: str) -> Path:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256),
+                              nn.Linear(256, 8)).to(device)
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(3)).to(device)
+        with tracer.Dumper(model, {"path": str(path), **TENSOR_OP}):
+            model(x).square().mean().backward()
+        return path
+
+    e = explain(run(tmp_path / "cpu", "cpu"), run(tmp_path / "gpu", "cuda"))
+    assert e.status in ("same", "precision"), e.verdict
+    replayed = [x for x in e.chain if x["judged"] != "not replayed"]
+    assert all(x["device"].startswith("cuda") and x["replayed_on"] == x["device"]
+               for x in replayed)
