@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 _ROOT = Path(__file__).resolve().parent.parent
 if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure its code

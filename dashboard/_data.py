@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from dashboard._runs import export_of
 
 T = TypeVar("T")
 
@@ -266,8 +267,8 @@ def dump(root: Path) -> Any:
     """The run's `tracer.Dump` (ranks, steps, stats, tensor); where the run has no dump/ but a
     Parquet export of one (`sleuth dump export`: RUN/export.parquet, or the run folder given is
     the export itself), a `tracer.storage.ExportedDump` over it: statistics, no tensors."""
-    export = exported(root)
-    if export is not None and not (root / "dump").is_dir():
+    export = export_of(root)
+    if export is not None:
         from tracer.storage import ExportedDump
 
         stamp = tuple(_dir_stamps(export))
@@ -279,17 +280,6 @@ def dump(root: Path) -> Any:
 
     stamp = tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) for s in _dir_stamps(r))
     return _cached(("dump", root), stamp, _reading("the dump", lambda: open_dump(root)))
-
-
-def exported(root: Path) -> Path | None:
-    """The run's Parquet export of its statistics: the run folder itself when it is one, else
-    RUN/export.parquet (where `sleuth dump export` writes by default); None when neither."""
-    from tracer.storage import is_export
-
-    for p in (root, root / "export.parquet"):
-        if is_export(p):
-            return p
-    return None
 
 
 def dump_stats(root: Path, rank: int, step: int) -> pd.DataFrame:
@@ -309,7 +299,7 @@ def dump_stats(root: Path, rank: int, step: int) -> pd.DataFrame:
 def dump_hits(root: Path, rank: int, step: int) -> pd.DataFrame:
     """Watchpoint hits of one step: `tracer.check` over that step (the dump config's watchpoints
     plus NaN/Inf, and the hits recorded live); empty when unavailable."""
-    if exported(root) is not None and not (root / "dump").is_dir():
+    if export_of(root) is not None:
         return pd.DataFrame()  # watchpoints are evaluated on the HDF5 dump; NaN/Inf still show
     try:
         from tracer import check

@@ -71,10 +71,20 @@ def available(root: Path) -> dict[str, bool]:
     for kind, rel in _DATA_KINDS.items():
         p = root / rel
         out[kind] = p.is_file() if p.suffix else (p.is_dir() and any(p.iterdir()))
-    # a Parquet export of a dump's statistics (sleuth dump export) is read by the Dumps page
-    out["dump"] = out["dump"] or any((p / "_sleuth_export.json").is_file()
-                                     for p in (root, root / "export.parquet"))
+    out["dump"] = out["dump"] or export_of(root) is not None
     return out
+
+
+def export_of(root: Path) -> Path | None:
+    """The Parquet export of a dump's statistics (`sleuth dump export`) that the Dumps page
+    reads for a run without a dump/ folder: the run folder itself when it is one, else
+    RUN/export.parquet (where the export goes by default); None when neither, or when the run
+    has its HDF5 dump."""
+    if (root / "dump").is_dir():
+        return None
+    from tracer.storage import is_export
+
+    return next((p for p in (root, root / "export.parquet") if is_export(p)), None)
 
 
 # The data files of each kind, as the writers name them. Readers may write caches next to them

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import tempfile
 from typing import Any
 
 from sleuth._cmd_diff_ranks import run_ranks, wants_ranks
@@ -199,11 +201,7 @@ class _RowSinks:
         self.first = True
 
     def __enter__(self) -> "_RowSinks":
-        import tempfile
-
         if self.csv_path:
-            import os
-
             # beside the target, renamed over it once the diff ends: a diff that fails leaves
             # a file the user had there as it was
             folder = os.path.dirname(os.path.abspath(self.csv_path))
@@ -245,8 +243,6 @@ class _RowSinks:
         sys.stdout.flush()
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
-        import os
-
         if self.csv is not None:
             if self.header:  # no step compared: the header alone, as an empty table writes
                 from tracer import DiffResult

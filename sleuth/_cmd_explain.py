@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Any
 
@@ -53,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     repro = _repro(args, result) if args.repro else None
     if args.json:
-        out = _clean(result.to_dict())
+        out = result.to_dict()
         if repro is not None:
             out["repro"] = repro
         print(json.dumps(out, allow_nan=False))
@@ -111,14 +110,3 @@ def _f(x: Any) -> str:
         return "-"
     return f"{x:.3g}"
 
-
-def _clean(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_clean(x) for x in v]
-    if isinstance(v, float) and not math.isfinite(v):
-        return None if math.isnan(v) else ("inf" if v > 0 else "-inf")
-    if hasattr(v, "item"):
-        return _clean(v.item())
-    return v

@@ -35,8 +35,8 @@ from torch.optim import optimizer as _optim
 from tracer._config import DumpConfig, load_json, warn_retired_switches
 from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
 from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
-from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, on_scaler_update, tool_range,
-                            user_source)
+from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, encode_call, on_scaler_update,
+                            tool_range, user_source)
 from tracer.capture import rewrap as rewrap_scalers
 from tracer.storage import copy_stats, difference_sketch, difference_stats, stored_extent
 
@@ -410,8 +410,6 @@ class Dumper:
             self._open_step()
         add_call = getattr(self._writer, "add_call", None)
         if add_call is not None:
-            from tracer.capture import encode_call
-
             add_call(getattr(self._writer, "next_seq", -1), name, encode_call(func, args, kwargs))
 
     def _quietly(self, work: Any, *args: Any) -> Exception | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracer._errors import TracerError
-from tracer.analysis._replay import CallSpec, NotReplayable, rel_error, replay
+from tracer.analysis._replay import CallSpec, NotReplayable, recorded, rel_error, replay
 
 AUDIT_COLUMNS = ("name", "op", "module", "phase", "source", "dtype", "rel_error",
                  "unit_roundoff", "units")
@@ -70,7 +70,8 @@ def audit(path: str | os.PathLike, *, step: int | None = None, rank: int = 0) ->
         for name, text in zip(calls["name"], calls["spec"]):
             try:
                 spec = CallSpec.parse(text)
-                inputs = [_input(dump, rank, step, name, i) for i in range(spec.inputs)]
+                inputs = [recorded(dump, rank, step, f"{name}.input.{i}")
+                          for i in range(spec.inputs)]
                 exact = replay(spec, inputs, float64=True)
             except NotReplayable as e:
                 skipped.append({"name": name, "why": str(e)})
@@ -97,11 +98,3 @@ def audit(path: str | os.PathLike, *, step: int | None = None, rank: int = 0) ->
     return AuditResult(rank=rank, step=int(step), table=table.reset_index(drop=True),
                        calls=len(calls), not_replayed=skipped)
 
-
-def _input(dump: Any, rank: int, step: int, name: str, i: int) -> Any:
-    try:
-        return dump.tensor_torch(rank, step, f"{name}.input.{i}")
-    except (TracerError, KeyError, ValueError) as e:
-        raise NotReplayable(f"input {i} has no record with its bytes (uninitialised memory the "
-                            f"op writes, which is left out by design, or a dump without "
-                            f"tensors: {type(e).__name__})") from e

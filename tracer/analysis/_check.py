@@ -320,7 +320,7 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
     Across ranks, the earliest step wins; within that step every rank's origin is found and
     the earliest is the answer: by the collectives each rank had begun before its record (the
     c10d calls an op-level dump records: a collective is the one point where the ranks'
-    orders meet, `collectives_before`), then in execution order (seq: data-parallel ranks run
+    orders meet, `collective_calls`), then in execution order (seq: data-parallel ranks run
     the same program). So a NaN one rank makes and the others receive through a collective is
     blamed on the rank that made it, not on the lowest rank number nor on a rank that merely
     ran fewer ops before the collective. The others are listed under `other_ranks` (rank,
@@ -348,10 +348,10 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
         origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
         if origin is not None:
             status, reason = step_status(attrs)
+            calls = collective_calls(df)
             here = {**origin, "step": s, "rank": r, "status": status, "status_reason": reason,
-                    "collective": collectives_before(df, int(origin["seq"])),
-                    "collectives_recorded": bool(
-                        df["op"].astype(str).str.startswith(_COLLECTIVE_OPS).any())}
+                    "collective": int((calls < int(origin["seq"])).sum()),
+                    "collectives_recorded": bool(len(calls))}
             if found is None or _order(here) < _order(found):
                 if found is not None:
                     others.append(found)
@@ -388,18 +388,14 @@ def _order(origin: dict[str, Any]) -> tuple[int, int, int]:
 _COLLECTIVE_OPS = ("c10d.", "_c10d_functional.")
 
 
-def collectives_before(df: Any, seq: int) -> int:
-    """How many collective calls (c10d ops: dist.all_reduce & co., recorded at op level) of a
-    step's records began before record `seq`: a call begins with its first record (its input,
-    before it runs), so its output records come after it. 0 in a dump without op records
-    (module level): the order across ranks is then seq's."""
-    ops = df["op"].astype(str)
-    calls = df[ops.str.startswith(_COLLECTIVE_OPS)]
-    if not len(calls):
-        return 0
+def collective_calls(df: Any) -> Any:
+    """The seq where each collective call (c10d ops: dist.all_reduce & co., recorded at op
+    level) of a step's records begins: its first record (its input, before it runs), so its
+    output records come after it. Empty in a dump without op records (module level): the order
+    across ranks is then seq's."""
+    calls = df[df["op"].astype(str).str.startswith(_COLLECTIVE_OPS)]
     # one call's records share their name up to ".{direction}.{index}"
-    first = calls.groupby(calls["name"].astype(str).str.rsplit(".", n=2).str[0])["seq"].min()
-    return int((first < seq).sum())
+    return calls.groupby(calls["name"].astype(str).str.rsplit(".", n=2).str[0])["seq"].min()
 
 
 def first_nan_origin(dump_or_path: Any, *, rank: int | None = None, step: int | None = None,

@@ -24,8 +24,8 @@ from tracer.analysis._watch import WatchConfig, parse_watch
 
 def check_ranks(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None = None,
                 step: int | None = None, first_nan: bool = True, nan_allow: Iterable[str] = (),
-                only_first_nan: bool = False, ranks: list[int] | None = None, workers: int | None = None,
-                scheduler: str | None = None,
+                only_first_nan: bool = False, ranks: list[int] | None = None,
+                workers: int | None = None, scheduler: str | None = None,
                 progress: Callable[[int, int], None] | None = None) -> Any:
     """`check` every rank of a dump as a separate task; the same DataFrame `check` returns
     (hits in rank, step, execution order; attrs `first_nan` and `coverage`), plus

@@ -621,8 +621,8 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             notes.append(note)
         recs_a, recs_b = _rows(ta), _rows(tb)
         moved = frozenset((str(r["dtype"]), int(r["numel"]), int(r["checksum"])) for r in recs_a
-                          if layouts and r["phase"] == "optimizer" and r["direction"] == "param"
-                          and param_name(r) in layouts)
+                          if r["phase"] == "optimizer" and r["direction"] == "param"
+                          and param_name(r) in layouts) if layouts else frozenset()
         pairs.sort(key=lambda p: (p[0] is None, p[0] if p[0] is not None else p[1]))
         matched = 0
         for ia, ib in pairs:

@@ -30,8 +30,11 @@ from typing import Any, Literal
 
 from tracer._errors import TracerError
 from tracer.analysis._compare import Tolerance
-from tracer.analysis._replay import (CallSpec, NotReplayable, rel_error, replay,
+from tracer.analysis._diff import _jsonable, diff
+from tracer.analysis._origin import call_stem
+from tracer.analysis._replay import (CallSpec, NotReplayable, recorded, rel_error, replay,
                                      replay_device)
+from tracer.storage import open_dump
 
 Status = Literal["same", "bug", "precision", "inputs", "unexplained", "incomplete"]
 
@@ -60,8 +63,10 @@ class Explanation:
         return {"same": 0, "incomplete": 2}.get(self.status, 1)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (non-finite errors as "inf" or None, as `DiffResult.to_dict` writes)."""
         return {"status": self.status, "exit_code": self.exit_code, "verdict": self.verdict,
-                "blamed": self.blamed, "chain": self.chain,
+                "blamed": _jsonable(self.blamed) if self.blamed else None,
+                "chain": [_jsonable(e) for e in self.chain],
                 "first_divergence": self.first_divergence, "notes": self.notes}
 
 
@@ -75,9 +80,6 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     its measured rounding an op's error on identical inputs may be before it is a bug.
     Raises TracerError (a DiffError) as `diff` does, or when the dumps cannot be replayed.
     """
-    from tracer.analysis._diff import diff
-    from tracer.storage import open_dump
-
     res = diff(a, b, step=step, rank=rank, tolerance=tolerance)
     fd = res.first_divergence
     notes = list(res.notes)
@@ -134,7 +136,7 @@ def _chain(records: Any, fd: dict[str, Any], limit: int) -> list[dict[str, Any]]
 
 def _stem(name: str) -> str:
     """"m::aten.mm.forward.0.output.0" -> "m::aten.mm.forward.0": the call's records' stem."""
-    return name.rsplit(".", 2)[0]
+    return call_stem({"name": name})
 
 
 class _Sides:
@@ -160,31 +162,22 @@ class _Sides:
             raise NotReplayable(f"no /calls record for {stem} in {side.upper()}")
         return CallSpec.parse(text)
 
-    def tensors(self, side: str, stem: str, direction: str, n: int) -> list[Any]:
+    def tensor(self, side: str, stem: str, direction: str, i: int) -> Any:
         d, (r, s) = (self.da, self.ka) if side == "a" else (self.db, self.kb)
-        out = []
-        for i in range(n):
-            try:
-                out.append(d.tensor_torch(r, s, f"{stem}.{direction}.{i}"))
-            except (TracerError, KeyError, ValueError) as e:
-                raise NotReplayable(f"{side.upper()}'s {direction} {i} of {stem} has no record "
-                                    f"with its bytes (uninitialised memory the op writes, "
-                                    f"left out by design, or a dump without tensors: "
-                                    f"{type(e).__name__})") from e
-        return out
+        return recorded(d, r, s, f"{stem}.{direction}.{i}")
+
+    def tensors(self, side: str, stem: str, direction: str, n: int) -> list[Any]:
+        return [self.tensor(side, stem, direction, i) for i in range(n)]
 
     def outputs(self, side: str, stem: str, n: int) -> list[Any | None]:
         """The recorded outputs of a call, None where one has no record (a left-out one)."""
-        try:
-            return self.tensors(side, stem, "output", n)
-        except NotReplayable:
-            out = []
-            for i in range(n):
-                try:
-                    out.append(self.tensors(side, stem, "output", i + 1)[i])
-                except NotReplayable:
-                    out.append(None)
-            return out
+        out = []
+        for i in range(n):
+            try:
+                out.append(self.tensor(side, stem, "output", i))
+            except NotReplayable:
+                out.append(None)
+        return out
 
     def entry(self, row: dict[str, Any], factor: float) -> dict[str, Any]:
         stem_a, stem_b = _stem(row["name"]), _stem(row["b_name"] or row["name"])
@@ -256,7 +249,7 @@ class _Sides:
         try:
             spec_a = self.spec("a", stem_a)
             ins_a = self.tensors("a", stem_a, "input", spec_a.inputs)
-            x_b = self.tensors("b", stem_b, "input", index + 1)[index]
+            x_b = self.tensor("b", stem_b, "input", index)
         except NotReplayable as err:
             return {"judged": "not replayed", "why": str(err)}
         x_a = ins_a[index]

@@ -53,8 +53,9 @@ def _local(rec: Any, module: str) -> str:
 def find_fused(pa: list[dict], pb: list[dict]) -> list[tuple[list[str], list[str], str]]:
     """Fused parameters among the parameter records (dicts, in recorded order) that paired
     nothing one to one: ([A modules], [B modules], why) for each group in which one module of
-    one side holds the concatenation of parameters several modules of the other side hold."""
-    out: list[tuple[list[str], list[str], str]] = []
+    one side holds the concatenation of parameters several modules of the other side hold (a
+    fused weight and its fused bias name the same modules: one group)."""
+    found: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
     taken: set[int] = set()
     for whole_side, wholes, parts in (("a", pa, pb), ("b", pb, pa)):
         for w in wholes:
@@ -67,13 +68,13 @@ def find_fused(pa: list[dict], pb: list[dict]) -> list[tuple[list[str], list[str
             if window is None:
                 continue
             taken.update(id(x) for x in (w, *window))
-            mods = [p["module"] for p in window]
-            why = (f"{local or 'parameter'}: {w['module']} holds {', '.join(mods)} "
-                   f"concatenated (element counts and checksums add up; their order is not "
-                   f"seen)")
-            out.append(([w["module"]], mods, why) if whole_side == "a" else
-                       (mods, [w["module"]], why))
-    return _merge(out)
+            whole, mods = (w["module"],), tuple(p["module"] for p in window)
+            key = (whole, mods) if whole_side == "a" else (mods, whole)
+            found.setdefault(key, []).append(local or "parameter")
+    return [(list(a), list(b), f"parameters {', '.join(names)}: "
+             f"{a[0] if len(a) == 1 else b[0]} holds {', '.join(b if len(a) == 1 else a)} "
+             "concatenated (element counts and checksums add up; the order of the parts is not "
+             "seen)") for (a, b), names in found.items()]
 
 
 def _window(whole: dict, parts: list[dict]) -> list[dict] | None:
@@ -96,18 +97,6 @@ def _window(whole: dict, parts: list[dict]) -> list[dict] | None:
 
 def _extremes(rows: list[dict]) -> tuple[float, float]:
     return min(float(r["min"]) for r in rows), max(float(r["max"]) for r in rows)
-
-
-def _merge(groups: list[tuple[list[str], list[str], str]]
-           ) -> list[tuple[list[str], list[str], str]]:
-    """One group per module set: a fused weight and its fused bias name the same modules."""
-    merged: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
-    for a, b, why in groups:
-        merged.setdefault((tuple(a), tuple(b)), []).append(why.split(":", 1)[0])
-    return [(list(a), list(b), f"parameters {', '.join(names)}: {a[0] if len(a) == 1 else b[0]}"
-             f" holds {', '.join(b if len(a) == 1 else a)} concatenated (element counts and "
-             f"checksums add up; the order of the parts is not seen)")
-            for (a, b), names in merged.items()]
 
 
 def group_name(parts: list[str]) -> str:

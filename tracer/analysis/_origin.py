@@ -65,8 +65,10 @@ def sig(rec: dict) -> tuple:
             int(rec["neginf"]), int(rec["checksum"]))
 
 
-def _call(rec: dict) -> str:
-    return str(rec["name"]).rsplit(".", 2)[0]  # {scope}.{phase}.{call}
+def call_stem(rec: dict) -> str:
+    """The stem all records of one op call share: "{scope}.{phase}.{call}" (the name without
+    ".{direction}.{index}")."""
+    return str(rec["name"]).rsplit(".", 2)[0]
 
 
 def param_name(rec: dict) -> str:
@@ -94,7 +96,7 @@ class StepOrigin:
         self.calls: dict[str, dict[str, list[dict]]] = {}
         self.readers: dict[tuple, list[dict]] = {}  # signature -> consumed non-finite records
         for r in self.recs:
-            self.calls.setdefault(_call(r), {"consumed": [], "produced": []})[role(r)].append(r)
+            self.calls.setdefault(call_stem(r), {"consumed": [], "produced": []})[role(r)].append(r)
             if role(r) == "consumed" and nonfinite(r):
                 self.readers.setdefault(sig(r), []).append(r)
         self.skipped: list[dict] = []  # non-finite values passed over: absorbed or allowed
@@ -105,11 +107,11 @@ class StepOrigin:
         """True when every later call that reads `rec`'s values makes only finite (or again
         absorbed) floating outputs; False when nothing dumped reads them."""
         later = self._later_readers(rec)
-        return bool(later) and all(self._call_absorbs(_call(c)) for c in later)
+        return bool(later) and all(self._call_absorbs(call_stem(c)) for c in later)
 
     def _later_readers(self, rec: dict) -> list[dict]:
         return [c for c in self.readers.get(sig(rec), ())
-                if int(c["seq"]) > int(rec["seq"]) and _call(c) != _call(rec)]
+                if int(c["seq"]) > int(rec["seq"]) and call_stem(c) != call_stem(rec)]
 
     def _needs(self, key: str) -> list[str] | None:
         """The reader calls whose absorbing decides whether call `key` absorbs what it read;
@@ -124,7 +126,7 @@ class StepOrigin:
                 later = self._later_readers(p)
                 if not later:
                     return None
-                needs += [_call(c) for c in later]
+                needs += [call_stem(c) for c in later]
         return needs
 
     def _call_absorbs(self, key: str) -> bool:
@@ -170,25 +172,25 @@ class StepOrigin:
                 if value in seen:
                     continue  # made earlier in this step
                 seen.add(value)
-                if self._call_absorbs(_call(r)):
+                if self._call_absorbs(call_stem(r)):
                     harmless.add(value)
-                    self._skip(r, f"absorbed by {_call(r)}")
+                    self._skip(r, f"absorbed by {call_stem(r)}")
                     continue
                 return self._entry(r)
             seen.add(value)
-            inputs = [c for c in self.calls[_call(r)]["consumed"] if nonfinite(c)]
+            inputs = [c for c in self.calls[call_stem(r)]["consumed"] if nonfinite(c)]
             if any(sig(c) not in harmless for c in inputs):
                 continue  # carries a non-finite value made earlier
             if self.absorbed(r):
                 harmless.add(value)
                 self._skip(r, "absorbed by " + ", ".join(sorted(
-                    {_call(c) for c in self.readers[value] if int(c["seq"]) > int(r["seq"])})))
+                    {call_stem(c) for c in self.readers[value] if int(c["seq"]) > int(r["seq"])})))
                 continue
             if not r["op"] and r["phase"] == "forward":
                 weight = self._module_weight(r)
                 if weight is not None:
                     return weight
-            call = self.calls[_call(r)]
+            call = self.calls[call_stem(r)]
             if not inputs and self._write(call) is r:
                 return self._origin(r, "in_place_write")
             if inputs:
@@ -204,8 +206,9 @@ class StepOrigin:
     def _entry(self, rec: dict) -> dict[str, Any]:
         """A non-finite value read without a dumped maker: name the in-place write that stored
         it (this call, or one on the same source line), else the parameter or the reader."""
-        key = _call(rec)
-        keys = list(dict.fromkeys(_call(r) for r in self.recs if int(r["seq"]) >= int(rec["seq"])))
+        key = call_stem(rec)
+        keys = list(dict.fromkeys(call_stem(r) for r in self.recs
+                                  if int(r["seq"]) >= int(rec["seq"])))
         for k in keys:
             call = self.calls[k]
             first = (call["consumed"] or call["produced"])[0]
@@ -272,7 +275,7 @@ class StepOrigin:
         return found
 
     def _origin(self, r: dict, kind: str, why: str | None = None) -> dict[str, Any]:
-        call = self.calls.get(_call(r), {"consumed": []})
+        call = self.calls.get(call_stem(r), {"consumed": []})
         if kind == "in_place_write":
             params = [param_name(p) for p in self.recs if p["phase"] == "optimizer"
                       and p["direction"] == "param" and nonfinite(p)]

@@ -25,9 +25,7 @@ from typing import Any, Callable, Literal
 
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff_plan import DiffError
-from tracer.analysis._engine import SCHEDULER_ENV, rank_path, run_per_rank
-
-__all__ = ["RankDiffResult", "SCHEDULER_ENV", "diff_one_rank", "diff_ranks", "dump_ranks"]
+from tracer.analysis._engine import rank_path, run_per_rank
 
 
 @dataclass

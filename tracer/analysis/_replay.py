@@ -90,6 +90,17 @@ def _count(values: list) -> int:
     return n
 
 
+def recorded(dump: Any, rank: int, step: int, name: str) -> Any:
+    """Record `name`'s tensor (torch, its logical dtype) for a re-run; NotReplayable when the
+    dump holds no bytes for it."""
+    try:
+        return dump.tensor_torch(rank, step, name)
+    except (TracerError, KeyError, ValueError) as e:
+        raise NotReplayable(f"{name} has no record with its bytes (uninitialised memory the "
+                            f"op writes, left out by design, or a dump without tensors: "
+                            f"{type(e).__name__})") from e
+
+
 def overload(name: str) -> Any:
     """The torch overload "aten.addmm.default" names; NotReplayable when there is none."""
     import torch

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer._errors import TracerError
-from tracer.analysis._replay import CallSpec
+from tracer.analysis._replay import CallSpec, recorded
 
 _SCRIPT = '''"""One-op repro written by `sleuth explain --repro`: {what}
 
@@ -84,11 +84,11 @@ def write_repro(a: Any, b: Any, blamed: dict[str, Any], fd: dict[str, Any],
     rank_a, step_a, rank_b, step_b = fd["rank"], fd["step"], fd["b_rank"], fd["b_step"]
     spec_a = _spec(a, rank_a, step_a, blamed["name"])
     spec_b = _spec(b, rank_b, step_b, blamed["b_name"])
-    inputs = [a.tensor_torch(rank_a, step_a, f"{blamed['name']}.input.{i}")
+    inputs = [recorded(a, rank_a, step_a, f"{blamed['name']}.input.{i}")
               for i in range(spec_a.inputs)]
-    b_dtypes = [b.tensor_torch(rank_b, step_b, f"{blamed['b_name']}.input.{i}").dtype
+    b_dtypes = [recorded(b, rank_b, step_b, f"{blamed['b_name']}.input.{i}").dtype
                 for i in range(spec_b.inputs)]
-    expected = a.tensor_torch(rank_a, step_a, f"{blamed['name']}.output.0")
+    expected = recorded(a, rank_a, step_a, f"{blamed['name']}.output.0")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = "repro_" + re.sub(r"[^A-Za-z0-9_]+", "_", blamed["op"]).strip("_")

@@ -12,10 +12,11 @@ result on identical inputs from rounding. The spec is plain JSON, never pickle:
 
 Tensors are numbered in the order the op's input records are (`_op_mode._flat`: positional
 arguments, one level of lists, then keyword arguments); one that was not on the CPU also names
-its device ({"input": 0, "device": "cuda:0"}), where a re-run should happen. Other values: numbers, booleans,
-strings and None as they are (a float that JSON cannot hold as {"float": "nan"}), lists as
-lists, a dtype as {"dtype": "float32"}, a device as {"device": "cuda:0"}, a layout and a memory
-format by name; anything else as {"opaque": its type}, which makes the call not replayable.
+its device ({"input": 0, "device": "cuda:0"}), where a re-run should happen. Other values:
+numbers, booleans, strings and None as they are (a float that JSON cannot hold as
+{"float": "nan"}), lists as lists, a dtype as {"dtype": "float32"}, a device as
+{"device": "cuda:0"}, a layout and a memory format by name; anything else as
+{"opaque": its type}, which makes the call not replayable.
 """
 from __future__ import annotations
 

@@ -72,16 +72,10 @@ def export_parquet(run: str | Path, out: str | Path, *, overwrite: bool = False,
     dump = open_dump(run)
     try:
         _refuse_over_dump(dump, Path(run), out)
-    except BaseException:
-        dump.close()
-        raise
-    if out.exists() and not overwrite:
-        dump.close()
-        raise TracerError(f"{out} exists: choose a new folder, or replace it (--force)")
-    if out.exists() and not out.is_dir():
-        dump.close()
-        raise TracerError(f"{out} is a file, not a dataset folder: choose another path")
-    try:
+        if out.exists() and not overwrite:
+            raise TracerError(f"{out} exists: choose a new folder, or replace it (--force)")
+        if out.exists() and not out.is_dir():
+            raise TracerError(f"{out} is a file, not a dataset folder: choose another path")
         return _export(dump, out, progress)
     finally:
         dump.close()

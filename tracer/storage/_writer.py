@@ -574,13 +574,12 @@ class Writer:
         """`_record` of a tensor's record (dtype, shape and size read from `tensor`, and its
         sketch, where `stats` lacks one)."""
         if self.sketch:
-            layout = _sketch_layout(tensor)
             if stats is not None:
                 if "sketch" not in stats:
                     stats["sketch"] = sketch_of(tensor)
-                    stats["sketch_layout"] = layout
+                    stats["sketch_layout"] = _sketch_layout(tensor)
             elif share is not None and share[0] is not None \
-                    and share[0].get("sketch_layout") != layout:
+                    and share[0].get("sketch_layout") != (layout := _sketch_layout(tensor)):
                 # statistics reused from a record of the same memory (they do not see order),
                 # but this one reads it in another order (a transpose): its own sketch
                 stats = {**share[0], "sketch": sketch_of(tensor), "sketch_layout": layout}
