@@ -224,3 +224,21 @@ def test_a_gpu_run_against_a_cpu_run_is_re_run_on_the_gpu(tmp_path):
     replayed = [x for x in e.chain if x["judged"] != "not replayed"]
     assert all(x["device"].startswith("cuda") and x["replayed_on"] == x["device"]
                for x in replayed)
+
+
+def test_a_seeded_op_that_draws_nothing_re_runs_and_one_that_draws_is_named():
+    """Dropout of p 0 (and attention without dropout) is tagged random by torch but draws
+    nothing: two re-runs agree, so it re-runs. A dropout of p 0.5 differs between re-runs:
+    named as random, never judged."""
+    from tracer.analysis import NotReplayable, replay
+    from tracer.analysis._replay import CallSpec
+    from tracer.capture import encode_call
+
+    x = torch.randn(64)
+    quiet = CallSpec.parse(encode_call(torch.ops.aten.native_dropout.default, (x, 0.0, True),
+                                       {}))
+    assert torch.equal(replay(quiet, [x])[0], x)
+    noisy = CallSpec.parse(encode_call(torch.ops.aten.native_dropout.default, (x, 0.5, True),
+                                       {}))
+    with pytest.raises(NotReplayable, match="a random op: two re-runs differ"):
+        replay(noisy, [x])

@@ -8,7 +8,8 @@ float64 for the rounding-free answer). Nothing is unpickled: the spec is JSON an
 the dump's bytes.
 
 Some calls cannot be re-run and are named, never guessed: random ops (torch tags them
-`nondeterministic_seeded`; their generator state is not recorded), collectives (their result
+`nondeterministic_seeded` and two re-runs differ: their generator state is not recorded; a
+seeded op that draws nothing, a dropout of p 0, re-runs), collectives (their result
 depends on the other ranks), calls with an argument the spec could not hold (`opaque`), and
 overloads this torch does not have. A call whose inputs were not all recorded (an
 uninitialised buffer, a statistics dump) cannot be re-run either.
@@ -114,21 +115,24 @@ def overload(name: str) -> Any:
 
 
 def why_not(spec: CallSpec) -> str | None:
-    """Why `spec` cannot be re-run, or None when it can."""
-    import torch
-
+    """Why `spec` cannot be re-run, or None when it can (a random op is known only by re-running
+    it twice: `replay`)."""
     ns = spec.op.split(".", 1)[0]
     if ns in _COLLECTIVE_NAMESPACES:
         return "a collective: its result depends on the other ranks"
     if _has(spec.args, "opaque") or _has(list(spec.kwargs.values()), "opaque"):
         return "an argument the dump could not record (a generator, an object)"
     try:
-        func = overload(spec.op)
+        overload(spec.op)
     except NotReplayable as e:
         return str(e)
-    if torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
-        return "a random op: its generator state is not recorded"
     return None
+
+
+def _seeded(spec: CallSpec) -> bool:
+    import torch
+
+    return torch.Tag.nondeterministic_seeded in getattr(overload(spec.op), "tags", ())
 
 
 def _has(values: list, key: str) -> bool:
@@ -147,14 +151,26 @@ def replay(spec: CallSpec, inputs: list[Any], dtypes: list[Any] | None = None,
     each cast to `dtypes[i]` when given (None keeps it), or every floating one to float64 with
     `float64` (dtype arguments that name a floating type then read float64 too, so the call
     computes in float64 throughout). In-place calls write copies. NotReplayable when the call
-    cannot be re-run (see `why_not`)."""
-    import torch
-
+    cannot be re-run (see `why_not`; a random op that draws: its two re-runs differ)."""
     reason = why_not(spec)
     if reason is not None:
         raise NotReplayable(reason)
     if len(inputs) != spec.inputs:
         raise NotReplayable(f"the call takes {spec.inputs} tensor input(s), {len(inputs)} given")
+    outs = _run(spec, inputs, dtypes, float64)
+    if _seeded(spec):  # a random op re-runs only where it draws nothing (a dropout of p 0)
+        again = _run(spec, inputs, dtypes, float64)
+        if len(again) != len(outs) or any(rel_error(x, y) != 0.0 for x, y in zip(again, outs)):
+            raise NotReplayable("a random op: two re-runs differ, and its generator state is "
+                                "not recorded")
+    return outs
+
+
+def _run(spec: CallSpec, inputs: list[Any], dtypes: list[Any] | None,
+         float64: bool) -> list[Any]:
+    """One run of `spec` on copies of `inputs` (an in-place op writes the copies)."""
+    import torch
+
     ready = []
     where = replay_device(spec)
     for i, t in enumerate(inputs):
