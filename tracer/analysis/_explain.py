@@ -340,6 +340,14 @@ def _verdict(chain: list[dict[str, Any]], lead: dict[str, Any] | None,
         why = "; ".join(f"{e['name']}: {e['why']}" for e in chain[:3]) or "no op to re-run"
         return Explanation("unexplained", f"no op on the chain could be re-run: {why}",
                            None, chain, fd, notes)
+    skipped = [e for e in chain if e["judged"] == "not replayed"]
+    if lead is None and chain[0]["judged"] == "not replayed":
+        # where the runs first part is where an error would be made: not judged, not known
+        first = chain[0]
+        return Explanation("unexplained", f"the op where the runs first part, {where(first)}, "
+                           f"could not be re-run ({first['why']}); the ops after it stay within "
+                           "their rounding, so whether it made the difference is not known",
+                           None, chain, fd, notes)
     worst = [e for e in sorted(replayed, key=lambda e: -(e["introduced"] or 0.0))[:3]
              if e["introduced"]]
     dtypes = sorted({d for e in worst for d in e.get("b_dtypes") or [e["b_dtype"]] if d})
@@ -352,9 +360,12 @@ def _verdict(chain: list[dict[str, Any]], lead: dict[str, Any] | None,
             if ", the first at " in mixed else "")
     if lead is not None and lead["judged"] == "rounding":
         start = (f"precision: it starts at {fd['op']} ({_stem(fd['name'])}, "
-                 f"{fd['source'] or 'unknown line'}), whose {lead['why']}; every op after it "
-                 "on the chain stays within its own rounding")
+                 f"{fd['source'] or 'unknown line'}), whose {lead['why']}; every op re-run "
+                 "after it on the chain stays within its own rounding")
     else:
-        start = ("precision: the difference comes from rounding; every op on the chain stays "
-                 "within what its dtype accounts for")
-    return Explanation("precision", f"{start}, {lose}{cast}", None, chain, fd, notes)
+        start = ("precision: the difference comes from rounding; every op re-run on the chain "
+                 "stays within what its dtype accounts for")
+    unjudged = (f"; {len(skipped)} op(s) on the chain could not be re-run and are not judged: "
+                + ", ".join(f"{e['op']} ({e['why']})" for e in skipped[:3])) if skipped else ""
+    return Explanation("precision", f"{start}, {lose}{unjudged}{cast}", None, chain, fd,
+                       notes)
