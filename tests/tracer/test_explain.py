@@ -32,11 +32,11 @@ def _llama(eps: float = 1e-6) -> nn.Module:
     return LlamaForCausalLM(config)
 
 
-def _dump_llama(path: Path, eps: float = 1e-6, bf16: bool = False) -> Path:
-    model = _llama(eps)
-    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+def _dump_llama(path: Path, eps: float = 1e-6, bf16: bool = False, device: str = "cpu") -> Path:
+    model = _llama(eps).to(device)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1)).to(device)
     with tracer.Dumper(model, {"path": str(path), **TENSOR_OP}):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
     return path
@@ -224,6 +224,25 @@ def test_a_gpu_run_against_a_cpu_run_is_re_run_on_the_gpu(tmp_path):
     replayed = [x for x in e.chain if x["judged"] != "not replayed"]
     assert all(x["device"].startswith("cuda") and x["replayed_on"] == x["device"]
                for x in replayed)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_gpu_a_wrong_epsilon_is_a_bug_and_bf16_autocast_is_precision(tmp_path):
+    """Both runs on CUDA, re-run on CUDA: the faults of both kinds get the verdicts they get on
+    the CPU, and the same run twice (where CUDA kernels may add in another order) is never a
+    bug."""
+    pytest.importorskip("transformers")
+    a = _dump_llama(tmp_path / "a", device="cuda")
+    eps = explain(a, _dump_llama(tmp_path / "eps", eps=1e-2, device="cuda"))
+    assert eps.status == "bug", eps.verdict
+    assert eps.blamed["name"] == "model.layers.0.input_layernorm::aten.add.forward.0"
+    assert eps.blamed["replayed_on"].startswith("cuda")
+    bf16 = explain(a, _dump_llama(tmp_path / "bf16", bf16=True, device="cuda"))
+    assert bf16.status == "precision" and bf16.blamed is None, bf16.verdict
+    assert "bfloat16" in bf16.verdict
+    again = explain(a, _dump_llama(tmp_path / "again", device="cuda"))
+    assert again.status in ("same", "precision"), again.verdict
 
 
 def test_a_seeded_op_that_draws_nothing_re_runs_and_one_that_draws_is_named():
