@@ -216,14 +216,24 @@ def test_a_gpu_run_against_a_cpu_run_is_re_run_on_the_gpu(tmp_path):
                               nn.Linear(256, 8)).to(device)
         x = torch.randn(32, 64, generator=torch.Generator().manual_seed(3)).to(device)
         with tracer.Dumper(model, {"path": str(path), **TENSOR_OP}):
-            model(x).square().mean().backward()
+            model(x).square().mean().backward()  # THE BACKWARD LINE
         return path
 
-    e = explain(run(tmp_path / "cpu", "cpu"), run(tmp_path / "gpu", "cuda"))
+    a, b = run(tmp_path / "cpu", "cpu"), run(tmp_path / "gpu", "cuda")
+    e = explain(a, b)
     assert e.status in ("same", "precision"), e.verdict
     replayed = [x for x in e.chain if x["judged"] != "not replayed"]
     assert all(x["device"].startswith("cuda") and x["replayed_on"] == x["device"]
                for x in replayed)
+    # CUDA runs backward in a thread of its own: its records name the same lines as the CPU's
+    sources = []
+    for path in (a, b):
+        dump = tracer.open_dump(path)
+        stats = dump.stats(0, dump.steps(0)[0])
+        sources.append(dict(zip(stats["name"], stats["source"])))
+    assert sources[0] == sources[1]
+    backward = {s for n, s in sources[1].items() if ".backward." in n}
+    assert backward == {f"tests/tracer/test_explain.py:{_line('# THE BACKWARD LINE')}"}
 
 
 @pytest.mark.cuda

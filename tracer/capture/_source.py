@@ -14,7 +14,9 @@ Hooks run deep inside torch, so this walks ``sys._getframe`` outward. Whether a 
 (code, line), so a call costs a few dictionary look-ups per frame and never ``inspect.stack``.
 Hooks that autograd's engine runs in backward (gradient hooks, ops of backward formulas) all
 find the same user frame, the one that called ``backward()``, above the engine's entry frame:
-that walk is done once per backward pass (graph task) and its result reused.
+that walk is done once per backward pass (graph task) and its result reused. Where the engine
+runs the pass in a thread of its own (a CUDA device's), that frame is found in the thread that
+called ``backward()``, so a record's source does not depend on the device.
 """
 from __future__ import annotations
 
@@ -159,7 +161,40 @@ def user_source(skip: int = 1) -> str:
 
     ``skip`` frames are skipped first (1 = the caller of this function).
     """
-    return _walk(sys._getframe(skip), True)
+    try:
+        frame = sys._getframe(skip)
+    except ValueError:
+        # autograd's device threads (CUDA's backward) call a hook from C++ with no Python
+        # frame above it: the user's frame is in the thread that called backward()
+        return _backward_caller()
+    text = _walk(frame, True)
+    return text if text else _backward_caller()
+
+
+def _backward_caller() -> str:
+    """In a thread autograd's engine runs a backward pass on (a CUDA device's), the source the
+    pass's calling thread gives: the frame that called ``backward()``, as on the CPU, where the
+    engine runs in that thread. ``""`` outside a backward pass, or where several threads are in
+    one at once and which one is this pass's cannot be told."""
+    global _engine_cache
+    if _PREFIXES is None:
+        _setup()
+    if _ENGINE is None:
+        return ""
+    task = _graph_task_id()  # type: ignore[misc]  # set with _ENGINE
+    if task == -1:
+        return ""
+    if task == _engine_cache[0]:
+        return _engine_cache[1]
+    found = []
+    for frame in sys._current_frames().values():
+        while frame is not None and frame.f_code is not _ENGINE:
+            frame = frame.f_back
+        if frame is not None:
+            found.append(frame)
+    text = _walk(found[0].f_back, False) if len(found) == 1 else ""
+    _engine_cache = (task, text)
+    return text
 
 
 def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
