@@ -10,8 +10,10 @@ one process, with torch's default threads unless `--threads` says otherwise:
          6 heads, 2 KV heads, intermediate 1024; batch 2 x 256 random token ids), AdamW
 
 Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/storage/_fused.c and
-_table.c, what an install without a C compiler lacks) and the helper file process of the async
-writer (tracer/storage/_filer.py). Three more devices, deferred statistics, the kernel's second
+_table.c, what an install without a C compiler lacks; it acts on CPU tensors), the Triton
+statistics kernels for CUDA tensors (tracer/storage/_cuda_stats.py; torch ops without them) and
+the helper file process of the async writer (tracer/storage/_filer.py). `--device cuda` trains
+on the GPU, each step synchronized, and measures the devices that act there. Three more devices, deferred statistics, the kernel's second
 statistics thread and a statistics fast path beside the writer's one record path, were measured
 here and removed by the rule below (benchmarks/RESULTS.md).
 
@@ -31,7 +33,7 @@ writing and fsyncing a file as large as a block's (`disk_floor`, `step_file_mb`,
 and the sustained ratio over it (`over_floor`, goal at most 1.3). Prints one JSON object.
 
 Run: PYTHONPATH=. python3 benchmarks/tracer_ablation.py [--rounds N] [--steps N]
-[--workloads gpt,llama] [--conditions a,b] [--threads N]
+[--workloads gpt,llama] [--conditions a,b] [--threads N] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo path)
 
 import tracer  # noqa: E402
-from tracer.storage import _format, _stats  # noqa: E402
+from tracer.storage import _cuda_stats, _format, _stats  # noqa: E402
 
 CONDITIONS = {
     "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
@@ -66,6 +68,7 @@ CONDITIONS = {
 ARMS: dict[str, tuple[frozenset, dict] | None] = {
     "shipped": (frozenset(), {}),
     "no_c_kernel": (frozenset({"c_kernel"}), {}),
+    "no_triton": (frozenset({"triton_stats"}), {}),
     "no_file_process": (frozenset(), {"file_process": False}),
     "no_dump": None,
 }
@@ -73,8 +76,12 @@ ARMS: dict[str, tuple[frozenset, dict] | None] = {
 DEVICES = {
     "c_kernel": ("shipped", "shipped", "no_c_kernel",
                  ("module_statistics", "op_statistics", "op_tensor_async")),
+    "triton_stats": ("shipped", "shipped", "no_triton",
+                     ("module_statistics", "op_statistics", "op_tensor_async")),
     "file_process": ("shipped", "shipped", "no_file_process", ("op_tensor_async",)),
 }
+# device -> where it acts (a device does nothing for tensors elsewhere)
+ACTS_ON = {"c_kernel": "cpu", "triton_stats": "cuda"}
 GAIN_RULE_PCT = 5.0  # a device that gains less on both workloads goes
 LLAMA = dict(vocab_size=8192, hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
              num_key_value_heads=2, intermediate_size=1024)
@@ -96,17 +103,20 @@ class _LlamaLM(nn.Module):
         return out.logits, out.loss
 
 
-def make_workload(which: str, steps: int) -> tuple[nn.Module, torch.optim.Optimizer, list]:
-    """(model, AdamW, steps + 1 batches of random token ids) for "gpt" or "llama"."""
+def make_workload(which: str, steps: int, device: str = "cpu"
+                  ) -> tuple[nn.Module, torch.optim.Optimizer, list]:
+    """(model, AdamW, steps + 1 batches of random token ids) for "gpt" or "llama", on
+    `device`."""
     torch.manual_seed(0)
     if which == "gpt":
         model, vocab, batch, seq = overhead.make_model(), overhead.VOCAB, overhead.BATCH, \
             overhead.SEQ
     else:
         model, vocab, batch, seq = _LlamaLM(), LLAMA["vocab_size"], LLAMA_BATCH, LLAMA_SEQ
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batches = [(torch.randint(0, vocab, (batch, seq)), torch.randint(0, vocab, (batch, seq)))
-               for _ in range(steps + 1)]
+    batches = [(torch.randint(0, vocab, (batch, seq), device=device),
+                torch.randint(0, vocab, (batch, seq), device=device)) for _ in range(steps + 1)]
     return model, opt, batches
 
 
@@ -117,12 +127,14 @@ class switched:
         self.off = off
 
     def __enter__(self) -> None:
-        self.saved = (_stats._fused, _format._pack_rows)
+        self.saved = (_stats._fused, _format._pack_rows, _cuda_stats._kernels)
         if "c_kernel" in self.off:
             _stats._fused, _format._pack_rows = None, None
+        if "triton_stats" in self.off:
+            _cuda_stats._kernels = False
 
     def __exit__(self, *exc) -> None:
-        (_stats._fused, _format._pack_rows) = self.saved
+        (_stats._fused, _format._pack_rows, _cuda_stats._kernels) = self.saved
 
 
 WRITTEN: dict[tuple[str, str], list[float]] = {}
@@ -222,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of: " + ", ".join(CONDITIONS))
     ap.add_argument("--devices", default=",".join(DEVICES),
                     help="comma-separated subset of: " + ", ".join(DEVICES))
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="where the workloads train (cuda: each step synchronized)")
     args = ap.parse_args(argv)
     workloads = args.workloads.split(",")
     conditions = args.conditions.split(",")
@@ -237,8 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     absent: dict[str, str] = {}
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: torch sees no CUDA device here")
+        overhead.step_sync = torch.cuda.synchronize
+    for device in list(devices):
+        if ACTS_ON.get(device, args.device) != args.device:
+            devices.remove(device)
+            absent[device] = f"acts on {ACTS_ON[device]} tensors only (--device {args.device})"
     result: dict[str, Any] = {
-        "benchmark": "tracer_ablation", "torch_threads": torch.get_num_threads(),
+        "benchmark": "tracer_ablation", "device": args.device,
+        "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "rounds": args.rounds, "steps_per_block": args.steps,
         "c_kernel_built": _stats._fused is not None, "not_measured": absent,
         "workloads": {}, "overhead": {}, "devices": {}}
@@ -246,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     # (workload, condition) -> arm -> per-round (median, sustained) ratios to its reference
     ratios: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = {}
     try:
-        loaded = {w: make_workload(w, args.steps) for w in workloads}
+        loaded = {w: make_workload(w, args.steps, args.device) for w in workloads}
         for w, (model, opt, batches) in loaded.items():
             overhead.train_steps(model, opt, batches[:2])  # kernels and optimizer state warm
             base = overhead.timed_block(model, opt, batches)

@@ -58,12 +58,24 @@ def test_the_llama_workload_is_built_from_a_config_and_trains(capsys):
     assert out["devices"]["c_kernel"] == {"conditions": {}}
 
 
+def test_a_device_that_acts_only_on_another_device_is_named_not_measured(capsys):
+    bench = _load()
+    out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "attached_unselected",
+               "--devices", "triton_stats")
+    assert out["device"] == "cpu" and out["devices"] == {}
+    assert out["not_measured"]["triton_stats"] == "acts on cuda tensors only (--device cpu)"
+
+
 def test_switches_turn_devices_off_and_restore_them():
     bench = _load()
     before = (_stats._fused, bench._format._pack_rows)
     with bench.switched(frozenset({"c_kernel"})):
         assert _stats._fused is None and bench._format._pack_rows is None
     assert (_stats._fused, bench._format._pack_rows) == before
+    kernels = bench._cuda_stats._kernels
+    with bench.switched(frozenset({"triton_stats"})):
+        assert bench._cuda_stats._kernels is False and _stats._fused is before[0]
+    assert bench._cuda_stats._kernels is kernels
     assert bench.ARMS["no_file_process"] == (frozenset(), {"file_process": False})
 
 

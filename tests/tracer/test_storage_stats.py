@@ -575,3 +575,39 @@ def test_strided_statistics_refuse_bad_arguments():
         _stats._fused.strided_stats(t.data_ptr(), 12, 3, [4, 3], [6, 2])  # an integer code
     with pytest.raises(ValueError, match="one length"):
         _stats._fused.strided_stats(t.data_ptr(), 12, 0, [4, 3], [6])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_statistics_by_triton_equal_the_torch_ops():
+    """The two Triton kernels give the torch ops' packed vector: min, max, counts and checksum
+    exactly, mean and norm to float64 rounding; NaN, infinities and zeros included, over sizes
+    that take one program, several, and more than one pass of the combining kernel."""
+    from tracer.storage import _cuda_stats
+
+    def torch_ops(x):
+        keep, _cuda_stats._kernels = _cuda_stats._kernels, False
+        try:
+            return device_stats(x)
+        finally:
+            _cuda_stats._kernels = keep
+
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for n in (1, 7, 8193, 262144, 3_000_001):
+            for special in (False, True):
+                x = (torch.randn(n, device="cuda") * 30).to(dtype)
+                if special and n > 200:
+                    x[5], x[7], x[100:150], x[n - 3] = math.inf, -math.inf, 0, math.nan
+                got = decode_packed(_cuda_stats.launch(x).tolist(), element_bits(dtype))
+                want = decode_packed(torch_ops(x).tolist(), element_bits(dtype))
+                for k, b in want.items():
+                    a = got[k]
+                    if k in ("mean", "norm") and not math.isnan(b):
+                        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), (dtype, n, k)
+                    else:
+                        assert a == b or (math.isnan(a) and math.isnan(b)), (dtype, n, k, a, b)
+    # a record's statistics take the kernels where Triton is there
+    x = torch.randn(1000, device="cuda")
+    device_stats(x)
+    assert _cuda_stats._kernels, "Triton is in torch's CUDA builds: the kernels should run"

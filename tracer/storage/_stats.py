@@ -28,7 +28,8 @@ Entry points:
 - `device_stats(t)`: CUDA tensors, the same values packed into one int64 tensor on the device,
   with no host sync (the vector is copied to pinned memory, on a side stream for the async
   writer, and decoded by `decode_packed`). It counts NaN/Inf unconditionally, since deciding
-  would need a sync; and it sums in float64.
+  would need a sync; and it sums in float64. Float32, bfloat16 and float16 take two Triton
+  kernels (`tracer.storage._cuda_stats`) where Triton is there, other dtypes torch ops.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tracer.storage._cuda_stats import packed_stats
 from tracer.storage._layout import dense_strides
 
 STAT_FIELDS = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
@@ -424,6 +426,10 @@ def device_stats(t: torch.Tensor) -> torch.Tensor:
         packed = torch.zeros(9, dtype=i64, device=dev)
         packed[:4] = _NAN_BITS
         return packed
+    if flat.is_cuda:
+        packed = packed_stats(flat)  # two kernels where Triton is there, not about forty
+        if packed is not None:
+            return packed
     bits_t, _ = _bits_view(flat)
     cdt = _compute_dtype(flat.dtype)
     if cdt is None:
