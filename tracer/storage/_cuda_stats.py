@@ -1,13 +1,12 @@
 """Statistics of a CUDA float32, bfloat16 or float16 tensor in two Triton kernel launches.
 
-`device_stats` in plain torch ops queues about 40 kernels per record (each statistic, its
-casts, the stacking), and at several microseconds of launch each that made a GPU record cost
-about 0.4 ms of the host's time: on a GPU step of a few milliseconds the statistics cost more
-than the step (benchmarks/RESULTS.md, "tracer overhead on a GPU"). Here one pass over the
-elements computes every statistic per block of elements, and a second launch combines the
-blocks' partials in a fixed order, so the result is the same from run to run (no float
-atomics). The packed vector is `device_stats`'s: min, max, mean and norm as float64 bits, then
-the NaN, +Inf, -Inf and zero counts and the widened checksum.
+`device_stats` in plain torch ops queues about forty kernels per record (each statistic, its
+casts, the stacking), and each launch costs the host time that a short GPU step cannot hide
+(benchmarks/RESULTS.md, "The tracer on a GPU"). Here one pass over the elements computes every
+statistic per block of elements, and a second launch combines the blocks' partials in a fixed
+order, so the result is the same from run to run (no float atomics). The packed vector is
+`device_stats`'s: min, max, mean and norm as float64 bits, then the NaN, +Inf, -Inf and zero
+counts and the widened checksum.
 
 Triton ships with torch's CUDA builds for Linux. Where it is missing, or its first compile
 fails (it needs a C compiler for its launcher), `packed_stats` returns None and the caller
