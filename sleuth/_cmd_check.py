@@ -268,7 +268,7 @@ def _run_headroom(args: argparse.Namespace) -> int:
 
     for flag, given in (("--step", args.step is not None), ("--first-nan", args.first_nan),
                         ("--condition", bool(args.condition)), ("--watch", bool(args.watch)),
-                        ("--csv", bool(args.csv)), ("--workers", args.workers is not None),
+                        ("--csv", bool(args.csv)), ("--workers", args.workers not in (None, 1)),
                         ("--scheduler", bool(args.scheduler))):
         if given:
             why = ("a trend needs every dumped step" if flag == "--step" else

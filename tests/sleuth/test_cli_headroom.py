@@ -63,6 +63,11 @@ def test_headroom_names_the_dying_relu_toward_underflow(runs, capsys):
     assert row[-2:] == [DYING_MODULE, DYING]
 
 
+def test_one_worker_is_this_process_and_goes_with_headroom(runs, capsys):
+    assert main(["check", "--headroom", runs["growing"], "--workers", "1"]) == 1
+    assert GROWING in capsys.readouterr().out
+
+
 def test_healthy_run_exits_0(runs, capsys):
     assert main(["check", "--headroom", runs["healthy"]]) == 0
     out = capsys.readouterr().out
@@ -90,6 +95,8 @@ def test_two_steps_project_nothing_and_exit_2(runs, capsys):
     (["--headroom", "--step", "3"], "--headroom and --step do not go together: a trend needs "
                                     "every dumped step"),
     (["--headroom", "--first-nan"], "--headroom and --first-nan do not go together"),
+    (["--headroom", "--workers", "2"], "--headroom and --workers do not go together: the "
+                                       "trends are fitted in this process"),
     (["--horizon", "5"], "--horizon goes with --headroom"),
     (["--headroom", "--horizon", "0"], "horizon: 0.0 is out of range"),
     (["--headroom", "--window", "2"], r"window: 2 is out of range"),
