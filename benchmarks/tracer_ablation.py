@@ -13,7 +13,13 @@ Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/stora
 _table.c, what an install without a C compiler lacks; it acts on CPU tensors), the Triton
 statistics kernels for CUDA tensors (tracer/storage/_cuda_stats.py; torch ops without them) and
 the helper file process of the async writer (tracer/storage/_filer.py). `--device cuda` trains
-on the GPU, each step synchronized, and measures the devices that act there. Three more devices, deferred statistics, the kernel's second
+on the GPU, each step synchronized, and measures the devices that act there.
+
+Features (`FEATURES`, only with `--features`): what some records cost, measured the same way
+against the tracer without them: `param_records` (`"params": false`: no param, grad and update
+records) and `update_record` (no pre-step copy of the weights, so no update record; the param
+record then reads the weight after the step, which costs the same read). `cost_pct` is 100 *
+(time with / time without - 1). Three more devices, deferred statistics, the kernel's second
 statistics thread and a statistics fast path beside the writer's one record path, were measured
 here and removed by the rule below (benchmarks/RESULTS.md).
 
@@ -34,6 +40,7 @@ and the sustained ratio over it (`over_floor`, goal at most 1.3). Prints one JSO
 
 Run: PYTHONPATH=. python3 benchmarks/tracer_ablation.py [--rounds N] [--steps N]
 [--workloads gpt,llama] [--conditions a,b] [--threads N] [--device cpu|cuda]
+[--features param_records,update_record]
 """
 from __future__ import annotations
 
@@ -70,6 +77,8 @@ ARMS: dict[str, tuple[frozenset, dict] | None] = {
     "no_c_kernel": (frozenset({"c_kernel"}), {}),
     "no_triton": (frozenset({"triton_stats"}), {}),
     "no_file_process": (frozenset(), {"file_process": False}),
+    "no_params": (frozenset(), {"params": False}),
+    "no_update": (frozenset({"update_record"}), {}),
     "no_dump": None,
 }
 # device -> (reference arm, arm with it on, arm with it off, conditions where it acts)
@@ -79,6 +88,11 @@ DEVICES = {
     "triton_stats": ("shipped", "shipped", "no_triton",
                      ("module_statistics", "op_statistics", "op_tensor_async")),
     "file_process": ("shipped", "shipped", "no_file_process", ("op_tensor_async",)),
+}
+# feature -> (arm without it, conditions where it is measured)
+FEATURES = {
+    "param_records": ("no_params", ("module_statistics", "op_statistics")),
+    "update_record": ("no_update", ("module_statistics", "op_statistics")),
 }
 # device -> where it acts (a device does nothing for tensors elsewhere)
 ACTS_ON = {"c_kernel": "cpu", "triton_stats": "cuda"}
@@ -127,14 +141,23 @@ class switched:
         self.off = off
 
     def __enter__(self) -> None:
-        self.saved = (_stats._fused, _format._pack_rows, _cuda_stats._kernels)
+        self.saved = (_stats._fused, _format._pack_rows, _cuda_stats._kernels,
+                      tracer.Dumper._snapshot_param)
         if "c_kernel" in self.off:
             _stats._fused, _format._pack_rows = None, None
         if "triton_stats" in self.off:
             _cuda_stats._kernels = False
+        if "update_record" in self.off:
+            tracer.Dumper._snapshot_param = _no_snapshot
 
     def __exit__(self, *exc) -> None:
-        (_stats._fused, _format._pack_rows, _cuda_stats._kernels) = self.saved
+        (_stats._fused, _format._pack_rows, _cuda_stats._kernels,
+         tracer.Dumper._snapshot_param) = self.saved
+
+
+def _no_snapshot(dumper, param) -> tuple[None, None]:
+    """No pre-step copy of `param`: the step then has no update record of it."""
+    return None, None
 
 
 WRITTEN: dict[tuple[str, str], list[float]] = {}
@@ -188,9 +211,14 @@ def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhe
     return block
 
 
-def groups_for(condition: str, devices: list[str]) -> dict[str, list[str]]:
+def groups_for(condition: str, devices: list[str], features: list[str] = ()
+               ) -> dict[str, list[str]]:
     """reference arm -> the variant arms one round measures against it for `condition`."""
     groups: dict[str, list[str]] = {"shipped": ["no_dump"]}
+    for feature in features:
+        arm, conditions = FEATURES[feature]
+        if condition in conditions:
+            groups["shipped"].append(arm)
     for device in devices:
         ref, on, off, conditions = DEVICES[device]
         if condition in conditions:
@@ -234,13 +262,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated subset of: " + ", ".join(CONDITIONS))
     ap.add_argument("--devices", default=",".join(DEVICES),
                     help="comma-separated subset of: " + ", ".join(DEVICES))
+    ap.add_argument("--features", default="",
+                    help="comma-separated subset of: " + ", ".join(FEATURES) + " (default none)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="where the workloads train (cuda: each step synchronized)")
     args = ap.parse_args(argv)
     workloads = args.workloads.split(",")
     conditions = args.conditions.split(",")
     devices = args.devices.split(",")
-    for given, known, flag in ((workloads, ("gpt", "llama"), "--workloads"),
+    features = [f for f in args.features.split(",") if f]
+    for given, known, flag in ((features, FEATURES, "--features"),
+                               (workloads, ("gpt", "llama"), "--workloads"),
                                (conditions, CONDITIONS, "--conditions"),
                                (devices, DEVICES, "--devices")):
         unknown = sorted(set(given) - set(known))
@@ -264,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "rounds": args.rounds, "steps_per_block": args.steps,
         "c_kernel_built": _stats._fused is not None, "not_measured": absent,
-        "workloads": {}, "overhead": {}, "devices": {}}
+        "workloads": {}, "overhead": {}, "devices": {}, "features": {}}
     work = Path(tempfile.mkdtemp(prefix="sleuth_ablation_"))
     # (workload, condition) -> arm -> per-round (median, sustained) ratios to its reference
     ratios: dict[tuple[str, str], dict[str, list[tuple[float, float]]]] = {}
@@ -285,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                                             batches=batches, work=work)
                     table = ratios.setdefault((w, c), {})
                     WRITTEN.clear()
-                    for ref, variants in groups_for(c, devices).items():
+                    for ref, variants in groups_for(c, devices, features).items():
                         for arm, pair in bracketed(run, ref, variants, r).items():
                             table.setdefault(arm, []).append(pair)
                     if c == "op_tensor_async" and WRITTEN.get(("shipped", "tensor")):
@@ -334,6 +366,19 @@ def main(argv: list[str] | None = None) -> int:
             entry["best_gain_pct"] = best
             entry["earns_its_place"] = best >= GAIN_RULE_PCT
         result["devices"][device] = entry
+    for feature in features:
+        arm, measured = FEATURES[feature]
+        rows: dict[str, Any] = {}
+        for c in conditions:
+            if c not in measured:
+                continue
+            for w in workloads:
+                s = summary([(1 / m, 1 / s) for m, s in ratios[(w, c)][arm]])
+                s["with_without"] = s.pop("ratio")
+                s["with_without_sustained"] = s.pop("sustained")
+                s["cost_pct"] = round(100 * (s["with_without"] - 1), 1)
+                rows.setdefault(c, {})[w] = s
+        result["features"][feature] = {"conditions": rows}
     print(json.dumps(result, indent=1))
     return 0
 

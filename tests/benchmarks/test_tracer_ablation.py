@@ -108,3 +108,35 @@ def test_op_tensors_are_measured_against_the_disk_floor(capsys):
     want = 1 + row["step_file_mb"] / row["disk_mb_s"] / step
     assert abs(row["disk_floor"] - want) < 0.01 * want
     assert abs(row["over_floor"] - row["sustained"] / row["disk_floor"]) < 0.01
+
+
+def test_features_report_what_their_records_cost(capsys):
+    """With `--features`, the parameter records and the update record are each measured
+    against the tracer without them; without an update record the step has no update rows."""
+    bench = _load()
+    out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "module_statistics",
+               "--devices", "file_process", "--features", "param_records,update_record")
+    for feature in ("param_records", "update_record"):
+        row = out["features"][feature]["conditions"]["module_statistics"]["gpt"]
+        assert row["with_without"] > 0
+        assert row["cost_pct"] == pytest.approx(100 * (row["with_without"] - 1), abs=0.1)
+    assert bench.groups_for("module_statistics", [], ["update_record"]) == {
+        "shipped": ["no_dump", "no_update"]}
+
+
+def test_without_the_pre_step_copy_a_step_has_no_update_records(tmp_path):
+    import torch
+
+    import tracer
+
+    bench = _load()
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with bench.switched(frozenset({"update_record"})):
+        with tracer.Dumper(model, {"path": str(tmp_path)}):
+            model(torch.ones(3, 4)).sum().backward()
+            opt.step()
+    dump = tracer.open_dump(tmp_path)
+    kinds = set(dump.stats(0, 0)["direction"])
+    assert "param" in kinds and "grad" in kinds and "update" not in kinds
+    assert tracer.Dumper._snapshot_param is not bench._no_snapshot
