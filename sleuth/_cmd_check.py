@@ -219,7 +219,7 @@ def _check_ranks(args: argparse.Namespace) -> Any:
     try:
         return check_ranks(args.path, watch=None if args.first_nan else _watch(args),
                            step=args.step, nan_allow=args.nan_allow,
-                           only_first_nan=args.first_nan, workers=args.workers,
+                           only_first_nan=args.first_nan, workers=args.workers or 0,
                            scheduler=args.scheduler, progress=progress)
     finally:
         if show:

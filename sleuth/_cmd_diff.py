@@ -264,6 +264,8 @@ def _run(args: argparse.Namespace) -> int:
     import tracer
     from tracer import TracerError
 
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers {args.workers}: give 1 or more")
     try:
         tol = tracer.Tolerance(rtol=args.rtol, atol=args.atol, cosine_min=args.cosine_min)
         module_map = None

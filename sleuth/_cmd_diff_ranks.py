@@ -42,7 +42,7 @@ def run_ranks(args: argparse.Namespace, tol: Any) -> int:
 
     try:
         result = diff_ranks(args.a, args.b, step=args.step, tolerance=tol,
-                            allow_missing=args.allow_missing, workers=args.workers,
+                            allow_missing=args.allow_missing, workers=args.workers or 0,
                             scheduler=args.scheduler, progress=progress)
     except TracerError as e:
         raise CliError(str(e)) from e

@@ -106,3 +106,47 @@ def test_a_damaged_rank_is_named_never_clean(run, capsys):
 def test_unknown_rank_is_a_clear_error(run):
     with pytest.raises(tracer.TracerError, match=r"no rank 9 in the dump .*ranks: 0, 1, 2, 3"):
         check_ranks(run, ranks=[9])
+
+
+def test_python_runs_the_ranks_here_unless_asked_and_the_command_line_per_core(run, capsys):
+    """From Python a pool is never started unasked (it would import the caller's script
+    again); `workers=0` and the command line take one process per core."""
+    import os
+
+    assert check_ranks(run).attrs["engine"] == "in-process"
+    assert tracer.diff_ranks(run, run).engine == "in-process"
+    cores = min(os.cpu_count() or 1, 4)
+    want = "in-process" if cores == 1 else f"local ({cores} processes)"
+    assert check_ranks(run, workers=0).attrs["engine"] == want
+    assert main(["check", str(run), "--first-nan", "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["engine"] == want
+    assert main(["diff", str(run), str(run), "--workers", "-1"]) == 2
+    assert "--workers -1: give 1 or more" in capsys.readouterr().err
+
+
+UNGUARDED = """
+import sys
+from tracer.analysis import check_ranks
+print("script body ran", flush=True)
+check_ranks(sys.argv[1], workers=2)
+"""
+
+
+def test_a_pool_started_from_an_unguarded_script_says_how_to_fix_it(run, tmp_path):
+    """A script that starts a pool at import time, without `if __name__ == "__main__":`:
+    the pool's processes import it again and cannot start one of their own. The call ends with
+    an error that names the guard, never a hang or a bare BrokenProcessPool."""
+    import os
+    import subprocess
+    import sys
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: no pool")
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    res = subprocess.run([sys.executable, str(script), str(run)], capture_output=True,
+                         text=True, env=env, timeout=180)
+    assert res.returncode == 1
+    assert "TracerError" in res.stderr and 'if __name__ == "__main__":' in res.stderr
+    assert "workers=1" in res.stderr

@@ -29,13 +29,18 @@ def run_per_rank(task: Callable[..., dict], ranks: list[int], kwargs: dict[str, 
     """`task(rank, **kwargs)` for every rank; (results in completion order, engine).
 
     scheduler (else $SLEUTH_DASK_SCHEDULER) runs the tasks on that Dask cluster; otherwise
-    `workers` local processes (default one per core, at most one per rank), or this process
-    when that is one. The engine reads "in-process", "local (N processes)" or "dask ADDRESS".
+    `workers` local processes (0: one per core, at most one per rank), or this process when
+    that is one or None. The engine reads "in-process", "local (N processes)" or "dask ADDRESS".
+
+    A process pool starts by importing the caller's main script again, as every Python
+    process pool does, so a script that runs its work at import time would run it again in
+    each worker: from Python the default is this process, and the command line, whose entry
+    point is guarded, asks for one process per core.
     """
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
     if scheduler:
         return _on_dask(scheduler, task, ranks, kwargs, progress), f"dask {scheduler}"
-    n = workers or min(os.cpu_count() or 1, len(ranks))
+    n = min(os.cpu_count() or 1, len(ranks)) if workers == 0 else (workers or 1)
     return _on_pool(n, task, ranks, kwargs, progress)
 
 
@@ -66,12 +71,20 @@ def _on_pool(n: int, task: Callable[..., dict], ranks: list[int], kwargs: dict[s
 
     # forkserver: a child never inherits this process's open HDF5 handles or threads
     ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
-        futures = [pool.submit(task, r, **kwargs) for r in ranks]
-        for f in as_completed(futures):
-            out.append(f.result())
-            if progress:
-                progress(len(out), len(ranks))
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
+            futures = [pool.submit(task, r, **kwargs) for r in ranks]
+            for f in as_completed(futures):
+                out.append(f.result())
+                if progress:
+                    progress(len(out), len(ranks))
+    except BrokenProcessPool as e:
+        raise TracerError(
+            f"the {n} worker processes for the ranks stopped before they answered ({e}). A "
+            "process pool imports the main script again: in a script, make the call under "
+            "`if __name__ == \"__main__\":`, or use workers=1 (this process)") from e
     return out, f"local ({n} processes)"
 
 

@@ -106,8 +106,9 @@ def diff_ranks(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None =
         a, b: run or dump directories (holding rank{R}/ folders).
         step, tolerance, allow_missing: as for `tracer.diff`, applied to every rank.
         ranks: only these ranks (default: every rank either side has).
-        workers: local processes (default: one per core, at most one per rank; 1 runs the
-            ranks in this process).
+        workers: local processes; None or 1 (the default) runs the ranks in this process,
+            0 one process per core (at most one per rank). A pool imports the main script
+            again: call it under `if __name__ == "__main__":` in a script.
         scheduler: a Dask distributed scheduler address ("tcp://host:8786"); default the
             environment variable SLEUTH_DASK_SCHEDULER, else the local pool. Every worker must
             see the dumps at the same absolute paths.
