@@ -13,15 +13,16 @@ Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/stora
 _table.c, what an install without a C compiler lacks; it acts on CPU tensors), the Triton
 statistics kernels for CUDA tensors (tracer/storage/_cuda_stats.py; torch ops without them) and
 the helper file process of the async writer (tracer/storage/_filer.py). `--device cuda` trains
-on the GPU, each step synchronized, and measures the devices that act there.
+on the GPU, each step synchronized, and measures the devices that act there. Three more
+devices, deferred statistics, the kernel's second statistics thread and a statistics fast path
+beside the writer's one record path, were measured here and removed by the rule below
+(benchmarks/RESULTS.md).
 
 Features (`FEATURES`, only with `--features`): what some records cost, measured the same way
 against the tracer without them: `param_records` (`"params": false`: no param, grad and update
 records) and `update_record` (no pre-step copy of the weights, so no update record; the param
 record then reads the weight after the step, which costs the same read). `cost_pct` is 100 *
-(time with / time without - 1). Three more devices, deferred statistics, the kernel's second
-statistics thread and a statistics fast path beside the writer's one record path, were measured
-here and removed by the rule below (benchmarks/RESULTS.md).
+(time with / time without - 1).
 
 Timing reuses tracer_overhead's blocks (`timed_block`: the first step untimed, the wall time
 counted until the Dumper's close returns, so an async writer's drain is in it). Within one

@@ -68,11 +68,10 @@ def _on_pool(n: int, task: Callable[..., dict], ranks: list[int], kwargs: dict[s
         return out, "in-process"
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
 
     # forkserver: a child never inherits this process's open HDF5 handles or threads
     ctx = mp.get_context("forkserver" if sys.platform != "win32" else "spawn")
-    from concurrent.futures.process import BrokenProcessPool
-
     try:
         with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
             futures = [pool.submit(task, r, **kwargs) for r in ranks]

@@ -110,7 +110,7 @@ def diff_ranks(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None =
             0 one process per core (at most one per rank). A pool imports the main script
             again: call it under `if __name__ == "__main__":` in a script.
         scheduler: a Dask distributed scheduler address ("tcp://host:8786"); default the
-            environment variable SLEUTH_DASK_SCHEDULER, else the local pool. Every worker must
+            environment variable SLEUTH_DASK_SCHEDULER, else `workers`. Every worker must
             see the dumps at the same absolute paths.
         progress: called with (ranks done, ranks in all).
     """

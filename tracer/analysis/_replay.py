@@ -16,6 +16,7 @@ uninitialised buffer, a statistics dump) cannot be re-run either.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -69,11 +70,17 @@ def _device(values: list) -> str | None:
 def replay_device(spec: CallSpec) -> str:
     """Where `replay` runs `spec`: the device it ran on when this process has it, else the
     CPU (the caller says so: a GPU kernel may round differently from the CPU's)."""
+    return _here(spec.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _here(device: str) -> str:
+    """`device` when this process can run on it, else "cpu" (a meta tensor has no values to
+    re-run on); asked once per device name."""
     import torch
 
-    device = spec.device
     if device == "cpu" or device.startswith("meta"):
-        return "cpu"  # a meta tensor has no values to re-run on
+        return "cpu"
     try:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError):
@@ -208,7 +215,7 @@ def _decode(v: Any, inputs: list[Any], float64: bool) -> Any:
         dtype = getattr(torch, v["dtype"])
         return torch.float64 if float64 and dtype.is_floating_point else dtype
     if "device" in v:
-        return torch.device(replay_device(CallSpec("", [{"input": 0, **v}], {})))
+        return torch.device(_here(v["device"]))
     if "layout" in v:
         return getattr(torch, v["layout"])
     if "memory_format" in v:

@@ -99,11 +99,12 @@ def write_repro(a: Any, b: Any, blamed: dict[str, Any], fd: dict[str, Any],
         _store(f, "a_output_0", expected)
         f.attrs["spec_a"] = json.dumps(vars(spec_a))
         f.attrs["spec_b"] = json.dumps(vars(spec_b))
+    call_a, call_b = _call(spec_a), _call(spec_b)
     script.write_text(_SCRIPT.format(
         what=f"{blamed['op']} ({blamed['name']}): {blamed.get('why', '')}",
-        call_a=_call(spec_a), call_b=_call(spec_b), source=blamed.get("source") or "?",
+        call_a=call_a, call_b=call_b, source=blamed.get("source") or "?",
         module=blamed.get("module", "?"), phase=blamed.get("phase", "?"), step=step_a,
-        script=script.name, data=data.name, code_a=_call(spec_a), code_b=_call(spec_b),
+        script=script.name, data=data.name, code_a=call_a, code_b=call_b,
         n=len(inputs), b_dtypes="[" + ", ".join(
             "None" if d is None else f"torch.{str(d).removeprefix('torch.')}"
             for d in b_dtypes) + "]"))

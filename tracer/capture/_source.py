@@ -165,52 +165,44 @@ def user_source(skip: int = 1) -> str:
         frame = sys._getframe(skip)
     except ValueError:
         # autograd's device threads (CUDA's backward) call a hook from C++ with no Python
-        # frame above it: the user's frame is in the thread that called backward()
-        return _backward_caller()
-    text = _walk(frame, True)
-    return text if text else _backward_caller()
+        # frame above it: the walk then starts at the top and finds the pass's caller
+        frame = None
+    return _walk(frame, True)
 
 
-def _backward_caller() -> str:
-    """In a thread autograd's engine runs a backward pass on (a CUDA device's), the source the
-    pass's calling thread gives: the frame that called ``backward()``, as on the CPU, where the
-    engine runs in that thread. ``""`` outside a backward pass, or where several threads are in
-    one at once and which one is this pass's cannot be told."""
+def _pass_source(engine: types.FrameType | None) -> str:
+    """The source of the backward pass this thread runs: the walk above autograd's engine
+    frame `engine`, or, where the engine runs the pass in a thread of its own (a CUDA
+    device's) and `engine` is None, above that frame in the thread that called
+    ``backward()``. Walked once per pass (graph task); ``""`` outside a pass, or where several
+    threads are in one at once and which one is this pass's cannot be told."""
     global _engine_cache
-    if _PREFIXES is None:
-        _setup()
-    if _ENGINE is None:
-        return ""
     task = _graph_task_id()  # type: ignore[misc]  # set with _ENGINE
-    if task == -1:
-        return ""
-    if task == _engine_cache[0]:
+    if task != -1 and task == _engine_cache[0]:
         return _engine_cache[1]
-    found = []
-    for frame in sys._current_frames().values():
-        while frame is not None and frame.f_code is not _ENGINE:
-            frame = frame.f_back
-        if frame is not None:
-            found.append(frame)
-    text = _walk(found[0].f_back, False) if len(found) == 1 else ""
+    if engine is None:
+        if task == -1:
+            return ""
+        found = []
+        for frame in sys._current_frames().values():
+            while frame is not None and frame.f_code is not _ENGINE:
+                frame = frame.f_back
+            if frame is not None:
+                found.append(frame)
+        engine = found[0] if len(found) == 1 else None
+    text = _walk(engine.f_back, False) if engine is not None else ""
     _engine_cache = (task, text)
     return text
 
 
 def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
-    global _engine_cache
     internal = _internal
     while frame is not None:
         code = frame.f_code
         if code is _ENGINE and shortcut:
             # reached through internal frames only: autograd's engine runs this hook, and the
             # rest of the walk is the same for the whole backward pass (graph task)
-            task = _graph_task_id()  # type: ignore[misc]  # set with _ENGINE
-            if task == _engine_cache[0] and task != -1:
-                return _engine_cache[1]
-            text = _walk(frame.f_back, False)
-            _engine_cache = (task, text)
-            return text
+            return _pass_source(frame)
         flag = internal.get(code)
         if flag is None:
             flag = _is_internal(code)
@@ -223,7 +215,13 @@ def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
         if flag == 4:
             return WRAPPER
         frame = frame.f_back
-    return ""
+    if not shortcut:
+        return ""
+    # no user frame in this thread: in a backward pass that autograd runs in a thread of its
+    # own, the user's frame is in the thread that called backward()
+    if _PREFIXES is None:
+        _setup()
+    return _pass_source(None) if _ENGINE is not None else ""
 
 
 def _library_site(source: str, frame: types.FrameType | None) -> str:
