@@ -43,7 +43,8 @@ class DispatchCapture:
         self._nodes: list[Node] = []
         self._params: list[Param] = []
         self._counts: dict[tuple[str, str], int] = defaultdict(int)
-        self._stack: list[str] = ["<root>"] if root_pushed else []
+        # (module, call name) of every running module, innermost last
+        self._stack: list[tuple[Any, str]] = [(model, "<root>")] if root_pushed else []
         self._pending: list[tuple[Any, str, int]] = []  # outputs whose grad_fn is set later
         self._handles: list[Any] = []
         self._mode: Any = None
@@ -90,19 +91,31 @@ class DispatchCapture:
                 capture._record(func, args, kwargs, out)
                 return out
 
-        for name, module in self.model.named_modules():
-            label = name or "<root>"
-            if not name and self._root_pushed:
-                continue
-            self._handles.append(module.register_forward_pre_hook(
-                lambda _m, _a, label=label: self._stack.append(label)))
-            self._handles.append(module.register_forward_hook(self._pop, always_call=True))
+        from torch.nn.modules.module import (register_module_forward_hook,
+                                             register_module_forward_pre_hook)
+
+        from tracer.capture import CallNames
+
+        self._names = CallNames()  # the tracer's names, so a node names its record
+        self._names.add_tree(self.model, "<root>")
+        self._handles += [register_module_forward_pre_hook(self._push),
+                          register_module_forward_hook(self._pop, always_call=True)]
         self._mode = _Mode()
         self._mode.__enter__()
 
-    def _pop(self, _module: Any, _args: Any, _output: Any) -> None:
+    def _push(self, module: Any, _args: Any) -> None:
+        stack = self._stack
+        if stack and stack[-1][0] is module:
+            return  # the root, pushed by the caller of this capture
+        name = self._names.name(module, stack[-1] if stack else None)
+        if name is not None:
+            stack.append((module, name))
+
+    def _pop(self, module: Any, _args: Any, _output: Any) -> None:
         # returns None: a forward hook's return value would replace the module's output
-        self._stack.pop()
+        stack = self._stack
+        if stack and stack[-1][0] is module and not (self._root_pushed and len(stack) == 1):
+            stack.pop()
 
     def stop(self, output: Any = None) -> Graph:
         """Remove the mode and hooks; build the Graph (output node from `output`)."""
@@ -138,7 +151,7 @@ class DispatchCapture:
         import torch
 
         op = str(func.overloadpacket)
-        module = self._stack[-1] if self._stack else "<none>"
+        module = self._stack[-1][1] if self._stack else "<none>"
         call = self._counts[(module, op)]
         self._counts[(module, op)] += 1
         name = f"{module}::{op}.forward.{call}"

@@ -1,7 +1,8 @@
 """Module ranges: global nn.Module hooks that wrap each module call in a record_function range.
 
 The range is named `sleuth.module::{dotted name}` so the trace (and the module table built from
-it) carries the names from `named_modules()`, which torch.profiler's own `with_modules` only
+it) carries the names from `named_modules()`, by the tracer's rule for a module called from
+several places (`tracer.capture.CallNames`), which torch.profiler's own `with_modules` only
 provides for TorchScript and `with_stack`'s `nn.Module: Class_N` events do not give. Backward
 time is not measured with backward hooks (they wrap tensors in extra autograd nodes and break on
 in-place ops); the table builder attributes autograd nodes to modules through the forward op's
@@ -9,19 +10,23 @@ sequence number instead. Installed only while the profiler traces, so idle steps
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from profiler._tables import MODULE_PREFIX
 
 
 class ModuleRanges:
-    """Installs and removes the two global forward hooks; names modules as it first sees them."""
+    """Installs and removes the two global forward hooks; names each call as the tracer does
+    (`tracer.capture.CallNames`: from the module stack of that call), so a module called from
+    several places is timed under each caller and the profile's names are the dump's."""
 
     def __init__(self) -> None:
-        self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        from tracer.capture import CallNames
+
+        self._names = CallNames()
+        self._roots = 0
         self.types: dict[str, str] = {}
-        self._stack: list[tuple[Any, Any]] = []
+        self._stack: list[tuple[Any, str, Any]] = []  # (module, call name, open range)
         self._handles: list[Any] = []
 
     @property
@@ -41,46 +46,34 @@ class ModuleRanges:
         for h in handles:
             h.remove()
         while self._stack:  # a range left open (removed mid-forward) must still be closed
-            self._stack.pop()[1].__exit__(None, None, None)
+            self._stack.pop()[2].__exit__(None, None, None)
 
     # ---- hooks -----------------------------------------------------------------------------
     def _pre(self, module: Any, args: Any) -> None:
-        name = self._names.get(module)
+        stack = self._stack
+        name = self._names.name(module, stack[-1] if stack else None)
         if name is None:
-            name = self._name(module)
+            if stack:  # a scope-less wrapper: its time is its caller's
+                return
+            # each top-level module that runs is a root, as in the tracer without a model
+            self._names.add_tree(module, "<root>" if not self._roots else f"<root{self._roots}>")
+            self._roots += 1
+            name = self._names.name(module, None)
+            if name is None:  # a wrapper at the top (DDP, torch.compile): its inner one is named
+                return
+        if name not in self.types:
+            self.types[name] = type(module).__name__
         from torch.autograd.profiler import record_function
         rf = record_function(MODULE_PREFIX + name)
         rf.__enter__()
-        self._stack.append((module, rf))
+        stack.append((module, name, rf))
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        while self._stack:
-            m, rf = self._stack.pop()
+        stack = self._stack
+        if not any(entry[0] is module for entry in stack):
+            return  # a module that opened no range
+        while stack:
+            m, _, rf = stack.pop()
             rf.__exit__(None, None, None)
             if m is module:
                 break
-
-    # ---- naming ----------------------------------------------------------------------------
-    def _name(self, module: Any) -> str:
-        if self._stack:
-            parent_module = self._stack[-1][0]
-            parent = self._names.get(parent_module, "<unknown>")
-            attr = next((k for k, v in parent_module._modules.items() if v is module), None)
-            base = f"{parent}.{attr}" if attr is not None else f"{parent}.<{type(module).__name__}>"
-            if parent == "<root>" and attr is not None:
-                base = attr
-        elif "<root>" not in self.types:
-            base = "<root>"
-        else:
-            base = f"<{type(module).__name__}>"
-            n = 2
-            while base in self.types:
-                base = f"<{type(module).__name__}_{n}>"
-                n += 1
-        for sub, m in module.named_modules():
-            if m in self._names:
-                continue
-            full = base if not sub else (sub if base == "<root>" else f"{base}.{sub}")
-            self._names[m] = full
-            self.types[full] = type(m).__name__
-        return self._names[module]

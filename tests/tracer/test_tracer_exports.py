@@ -20,7 +20,7 @@ EXPECTED = [
 
 
 FACES = {
-    "capture": ["EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "encode_call",
+    "capture": ["CallNames", "EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "encode_call",
                 "on_scaler_update", "rewrap", "tool_range", "user_source"],
     "storage": ["Dump", "ExportedDump", "RECORD_FIELDS", "RUN_FILE", "RawTensor", "RecordMeta", "RecordRow",
                 "SKETCH_SIZE", "Writer", "c_order_bytes", "config_of", "copy_stats",

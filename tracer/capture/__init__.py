@@ -1,5 +1,6 @@
-"""Where a record is made: module hooks and the module stack, the op dispatch mode, record names,
-the user's source line, and the gradient scaler's skipped steps.
+"""Where a record is made: module hooks and the module stack, the op dispatch mode, record names
+(`CallNames`, which the profiler and the IR exporter use too, so all three name a module call
+alike), the user's source line, and the gradient scaler's skipped steps.
 
 `tracer.Dumper` drives these and hands each record to `tracer.storage`; nothing here writes a
 file. Names load lazily (tracer._lazy); a test pins this list.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from tracer._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
+    "CallNames": "tracer.capture._naming",
     "encode_call": "tracer.capture._calls",
     "EagerWhileDumped": "tracer.capture._compiled",
     "ModuleTracker": "tracer.capture._module_hooks",

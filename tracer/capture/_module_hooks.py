@@ -1,7 +1,8 @@
 """Module-level capture: global nn.Module hooks, the module stack, and backward tensor hooks.
 
-One `ModuleTracker` per Dumper. It names modules (`named_modules()` of the model, or of every
-top-level module that runs when no model was given), keeps the stack of running modules that
+One `ModuleTracker` per Dumper. It names each module call (`CallNames`: from the module stack
+of the call, over `named_modules()` of the model, or of every top-level module that runs when no
+model was given), keeps the stack of running modules that
 op records are scoped to, records forward inputs and outputs, and hooks the output and input
 tensors so their gradients are recorded in backward. The hooks are torch's *global* module
 hooks, installed only while a dumped step runs, so an unselected step costs nothing.
@@ -30,7 +31,7 @@ from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
 from tracer.capture._compiled import compiled_module, tell_once
-from tracer.capture._naming import ROOT, CallCounter, module_names, wrapper_inner
+from tracer.capture._naming import ROOT, CallCounter, CallNames, module_names, wrapper_inner
 from tracer.capture._recorder import Recorder
 from tracer.capture._source import user_source
 
@@ -133,7 +134,7 @@ class ModuleTracker:
         self._dumper = dumper
         self._cfg = cfg
         self.fixed = model is not None
-        self.names: dict[torch.nn.Module, str] = {}
+        self.names = CallNames()
         self.roots: list[torch.nn.Module] = []
         self._wanted: dict[str, bool] = {}
         # (module, name, call, seq, recomputing) of every running module, innermost last
@@ -163,9 +164,7 @@ class ModuleTracker:
         """Name ``model`` and its submodules; the first root is ``<root>``, later ones
         ``<root1>``, ``<root2>``, ... in the order they first run."""
         k = len(self.roots)
-        names = module_names(model, ROOT if k == 0 else f"<root{k}>")
-        for module, name in names.items():
-            self.names.setdefault(module, name)
+        names = self.names.add_tree(model, ROOT if k == 0 else f"<root{k}>")
         self.roots.append(model)
         if k == 0:
             self._check_include_filter(list(names.values()))
@@ -236,20 +235,14 @@ class ModuleTracker:
 
     # -- hooks ----------------------------------------------------------------------------------
     def _name_of(self, module: torch.nn.Module) -> str | None:
-        name = self.names.get(module)
-        if name is not None:
+        stack = self.stack
+        name = self.names.name(module, stack[-1] if stack else None)
+        if name is not None or stack or self.fixed or wrapper_inner(module) is not None:
+            # None: a wrapper (torch.compile, DDP, FSDP), named by the module it runs (whose
+            # hooks fire next); or, with a model given, a module called outside it
             return name
-        if self.fixed or wrapper_inner(module) is not None:
-            # not part of the model the user gave; or a wrapper (torch.compile, DDP, FSDP),
-            # named by the module it runs (whose hooks fire next)
-            return None
-        if not self.stack:
-            self.add_root(module)
-            return self.names[module]
-        # created after its root was named (lazy modules, modules built in forward)
-        name = f"{self.stack[-1][1]}.<{type(module).__name__}>"
-        self.names[module] = name
-        return name
+        self.add_root(module)  # no model given: each top-level module that runs is a root
+        return self.names.name(module, None)
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
         if self._dumper._busy or fake_mode_active():

@@ -8,6 +8,8 @@ two runs of the same code produce the same names in the same order.
 from __future__ import annotations
 
 import sys
+import types
+from collections.abc import Sequence
 from typing import Any, Literal
 
 ROOT = "<root>"
@@ -75,14 +77,16 @@ def wrapper_inner(module: object) -> object | None:
 
 
 def module_names(model: object, root_name: str = ROOT,
-                 wrappers: dict[object, str] | None = None) -> dict[object, str]:
+                 wrappers: dict[object, str] | None = None,
+                 aliases: dict[object, list[str]] | None = None) -> dict[object, str]:
     """Map each submodule object of ``model`` to its dotted name; the model itself is ``root_name``.
 
     The names and their order are ``named_modules()``'s, except that a wrapper gets no name and
     the module it wraps takes the wrapper's (``block`` rather than ``block._orig_mod`` or
     ``module.block``, see `wrapper_inner`); when ``wrappers`` is given, each wrapper is added
     to it with that name (FSDP keeps its flat parameters on the wrapper). A module reachable
-    under two names (shared submodules) keeps the first one, like torch does.
+    under two names (shared submodules) keeps the first one, like torch does; ``aliases``, when
+    given, gets every name of each module, the first one first.
     """
     names: dict[object, str] = {}
 
@@ -91,6 +95,8 @@ def module_names(model: object, root_name: str = ROOT,
             if wrappers is not None:
                 wrappers.setdefault(module, name)
             module = inner
+        if aliases is not None:
+            aliases.setdefault(module, []).append(name)
         if module in names:
             return
         names[module] = name
@@ -100,6 +106,104 @@ def module_names(model: object, root_name: str = ROOT,
 
     walk(model, root_name)
     return names
+
+
+def _child_path(name: str, child: str) -> str:
+    return child if name == ROOT else f"{name}.{child}"
+
+
+def _below(name: str, caller: str) -> bool:
+    """True when the dotted ``name`` lies in the tree of the module named ``caller``."""
+    if caller == ROOT:
+        return name != ROOT and not name.startswith("<")
+    return name.startswith(caller) and name[len(caller):len(caller) + 1] == "."
+
+
+def scope_label(module: object) -> str:
+    """What an anonymous module is, for its name: the function it wraps where it wraps one (a
+    hub-kernel wrapper around ``apply_rotary_pos_emb`` is named after that function), else its
+    class's qualified name, without the ``<locals>`` of a class made inside a function."""
+    cls = type(module)
+    forward = getattr(cls, "forward", None)
+    if "<locals>" in cls.__qualname__:
+        for cell in getattr(forward, "__closure__", None) or ():
+            try:
+                target = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if isinstance(target, types.FunctionType):
+                return target.__qualname__.replace("<locals>.", "")
+    return cls.__qualname__.replace("<locals>.", "")
+
+
+class CallNames:
+    """The name of each module call, from the module stack of that call (docs/tracer.md, "Names").
+
+    A module called from a module whose tree holds it takes its dotted name in that tree. One
+    called from anywhere else (a shared submodule called by a module that does not own it, a
+    hub-kernel wrapper that every decoder layer calls, a module outside the model) is named
+    under its caller: ``{caller}.{attribute}`` when the caller holds it as a child, else
+    ``{caller}.<{its own name or what it is}>``. So each call site names its records under
+    itself, and a fault in layer 1 is never filed under layer 0, where the object first ran.
+    Names are cached per (module, caller name): the hot path is one dictionary look-up.
+    """
+
+    __slots__ = ("_aliases", "_calls")
+
+    def __init__(self) -> None:
+        self._aliases: dict[object, list[str]] = {}
+        self._calls: dict[tuple[object, str | None], str | None] = {}
+
+    def add_tree(self, model: object, root_name: str) -> dict[object, str]:
+        """Name ``model``'s modules under ``root_name``; returns `module_names`' mapping."""
+        aliases: dict[object, list[str]] = {}
+        names = module_names(model, root_name, aliases=aliases)
+        for module, found in aliases.items():
+            self._aliases.setdefault(module, []).extend(found)
+        self._calls.clear()
+        return names
+
+    def known(self, module: object) -> bool:
+        """True when ``module`` lies in a tree added with `add_tree`."""
+        return module in self._aliases
+
+    def name(self, module: object, caller: Sequence[Any] | None) -> str | None:
+        """The name of a call of ``module`` from ``caller`` (a sequence whose first two items
+        are the running module and its call name, such as a module-stack entry; None when no
+        module runs). None for a wrapper (`wrapper_inner`: its inner module takes the name),
+        for a module of no tree called from no module, and for an anonymous module called
+        from one of the same name (it adds no scope)."""
+        key = (module, caller[1] if caller is not None else None)
+        try:
+            return self._calls[key]
+        except KeyError:
+            pass
+        aliases = self._aliases.get(module)
+        if wrapper_inner(module) is not None:
+            name = None
+        elif caller is None:
+            name = aliases[0] if aliases else None
+        else:
+            parent, parent_name = caller[0], caller[1]
+            name = next((a for a in aliases or () if _below(a, parent_name)), None)
+            if name is None:
+                attr = next((k for k, child in getattr(parent, "_modules", {}).items()
+                             if _unwrapped(child) is module), None)
+                if attr is not None:
+                    name = _child_path(parent_name, attr)
+                else:
+                    scope = f".<{aliases[0] if aliases else scope_label(module)}>"
+                    # a wrapper of the same function calling its per-model copy (hub kernels
+                    # do) adds no scope: its ops are its caller's
+                    name = None if parent_name.endswith(scope) else parent_name + scope
+        self._calls[key] = name
+        return name
+
+
+def _unwrapped(module: object) -> object:
+    while (inner := wrapper_inner(module)) is not None:
+        module = inner
+    return module
 
 
 class CallCounter:
