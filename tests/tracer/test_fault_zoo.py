@@ -1,0 +1,55 @@
+"""The fault zoo (fault_zoo.py): on five Hugging Face families built from configs at the
+installed transformers release, a fault injected at a site a seeded generator picks must be
+named by diff, explain and check: the right module, op, phase, line and verdict, at level op and
+mix. The fast lane runs every fault class on every family at level op and at level mix on one
+family per class (picked by the generator); the `slow` sweep runs the rest at mix."""
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from fault_zoo import FAMILIES, FAULTS, Case, dump_pair, in_site
+
+pytest.importorskip("transformers")
+
+ALL = [Case(f, fault, level) for f in FAMILIES for fault in FAULTS for level in ("op", "mix")]
+
+
+def _fast(case: Case) -> bool:
+    if case.level == "op":
+        return True
+    families = sorted(FAMILIES)
+    return case.family == families[zlib.crc32(case.fault.encode()) % len(families)]
+
+
+CASES = [pytest.param(c, id=c.id, marks=() if _fast(c) else pytest.mark.slow) for c in ALL]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_fault_is_named_where_it_sits(case: Case, tmp_path) -> None:
+    from tracer.analysis import check, diff, explain
+
+    pair = dump_pair(case, tmp_path)
+    fault = pair.fault
+    first = diff(pair.a, pair.b).first_divergence
+    assert first is not None, "diff found no divergence"
+    e = explain(pair.a, pair.b)
+    where = f"site {pair.site}; diff's first divergence {first['name']}; explain: {e.verdict}"
+    assert e.status == fault.verdict, where
+    if fault.verdict == "bug":
+        blamed = e.blamed
+        assert blamed is not None and in_site(blamed["module"], pair.site), where
+        assert blamed["phase"] == fault.phase, where
+        if fault.op is not None:
+            assert blamed["op"] == fault.op, where
+        if pair.line is not None:
+            assert blamed["source"].endswith(f"fault_zoo.py:{pair.line}"), where
+    elif fault.verdict == "precision":
+        assert e.blamed is None and "bfloat16" in e.verdict, where
+    if case.fault == "nan":
+        origin = check(pair.b).attrs["first_nan"]
+        assert origin is not None and in_site(origin["module"], pair.site), origin
+        assert origin["source"].endswith(f"fault_zoo.py:{pair.line}"), origin
+    else:
+        assert check(pair.a).attrs["first_nan"] is None
