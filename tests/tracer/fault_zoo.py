@@ -109,6 +109,8 @@ FAULTS: dict[str, Fault] = {
     "dtype_island": Fault("projection", "precision"),
     "other_data": Fault("projection", "inputs"),
     "nan": Fault("projection", "bug", op="aten.mul"),
+    # the site's module calls its twin of the other layer (weights shared by mistake)
+    "two_places": Fault("projection", "bug"),
 }
 
 
@@ -166,8 +168,21 @@ def _inject(model: nn.Module, fault: str, site: str, faulty: bool) -> None:
             attr = "eps" if isinstance(getattr(module, "eps", None), float) else "variance_epsilon"
             setattr(module, attr, 1e-1)
         return
+    if fault == "two_places":
+        if faulty:
+            twin = model.get_submodule(_twin(site))
+            module.forward = lambda *args, **kwargs: twin(*args, **kwargs)  # FAULT: two_places
+        return
     if fault != "other_data":
         _wrap(module, fault, faulty)
+
+
+def _twin(site: str) -> str:
+    """The same module of the neighbouring block: `h.1.mlp.c_fc` for `h.0.mlp.c_fc`."""
+    parts = site.split(".")
+    i = min(k for k, part in enumerate(parts) if part.isdigit())
+    parts[i] = "1" if parts[i] == "0" else "0"
+    return ".".join(parts)
 
 
 def fault_line(fault: str) -> int:
