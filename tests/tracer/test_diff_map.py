@@ -126,7 +126,8 @@ def test_modules_pair_by_their_weights_and_outputs(runs):
     assert "weight equal" in why["transformer.h.0.ln_1"]
     # no parameters of their own: paired by what they compute
     assert pairs["transformer.h.0.mlp.act"] == "blocks.0.gelu"
-    assert why["transformer.h.0.mlp.act"] == "forward output compares the same"
+    assert why["transformer.h.0.mlp.act"].startswith("forward input and output compare the same")
+    assert m.confidence["transformer.h.0.mlp.act"] == "high"
     assert pairs["<root>"] == "<root>"
     assert len(set(pairs.values())) == len(pairs)  # one B module per A module
 
@@ -180,8 +181,8 @@ def test_the_command_line_writes_and_reads_the_map(runs, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "module pair(s)" in err and "8 parameter(s) stored in another layout" in err
     text = mapping.read_text()
-    assert '"transformer.h.0.attn.c_attn": "blocks.0.qkv"  # parameters: weight same values' \
-        in text
+    assert '"transformer.h.0.attn.c_attn": "blocks.0.qkv"  # high: parameters: weight same ' \
+        'values' in text
     assert main(["diff", "--map", str(mapping), str(runs["a"]), str(runs["port"])]) == 0
     assert "through a module map" in capsys.readouterr().out
     assert main(["diff", "--map", str(mapping), str(runs["a"]), str(runs["buggy"])]) == 1

@@ -25,7 +25,7 @@ from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
 from tracer.analysis._fused import combine, compare_fused, is_combined
-from tracer.analysis._map import ModuleMap
+from tracer.analysis._map_file import ModuleMap
 from tracer.analysis._origin import param_name
 from tracer.storage import op_capture_of
 
