@@ -11,6 +11,11 @@ file authoritative over anything generated:
 - `sleuth map --keep FILE` (`map_modules(keep=...)`) keeps every decision the file makes (its
   pairs, fused groups and the modules it lists as unpaired) and pairs only the modules it does
   not name.
+
+A diff through a map (`diff(module_map=...)`) judges the records the map vouches for
+(`vouched`: the first input and output of paired modules, the parameters' records); what else
+pairs across two codebases pairs by position among a module's records, and is set aside as not
+compared when it differs (`set_aside`).
 """
 from __future__ import annotations
 
@@ -202,3 +207,24 @@ def read_module_map(path: str | os.PathLike, flag: str = "--map") -> ModuleMap:
                      confidence={a: "given" for a in modules}, ambiguous=ambiguous,
                      fused=fused, a=str(data.get("a", "")), b=str(data.get("b", "")), **lists)
 
+
+UNVOUCHED_NOTE = (
+    "two codebases: a map vouches for the inputs and outputs of paired modules (the first of "
+    "each) and for their parameters; the other records (ops inside a module, further inputs "
+    "and outputs) pair by their position among their module's records, and two codebases "
+    "run different ops there, so a pair of those that differs is listed as not compared "
+    "(verdict only_a, reason 'not compared'), not as a divergence")
+
+
+def vouched(rec: dict) -> bool:
+    """Whether a map vouches for what `rec` (a /records row) is: a module's first input or
+    output, or a parameter's record (value, gradient, update). What else pairs across two
+    codebases pairs by position: the ops a module runs, and the order of its further inputs
+    (Llama's decoder layer takes the mask second, a port the rotary tables), differ."""
+    return rec["phase"] == "optimizer" or (rec["op"] == "" and int(rec["index"]) == 0)
+
+
+def set_aside(row: dict) -> None:
+    """Turn a divergent pair the map does not vouch for into a pair not compared."""
+    row.update(verdict="only_a", reason=f"not compared: inside modules of two codebases, "
+                                        f"paired by position only ({row['reason']})")
