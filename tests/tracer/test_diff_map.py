@@ -222,7 +222,8 @@ def ported(tmp_path_factory) -> dict[str, Path]:
     models = {"gpt2_port": ports.GPT2Port.of(gpt2), "scale": ports.GPT2Port.of(gpt2, "scale"),
               "bias": ports.GPT2Port.of(gpt2, "bias"), "llama_port": ports.LlamaPort.of(llama),
               "llama_scale": ports.LlamaPort.of(llama, "scale"),
-              "fresh_port": ports.GPT2Port.of(fresh), "fresh_scale": ports.GPT2Port.of(fresh, "scale")}
+              "fresh_port": ports.GPT2Port.of(fresh),
+              "fresh_scale": ports.GPT2Port.of(fresh, "scale")}
     out = {name: _train(m, root / name, False, "mix") for name, m in models.items()}
     for name, m in (("gpt2", gpt2), ("llama", llama), ("fresh", fresh)):
         out[name] = _train(m, root / name, True, "mix")
