@@ -26,9 +26,9 @@ _EXPORTS: dict[str, str] = {
     "AuditResult": "tracer.analysis._audit",
     "audit": "tracer.analysis._audit",
     # two codebases: which module is which
-    "ModuleMap": "tracer.analysis._map",
+    "ModuleMap": "tracer.analysis._map_file",
     "map_modules": "tracer.analysis._map",
-    "read_module_map": "tracer.analysis._map",
+    "read_module_map": "tracer.analysis._map_file",
     # check and the first NaN
     "Coverage": "tracer.analysis._check",
     "TABLE_READ_ERRORS": "tracer.analysis._check",

@@ -25,7 +25,7 @@ from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
 from tracer.analysis._fused import combine, compare_fused, is_combined
-from tracer.analysis._map import ModuleMap
+from tracer.analysis._map_file import UNVOUCHED_NOTE, ModuleMap, set_aside, vouched
 from tracer.analysis._origin import param_name
 from tracer.storage import op_capture_of
 
@@ -631,6 +631,10 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             matched += ra is not None and rb is not None
             row = _compare_pair(ra, rb, fa, fb, tol, pl, bar,
                                 (_file_row(ra, ia), _file_row(rb, ib)), layouts, moved)
+            if layouts is not None and row["verdict"] == "diverged" and not vouched(ra):
+                set_aside(row)
+                if UNVOUCHED_NOTE not in notes:
+                    notes.append(UNVOUCHED_NOTE)
             bar.record()
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
