@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repro", metavar="DIR",
                    help="for a bug, write a one-op repro into DIR: repro_<op>.py and its inputs "
                    "(repro_<op>.h5), runnable with torch, numpy and h5py alone")
+    p.add_argument("--map", metavar="FILE",
+                   help="a module map (`sleuth map A B > FILE`): B's modules are read as the A "
+                        "modules it pairs them with, to explain two codebases")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run)
 
@@ -48,8 +51,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.limit < 1 or not args.factor >= 1:
         raise CliError("--limit must be 1 or more and --factor at least 1")
     try:
+        module_map = None
+        if args.map:
+            from tracer.analysis import read_module_map
+
+            module_map = read_module_map(args.map)
         result = explain(args.a, args.b, step=args.step, rank=args.rank, limit=args.limit,
-                         factor=args.factor)
+                         factor=args.factor, module_map=module_map)
     except TracerError as e:
         raise CliError(str(e)) from e
     repro = _repro(args, result) if args.repro else None

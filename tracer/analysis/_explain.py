@@ -35,6 +35,7 @@ from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff import _jsonable, diff
 from tracer.analysis._explain_lead import Finding, Lead, Step
 from tracer.analysis._explain_sides import Sides, stem
+from tracer.analysis._map import ModuleMap
 from tracer.storage import open_dump
 
 Status = Literal["same", "bug", "precision", "inputs", "unexplained", "incomplete"]
@@ -79,22 +80,27 @@ class Explanation:
 
 def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
             rank: int = 0, limit: int = 20, factor: float = 4.0,
-            tolerance: Tolerance | None = None) -> Explanation:
+            tolerance: Tolerance | None = None,
+            module_map: ModuleMap | dict[str, str] | None = None) -> Explanation:
     """Explain the first divergence between dumps A (the reference) and B (module doc).
 
     Both must be op-level dumps (level op or mix); re-running ops needs mode tensor or full,
     which keep each op's inputs and /calls. `limit`: op calls followed along the chain;
     `factor`: how many times its measured rounding an op's error on identical inputs may be
-    before it is a bug.
+    before it is a bug; `module_map`: for dumps of two codebases, as `diff` takes it
+    (`map_modules`, `read_module_map`).
     Raises TracerError (a DiffError) as `diff` does, or when the dumps cannot be replayed.
     """
-    res = diff(a, b, step=step, rank=rank, tolerance=tolerance)
+    res = diff(a, b, step=step, rank=rank, tolerance=tolerance, module_map=module_map)
     fd = res.first_divergence
     notes = list(res.notes)
     if res.exit_code == 2:
         what = "; ".join(f"{p.side} {p.reason}" for p in res.problems[:3])
         return Explanation("incomplete", f"not everything could be read, so nothing is "
                            f"explained: {what}", first_divergence=fd, notes=notes)
+    apart = _apart(res.counts(), module_map is not None)
+    if apart:
+        return Explanation("unexplained", apart, first_divergence=fd, notes=notes)
     if fd is None:
         if res.status == "same":
             counts = res.counts()
@@ -102,8 +108,9 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
             return Explanation("same", "the runs agree on every record compared" + (
                 f" ({alone} record(s) without a partner were not compared: `sleuth diff` "
                 "lists them)" if alone else ""), notes=notes)
-        return Explanation("unexplained", "no record diverged, but the runs' steps or records "
-                           "differ (see `sleuth diff`)", notes=notes)
+        return Explanation("unexplained", "no record diverged, but the runs' steps differ: a "
+                           "step one run dumped is missing in the other (see `sleuth diff`)",
+                           notes=notes)
     if fd["kind"] in ("data", "parameter"):
         what = "the model's input" if fd["kind"] == "data" else "the weights"
         return Explanation("inputs", f"inputs differ from the start: {what} already differ at "
@@ -136,6 +143,22 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         da.close()
         db.close()
     return _verdict(chain, found, start, fd, notes)
+
+
+def _apart(counts: dict[str, int], mapped: bool) -> str | None:
+    """The verdict when most records of each side have no partner (as `diff` judges it): two
+    codebases, whose records a module map pairs."""
+    paired = counts["same"] + counts["diverged"]
+    if paired >= min(counts["only_a"], counts["only_b"]):
+        return None
+    tally = (f"{paired} paired, {counts['only_a']} only in A, {counts['only_b']} only in B")
+    if mapped:
+        return (f"most records of each side have no partner even through the module map "
+                f"({tally}): pair more modules in the map (`sleuth map A B` writes one to "
+                "edit), then explain again")
+    return (f"most records of each side have no partner ({tally}): the dumps record "
+            "different modules, so no divergence between them can be judged. Two codebases? "
+            "`sleuth map A B > map.yaml`, then `sleuth explain --map map.yaml A B`")
 
 
 def _need_op_records(da: Any, db: Any, fd: dict[str, Any]) -> None:
