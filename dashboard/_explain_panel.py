@@ -19,10 +19,11 @@ _FLOOR = 1e-18
 """Errors of exactly 0 drawn at this height on the log scale (a re-run equal bit for bit)."""
 
 
-def panel(first: dict[str, Any] | None) -> html.Div | None:
-    """The button and the (empty) result area, for a divergence at an op record; None for a
-    module record (nothing to re-run) or no divergence."""
-    if not first or not first.get("op"):
+def panel(first: dict[str, Any] | None, op_records: bool = False) -> html.Div | None:
+    """The button and the (empty) result area, for a divergence at an op record, or at a module
+    record of dumps that hold op records too (`op_records`: level mix, whose op records explain
+    judges); None for a module-level dump (no op to re-run) or no divergence."""
+    if not first or not (first.get("op") or op_records):
         return None
     return html.Div([
         html.Button("explain: bug or rounding? (re-runs the ops on the chain)",

@@ -262,6 +262,7 @@ def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_ran
     cols = [c for c in (order, "step", "name", "verdict", "nan/+inf/-inf A | B", *metrics, "source",
                         "reason") if c in bad]
     rows = table_records(bad, cols)
-    return [html.Div(head), explain_panel(first), dcc.Graph(id="diff-graph", figure=fig),
+    ops = "op" in records and bool((records["op"].astype(str) != "").any())
+    return [html.Div(head), explain_panel(first, ops), dcc.Graph(id="diff-graph", figure=fig),
             html.H3("worst records"),
             data_table("diff-table", columns=table_columns(cols), data=rows, page_size=15)]

@@ -9,6 +9,7 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
     python examples/train.py --swap-halves            # a bug: fc1's output units come swapped
     python examples/train.py --port                   # the same MLP written another way
     python examples/train.py --norm-eps 1e-2          # a bug: the LayerNorm's epsilon misread
+    python examples/train.py --no-act                 # a bug: the activation left out
     python examples/train.py --bf16                   # not a bug: the forward in bf16 autocast
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
 """
@@ -22,10 +23,10 @@ from torch import nn
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, act: bool = True) -> None:
         super().__init__()
         self.fc1 = nn.Linear(16, 64)
-        self.act = nn.GELU()
+        self.act = nn.GELU() if act else nn.Identity()
         self.norm = nn.LayerNorm(64)
         self.fc2 = nn.Linear(64, 1)
 
@@ -65,6 +66,9 @@ def main() -> None:
     parser.add_argument("--norm-eps", type=float, metavar="EPS",
                         help="the LayerNorm's epsilon (default 1e-5; another value is a bug to "
                         "find, as a port that misreads a config)")
+    parser.add_argument("--no-act", action="store_true",
+                        help="leave the activation out, as a port that forgets it does (a bug "
+                        "to find: an op one run runs and the other does not)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the forward pass under bfloat16 autocast (rounding, not a bug)")
     parser.add_argument("--port", action="store_true",
@@ -78,7 +82,7 @@ def main() -> None:
         torch.distributed.init_process_group("gloo")
         rank = torch.distributed.get_rank()
     torch.manual_seed(0)  # the same initial weights on every rank
-    net = Net()
+    net = Net(act=not args.no_act)
     if args.port:
         net = PortedNet(net)
     fc1 = net.layers[0] if args.port else net.fc1

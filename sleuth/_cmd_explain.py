@@ -19,10 +19,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Diff two op-level tensor dumps (A the reference), then re-run each op on "
         "the divergence chain on A's recorded inputs: B's call in B's dtypes (the error the op "
         "itself adds), and A's call in B's dtypes and in float64 (the rounding it is entitled "
-        "to). Ends with one verdict: bug (an op changes the result on identical inputs, named "
-        "with its line), precision (every op within its rounding; the ops that lose the most), "
-        "or inputs differ from the start. Needs both runs dumped at level op (or mix) with mode "
-        "tensor (or full).")
+        "to). A first divergence at an op's input or a module record is first judged by where "
+        "its value came from. Ends with one verdict: bug (an op that changes the result on "
+        "identical inputs, is called with other arguments, is passed another value, or that "
+        "only one run runs: added or removed; named with B's line), precision (every op within "
+        "its rounding; the ops that lose the most), or inputs differ (a value no recorded op "
+        "made). Needs both runs dumped at level op (or mix) with mode tensor (or full).")
     p.add_argument("a", metavar="A", help="the reference run (run, dump directory or step file)")
     p.add_argument("b", metavar="B", help="the run to explain")
     p.add_argument("--step", type=int, help="step (default: every step; the first divergence's)")
@@ -35,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repro", metavar="DIR",
                    help="for a bug, write a one-op repro into DIR: repro_<op>.py and its inputs "
                    "(repro_<op>.h5), runnable with torch, numpy and h5py alone")
+    p.add_argument("--map", metavar="FILE",
+                   help="a module map (`sleuth map A B > FILE`): B's modules are read as the A "
+                        "modules it pairs them with, to explain two codebases")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_run)
 
@@ -46,8 +51,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.limit < 1 or not args.factor >= 1:
         raise CliError("--limit must be 1 or more and --factor at least 1")
     try:
+        module_map = None
+        if args.map:
+            from tracer.analysis import read_module_map
+
+            module_map = read_module_map(args.map)
         result = explain(args.a, args.b, step=args.step, rank=args.rank, limit=args.limit,
-                         factor=args.factor)
+                         factor=args.factor, module_map=module_map)
     except TracerError as e:
         raise CliError(str(e)) from e
     repro = _repro(args, result) if args.repro else None
@@ -73,7 +83,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"  not re-run: {e['name']}: {e['why']}")
     if result.blamed:
         b = result.blamed
-        print(f"\nblamed: {b['name']} (B: {b['b_name']})\n  module {b['module']}   phase "
+        other = f"only in {b['side']}" if b.get("side") else f"B: {b['b_name']}"
+        print(f"\nblamed: {b['name']} ({other})\n  module {b['module']}   phase "
               f"{b['phase']}   step {b['step']}\n  source {b['source'] or '-'}")
     if repro is not None:
         print(f"\n{repro}")
@@ -91,6 +102,13 @@ def _repro(args: argparse.Namespace, result: Any) -> str:
     blamed = result.blamed
     if result.status != "bug" or blamed is None:
         return f"no repro: the verdict is {result.status}, no op is blamed"
+    if blamed.get("fault") in ("added", "removed", "replaced"):
+        return (f"no repro: the ops are blamed for being {blamed['fault']} (one run runs them, "
+                "the other does not), not for what they compute; their lines are the place to "
+                "look")
+    if not blamed.get("op"):
+        return (f"no repro: module {blamed.get('module')} is blamed for the value it passes on, "
+                "not for what an op computes; its line is the place to look")
     if blamed.get("introduced") is None:
         return ("no repro: the op is blamed for the input it receives (an argument passed "
                 "wrongly), not for what it computes; its line is the place to look")

@@ -43,5 +43,7 @@ def test_a_diff_at_a_module_record_has_no_explain_button():
     from dashboard._explain_panel import panel
 
     assert panel({"name": "layers.0.forward.0.output.0", "op": ""}) is None
+    # a mix dump: explain judges a module record by the op records around it
+    assert panel({"name": "layers.0.forward.0.output.0", "op": ""}, op_records=True) is not None
     assert panel(None) is None
     assert panel({"name": "m::aten.mm.forward.0.output.0", "op": "aten.mm"}) is not None

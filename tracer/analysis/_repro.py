@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer._errors import TracerError
+from tracer.analysis._explain_sides import b_over_a
 from tracer.analysis._replay import CallSpec, recorded
 
 _SCRIPT = '''"""One-op repro written by `sleuth explain --repro`: {what}
@@ -86,8 +87,13 @@ def write_repro(a: Any, b: Any, blamed: dict[str, Any], fd: dict[str, Any],
     spec_b = _spec(b, rank_b, step_b, blamed["b_name"])
     inputs = [recorded(a, rank_a, step_a, f"{blamed['name']}.input.{i}")
               for i in range(spec_a.inputs)]
-    b_dtypes = [recorded(b, rank_b, step_b, f"{blamed['b_name']}.input.{i}").dtype
-                for i in range(spec_b.inputs)]
+    over_a = b_over_a(spec_a, spec_b)  # a call that lost an argument has fewer inputs in B
+    if over_a is None:
+        raise TracerError(f"B's call of {blamed['op']} passes a tensor where A's passes none: "
+                          "a repro on A's inputs cannot run it")
+    spec_b, b_of_a = over_a
+    b_dtypes = [recorded(b, rank_b, step_b, f"{blamed['b_name']}.input.{b_of_a[i]}").dtype
+                if i in b_of_a else None for i in range(spec_a.inputs)]
     expected = recorded(a, rank_a, step_a, f"{blamed['name']}.output.0")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,399 @@
+"""Where the first differing value of two runs came from: the first divergence judged by its
+value, before the ops after it are re-run (tracer.analysis._explain).
+
+Values are followed by their statistics, as the first-NaN search follows them
+(tracer.analysis._origin): a record with the dtype, element count, NaN/Inf counts, checksum,
+minimum and maximum of an earlier op's output holds that output. The first divergent record's
+value in each run is then made by
+
+- ops the other run does not run (records without a partner): an op **added** (only B runs
+  it), **removed** (only A does) or **replaced** (both make the value with ops the other
+  lacks). Those ops are re-run on their recorded inputs in float64, which measures the rounding
+  they may add; B's value further from A's than `factor` times that is a bug there, named with
+  the op's line, and within it another way of computing the same thing (precision). Ops that
+  pass a value on unchanged (a detach, a view) make nothing and are not named;
+- no recorded op in either run: the value came from outside the recorded calls (token ids, a
+  batch, a buffer or weight set before the step), so the **inputs differ**; unless a dump's
+  filters leave calls out, when one of those may have made it and nothing is concluded;
+- recorded ops of both runs, A's value not being B's at this call: the call is passed another
+  value. **Operands swapped** when B's inputs of the call are exactly A's in another order; an
+  **argument lost or replaced** when B passes one of A's inputs in place of another; else
+  another value, with what made each. A module record holding another value while no op
+  differs is a module that passes on another value (a block that returns its input).
+
+A value that is A's rounded to B's dtype (or through float16/bfloat16 and back by casts only B
+makes) is rounding, whatever made it. A module record as first divergence (a mix dump) is judged
+by its value the same way, then by the unpaired op records inside that module's call; when
+neither settles it, `descend`: the judgement goes on at the first op record that differs after
+it.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from tracer.analysis._explain_sides import Sides, roundoff, stem
+from tracer.analysis._origin import call_stem, sig
+from tracer.analysis._replay import NotReplayable, rel_error
+from tracer.storage import config_of
+
+_OUTSIDE = "the batch, token ids, a buffer or a weight set before the step"
+
+
+@dataclass
+class Finding:
+    """What the first divergence's value says."""
+
+    judged: str
+    """"rounding", "inputs", "bug", "unknown" (not settled: ops differ whose rounding could
+    not be measured, or a value the dumps' filters may have hidden) or "descend" (a module
+    record its value does not settle: judge the first op record that differs after it)."""
+    why: str
+    blamed: dict[str, Any] | None = None
+
+
+class Step:
+    """Both runs' statistics rows of the divergence's step, and which of them the diff
+    paired (`records`: the diff's rows)."""
+
+    def __init__(self, da: Any, db: Any, fd: dict[str, Any], records: Any) -> None:
+        self.rows: dict[str, list[dict]] = {}
+        self.at: dict[str, dict[str, int]] = {}
+        self.calls: dict[str, dict[str, list[dict]]] = {}
+        self.modes: list[str] = []
+        self.filters: list[str] = []
+        """The dump config keys that leave calls or tensors out, on either side."""
+        for side, d, key in (("a", da, (fd["rank"], fd["step"])),
+                             ("b", db, (fd["b_rank"], fd["b_step"]))):
+            attrs = d.attrs(*key)
+            self.modes.append(str(attrs.get("mode", "")))
+            config = config_of(attrs)
+            for k in ("modules", "exclude_modules", "ops", "exclude_ops"):
+                if config.get(k):
+                    self.filters.append(f"{side.upper()} {k} {config[k]}")
+            if config.get("io", "both") != "both":
+                self.filters.append(f"{side.upper()} io {config['io']}")
+            rows = sorted(d.stats(*key).to_dict("records"), key=lambda r: int(r["seq"]))
+            self.rows[side] = rows
+            self.at[side] = {str(r["name"]): i for i, r in enumerate(rows)}
+            self.calls[side] = {}
+            for r in rows:
+                self.calls[side].setdefault(call_stem(r), []).append(r)
+        mine = records[(records["step"] == fd["step"]) & (records["rank"] == fd["rank"])]
+        self.verdict: dict[str, dict[str, str]] = {"a": {}, "b": {}}
+        for name, b_name, v in zip(mine["name"], mine["b_name"], mine["verdict"]):
+            if v != "only_b":
+                self.verdict["a"][str(name)] = v
+            if v != "only_a":
+                self.verdict["b"][str(b_name or name)] = v
+
+    def get(self, side: str, name: str) -> dict | None:
+        i = self.at[side].get(name)
+        return None if i is None else self.rows[side][i]
+
+    def source(self, side: str, name: str) -> str:
+        rec = self.get(side, name)
+        return str(rec["source"]) if rec is not None else ""
+
+    def unpaired(self, side: str, rec: dict) -> bool:
+        return self.verdict[side].get(str(rec["name"])) == f"only_{side}"
+
+    def producer(self, side: str, rec: dict) -> dict | None:
+        """The latest op output before `rec` (another call's) holding its values, or None."""
+        value, own = _value(rec), call_stem(rec)
+        for r in reversed(self.rows[side][:self.at[side][str(rec["name"])]]):
+            if r["op"] and r["direction"] == "output" and _value(r) == value \
+                    and call_stem(r) != own:
+                return r
+        return None
+
+    def maker(self, side: str, rec: dict) -> dict | None:
+        """The op output that first held `rec`'s values: its producer, followed back through
+        ops that pass values on unchanged (a detach, a view); None when no recorded op made
+        them (a view of a batch made outside the recorded calls is still the batch)."""
+        p = self.producer(side, rec)
+        for _ in range(64):
+            if p is None:
+                return None
+            same = [r for r in self.calls[side][call_stem(p)] if r["direction"] == "input"
+                    and _value(r) == _value(p)]
+            if not same:
+                return p
+            p = self.producer(side, same[0])
+        return p
+
+    def made_by(self, side: str, rec: dict | None) -> list[dict]:
+        """The calls only `side` runs that made `rec`'s value, back through their inputs as
+        long as unpaired calls made those: one output record each, in execution order."""
+        first = self.producer(side, rec) if rec is not None else None
+        todo, out, seen = [first] if first is not None else [], [], set()
+        while todo and len(out) < 16:
+            p = todo.pop()
+            key = call_stem(p)
+            if key in seen or not self.unpaired(side, p):
+                continue
+            seen.add(key)
+            out.append(p)
+            for r in self.calls[side][key]:
+                if r["direction"] == "input" and (q := self.producer(side, r)) is not None:
+                    todo.append(q)
+        return sorted((r for r in out if not self.passes_on(side, r)),
+                      key=lambda r: int(r["seq"]))
+
+    def passes_on(self, side: str, out: dict) -> bool:
+        """Whether the call of output record `out` passes an input's values on unchanged (a
+        detach, a view, a clone): it makes no value of its own."""
+        return any(r["direction"] == "input" and _value(r) == _value(out)
+                   for r in self.calls[side][call_stem(out)])
+
+    def inside(self, side: str, rec: dict) -> list[dict]:
+        """The unpaired op calls inside a module record's call, before it, that make values
+        of their own: one record each (an output where the call has one)."""
+        module, key = str(rec["module"]), call_stem(rec)
+        start = min(int(r["seq"]) for r in self.calls[side][key])
+        stems: dict[str, None] = {}
+        for r in self.rows[side]:
+            if not start < int(r["seq"]) < int(rec["seq"]) or not r["op"] \
+                    or r["phase"] != rec["phase"] or not self.unpaired(side, r):
+                continue
+            if module == "<root>" or r["module"] == module or \
+                    str(r["module"]).startswith(module + "."):
+                stems[call_stem(r)] = None
+        out = []
+        for k in stems:
+            recs = self.calls[side][k]
+            made = [r for r in recs if r["direction"] == "output"]
+            if not made or not self.passes_on(side, made[0]):
+                out.append(made[0] if made else recs[0])
+        return out
+
+
+class Lead:
+    """The first divergence judged by its value (module doc)."""
+
+    def __init__(self, step: Step, sides: Sides, factor: float = 4.0) -> None:
+        self.step, self.sides, self.factor = step, sides, factor
+
+    def judge(self, fd: dict[str, Any]) -> Finding | None:
+        """What `fd`'s value says, or None for an op's output (the re-run of its call says
+        more: its inputs agree)."""
+        if fd["op"] and fd["direction"] != "input":
+            return None
+        ra = self.step.get("a", fd["name"])
+        rb = self.step.get("b", fd["b_name"] or fd["name"])
+        if ra is None or rb is None:
+            return None
+        rounded = self._rounded(fd)
+        if rounded is not None:
+            return Finding("rounding", f"{self._value(fd)} is A's {rounded}")
+        gone, new = self.step.made_by("a", ra), self.step.made_by("b", rb)
+        if not gone and not new and not fd["op"]:
+            gone, new = self.step.inside("a", ra), self.step.inside("b", rb)
+        if gone or new:
+            return self._changed(fd, gone, new)
+        pa, pb = self.step.maker("a", ra), self.step.maker("b", rb)
+        if pa is None and pb is None:
+            made = f"{self._record(fd)} differs, and no recorded op made it in either run"
+            if self.step.filters:
+                return Finding("unknown", f"{made}; the dumps leave calls out ("
+                               f"{'; '.join(self.step.filters)}), so one of those may have "
+                               "made it: dump both runs without those filters to tell a bug "
+                               "from inputs that differ")
+            return Finding("inputs", f"{made}: it comes from outside the recorded calls "
+                           f"({_OUTSIDE})")
+        if fd["op"]:
+            return self._call_site(fd, pa, pb)
+        if pa is not None and pb is not None:
+            why = (f"module {fd['module']} passes on another value: its {self._record(fd)} "
+                   f"is, in B, {self._made('b', pb)}, and in A {self._made('a', pa)}")
+            return Finding("bug", why, self._blamed(fd, "passed", why))
+        return Finding("descend", f"the first divergence, {fd['name']}, is a module record "
+                       f"whose value {'A' if pa is None else 'B'}'s recorded ops did not make")
+
+    def _value(self, fd: dict[str, Any]) -> str:
+        return f"B's input {int(fd['index'])}" if fd["op"] else "B's value"
+
+    def _record(self, fd: dict[str, Any]) -> str:
+        b_name = fd["b_name"] or fd["name"]
+        where = self.step.source("b", b_name) or fd["source"] or "an unknown line"
+        if fd["op"]:
+            return f"input {int(fd['index'])} of {fd['op']} ({stem(b_name)}, at {where})"
+        return f"{fd['direction']} record {b_name} (at {where})"
+
+    def _blamed(self, fd: dict[str, Any], fault: str, why: str) -> dict[str, Any]:
+        b_name = fd["b_name"] or fd["name"]
+        return {"name": stem(fd["name"]), "b_name": stem(b_name), "op": fd["op"],
+                "module": fd["module"], "source": self.step.source("b", b_name) or fd["source"],
+                "a_source": fd["source"], "phase": fd["phase"], "step": fd["step"],
+                "judged": "bug", "fault": fault, "why": why}
+
+    def _made(self, side: str, rec: dict | None) -> str:
+        if rec is None:
+            return "a value no recorded op made"
+        return f"the output of {rec['op']} at {rec['source'] or 'an unknown line'} " \
+               f"({call_stem(rec)})"
+
+    # -- a value passed at the call -------------------------------------------------------------
+    def _call_site(self, fd: dict[str, Any], pa: dict | None, pb: dict | None) -> Finding:
+        call_a, call_b = stem(fd["name"]), stem(fd["b_name"] or fd["name"])
+        index = int(fd["index"])
+        origins = f"B passes {self._made('b', pb)}, A {self._made('a', pa)}"
+        try:
+            spec_a, spec_b = self.sides.spec("a", call_a), self.sides.spec("b", call_b)
+            ins_a = self.sides.tensors("a", call_a, "input", spec_a.inputs)
+            ins_b = self.sides.tensors("b", call_b, "input", spec_b.inputs)
+        except NotReplayable:
+            why = f"B's input {index} is not the value A passes: {origins}"
+            return Finding("bug", why, self._blamed(fd, "passed", why))
+        match = [[k for k, x in enumerate(ins_a) if _equal(y, x)] for y in ins_b]
+        order = _permutation(match) if len(ins_a) == len(ins_b) else None
+        if order is not None and order != list(range(len(order))):
+            moved = ", ".join(f"A's input {k} as input {j}" for j, k in enumerate(order)
+                              if j != k)
+            why = f"B passes {moved}: operands swapped"
+            return Finding("bug", why, self._blamed(fd, "swapped", why))
+        others = [k for k in match[index] if k != index]
+        if others:
+            k = others[0]
+            twice = " (so B passes it twice)" if any(k in m for j, m in enumerate(match)
+                                                    if j != index) else ""
+            why = (f"B passes A's input {k} as input {index}{twice}, and A's input {index} "
+                   f"({self._made('a', pa)}) not at all: an argument lost or replaced")
+            return Finding("bug", why, self._blamed(fd, "argument", why))
+        why = (f"B's input {index} is none of A's inputs of this call: {origins}; the value "
+               "passed at this call is not the one A passes")
+        return Finding("bug", why, self._blamed(fd, "passed", why))
+
+    # -- ops only one run runs ------------------------------------------------------------------
+    def _changed(self, fd: dict[str, Any], gone: list[dict], new: list[dict]) -> Finding:
+        fault = "replaced" if gone and new else ("removed" if gone else "added")
+
+        def ops(recs: list[dict]) -> str:
+            if len(recs) <= 3:
+                return ", ".join(f"{r['op']} at {r['source'] or 'an unknown line'} "
+                                 f"({call_stem(r)})" for r in recs)
+            names = ", ".join(dict.fromkeys(str(r["op"]) for r in recs))
+            lines = ", ".join(dict.fromkeys(str(r["source"] or "?") for r in recs))
+            return f"{len(recs)} ops ({names}) at {lines}, from {call_stem(recs[0])} on"
+
+        what = {"removed": f"op removed: A runs {ops(gone)} and B does not",
+                "added": f"op added: B runs {ops(new)} and A does not",
+                "replaced": f"ops replaced: A runs {ops(gone)}, B runs {ops(new)} in their "
+                            "place"}[fault]
+        first = new[0] if new else gone[0]
+        blamed = {"name": call_stem(first), "b_name": call_stem(first) if new else "",
+                  "op": first["op"], "module": first["module"], "source": first["source"],
+                  "phase": first["phase"], "step": fd["step"], "judged": "bug",
+                  "fault": fault, "side": "B" if new else "A",
+                  "removed": [call_stem(r) for r in gone], "added": [call_stem(r) for r in new]}
+        where = self._record(fd)
+        try:
+            x_a = self.sides.record("a", fd["name"])
+            x_b = self.sides.record("b", fd["b_name"] or fd["name"])
+            err = rel_error(x_b, x_a)
+            entitled = sum(self.sides.own_rounding(side, call_stem(r))
+                           for side, recs in (("a", gone), ("b", new)) for r in recs)
+        except NotReplayable as e:
+            cause = (f"the dumps hold no tensors (mode statistics): dump both runs with mode "
+                     f"tensor or full to measure it" if "statistics" in self.step.modes
+                     else str(e))
+            why = (f"{what}; that is where the runs part ({where} differs), but the rounding of "
+                   f"those ops could not be measured ({cause}), so whether it is a bug is not "
+                   "known")
+            return Finding("unknown", why, blamed)
+        if err <= self.factor * entitled + 2 * roundoff(x_b):
+            return Finding("rounding", f"B makes {where} with other ops than A ({what}), "
+                           f"within their rounding: off by {err:.3g}, their rounding "
+                           f"{entitled:.3g}")
+        why = (f"{what}; {where} differs by {err:.3g} (relative), more than the rounding of "
+               f"the ops that differ ({entitled:.3g}){self._skipped(gone, x_b)}")
+        blamed["why"] = why
+        return Finding("bug", why, blamed)
+
+    def _skipped(self, gone: list[dict], x_b: Any) -> str:
+        """"; B's value there is aten.mul's input 1 unchanged: B skips the op" when B's value
+        is an input of the first op only A runs; else ""."""
+        if not gone:
+            return ""
+        call = call_stem(gone[0])
+        try:
+            ins = self.sides.tensors("a", call, "input", self.sides.spec("a", call).inputs)
+        except NotReplayable:
+            return ""
+        k = next((k for k, x in enumerate(ins) if _equal(x_b, x)), None)
+        return "" if k is None else \
+            f"; B's value there is {gone[0]['op']}'s input {k} unchanged: B skips the op"
+
+    # -- rounding -------------------------------------------------------------------------------
+    def _rounded(self, fd: dict[str, Any]) -> str | None:
+        """How B's value is A's rounded, or None: cast to B's dtype, or through a lower
+        precision and back (a float16 island: casts only B makes, the records right before
+        the divergence that have no partner), exactly or within that precision's rounding of
+        the ops in between."""
+        import torch
+
+        try:
+            x_a = self.sides.record("a", fd["name"])
+            x_b = self.sides.record("b", fd["b_name"] or fd["name"])
+        except NotReplayable:
+            return None
+        if not (x_a.is_floating_point() and x_b.is_floating_point()
+                and tuple(x_a.shape) == tuple(x_b.shape)):
+            return None
+        if x_a.dtype != x_b.dtype and rel_error(x_b, x_a.to(x_b.dtype)) == 0.0:
+            return f"rounded to {_name(x_b.dtype)} (a cast only B makes)"
+        casts = [u for u in fd.get("unpaired_before") or [] if u["side"] == "B"]
+        lows = self._cast_dtypes(casts) or [torch.float16, torch.bfloat16]
+        made = ", ".join(dict.fromkeys(f"{u['op']} at {u['source'] or '?'}" for u in casts))
+        by = f" by ops only B runs ({made})" if made else ""
+        for low in lows:
+            if rel_error(x_b, x_a.to(low).to(x_b.dtype)) == 0.0:
+                return f"rounded through {_name(low)} and back{by}"
+        if casts:
+            low = max(lows, key=lambda d: torch.finfo(d).eps)
+            err = rel_error(x_b, x_a)
+            if err <= self.factor * float(torch.finfo(low).eps):
+                return (f"within {_name(low)} rounding of it (relative error {err:.3g}), "
+                        f"computed{by}")
+        return None
+
+    def _cast_dtypes(self, casts: list[dict[str, Any]]) -> list[Any]:
+        """The floating dtypes below float32 that B's unpaired calls name (their specs)."""
+        import torch
+
+        out = []
+        for u in casts:
+            text = self.sides.specs["b"].get(stem(u["name"]), "")
+            for name in ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"):
+                dtype = getattr(torch, name, None)
+                if f'"dtype":"{name}"' in text and dtype is not None and dtype not in out:
+                    out.append(dtype)
+        return out
+
+
+def _value(rec: dict) -> tuple:
+    """What identifies a record's values: `sig` (the checksum adds the elements' bits, which
+    a negation of an even number of float16 elements leaves unchanged) and the minimum and
+    maximum, which do not depend on the order of the elements either."""
+    return (*sig(rec), repr(float(rec["min"])), repr(float(rec["max"])))
+
+
+def _equal(x: Any, y: Any) -> bool:
+    """The same values (B's tensor `x` against A's `y`, in `x`'s dtype)."""
+    return tuple(x.shape) == tuple(y.shape) and rel_error(x, y.to(x.dtype)) == 0.0
+
+
+def _permutation(match: list[list[int]]) -> list[int] | None:
+    """An order of A's inputs that gives B's (`match[j]`: the A inputs equal to B's input
+    j), the identity when it is one; None when there is none."""
+    n = len(match)
+    if all(j in m for j, m in enumerate(match)):
+        return list(range(n))
+    if any(not m for m in match) or n > 8:  # a long list of inputs is not searched
+        return None
+    return next((list(o) for o in itertools.product(*match) if len(set(o)) == n), None)
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
