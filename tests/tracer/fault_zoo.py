@@ -108,7 +108,8 @@ FAULTS: dict[str, Fault] = {
     "permutation": Fault("projection", "bug", op="aten.roll"),
     "dtype_island": Fault("projection", "precision"),
     "other_data": Fault("projection", "inputs"),
-    "nan": Fault("projection", "bug", op="aten.mul"),
+    # a NaN written into a mask the site's output is multiplied by
+    "nan": Fault("projection", "bug"),
     # the site's module calls its twin of the other layer (weights shared by mistake)
     "two_places": Fault("projection", "bug"),
 }
@@ -154,8 +155,8 @@ def _wrap(module: nn.Module, fault: str, faulty: bool) -> None:
         if fault == "nan":
             mask = torch.ones_like(out)
             if faulty:
-                mask.view(-1)[0] = float("nan")
-            return out * mask  # FAULT: nan
+                mask.view(-1)[0] = float("nan")  # FAULT: nan
+            return out * mask
         return out
 
     module.forward = forward  # type: ignore[method-assign]

@@ -147,6 +147,19 @@ class Step:
         return any(r["direction"] == "input" and _value(r) == _value(out)
                    for r in self.calls[side][call_stem(out)])
 
+    def written(self, side: str, rec: dict | None) -> list[dict]:
+        """Where no recorded op made `rec`'s value: the in-place calls only `side` runs in its
+        module before it (`mask[0] = nan` is an `aten.copy_` into a view, whose output is the
+        view, not the tensor `rec` reads): one output record each."""
+        if rec is None or self.maker(side, rec) is not None:
+            return []
+        stems: dict[str, dict] = {}
+        for r in self.rows[side][:self.at[side][str(rec["name"])]]:
+            if r["op"] and str(r["op"]).endswith("_") and r["phase"] == rec["phase"] \
+                    and r["module"] == rec["module"] and self.unpaired(side, r):
+                stems.setdefault(call_stem(r), r)
+        return list(stems.values())
+
     def inside(self, side: str, rec: dict) -> list[dict]:
         """The unpaired op calls inside a module record's call, before it, that make values
         of their own: one record each (an output where the call has one)."""
@@ -190,6 +203,8 @@ class Lead:
         gone, new = self.step.made_by("a", ra), self.step.made_by("b", rb)
         if not gone and not new and not fd["op"]:
             gone, new = self.step.inside("a", ra), self.step.inside("b", rb)
+        if not gone and not new:
+            gone, new = self.step.written("a", ra), self.step.written("b", rb)
         if gone or new:
             return self._changed(fd, gone, new)
         pa, pb = self.step.maker("a", ra), self.step.maker("b", rb)

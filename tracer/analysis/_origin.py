@@ -11,7 +11,8 @@ order, the first non-finite value that
   a weight written between steps or by something the dump does not see)
 
 is the origin, unless it is absorbed: every later call that reads it makes only finite floating
-outputs (a causal mask's -inf read by softmax), or its record matches the `nan_allow` patterns.
+outputs (a causal mask's -inf read by softmax) or only integer and boolean ones (a cast, a
+comparison), or its record matches the `nan_allow` patterns.
 At module level, where in-place writes leave no record, a module forward whose own parameter is
 already non-finite when the optimizer reads it is not blamed: the parameter is named instead,
 with what the dump can tell about when it changed.
@@ -115,11 +116,15 @@ class StepOrigin:
 
     def _needs(self, key: str) -> list[str] | None:
         """The reader calls whose absorbing decides whether call `key` absorbs what it read;
-        None when it cannot (no floating output, a shape-only op, an output nothing reads)."""
+        [] when it absorbs them itself (integer or boolean outputs only: a cast or comparison
+        ends non-finite values, as T5's relative-position buckets cast the -inf of log(0)
+        before `where` drops it); None when it cannot (a shape-only op, an output nothing
+        reads)."""
         produced = self.calls[key]["produced"]
-        if (not any(str(p["dtype"]).startswith(_FLOAT) for p in produced)
-                or produced[0]["op"] in _SHAPE_ONLY):
+        if not produced or produced[0]["op"] in _SHAPE_ONLY:
             return None
+        if not any(str(p["dtype"]).startswith(_FLOAT) for p in produced):
+            return []
         needs: list[str] = []
         for p in produced:
             if nonfinite(p):
