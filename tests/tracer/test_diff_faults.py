@@ -138,6 +138,21 @@ def test_bf16_autocast_block(ref, tmp_path):
                for n in res.notes), res.notes
 
 
+def test_gradients_accumulated_in_another_order_never_pair_unlike_records(tmp_path):
+    # under autocast the casts of fc's weight and bias are autograd nodes of their own, and
+    # autograd accumulates fc's two gradients (an aten.detach each) in the other order
+    a = run(tmp_path / "a", level="mix", mode="statistics")
+    b = run(tmp_path / "b", level="mix", mode="statistics", bf16_block=1)
+    recs = tracer.diff(a, b).records
+    paired = recs[recs["verdict"].isin(["same", "diverged"])]
+    unlike = paired[paired["shape"] != paired["b_shape"]]
+    assert unlike.empty, unlike[["name", "b_name", "shape", "b_shape"]].to_string()
+    grads = recs[recs["name"].str.startswith("layers.1.fc::aten.detach.backward.")]
+    assert len(grads) == 4 and grads["verdict"].isin(["same", "diverged"]).all(), grads
+    assert set(grads["shape"]) == {"16", "16,16"}
+    assert (recs["verdict"] != "only_a").all()  # B only adds its casts
+
+
 def test_wrong_custom_backward(ref, tmp_path):
     other = run(tmp_path / "b", wrong_backward=True)
     res = tracer.diff(ref, other)

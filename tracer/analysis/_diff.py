@@ -453,7 +453,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         if read is None:
             continue
         ta, tb = read
-        pairs = align(ta, tb)
+        pairs = align(ta, tb, layouts=layouts is not None)
         tables.append((pl, ta, tb, pairs))
         na, nb = ta["data_nbytes"].to_numpy(), tb["data_nbytes"].to_numpy()
         total += sum(int(na[ia]) + int(nb[ib]) for ia, ib in pairs
@@ -520,8 +520,8 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
             ta, tb = read
             rows: list[dict] = []
             try:
-                _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes,
-                              layouts)
+                _compare_step(sa, sb, pl, ta, tb, align(ta, tb, layouts=layouts is not None),
+                              tol, bar, rows, kinds, notes, layouts)
             except ReadError as e:
                 problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
                                         str(e)))
