@@ -137,14 +137,14 @@ def format_report(result: Any, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-_HEAD = ("order", "step", "name", "phase", "dtype", "nan/+inf/-inf A | B", "cosine", "max_abs",
-         "max_rel", "within", "compared")
+_HEAD = ("order", "step", "name", "phase", "dtype", "nan/+inf/-inf A | B", "error", "cosine",
+         "max_abs", "max_rel", "within", "compared")
 
 
 def _table(df: Any, top: int, n_unpaired: int) -> list[str]:
-    """The first divergent record, the worst others, then the records without a partner
-    (named, after every real divergence): `DiffResult.shown`, whose divergent rows come
-    first, then worst first."""
+    """The first divergent record, the worst others (by `error`), then the records without a
+    partner (named, after every real divergence, never ranked among them): `DiffResult.shown`,
+    whose divergent rows come first, then worst first."""
     rows = df[df["verdict"] == "diverged"].to_dict("records")
     unpaired = df[df["verdict"].isin(["only_a", "only_b"])].to_dict("records")
     if not rows and not unpaired:
@@ -153,7 +153,7 @@ def _table(df: Any, top: int, n_unpaired: int) -> list[str]:
     table += unpaired[:top]
     cells = [[str(r["order"]), _step(r), r["name"] or r["b_name"], r["phase"],
               r["dtype"] if r["dtype"] == r["b_dtype"] else f"{r['dtype'] or '-'}/"
-              f"{r['b_dtype'] or '-'}", _counts(r),
+              f"{r['b_dtype'] or '-'}", _counts(r), _fmt(r["error"]),
               _fmt(r["cosine"], "cos"), _fmt(r["max_abs_err"]),
               _fmt(r["max_rel_err"] if r["compared"] in ("tensor", "sketch")
                    else r["max_rdiff"]),

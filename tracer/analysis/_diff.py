@@ -30,7 +30,7 @@ from tracer.analysis._origin import param_name
 from tracer.storage import op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
-_METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
+_METRICS = ("error", "cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
             "nan_diff", "inf_diff", "min_rdiff", "max_rdiff", "mean_rdiff", "norm_rdiff",
             "checksum_equal")
 _COUNTS = ("nan", "posinf", "neginf")  # per side, from the statistics rows
@@ -242,6 +242,8 @@ def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: 
     row["compared"] = "sketch"
     for key in ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within"):
         row[key] = m[key]
+    if not math.isinf(row["error"]):  # else NaN/Inf counts differ: no estimate says more
+        row["error"] = m["error"]
     if m["verdict"] != "diverged":
         return
     if row["verdict"] == "diverged":
@@ -253,17 +255,14 @@ def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: 
 
 
 def severity(row: dict) -> tuple:
-    """Sort key of divergent records, worst first: NaN/Inf patterns that differ, then low
-    cosine, then large relative error."""
+    """Sort key of divergent records, worst first: by `error` (NaN/Inf patterns that differ
+    are infinite, and the more positions the worse), then records without a measured error
+    (shapes that differ through a module map)."""
+    e = row.get("error")
+    measured = e is not None and not (isinstance(e, float) and math.isnan(e))
     n, i = row.get("nan_diff"), row.get("inf_diff")
     nonfinite = 0 if n is None or (isinstance(n, float) and math.isnan(n)) else int(n) + int(i)
-    cos = row.get("cosine")
-    cos = 1.0 if cos is None or (isinstance(cos, float) and math.isnan(cos)) else cos
-    rel = row.get("max_rel_err")
-    rel = row.get("norm_rdiff") if rel is None or (isinstance(rel, float) and math.isnan(rel)) \
-        else rel
-    rel = 0.0 if rel is None or (isinstance(rel, float) and math.isnan(rel)) else rel
-    return (-nonfinite, -(1.0 - cos), -rel)
+    return (not measured, -(float(e) if measured else 0.0), -nonfinite)
 
 
 _DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
