@@ -74,6 +74,14 @@ class DiffResult:
     """pandas DataFrame of the rows a report lists, in both modes: the first divergent record,
     the `keep_worst` worst other divergent records (`severity`), then the first `keep_worst`
     records without a partner."""
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    """What changed between the runs, where the diff can tell, for a report's first lines:
+    {"kind": "dtype", "a", "b" (the dtypes most matched records changed between), "records"
+    (how many did), "paired" (matched records in all), "others" ({"a->b": count} of the other
+    changes), "name", "source", "step" (the first such record)} when matched records differ in
+    dtype; {"kind": "data" or "parameter", "name", "dtype", "shape", "source", "step"} when
+    the first divergence is the model's input (or an integer input no recorded op made: token
+    ids, labels) or a weight before the step."""
 
     @property
     def exit_code(self) -> int:
@@ -96,9 +104,10 @@ class DiffResult:
         return {k: int(v.get(k, 0)) for k in ("same", "diverged", "only_a", "only_b")}
 
     def to_dict(self, records: bool = True) -> dict[str, Any]:
-        """A JSON-ready dict: status, exit_code, first_divergence, compared, counts, problems,
-        problem_counts, left_out, steps, notes, records."""
+        """A JSON-ready dict: status, exit_code, changes, first_divergence, compared, counts,
+        problems, problem_counts, left_out, steps, notes, records."""
         out: dict[str, Any] = {"status": self.status, "exit_code": self.exit_code,
+                               "changes": self.changes,
                                "first_divergence": self.first_divergence,
                                "compared": self.compared, "counts": self.counts(),
                                "problems": [p.to_dict() for p in self.problems],
@@ -269,7 +278,7 @@ _DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
 
 
 def _kind(row: dict[str, Any]) -> str:
-    if _DATA_INPUT.match(str(row["name"])):
+    if _DATA_INPUT.match(str(row["name"])) or row.get("fed"):
         return "data"
     if row["phase"] == "optimizer" and row["direction"] == "param":
         return "parameter"
@@ -309,7 +318,7 @@ def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
         if r["verdict"] == "diverged":
             keys = ("name", "module", "op", "phase", "step", "rank", "source", "caller",
                     "b_name", "b_step", "b_rank", "seq", "direction", "index", "dtype", "b_dtype",
-                    "compared", "reason") + _METRICS
+                    "shape", "b_shape", "compared", "reason") + _METRICS
             fd = _jsonable({k: r[k] for k in keys})
             fd["kind"] = _kind(r)
             fd["unpaired_before"] = _unpaired_before(rows, i)
@@ -549,6 +558,7 @@ class _Summary:
         self.first: dict[str, Any] | None = None
         self.mixed = 0
         self.first_mixed: dict[str, Any] | None = None
+        self.dtype_pairs: dict[tuple[str, str], int] = {}
         self.keep = keep
         self.first_row: dict | None = None
         self.worst: list[dict] = []
@@ -575,6 +585,9 @@ class _Summary:
             self.first = fd
         mixed = [r for r in rows if r["dtype"] and r["b_dtype"] and r["dtype"] != r["b_dtype"]]
         self.mixed += len(mixed)
+        for r in mixed:
+            pair = (str(r["dtype"]), str(r["b_dtype"]))
+            self.dtype_pairs[pair] = self.dtype_pairs.get(pair, 0) + 1
         if mixed and (self.first_mixed is None or mixed[0]["step"] < self.first_mixed["step"]):
             self.first_mixed = {k: mixed[0][k] for k in ("name", "dtype", "b_dtype", "source",
                                                          "step")}
@@ -634,6 +647,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
             rows.append(row)
+        _mark_fed(rows[len(rows) - len(pairs):], recs_a)
         if matched == 0 and (len(ta) or len(tb)):
             raise DiffError(f"no record of A (rank {pl[0]} step {pl[1]}, level {la}) "
                             f"matches a record of B (rank {pl[2]} step {pl[3]}, "
@@ -641,6 +655,32 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
     finally:
         fa.close()
         fb.close()
+
+
+_INTEGER = ("int", "uint", "bool")
+
+
+def _mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
+    """Mark `fed` the divergent forward inputs of integer dtype (token ids, labels, masks) that
+    no earlier record of A's step holds (same dtype, element count and checksum): no recorded
+    op made them, so they came from the data. A float input without a maker may be a weight
+    (an op-level dump records no parameters), which is why only integers are marked."""
+    wanted = [r for r in rows if r["verdict"] == "diverged" and r["phase"] == "forward"
+              and r["direction"] == "input" and str(r["dtype"]).startswith(_INTEGER)]
+    if not wanted:
+        return
+    made: dict[tuple, int] = {}
+    for rec in recs_a:
+        if rec["direction"] == "output" and str(rec["dtype"]).startswith(_INTEGER):
+            key = (rec["dtype"], int(rec["numel"]), int(rec["checksum"]))
+            made[key] = min(made.get(key, int(rec["seq"])), int(rec["seq"]))
+    by_seq = {int(rec["seq"]): rec for rec in recs_a}
+    for r in wanted:
+        rec = by_seq.get(int(r["seq"]))
+        if rec is None:
+            continue
+        maker = made.get((rec["dtype"], int(rec["numel"]), int(rec["checksum"])))
+        r["fed"] = maker is None or maker > int(r["seq"])
 
 
 def _file_row(rec: dict | None, i: int | None) -> int:
@@ -714,4 +754,24 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
                       record_counts=counts,
-                      shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)))
+                      shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)),
+                      changes=_changes(summary, paired))
+
+
+def _changes(summary: _Summary, paired: int) -> list[dict[str, Any]]:
+    """`DiffResult.changes`: the dtypes matched records changed between, and a first
+    divergence in the data or the weights."""
+    out: list[dict[str, Any]] = []
+    if summary.dtype_pairs:
+        ranked = sorted(summary.dtype_pairs.items(), key=lambda kv: -kv[1])
+        (a, b), n = ranked[0]
+        first = summary.first_mixed or {}
+        out.append({"kind": "dtype", "a": a, "b": b, "records": n, "paired": paired,
+                    "others": {f"{x}->{y}": k for (x, y), k in ranked[1:]},
+                    "name": first.get("name"), "source": first.get("source"),
+                    "step": first.get("step")})
+    fd = summary.first
+    if fd is not None and fd["kind"] in ("data", "parameter"):
+        out.append({"kind": fd["kind"], "name": fd["name"], "dtype": fd["dtype"],
+                    "shape": fd.get("shape", ""), "source": fd["source"], "step": fd["step"]})
+    return out
