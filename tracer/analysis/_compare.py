@@ -327,9 +327,9 @@ def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[
 
 
 
-_SAME_SKETCH = {"error": 0.0, "cosine": 1.0, "max_abs_err": 0.0, "max_rel_err": 0.0, "mean_abs_err": 0.0,
-                "rmse": 0.0, "within": 1.0, "rms": math.nan, "nan_diff": 0, "inf_diff": 0,
-                "identical": True, "verdict": "same", "reason": ""}
+_SAME_SKETCH = {"error": 0.0, "cosine": 1.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
+                "mean_abs_err": 0.0, "rmse": 0.0, "within": 1.0, "rms": math.nan, "nan_diff": 0,
+                "inf_diff": 0, "identical": True, "verdict": "same", "reason": ""}
 
 
 def compare_sketch(sa: np.ndarray, sb: np.ndarray, numel: int, dtype_a: str, dtype_b: str,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from tracer.analysis._align import align
+from tracer.analysis._changed import changes, kind, mark_fed
 from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats, nonfinite_differ
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
@@ -274,17 +274,6 @@ def severity(row: dict) -> tuple:
     return (not measured, -(float(e) if measured else 0.0), -nonfinite)
 
 
-_DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
-
-
-def _kind(row: dict[str, Any]) -> str:
-    if _DATA_INPUT.match(str(row["name"])) or row.get("fed"):
-        return "data"
-    if row["phase"] == "optimizer" and row["direction"] == "param":
-        return "parameter"
-    return "compute"
-
-
 def _priority(phase: str, direction: str) -> int:
     # a parameter's value before the optimizer step was in force during forward and backward:
     # if weights differ, that is where the divergence starts, not at the first op that used them
@@ -320,7 +309,7 @@ def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
                     "b_name", "b_step", "b_rank", "seq", "direction", "index", "dtype", "b_dtype",
                     "shape", "b_shape", "compared", "reason") + _METRICS
             fd = _jsonable({k: r[k] for k in keys})
-            fd["kind"] = _kind(r)
+            fd["kind"] = kind(r)
             fd["unpaired_before"] = _unpaired_before(rows, i)
             return fd
     return None
@@ -647,7 +636,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
             rows.append(row)
-        _mark_fed(rows[len(rows) - len(pairs):], recs_a)
+        mark_fed(rows[len(rows) - len(pairs):], recs_a)
         if matched == 0 and (len(ta) or len(tb)):
             raise DiffError(f"no record of A (rank {pl[0]} step {pl[1]}, level {la}) "
                             f"matches a record of B (rank {pl[2]} step {pl[3]}, "
@@ -655,32 +644,6 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
     finally:
         fa.close()
         fb.close()
-
-
-_INTEGER = ("int", "uint", "bool")
-
-
-def _mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
-    """Mark `fed` the divergent forward inputs of integer dtype (token ids, labels, masks) that
-    no earlier record of A's step holds (same dtype, element count and checksum): no recorded
-    op made them, so they came from the data. A float input without a maker may be a weight
-    (an op-level dump records no parameters), which is why only integers are marked."""
-    wanted = [r for r in rows if r["verdict"] == "diverged" and r["phase"] == "forward"
-              and r["direction"] == "input" and str(r["dtype"]).startswith(_INTEGER)]
-    if not wanted:
-        return
-    made: dict[tuple, int] = {}
-    for rec in recs_a:
-        if rec["direction"] == "output" and str(rec["dtype"]).startswith(_INTEGER):
-            key = (rec["dtype"], int(rec["numel"]), int(rec["checksum"]))
-            made[key] = min(made.get(key, int(rec["seq"])), int(rec["seq"]))
-    by_seq = {int(rec["seq"]): rec for rec in recs_a}
-    for r in wanted:
-        rec = by_seq.get(int(r["seq"]))
-        if rec is None:
-            continue
-        maker = made.get((rec["dtype"], int(rec["numel"]), int(rec["checksum"])))
-        r["fed"] = maker is None or maker > int(r["seq"])
 
 
 def _file_row(rec: dict | None, i: int | None) -> int:
@@ -755,23 +718,5 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
                       record_counts=counts,
                       shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)),
-                      changes=_changes(summary, paired))
+                      changes=changes(summary.dtype_pairs, summary.first_mixed, first, paired))
 
-
-def _changes(summary: _Summary, paired: int) -> list[dict[str, Any]]:
-    """`DiffResult.changes`: the dtypes matched records changed between, and a first
-    divergence in the data or the weights."""
-    out: list[dict[str, Any]] = []
-    if summary.dtype_pairs:
-        ranked = sorted(summary.dtype_pairs.items(), key=lambda kv: -kv[1])
-        (a, b), n = ranked[0]
-        first = summary.first_mixed or {}
-        out.append({"kind": "dtype", "a": a, "b": b, "records": n, "paired": paired,
-                    "others": {f"{x}->{y}": k for (x, y), k in ranked[1:]},
-                    "name": first.get("name"), "source": first.get("source"),
-                    "step": first.get("step")})
-    fd = summary.first
-    if fd is not None and fd["kind"] in ("data", "parameter"):
-        out.append({"kind": fd["kind"], "name": fd["name"], "dtype": fd["dtype"],
-                    "shape": fd.get("shape", ""), "source": fd["source"], "step": fd["step"]})
-    return out
