@@ -97,7 +97,7 @@ class DispatchCapture:
         from tracer.capture import CallNames
 
         self._names = CallNames()  # the tracer's names, so a node names its record
-        self._names.add_tree(self.model, "<root>")
+        self._names.add_root(self.model)
         self._handles += [register_module_forward_pre_hook(self._push),
                           register_module_forward_hook(self._pop, always_call=True)]
         self._mode = _Mode()

@@ -24,7 +24,6 @@ class ModuleRanges:
         from tracer.capture import CallNames
 
         self._names = CallNames()
-        self._roots = 0
         self.types: dict[str, str] = {}
         self._stack: list[tuple[Any, str, Any]] = []  # (module, call name, open range)
         self._handles: list[Any] = []
@@ -55,9 +54,7 @@ class ModuleRanges:
         if name is None:
             if stack:  # a scope-less wrapper: its time is its caller's
                 return
-            # each top-level module that runs is a root, as in the tracer without a model
-            self._names.add_tree(module, "<root>" if not self._roots else f"<root{self._roots}>")
-            self._roots += 1
+            self._names.add_root(module)  # each top-level module that runs is a root
             name = self._names.name(module, None)
             if name is None:  # a wrapper at the top (DDP, torch.compile): its inner one is named
                 return

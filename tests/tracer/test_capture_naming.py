@@ -141,7 +141,7 @@ def test_call_names_rule():
 
     model = Shared()
     names = CallNames()
-    names.add_tree(model, "<root>")
+    names.add_root(model)
     layer1 = model.layers[1]
     assert names.name(model, None) == "<root>"
     assert names.name(layer1, (model, "<root>")) == "layers.1"

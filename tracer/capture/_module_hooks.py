@@ -31,7 +31,8 @@ from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
 from tracer.capture._compiled import compiled_module, tell_once
-from tracer.capture._naming import ROOT, CallCounter, CallNames, module_names, wrapper_inner
+from tracer.capture._naming import (ROOT, CallCounter, CallNames, module_names, root_name,
+                                    wrapper_inner)
 from tracer.capture._recorder import Recorder
 from tracer.capture._source import user_source
 
@@ -135,7 +136,7 @@ class ModuleTracker:
         self._cfg = cfg
         self.fixed = model is not None
         self.names = CallNames()
-        self.roots: list[torch.nn.Module] = []
+        self.roots = self.names.roots
         self._wanted: dict[str, bool] = {}
         # (module, name, call, seq, recomputing) of every running module, innermost last
         self.stack: list[tuple[torch.nn.Module, str, int, int, bool]] = []
@@ -163,10 +164,9 @@ class ModuleTracker:
     def add_root(self, model: torch.nn.Module) -> None:
         """Name ``model`` and its submodules; the first root is ``<root>``, later ones
         ``<root1>``, ``<root2>``, ... in the order they first run."""
-        k = len(self.roots)
-        names = self.names.add_tree(model, ROOT if k == 0 else f"<root{k}>")
-        self.roots.append(model)
-        if k == 0:
+        first = not self.roots
+        names = self.names.add_root(model)
+        if first:
             self._check_include_filter(list(names.values()))
 
     def _check_include_filter(self, names: list[str]) -> None:
@@ -199,7 +199,7 @@ class ModuleTracker:
         out = []
         for k, root in enumerate(self.roots):
             wrappers: dict[Any, str] = {}
-            names = module_names(root, ROOT if k == 0 else f"<root{k}>", wrappers)
+            names = module_names(root, root_name(k), wrappers)
             for module, owner in [*names.items(), *wrappers.items()]:
                 for p_name, p in module.named_parameters(recurse=False):
                     if id(p) in seen:

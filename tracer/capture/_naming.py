@@ -108,6 +108,14 @@ def module_names(model: object, root_name: str = ROOT,
     return names
 
 
+_MAX_CALLS = 1 << 16
+
+
+def root_name(k: int) -> str:
+    """The name of the k-th root: ``<root>``, then ``<root1>``, ``<root2>``, ..."""
+    return ROOT if k == 0 else f"<root{k}>"
+
+
 def _child_path(name: str, child: str) -> str:
     return child if name == ROOT else f"{name}.{child}"
 
@@ -148,24 +156,24 @@ class CallNames:
     Names are cached per (module, caller name): the hot path is one dictionary look-up.
     """
 
-    __slots__ = ("_aliases", "_calls")
+    __slots__ = ("_aliases", "_calls", "roots")
 
     def __init__(self) -> None:
         self._aliases: dict[object, list[str]] = {}
         self._calls: dict[tuple[object, str | None], str | None] = {}
+        self.roots: list[object] = []
+        """The models named so far, in the order `add_root` was given them."""
 
-    def add_tree(self, model: object, root_name: str) -> dict[object, str]:
-        """Name ``model``'s modules under ``root_name``; returns `module_names`' mapping."""
+    def add_root(self, model: object) -> dict[object, str]:
+        """Name ``model``'s modules under the next root name (`root_name`); returns
+        `module_names`' mapping."""
         aliases: dict[object, list[str]] = {}
-        names = module_names(model, root_name, aliases=aliases)
+        names = module_names(model, root_name(len(self.roots)), aliases=aliases)
+        self.roots.append(model)
         for module, found in aliases.items():
             self._aliases.setdefault(module, []).extend(found)
         self._calls.clear()
         return names
-
-    def known(self, module: object) -> bool:
-        """True when ``module`` lies in a tree added with `add_tree`."""
-        return module in self._aliases
 
     def name(self, module: object, caller: Sequence[Any] | None) -> str | None:
         """The name of a call of ``module`` from ``caller`` (a sequence whose first two items
@@ -196,6 +204,9 @@ class CallNames:
                     # a wrapper of the same function calling its per-model copy (hub kernels
                     # do) adds no scope: its ops are its caller's
                     name = None if parent_name.endswith(scope) else parent_name + scope
+        if len(self._calls) >= _MAX_CALLS:
+            # modules built anew in every forward would each stay cached (and alive) for good
+            self._calls.clear()
         self._calls[key] = name
         return name
 
