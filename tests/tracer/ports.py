@@ -40,6 +40,11 @@ def hf_gpt2(trained: bool = True) -> nn.Module:
     return model
 
 
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's causal-LM loss: each position predicts the next label."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
+
 class _Attention(nn.Module):
     def __init__(self, scale: float | None) -> None:
         super().__init__()
@@ -98,7 +103,7 @@ class GPT2Port(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x)).float()
-        return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
+        return next_token_loss(logits, labels)
 
     @classmethod
     def of(cls, hf: nn.Module, fault: str | None = None) -> GPT2Port:
@@ -201,7 +206,7 @@ class LlamaPort(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin)
         logits = self.head(self.norm(x)).float()
-        return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1))
+        return next_token_loss(logits, labels)
 
     @classmethod
     def of(cls, hf: nn.Module, fault: str | None = None) -> LlamaPort:
