@@ -21,7 +21,7 @@ from dashboard._widgets import (control, data_table, empty_state, graph_link, no
 
 METRICS = ("max_abs_err", "max_rel_err", "rmse", "cosine", "within")
 STAT_METRICS = ("norm_rdiff", "mean_rdiff", "max_rdiff", "min_rdiff")  # statistics-only diffs
-_WORST_BY = ("max_rel_err", "max_abs_err", "rmse", "norm_rdiff", "max_rdiff")
+_WORST_BY = ("error", "max_rel_err", "max_abs_err", "rmse", "norm_rdiff", "max_rdiff")
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
@@ -87,20 +87,22 @@ _ERROR_STYLE = {"border": "1px solid #c62828", "background": "#ffebee", "color":
 
 
 def worst(records: pd.DataFrame, n: int = 50) -> pd.DataFrame:
-    """The `n` records to look at first: divergent records (NaN/Inf patterns that differ, then
-    the largest error, relative first), then the others by error, and the records without a
-    partner last (their metrics are empty, which must not rank them as the worst)."""
+    """The `n` records to look at first: divergent records by their error (`error`, the diff's
+    one number per record: NaN/Inf patterns that differ are infinite, then the larger the
+    worse; a divergence without a number after those with one), then the others by error, and
+    the records without a partner last: they are listed, never ranked as divergences."""
     by = next((c for c in _WORST_BY if c in records), None)
     if by is None:
         return records.head(n)
-    key = records[by].fillna(float("inf"))
+    key = pd.to_numeric(records[by], errors="coerce")
     rank = pd.Series(1, index=records.index)
     if "verdict" in records:
         rank = records["verdict"].map(lambda v: 2 if v in _UNPAIRED else 0 if v == "diverged" else 1)
     nonfinite = records["nan_diff"].fillna(0) + records["inf_diff"].fillna(0) if "nan_diff" in records \
         else pd.Series(0, index=records.index)
-    order = pd.DataFrame({"rank": rank, "nonfinite": -nonfinite, "key": -key}).sort_values(
-        ["rank", "nonfinite", "key"], kind="stable")
+    order = pd.DataFrame({"rank": rank, "unmeasured": key.isna(), "key": -key.fillna(0.0),
+                          "nonfinite": -nonfinite}).sort_values(
+        ["rank", "unmeasured", "key", "nonfinite"], kind="stable")
     return records.loc[order.index[:n]]
 
 
@@ -259,8 +261,8 @@ def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_ran
     bad = worst(records)
     if len(bad):
         bad = bad.assign(**{"nan/+inf/-inf A | B": nonfinite_counts(bad)})
-    cols = [c for c in (order, "step", "name", "verdict", "nan/+inf/-inf A | B", *metrics, "source",
-                        "reason") if c in bad]
+    cols = [c for c in (order, "step", "name", "verdict", "nan/+inf/-inf A | B", "error", *metrics,
+                        "source", "reason") if c in bad]
     rows = table_records(bad, cols)
     ops = "op" in records and bool((records["op"].astype(str) != "").any())
     return [html.Div(head), explain_panel(first, ops), dcc.Graph(id="diff-graph", figure=fig),

@@ -2,8 +2,9 @@
 
 Trains the reference GPT twice with every tool on (summary, profiler, dump, IR export): a
 baseline in fp32 and a variant under bf16 autocast, the kind of change that makes two runs
-disagree. Then it diffs the two dumps, names the first divergent record, and serves the
-dashboard over both runs.
+disagree. Then it diffs the two dumps (what changed, the first divergent record), asks
+`sleuth explain` whether that divergence is a bug or the rounding bf16 brings, ends with its
+verdict, and serves the dashboard over both runs.
 """
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sleuth._cmd_diff import explain_command, headline
 from sleuth.cli import CliError
 
 # Full tensors (and their statistics) of every module and op on the first step, so the diff can
-# measure cosine similarity and errors, not only statistics; about 45 MB per run.
+# measure cosine similarity and errors, not only statistics, and explain can re-run the ops;
+# about 45 MB per run.
 # The demo owns its two runs: overwrite lets a re-run replace their dumps even if removing the
 # previous runs left something behind.
 _DUMP_CONFIG = {"steps": "0", "level": "mix", "mode": "full", "writer": "async",
@@ -30,8 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo", help="train two runs with every tool on, diff them, serve the dashboard",
         description="The main job: train the reference GPT (fp32 baseline, then a bf16-autocast "
-        "variant) with summary, profiler, tensor dump and IR export on, diff the two dumps, and "
-        "serve the dashboard over both runs on 127.0.0.1.",
+        "variant) with summary, profiler, tensor dump and IR export on, diff the two dumps, give "
+        "`sleuth explain`'s verdict on their divergence (a bug, or rounding), and serve the "
+        "dashboard over both runs on 127.0.0.1.",
     )
     p.add_argument("--out", default="runs/demo", help="folder for the two runs (default runs/demo)")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
@@ -81,6 +85,23 @@ def _train(name: str, out: Path, steps: int, dump_config: Path, overrides: list[
     return run_dir
 
 
+def _explain(baseline: Path, variant: Path) -> None:
+    """The verdict on the divergence: a bug, or the rounding bf16 brings (the demo's dumps are
+    op-level tensor dumps, which `explain` re-runs ops from)."""
+    from tracer import TracerError
+    from tracer.analysis import explain
+
+    command = explain_command(str(baseline), str(variant), 0)
+    print("== sleuth explain baseline bf16 --step 0", flush=True)
+    try:
+        verdict = explain(baseline, variant, step=0).verdict
+    except TracerError as e:
+        print(f"explain could not give a verdict: {e}")
+    else:
+        print(verdict)
+    print(f"   op by op: {command}", flush=True)
+
+
 def _run(args: argparse.Namespace) -> int:
     import tracer
 
@@ -98,13 +119,15 @@ def _run(args: argparse.Namespace) -> int:
     print("== sleuth diff baseline bf16 --step 0", flush=True)
     result = tracer.diff(baseline, variant, step=0)
     first = result.first_divergence
-    if first is None:
-        print(f"status: {result.status}; no record diverges")
-    else:
-        print(f"status: {result.status}; first divergence: {first['name']} "
-              f"(module {first['module']}, op {first['op'] or '-'}, {first['phase']}, "
-              f"source {first['source']})")
+    print(f"status: {result.status}" + ("" if first else "; no record diverges"))
+    for line in headline(result.changes):
+        print(line)
+    if first is not None:
+        print(f"first divergence: {first['name']} (module {first['module']}, op "
+              f"{first['op'] or '-'}, {first['phase']}, source {first['source']})")
     print(f"   full report: sleuth diff {baseline} {variant} --step 0", flush=True)
+    if first is not None:
+        _explain(baseline, variant)
     if args.no_serve:
         return 0
     from sleuth.cli import main

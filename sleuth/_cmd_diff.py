@@ -75,10 +75,48 @@ _STATUS_LINE = {
 }
 
 
-def format_report(result: Any, top: int = 10) -> str:
-    """The terminal report: status line, problems (files not fully read), first divergence,
-    the steps compared when one was interrupted, then the table: the first divergent record,
-    the worst others, and the records without a partner."""
+def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[str]:
+    """What changed between the runs, in words (`DiffResult.changes`), and the command whose
+    verdict says whether that explains the divergence: the report's first lines."""
+    lines = []
+    for ch in changes:
+        if ch["kind"] == "dtype":
+            others = "".join(f"; {k.replace('->', ' to ')} in {n}"
+                             for k, n in list(ch["others"].items())[:3])
+            lines.append(f"B ran in {ch['b']} where A ran in {ch['a']}: {ch['records']} of "
+                         f"{ch['paired']} matched records changed dtype{others}, the first at "
+                         f"{ch['name']} ({ch['source'] or 'unknown source'}); differences "
+                         f"of {ch['b']}'s rounding follow wherever it computes")
+        elif ch["kind"] == "data":
+            lines.append(f"the two runs were fed different data: {ch['name']} ({ch['dtype']}"
+                         f"{' ' + ch['shape'] if ch['shape'] else ''}) differs before any "
+                         f"recorded op made or changed it; everything after it follows from it")
+        elif ch["kind"] == "parameter":
+            lines.append(f"the runs began step {ch['step']} with different weights: {ch['name']} "
+                         f"differs before any op ran; everything after it follows from it")
+    if explain:
+        ask = "that change alone, or a bug too?" if changes else "a bug, or rounding?"
+        lines.append(f"{ask} the verdict: {explain}")
+    return lines
+
+
+def explain_command(a: str, b: str, step: int | None = None, rank: int | None = None) -> str:
+    """The `sleuth explain` command line for the runs a diff compared."""
+    import shlex
+
+    words = ["sleuth", "explain", a, b]
+    if step is not None:
+        words += ["--step", str(step)]
+    if rank:
+        words += ["--rank", str(rank)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def format_report(result: Any, top: int = 10, explain: str | None = None) -> str:
+    """The terminal report: status line, what changed (`headline`: dtypes, data, weights) and
+    `explain`, the command that gives the verdict, when the runs diverged; problems (files not
+    fully read), first divergence, the steps compared when one was interrupted, then the
+    table: the first divergent record, the worst others, and the records without a partner."""
     c = result.counts()
     problems = list(getattr(result, "problems", []))
     left_out = list(getattr(result, "left_out", []))
@@ -88,13 +126,17 @@ def format_report(result: Any, top: int = 10) -> str:
     lines = [f"status: {status}   compared: "
              f"{result.compared}   records: {sum(c.values())} ({c['same']} same, "
              f"{c['diverged']} diverged, {c['only_a']} only in A, {c['only_b']} only in B)"]
+    fd = result.first_divergence
+    if explain and fd and fd["kind"] not in ("data", "parameter") and (
+            result.compared != "tensor" or not fd["op"]):
+        explain += " (it re-runs ops: dump both runs at level op or mix, mode tensor or full)"
+    lines += headline(getattr(result, "changes", []), explain if fd else None)
     if problems:
         lines += ["", f"problems ({len(problems)}): steps not fully read, or on one side only"]
         lines += [f"  {p.line()}" for p in problems]
     if left_out:
         lines += ["", f"left out by --allow-missing ({len(left_out)}):"]
         lines += [f"  {p.line()}" for p in left_out]
-    fd = result.first_divergence
     if fd:
         op = f"   op {fd['op']}" if fd["op"] else ""
         cross = ""
@@ -118,10 +160,6 @@ def format_report(result: Any, top: int = 10) -> str:
             sides = "; ".join(x for x in (ops("A"), ops("B")) if x)
             lines.append(f"  right before it the runs ran different ops, which have no partner "
                          f"({sides}): the difference may be made there")
-        if fd["kind"] == "data":
-            lines.append("  the model's input differs: the two runs were fed different data")
-        elif fd["kind"] == "parameter":
-            lines.append("  the weights differed before this step began")
     steps = list(getattr(result, "steps", []))
     if any(s["status"] != "complete" for s in steps):
         lines += ["", "steps compared:"]
@@ -137,14 +175,14 @@ def format_report(result: Any, top: int = 10) -> str:
     return "\n".join(lines)
 
 
-_HEAD = ("order", "step", "name", "phase", "dtype", "nan/+inf/-inf A | B", "cosine", "max_abs",
-         "max_rel", "within", "compared")
+_HEAD = ("order", "step", "name", "phase", "dtype", "nan/+inf/-inf A | B", "error", "cosine",
+         "max_abs", "max_rel", "within", "compared")
 
 
 def _table(df: Any, top: int, n_unpaired: int) -> list[str]:
-    """The first divergent record, the worst others, then the records without a partner
-    (named, after every real divergence): `DiffResult.shown`, whose divergent rows come
-    first, then worst first."""
+    """The first divergent record, the worst others (by `error`), then the records without a
+    partner (named, after every real divergence, never ranked among them): `DiffResult.shown`,
+    whose divergent rows come first, then worst first."""
     rows = df[df["verdict"] == "diverged"].to_dict("records")
     unpaired = df[df["verdict"].isin(["only_a", "only_b"])].to_dict("records")
     if not rows and not unpaired:
@@ -153,7 +191,7 @@ def _table(df: Any, top: int, n_unpaired: int) -> list[str]:
     table += unpaired[:top]
     cells = [[str(r["order"]), _step(r), r["name"] or r["b_name"], r["phase"],
               r["dtype"] if r["dtype"] == r["b_dtype"] else f"{r['dtype'] or '-'}/"
-              f"{r['b_dtype'] or '-'}", _counts(r),
+              f"{r['b_dtype'] or '-'}", _counts(r), _fmt(r["error"]),
               _fmt(r["cosine"], "cos"), _fmt(r["max_abs_err"]),
               _fmt(r["max_rel_err"] if r["compared"] in ("tensor", "sketch")
                    else r["max_rdiff"]),
@@ -291,5 +329,6 @@ def _run(args: argparse.Namespace) -> int:
     except TracerError as e:
         raise CliError(str(e)) from e
     if not args.json:
-        print(format_report(result, args.top))
+        print(format_report(result, args.top,
+                            explain_command(args.a, args.b, args.step, args.rank)))
     return result.exit_code

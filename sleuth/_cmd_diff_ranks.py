@@ -51,23 +51,30 @@ def run_ranks(args: argparse.Namespace, tol: Any) -> int:
     if args.json:
         print(json.dumps(result.to_dict(), allow_nan=False))
     else:
-        print(format_rank_report(result))
+        print(format_rank_report(result, args.a, args.b))
     return result.exit_code
 
 
-def format_rank_report(result: Any) -> str:
-    """Status, the earliest divergence across ranks, each rank's line, then the grid."""
+def format_rank_report(result: Any, a: str = "A", b: str = "B") -> str:
+    """Status, what changed on the rank that diverged first (and the `sleuth explain` command
+    for it), the earliest divergence across ranks, each rank's line, then the grid."""
+    from sleuth._cmd_diff import explain_command, headline
+
     ranks = result.ranks
     diverged = [r for r in ranks if r["status"] == "diverged"]
     unread = [r for r in ranks if r["status"] == "incomplete"]
     lines = [f"status: {result.status.upper()}   ranks: {len(ranks)} compared "
              f"({len(ranks) - len(diverged) - len(unread)} same, {len(diverged)} diverged, "
              f"{len(unread)} incomplete)   on: {result.engine}"]
+    fd = result.earliest
+    if fd:
+        first = next(r for r in ranks if r["rank"] == fd["rank"])
+        lines += headline(first.get("changes") or [],
+                          explain_command(a, b, fd["step"], fd["rank"]))
     for side, only in (("A", result.only_a), ("B", result.only_b)):
         if only:
             lines.append(f"rank(s) only in {side}, not compared: {', '.join(map(str, only))}; "
                          f"compare one pair with --rank R --b-rank R2")
-    fd = result.earliest
     if fd:
         op = f"   op {fd['op']}" if fd["op"] else ""
         lines += ["", f"earliest divergence ({fd['kind']}): rank {fd['rank']} step {fd['step']}: "

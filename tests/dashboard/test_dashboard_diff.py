@@ -89,3 +89,39 @@ def test_worst_puts_unpartnered_rows_after_divergences():
         "max_rel_err": [nan, 0.5, float("inf"), 0.0, 0.01],
         "nan_diff": [nan, 0, 3, 0, 0], "inf_diff": [nan, 0, 0, 0, 0]})
     assert worst(rec)["name"].tolist() == ["nanrow", "big", "small", "same", "only"]
+
+
+class AutocastMLP(MLP):
+    """The same MLP (the same record names) run under bf16 autocast."""
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return super().forward(x)
+
+
+def test_worst_records_of_fp32_against_bf16_rank_by_error(tmp_path):
+    def batch():
+        return (torch.randn(4, 8),)
+
+    for name, model in (("a", MLP), ("b", AutocastMLP)):
+        train_and_dump(model, batch, tmp_path / name, steps=1, level="mix", mode="statistics",
+                       writer="sync")
+    ctx = Context(runs=load_runs([tmp_path / "a", tmp_path / "b"]))
+    result = body(ctx, 0, 1, 0, None, None, None)
+    rows = next(c for c in result if getattr(c, "id", None) == "diff-table").data
+    verdicts = [r["verdict"] for r in rows]
+    diverged = [r for r in rows if r["verdict"] == "diverged"]
+    assert len(diverged) > 3 and verdicts[:len(diverged)] == ["diverged"] * len(diverged)
+    # by the one number per record, worst first; never a pair of two unlike records
+    errors = [r["error"] for r in diverged]
+    assert all(isinstance(e, float) for e in errors), errors
+    assert errors == sorted(errors, reverse=True), errors
+    from tracer import diff
+
+    records = diff(tmp_path / "a", tmp_path / "b", step=0).records
+    paired = records[records["verdict"].isin(["same", "diverged"])]
+    assert (paired["shape"] == paired["b_shape"]).all()
+    # B's casts have no partner: listed last, never among the divergences
+    verdicts = worst(records, len(records))["verdict"].tolist()
+    unpaired = [i for i, v in enumerate(verdicts) if v in ("only_a", "only_b")]
+    assert unpaired and unpaired == list(range(len(verdicts) - len(unpaired), len(verdicts)))

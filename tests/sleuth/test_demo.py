@@ -1,5 +1,6 @@
-"""`sleuth demo`: a re-run replaces its own earlier runs, and stopping the dashboard writes
-nothing into the runs it serves (they finished cleanly before it started)."""
+"""`sleuth demo`: a re-run replaces its own earlier runs, its diff says first that B ran in
+bfloat16, it ends with `sleuth explain`'s verdict before the dashboard, and stopping the
+dashboard writes nothing into the runs it serves (they finished cleanly before it started)."""
 from __future__ import annotations
 
 import os
@@ -41,6 +42,15 @@ def test_demo_starts_clean_and_stopping_it_writes_nothing(tmp_path):
             proc.kill()
     text = "".join(lines)
     assert f"removing the previous demo runs: {out / 'baseline'}" in text
+    # what changed, said first; then the verdict on it, before the dashboard starts
+    diff_at = text.index("== sleuth diff baseline bf16")
+    explain_at = text.index("== sleuth explain baseline bf16")
+    said = text[diff_at:explain_at].splitlines()
+    assert said[1] == "status: diverged"
+    assert said[2].startswith("B ran in bfloat16 where A ran in float32: "), said
+    verdict = text[explain_at:].splitlines()[1]
+    assert verdict.startswith("precision: the difference comes from rounding"), verdict
+    assert f"op by op: sleuth explain {out / 'baseline'} {out / 'bf16'} --step 0" in text
     assert not stale.exists()
     files = [p for p in out.rglob("*") if p.is_file()]
     assert {"baseline", "bf16"} <= {p.relative_to(out).parts[0] for p in files}

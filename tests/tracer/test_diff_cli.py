@@ -175,3 +175,58 @@ def test_a_streamed_diff_of_mixed_dtypes_over_steps(tmp_path, capsys):
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) in (0, 1)
     out = capsys.readouterr().out
     assert "9 matched records differ in dtype, the first at layers.0.forward.0.output.0" in out
+
+
+def _llama_dump(path, *, bf16=False, seed=1):
+    """One step of a Hugging Face Llama built from a config, dumped at level op (statistics)."""
+    import logging
+
+    import pytest
+    import torch
+
+    import tracer
+
+    transformers = pytest.importorskip("transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=32,
+                                      attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(seed))
+    with tracer.Dumper(model, {"path": str(path), "level": "op", "mode": "statistics"}):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    return str(path)
+
+
+def test_the_first_lines_say_b_ran_in_bf16_and_name_the_verdicts_command(tmp_path, capsys):
+    a, b = _llama_dump(tmp_path / "a"), _llama_dump(tmp_path / "b", bf16=True)
+    assert main(["diff", a, b]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("status: DIVERGED")
+    assert lines[1].startswith("B ran in bfloat16 where A ran in float32: "), lines[:3]
+    assert lines[2].startswith(f"that change alone, or a bug too? the verdict: sleuth explain "
+                               f"{a} {b}"), lines[:3]
+    assert main(["diff", a, b, "--json"]) == 1
+    change = json.loads(capsys.readouterr().out)["changes"][0]
+    assert (change["kind"], change["a"], change["b"]) == ("dtype", "float32", "bfloat16")
+    assert 0 < change["records"] <= change["paired"]
+
+
+def test_token_ids_that_differ_are_named_as_the_data(tmp_path, capsys):
+    # at level op no record holds the model's input: the first is the embedding's, token ids
+    # that no recorded op made
+    a, b = _llama_dump(tmp_path / "a"), _llama_dump(tmp_path / "b", seed=2)
+    assert main(["diff", a, b, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    fd = doc["first_divergence"]
+    assert fd["name"] == "model.embed_tokens::aten.embedding.forward.0.input.1", fd["name"]
+    assert fd["kind"] == "data" and fd["dtype"] == "int64"
+    assert [c["kind"] for c in doc["changes"]] == ["data"]
+    assert main(["diff", a, b]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("the two runs were fed different data: model.embed_tokens::"
+                               "aten.embedding.forward.0.input.1 (int64 2,8)"), lines[:3]

@@ -138,6 +138,29 @@ def test_bf16_autocast_block(ref, tmp_path):
                for n in res.notes), res.notes
 
 
+def test_gradients_accumulated_in_another_order_never_pair_unlike_records(tmp_path):
+    # under autocast the casts of fc's weight and bias are autograd nodes of their own, and
+    # autograd accumulates fc's two gradients (an aten.detach each) in the other order
+    a = run(tmp_path / "a", level="mix", mode="statistics")
+    b = run(tmp_path / "b", level="mix", mode="statistics", bf16_block=1)
+    res = tracer.diff(a, b)
+    recs = res.records
+    paired = recs[recs["verdict"].isin(["same", "diverged"])]
+    unlike = paired[paired["shape"] != paired["b_shape"]]
+    assert unlike.empty, unlike[["name", "b_name", "shape", "b_shape"]].to_string()
+    grads = recs[recs["name"].str.startswith("layers.1.fc::aten.detach.backward.")]
+    assert len(grads) == 4 and grads["verdict"].isin(["same", "diverged"]).all(), grads
+    assert set(grads["shape"]) == {"16", "16,16"}
+    assert (recs["verdict"] != "only_a").all()  # B only adds its casts
+    # the report's table: the first divergence, the worst others by their error, then B's
+    # casts, listed apart and never ranked among the divergences
+    shown = res.shown["verdict"].tolist()
+    n = shown.count("diverged")
+    assert n > 3 and shown[:n] == ["diverged"] * n and set(shown[n:]) == {"only_b"}
+    errors = res.shown["error"].iloc[1:n].tolist()
+    assert errors == sorted(errors, reverse=True) and all(e > 0 for e in errors), errors
+
+
 def test_wrong_custom_backward(ref, tmp_path):
     other = run(tmp_path / "b", wrong_backward=True)
     res = tracer.diff(ref, other)

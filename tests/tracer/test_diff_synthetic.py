@@ -125,6 +125,27 @@ def test_inserted_noop_is_not_a_divergence(tmp_path, data):
     assert wrong == ["layers.0::aten.add.forward.0.output.0"]
 
 
+def test_parameter_records_pair_by_their_parameter(tmp_path):
+    """A run that froze a LayerNorm's weight records only its bias: the bias pairs with the
+    bias (whose values moved a little), never with the weight of the same shape that the other
+    run recorded first."""
+    import tracer
+
+    weight, bias = np.ones(4, dtype=np.float32), np.full(4, 0.1, dtype=np.float32)
+
+    def params(*named):
+        return [rec(f"ln.{n}", "optimizer", d, t * (2 if d == "grad" else 1), module="ln")
+                for n, t in named for d in ("param", "grad")]
+
+    write_step(tmp_path / "a", params(("weight", weight), ("bias", bias)), level="module")
+    write_step(tmp_path / "b", params(("bias", bias + np.float32(1e-3))), level="module")
+    recs = tracer.diff(tmp_path / "a", tmp_path / "b").records
+    partner = dict(zip(recs["name"], recs["b_name"]))
+    assert partner == {"ln.weight.optimizer.0.param.0": "", "ln.weight.optimizer.0.grad.0": "",
+                       "ln.bias.optimizer.0.param.0": "ln.bias.optimizer.0.param.0",
+                       "ln.bias.optimizer.0.grad.0": "ln.bias.optimizer.0.grad.0"}, partner
+
+
 def test_first_divergence_in_execution_order(tmp_path, data):
     import tracer
 

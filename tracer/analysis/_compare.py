@@ -9,7 +9,11 @@ Conventions (documented in docs/diff.md):
   counted separately (`nan_diff`, `inf_diff`), make the record diverge, and set the cosine to
   NaN and the max errors to inf (the finite rest alone would look the same);
 - relative error is symmetric: |a - b| / max(|a|, |b|) (0 where both are 0), in [0, 2];
-- an element is within tolerance when |a - b| <= atol + rtol * max(|a|, |b|).
+- an element is within tolerance when |a - b| <= atol + rtol * max(|a|, |b|);
+- `error`, the one number records are ranked by, is relative to the whole tensor:
+  ||a - b|| / max(||a||, ||b||) (0 when both are all zero), in [0, 2]; unlike the relative error
+  of single elements it is not made large by elements near zero, and unlike the cosine it sees
+  a change of scale.
 """
 from __future__ import annotations
 
@@ -213,11 +217,13 @@ class TensorMetrics:
             cosine = max(-1.0, min(1.0, cosine))
         f = max(self.finite, 1)
         max_abs, max_rel = self.max_abs, self.max_rel
+        error = math.sqrt(self.sse) / max(na, nb) if self.sse else 0.0
         if self.nan_diff or self.inf_diff:
             # a NaN or an infinity against a number: no angle, no bounded error (the finite
             # elements alone would say cosine 1 and error 0 for a tensor that is not the same)
-            cosine, max_abs, max_rel = math.nan, math.inf, math.inf
+            cosine, max_abs, max_rel, error = math.nan, math.inf, math.inf, math.inf
         return {
+            "error": error,
             "cosine": cosine,
             "max_abs_err": max_abs,
             "max_rel_err": max_rel,
@@ -312,15 +318,18 @@ def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[
         reasons.insert(0, nonfinite_differ(a, b))
     if checksum_equal:
         reasons = []  # the same bits: differences above can only be NaN-vs-NaN artefacts
+    out["error"] = 0.0 if checksum_equal else (
+        math.inf if out["nan_diff"] or out["inf_diff"]
+        else max(out[f"{key}_rdiff"] for key in ("min", "max", "mean", "norm")))
     out["verdict"] = "diverged" if reasons else "same"
     out["reason"] = "; ".join(reasons)
     return out
 
 
 
-_SAME_SKETCH = {"cosine": 1.0, "max_abs_err": 0.0, "max_rel_err": 0.0, "mean_abs_err": 0.0,
-                "rmse": 0.0, "within": 1.0, "rms": math.nan, "nan_diff": 0, "inf_diff": 0,
-                "identical": True, "verdict": "same", "reason": ""}
+_SAME_SKETCH = {"error": 0.0, "cosine": 1.0, "max_abs_err": 0.0, "max_rel_err": 0.0,
+                "mean_abs_err": 0.0, "rmse": 0.0, "within": 1.0, "rms": math.nan, "nan_diff": 0,
+                "inf_diff": 0, "identical": True, "verdict": "same", "reason": ""}
 
 
 def compare_sketch(sa: np.ndarray, sb: np.ndarray, numel: int, dtype_a: str, dtype_b: str,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from tracer.analysis._align import align
+from tracer.analysis._changed import changes, kind, mark_fed
 from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats, nonfinite_differ
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
@@ -30,7 +30,7 @@ from tracer.analysis._origin import param_name
 from tracer.storage import op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
-_METRICS = ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
+_METRICS = ("error", "cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
             "nan_diff", "inf_diff", "min_rdiff", "max_rdiff", "mean_rdiff", "norm_rdiff",
             "checksum_equal")
 _COUNTS = ("nan", "posinf", "neginf")  # per side, from the statistics rows
@@ -74,6 +74,14 @@ class DiffResult:
     """pandas DataFrame of the rows a report lists, in both modes: the first divergent record,
     the `keep_worst` worst other divergent records (`severity`), then the first `keep_worst`
     records without a partner."""
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    """What changed between the runs, where the diff can tell, for a report's first lines:
+    {"kind": "dtype", "a", "b" (the dtypes most matched records changed between), "records"
+    (how many did), "paired" (matched records in all), "others" ({"a->b": count} of the other
+    changes), "name", "source", "step" (the first such record)} when matched records differ in
+    dtype; {"kind": "data" or "parameter", "name", "dtype", "shape", "source", "step"} when
+    the first divergence is the model's input (or an integer input no recorded op made: token
+    ids, labels) or a weight before the step."""
 
     @property
     def exit_code(self) -> int:
@@ -96,9 +104,10 @@ class DiffResult:
         return {k: int(v.get(k, 0)) for k in ("same", "diverged", "only_a", "only_b")}
 
     def to_dict(self, records: bool = True) -> dict[str, Any]:
-        """A JSON-ready dict: status, exit_code, first_divergence, compared, counts, problems,
-        problem_counts, left_out, steps, notes, records."""
+        """A JSON-ready dict: status, exit_code, changes, first_divergence, compared, counts,
+        problems, problem_counts, left_out, steps, notes, records."""
         out: dict[str, Any] = {"status": self.status, "exit_code": self.exit_code,
+                               "changes": self.changes,
                                "first_divergence": self.first_divergence,
                                "compared": self.compared, "counts": self.counts(),
                                "problems": [p.to_dict() for p in self.problems],
@@ -242,6 +251,8 @@ def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: 
     row["compared"] = "sketch"
     for key in ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within"):
         row[key] = m[key]
+    if not math.isinf(row["error"]):  # else NaN/Inf counts differ: no estimate says more
+        row["error"] = m["error"]
     if m["verdict"] != "diverged":
         return
     if row["verdict"] == "diverged":
@@ -253,28 +264,14 @@ def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: 
 
 
 def severity(row: dict) -> tuple:
-    """Sort key of divergent records, worst first: NaN/Inf patterns that differ, then low
-    cosine, then large relative error."""
+    """Sort key of divergent records, worst first: by `error` (NaN/Inf patterns that differ
+    are infinite, and the more positions the worse), then records without a measured error
+    (shapes that differ through a module map)."""
+    e = row.get("error")
+    measured = e is not None and not (isinstance(e, float) and math.isnan(e))
     n, i = row.get("nan_diff"), row.get("inf_diff")
     nonfinite = 0 if n is None or (isinstance(n, float) and math.isnan(n)) else int(n) + int(i)
-    cos = row.get("cosine")
-    cos = 1.0 if cos is None or (isinstance(cos, float) and math.isnan(cos)) else cos
-    rel = row.get("max_rel_err")
-    rel = row.get("norm_rdiff") if rel is None or (isinstance(rel, float) and math.isnan(rel)) \
-        else rel
-    rel = 0.0 if rel is None or (isinstance(rel, float) and math.isnan(rel)) else rel
-    return (-nonfinite, -(1.0 - cos), -rel)
-
-
-_DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
-
-
-def _kind(row: dict[str, Any]) -> str:
-    if _DATA_INPUT.match(str(row["name"])):
-        return "data"
-    if row["phase"] == "optimizer" and row["direction"] == "param":
-        return "parameter"
-    return "compute"
+    return (not measured, -(float(e) if measured else 0.0), -nonfinite)
 
 
 def _priority(phase: str, direction: str) -> int:
@@ -310,9 +307,9 @@ def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
         if r["verdict"] == "diverged":
             keys = ("name", "module", "op", "phase", "step", "rank", "source", "caller",
                     "b_name", "b_step", "b_rank", "seq", "direction", "index", "dtype", "b_dtype",
-                    "compared", "reason") + _METRICS
+                    "shape", "b_shape", "compared", "reason") + _METRICS
             fd = _jsonable({k: r[k] for k in keys})
-            fd["kind"] = _kind(r)
+            fd["kind"] = kind(r)
             fd["unpaired_before"] = _unpaired_before(rows, i)
             return fd
     return None
@@ -453,7 +450,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         if read is None:
             continue
         ta, tb = read
-        pairs = align(ta, tb)
+        pairs = align(ta, tb, layouts=layouts is not None)
         tables.append((pl, ta, tb, pairs))
         na, nb = ta["data_nbytes"].to_numpy(), tb["data_nbytes"].to_numpy()
         total += sum(int(na[ia]) + int(nb[ib]) for ia, ib in pairs
@@ -520,8 +517,8 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
             ta, tb = read
             rows: list[dict] = []
             try:
-                _compare_step(sa, sb, pl, ta, tb, align(ta, tb), tol, bar, rows, kinds, notes,
-                              layouts)
+                _compare_step(sa, sb, pl, ta, tb, align(ta, tb, layouts=layouts is not None),
+                              tol, bar, rows, kinds, notes, layouts)
             except ReadError as e:
                 problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
                                         str(e)))
@@ -550,6 +547,7 @@ class _Summary:
         self.first: dict[str, Any] | None = None
         self.mixed = 0
         self.first_mixed: dict[str, Any] | None = None
+        self.dtype_pairs: dict[tuple[str, str], int] = {}
         self.keep = keep
         self.first_row: dict | None = None
         self.worst: list[dict] = []
@@ -576,6 +574,9 @@ class _Summary:
             self.first = fd
         mixed = [r for r in rows if r["dtype"] and r["b_dtype"] and r["dtype"] != r["b_dtype"]]
         self.mixed += len(mixed)
+        for r in mixed:
+            pair = (str(r["dtype"]), str(r["b_dtype"]))
+            self.dtype_pairs[pair] = self.dtype_pairs.get(pair, 0) + 1
         if mixed and (self.first_mixed is None or mixed[0]["step"] < self.first_mixed["step"]):
             self.first_mixed = {k: mixed[0][k] for k in ("name", "dtype", "b_dtype", "source",
                                                          "step")}
@@ -639,6 +640,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
             rows.append(row)
+        mark_fed(rows[len(rows) - len(pairs):], recs_a)
         if matched == 0 and (len(ta) or len(tb)):
             raise DiffError(f"no record of A (rank {pl[0]} step {pl[1]}, level {la}) "
                             f"matches a record of B (rank {pl[2]} step {pl[3]}, "
@@ -719,4 +721,6 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
                       record_counts=counts,
-                      shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)))
+                      shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)),
+                      changes=changes(summary.dtype_pairs, summary.first_mixed, first, paired))
+

@@ -39,7 +39,7 @@ class RankDiffResult:
     see the module doc), with its `rank`; None when no rank diverged."""
     ranks: list[dict[str, Any]] = field(default_factory=list)
     """One summary per rank pair: rank, status, exit_code, first_divergence, counts, problems,
-    steps, notes, error (when its diff could not run)."""
+    steps, notes, changes (`DiffResult.changes`), error (when its diff could not run)."""
     only_a: list[int] = field(default_factory=list)
     only_b: list[int] = field(default_factory=list)
     engine: str = "local"
@@ -165,8 +165,8 @@ def diff_one_rank(rank: int, a: str, b: str, step: int | None, tol: Tolerance,
                        keep_records=False)
         except DiffError as e:  # e.g. a rank whose files are all damaged on one side
             return dict(rank=rank, status="incomplete", exit_code=2, first_divergence=None,
-                        counts={}, problems=[], steps=[], notes=[], error=str(e))
+                        counts={}, problems=[], steps=[], notes=[], changes=[], error=str(e))
     fd = res.first_divergence
     return dict(rank=rank, status=res.status, exit_code=res.exit_code, first_divergence=fd,
                 counts=res.counts(), problems=[p.to_dict() for p in res.problems],
-                steps=res.steps, notes=res.notes, error="")
+                steps=res.steps, notes=res.notes, changes=res.changes, error="")

@@ -1,0 +1,68 @@
+"""What changed between two runs, where a diff can tell: the dtypes their matched records were
+computed in, and a first divergence that lies before any computation (the data fed to the
+model, or the weights a step began with). A report says these first, since everything that
+diverges after them follows from them."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
+_INTEGER = ("int", "uint", "bool")
+
+
+def kind(row: dict[str, Any]) -> str:
+    """What a divergent record is: "data" (the model's input, or an input marked `fed`),
+    "parameter" (a weight before the optimizer step) or "compute"."""
+    if _DATA_INPUT.match(str(row["name"])) or row.get("fed"):
+        return "data"
+    if row["phase"] == "optimizer" and row["direction"] == "param":
+        return "parameter"
+    return "compute"
+
+
+def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
+    """Mark `fed` the divergent forward inputs of integer dtype (token ids, labels, masks) that
+    no earlier record of A's step holds (same dtype, element count and checksum): no recorded
+    op made them, so they came from the data. A float input without a maker may be a weight
+    (an op-level dump records no parameters), which is why only integers are marked.
+
+    `rows`: one step's compared rows (dicts of the diff's columns); `recs_a`: A's records of
+    that step (dicts of the /records columns)."""
+    wanted = [r for r in rows if r["verdict"] == "diverged" and r["phase"] == "forward"
+              and r["direction"] == "input" and str(r["dtype"]).startswith(_INTEGER)]
+    if not wanted:
+        return
+    made: dict[tuple, int] = {}
+    for rec in recs_a:
+        if rec["direction"] == "output" and str(rec["dtype"]).startswith(_INTEGER):
+            key = (rec["dtype"], int(rec["numel"]), int(rec["checksum"]))
+            made[key] = min(made.get(key, int(rec["seq"])), int(rec["seq"]))
+    by_seq = {int(rec["seq"]): rec for rec in recs_a}
+    for r in wanted:
+        rec = by_seq.get(int(r["seq"]))
+        if rec is None:
+            continue
+        maker = made.get((rec["dtype"], int(rec["numel"]), int(rec["checksum"])))
+        r["fed"] = maker is None or maker > int(r["seq"])
+
+
+def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any] | None,
+            first: dict[str, Any] | None, paired: int) -> list[dict[str, Any]]:
+    """`DiffResult.changes` from what the diff gathered: matched records per (A dtype, B dtype)
+    pair that differ, the first such record, the first divergence, and the matched records in
+    all."""
+    out: list[dict[str, Any]] = []
+    if dtype_pairs:
+        ranked = sorted(dtype_pairs.items(), key=lambda kv: -kv[1])
+        (a, b), n = ranked[0]
+        where = first_mixed or {}
+        out.append({"kind": "dtype", "a": a, "b": b, "records": n, "paired": paired,
+                    "others": {f"{x}->{y}": k for (x, y), k in ranked[1:]},
+                    "name": where.get("name"), "source": where.get("source"),
+                    "step": where.get("step")})
+    if first is not None and first["kind"] in ("data", "parameter"):
+        out.append({"kind": first["kind"], "name": first["name"], "dtype": first["dtype"],
+                    "shape": first.get("shape", ""), "source": first["source"],
+                    "step": first["step"]})
+    return out
