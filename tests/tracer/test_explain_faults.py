@@ -309,7 +309,6 @@ class Original(nn.Module):
         return self.head(self.norm(self.proj(x)))
 
 
-@pytest.mark.xfail(reason="through the new map (confidence, only what the map checks), the blamed call's B name comes back empty: explain --map and the map rewrite were built apart", strict=False)
 def test_two_codebases_are_explained_through_a_module_map(tmp_path, capsys):
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     for name, model in (("a", Original()), ("b", Ported(eps=1e-2))):

@@ -25,7 +25,8 @@ from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem,
                                         plan)
 from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
 from tracer.analysis._fused import combine, compare_fused, is_combined
-from tracer.analysis._map_file import UNVOUCHED_NOTE, ModuleMap, set_aside, vouched
+from tracer.analysis._map_file import (UNVOUCHED_NOTE, ModuleMap, same_op_modules,
+                                       set_aside, unmatched_pair, vouched)
 from tracer.analysis._origin import param_name
 from tracer.storage import op_capture_of
 
@@ -625,6 +626,9 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
                           if r["phase"] == "optimizer" and r["direction"] == "param"
                           and param_name(r) in layouts) if layouts else frozenset()
         pairs.sort(key=lambda p: (p[0] is None, p[0] if p[0] is not None else p[1]))
+        # two codebases: the modules both runs have, B's read as A's through the map
+        paired = set(ta["module"]) & set(tb["module"]) if layouts is not None else set()
+        same_ops = same_op_modules(ta, tb) if layouts is not None else frozenset()
         matched = 0
         for ia, ib in pairs:
             ra = recs_a[ia] if ia is not None else None
@@ -632,10 +636,13 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             matched += ra is not None and rb is not None
             row = _compare_pair(ra, rb, fa, fb, tol, pl, bar,
                                 (_file_row(ra, ia), _file_row(rb, ib)), layouts, moved)
-            if layouts is not None and row["verdict"] == "diverged" and not vouched(ra):
+            if layouts is not None and row["verdict"] == "diverged" \
+                    and not vouched(ra, same_ops):
                 set_aside(row)
                 if UNVOUCHED_NOTE not in notes:
                     notes.append(UNVOUCHED_NOTE)
+            elif layouts is not None and (ra is None) != (rb is None):
+                unmatched_pair(row, ra if ra is not None else rb, paired)
             bar.record()
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])

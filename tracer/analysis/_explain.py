@@ -111,7 +111,9 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         return Explanation("unexplained", "no record diverged, but the runs' steps differ: a "
                            "step one run dumped is missing in the other (see `sleuth diff`)",
                            notes=notes)
-    if fd["kind"] in ("data", "parameter"):
+    if fd["kind"] in ("data", "parameter") and not fd["op"]:
+        # an op's input the diff marks as data (token ids) goes on to the lead, which says
+        # which op it enters and that no recorded op made it
         what = "the model's input" if fd["kind"] == "data" else "the weights"
         return Explanation("inputs", f"inputs differ from the start: {what} already differ at "
                            f"{fd['name']} (data, seed or weights), before any op ran",

@@ -23,7 +23,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tracer._errors import ConfigError
 from tracer.analysis._fused import group_name
@@ -216,12 +216,47 @@ UNVOUCHED_NOTE = (
     "(verdict only_a, reason 'not compared'), not as a divergence")
 
 
-def vouched(rec: dict) -> bool:
+def vouched(rec: dict, same_ops: frozenset[str] = frozenset()) -> bool:
     """Whether a map vouches for what `rec` (a /records row) is: a module's first input or
-    output, or a parameter's record (value, gradient, update). What else pairs across two
-    codebases pairs by position: the ops a module runs, and the order of its further inputs
-    (Llama's decoder layer takes the mask second, a port the rotary tables), differ."""
-    return rec["phase"] == "optimizer" or (rec["op"] == "" and int(rec["index"]) == 0)
+    output, a parameter's record (value, gradient, update), or an op's output in a module that
+    runs the same ops in the same order in both codebases (`same_ops`, see `same_op_modules`).
+    What else pairs across two codebases pairs by position: the ops a module runs, the order of
+    an op's inputs (`x + attn` against `attn + x`) and of a module's further inputs (Llama's
+    decoder layer takes the mask second, a port the rotary tables) differ."""
+    if rec["phase"] == "optimizer" or (rec["op"] == "" and int(rec["index"]) == 0):
+        return True
+    return bool(rec["op"]) and rec["direction"] == "output" and rec["module"] in same_ops
+
+
+def same_op_modules(ta: Any, tb: Any) -> frozenset[str]:
+    """The modules whose op records run the same ops, phases and output counts in the same
+    order in both tables (B's modules already read as A's through the map)."""
+    def sequences(t: Any) -> dict[str, list[tuple]]:
+        out: dict[str, list[tuple]] = {}
+        ops = t[(t["op"] != "") & (t["direction"] == "output")].sort_values("seq", kind="stable")
+        for module, op, phase, index in zip(ops["module"], ops["op"], ops["phase"], ops["index"]):
+            out.setdefault(str(module), []).append((op, phase, int(index)))
+        return out
+
+    sa, sb = sequences(ta), sequences(tb)
+    return frozenset(m for m, keys in sa.items() if sb.get(m) == keys)
+
+
+def unmatched_pair(row: dict, rec: dict, paired: set[str]) -> bool:
+    """Turn a one-sided row into a divergence where the map vouches for its record (`vouched`)
+    and pairs its module (`paired`: the modules both runs have, read through the map): the
+    two modules' inputs or outputs differ in size, so the pair, or one run's module, is not
+    what the other is. Left one-sided, it would count as no divergence and the diff say
+    "same". True when the row was turned."""
+    if rec["phase"] == "optimizer" or rec["op"] or not vouched(rec) \
+            or rec["module"] not in paired:
+        return False
+    other = "B" if row["verdict"] == "only_a" else "A"
+    row.update(verdict="diverged",
+               reason=f"the map pairs module {rec['module']}, but {other} has no record "
+                      f"matching this one in size: the pair, or one run's module, is not "
+                      f"what the other run's is")
+    return True
 
 
 def set_aside(row: dict) -> None:
