@@ -189,10 +189,12 @@ class Lead:
         self.step, self.sides, self.factor = step, sides, factor
 
     def judge(self, fd: dict[str, Any]) -> Finding | None:
-        """What `fd`'s value says, or None for an op's output (the re-run of its call says
-        more: its inputs agree)."""
+        """What `fd`'s value says, or None for an op's output whose inputs pair (the re-run
+        of its call says more)."""
         if fd["op"] and fd["direction"] != "input":
-            return None
+            fd = self._unpaired_input(fd)
+            if fd is None:
+                return None
         ra = self.step.get("a", fd["name"])
         rb = self.step.get("b", fd["b_name"] or fd["name"])
         if ra is None or rb is None:
@@ -225,6 +227,23 @@ class Lead:
             return Finding("bug", why, self._blamed(fd, "passed", why))
         return Finding("descend", f"the first divergence, {fd['name']}, is a module record "
                        f"whose value {'A' if pa is None else 'B'}'s recorded ops did not make")
+
+    def _unpaired_input(self, fd: dict[str, Any]) -> dict[str, Any] | None:
+        """For an op output that diverges first: the call's first input that has no partner
+        in the other run, as a divergence of its own to judge (operands of different shapes
+        swapped pair with nothing), or None when every input pairs."""
+        call_a, call_b = stem(fd["name"]), stem(fd["b_name"] or fd["name"])
+        ins_b = {int(r["index"]): r for r in self.step.calls["b"].get(call_b, ())
+                 if r["direction"] == "input"}
+        for ra in self.step.calls["a"].get(call_a, ()):
+            rb = ins_b.get(int(ra["index"]))
+            if ra["direction"] != "input" or rb is None or not (
+                    self.step.unpaired("a", ra) or self.step.unpaired("b", rb)):
+                continue
+            return {**fd, "name": str(ra["name"]), "b_name": str(rb["name"]),
+                    "direction": "input", "index": int(ra["index"]),
+                    "source": rb["source"] or fd["source"]}
+        return None
 
     def _value(self, fd: dict[str, Any]) -> str:
         return f"B's input {int(fd['index'])}" if fd["op"] else "B's value"
