@@ -102,6 +102,8 @@ class Fault:
 FAULTS: dict[str, Fault] = {
     "constant": Fault("norm", "bug"),
     "extra_forward": Fault("projection", "bug", op="aten.mul"),
+    # an extra op that changes values by 1%, less than bfloat16's rounding, in a float32 run
+    "extra_small": Fault("projection", "bug", op="aten.mul"),
     "dropped_op": Fault("projection", "bug", op="aten.mul"),
     "extra_backward": Fault("projection", "bug", phase="backward", op="aten.mul"),
     "swapped": Fault("projection", "bug", op="aten.sub"),
@@ -139,6 +141,8 @@ def _wrap(module: nn.Module, fault: str, faulty: bool) -> None:
         out = inner(*args, **kwargs)
         if fault == "extra_forward":
             return out * 1.5 if faulty else out  # FAULT: extra_forward
+        if fault == "extra_small":
+            return out * 1.01 if faulty else out  # FAULT: extra_small
         if fault == "dropped_op":
             return out if faulty else out * 1.5  # FAULT: dropped_op
         if fault == "extra_backward":

@@ -115,3 +115,47 @@ def test_dump_show_and_diff_show_the_call_site(library, tmp_path, capsys):
     assert set(result.records.caller) == {call_site, ""}
     assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
     assert f"called from {call_site}" in capsys.readouterr().out
+
+
+def test_a_library_inside_the_standard_librarys_folder_is_still_the_models_code(
+        library, tmp_path, monkeypatch):
+    """pyenv, python.org and conda installs keep site-packages inside the standard library's
+    folder (lib/python3.X/site-packages): a library there is the model's code, not Python's."""
+    monkeypatch.setattr(_source, "_STDLIB", str(tmp_path / "lib") + "/")
+    torch.manual_seed(0)
+    model = library.LibraryNet()
+    with tracer.Dumper(model, {"path": str(tmp_path / "run"), "level": "op"}):
+        model(torch.randn(2, 4)).sum().backward()
+    stats = tracer.open_dump(tmp_path / "run").stats(rank=0, step=0)
+    source = dict(zip(stats["name"], stats["source"]))["<root>::aten.tanh.forward.0.output.0"]
+    path, line = source.rsplit(":", 1)
+    assert path == "fakelib/model.py" and "LIBRARY LINE" in _MODEL.splitlines()[int(line) - 1]
+
+
+def test_a_hugging_face_models_ops_name_its_modeling_file(tmp_path):
+    """The same, on transformers as pip installed it here, wherever its site-packages lies."""
+    import logging
+
+    transformers = pytest.importorskip("transformers")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, attn_implementation="eager")
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    with tracer.Dumper(model, {"path": str(tmp_path), "level": "op", "phases": "forward"}):
+        model(input_ids=ids)  # THE CALL
+    stats = tracer.open_dump(tmp_path).stats(rank=0, step=0)
+    norm = stats[(stats["module"] == "model.layers.0.input_layernorm")
+                 & (stats["phase"] == "forward")]
+    assert len(norm) and all(s.startswith("transformers/models/llama/modeling_llama.py:")
+                             for s in norm["source"])
+    assert all(c.endswith("test_capture_source_library.py:" + str(_line("# THE CALL")))
+               for c in norm["caller"])
+
+
+def _line(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f.read().splitlines(), 1)
+                    if text in line and "_line(" not in line)

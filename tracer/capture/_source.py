@@ -96,6 +96,7 @@ def caller_of(source: str) -> str:
     return source.caller if type(source) is Site else ""
 _relpath: dict[str, str] = {}
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+_STDLIB = os.path.dirname(os.__file__) + os.sep
 
 
 def _setup() -> None:
@@ -118,7 +119,9 @@ def _is_internal(code: types.CodeType) -> int:
     internal = not path.startswith(_USER_PACKAGE_ROOTS) and (
         path.startswith(_PREFIXES)
         or path.startswith("<frozen")
-        or path.startswith(os.path.dirname(os.__file__) + os.sep)  # the standard library
+        # the standard library; site-packages may lie inside its folder (pyenv, python.org
+        # and conda installs), and a library there is code the user runs, not Python's
+        or (path.startswith(_STDLIB) and not any(d in path for d in _LIBRARY_DIRS))
     )
     flag = int(internal)
     if internal:
