@@ -100,11 +100,12 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
     return lines
 
 
-def explain_command(a: str, b: str, step: int | None = None, rank: int | None = None) -> str:
-    """The `sleuth explain` command line for the runs a diff compared."""
+def explain_command(a: str, b: str, step: int | None = None, rank: int | None = None,
+                    module_map: str | None = None) -> str:
+    """The `sleuth explain` command line for the runs a diff compared (through the same map)."""
     import shlex
 
-    words = ["sleuth", "explain", a, b]
+    words = ["sleuth", "explain", *(["--map", module_map] if module_map else []), a, b]
     if step is not None:
         words += ["--step", str(step)]
     if rank:
@@ -330,5 +331,6 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from e
     if not args.json:
         print(format_report(result, args.top,
-                            explain_command(args.a, args.b, args.step, args.rank)))
+                            explain_command(args.a, args.b, args.step, args.rank,
+                                            args.map)))
     return result.exit_code

@@ -230,3 +230,11 @@ def test_token_ids_that_differ_are_named_as_the_data(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("the two runs were fed different data: model.embed_tokens::"
                                "aten.embedding.forward.0.input.1 (int64 2,8)"), lines[:3]
+
+
+def test_the_explain_command_a_mapped_diff_suggests_keeps_the_map():
+    from sleuth._cmd_diff import explain_command
+
+    assert explain_command("runs/a", "runs/b", 0, None, "map.yaml") == \
+        "sleuth explain --map map.yaml runs/a runs/b --step 0"
+    assert explain_command("runs/a", "runs/b") == "sleuth explain runs/a runs/b"

@@ -114,8 +114,8 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     if fd["kind"] in ("data", "parameter") and not fd["op"]:
         # an op's input the diff marks as data (token ids) goes on to the lead, which says
         # which op it enters and that no recorded op made it
-        what = "the model's input" if fd["kind"] == "data" else "the weights"
-        return Explanation("inputs", f"inputs differ from the start: {what} already differ at "
+        what = "the model's input differs" if fd["kind"] == "data" else "the weights differ"
+        return Explanation("inputs", f"inputs differ from the start: {what} already at "
                            f"{fd['name']} (data, seed or weights), before any op ran",
                            first_divergence=fd, notes=notes)
     da, db = open_dump(a), open_dump(b)
