@@ -305,8 +305,8 @@ class Lead:
 
         def ops(recs: list[dict]) -> str:
             if len(recs) <= 3:
-                return ", ".join(f"{r['op']} at {r['source'] or 'an unknown line'} "
-                                 f"({call_stem(r)})" for r in recs)
+                return ", ".join(f"{r['op']} at {r['source'] or 'an unknown line'}"
+                                 f"{_called_from(r)} ({call_stem(r)})" for r in recs)
             names = ", ".join(dict.fromkeys(str(r["op"]) for r in recs))
             lines = ", ".join(dict.fromkeys(str(r["source"] or "?") for r in recs))
             return f"{len(recs)} ops ({names}) at {lines}, from {call_stem(recs[0])} on"
@@ -318,6 +318,7 @@ class Lead:
         first = new[0] if new else gone[0]
         blamed = {"name": call_stem(first), "b_name": call_stem(first) if new else "",
                   "op": first["op"], "module": first["module"], "source": first["source"],
+                  "caller": first.get("caller") or "",
                   "phase": first["phase"], "step": fd["step"], "judged": "bug",
                   "fault": fault, "side": "B" if new else "A",
                   "removed": [call_stem(r) for r in gone], "added": [call_stem(r) for r in new]}
@@ -407,6 +408,13 @@ class Lead:
                 if f'"dtype":"{name}"' in text and dtype is not None and dtype not in out:
                     out.append(dtype)
         return out
+
+
+def _called_from(rec: dict) -> str:
+    """", called from train.py:40" for a record made inside an installed library (its source
+    is the library's line; `caller` the user's line that led there), else ""."""
+    caller = rec.get("caller") or ""
+    return f", called from {caller}" if caller else ""
 
 
 def _value(rec: dict) -> tuple:
