@@ -38,6 +38,11 @@ _EXPORTS: dict[str, str] = {
     "sketch_positions": "tracer.storage._sketch",
     "sketch_row": "tracer.storage._sketch",
     "SKETCH_SIZE": "tracer.storage._sketch",
+    # JSON files a run wrote, read within size and depth limits
+    "JsonLimitError": "tracer.storage._bounded_json",
+    "load_bounded": "tracer.storage._bounded_json",
+    "loads_bounded": "tracer.storage._bounded_json",
+    "read_text_bounded": "tracer.storage._bounded_json",
     # exporting
     "ExportedDump": "tracer.storage._export",
     "export_parquet": "tracer.storage._export",
