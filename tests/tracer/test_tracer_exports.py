@@ -27,7 +27,7 @@ FACES = {
                 "decode_bits", "dense_strides", "difference_sketch", "difference_stats",
                 "element_size", "export_parquet", "is_export", "load_bounded", "loads_bounded",
                 "make_writer", "op_capture_of", "open_dump", "parse_shape", "read_export",
-                "read_text_bounded", "read_sketches", "sketch_positions", "sketch_row",
+                "read_sketches", "read_text_bounded", "sketch_positions", "sketch_row",
                 "step_path", "stored_extent"],
     "analysis": ["AuditResult", "Coverage", "DiffResult", "Explanation", "HeadroomReport",
                  "ModuleMap",
