@@ -120,10 +120,6 @@ def _union_us(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
-    return max(0.0, min(a1, b1) - max(a0, b0))
-
-
 def _shapes(args: dict[str, Any]) -> str:
     dims = args.get("Input Dims")
     if not dims:

@@ -41,11 +41,6 @@ they have no headroom."""
 _LOG2_RANGES = {k: (math.log2(hi), math.log2(lo)) for k, (hi, lo) in FLOAT_RANGES.items()}
 
 
-def float_range(dtype: str) -> tuple[float, float] | None:
-    """(largest finite, smallest normal) of a dtype column value, None for non-float dtypes."""
-    return FLOAT_RANGES.get(str(dtype))
-
-
 def log2_range(dtype: str) -> tuple[float, float] | None:
     """(log2 largest finite, log2 smallest normal), None for non-float dtypes."""
     return _LOG2_RANGES.get(str(dtype))

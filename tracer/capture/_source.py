@@ -90,10 +90,6 @@ class Site(str):
         return site
 
 
-def caller_of(source: str) -> str:
-    """The `caller` column of a record with this `source`: the user's call site where the
-    source is in an installed library, else ``""`` (the source is the call site)."""
-    return source.caller if type(source) is Site else ""
 _relpath: dict[str, str] = {}
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _STDLIB = os.path.dirname(os.__file__) + os.sep
