@@ -14,6 +14,13 @@ class DumpFormatError(TracerError):
     """A dump file is missing, unreadable, or of a format version this release cannot read."""
 
 
+class UntrustedFileError(TracerError):
+    """A file claims what it does not hold: a dataset larger than the bytes stored for it, or
+    data that lies in another file (an HDF5 external link, external storage, a virtual
+    dataset). Refused outright, never read and never skipped as damaged: a command that meets
+    one stops with this message (the file, what it claims, what it holds)."""
+
+
 class DumpWriteError(TracerError):
     """Writing a dump failed (disk full, permissions, ...); the cause is chained."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import difflib
 import math
+import os
 import re
 import warnings
 from collections import OrderedDict
@@ -19,9 +20,11 @@ import h5py
 import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
+from tracer.storage._h5open import open_h5
 from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS,
                                     RecordRow, records_crc32)
 from tracer.storage._sketch import SKETCH_SIZE, row_of
+from tracer.storage._layout import stored_extent
 from tracer.storage._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
@@ -429,7 +432,7 @@ class Dump:
             self._handles.move_to_end(path)
             return f
         try:
-            f = h5py.File(path, "r")
+            f = open_h5(path)  # refuses links out of the file and claims past its size
         except OSError as e:
             raise DumpFormatError(f"cannot read dump file {path}: {e}") from e
         _check_version(f, path)
@@ -484,13 +487,26 @@ class Dump:
             raise DumpFormatError(f"record {name!r} (rank {rank} step {step}) has no tensor "
                                   f"data: the dump was made with mode {mode!r}; dump with mode "
                                   f"'tensor' or 'full' to keep tensors")
-        data = self._open(rank, step)["tensors"][offset:offset + nbytes]
-        data = np.ascontiguousarray(data, dtype=np.uint8)
+        f = self._open(rank, step)
+        stored = int(f["tensors"].shape[0]) if "tensors" in f else 0
         strides = row.strides
+        itemsize = element_size(dtype) or nbytes // max(1, math.prod(shape))
+        want = (stored_extent(shape, parse_shape(strides)) if strides else math.prod(shape)) \
+            * itemsize
+        # strided rows: c_order_bytes checks that the strides stay inside the bytes
+        if (offset + nbytes > stored or row.numel != math.prod(shape)
+                or (element_size(dtype) and not strides and nbytes != want)
+                or row.numel * itemsize > _memory_bytes()):
+            # checked before reading: the row's claims decide how much is allocated
+            raise DumpFormatError(
+                f"{self.path(rank, step)}: record {name!r} claims {nbytes:,} bytes at offset "
+                f"{offset:,} of /tensors ({stored:,} bytes), for {row.numel:,} elements of "
+                f"shape [{row.shape}] and dtype {dtype}: the /records table is damaged (or "
+                f"the tensor is larger than this machine's memory); dump that step again")
+        data = np.ascontiguousarray(f["tensors"][offset:offset + nbytes], dtype=np.uint8)
         if strides:
             # the bytes run from the first element to the last, with gaps for a slice of
             # another record's bytes (3.0): the element size comes from the dtype
-            itemsize = element_size(dtype) or nbytes // max(1, math.prod(shape))
             data = c_order_bytes(data, itemsize, shape, parse_shape(strides))
         return data, dtype, shape
 
@@ -517,6 +533,15 @@ def read_sketches(f: Any, path: Path) -> tuple[np.ndarray | None, str]:
                               f"step's statistics without it by comparing with tensors, or "
                               f"dump the step again") from e
     return arr, scheme
+
+
+def _memory_bytes() -> int:
+    """This machine's physical memory: no record is read whole into more (an expansion, stride
+    0, may claim more elements than it stores bytes for, but never more than memory held)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no sysconf: no bound beyond the others
+        return 1 << 62
 
 
 def _damaged(path: Path, cause: BaseException) -> DumpFormatError:
