@@ -17,6 +17,7 @@ from tracer._errors import DumpFormatError
 from tracer._config import _as_str_tuple, _pattern_matcher
 from tracer.analysis._diff import _rows
 from tracer.analysis._origin import StepOrigin, finite_params, nonfinite, sig
+from tracer.analysis._patterns import stored_matches
 from tracer.analysis._watch import Watcher, WatchConfig, parse_watch
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
@@ -252,7 +253,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
         watcher = watchers.setdefault(r, Watcher(points))
         watcher.watch = points
         recs = _rows(df)
-        allowed = _allowed_names(recs, _allow(patterns, attrs))
+        allowed = _allowed_names(recs, _allow(patterns, attrs, recs, str(dump.path(r, s))))
         seen = set()
         for rec in recs:
             rec["step"] = s
@@ -293,7 +294,10 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
 
 
 # -- first NaN ------------------------------------------------------------------------------------
-def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
+def _allow(patterns: Iterable[str], attrs: dict[str, Any], recs: list[dict], source: str):
+    """`allow(name)` for the records of one step that hold NaN/Inf (the only ones it is asked
+    about): `patterns` (the user's own) match here; the dump config's `nan_allow`, which the
+    file brought, match with a time bound (`_patterns`)."""
     from tracer.storage import config_of
 
     configured = config_of(attrs).get("nan_allow") or ()
@@ -301,7 +305,14 @@ def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
         configured = _as_str_tuple("nan_allow", configured)
     except ValueError:
         configured = ()  # a file's own bad config never stops a check; the CLI's patterns do
-    return _pattern_matcher(tuple(patterns) + configured)
+    names = [str(r["name"]) for r in recs if nonfinite(r)]
+    if not names:
+        return lambda name: False
+    mine = _pattern_matcher(tuple(patterns))
+    allowed = {n for n in names if mine(n)}
+    if configured:
+        allowed |= stored_matches(configured, [n for n in names if n not in allowed], source)
+    return allowed.__contains__
 
 
 def _allowed_names(recs: list[dict], allow: Any) -> set[str]:
@@ -345,7 +356,9 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
             except TABLE_READ_ERRORS:
                 return None
 
-        origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
+        recs = _rows(df)
+        origin = StepOrigin(recs, _allow(patterns, attrs, recs, str(dump.path(r, s))),
+                            before).find()
         if origin is not None:
             status, reason = step_status(attrs)
             calls = collective_calls(df)

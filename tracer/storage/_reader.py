@@ -654,7 +654,7 @@ def open_dump(path: str | Path) -> Dump:
             p = p / "dump"
         rank_dirs = [(int(m.group(1)), d) for d in p.iterdir()
                      if d.is_dir() and (m := _RANK_RE.match(d.name))]
-        if not rank_dirs and any(_STEP_RE.match(c.name) or c.name.endswith(".partial")
+        if not rank_dirs and any(_STEP_RE.match(c.name) or _PARTIAL_RE.match(c.name)
                                  for c in p.iterdir()):
             m = _RANK_RE.match(p.name)
             rank_dirs = [(int(m.group(1)) if m else -1, p)]
@@ -700,9 +700,9 @@ def _scan_rank(rank: int, d: Path, files: dict[tuple[int, int], Path],
     found = False
     for child in sorted(d.iterdir()):
         m = _STEP_RE.match(child.name)
-        if child.name.endswith(".partial"):
-            pm = _PARTIAL_RE.match(child.name)
-            partials.append((child, int(pm.group(1)) if pm else None))
+        pm = _PARTIAL_RE.match(child.name)
+        if pm:
+            partials.append((child, int(pm.group(1))))
             found = True
         elif m:
             found = True
