@@ -8,7 +8,6 @@ with the reason, and interrupted steps (root attribute `status`) are searched an
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -202,12 +201,10 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _configured_watch(attrs: dict[str, Any]) -> list[WatchConfig]:
-    try:
-        config = json.loads(attrs.get("config") or "{}")
-    except (ValueError, TypeError):
-        return []
-    return parse_watch(config.get("watch") or [])
+def _configured_watch(attrs: dict[str, Any], source: str) -> list[WatchConfig]:
+    from tracer.storage import config_of  # read within size and depth limits
+
+    return parse_watch(config_of(attrs, source).get("watch") or [])
 
 
 def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None = None,
@@ -247,7 +244,7 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
     for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step):
         points = explicit
         if points is None:
-            points = _configured_watch(attrs)
+            points = _configured_watch(attrs, str(dump.path(r, s)))
             if not any(w.condition == "nan_inf" for w in points):
                 points.append(WatchConfig(condition="nan_inf"))
         watcher = watchers.setdefault(r, Watcher(points))
@@ -300,7 +297,7 @@ def _allow(patterns: Iterable[str], attrs: dict[str, Any], recs: list[dict], sou
     file brought, match with a time bound (`_patterns`)."""
     from tracer.storage import config_of
 
-    configured = config_of(attrs).get("nan_allow") or ()
+    configured = config_of(attrs, source).get("nan_allow") or ()
     try:
         configured = _as_str_tuple("nan_allow", configured)
     except ValueError:

@@ -6,8 +6,8 @@ stored as raw bits and decoded here from the `dtype` column (docs/dump-format.md
 """
 from __future__ import annotations
 
-import json
 import difflib
+import json
 import math
 import os
 import re
@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
+from tracer.storage._bounded_json import JsonLimitError, loads_bounded
 from tracer.storage._h5open import open_h5
 from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS,
                                     RecordRow, records_crc32)
@@ -551,21 +552,28 @@ def _damaged(path: Path, cause: BaseException) -> DumpFormatError:
                            f"away to read the other steps")
 
 
-def config_of(attrs: dict[str, Any]) -> dict[str, Any]:
+def config_of(attrs: dict[str, Any], source: str = "a step file") -> dict[str, Any]:
     """The dump config a step file was written with (its root attributes' `config` JSON),
-    or {} when it has none that reads."""
+    or {} when it has none that reads. JsonLimitError (naming `source`) when the text is
+    larger or nested deeper than any config sleuth writes: read within those limits, since
+    the text is the file's."""
     try:
-        config = json.loads(attrs.get("config", "{}"))
-    except (TypeError, ValueError):
+        config = loads_bounded(attrs.get("config", "{}"), f"{source}: config attribute")
+    except JsonLimitError as e:
+        if isinstance(e.__cause__, json.JSONDecodeError):
+            return {}  # a config that does not parse is left out, as before size limits
+        raise
+    except TypeError:
         return {}
     return config if isinstance(config, dict) else {}
 
 
-def op_capture_of(attrs: dict[str, Any]) -> str:
+def op_capture_of(attrs: dict[str, Any], source: str = "a step file") -> str:
     """How a step file's ops were seen: "observer" for a file written through the compiled op
     observer (its config says so; it records a few ops differently, docs/tracer.md, "Dumps
     made with the op observer"), else "dispatch" (the one capture)."""
-    return "observer" if config_of(attrs).get("op_capture") == "observer" else "dispatch"
+    return "observer" if config_of(attrs, source).get("op_capture") == "observer" else \
+        "dispatch"
 
 
 def c_order_bytes(raw: np.ndarray, itemsize: int, shape: tuple[int, ...],
