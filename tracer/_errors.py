@@ -17,8 +17,9 @@ class DumpFormatError(TracerError):
 class UntrustedFileError(TracerError):
     """A file claims what it does not hold: a dataset larger than the bytes stored for it, or
     data that lies in another file (an HDF5 external link, external storage, a virtual
-    dataset). Refused outright, never read and never skipped as damaged: a command that meets
-    one stops with this message (the file, what it claims, what it holds)."""
+    dataset); or it brings a stored pattern that does not finish in its time bound. Refused
+    outright, never skipped as damaged (it is no DumpFormatError, which readers skip and
+    count): a command that meets one stops with this message, naming the file."""
 
 
 class DumpWriteError(TracerError):
