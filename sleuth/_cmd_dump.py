@@ -108,10 +108,12 @@ def _ls(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 1 if bad else 0
     total = sum(r["file_bytes"] or 0 for r in rows)
-    print(f"dump {d.root}: {len(d.ranks)} rank(s), {len(rows)} step file(s), {_human(total)}")
     readable = [r for r in rows if r["records"] is not None]
-    if readable:
-        print(_captured(d, readable[0]["rank"], readable[0]["step"]))
+    # before the first line: a config that is refused is the command's one line
+    captured = _captured(d, readable[0]["rank"], readable[0]["step"]) if readable else None
+    print(f"dump {d.root}: {len(d.ranks)} rank(s), {len(rows)} step file(s), {_human(total)}")
+    if captured:
+        print(captured)
     if rows:
         print(_table(rows))
     for r in bad:
@@ -144,20 +146,24 @@ def _table(rows: list[dict]) -> str:
 
 def _notes(rows: list[dict]) -> list[dict]:
     """The lines of each rank's notes.jsonl (steps the tracer dropped at close), with rank."""
-    import json
     from pathlib import Path
+
+    from tracer.storage import loads_bounded, read_text_bounded
 
     folders = {r["rank"]: Path(r["path"]).parent for r in rows if r["rank"] is not None}
     notes = []
     for rank, folder in sorted(folders.items()):
         file = folder / "notes.jsonl"
-        try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except OSError:
+        if not file.exists():
+            continue
+        try:  # the run's file: read within size and depth limits
+            lines = read_text_bounded(file).splitlines()
+        except (OSError, ValueError) as e:
+            notes.append({"rank": int(rank), "reason": f"unreadable: {e}"})
             continue
         for line in lines:
             try:
-                notes.append({"rank": int(rank), **json.loads(line)})
+                notes.append({"rank": int(rank), **loads_bounded(line, str(file))})
             except (ValueError, TypeError):
                 notes.append({"rank": int(rank), "reason": f"unreadable line in {file}"})
     return notes
@@ -169,10 +175,11 @@ def _captured(d, rank: int, step: int) -> str:
     from tracer.storage import config_of, op_capture_of
 
     attrs = d.attrs(rank, step)
-    capture = op_capture_of(attrs)
+    source = str(d.path(rank, step))
+    capture = op_capture_of(attrs, source)
     return (f"captured: level {attrs.get('level', '?')}, mode {attrs.get('mode', '?')}, "
             + ("op capture observer, " if capture == "observer" else "")
-            + f"writer {config_of(attrs).get('writer', '?')}")
+            + f"writer {config_of(attrs, source).get('writer', '?')}")
 
 
 def _show(args: argparse.Namespace) -> int:

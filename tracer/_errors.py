@@ -14,6 +14,14 @@ class DumpFormatError(TracerError):
     """A dump file is missing, unreadable, or of a format version this release cannot read."""
 
 
+class UntrustedFileError(TracerError):
+    """A file claims what it does not hold: a dataset larger than the bytes stored for it, or
+    data that lies in another file (an HDF5 external link, external storage, a virtual
+    dataset); or it brings a stored pattern that does not finish in its time bound. Refused
+    outright, never skipped as damaged (it is no DumpFormatError, which readers skip and
+    count): a command that meets one stops with this message, naming the file."""
+
+
 class DumpWriteError(TracerError):
     """Writing a dump failed (disk full, permissions, ...); the cause is chained."""
 

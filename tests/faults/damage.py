@@ -75,3 +75,153 @@ def fingerprint(*roots: Path) -> dict[str, str]:
 def copy_run(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("data"))
     return dst
+
+
+# -- forged files: what a file claims, against what it holds -----------------------------------
+def _set_records(f, table) -> None:
+    """Replace /records by `table` and store its CRC-32, as a forger who knows the format would
+    (the reader's CRC check then passes, so only the claims are left to catch)."""
+    import zlib
+
+    import numpy as np
+
+    del f["records"]
+    f.create_dataset("records", data=table)
+    f.attrs["records_crc32"] = zlib.crc32(np.ascontiguousarray(f["records"][()]).tobytes())
+
+
+def claim_rows(path: Path, rows: int = 10**10) -> None:
+    """/records claims `rows` rows that were never written: the file stays small, a naive
+    read allocates rows x 254 bytes (2.3 TiB for 10^10)."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        dtype = f["records"].dtype
+        del f["records"]
+        f.create_dataset("records", shape=(rows,), dtype=dtype)
+
+
+def claim_tensor_bytes(path: Path, nbytes: int = 4 * 10**12) -> None:
+    """A float32 record claims `nbytes` of tensor data, and /tensors claims to hold them (a
+    dataset never written: HDF5 reads it as zeros, so a naive diff reads 4 TB of them)."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "r+") as f:
+        table = f["records"][()]
+        i = int(np.nonzero((table["data_offset"] >= 0) & (table["dtype"] == b"float32"))[0][0])
+        table["shape"][i] = str(nbytes // 4).encode()
+        table["strides"][i] = b""
+        table["numel"][i] = nbytes // 4
+        table["data_offset"][i] = 0
+        table["data_nbytes"][i] = nbytes
+        _set_records(f, table)
+        del f["tensors"]
+        f.create_dataset("tensors", shape=(nbytes,), dtype="u1")
+
+
+def _other_records(other: Path):
+    import h5py
+
+    with h5py.File(other, "r") as o:
+        return o["records"][()], int(o.attrs["records_crc32"])
+
+
+def external_link(path: Path, other: Path) -> None:
+    """/records is an HDF5 external link to `other`'s /records (its CRC-32 copied along)."""
+    import h5py
+
+    _, crc = _other_records(other)
+    with h5py.File(path, "r+") as f:
+        del f["records"]
+        f["records"] = h5py.ExternalLink(str(other), "/records")
+        f.attrs["records_crc32"] = crc
+
+
+def soft_link_out(path: Path, other: Path) -> None:
+    """/records is a soft link through an external link to `other`'s root."""
+    import h5py
+
+    _, crc = _other_records(other)
+    with h5py.File(path, "r+") as f:
+        del f["records"]
+        f["elsewhere"] = h5py.ExternalLink(str(other), "/")
+        f["records"] = h5py.SoftLink("/elsewhere/records")
+        f.attrs["records_crc32"] = crc
+
+
+def external_storage(path: Path, other: Path) -> None:
+    """/records keeps its bytes in a raw file beside `other` (HDF5 external storage)."""
+    import h5py
+
+    table, crc = _other_records(other)
+    raw = other.with_name(other.name + ".raw")
+    raw.write_bytes(table.tobytes())
+    with h5py.File(path, "r+") as f:
+        del f["records"]
+        f.create_dataset("records", shape=table.shape, dtype=table.dtype,
+                         external=[(str(raw), 0, table.nbytes)])
+        f.attrs["records_crc32"] = crc
+
+
+def virtual_dataset(path: Path, other: Path) -> None:
+    """/records is a virtual dataset mapped onto `other`'s /records."""
+    import h5py
+
+    table, crc = _other_records(other)
+    layout = h5py.VirtualLayout(shape=table.shape, dtype=table.dtype)
+    layout[:] = h5py.VirtualSource(str(other), "records", shape=table.shape)
+    with h5py.File(path, "r+") as f:
+        del f["records"]
+        f.create_virtual_dataset("records", layout)
+        f.attrs["records_crc32"] = crc
+
+
+FORGERIES = {"claim-rows": claim_rows, "claim-tensor-bytes": claim_tensor_bytes,
+             "external-link": external_link, "soft-link-out": soft_link_out,
+             "external-storage": external_storage, "virtual-dataset": virtual_dataset}
+"""name -> forger; those that take a second path point the file at another run's step file."""
+
+
+def forge(path: Path, case: str, other: Path) -> None:
+    """Apply the forgery `case` (FORGERIES) to the step file `path`."""
+    import inspect
+
+    forger = FORGERIES[case]
+    if len(inspect.signature(forger).parameters) > 1 and \
+            inspect.signature(forger).parameters.get("other") is not None:
+        forger(path, other)
+    else:
+        forger(path)
+
+
+BACKTRACKING = r"re:^((\w|\.)+)+!$"
+"""A regular expression that backtracks without end on a record name of 40 characters (it
+never matches: every way of splitting the name is tried before `!` fails; hours)."""
+
+
+def stored_pattern(path: Path, pattern: str = BACKTRACKING) -> None:
+    """The step file's dump config allows NaN in records matching `pattern`, and its float
+    record of the longest name holds a NaN, so `check` runs the pattern over that name."""
+    import json
+
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "r+") as f:
+        config = json.loads(f.attrs["config"])
+        config["nan_allow"] = [pattern]
+        f.attrs["config"] = json.dumps(config)
+        table = f["records"][()]
+        floats = np.nonzero(table["dtype"] == b"float32")[0]
+        i = int(max(floats, key=lambda k: len(table["name"][k])))
+        table["nan"][i] = 1
+        _set_records(f, table)
+
+
+def deep_config(path: Path, depth: int = 200_000) -> None:
+    """The step file's config attribute is JSON nested `depth` levels deep."""
+    import h5py
+
+    with h5py.File(path, "r+") as f:
+        f.attrs["config"] = "[" * depth + "]" * depth

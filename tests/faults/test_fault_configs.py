@@ -97,3 +97,22 @@ def test_wrong_format_version_refused(pristine, tmp_path, version, command, caps
     # major version refuses the whole dump: 2); the commands that answer from the files exit 2
     assert code == 2 or (command == "dump-ls" and code == 1 and version != "9.0"), text
     assert target.name in text, text
+
+
+@pytest.mark.parametrize("address", ["garbage://x", "tcp://", "tcp://host name:8786"])
+@pytest.mark.parametrize("command", ["check", "diff"])
+def test_scheduler_address_that_does_not_read(pristine, tmp_path, address, command, capsys):
+    """`--scheduler` with an address Dask cannot read ended in Dask's ValueError traceback; it
+    is refused before any connection: exit 2, one line naming the address and the form."""
+    import shutil
+
+    pytest.importorskip("distributed")
+    run = tmp_path / "run"
+    shutil.copytree(pristine / "dump", run / "dump")
+    shutil.copytree(run / "dump" / "rank0", run / "dump" / "rank1")  # the ranks go to Dask
+    argv = ([command, str(run)] if command == "check" else [command, str(run), str(run)]) + [
+        "--scheduler", address]
+    code, text = _run_cli(argv, capsys)
+    assert "Traceback" not in text, text
+    assert code == 2 and len(text.strip().splitlines()) == 1, text
+    assert f"Dask scheduler address {address!r}" in text, text

@@ -148,3 +148,94 @@ def test_damaged_checkpoint_resume(runs, name, case, capsys):
             "--resume", "latest"]
     code, text = _run_cli(argv, capsys)
     _assert_named_refusal(code, text, target, argv)
+
+
+# -- forged files: claims checked against what the file holds -----------------------------------
+FORGED_COMMANDS = {
+    "diff-good-bad": lambda g, b, out: ["diff", str(g), str(b)],
+    "check": lambda g, b, out: ["check", str(b)],
+    "dump-ls": lambda g, b, out: ["dump", "ls", str(b)],
+    "dump-show": lambda g, b, out: ["dump", "show", str(b), "--step", "0"],
+    "dump-export": lambda g, b, out: ["dump", "export", str(b), "--out", str(out)],
+}
+
+
+def _assert_one_line_refusal(code: int, text: str, target: Path, argv: list[str]) -> None:
+    assert "Traceback" not in text, text
+    assert code == 2, f"sleuth {' '.join(argv)} exited {code}:\n{text}"
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, f"more than one line:\n{text}"
+    assert str(target) in lines[0] and "refused" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("command", sorted(FORGED_COMMANDS))
+@pytest.mark.parametrize("case", sorted(damage.FORGERIES))
+def test_forged_step_file(runs, tmp_path, case, command, capsys):
+    """A step file that claims more than it stores (10^10 rows, 4 TB of tensor bytes) or whose
+    data lies in another file (external or soft link out, external storage, a virtual
+    dataset) is refused where it is opened: exit 2, one line naming it, nothing read from the
+    other file, nothing written."""
+    good, bad = runs
+    target = bad / "dump" / "rank0" / "step0.h5"
+    damage.forge(target, case, good / "dump" / "rank0" / "step1.h5")
+    out = tmp_path / "export.parquet"
+    before = damage.fingerprint(good, bad)
+    argv = FORGED_COMMANDS[command](good, bad, out)
+    code, text = _run_cli(argv, capsys)
+    _assert_one_line_refusal(code, text, target, argv)
+    assert damage.fingerprint(good, bad) == before, "a reading command changed files"
+    assert not out.exists() and not list(tmp_path.glob(".export.parquet*"))
+
+
+@pytest.mark.parametrize("command", ["check", "dump-ls", "diff-good-bad"])
+def test_config_attribute_too_deep(runs, command, capsys):
+    """A step file's config attribute nested 200k deep overflowed the JSON parser
+    (RecursionError); it is read within the depth limit: exit 2, one line naming the file."""
+    good, bad = runs
+    target = bad / "dump" / "rank0" / "step0.h5"
+    damage.deep_config(target)
+    before = damage.fingerprint(good, bad)
+    argv = DUMP_COMMANDS[command](good, bad)
+    code, text = _run_cli(argv, capsys)
+    assert "Traceback" not in text, text
+    assert code == 2 and len(text.strip().splitlines()) == 1, text
+    assert str(target) in text and "deeper than 64 levels" in text, text
+    assert damage.fingerprint(good, bad) == before
+
+
+def test_stored_pattern_that_backtracks_is_time_bound(runs):
+    """A dump config's `nan_allow` regular expression that backtracks for hours: `check` stops
+    it after the time bound, exit 2, one line naming the step file. Run as a real process with
+    a timeout, so that a hang fails the test instead of stalling the suite."""
+    import os
+    import subprocess
+    import sys
+
+    _, bad = runs
+    target = bad / "dump" / "rank0" / "step0.h5"
+    damage.stored_pattern(target)
+    before = damage.fingerprint(bad)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "sleuth", "check", str(bad)], cwd=root,
+                              env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("sleuth check ran a stored regular expression without a time bound")
+    text = done.stdout + done.stderr
+    assert "Traceback" not in text, text
+    assert done.returncode == 2 and len(text.strip().splitlines()) == 1, text
+    assert str(target) in text and "did not finish" in text, text
+    assert damage.fingerprint(bad) == before
+
+
+def test_partial_file_that_is_no_step_is_not_counted(runs, capsys):
+    """`flight_recorder.h5.partial` (left by a disk that filled while the flight recorder wrote)
+    is not a step file: `dump ls` and `check` neither list nor count it."""
+    _, bad = runs
+    leftover = bad / "dump" / "rank0" / "flight_recorder.h5.partial"
+    leftover.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(4096))
+    code, text = _run_cli(["dump", "ls", str(bad)], capsys)
+    assert code == 0 and "2 step file(s)" in text and leftover.name not in text, text
+    code, text = _run_cli(["check", str(bad)], capsys)
+    assert code == 0 and leftover.name not in text, text

@@ -115,6 +115,33 @@ def test_a_scheduler_that_is_not_there_is_a_clear_error(pair, capsys):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("address", ["garbage://x", "tcp://", "tcp://host name:8786"])
+def test_a_scheduler_address_that_does_not_read_is_one_line(pair, address, capsys):
+    assert main(["diff", str(pair[0]), str(pair[1]), "--scheduler", address]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"Dask scheduler address {address!r}" in err and "tcp://127.0.0.1:8786" in err
+
+
+def test_workers_that_keep_dying_are_one_clear_error(tmp_path):
+    """A task whose worker dies (killed for memory, say) until the scheduler gives up
+    (KilledWorker) is a TracerError naming the rank and the likely cause."""
+    import functools
+    import os
+
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    from tracer.analysis._engine import run_per_rank
+
+    task = functools.partial(os._exit, 3)  # the worker process dies, as one killed would
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                      dashboard_address=None) as cluster:
+            with pytest.raises(tracer.TracerError, match="lost rank 0's task.*memory"):
+                run_per_rank(lambda r: task(), [0], {}, scheduler=cluster.scheduler_address)
+
+
 def test_each_rank_task_reads_its_own_rank(pair, monkeypatch):
     """A task opens its rank's folder, never the other ranks' files (n ranks must not cost n^2
     file opens), and a step missing on one rank is still named with its full path."""

@@ -13,7 +13,7 @@ import tracer.storage
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
     "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "Tolerance", "TracerError",
-    "WatchConfig", "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks",
+    "UntrustedFileError", "WatchConfig", "WatchpointHit", "attach_from_env", "check", "diff", "diff_ranks",
     "export_parquet", "first_nan_origin", "headroom_trend", "map_modules", "open_dump",
     "read_export",
 ]
@@ -26,7 +26,7 @@ FACES = {
                 "SKETCH_SIZE", "Writer", "c_order_bytes", "config_of", "copy_stats",
                 "decode_bits", "dense_strides", "difference_sketch", "difference_stats",
                 "element_size", "export_parquet", "is_export", "load_bounded", "loads_bounded",
-                "make_writer", "op_capture_of", "open_dump", "parse_shape", "read_export",
+                "make_writer", "op_capture_of", "open_dump", "open_h5", "parse_shape", "read_export",
                 "read_sketches", "read_text_bounded", "sketch_positions", "sketch_row",
                 "step_path", "stored_extent"],
     "analysis": ["AuditResult", "Coverage", "DiffResult", "Explanation", "HeadroomReport",

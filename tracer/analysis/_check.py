@@ -8,7 +8,6 @@ with the reason, and interrupted steps (root attribute `status`) are searched an
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -17,6 +16,7 @@ from tracer._errors import DumpFormatError
 from tracer._config import _as_str_tuple, _pattern_matcher
 from tracer.analysis._diff import _rows
 from tracer.analysis._origin import StepOrigin, finite_params, nonfinite, sig
+from tracer.analysis._patterns import stored_matches
 from tracer.analysis._watch import Watcher, WatchConfig, parse_watch
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
@@ -201,12 +201,10 @@ def file_rows(dump: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def _configured_watch(attrs: dict[str, Any]) -> list[WatchConfig]:
-    try:
-        config = json.loads(attrs.get("config") or "{}")
-    except (ValueError, TypeError):
-        return []
-    return parse_watch(config.get("watch") or [])
+def _configured_watch(attrs: dict[str, Any], source: str) -> list[WatchConfig]:
+    from tracer.storage import config_of  # read within size and depth limits
+
+    return parse_watch(config_of(attrs, source).get("watch") or [])
 
 
 def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None = None,
@@ -246,13 +244,13 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
     for r, s, df, attrs in read_steps(dump, coverage, rank=rank, step=step):
         points = explicit
         if points is None:
-            points = _configured_watch(attrs)
+            points = _configured_watch(attrs, str(dump.path(r, s)))
             if not any(w.condition == "nan_inf" for w in points):
                 points.append(WatchConfig(condition="nan_inf"))
         watcher = watchers.setdefault(r, Watcher(points))
         watcher.watch = points
         recs = _rows(df)
-        allowed = _allowed_names(recs, _allow(patterns, attrs))
+        allowed = _allowed_names(recs, _allow(patterns, attrs, recs, str(dump.path(r, s))))
         seen = set()
         for rec in recs:
             rec["step"] = s
@@ -293,15 +291,25 @@ def check(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None
 
 
 # -- first NaN ------------------------------------------------------------------------------------
-def _allow(patterns: Iterable[str], attrs: dict[str, Any]):
+def _allow(patterns: Iterable[str], attrs: dict[str, Any], recs: list[dict], source: str):
+    """`allow(name)` for the records of one step that hold NaN/Inf (the only ones it is asked
+    about): `patterns` (the user's own) match here; the dump config's `nan_allow`, which the
+    file brought, match with a time bound (`_patterns`)."""
     from tracer.storage import config_of
 
-    configured = config_of(attrs).get("nan_allow") or ()
+    configured = config_of(attrs, source).get("nan_allow") or ()
     try:
         configured = _as_str_tuple("nan_allow", configured)
     except ValueError:
         configured = ()  # a file's own bad config never stops a check; the CLI's patterns do
-    return _pattern_matcher(tuple(patterns) + configured)
+    names = [str(r["name"]) for r in recs if nonfinite(r)]
+    if not names:
+        return lambda name: False
+    mine = _pattern_matcher(tuple(patterns))
+    allowed = {n for n in names if mine(n)}
+    if configured:
+        allowed |= stored_matches(configured, [n for n in names if n not in allowed], source)
+    return allowed.__contains__
 
 
 def _allowed_names(recs: list[dict], allow: Any) -> set[str]:
@@ -345,7 +353,9 @@ def find_first_nan(dump: Any, coverage: Coverage, *, rank: int | None = None,
             except TABLE_READ_ERRORS:
                 return None
 
-        origin = StepOrigin(_rows(df), _allow(patterns, attrs), before).find()
+        recs = _rows(df)
+        origin = StepOrigin(recs, _allow(patterns, attrs, recs, str(dump.path(r, s))),
+                            before).find()
         if origin is not None:
             status, reason = step_status(attrs)
             calls = collective_calls(df)

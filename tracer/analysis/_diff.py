@@ -615,7 +615,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             note = f"levels differ: A is {la}, B is {lb}; only shared records are compared"
             if note not in notes:
                 notes.append(note)
-        ca, cb = op_capture_of(fa.attrs), op_capture_of(fb.attrs)
+        ca, cb = op_capture_of(fa.attrs, str(fa.path)), op_capture_of(fb.attrs, str(fb.path))
         note = (f"op captures differ: A used {ca}, B {cb}; the two record a few ops "
                 f"differently by design (docs/tracer.md, \"Dumps made with the op observer\"), "
                 f"so compare runs captured the same way")

@@ -5,6 +5,7 @@ showing up as a divergence. numpy and h5py only.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -13,8 +14,8 @@ import numpy as np
 
 from tracer._errors import DumpFormatError
 from tracer.analysis._compare import TensorMetrics, Tolerance, itemsize, judge_tensor
-from tracer.storage import (c_order_bytes, dense_strides, parse_shape, read_sketches,
-                            sketch_row, stored_extent)
+from tracer.storage import (c_order_bytes, dense_strides, open_h5, parse_shape,
+                            read_sketches, sketch_row, stored_extent)
 
 # errors h5py and numpy raise on a damaged file, besides OSError
 READ_ERRORS = (DumpFormatError, OSError, RuntimeError, ValueError, KeyError, TypeError,
@@ -39,12 +40,12 @@ class TensorReader:
     """
 
     def __init__(self, path: Path, side: str = "A") -> None:
-        import h5py
-
         self.path, self.side = path, side
         self.fd: int | None = None
         try:
-            self.file = h5py.File(path, "r")
+            # refuses links out of the file and datasets that claim more than it stores
+            # (UntrustedFileError is no read error: it stops the diff)
+            self.file = open_h5(path)
             self.data = self.file["tensors"] if "tensors" in self.file else None
             self.attrs = {k: self.file.attrs[k] for k in ("level", "mode", "config")
                           if k in self.file.attrs}
@@ -184,6 +185,14 @@ def _check_stored(row: dict, n: int, size: int, strides: str, f: TensorReader) -
     strides read (a damaged step file, or one not written by sleuth)."""
     want = _stored_nbytes(n, size, str(row["shape"]), strides)
     got = int(row["data_nbytes"])
+    offset, held = int(row["data_offset"]), f.data.shape[0] if f.data is not None else 0
+    if offset < 0 or offset + got > held or n != math.prod(parse_shape(str(row["shape"]))):
+        # checked before the first chunk is read: the row's claims decide how long it reads
+        raise ReadError(
+            f.side, f.path,
+            f"damaged: record {row['name']} claims {got:,} bytes at offset {offset:,} of "
+            f"/tensors, which holds {held:,}, for {n:,} elements of shape [{row['shape']}]: "
+            f"the /records table is damaged; dump that step again", "damaged")
     if got != want:
         raise ReadError(
             f.side, f.path,

@@ -11,6 +11,7 @@ number of ranks, not with the dump's size.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -21,6 +22,27 @@ SCHEDULER_ENV = "SLEUTH_DASK_SCHEDULER"
 """Environment variable naming a Dask scheduler address when `scheduler` is not given."""
 
 Progress = Callable[[int, int], None]
+
+SCHEMES = ("tcp", "tls", "inproc", "ucx", "ws", "wss")
+"""The address schemes Dask's comms know."""
+_ADDRESS = re.compile(r"^(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?(?P<rest>[^\s/]+.*)$")
+
+
+def check_scheduler(address: str) -> str:
+    """`address` when it reads as a Dask scheduler address (`tcp://host:8786`, `host:8786`, or
+    another scheme Dask knows); TracerError naming the address and the form otherwise, before
+    any connection is tried."""
+    m = _ADDRESS.match(address.strip())
+    scheme = (m.group("scheme") or "tcp").lower() if m else ""
+    if m is None or scheme not in SCHEMES or (scheme != "inproc" and not re.match(
+            r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:\d{1,5})?/?$", m.group("rest"))):
+        why = f"unknown scheme {scheme!r}" if m and scheme not in SCHEMES else \
+            "not HOST:PORT"
+        raise TracerError(f"Dask scheduler address {address!r}: {why}; give the address "
+                          f"`dask scheduler` prints, e.g. tcp://127.0.0.1:8786 (schemes: "
+                          f"{', '.join(SCHEMES)}), or drop --scheduler (and "
+                          f"${SCHEDULER_ENV}) to use local processes")
+    return address.strip()
 
 
 def run_per_rank(task: Callable[..., dict], ranks: list[int], kwargs: dict[str, Any], *,
@@ -39,6 +61,7 @@ def run_per_rank(task: Callable[..., dict], ranks: list[int], kwargs: dict[str, 
     """
     scheduler = scheduler or os.environ.get(SCHEDULER_ENV) or None
     if scheduler:
+        scheduler = check_scheduler(scheduler)
         return _on_dask(scheduler, task, ranks, kwargs, progress), f"dask {scheduler}"
     n = min(os.cpu_count() or 1, len(ranks)) if workers == 0 else (workers or 1)
     return _on_pool(n, task, ranks, kwargs, progress)
@@ -90,22 +113,30 @@ def _on_pool(n: int, task: Callable[..., dict], ranks: list[int], kwargs: dict[s
 def _on_dask(address: str, task: Callable[..., dict], ranks: list[int],
              kwargs: dict[str, Any], progress: Progress | None) -> list[dict]:
     try:
-        from distributed import Client, as_completed
+        from distributed import Client, KilledWorker, as_completed
     except ImportError as e:
         raise TracerError("a Dask scheduler was named but dask.distributed is not installed: "
                           "pip install 'dask[distributed]', or drop --scheduler (and "
                           f"${SCHEDULER_ENV}) to use local processes") from e
     try:
         client = Client(address, timeout=10)
-    except (OSError, TimeoutError) as e:
+    except (OSError, TimeoutError, ValueError) as e:
         raise TracerError(f"cannot reach the Dask scheduler at {address}: {e}; start one "
                           f"(`dask scheduler`) or drop --scheduler (and ${SCHEDULER_ENV}) to "
                           "use local processes") from e
     out = []
     try:
-        futures = [client.submit(task, r, pure=False, **kwargs) for r in ranks]
+        futures = {client.submit(task, r, pure=False, **kwargs): r for r in ranks}
         for f in as_completed(futures):
-            out.append(f.result())
+            try:
+                out.append(f.result())
+            except KilledWorker as e:
+                # the scheduler gave up after the task's workers died (allowed-failures times)
+                raise TracerError(
+                    f"the Dask workers lost rank {futures[f]}'s task: each worker that ran it "
+                    f"died ({e}); a worker killed for memory is the usual cause: give the "
+                    f"workers more memory (`dask worker --memory-limit`), or drop --scheduler "
+                    f"(and ${SCHEDULER_ENV}) to use local processes") from e
             if progress:
                 progress(len(out), len(ranks))
     finally:

@@ -242,10 +242,11 @@ def _cell(v: Any, col: str) -> Any:
 
 def read_flight_recorder(path: str | os.PathLike) -> Any:
     """The rows of a flight recorder file as a DataFrame; `.attrs` holds reason and rank."""
-    import h5py
     import pandas as pd
 
-    with h5py.File(path, "r") as f:
+    from tracer.storage import open_h5
+
+    with open_h5(path) as f:  # refuses links out of the file and claims past its size
         table = f["records"][()]
         attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
     df = pd.DataFrame({c: table[c] for c in table.dtype.names})

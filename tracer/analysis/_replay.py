@@ -17,12 +17,12 @@ uninitialised buffer, a statistics dump) cannot be re-run either.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from tracer._errors import TracerError
+from tracer.storage import loads_bounded
 
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 
@@ -42,7 +42,7 @@ class CallSpec:
     @classmethod
     def parse(cls, text: str) -> "CallSpec":
         try:
-            data = json.loads(text)
+            data = loads_bounded(text, "a /calls spec")
             return cls(str(data["op"]), list(data["args"]), dict(data["kwargs"]))
         except (ValueError, KeyError, TypeError) as e:
             raise NotReplayable(f"its /calls spec does not read ({e}): {text[:200]}") from e

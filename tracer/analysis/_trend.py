@@ -213,8 +213,9 @@ def headroom_trend(path: str | os.PathLike | Any, *, rank: int | None = None,
             continue
         part = df.loc[:, list(_KEEP)].copy()
         bad = (part["nan"] + part["posinf"] + part["neginf"]) > 0
-        allowed = (_allowed_names(_rows(df[bad]), _allow(patterns, attrs)) if bad.any()
-                   else set())
+        recs = _rows(df[bad]) if bad.any() else []
+        allowed = (_allowed_names(recs, _allow(patterns, attrs, recs, str(dump.path(r, s))))
+                   if recs else set())
         part["unallowed_bad"] = bad & ~part["name"].isin(allowed)
         part["rank"], part["step"] = r, s
         frames.append(part)

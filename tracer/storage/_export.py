@@ -27,6 +27,7 @@ import numpy as np
 
 from tracer._errors import DumpFormatError, TracerError
 from tracer.storage._format import RECORD_COLUMNS
+from tracer.storage._bounded_json import JsonLimitError, load_bounded
 from tracer.storage._reader import PROBLEM_STATES, Dump, every_step, open_dump
 
 MANIFEST = "_sleuth_export.json"
@@ -176,7 +177,12 @@ def read_export(path: str | Path):
     if not (path / MANIFEST).is_file():
         raise TracerError(f"{path} is not a sleuth Parquet export (no {MANIFEST}); write one "
                           f"with `sleuth dump export RUN --format parquet --out {path}`")
-    manifest = json.loads((path / MANIFEST).read_text())
+    try:
+        manifest = load_bounded(path / MANIFEST)
+    except JsonLimitError as e:
+        raise TracerError(f"{path} is not a sleuth Parquet export ({e})") from e
+    if not isinstance(manifest, dict):
+        raise TracerError(f"{path} is not a sleuth Parquet export ({MANIFEST} is not an object)")
     if not manifest.get("files"):
         return pd.DataFrame(columns=["rank", "step", *(n for n, _ in RECORD_COLUMNS), "status"])
     frame = pd.read_parquet(path)
@@ -195,7 +201,7 @@ class ExportedDump:
     def __init__(self, path: str | Path) -> None:
         self.root = Path(path)
         try:
-            self.manifest = json.loads((self.root / MANIFEST).read_text())
+            self.manifest = load_bounded(self.root / MANIFEST)
         except (OSError, ValueError) as e:
             raise TracerError(f"{self.root} is not a sleuth Parquet export ({MANIFEST}: {e}); "
                               "write one with `sleuth dump export RUN` (it goes to "

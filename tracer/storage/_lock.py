@@ -112,8 +112,10 @@ def file_run_id(path: Path) -> str:
 
 def read_run_file(dump_dir: Path) -> str | None:
     """The run id `dump_dir/dump.json` names, or None when there is none that reads."""
-    try:
-        data = json.loads((dump_dir / RUN_FILE).read_text(encoding="utf-8"))
+    from tracer.storage._bounded_json import load_bounded
+
+    try:  # bounded: a run's file, read by every tool that opens the dump
+        data = load_bounded(dump_dir / RUN_FILE)
     except (OSError, ValueError):
         return None
     run_id = data.get("run_id") if isinstance(data, dict) else None

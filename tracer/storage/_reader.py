@@ -6,9 +6,10 @@ stored as raw bits and decoded here from the `dtype` column (docs/dump-format.md
 """
 from __future__ import annotations
 
-import json
 import difflib
+import json
 import math
+import os
 import re
 import warnings
 from collections import OrderedDict
@@ -19,9 +20,12 @@ import h5py
 import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError
+from tracer.storage._bounded_json import JsonLimitError, loads_bounded
+from tracer.storage._h5open import open_h5
 from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS,
                                     RecordRow, records_crc32)
 from tracer.storage._sketch import SKETCH_SIZE, row_of
+from tracer.storage._layout import stored_extent
 from tracer.storage._lock import RUN_FILE, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
@@ -429,7 +433,7 @@ class Dump:
             self._handles.move_to_end(path)
             return f
         try:
-            f = h5py.File(path, "r")
+            f = open_h5(path)  # refuses links out of the file and claims past its size
         except OSError as e:
             raise DumpFormatError(f"cannot read dump file {path}: {e}") from e
         _check_version(f, path)
@@ -484,13 +488,26 @@ class Dump:
             raise DumpFormatError(f"record {name!r} (rank {rank} step {step}) has no tensor "
                                   f"data: the dump was made with mode {mode!r}; dump with mode "
                                   f"'tensor' or 'full' to keep tensors")
-        data = self._open(rank, step)["tensors"][offset:offset + nbytes]
-        data = np.ascontiguousarray(data, dtype=np.uint8)
+        f = self._open(rank, step)
+        stored = int(f["tensors"].shape[0]) if "tensors" in f else 0
         strides = row.strides
+        itemsize = element_size(dtype) or nbytes // max(1, math.prod(shape))
+        want = (stored_extent(shape, parse_shape(strides)) if strides else math.prod(shape)) \
+            * itemsize
+        # strided rows: c_order_bytes checks that the strides stay inside the bytes
+        if (offset + nbytes > stored or row.numel != math.prod(shape)
+                or (element_size(dtype) and not strides and nbytes != want)
+                or row.numel * itemsize > _memory_bytes()):
+            # checked before reading: the row's claims decide how much is allocated
+            raise DumpFormatError(
+                f"{self.path(rank, step)}: record {name!r} claims {nbytes:,} bytes at offset "
+                f"{offset:,} of /tensors ({stored:,} bytes), for {row.numel:,} elements of "
+                f"shape [{row.shape}] and dtype {dtype}: the /records table is damaged (or "
+                f"the tensor is larger than this machine's memory); dump that step again")
+        data = np.ascontiguousarray(f["tensors"][offset:offset + nbytes], dtype=np.uint8)
         if strides:
             # the bytes run from the first element to the last, with gaps for a slice of
             # another record's bytes (3.0): the element size comes from the dtype
-            itemsize = element_size(dtype) or nbytes // max(1, math.prod(shape))
             data = c_order_bytes(data, itemsize, shape, parse_shape(strides))
         return data, dtype, shape
 
@@ -519,6 +536,15 @@ def read_sketches(f: Any, path: Path) -> tuple[np.ndarray | None, str]:
     return arr, scheme
 
 
+def _memory_bytes() -> int:
+    """This machine's physical memory: no record is read whole into more (an expansion, stride
+    0, may claim more elements than it stores bytes for, but never more than memory held)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # no sysconf: no bound beyond the others
+        return 1 << 62
+
+
 def _damaged(path: Path, cause: BaseException) -> DumpFormatError:
     """The error for a step file whose /records table cannot be read as records."""
     return DumpFormatError(f"{path}: the /records table is damaged ({type(cause).__name__}: "
@@ -526,21 +552,28 @@ def _damaged(path: Path, cause: BaseException) -> DumpFormatError:
                            f"away to read the other steps")
 
 
-def config_of(attrs: dict[str, Any]) -> dict[str, Any]:
+def config_of(attrs: dict[str, Any], source: str = "a step file") -> dict[str, Any]:
     """The dump config a step file was written with (its root attributes' `config` JSON),
-    or {} when it has none that reads."""
+    or {} when it has none that reads. JsonLimitError (naming `source`) when the text is
+    larger or nested deeper than any config sleuth writes: read within those limits, since
+    the text is the file's."""
     try:
-        config = json.loads(attrs.get("config", "{}"))
-    except (TypeError, ValueError):
+        config = loads_bounded(attrs.get("config", "{}"), f"{source}: config attribute")
+    except JsonLimitError as e:
+        if isinstance(e.__cause__, json.JSONDecodeError):
+            return {}  # a config that does not parse is left out, as before size limits
+        raise
+    except TypeError:
         return {}
     return config if isinstance(config, dict) else {}
 
 
-def op_capture_of(attrs: dict[str, Any]) -> str:
+def op_capture_of(attrs: dict[str, Any], source: str = "a step file") -> str:
     """How a step file's ops were seen: "observer" for a file written through the compiled op
     observer (its config says so; it records a few ops differently, docs/tracer.md, "Dumps
     made with the op observer"), else "dispatch" (the one capture)."""
-    return "observer" if config_of(attrs).get("op_capture") == "observer" else "dispatch"
+    return "observer" if config_of(attrs, source).get("op_capture") == "observer" else \
+        "dispatch"
 
 
 def c_order_bytes(raw: np.ndarray, itemsize: int, shape: tuple[int, ...],
@@ -629,7 +662,7 @@ def open_dump(path: str | Path) -> Dump:
             p = p / "dump"
         rank_dirs = [(int(m.group(1)), d) for d in p.iterdir()
                      if d.is_dir() and (m := _RANK_RE.match(d.name))]
-        if not rank_dirs and any(_STEP_RE.match(c.name) or c.name.endswith(".partial")
+        if not rank_dirs and any(_STEP_RE.match(c.name) or _PARTIAL_RE.match(c.name)
                                  for c in p.iterdir()):
             m = _RANK_RE.match(p.name)
             rank_dirs = [(int(m.group(1)) if m else -1, p)]
@@ -675,9 +708,9 @@ def _scan_rank(rank: int, d: Path, files: dict[tuple[int, int], Path],
     found = False
     for child in sorted(d.iterdir()):
         m = _STEP_RE.match(child.name)
-        if child.name.endswith(".partial"):
-            pm = _PARTIAL_RE.match(child.name)
-            partials.append((child, int(pm.group(1)) if pm else None))
+        pm = _PARTIAL_RE.match(child.name)
+        if pm:
+            partials.append((child, int(pm.group(1))))
             found = True
         elif m:
             found = True

@@ -1,0 +1,126 @@
+"""Opening an HDF5 file a run wrote without trusting what it claims.
+
+HDF5 lets a file point outside itself: an external link (`/records` -> `other.h5:/records`), a
+dataset whose bytes are stored in other files (external storage), a virtual dataset mapped
+onto other files. h5py follows each of them without a word, so a step file would present
+another file's records as its own. And a dataset's shape is only a claim: a dataset of 10^10
+rows that was never written costs 92 KB on disk and 2 TiB to read, as HDF5 hands back fill
+values for storage that does not exist.
+
+`open_h5` walks every link of the file before anything of it is read, and refuses (with
+`UntrustedFileError`) external and user-defined links, external storage, virtual datasets and
+any dataset that claims more bytes than the file stores for it or than lie inside the file.
+What is left reads within the file's own size. Soft links are let be: HDF5 resolves them
+inside the file, and the only way out of it, an external link, is refused wherever it is.
+Every reader of a step file opens it here (`Dump`, the diff's tensor reader, the flight
+recorder's reader).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import h5py
+from h5py import h5d, h5g, h5l, h5o
+
+from tracer._errors import UntrustedFileError
+
+MAX_LINKS = 4096
+"""The most links a file may hold; a step file holds a handful."""
+MAX_DEFLATE_RATIO = 1100
+"""How many times its stored size a filtered (compressed) dataset may claim: deflate, the
+strongest filter HDF5 ships, reaches about 1032 on zeros."""
+
+
+def open_h5(path: str | os.PathLike) -> h5py.File:
+    """`h5py.File(path, "r")` once every link and dataset of the file is checked (see the
+    module's docstring). Raises UntrustedFileError for a file that points outside itself or
+    claims more than it stores, OSError when HDF5 cannot open it."""
+    path = Path(path)
+    f = h5py.File(path, "r")
+    try:
+        check_file(f, path)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def check_file(f: h5py.File, path: Path) -> None:
+    """Raise UntrustedFileError unless every object of the open file `f` lies inside it."""
+    size = os.fstat(f.id.get_vfd_handle()).st_size if _has_fd(f) else path.stat().st_size
+    links = 0
+    groups: list[tuple[h5g.GroupID, str]] = [(f.id, "/")]
+    while groups:
+        gid, where = groups.pop()
+        found: list[tuple[bytes, int]] = []
+        gid.links.iterate(lambda name, info: found.append((name, info.type)), info=True)
+        links += len(found)
+        if links > MAX_LINKS:
+            raise UntrustedFileError(_refusal(path, f"it holds more than {MAX_LINKS} links"))
+        for name, kind in found:
+            full = where + name.decode("utf-8", "replace")
+            if kind == h5l.TYPE_SOFT:
+                continue  # resolved inside this file (see the module's docstring)
+            if kind == h5l.TYPE_EXTERNAL:
+                target = gid.links.get_val(name)
+                where_to = ":".join(t.decode("utf-8", "replace") if isinstance(t, bytes)
+                                    else str(t) for t in target)
+                raise UntrustedFileError(_refusal(
+                    path, f"{full} is an external link to {where_to}, another file"))
+            if kind != h5l.TYPE_HARD:
+                raise UntrustedFileError(_refusal(path, f"{full} is a user-defined link "
+                                                        f"(type {kind})"))
+            kind_of = h5o.get_info(gid, name).type
+            if kind_of == h5o.TYPE_GROUP:
+                groups.append((h5g.open(gid, name), full + "/"))
+            elif kind_of == h5o.TYPE_DATASET:
+                _check_dataset(h5d.open(gid, name), full, path, size)
+
+
+def _has_fd(f: h5py.File) -> bool:
+    try:
+        return f.driver == "sec2"
+    except Exception:  # noqa: BLE001 - any other driver: stat the path instead
+        return False
+
+
+def _check_dataset(did: h5d.DatasetID, name: str, path: Path, size: int) -> None:
+    dcpl = did.get_create_plist()
+    layout = dcpl.get_layout()
+    if layout == h5d.VIRTUAL:
+        raise UntrustedFileError(_refusal(path, f"{name} is a virtual dataset, mapped onto "
+                                                f"other files"))
+    if dcpl.get_external_count():
+        raise UntrustedFileError(_refusal(path, f"{name} keeps its bytes in another file "
+                                                f"(HDF5 external storage)"))
+    claimed = math.prod(did.shape or ()) * did.get_type().get_size()
+    stored = did.get_storage_size()
+    ratio = MAX_DEFLATE_RATIO if dcpl.get_nfilters() else 1
+    if claimed > stored * ratio:
+        raise UntrustedFileError(_refusal(
+            path, f"{name} claims {_human(claimed)} (shape {tuple(did.shape)}, "
+                  f"{did.get_type().get_size()}-byte elements) but the file stores "
+                  f"{_human(stored)} of it"))
+    if layout == h5d.CONTIGUOUS:
+        offset = did.get_offset()
+        if offset is not None and offset + stored > size:
+            raise UntrustedFileError(_refusal(
+                path, f"{name} claims {_human(stored)} at byte {offset:,}, past the end of "
+                      f"the file ({size:,} bytes)"))
+
+
+def _refusal(path: Path, what: str) -> str:
+    return (f"{path}: refused: {what}; a step file holds its own data within its size, so "
+            f"this file is damaged or forged and was not read: dump that step again, or move "
+            f"the file away to read the others")
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            return f"{n:,} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} PiB"
