@@ -67,10 +67,12 @@ def _read_meta(d: Path, k: int) -> dict[str, Any]:
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object file of a profile, or ProfileFormatError naming it and what is wrong."""
     fix = "re-run the profiled steps, or delete this window's files to read the others"
+    from tracer.storage import JsonLimitError, load_bounded
+
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProfileFormatError(f"cannot read {path}: {e}; {fix}") from e
+        data = load_bounded(path)
+    except JsonLimitError as e:
+        raise ProfileFormatError(f"cannot read {e}; {fix}") from e
     if not isinstance(data, dict):
         raise ProfileFormatError(f"{path} holds a JSON {type(data).__name__}, not the object "
                                  f"this file should hold; {fix}")

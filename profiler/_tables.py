@@ -36,13 +36,26 @@ _DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 _BACKWARD_EVAL = "autograd::engine::evaluate_function: "
 
 
+MAX_TRACE_BYTES = 2 * 1024 ** 3
+"""The largest trace read, after decompression: a gzip of a few MB can claim many GB."""
+
+
 def load_trace(path: str | Path) -> dict[str, Any]:
-    """Read a Chrome trace (`.json` or `.json.gz`); raise ProfileFormatError when unreadable."""
+    """Read a Chrome trace (`.json` or `.json.gz`); raise ProfileFormatError when unreadable,
+    larger than MAX_TRACE_BYTES once decompressed, or nested past the JSON reader's depth."""
     path = Path(path)
     try:
+        if not path.is_file():
+            raise OSError("not a regular file")
         opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            data = json.load(f)
+        with opener(path, "rb") as f:
+            raw = f.read(MAX_TRACE_BYTES + 1)
+        if len(raw) > MAX_TRACE_BYTES:
+            raise ProfileFormatError(f"{path}: more than {MAX_TRACE_BYTES:,} bytes of trace "
+                                     "once decompressed; this is not a trace sleuth wrote")
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError as e:
+        raise ProfileFormatError(f"cannot read trace {path}: JSON nested too deep") from e
     except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ProfileFormatError(f"cannot read trace {path}: {e}") from e
     if isinstance(data, list):  # the bare-array Chrome format is valid too

@@ -30,15 +30,20 @@ def test_an_intact_window_reads(tmp_path):
     assert list(profiler.read_profile(run).ops["name"]) == ["aten::mm"]
 
 
-@pytest.mark.parametrize("case", ["meta_bytes", "meta_list", "meta_truncated", "trace_bytes",
-                                  "trace_gz_garbage", "trace_gz_truncated", "event_garbage"])
-def test_damaged_window_names_the_file(tmp_path, capsys, case):
+@pytest.mark.parametrize("case", ["meta_bytes", "meta_list", "meta_truncated", "meta_deep",
+                                  "trace_bytes", "trace_deep", "trace_gz_garbage",
+                                  "trace_gz_truncated", "trace_gz_bomb", "event_garbage"])
+def test_damaged_window_names_the_file(tmp_path, capsys, monkeypatch, case):
+    monkeypatch.setattr("profiler._tables.MAX_TRACE_BYTES", 64 * 1024, raising=False)  # the bomb, scaled down
     good = json.dumps({"traceEvents": [_EVENT]}).encode()
     kw = {
         "meta_bytes": {"meta": b"\xff\xfe\x00garbage"},
         "meta_list": {"meta": b"[1, 2]"},
         "meta_truncated": {"meta": b'{"format_vers'},
+        "meta_deep": {"meta": b'{"a":' * 100_000 + b"1" + b"}" * 100_000},
         "trace_bytes": {"trace": b"\xff\xfe\x00"},
+        "trace_deep": {"trace": b"[" * 200_000 + b"]" * 200_000},
+        "trace_gz_bomb": {"trace": gzip.compress(b" " * (64 * 1024 + 1)), "gz": True},
         "trace_gz_garbage": {"trace": b"\x1f\x8b\x08\x00" + b"\x07" * 64, "gz": True},
         "trace_gz_truncated": {"trace": gzip.compress(good)[:-12], "gz": True},
         "event_garbage": {"trace": json.dumps({"traceEvents": [{**_EVENT, "ts": "soon"}]}).encode()},
