@@ -43,7 +43,7 @@ def test_damaged_window_names_the_file(tmp_path, capsys, monkeypatch, case):
         "meta_deep": {"meta": b'{"a":' * 100_000 + b"1" + b"}" * 100_000},
         "trace_bytes": {"trace": b"\xff\xfe\x00"},
         "trace_deep": {"trace": b"[" * 200_000 + b"]" * 200_000},
-        "trace_gz_bomb": {"trace": gzip.compress(b" " * (64 * 1024 + 1)), "gz": True},
+        "trace_gz_bomb": {"trace": gzip.compress(good + b" " * (64 * 1024)), "gz": True},
         "trace_gz_garbage": {"trace": b"\x1f\x8b\x08\x00" + b"\x07" * 64, "gz": True},
         "trace_gz_truncated": {"trace": gzip.compress(good)[:-12], "gz": True},
         "event_garbage": {"trace": json.dumps({"traceEvents": [{**_EVENT, "ts": "soon"}]}).encode()},
