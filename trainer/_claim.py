@@ -29,7 +29,7 @@ _RANK = re.compile(r"^rank\d+$")
 _METRICS = re.compile(r"^metrics(\.rank\d+)?\.jsonl(\.partial)?$")
 _CHECKPOINT = re.compile(r"^step\d+(\.partial)?$")
 _CHECKPOINT_FILES = ("model.pt", "trainer.pt", "adapter.pt", "meta.json")
-_DUMP_FILE = re.compile(r"^(step\d+\.h5(\.data)?(\.partial)?|flight_recorder\.h5(\.partial)?"
+_DUMP_FILE = re.compile(r"^(step\d+\.h5(\.data)?(\.partial)?|flight_recorder\.h5(\.partial)?|notes\.jsonl"
                         r"|\.lock(\..+\.partial)?)$")
 _DUMP_TOP = re.compile(r"^dump\.json(\..+\.partial)?$")
 _SUMMARY = re.compile(r"^rank\d+(\.seg\d+)?\.h5$")
