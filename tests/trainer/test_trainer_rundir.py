@@ -168,3 +168,39 @@ def test_read_metrics_refuses_another_runs_metrics(make_config, tmp_path):
                                                     "another-run"):
         trainer.read_metrics(other)
     assert [m["step"] for m in trainer.read_metrics(run)] == [0]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_refuse_together_and_overwrite_between_barriers(tmp_path, corpus):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+
+    def torchrun(*extra: str) -> subprocess.CompletedProcess:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+        env.pop("SLEUTH_RUN_ID", None)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+               "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "trainer",
+               "--run-dir", str(run), "--set", "steps=1", "--set", "batch_size=2", *_data(corpus),
+               *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+
+    assert torchrun().returncode == 0
+    old = _run_id(run)
+    before = _snapshot(run)
+    refused = torchrun()  # both ranks refuse (none waits at a barrier for the other)
+    assert refused.returncode != 0 and refused.stderr.count(f"another run (run {old}") == 2
+    assert _snapshot(run) == before
+    replaced = torchrun("--overwrite")
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    new = _run_id(run)
+    assert new != old
+    for name in ("metrics.jsonl", "metrics.rank1.jsonl"):
+        assert json.loads((run / name).read_text().splitlines()[0])["run_id"] == new
