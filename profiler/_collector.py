@@ -22,7 +22,7 @@ from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA,
                               CollectorConfig)
 from profiler._errors import ProfilerError
 from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
-                          world_size_from_env, write_json_atomic)
+                          run_id_from_env, world_size_from_env, write_json_atomic)
 
 
 class Collector:
@@ -32,18 +32,21 @@ class Collector:
         run_dir: the run directory; files go to `run_dir/profile/rank{R}/`.
         config: a CollectorConfig (default: wait 1, warmup 1, active 3, one window).
         rank: this process's rank (default: $RANK or 0).
+        run_id: the run its files belong to (default $SLEUTH_RUN_ID, which the trainer and
+            `sleuth run` set); readers refuse to combine windows of different runs.
 
     `step()` must be called once at the end of every training step (after the optimizer).
     Window K produces `window{K}.trace.json.gz` and `window{K}.json` when its last step ends.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, config: CollectorConfig | None = None,
-                 rank: int | None = None) -> None:
+                 rank: int | None = None, run_id: str | None = None) -> None:
         self.config = config if config is not None else CollectorConfig()
         if not isinstance(self.config, CollectorConfig):
             raise ProfilerError(f"config must be a CollectorConfig, got {type(self.config).__name__}")
         self.run_dir = Path(run_dir)
         self.rank = rank_from_env(rank)
+        self.run_id = run_id_from_env() if run_id is None else str(run_id)
         self.dir = profile_dir(self.run_dir, self.rank)
         self.traces: list[Path] = []
         self._prof: Any = None
@@ -171,6 +174,7 @@ class Collector:
         meta = {
             "format_version": FORMAT_VERSION, "kind": "sleuth.profile.window",
             "rank": self.rank, "world_size": world_size_from_env(), "window": k,
+            "run_id": self.run_id,
             "created": datetime.now(timezone.utc).isoformat(),
             "trace": trace.name, "stacks": stacks,
             "steps": recorded,

@@ -142,11 +142,12 @@ def read_profile(run_dir: str | os.PathLike[str]) -> Profile:
     frames: dict[str, list[Any]] = {t: [] for t in _TABLES}
     traces: list[Path] = []
     win_rows = []
-    for d in sorted((p for p in root.iterdir() if _RANK_RE.match(p.name)),
-                    key=lambda p: int(_RANK_RE.match(p.name).group(1))):
-        rank = int(_RANK_RE.match(d.name).group(1))
-        windows = sorted({int(m.group(1)) for p in d.iterdir()
-                          if (m := _WINDOW_RE.match(p.name))})
+    ranks = [(int(_RANK_RE.match(d.name).group(1)), d, sorted(
+        {int(m.group(1)) for p in d.iterdir() if (m := _WINDOW_RE.match(p.name))}))
+        for d in root.iterdir() if _RANK_RE.match(d.name)]
+    ranks.sort(key=lambda r: r[0])
+    _one_run(root, [(d, k) for _, d, windows in ranks for k in windows])
+    for rank, d, windows in ranks:
         for k in windows:
             tables = window_tables(d, k)
             traces.append(next(p for p in (d / f"window{k}.trace.json.gz", d / f"window{k}.trace.json")
@@ -168,6 +169,23 @@ def read_profile(run_dir: str | os.PathLike[str]) -> Profile:
     return Profile(ops=out["ops"], modules=out["modules"], steps=out["steps"],
                    memory=out["memory"], cluster=cluster, traces=traces, summary=summary,
                    windows=windows)
+
+
+def _one_run(root: Path, windows: list[tuple[Path, int]]) -> None:
+    """ProfileFormatError when the windows' metadata name more than one run (`run_id`): a
+    window of another run left beside this run's would be read as this run's. Windows
+    without an id (written before run ids, or by a run without one) are not checked."""
+    runs: dict[str, str] = {}
+    for d, k in windows:
+        run_id = _read_meta(d, k).get("run_id")
+        if isinstance(run_id, str) and run_id:
+            runs.setdefault(run_id, f"{d.name}/window{k}")
+    if len(runs) > 1:
+        (a, where_a), (b, where_b) = list(runs.items())[:2]
+        raise ProfileFormatError(f"{root} holds the profiles of {len(runs)} runs ({where_a}: "
+                                 f"run {a}, {where_b}: run {b}); read one run at a time: move "
+                                 f"the other run's windows away, or profile again with "
+                                 f"--overwrite or another --run-dir")
 
 
 def _cluster(steps: Any) -> Any:

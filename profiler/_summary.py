@@ -7,7 +7,8 @@ the records since the last flush. A crashed file keeps its "open for write" flag
 fall back to opening it in SWMR read mode, and a writer that finds the file already present
 starts a new segment `rank{R}.seg{N}.h5` rather than touching it; readers merge the segments.
 
-Layout (format_version 1.0): root attributes format_version, kind, rank, created;
+Layout (format_version 1.0): root attributes format_version, kind, rank, created, run_id (the
+run that wrote the file; readers refuse to merge files of different runs);
 `tags` (fixed-length UTF-8, index = tag id); `scalars` (tag, step, wall_time, value);
 `hist_index` (tag, step, wall_time, offset, bins) pointing into `hist_data` (float64: the
 bins+1 edges, then the bins counts).
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from profiler._errors import ConfigError, ProfilerError
-from profiler._io import rank_from_env
+from profiler._io import rank_from_env, run_id_from_env
 from profiler._own import own_work
 
 FORMAT_VERSION = "1.0"
@@ -58,12 +59,14 @@ class SummaryWriter:
         max_bytes: size cap of the file; when reached, a SummaryCapReached warning is given
             once and later records are dropped.
         frequency: keep a scalar / histogram only at steps divisible by this number.
+        run_id: the run the file belongs to (default $SLEUTH_RUN_ID, which the trainer and
+            `sleuth run` set).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None,
                  flush_every: int = 100, flush_secs: float = 10.0,
                  max_bytes: int = 256 * 2**20,
-                 frequency: dict[str, int] | None = None) -> None:
+                 frequency: dict[str, int] | None = None, run_id: str | None = None) -> None:
         freq = {"scalar": 1, "histogram": 10}
         for key, value in (frequency or {}).items():
             if key not in _FREQ_KEYS:
@@ -82,6 +85,7 @@ class SummaryWriter:
         self.flush_secs = flush_secs
         self.max_bytes = max_bytes
         self.rank = rank_from_env(rank)
+        self.run_id = run_id_from_env() if run_id is None else str(run_id)
         self.path = self._choose_path(Path(run_dir) / "summary")
         self.stopped = False
         self._closed = False
@@ -114,6 +118,7 @@ class SummaryWriter:
             f.attrs["kind"] = "sleuth.summary"
             f.attrs["rank"] = self.rank
             f.attrs["created"] = datetime.now(timezone.utc).isoformat()
+            f.attrs["run_id"] = self.run_id
             # chunks of at most 64 KiB: the size cap is checked on the file's size, which
             # grows a chunk at a time
             for name, chunk in (("tags", 16), ("scalars", 2048), ("hist_index", 1024),

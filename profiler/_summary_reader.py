@@ -51,12 +51,28 @@ def _open(path: Path) -> Any:
 _DAMAGED = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
 
 
+def _run_id(f: Any) -> str:
+    value = f.attrs.get("run_id", "")
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _each(run_dir: str | os.PathLike[str]) -> Iterator[tuple[int, Any, list[str]]]:
     """(rank, open file, tags) of each summary file; an error while the caller reads the file
-    is a ProfileFormatError naming it."""
+    is a ProfileFormatError naming it, and so is a file of another run than the first file's
+    (`run_id`; files without one, written before run ids, are not checked)."""
+    first: tuple[str, Path] | None = None
     for rank, path in _files(run_dir):
         with _open(path) as f:
             try:
+                run_id = _run_id(f)
+                if run_id and first is None:
+                    first = (run_id, path)
+                elif run_id and run_id != first[0]:
+                    raise ProfileFormatError(
+                        f"{path} belongs to run {run_id}, but {first[1].name} to run "
+                        f"{first[0]}: {path.parent} mixes two runs' summaries; read one run at "
+                        f"a time: move the other run's files away, or log again with "
+                        f"--overwrite or another --run-dir")
                 version = f.attrs.get("format_version", "")
                 version = version.decode() if isinstance(version, bytes) else str(version)
                 if not version.startswith("1."):

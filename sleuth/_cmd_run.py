@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="log parameter and gradient norms and histograms at optimizer steps")
     p.add_argument("--save-graphs", action="store_true", help="export the model's IR graphs")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the dump of another run found in the run directory (its step "
-                   "files only) instead of refusing to dump")
+                   help="replace the files of another run found in the run directory (only "
+                   "files Sleuth writes) instead of refusing to start")
     p.add_argument("--strict", action="store_true",
                    help="stop the run when a tool fails to attach (default: warn and go on)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
@@ -83,14 +83,14 @@ def _run(args: argparse.Namespace) -> int:
     if not cmd:
         raise CliError("no command given; write it after `--`, e.g. "
                        "sleuth run --dump dump.json -- python train.py")
-    continuing = bool(os.environ.get("SLEUTH_RUN_ID", "").strip())  # the caller's own run id
     env = child_env(args)
     _validate_configs(args)
-    if not continuing:
-        _refuse_another_runs_dump(env)
     run_dir = Path(env["SLEUTH_RUN_DIR"])
+    continuing = _claim(run_dir, env, overwrite=bool(getattr(args, "overwrite", False)))
+    _refuse_another_runs_dump(env)
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_run_json(run_dir, cmd, env)
+    if not continuing:
+        _write_run_json(run_dir, cmd, env)
     if cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable  # the interpreter sleuth runs in, which has the tools installed
     try:
@@ -142,10 +142,43 @@ def _call(cmd: list[str], env: dict[str, str]) -> int:
             signal.signal(signum, handler)
 
 
+def _claim(run_dir: Path, env: dict[str, str], *, overwrite: bool) -> bool:
+    """Refuse, before the command starts, a run directory that holds another run's files, or
+    the finished dump of the run whose id the caller reuses (a script dumps from step 0 again,
+    over its step files); with `overwrite`, remove them. Returns True when the command
+    continues the run whose run.json is there (the caller's $SLEUTH_RUN_ID names it)."""
+    from trainer import OtherRunError, claim_run_dir, remove_run_files
+
+    run_id = env["SLEUTH_RUN_ID"]
+    try:
+        found = claim_run_dir(run_dir, run_id, overwrite=overwrite, fixes=(
+            "pass --overwrite to replace it, or another --run-dir (to continue that run "
+            "instead, set SLEUTH_RUN_ID to its id)"))
+    except OtherRunError as e:
+        raise CliError(str(e)) from e
+    replayed = found.dump_steps and not found.live_lock and not found.others(run_id)
+    if replayed and not overwrite:
+        raise CliError(f"{run_dir / 'dump'} holds {found.dump_steps} step file(s) of run {run_id} "
+                       f"and no process of that run writes it now: this command, run again "
+                       f"under SLEUTH_RUN_ID={run_id}, would dump its steps from step 0 over "
+                       f"them; pass --overwrite to replace that run's files, or another "
+                       f"--run-dir (or unset SLEUTH_RUN_ID to start a new run)")
+    if overwrite and not found.empty:
+        try:
+            removed = remove_run_files(run_dir)
+        except OtherRunError as e:
+            raise CliError(str(e)) from e
+        print(f"sleuth run: overwrite: removed {len(removed)} file(s) of the earlier run from "
+              f"{run_dir}", file=sys.stderr, flush=True)
+        return False
+    return found.owner == run_id
+
+
 def _refuse_another_runs_dump(env: dict[str, str]) -> None:
-    """CliError before the command starts when its dump would go where an earlier run's dump is:
-    the dump's writers would refuse it in every process of the command (docs/dump-format.md,
-    "Run id, run file and lock"), after the command had started."""
+    """CliError before the command starts when its dump (a dump config's own "path", outside
+    the run directory) would go where another run's dump is: the dump's writers would refuse
+    it in every process of the command (docs/dump-format.md, "Run id, run file and lock"),
+    after the command had started."""
     value = env.get("SLEUTH_DUMP_CONFIG", "").strip()
     if not value or value == "0" or env.get("SLEUTH_DUMP_OVERWRITE") == "1":
         return
@@ -157,8 +190,14 @@ def _refuse_another_runs_dump(env: dict[str, str]) -> None:
             return  # the dump's own config check reports it
     if not isinstance(config, dict) or config.get("overwrite") is True:
         return
-    dump = Path(config.get("path") or env["SLEUTH_RUN_DIR"]) / "dump"
-    if (dump / "dump.json").is_file() or next(dump.glob("rank*/step*.h5"), None) is not None:
+    root = Path(config.get("path") or env["SLEUTH_RUN_DIR"]).resolve()
+    if root == Path(env["SLEUTH_RUN_DIR"]).resolve():
+        return  # the run directory's dump: _claim checked it
+    from trainer import scan_run_dir
+
+    dump = root / "dump"
+    others = scan_run_dir(root).others(env["SLEUTH_RUN_ID"])
+    if "dump/" in {n for names in others.values() for n in names}:
         raise CliError(f"{dump} holds the dump of an earlier run, and this command starts a new "
                        f"one: pass --overwrite to replace that dump, or --run-dir NEW_DIR (to "
                        f"continue that run instead, set SLEUTH_RUN_ID to the run_id in "
@@ -175,4 +214,4 @@ def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:
         world = next((int(a.split("=", 1)[1]) for a in cmd if a.startswith("--nproc_per_node=")
                       and a.split("=", 1)[1].isdigit()), world)
     write_run_json(run_dir, name=run_dir.name, argv=cmd, world_size=world,
-                   config={"command": cmd, "tools": tools})
+                   config={"command": cmd, "tools": tools}, run_id=env["SLEUTH_RUN_ID"])

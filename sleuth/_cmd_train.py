@@ -27,13 +27,13 @@ def register(subparsers: Any) -> None:
                    help="override one key, e.g. --set optim.lr=1e-3 --set data.mode=sft (repeatable)")
     p.add_argument("--run-dir", metavar="DIR", help="run directory (default: the config's run_dir)")
     p.add_argument("--resume", metavar="CKPT", help="checkpoint or run directory to continue from, or 'latest'")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the files of another run found in the run directory (only "
+                   "files Sleuth writes; a resumed run needs none)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
     tools = p.add_argument_group("tools (write into the run directory)")
     tools.add_argument("--dump", metavar="CONFIG.json",
                        help="dump tensors with this dump config (`sleuth docs dump-config`)")
-    tools.add_argument("--overwrite", action="store_true",
-                       help="replace the dump of another run found in the run directory (its "
-                       "step files only; a resumed run needs no overwrite)")
     tools.add_argument("--profile", nargs="?", const="1", metavar="CONFIG.json",
                        help="profile steps (default schedule: wait 1, warmup 1, active 3); "
                        "optional collector config")
@@ -49,7 +49,9 @@ def build_config(args: argparse.Namespace):
     import trainer
 
     try:
-        return trainer.load_config(args.config, preset=args.preset, overrides=args.overrides,
+        overwrite = ["overwrite=true"] if getattr(args, "overwrite", False) else []
+        return trainer.load_config(args.config, preset=args.preset,
+                                   overrides=[*args.overrides, *overwrite],
                                    run_dir=args.run_dir, resume=args.resume)
     except trainer.ConfigError as e:
         raise CliError(str(e)) from e
@@ -63,9 +65,7 @@ def build_callbacks(args: argparse.Namespace, config: Any) -> list:
 
     callbacks = callbacks_from_flags(dump=args.dump, profile=args.profile, summary=args.summary,
                                      save_graphs=args.save_graphs)
-    if getattr(args, "overwrite", False):
-        if not args.dump:
-            raise CliError("--overwrite replaces an old dump: give it with --dump CONFIG.json")
+    if config.overwrite:  # the trainer removes the old run's files; the dump's writer agrees
         for cb in callbacks:
             if isinstance(cb, DumpCallback):
                 cb.config = dataclasses.replace(cb.config, overwrite=True)

@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "trainer._errors",
     "DataError": "trainer._errors",
     "CheckpointError": "trainer._errors",
+    "OtherRunError": "trainer._errors",
     # model, data, loop
     "GPT": "trainer.model",
     "ByteTokenizer": "trainer.data",
@@ -40,6 +41,10 @@ _EXPORTS: dict[str, str] = {
     "write_run_json": "trainer._rundir",
     "new_run_id": "trainer._rundir",
     "read_metrics": "trainer._rundir",
+    "read_run_id": "trainer._rundir",
+    "claim_run_dir": "trainer._claim",
+    "remove_run_files": "trainer._claim",
+    "scan_run_dir": "trainer._claim",
     # LoRA
     "LoRALinear": "trainer.lora",
     "apply_lora": "trainer.lora",

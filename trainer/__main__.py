@@ -15,9 +15,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="override one key, e.g. --set optim.lr=1e-3 (repeatable)")
     parser.add_argument("--run-dir", help="run directory (overrides run_dir)")
     parser.add_argument("--resume", help="checkpoint or run directory to continue from, or 'latest'")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the files of another run found in the run directory")
     args = parser.parse_args(argv)
+    overrides = [*args.overrides, *(["overwrite=true"] if args.overwrite else [])]
     try:
-        train(load_config(args.config, preset=args.preset, overrides=args.overrides,
+        train(load_config(args.config, preset=args.preset, overrides=overrides,
                           run_dir=args.run_dir, resume=args.resume),
               argv=[sys.executable, "-m", "trainer", *(sys.argv[1:] if argv is None else argv)])
     except (ConfigError, TrainerError) as e:

@@ -16,3 +16,8 @@ class DataError(TrainerError, ValueError):
 
 class CheckpointError(TrainerError):
     """A checkpoint or LoRA adapter file is missing, incomplete or does not fit the model."""
+
+
+class OtherRunError(TrainerError):
+    """The run directory holds another run's files (or nothing to resume): the message names
+    the directory, the other run and the fixes (--overwrite, --resume latest, another --run-dir)."""

@@ -36,12 +36,13 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world_size: int,
-                   config: dict[str, Any]) -> Path:
+                   config: dict[str, Any], run_id: str = "") -> Path:
     """Write `RUN/run.json` (atomically) describing who made the run, and return its path.
 
     Args:
         run_dir: the run directory (created if missing).
         name: the run's name.
+        run_id: the run's id, which every other file of the run carries too (`new_run_id`).
         argv: the command line that started it.
         world_size: number of processes.
         config: the resolved configuration, JSON-serialisable.
@@ -50,6 +51,7 @@ def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world
 
     record = {
         "format_version": FORMAT_VERSION,
+        "run_id": run_id,
         "name": name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(argv),
@@ -110,19 +112,65 @@ class RunDir:
                     steps.append(int(p.name[4:]))
         return self.checkpoint(max(steps)) if steps else None
 
-    def open_metrics(self) -> TextIO:
-        """Open the metrics file for appending; a new file starts with a format header line."""
+    def open_metrics(self, run_id: str = "") -> TextIO:
+        """Open the metrics file for appending; a new file starts with a format header line
+        naming the run. A file of another run is refused (OtherRunError), never appended to."""
         self.path.mkdir(parents=True, exist_ok=True)
         new = not self.metrics.exists() or self.metrics.stat().st_size == 0
+        if not new:
+            _check_header(self.metrics, run_id)
         f = open(self.metrics, "a", encoding="utf-8")
         if new:
-            f.write(json.dumps({"format_version": FORMAT_VERSION, "kind": "sleuth.trainer.metrics"}) + "\n")
+            f.write(json.dumps({"format_version": FORMAT_VERSION, "kind": "sleuth.trainer.metrics",
+                                "run_id": run_id}) + "\n")
             f.flush()
         return f
 
 
+def read_run_id(run_dir: str | Path) -> str | None:
+    """The run id `RUN/run.json` names: None without a readable run.json, "" for one written
+    before run ids."""
+    try:
+        data = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    run_id = data.get("run_id", "") if isinstance(data, dict) else None
+    return run_id if isinstance(run_id, str) else None
+
+
+def _header_id(path: Path) -> str:
+    """The run id in a metrics file's header line ("" before run ids)."""
+    with open(path, encoding="utf-8") as f:
+        first = f.readline(1 << 20)
+    try:
+        header = json.loads(first)
+    except ValueError:
+        return ""
+    run_id = header.get("run_id", "") if isinstance(header, dict) else ""
+    return run_id if isinstance(run_id, str) else ""
+
+
+def _check_header(path: Path, run_id: str) -> None:
+    """OtherRunError when the metrics file at `path` names a run other than `run_id` (files
+    written before run ids name none and are not checked)."""
+    from trainer._errors import OtherRunError
+
+    found = _header_id(path)
+    if found and run_id and found != run_id:
+        raise OtherRunError(f"{path} holds the metrics of run {found}, not of run {run_id}: the "
+                            f"run directory mixes two runs; read each run from its own folder "
+                            f"(train with --overwrite or another --run-dir)")
+
+
 def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict[str, Any]]:
-    """The metric lines of a run (step lines and eval lines), header excluded."""
+    """The metric lines of a run (step lines and eval lines), header excluded.
+
+    Raises:
+        OtherRunError: the metrics file names another run than run.json does.
+    """
     path = RunDir(run_dir, rank=rank).metrics
+    owner = read_run_id(run_dir)
+    if owner:
+        _check_header(path, owner)
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [d for d in lines if "step" in d]

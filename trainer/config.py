@@ -170,6 +170,9 @@ class TrainConfig:
     """Write a checkpoint every N steps and at the end; 0 writes only at a stop_after stop."""
     resume: str | None = None
     """Checkpoint directory to continue from, or 'latest' for the newest one under run_dir."""
+    overwrite: bool = False
+    """Replace the files of another run found in run_dir (only files Sleuth writes) instead of
+    refusing to train there."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
     data: DataConfig = field(default_factory=DataConfig)

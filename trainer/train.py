@@ -22,8 +22,9 @@ from trainer import _distributed
 from trainer._callbacks import Callback, TrainState, _CallbackList
 from trainer._checkpoint import (load_model_into, load_trainer_state, read_meta,
                                  resolve_checkpoint, save_checkpoint, set_rng_state)
-from trainer._errors import CheckpointError, ConfigError, DataError
-from trainer._rundir import RunDir, new_run_id, write_run_json
+from trainer._claim import claim_run_dir, remove_run_files, scan_run_dir
+from trainer._errors import CheckpointError, ConfigError, DataError, OtherRunError
+from trainer._rundir import RunDir, new_run_id, read_run_id, write_run_json
 from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Sampler, TokenDataset, build_datasets
 from trainer.lora import adapter_blob, apply_lora
@@ -112,8 +113,8 @@ def train(config: TrainConfig, callbacks: Sequence[Callback] = (), *,
 
 
 def _run_id(resume_dir: Path | None, d: _distributed.Dist) -> str:
-    """The id the tools' files of this run carry: a resumed run continues the run that wrote
-    its checkpoint; else the caller's $SLEUTH_RUN_ID (sleuth run), else a new one, the same on
+    """The id every file of this run carries: a resumed run continues the run that wrote its
+    checkpoint; else the caller's $SLEUTH_RUN_ID (sleuth run), else a new one, the same on
     every rank."""
     if resume_dir is not None:
         run_id = read_meta(resume_dir).get("run_id")
@@ -125,18 +126,94 @@ def _run_id(resume_dir: Path | None, d: _distributed.Dist) -> str:
     return _distributed.broadcast_str(new_run_id(), d)
 
 
+def _resume_dir(config: TrainConfig, run: RunDir) -> Path | None:
+    """The checkpoint this run continues from, or None for a new run.
+
+    Raises:
+        OtherRunError: resume=latest and the run directory has no checkpoint.
+        CheckpointError: the checkpoint named is missing or incomplete.
+    """
+    if config.resume == "latest":
+        latest = run.latest_checkpoint()
+        if latest is None:
+            raise OtherRunError(_nothing_to_resume(run.path))
+        return latest
+    return resolve_checkpoint(config.resume) if config.resume else None
+
+
+def _nothing_to_resume(path: Path) -> str:
+    found = scan_run_dir(path)
+    if found.empty:
+        return (f"--resume latest: {path} holds no run to continue (no checkpoint under "
+                f"{path / 'checkpoints'}); drop --resume to start a new run there")
+    owner = found.owner if found.owner is not None else next(iter(found.by_run))
+    who = f"run {owner}" if owner else "a run written before run ids"
+    return (f"--resume latest: {path} holds {who} but no checkpoint to continue from (one is "
+            f"written with --set checkpoint_every=N, or at a --set stop_after=N stop); pass "
+            f"--overwrite instead of --resume to train again in its place, or use another --run-dir")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return folder.resolve() in path.resolve().parents
+
+
+def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | None,
+           d: _distributed.Dist) -> None:
+    """Refuse a run directory that holds another run's files, before anything is written (each
+    rank reads the same files, so all refuse together); with overwrite, rank 0 removes them.
+
+    Raises:
+        OtherRunError: another run's files, or a checkpoint of another run than run.json's.
+        ConfigError: overwrite would remove the checkpoint this run resumes from.
+    """
+    own_checkpoint = resume_dir is not None and _inside(resume_dir, run.path)
+    if own_checkpoint:
+        if config.overwrite:
+            raise ConfigError(f"overwrite would remove {resume_dir}, the checkpoint this run "
+                              f"resumes from; drop --overwrite to continue the run, or --resume "
+                              f"to replace it")
+        owner = read_run_id(run.path)
+        if not isinstance(read_meta(resume_dir).get("run_id"), str):
+            return  # a checkpoint written before run ids continues its own directory's run
+        if owner and owner != run_id:
+            raise OtherRunError(f"{resume_dir} is a checkpoint of run {run_id}, but "
+                                f"{run.run_json} names run {owner}: {run.path} mixes two runs; "
+                                f"resume from a checkpoint of run {owner} (--resume "
+                                f"{run.checkpoints}/step<S>), or from this one into another "
+                                f"--run-dir")
+    found = claim_run_dir(run.path, run_id, overwrite=config.overwrite)
+    others = found.others(run_id)
+    # a new run under a reused id ($SLEUTH_RUN_ID) would start at step 0 over that run's steps
+    restarted = [] if resume_dir is not None else [
+        n for n in found.by_run.get(run_id, []) if n.startswith(("metrics", "checkpoints/", "dump/"))]
+    if restarted and not config.overwrite:
+        raise OtherRunError(f"{run.path} holds run {run_id} already ({', '.join(restarted[:4])}; "
+                            f"{RUN_ID_ENV}={run_id} is set), and this run starts again at step "
+                            f"0: pass --resume latest to continue it, --overwrite to replace it, "
+                            f"or another --run-dir")
+    if not (config.overwrite and (others or restarted)):
+        return
+    if d.world_size > 1:
+        torch.distributed.barrier()  # every rank has read the files before any goes
+    if d.is_main:
+        removed = remove_run_files(run.path)
+        names = ", ".join(f"run {r}" if r else "a run written before run ids"
+                          for r in (others or [run_id]))
+        print(f"overwrite: removed {len(removed)} file(s) of {names} from {run.path}", flush=True)
+    if d.world_size > 1:
+        torch.distributed.barrier()
+
+
 def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist, argv: list[str]) -> TrainState:
     run = RunDir(config.run_dir, rank=d.rank)
-    resume_dir = None
-    if config.resume == "latest":
-        resume_dir = run.latest_checkpoint()  # nothing yet: a fresh start, so "latest" is restartable
-    elif config.resume:
-        resume_dir = resolve_checkpoint(config.resume)
+    resume_dir = _resume_dir(config, run)
 
     if d.mode == "fsdp" and config.lora.enabled:
         raise ConfigError("LoRA with parallel=fsdp is not supported; use parallel=ddp (the default)")
-    # the dump (tracer) takes the run id from the environment: see _run_id
-    run_id = os.environ[RUN_ID_ENV] = _run_id(resume_dir, d)
+    run_id = _run_id(resume_dir, d)
+    _claim(config, run, run_id, resume_dir, d)
+    # the dump (tracer) and the profiler take the run id from the environment
+    os.environ[RUN_ID_ENV] = run_id
     model = build_model(config, resume_dir)
     start_step, position = 0, 0
     if resume_dir is not None:
@@ -165,8 +242,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
     sampler = Sampler(len(train_ds), seed=config.seed, rank=d.rank, world_size=d.world_size)
     if d.is_main and not run.run_json.exists():
         write_run_json(run.path, name=config.name, argv=argv, world_size=d.world_size,
-                       config=config.to_dict())
-    metrics_file = run.open_metrics()
+                       config=config.to_dict(), run_id=run_id)
+    metrics_file = run.open_metrics(run_id)
     state = TrainState(step=start_step, micro_step=0, model=model, optimizer=optimizer,
                        run_dir=run.path, rank=d.rank, world_size=d.world_size, config=config,
                        example_batch=_to(train_ds.batch(sampler.local_rows(position, config.batch_size)), d))

@@ -1,6 +1,7 @@
-"""One run per dump through the CLI: `sleuth train` resumes into its own dump, a re-run is
-refused with the fix, `--overwrite` replaces the old dump; `sleuth run` gives all its processes
-one run id and passes --overwrite on."""
+"""One run per run directory through the CLI: `sleuth train` resumes into its own dump, a
+re-run is refused with the fix, `--overwrite` replaces the old run; `sleuth run` gives all its
+processes one run id, refuses another run's folder (and a finished run's reused id) before the
+command starts, and passes --overwrite on."""
 from __future__ import annotations
 
 import argparse
@@ -42,23 +43,30 @@ def test_train_resumes_into_its_dump_and_a_rerun_needs_overwrite(tmp_path, capsy
     assert len(resumed) >= 2 and set(resumed.values()) == set(first.values())
     capsys.readouterr()
 
+    metrics = (run / "metrics.jsonl").read_bytes()
     assert main(common) == 2  # a new run into the same directory
     err = capsys.readouterr().err
-    assert "holds the dump of another run" in err and "--overwrite" in err
+    assert "holds the files of another run" in err and "--overwrite" in err
     assert "Traceback" not in err
     assert _ids(run) == resumed  # nothing of the old dump was touched
+    assert (run / "metrics.jsonl").read_bytes() == metrics
 
     assert main([*common, "--overwrite"]) == 0
     new = _ids(run)
     assert {"step0.h5", "step1.h5", "step2.h5"} <= set(new)
     assert len(set(new.values())) == 1 and set(new.values()) != set(first.values())
-    assert (run / "metrics.jsonl").exists()  # not a dump file: kept
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines[1:]] == [0, 1, 2]  # the old run's lines: gone
 
 
-def test_overwrite_without_a_dump_is_an_error(tmp_path, capsys):
-    assert main(["train", "--set", "steps=1", "--run-dir", str(tmp_path), "--overwrite"]) == 2
-    assert "--overwrite replaces an old dump" in capsys.readouterr().err
-
+def test_overwrite_without_a_dump_replaces_the_old_runs_dump_too(tmp_path, capsys):
+    cfg = tmp_path / "dump.json"
+    cfg.write_text(json.dumps({"steps": "0", "level": "module", "writer": "sync"}))
+    run = tmp_path / "run"
+    common = ["train", "--set", "steps=1", "--set", "eval_every=0", "--run-dir", str(run)]
+    assert main([*common, "--dump", str(cfg)]) == 0
+    assert main([*common, "--overwrite"]) == 0
+    assert not (run / "dump").exists()  # no old dump left beside the new run
 
 def test_sleuth_run_gives_its_processes_one_run_id_and_passes_overwrite_on(tmp_path):
     def args(*extra):
@@ -102,7 +110,64 @@ def test_sleuth_run_refuses_before_starting_when_the_dump_holds_another_run(tmp_
            f"open({str(marker)!r}, 'w').close()"]
     assert main(cmd) == 2
     err = capsys.readouterr().err
-    assert "holds the dump of an earlier run" in err and "--overwrite" in err
+    assert "holds the files of another run" in err and "--overwrite" in err
     assert not marker.exists() and _ids(tmp_path) == before  # never started, nothing touched
     cmd.insert(1, "--overwrite")
     assert main(cmd) == 0 and marker.exists()
+
+
+_SCRIPT = """
+import torch
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def _sleuth_run(sleuth_cli, tmp_path, *extra, env=None):
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT)
+    cfg = tmp_path / "dump.json"
+    cfg.write_text(json.dumps({"steps": "all", "level": "module", "writer": "sync"}))
+    return sleuth_cli("run", "--run-dir", str(tmp_path / "run"), "--dump", str(cfg), *extra,
+                      "--", "python", str(script), env=env)
+
+
+@pytest.mark.slow
+def test_sleuth_run_refuses_a_reused_run_id_over_a_finished_dump(sleuth_cli, tmp_path):
+    first = _sleuth_run(sleuth_cli, tmp_path)
+    assert first.returncode == 0, first.stderr
+    run = tmp_path / "run"
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    before = {p.name: p.read_bytes() for p in (run / "dump" / "rank0").glob("step*.h5")}
+    assert set(before) == {"step0.h5", "step1.h5"}
+
+    again = _sleuth_run(sleuth_cli, tmp_path, env={"SLEUTH_RUN_ID": run_id})
+    assert again.returncode == 2
+    [line] = again.stderr.strip().splitlines()
+    assert f"2 step file(s) of run {run_id}" in line and "would dump its steps from step 0" in line
+    assert "--overwrite" in line and "Traceback" not in line
+    assert {p.name: p.read_bytes() for p in (run / "dump" / "rank0").glob("step*.h5")} == before
+
+    other = _sleuth_run(sleuth_cli, tmp_path, env={"SLEUTH_RUN_ID": "not-that-run"})
+    assert other.returncode == 2 and f"another run (run {run_id}" in other.stderr
+
+    replaced = _sleuth_run(sleuth_cli, tmp_path, "--overwrite", env={"SLEUTH_RUN_ID": run_id})
+    assert replaced.returncode == 0, replaced.stderr
+    assert "overwrite: removed" in replaced.stderr
+
+
+def test_sleuth_run_refuses_a_folder_holding_another_runs_profile(tmp_path, capsys):
+    window = tmp_path / "profile" / "rank0" / "window0.json"
+    window.parent.mkdir(parents=True)
+    window.write_text(json.dumps({"format_version": "1.0", "run_id": "old-run"}))
+    marker = tmp_path / "started"
+    cmd = ["run", "--run-dir", str(tmp_path), "--profile", "--", "python", "-c",
+           f"open({str(marker)!r}, 'w').close()"]
+    assert main(cmd) == 2
+    err = capsys.readouterr().err
+    assert "another run (run old-run: profile/)" in err and not marker.exists()
+    assert not (tmp_path / "run.json").exists()

@@ -1,0 +1,206 @@
+"""One run per run directory: `sleuth train` (and `trainer.train`) refuse another run's folder
+before touching a file, `--overwrite` replaces only Sleuth's files, `--resume latest` with
+nothing to resume says so, and every file of a run carries its run id."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import pytest
+
+import trainer
+from sleuth.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _no_run_id(monkeypatch):
+    monkeypatch.delenv("SLEUTH_RUN_ID", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _data(corpus) -> list[str]:
+    return ["--set", f"data.train_files={corpus[0]}", "--set", f"data.val_files={corpus[1]}",
+            "--set", "eval_every=0"]
+
+
+def _run_id(run: Path) -> str:
+    return json.loads((run / "run.json").read_text())["run_id"]
+
+
+@pytest.mark.slow
+def test_a_second_run_is_refused_untouched_and_overwrite_replaces_it(sleuth_cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    first = sleuth_cli("train", "--set", "steps=2", *_data(corpus), "--summary", "--run-dir", str(run))
+    assert first.returncode == 0, first.stderr
+    old_id = _run_id(run)
+    (run / "notes.txt").write_text("the user's own file")
+    before = _snapshot(run)
+
+    again = sleuth_cli("train", "--set", "steps=3", *_data(corpus), "--summary", "--run-dir", str(run))
+    assert again.returncode == 2
+    [line] = again.stderr.strip().splitlines()
+    assert str(run) in line and old_id in line and "Traceback" not in line
+    assert "--overwrite" in line and "--resume latest" in line and "--run-dir" in line
+    assert "training" not in again.stdout  # refused before training started
+    assert _snapshot(run) == before  # no file touched: metrics not appended, run.json kept
+
+    new = sleuth_cli("train", "--set", "steps=3", *_data(corpus), "--summary", "--overwrite",
+                     "--run-dir", str(run))
+    assert new.returncode == 0, new.stderr
+    new_id = _run_id(run)
+    assert new_id != old_id and "overwrite: removed" in new.stdout
+    assert [m["step"] for m in trainer.read_metrics(run)] == [0, 1, 2]  # no saw-tooth
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["run_id"] == new_id
+    assert json.loads((run / "run.json").read_text())["config"]["steps"] == 3
+    assert [p.name for p in (run / "summary").iterdir()] == ["rank0.h5"]  # no old segment
+    assert (run / "notes.txt").read_text() == "the user's own file"
+
+
+@pytest.mark.slow
+def test_resume_latest_with_nothing_to_resume_exits_2(sleuth_cli, tmp_path, corpus):
+    run = tmp_path / "run"
+    empty = sleuth_cli("train", "--set", "steps=2", *_data(corpus), "--resume", "latest",
+                       "--run-dir", str(run))
+    assert empty.returncode == 2
+    [line] = empty.stderr.strip().splitlines()
+    assert "holds no run to continue" in line and "drop --resume" in line
+    assert not run.exists()
+
+    assert sleuth_cli("train", "--set", "steps=2", *_data(corpus), "--run-dir",
+                      str(run)).returncode == 0
+    before = _snapshot(run)
+    none = sleuth_cli("train", "--set", "steps=4", *_data(corpus), "--resume", "latest",
+                      "--run-dir", str(run))
+    assert none.returncode == 2
+    [line] = none.stderr.strip().splitlines()
+    assert f"holds run {_run_id(run)} but no checkpoint" in line
+    assert "checkpoint_every" in line and "--overwrite" in line and "Traceback" not in line
+    assert _snapshot(run) == before  # the old metrics.jsonl got no second step 0
+
+
+def test_every_file_of_a_run_carries_its_run_id(tmp_path, corpus, capsys):
+    run = tmp_path / "run"
+    dump = tmp_path / "dump.json"
+    dump.write_text(json.dumps({"steps": "0", "level": "module", "writer": "sync"}))
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"wait": 0, "warmup": 0, "active": 1}))
+    assert main(["train", "--set", "steps=2", "--set", "checkpoint_every=2", *_data(corpus),
+                 "--dump", str(dump), "--profile", str(prof), "--summary",
+                 "--run-dir", str(run)]) == 0
+    run_id = _run_id(run)
+    ids = {"metrics": json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["run_id"],
+           "checkpoint": json.loads((run / "checkpoints/step2/meta.json").read_text())["run_id"],
+           "dump": json.loads((run / "dump/dump.json").read_text())["run_id"],
+           "profile": json.loads((run / "profile/rank0/window0.json").read_text())["run_id"]}
+    with h5py.File(run / "summary/rank0.h5", "r") as f:
+        ids["summary"] = f.attrs["run_id"]
+    with h5py.File(run / "dump/rank0/step0.h5", "r") as f:
+        ids["step file"] = f.attrs["run_id"]
+    assert run_id and ids == dict.fromkeys(ids, run_id)
+
+
+def test_a_resumed_run_continues_its_id_and_a_foreign_checkpoint_is_refused(tmp_path, corpus,
+                                                                             capsys):
+    run = tmp_path / "run"
+    common = ["train", "--set", "steps=3", *_data(corpus), "--run-dir", str(run)]
+    assert main([*common, "--set", "stop_after=1"]) == 0
+    run_id = _run_id(run)
+    assert main([*common, "--resume", "latest"]) == 0
+    assert _run_id(run) == run_id and [m["step"] for m in trainer.read_metrics(run)] == [0, 1, 2]
+    capsys.readouterr()
+
+    # a checkpoint of another run, copied into this run's folder
+    meta = run / "checkpoints" / "step1" / "meta.json"
+    data = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**data, "run_id": "someone-else"}))
+    before = _snapshot(run)
+    assert main([*common, "--resume", str(meta.parent)]) == 2
+    err = capsys.readouterr().err
+    assert "is a checkpoint of run someone-else" in err and f"names run {run_id}" in err
+    assert _snapshot(run) == before
+
+
+def test_the_python_entry_refuses_and_overwrites(make_config, tmp_path):
+    first = trainer.train(make_config("steps=2"))
+    (first.run_dir / "ir").mkdir()
+    (first.run_dir / "ir" / "mine.txt").write_text("kept")
+    old = _run_id(first.run_dir)
+    with pytest.raises(trainer.OtherRunError, match=f"run {old}: run.json, metrics.jsonl"):
+        trainer.train(make_config("steps=2"))
+    trainer.train(make_config("steps=2", "overwrite=true"))
+    assert _run_id(first.run_dir) != old
+    assert (first.run_dir / "ir" / "mine.txt").read_text() == "kept"
+    with pytest.raises(trainer.OtherRunError, match="holds no run to continue"):
+        trainer.train(make_config("resume=latest", run="elsewhere"))
+
+
+def test_a_reused_run_id_does_not_restart_a_run_at_step_0(make_config, monkeypatch):
+    monkeypatch.setenv("SLEUTH_RUN_ID", "fixed-id")
+    state = trainer.train(make_config("steps=2"))
+    assert _run_id(state.run_dir) == "fixed-id"
+    with pytest.raises(trainer.OtherRunError, match="holds run fixed-id already.*starts again "
+                                                    "at step 0"):
+        trainer.train(make_config("steps=2"))
+    assert [m["step"] for m in trainer.read_metrics(state.run_dir)] == [0, 1]
+
+
+def test_overwrite_refuses_to_remove_the_checkpoint_it_resumes(make_config):
+    state = trainer.train(make_config("steps=2", "stop_after=1"))
+    with pytest.raises(trainer.ConfigError, match="overwrite would remove"):
+        trainer.train(make_config("steps=2", "resume=latest", "overwrite=true"))
+    assert (state.run_dir / "checkpoints" / "step1" / "meta.json").is_file()
+
+
+def test_read_metrics_refuses_another_runs_metrics(make_config, tmp_path):
+    run = trainer.train(make_config("steps=1")).run_dir
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(run / "metrics.jsonl", other / "metrics.jsonl")
+    (other / "run.json").write_text(json.dumps({"run_id": "another-run"}))
+    with pytest.raises(trainer.OtherRunError, match="holds the metrics of run .* not of run "
+                                                    "another-run"):
+        trainer.read_metrics(other)
+    assert [m["step"] for m in trainer.read_metrics(run)] == [0]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_refuse_together_and_overwrite_between_barriers(tmp_path, corpus):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+
+    def torchrun(*extra: str) -> subprocess.CompletedProcess:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+        env.pop("SLEUTH_RUN_ID", None)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+               "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "trainer",
+               "--run-dir", str(run), "--set", "steps=1", "--set", "batch_size=2", *_data(corpus),
+               *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=180)
+
+    assert torchrun().returncode == 0
+    old = _run_id(run)
+    before = _snapshot(run)
+    refused = torchrun()  # both ranks refuse (none waits at a barrier for the other)
+    assert refused.returncode != 0 and refused.stderr.count(f"another run (run {old}") == 2
+    assert _snapshot(run) == before
+    replaced = torchrun("--overwrite")
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    new = _run_id(run)
+    assert new != old
+    for name in ("metrics.jsonl", "metrics.rank1.jsonl"):
+        assert json.loads((run / name).read_text().splitlines()[0])["run_id"] == new

@@ -1,0 +1,275 @@
+"""One run per run directory: which runs a directory's files belong to, refusing another run's
+directory, and replacing an old run's files on request.
+
+Every file a run writes carries its run id: `run.json`, the metrics header, checkpoints'
+`meta.json`, the dump (`dump/dump.json` and each step file), the summary files and the profile's
+window files. Before a run writes anything, `claim_run_dir` reads those ids (never the bulk of a
+file) and refuses a directory that holds another run's files. With `overwrite`,
+`remove_run_files` removes the files Sleuth writes there, by name, and nothing else: a user's own
+files in the run directory stay.
+
+The trainer and the CLI (`sleuth run`) share this module; it imports no tool, so the dump's and
+the profile's file names are spelled here as their format documents give them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainer._errors import OtherRunError
+
+LEGACY = ""  # the run id read from a file written before run ids
+_JSON_LIMIT = 1 << 20  # a run's small JSON files; a larger one is not Sleuth's
+_RANK = re.compile(r"^rank\d+$")
+_METRICS = re.compile(r"^metrics(\.rank\d+)?\.jsonl(\.partial)?$")
+_CHECKPOINT = re.compile(r"^step\d+(\.partial)?$")
+_CHECKPOINT_FILES = ("model.pt", "trainer.pt", "adapter.pt", "meta.json")
+_DUMP_FILE = re.compile(r"^(step\d+\.h5(\.data)?(\.partial)?|flight_recorder\.h5(\.partial)?|notes\.jsonl"
+                        r"|\.lock(\..+\.partial)?)$")
+_DUMP_TOP = re.compile(r"^dump\.json(\..+\.partial)?$")
+_SUMMARY = re.compile(r"^rank\d+(\.seg\d+)?\.h5$")
+_PROFILE = re.compile(r"^\.?window\d+\..+$")
+_WINDOW_META = re.compile(r"^window\d+\.json$")
+_IR = re.compile(r"^\d{2}_\w+?(\.sorted\.ir|\.ir|\.dot|\.svg)(\.partial)?$")
+
+
+@dataclass
+class RunFiles:
+    """The files Sleuth wrote into one run directory, by the run id each carries."""
+
+    run_dir: Path
+    owner: str | None = None
+    """The run id run.json names (LEGACY when it names none); None without a run.json."""
+    by_run: dict[str, list[str]] = field(default_factory=dict)
+    """Run id -> names of what carries it, relative to the run directory ("dump/", ...)."""
+    dump_steps: int = 0
+    """Step files in dump/rank*/."""
+    live_lock: str = ""
+    """A dump rank lock whose writer may still run (its description), "" when none."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.by_run
+
+    def others(self, run_id: str) -> dict[str, list[str]]:
+        """The runs other than `run_id` found here, with their files."""
+        return {rid: names for rid, names in self.by_run.items() if rid != run_id}
+
+
+def _read_json(path: Path) -> object:
+    """A small JSON file's value, or None when it is missing, not a regular file, too large or
+    not JSON: a run's id is read from it, and nothing here may block or blow up."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _JSON_LIMIT:
+            return None
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _id_of(value: object) -> str:
+    run_id = value.get("run_id") if isinstance(value, dict) else None
+    return run_id if isinstance(run_id, str) else LEGACY
+
+
+def _metrics_id(path: Path) -> str:
+    """The run id of a metrics file's header line."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(_JSON_LIMIT)
+        return _id_of(json.loads(first))
+    except (OSError, ValueError, RecursionError):
+        return LEGACY
+
+
+def _h5_id(path: Path) -> str:
+    """The `run_id` root attribute of an HDF5 file (a summary), LEGACY when it has none."""
+    try:
+        import h5py
+
+        try:
+            f = h5py.File(path, "r", locking=False)
+        except OSError:  # a writer killed mid-run leaves SWMR's "open for write" flag set
+            f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
+        with f:
+            value = f.attrs.get("run_id", "")
+    except Exception:  # noqa: BLE001 - an unreadable file carries no id that can be read
+        return LEGACY
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _children(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if pattern.match(p.name))
+    except OSError:
+        return []
+
+
+def scan_run_dir(run_dir: str | os.PathLike[str]) -> RunFiles:
+    """Read the run ids of the Sleuth files in `run_dir` (a missing directory is empty).
+
+    Files that carry no id of their own (the IR graphs, files written before run ids) are
+    counted as the run's that run.json names."""
+    root = Path(run_dir)
+    found = RunFiles(root)
+    if not root.is_dir():
+        return found
+
+    def add(run_id: str, name: str) -> None:
+        names = found.by_run.setdefault(run_id, [])
+        if name not in names:
+            names.append(name)
+
+    if (root / "run.json").exists():
+        found.owner = _id_of(_read_json(root / "run.json"))
+        add(found.owner, "run.json")
+    fallback = found.owner if found.owner is not None else LEGACY
+    for path in _children(root, _METRICS):
+        add(_metrics_id(path) or fallback, path.name)
+    for path in _children(root / "checkpoints", _CHECKPOINT):
+        add(_id_of(_read_json(path / "meta.json")) or fallback, f"checkpoints/{path.name}/")
+    dump = root / "dump"
+    ranks = _children(dump, _RANK)
+    steps = [p for r in ranks for p in _children(r, _DUMP_FILE) if p.name.endswith(".h5")
+             and p.name.startswith("step")]
+    found.dump_steps = len(steps)
+    if (dump / "dump.json").exists() or steps:
+        add(_id_of(_read_json(dump / "dump.json")) or fallback, "dump/")
+    for rank in ranks:
+        found.live_lock = found.live_lock or _live_lock(rank / ".lock")
+    for path in _children(root / "summary", _SUMMARY):
+        add(_h5_id(path) or fallback, "summary/")
+    for rank in _children(root / "profile", _RANK):
+        windows = _children(rank, _PROFILE)
+        metas = [p for p in windows if _WINDOW_META.match(p.name)]
+        for path in metas:
+            add(_id_of(_read_json(path)) or fallback, "profile/")
+        if windows and not metas:  # traces whose metadata a crash never wrote
+            add(fallback, "profile/")
+    if _children(root / "ir", _IR):
+        add(fallback, "ir/")
+    return found
+
+
+def _live_lock(path: Path) -> str:
+    """A description of the dump writer holding `path` when it may still run; "" when there is
+    no lock or its writer is gone (same host, no such process)."""
+    owner = _read_json(path)
+    if not path.exists():
+        return ""
+    if not isinstance(owner, dict):
+        return f"{path} (an unreadable lock)"
+    pid, host = owner.get("pid"), owner.get("host")
+    who = f"{path}: pid {pid} on host {host}, run {owner.get('run_id', '?')}"
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return who  # another host's process cannot be checked from here
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return ""
+    except PermissionError:
+        return who
+    try:  # a pid reused by another process since: compare the start time the lock recorded
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        started = fields[19].decode() if len(fields) > 19 else None
+    except OSError:
+        started = None
+    recorded = owner.get("started")
+    return "" if recorded and started and str(recorded) != started else who
+
+
+def _describe(run_id: str) -> str:
+    return f"run {run_id}" if run_id else "a run written before run ids"
+
+
+def claim_run_dir(run_dir: str | os.PathLike[str], run_id: str, *, overwrite: bool = False,
+                  fixes: str | None = None) -> RunFiles:
+    """Check that `run_dir` holds no file of a run other than `run_id`; return what it holds.
+
+    Reads only. With `overwrite`, another run's files are allowed (the caller then removes them
+    with `remove_run_files`), unless a dump writer may still be writing there.
+
+    Args:
+        run_dir: the run directory.
+        run_id: the id of the run about to write there (a resumed run: the id it continues).
+        overwrite: the caller will replace the other run's files.
+        fixes: the end of the refusal, naming the caller's own flags.
+
+    Raises:
+        OtherRunError: one line naming the directory, the other run and the fixes.
+    """
+    found = scan_run_dir(run_dir)
+    others = found.others(run_id)
+    if overwrite and (others or found.dump_steps) and found.live_lock:
+        raise OtherRunError(f"{found.run_dir} is being written by another process "
+                            f"({found.live_lock}); --overwrite would remove its files: wait for "
+                            f"it to end, or pick another --run-dir")
+    if others and not overwrite:
+        other, names = next(iter(others.items()))
+        more = f" and {len(others) - 1} more run(s)" if len(others) > 1 else ""
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        fixes = fixes or ("pass --overwrite to replace it, --resume latest to continue it, or "
+                          "another --run-dir")
+        raise OtherRunError(f"{found.run_dir} holds the files of another run ({_describe(other)}"
+                            f"{more}: {shown}), and this is run {run_id}; {fixes}")
+    return found
+
+
+def remove_run_files(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Remove the files Sleuth writes in `run_dir` (run.json, metrics, checkpoints, dump,
+    summary, profile, IR graphs), by name; folders left empty go too. A file of any other
+    name, and the folder holding it, stays. Returns the files removed.
+
+    Raises:
+        OtherRunError: a file cannot be removed (named, with the fix)."""
+    root = Path(run_dir)
+    removed: list[Path] = []
+
+    def unlink(p: Path) -> None:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise OtherRunError(f"cannot remove {p} of the old run: {e.strerror or e}; remove "
+                                f"it by hand, or pick another --run-dir") from e
+        removed.append(p)
+
+    def rmdir(p: Path) -> None:
+        try:
+            p.rmdir()
+        except OSError:  # not empty (a user's file), or gone
+            pass
+
+    for name in ("run.json", "run.json.partial"):
+        unlink(root / name)
+    for p in _children(root, _METRICS):
+        unlink(p)
+    for ckpt in _children(root / "checkpoints", _CHECKPOINT):
+        for name in _CHECKPOINT_FILES:
+            unlink(ckpt / name)
+        rmdir(ckpt)
+    for rank in _children(root / "dump", _RANK):
+        for p in _children(rank, _DUMP_FILE):
+            unlink(p)
+        rmdir(rank)
+    for p in _children(root / "dump", _DUMP_TOP):
+        unlink(p)
+    for p in _children(root / "summary", _SUMMARY):
+        unlink(p)
+    for rank in _children(root / "profile", _RANK):
+        for p in _children(rank, _PROFILE):
+            unlink(p)
+        rmdir(rank)
+    for p in _children(root / "ir", _IR):
+        unlink(p)
+    for folder in ("checkpoints", "dump", "summary", "profile", "ir"):
+        rmdir(root / folder)
+    return removed
