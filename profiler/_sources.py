@@ -13,6 +13,7 @@ first path component imports from in this process.
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -75,12 +76,17 @@ def user_line(ev: Any, memo: dict[int, str], finder: LineFinder | None = None) -
         if p.cat == PYTHON_EVENT:
             frame = frame_of(p.name)
             if frame is not None and not is_library(frame[0]):
-                hit = _callee(chain)
-                found = (finder.find(frame, hit[1]) if finder is not None and hit else
-                         f"{frame[0]}:{frame[1]}")
-                for e in chain[:hit[0] + 1] if hit else ():  # what lies below the call is its own
-                    memo[id(e)] = found
-                return found
+                if finder is None:
+                    return f"{frame[0]}:{frame[1]}"
+                # the first name below the frame that the function calls is the call (names
+                # nearer the frame may be wrappers: torch.optim's `wrapper` around `step`)
+                for i, token in _callees(chain):
+                    found = finder.find(frame, token, strict=True)
+                    if found:
+                        for e in chain[:i + 1]:  # what lies below the call is its own
+                            memo[id(e)] = found
+                        return found
+                return finder.find(frame, None)
         chain.append(p)
         p = p.parent
     for e in chain:
@@ -89,40 +95,38 @@ def user_line(ev: Any, memo: dict[int, str], finder: LineFinder | None = None) -
 
 
 _BUILTIN_RE = re.compile(r"^<built-in (?:method|function) (\w+)")
-_PLUMBING = frozenset({"_call_impl", "_wrapped_call_impl", "inner", "wrapper", "forward",
-                       "__call__", "decorate_context", "_fn"})
 
 
-def _callee(chain: list[Any]) -> tuple[int, str] | None:
-    """(index in `chain`, name) of the call the user's frame made: the event nearest that frame
-    (the end of `chain`) that names a builtin, a module attribute or a library function."""
+def _callees(chain: list[Any]):
+    """(index in `chain`, name) of what the user's frame may have called, nearest that frame
+    (the end of `chain`) first: builtins, module attributes, library functions."""
     from profiler._tables import MODULE_PREFIX
     for i in range(len(chain) - 1, -1, -1):
         name = chain[i].name
         m = _BUILTIN_RE.match(name)
         if m:
-            return i, m.group(1)
-        if name.startswith(MODULE_PREFIX):
+            yield i, m.group(1)
+        elif name.startswith(MODULE_PREFIX):
             attr = name[len(MODULE_PREFIX):].rsplit(".", 1)[-1]
             if not attr.startswith("<") and not attr.isdigit():
-                return i, attr
-        if chain[i].cat == PYTHON_EVENT:
+                yield i, attr
+        elif chain[i].cat == PYTHON_EVENT:
             frame = frame_of(name)
-            if frame is not None and frame[2] not in _PLUMBING and frame[2].isidentifier():
-                return i, frame[2]
-    return None
+            if frame is not None and frame[2].isidentifier():
+                yield i, frame[2]
 
 
 class LineFinder:
     """Finds a call's line inside a function's source: the files are found on the search path
-    the run recorded (torch shortens a frame's path to what follows its sys.path entry)."""
+    the run recorded (torch shortens a frame's path to what follows its sys.path entry) and
+    parsed (never run) with `ast`, so a name in a string or comment is no call."""
 
     def __init__(self, search_path: list[str]) -> None:
         self._path = [p for p in search_path if isinstance(p, str)]
-        self._files: dict[str, tuple[str, list[str]] | None] = {}
-        self._found: dict[tuple[str, int, str, str], str] = {}
+        self._files: dict[str, tuple[str, ast.Module] | None] = {}
+        self._found: dict[tuple[str, int, str, str | None], tuple[str, bool]] = {}
 
-    def _read(self, short: str) -> tuple[str, list[str]] | None:
+    def _read(self, short: str) -> tuple[str, ast.Module] | None:
         if short not in self._files:
             self._files[short] = None
             for root in self._path:
@@ -130,50 +134,68 @@ class LineFinder:
                 try:
                     if os.path.isfile(path) and os.path.getsize(path) < 4 << 20:
                         with open(path, encoding="utf-8", errors="replace") as f:
-                            self._files[short] = (os.path.abspath(path), f.read().splitlines())
+                            tree = ast.parse(f.read())
+                        self._files[short] = (os.path.abspath(path), tree)
                         break
-                except OSError:
+                except (OSError, SyntaxError, ValueError, RecursionError):
                     continue
         return self._files[short]
 
-    def find(self, frame: tuple[str, int, str], token: str) -> str:
-        """`file:line` of the first call of `token` in the function of `frame`; the frame's own
-        line when the file or the call cannot be found."""
+    def find(self, frame: tuple[str, int, str], token: str | None, strict: bool = False) -> str:
+        """`file:line` of the calls of `token` in the function of `frame` (lines joined by
+        commas when it is called on several); the function's `def` line when no call of that
+        name is found or `token` is None; the frame's own line when the file is not found.
+        `strict`: "" unless a call of `token` is found."""
         short, line, func = frame
         key = (short, line, func, token)
         if key not in self._found:
             self._found[key] = self._find(short, line, func, token)
-        return self._found[key]
+        text, matched = self._found[key]
+        return text if matched or not strict else ""
 
-    def _find(self, short: str, line: int, func: str, token: str) -> str:
+
+    def _find(self, short: str, line: int, func: str, token: str | None) -> tuple[str, bool]:
         got = self._read(short)
         if got is None:
-            return f"{short}:{line}"
-        path, lines = got
-        body = range(len(lines)) if func == "<module>" else _function_body(lines, line, func)
-        call = re.compile(rf"(?<![\w]){re.escape(token)}\s*\(")
-        for i in body:
-            if call.search(lines[i].split("#", 1)[0]):
-                return f"{path}:{i + 1}"
-        return f"{path}:{line}"
+            return f"{short}:{line}", False
+        path, tree = got
+        scope = _scope(tree, line, func)
+        if scope is None:
+            return f"{path}:{line}", False
+        lines = sorted({n.lineno for n in _walk_calls(scope) if _call_name(n) == token})
+        if not lines:  # the def: torch's line for a frame running when profiling began is stale
+            return f"{path}:{getattr(scope, 'lineno', line) if scope is not tree else line}", False
+        # several calls of one name in a function: all are named, none is guessed
+        return f"{path}:{','.join(map(str, lines))}", True
 
 
-def _function_body(lines: list[str], line: int, func: str) -> range:
-    """Indices of the lines of `def func` at or above `line` (1-based), up to its dedent."""
-    head = re.compile(rf"^(\s*)(async\s+)?def\s+{re.escape(func)}\b")
-    start = None
-    for i in range(min(line, len(lines)) - 1, -1, -1):
-        m = head.match(lines[i])
-        if m:
-            start, indent = i, len(m.group(1))
-            break
-    if start is None:
-        return range(0)
-    end = start + 1
-    while end < len(lines):
-        text = lines[end]
-        if text.strip() and not text.lstrip().startswith("#") and \
-                len(text) - len(text.lstrip()) <= indent and not text.lstrip().startswith(")"):
-            break
-        end += 1
-    return range(start + 1, end)
+def _scope(tree: ast.Module, line: int, func: str) -> ast.AST | None:
+    """The innermost `def func` whose lines hold `line` (torch's line for a frame is its def
+    line, or the line it was at), or the module for `<module>`."""
+    if func == "<module>":
+        return tree
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if first <= line <= (node.end_lineno or node.lineno):
+                if best is None or first >= best[0]:
+                    best = (first, node)
+    return best[1] if best else None
+
+
+def _walk_calls(scope: ast.AST):
+    """The calls in `scope`, not those inside the functions and classes it defines."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _call_name(node: ast.Call) -> str | None:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
