@@ -300,9 +300,11 @@ def _line_diff(ops: Any, descending: bool) -> Any:
     for src, g in known.groupby("source"):
         g = g.sort_values("delta_us", ascending=not descending)
         sides = set(g["side"])
+        named = [f"{r.name} (calls {r.calls_a:.3g} -> {r.calls_b:.3g})"
+                 if abs(r.calls_b - r.calls_a) >= 0.5 else r.name for r in g.head(4).itertuples()]
         rows.append({"source": src, "delta_us": float(g["delta_us"].sum()),
                      "from_calls_us": float(g["from_calls_us"].sum()),
-                     "ops": ", ".join(g["name"].head(4)),
+                     "ops": ", ".join(named),
                      "side": sides.pop() if len(sides) == 1 else "both"})
     return _rank(pd.DataFrame(rows), descending)
 
