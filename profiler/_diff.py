@@ -12,7 +12,7 @@ a floor from their spread); the rest explains it:
   side an op is found on (`both`, `A only`, `B only`: a new cast, a recompute, a sync);
 - with stacks, the same contributions summed per source line, which is the first cause named;
 - memory peak and communication share; across ranks, the slowest rank and the one that got
-  slower; GPU idle time and compute/communication overlap where the traces hold kernels.
+  slower.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class ProfileDiff:
     lines: source, delta_us, ops (the ops at that line, largest first), side (empty without
         stacks).
     sides: per run (`a`, `b`): peak memory by device, comm share, tool time, ranks, slowest
-        rank, whether the trace has stacks and GPU kernels, its traces, and its GPU time.
+        rank, whether the trace has stacks, its kernel time (device_us) and its traces.
     ranks: rank, step_a_us, step_b_us, change (one row per rank found in both).
     causes: sentences naming what accounts for the difference, the likeliest first.
     notes: what limits the comparison (few steps, no stacks, one side's dump on, ...).
@@ -318,18 +318,12 @@ def _side(p: Any) -> dict[str, Any]:
             peaks[str(dev)] = int(g["allocated_bytes"].max())
     ops = p.ops
     stacks = bool("source" in ops and (ops["source"].fillna("") != "").any())
-    gpu = None
-    try:
-        from profiler._gpu import gpu_time
-        gpu = gpu_time(p)
-    except ImportError:
-        pass
     return {"steps": int(len(p.steps)), "ranks": int(s.get("ranks") or 0),
             "peak_memory_bytes": peaks, "comm_share": s.get("comm_share"),
             "tools": s.get("tools") or {}, "dump_on": bool(s.get("dump_on")),
             "slowest_rank": s.get("slowest_rank"), "stacks": stacks,
             "device_us": float(ops["device_us"].sum()) if "device_us" in ops else 0.0,
-            "traces": [str(t) for t in p.traces], "gpu": gpu}
+            "traces": [str(t) for t in p.traces]}
 
 
 def _rank_diff(pa: Any, pb: Any) -> tuple[Any, int | None]:

@@ -80,27 +80,11 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
         print("\nranks (median step, us):")
         print(_table(d.ranks))
         print(f"  the rank that got slower the most: {d.slower_rank}")
-    _print_gpu(d)
     print("\ntraces (open in https://ui.perfetto.dev):")
     for label, key in (("A", "a"), ("B", "b")):
         for t in d.sides[key]["traces"]:
             print(f"  {label}: {t}")
     return d.exit_code
-
-
-def _print_gpu(d: Any) -> None:
-    ga, gb = d.sides["a"].get("gpu"), d.sides["b"].get("gpu")
-    if not ga and not gb:
-        return
-    print("\nGPU time (us per step):")
-    for label, g in (("A", ga), ("B", gb)):
-        if not g or not g.get("has_gpu"):
-            print(f"  {label}: {g.get('note') if g else 'n/a'}")
-            continue
-        print(f"  {label}: busy {g['busy_us']:.4g}, idle {g['idle_us']:.4g} (host-bound "
-              f"{g['idle_host_us']:.4g}, data-bound {g['idle_data_us']:.4g}, waiting on "
-              f"communication {g['idle_comm_us']:.4g}); communication {g['comm_us']:.4g}, of it "
-              f"overlapped by compute {_pct(g['overlap'])}")
 
 
 def _pct(v: Any) -> str:
