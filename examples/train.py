@@ -11,6 +11,8 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
     python examples/train.py --norm-eps 1e-2          # a bug: the LayerNorm's epsilon misread
     python examples/train.py --no-act                 # a bug: the activation left out
     python examples/train.py --bf16                   # not a bug: the forward in bf16 autocast
+    python examples/train.py --check-finite           # slower: a host sync per gradient a step
+    python examples/train.py --recompute              # slower: the forward recomputed in backward
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import os
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class Net(nn.Module):
@@ -71,6 +74,12 @@ def main() -> None:
                         "to find: an op one run runs and the other does not)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the forward pass under bfloat16 autocast (rounding, not a bug)")
+    parser.add_argument("--check-finite", action="store_true",
+                        help="check every gradient for NaN/Inf with .item() each step: a host "
+                        "sync per parameter (a slowdown to find)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="checkpoint the forward so backward recomputes it (a slowdown to "
+                        "find)")
     parser.add_argument("--port", action="store_true",
                         help="train the same MLP, with the same weights, as another codebase "
                         "writes it (other module names)")
@@ -103,10 +112,17 @@ def main() -> None:
             with torch.no_grad():
                 fc1.weight[0, 0] = float("nan")
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            out = model(x)
+            if args.recompute:
+                out = checkpoint(model, x, use_reentrant=False)
+            else:
+                out = model(x)
         loss = nn.functional.mse_loss(out.float(), y)
         optimizer.zero_grad()
         loss.backward()
+        if args.check_finite:
+            for p in model.parameters():
+                if not torch.isfinite(p.grad).all().item():
+                    raise FloatingPointError("a gradient is not finite")
         optimizer.step()
         if args.grow is not None:
             with torch.no_grad():

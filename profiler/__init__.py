@@ -24,6 +24,9 @@ _EXPORTS: dict[str, str] = {
     "read_scalars": "profiler._summary_reader",
     "read_histograms": "profiler._summary_reader",
     "summary_lines": "profiler._text",
+    # comparing two runs
+    "ProfileDiff": "profiler._diff",
+    "diff_profiles": "profiler._diff",
     # errors
     "ProfilerError": "profiler._errors",
     "ConfigError": "profiler._errors",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import sys
 import time
 import warnings
 from datetime import datetime, timezone
@@ -185,7 +186,10 @@ class Collector:
                                                else DEFAULT_PEAK_TFLOPS_CPU),
             "peak_tflops_source": "config" if cfg.peak_tflops else "default",
             "module_types": dict(self._modules.types) if self._modules is not None else {},
+            "module_sources": dict(self._modules.sources) if self._modules is not None else {},
             "config": cfg.to_dict(), "torch_version": _torch_version(),
+            # where the trace's shortened frame paths resolve (source lines, with_stack)
+            "python_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))],
             **flops,
         }
         self._step_wall.clear()

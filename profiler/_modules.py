@@ -25,6 +25,7 @@ class ModuleRanges:
 
         self._names = CallNames()
         self.types: dict[str, str] = {}
+        self.sources: dict[str, str] = {}  # name -> file:line of its class's forward
         self._stack: list[tuple[Any, str, Any]] = []  # (module, call name, open range)
         self._handles: list[Any] = []
 
@@ -58,8 +59,9 @@ class ModuleRanges:
             name = self._names.name(module, None)
             if name is None:  # a wrapper at the top (DDP, torch.compile): its inner one is named
                 return
-        if name not in self.types:
+        if name not in self.types:  # once per name: never on the per-call path
             self.types[name] = type(module).__name__
+            self.sources[name] = _forward_line(module)
         from torch.autograd.profiler import record_function
         rf = record_function(MODULE_PREFIX + name)
         rf.__enter__()
@@ -74,3 +76,9 @@ class ModuleRanges:
             rf.__exit__(None, None, None)
             if m is module:
                 break
+
+
+def _forward_line(module: Any) -> str:
+    """`file:line` where the module's class defines `forward` ("" when it has no Python code)."""
+    code = getattr(getattr(type(module), "forward", None), "__code__", None)
+    return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""

@@ -26,8 +26,10 @@ _RANK_RE = re.compile(r"^rank(\d+)$")
 class Profile:
     """Everything profiled in one run directory (all times in microseconds unless `_s`).
 
-    ops: rank, window, name, input_shapes, calls, cpu_total_us, cpu_self_us, device_us, flops.
-    modules: rank, window, module, type, calls, forward_total_us, forward_self_us,
+    ops: rank, window, name, input_shapes, source (the user's file:line, from a with_stack
+        trace; "" without stacks), calls, cpu_total_us, cpu_self_us, device_us, flops.
+    modules: rank, window, module, type, source (file:line of the module class's forward),
+        calls, forward_total_us, forward_self_us,
         backward_self_us, backward_total_us, forward_device_us (kernels launched inside the
         module's forward, nested modules included), backward_device_us (by its autograd nodes).
     steps: rank, window, step, step_us, source, data_us, forward_us, backward_us,
@@ -119,8 +121,8 @@ def write_window_tables(d: Path, k: int, fmt: str = "parquet") -> None:
 
 
 _COLUMNS = {
-    "ops": ["name", "input_shapes", "calls", "cpu_total_us", "cpu_self_us", "device_us", "flops"],
-    "modules": ["module", "type", "calls", "forward_total_us", "forward_self_us",
+    "ops": ["name", "input_shapes", "source", "calls", "cpu_total_us", "cpu_self_us", "device_us", "flops"],
+    "modules": ["module", "type", "source", "calls", "forward_total_us", "forward_self_us",
                 "backward_self_us", "backward_total_us", "forward_device_us",
                 "backward_device_us"],
     "steps": ["step", "step_us", "source", "data_us", "forward_us", "backward_us",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import sys
 import zlib
 from collections import defaultdict
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 from profiler._errors import ProfileFormatError
 from profiler._own import tool_work
+from profiler._sources import PYTHON_EVENT, LineFinder, user_line
 
 MODULE_PREFIX = "sleuth.module::"
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
@@ -215,15 +217,19 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     # ---- ops ----------------------------------------------------------------------------
     flop_counts: dict[str, float] = meta.get("flop_counts") or {}
     n_steps = max(1, len(steps))
-    ops: dict[tuple[str, str], dict[str, Any]] = {}
+    ops: dict[tuple[str, str, str], dict[str, Any]] = {}
+    stacks = any(ev.cat == PYTHON_EVENT for ev in host)
+    frames: dict[int, str] = {}
+    finder = LineFinder([*(meta.get("python_path") or []), *sys.path, ""]) if stacks else None
     for ev in host:
         if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
             continue
-        key = (ev.name, _shapes(ev.args))
+        key = (ev.name, _shapes(ev.args), user_line(ev, frames, finder) if stacks else "")
         row = ops.get(key)
         if row is None:
-            row = ops[key] = {"name": ev.name, "input_shapes": key[1], "calls": 0,
-                              "cpu_total_us": 0.0, "cpu_self_us": 0.0, "device_us": 0.0}
+            row = ops[key] = {"name": ev.name, "input_shapes": key[1], "source": key[2],
+                              "calls": 0, "cpu_total_us": 0.0, "cpu_self_us": 0.0,
+                              "device_us": 0.0}
         row["calls"] += 1
         row["cpu_total_us"] += ev.dur
         row["cpu_self_us"] += ev.self_us
@@ -240,12 +246,14 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
 
     # ---- modules --------------------------------------------------------------------------
     module_types: dict[str, str] = meta.get("module_types") or {}
+    module_sources: dict[str, str] = meta.get("module_sources") or {}
     mods: dict[str, dict[str, Any]] = {}
 
     def mod_row(name: str) -> dict[str, Any]:
         row = mods.get(name)
         if row is None:
-            row = mods[name] = {"module": name, "type": module_types.get(name, ""), "calls": 0,
+            row = mods[name] = {"module": name, "type": module_types.get(name, ""),
+                                "source": str(module_sources.get(name, "")), "calls": 0,
                                 "forward_total_us": 0.0, "forward_self_us": 0.0,
                                 "backward_self_us": 0.0, "backward_total_us": 0.0,
                                 "forward_device_us": 0.0, "backward_device_us": 0.0}

@@ -11,16 +11,25 @@ from typing import Any
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "profile", help="summarize a run's profile (ops, modules, step breakdown, ranks)",
+        "profile", help="summarize a run's profile, or compare two (`profile diff A B`)",
+        usage="sleuth profile [options] RUN\n       sleuth profile diff [options] A B",
         description="Print the top ops and modules, the step-time breakdown (data, forward, "
         "backward, optimizer, other), step time, tokens/s, MFU and communication share of the "
         "profiled windows in RUN/profile, and the per-rank cluster table when several ranks "
-        "were profiled.")
-    p.add_argument("run_dir", metavar="RUN", type=Path, help="run directory (holds profile/rank*/)")
+        "were profiled. `sleuth profile diff A B` compares two runs: step time with its noise, "
+        "the breakdown side by side, ops, modules and source lines ranked by their "
+        "contribution to the difference, memory, communication, ranks; exit 0 when B is not "
+        "slower beyond noise, 1 when it is, 2 when a profile cannot be read.")
+    p.add_argument("run_dir", metavar="RUN", nargs="+", type=Path,
+                   help="run directory (holds profile/rank*/); or `diff A B`")
     p.add_argument("--top", type=int, default=10, metavar="N", help="rows of ops and modules (10)")
     p.add_argument("--csv", type=Path, metavar="DIR",
-                   help="also write ops, modules, steps, memory and cluster tables as CSV to DIR")
+                   help="also write the tables as CSV to DIR (ops, modules, steps, memory, "
+                   "cluster; for diff: breakdown, ops, modules, lines, ranks)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="F",
+                   help="diff: the smallest relative change of the median step called a "
+                   "change (0.05); the steps' own spread can raise it")
     p.set_defaults(run=_run)
 
 
@@ -43,6 +52,16 @@ def _run(args: argparse.Namespace) -> int:
     from sleuth.cli import CliError
     if args.top < 1:
         raise CliError("--top must be >= 1")
+    targets = args.run_dir
+    if str(targets[0]) == "diff" and not (len(targets) == 1 and targets[0].is_dir()):
+        if len(targets) != 3:
+            raise CliError("usage: sleuth profile diff A B (two run directories)")
+        from sleuth._cmd_profile_diff import run_diff
+        return run_diff(args, targets[1], targets[2])
+    if len(targets) != 1:
+        raise CliError(f"one run directory expected, got {len(targets)}; to compare two runs: "
+                       "sleuth profile diff A B")
+    args.run_dir = targets[0]
     try:
         prof = profiler.read_profile(args.run_dir)
     except profiler.ProfilerError as e:

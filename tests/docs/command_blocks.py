@@ -6,8 +6,9 @@ wrote), which holds a copy of `examples/` as a fresh clone does. `sleuth`, `pyth
 answer for it.
 
 Rules the docs follow, enforced here:
-- Each line (with its `\\` continuations) is one command and must exit 0. `sleuth diff` and
-  `sleuth check` may exit 1 too: that is their documented "diverged" / "found something". A
+- Each line (with its `\\` continuations) is one command and must exit 0. `sleuth diff`,
+  `sleuth check` and `sleuth profile` (`profile diff`) may exit 1 too: that is their documented
+  "diverged" / "found something" / "slower". A
   comment `# exit N ...` on the command declares the one exit code it must give instead.
 - `sleuth dashboard` serves: it runs with `--host 127.0.0.1 --port 0 --no-browser` appended
   (argparse keeps the last value), must print its address and answer HTTP 200 there, and is
@@ -34,7 +35,7 @@ _FENCE = re.compile(r"^```(bash|sh|shell)\s*$")
 # a comment such as `# exit 2: the damaged file is named` declares the exit code the docs show
 _DECLARED_EXIT = re.compile(r"#\s*exit (\d+)\b")
 _NORUN = re.compile(r"^<!--\s*norun:(.*?)-->\s*$")
-_FINDING_OK = (("sleuth", "diff"), ("sleuth", "check"))
+_FINDING_OK = (("sleuth", "diff"), ("sleuth", "check"), ("sleuth", "profile"))
 _URL = re.compile(r"http://[\w.]+:\d+/")
 COMMAND_TIMEOUT_S = 300
 

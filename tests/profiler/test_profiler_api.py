@@ -16,9 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_all_is_pinned():
     assert profiler.__all__ == [
-        "Collector", "CollectorConfig", "ConfigError", "Profile", "ProfileFormatError",
-        "ProfilerError", "SummaryCapReached", "SummaryWriter", "attach_from_env",
-        "read_histograms", "read_profile", "read_scalars", "schedule_action", "summary_lines"]
+        "Collector", "CollectorConfig", "ConfigError", "Profile", "ProfileDiff",
+        "ProfileFormatError", "ProfilerError", "SummaryCapReached", "SummaryWriter",
+        "attach_from_env", "diff_profiles", "read_histograms", "read_profile", "read_scalars", "schedule_action", "summary_lines"]
     for name in profiler.__all__:
         assert getattr(profiler, name) is not None
 

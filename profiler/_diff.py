@@ -1,0 +1,437 @@
+"""diff_profiles: why is run B slower (or not) than run A, from their profiles.
+
+Everything is per step (per rank): times summed over a run's windows and ranks are divided by
+its number of profiled (rank, step) pairs, so runs profiled for different numbers of steps or
+ranks compare. The verdict on step time is `profiler._noise.judge` (Mann-Whitney on the steps,
+a floor from their spread); the rest explains it:
+
+- the step breakdown (data, forward, backward, optimizer, other, plus comm and tool time);
+- ops and modules ranked by their contribution to the difference in time per step: the change
+  in self time (on a trace with GPU kernels, the change in kernel time when that is larger),
+  with calls, self and total time, the user's source line where the trace has stacks, and the
+  side an op is found on (`both`, `A only`, `B only`: a new cast, a recompute, a sync);
+- with stacks, the same contributions summed per source line, which is the first cause named;
+- memory peak and communication share; across ranks, the slowest rank and the one that got
+  slower.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiler._noise import Judgement, Spread, judge, spread
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+"""The step breakdown's parts; they sum to the step time."""
+
+
+@dataclass
+class ProfileDiff:
+    """The comparison of two profiles, B against A (times in microseconds per step).
+
+    judgement: the verdict on step time (`verdict`, `change`, p-values, noise floor).
+    step_a, step_b: step-time spread of each run (n, median, q1, q3, mean).
+    breakdown: phase, a_us, b_us, delta_us (mean per step; phases, then step, comm, tools).
+    ops: name, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
+        device_a_us, device_b_us, delta_us (the contribution), ranked by contribution.
+    modules: module, type, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us,
+        total_b_us, device_a_us, device_b_us, delta_us, ranked likewise.
+    lines: source, delta_us, ops (the ops at that line, largest first), side (empty without
+        stacks).
+    sides: per run (`a`, `b`): peak memory by device, comm share, tool time, ranks, slowest
+        rank, whether the trace has stacks, its kernel time (device_us) and its traces.
+    ranks: rank, step_a_us, step_b_us, change (one row per rank found in both).
+    causes: sentences naming what accounts for the difference, the likeliest first.
+    notes: what limits the comparison (few steps, no stacks, one side's dump on, ...).
+    """
+
+    a: str
+    b: str
+    judgement: Judgement
+    step_a: Spread
+    step_b: Spread
+    breakdown: Any
+    ops: Any
+    modules: Any
+    lines: Any
+    ranks: Any
+    sides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    causes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    slower_rank: int | None = None
+    """The rank whose step time grew the most (several ranks only)."""
+
+    @property
+    def verdict(self) -> str:
+        return self.judgement.verdict
+
+    @property
+    def exit_code(self) -> int:
+        """1 when B is slower beyond noise, else 0 (`sleuth profile diff`'s exit code)."""
+        return 1 if self.judgement.verdict == "slower" else 0
+
+    def headline(self) -> str:
+        """One sentence: the verdict with the two medians and the noise it was judged against."""
+        j, a, b = self.judgement, self.step_a, self.step_b
+        base = (f"step time {_ms(a.median)} -> {_ms(b.median)} (median of {a.n} and {b.n} "
+                f"steps, {_pct(j.change)})")
+        floor = f"noise floor {j.noise * 100:.3g} %"
+        if j.tested:
+            p = j.p_slower if j.verdict != "faster" else j.p_faster
+            floor += f", Mann-Whitney p = {p:.3g}"
+        else:
+            floor += ", too few steps for a test"
+        if j.verdict == "slower":
+            return f"B is slower: {base}; {floor}"
+        if j.verdict == "faster":
+            return f"B is faster: {base}; {floor}"
+        return f"no change beyond noise: {base}; {floor}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for `--json` (NaN as None)."""
+        import json
+        j = self.judgement
+
+        def records(df: Any) -> list[dict[str, Any]]:
+            return json.loads(df.to_json(orient="records")) if df is not None else []
+
+        return _clean({
+            "a": self.a, "b": self.b, "verdict": j.verdict, "exit_code": self.exit_code,
+            "headline": self.headline(), "causes": self.causes, "notes": self.notes,
+            "step_time": {"change": j.change, "p_slower": j.p_slower, "p_faster": j.p_faster,
+                          "noise_floor": j.noise, "tested": j.tested,
+                          "a": vars(self.step_a) | {"quartile_deviation": self.step_a.quartile_deviation},
+                          "b": vars(self.step_b) | {"quartile_deviation": self.step_b.quartile_deviation}},
+            "breakdown": records(self.breakdown), "ops": records(self.ops),
+            "modules": records(self.modules), "lines": records(self.lines),
+            "ranks": records(self.ranks), "slower_rank": self.slower_rank,
+            "sides": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
+                      for k, v in self.sides.items()},
+        })
+
+
+def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.05) -> ProfileDiff:
+    """Compare the profiles of two runs: why is B slower than A, or is it not.
+
+    Args:
+        a, b: run directories (holding profile/rank*/) or `profiler.Profile` objects.
+        threshold: the smallest relative change of the median step called a change (0.05).
+        alpha: the Mann-Whitney significance level (0.05).
+
+    Returns a ProfileDiff. Raises ProfileFormatError when a profile cannot be read, and
+    ProfilerError for a threshold or alpha out of range.
+    """
+    from profiler._errors import ProfilerError
+    from profiler._reader import read_profile
+
+    if not (0 <= threshold < 10 and 0 < alpha < 1):
+        raise ProfilerError(f"threshold must be in [0, 10) and alpha in (0, 1), got "
+                            f"{threshold!r} and {alpha!r}")
+    names = [str(x) if isinstance(x, (str, os.PathLike)) else getattr(x, "name", "profile")
+             for x in (a, b)]
+    pa, pb = (read_profile(x) if isinstance(x, (str, os.PathLike)) else x for x in (a, b))
+    ta, tb = _step_times(pa.steps), _step_times(pb.steps)
+    j = judge(ta, tb, threshold=threshold, alpha=alpha)
+    notes: list[str] = []
+    if not j.tested:
+        notes.append(f"fewer than 3 profiled steps on a side ({len(ta)} and {len(tb)}): the "
+                     "noise floor alone decided; profile more steps (active=) for a test")
+    if j.noise > 2 * threshold:
+        notes.append(f"the steps' own spread sets the noise floor at {j.noise * 100:.3g} % "
+                     f"(above the {threshold * 100:.3g} % threshold): a busy machine or uneven "
+                     "steps; profile again on a quiet machine, or more steps, for a finer answer")
+    na, nb = max(1, len(pa.steps)), max(1, len(pb.steps))
+    sa, sb = _side(pa), _side(pb)
+    stacks = sa["stacks"] and sb["stacks"]
+    if sa["stacks"] != sb["stacks"]:
+        notes.append("only one profile has Python stacks (with_stack): ops are compared by "
+                     "name, without source lines; profile both runs alike")
+    elif not stacks:
+        notes.append("no Python stacks in these profiles: ops carry no source line (profile "
+                     "with with_stack=true to name the line)")
+    if sa["dump_on"] != sb["dump_on"]:
+        notes.append(f"the dump was on in {'A' if sa['dump_on'] else 'B'} only: Sleuth's own work "
+                     "is inside its phases (the `tools` row)")
+    descending = j.verdict != "faster"
+    ops = _rank(_op_diff(pa.ops, pb.ops, na, nb, stacks), descending)
+    mods = _rank(_module_diff(pa.modules, pb.modules, na, nb), descending)
+    lines = _line_diff(ops, descending) if stacks else _empty_lines()
+    ranks, slower_rank = _rank_diff(pa, pb)
+    out = ProfileDiff(a=names[0], b=names[1], judgement=j, step_a=spread(ta), step_b=spread(tb),
+                      breakdown=_breakdown(pa.steps, pb.steps), ops=ops, modules=mods,
+                      lines=lines, ranks=ranks, sides={"a": sa, "b": sb}, notes=notes,
+                      slower_rank=slower_rank)
+    out.causes = _causes(out)
+    return out
+
+
+# ---- step times ----------------------------------------------------------------------------------
+def _step_times(steps: Any) -> list[float]:
+    """One time per profiled step: with several ranks the slowest rank's (it gates the step)."""
+    if steps.empty:
+        return []
+    return [float(v) for v in steps.groupby(["window", "step"])["step_us"].max().tolist()]
+
+
+def _breakdown(a: Any, b: Any) -> Any:
+    import pandas as pd
+    rows = []
+    for name in (*PHASES, "step", "comm", "tools"):
+        col = f"{name}_us"
+        va = float(a[col].mean()) if col in a and not a.empty else math.nan
+        vb = float(b[col].mean()) if col in b and not b.empty else math.nan
+        rows.append({"phase": name, "a_us": va, "b_us": vb, "delta_us": vb - va})
+    return pd.DataFrame(rows)
+
+
+# ---- ops and modules -----------------------------------------------------------------------------
+_OP_COLS = ["name", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us", "total_a_us",
+            "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
+_MOD_COLS = ["module", "type", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
+             "total_a_us", "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
+
+
+def _per_step(df: Any, keys: list[str], cols: dict[str, str], n: int) -> Any:
+    """Sum `cols` (source column -> output name) by `keys`, divided by n steps."""
+    import pandas as pd
+    if df.empty:
+        return pd.DataFrame(columns=[*keys, *cols.values()])
+    g = df.groupby(keys, dropna=False)[list(cols)].sum().reset_index()
+    for c in cols:
+        g[c] = g[c].astype(float) / n
+    return g.rename(columns=cols)
+
+
+def _merge(a: Any, b: Any, keys: list[str]) -> Any:
+    m = a.merge(b, on=keys, how="outer", suffixes=("_a", "_b"), indicator=True)
+    m["side"] = m.pop("_merge").map({"both": "both", "left_only": "A only", "right_only": "B only"})
+    num = [c for c in m.columns if c.endswith(("_a", "_b"))]
+    m[num] = m[num].fillna(0.0)
+    return m
+
+
+def _contribution(m: Any) -> Any:
+    """Sets `delta_us`, the change in self time (or in kernel time where that is larger: GPU
+    traces), and `from_calls_us`, the part of it that more or fewer calls explain at the
+    cheaper side's time per call. Calls do not change with the machine's load, time per call
+    does: the causes prefer the part from calls (module docstring of profiler._diff)."""
+    cpu = m["self_b"] - m["self_a"]
+    dev = m["device_b"] - m["device_a"]
+    use_dev = cpu.abs() < dev.abs()
+    m["delta_us"] = cpu.where(~use_dev, dev)
+    a = m["self_a"].where(~use_dev, m["device_a"])
+    b = m["self_b"].where(~use_dev, m["device_b"])
+    per_a = a / m["calls_a"].where(m["calls_a"] > 0)
+    per_b = b / m["calls_b"].where(m["calls_b"] > 0)
+    per_call = per_a.where(per_b.isna() | (per_a <= per_b), per_b).fillna(0.0)
+    m["from_calls_us"] = (m["calls_b"] - m["calls_a"]) * per_call
+    return m
+
+
+def _op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
+    import pandas as pd
+    cols = {"calls": "calls", "cpu_self_us": "self", "cpu_total_us": "total",
+            "device_us": "device"}
+    keys = ["name", "source"] if stacks else ["name"]
+    frames = []
+    for df, n in ((a, na), (b, nb)):
+        df = df if "source" in df or df.empty else df.assign(source="")
+        frames.append(_per_step(df, keys, cols, n))
+    if frames[0].empty and frames[1].empty:
+        return pd.DataFrame(columns=_OP_COLS)
+    m = _merge(frames[0], frames[1], keys)
+    if not stacks:
+        m["source"] = ""
+    return _rename_sides(_contribution(m))[_OP_COLS]
+
+
+def _module_diff(a: Any, b: Any, na: int, nb: int) -> Any:
+    import pandas as pd
+    frames = []
+    for df, n in ((a, na), (b, nb)):
+        if df.empty:
+            frames.append(pd.DataFrame(columns=["module", "calls", "self", "total", "device"]))
+            continue
+        df = df.assign(self_us=df["forward_self_us"] + df["backward_self_us"],
+                       tot_us=df["forward_total_us"] + df["backward_total_us"],
+                       dev_us=df["forward_device_us"] + df["backward_device_us"])
+        frames.append(_per_step(df, ["module"], {"calls": "calls", "self_us": "self",
+                                                 "tot_us": "total", "dev_us": "device"}, n))
+    if frames[0].empty and frames[1].empty:
+        return pd.DataFrame(columns=_MOD_COLS)
+    m = _merge(frames[0], frames[1], ["module"])
+    info = pd.concat([x for x in (b, a) if not x.empty])
+    first = info.drop_duplicates("module").set_index("module")
+    m["type"] = m["module"].map(first["type"]).fillna("")
+    m["source"] = (m["module"].map(first["source"]).fillna("") if "source" in first
+                   else "")
+    return _rename_sides(_contribution(m))[_MOD_COLS]
+
+
+def _rename_sides(m: Any) -> Any:
+    ren = {}
+    for base in ("calls", "self", "total", "device"):
+        for s in ("a", "b"):
+            ren[f"{base}_{s}"] = f"{base}_{s}" if base == "calls" else f"{base}_{s}_us"
+    return m.rename(columns=ren)
+
+
+def _rank(df: Any, descending: bool) -> Any:
+    if df.empty:
+        return df.reset_index(drop=True)
+    return df.sort_values("delta_us", ascending=not descending, kind="stable").reset_index(drop=True)
+
+
+def _empty_lines() -> Any:
+    import pandas as pd
+    return pd.DataFrame(columns=["source", "delta_us", "from_calls_us", "ops", "side"])
+
+
+def _line_diff(ops: Any, descending: bool) -> Any:
+    """Contributions summed per user line; ops without a line are left out."""
+    import pandas as pd
+    known = ops[ops["source"] != ""]
+    if known.empty:
+        return _empty_lines()
+    rows = []
+    for src, g in known.groupby("source"):
+        g = g.sort_values("delta_us", ascending=not descending)
+        sides = set(g["side"])
+        named = [f"{r.name} (calls {r.calls_a:.3g} -> {r.calls_b:.3g})"
+                 if abs(r.calls_b - r.calls_a) >= 0.5 else r.name for r in g.head(4).itertuples()]
+        rows.append({"source": src, "delta_us": float(g["delta_us"].sum()),
+                     "from_calls_us": float(g["from_calls_us"].sum()),
+                     "ops": ", ".join(named),
+                     "side": sides.pop() if len(sides) == 1 else "both"})
+    return _rank(pd.DataFrame(rows), descending)
+
+
+# ---- one side's figures, ranks -------------------------------------------------------------------
+def _side(p: Any) -> dict[str, Any]:
+    s = p.summary or {}
+    peaks = {}
+    if not p.memory.empty:
+        for dev, g in p.memory.groupby("device"):
+            peaks[str(dev)] = int(g["allocated_bytes"].max())
+    ops = p.ops
+    stacks = bool("source" in ops and (ops["source"].fillna("") != "").any())
+    return {"steps": int(len(p.steps)), "ranks": int(s.get("ranks") or 0),
+            "peak_memory_bytes": peaks, "comm_share": s.get("comm_share"),
+            "tools": s.get("tools") or {}, "dump_on": bool(s.get("dump_on")),
+            "slowest_rank": s.get("slowest_rank"), "stacks": stacks,
+            "device_us": float(ops["device_us"].sum()) if "device_us" in ops else 0.0,
+            "traces": [str(t) for t in p.traces]}
+
+
+def _rank_diff(pa: Any, pb: Any) -> tuple[Any, int | None]:
+    import pandas as pd
+    cols = ["rank", "step_a_us", "step_b_us", "change"]
+    if pa.steps.empty or pb.steps.empty:
+        return pd.DataFrame(columns=cols), None
+    ga = pa.steps.groupby("rank")["step_us"].median().rename("step_a_us")
+    gb = pb.steps.groupby("rank")["step_us"].median().rename("step_b_us")
+    r = pd.concat([ga, gb], axis=1, join="inner").reset_index()
+    r["change"] = r["step_b_us"] / r["step_a_us"] - 1
+    r = r[cols]
+    slower = int(r.loc[r["change"].idxmax(), "rank"]) if len(r) > 1 else None
+    return r, slower
+
+
+# ---- words ---------------------------------------------------------------------------------------
+def _pick(df: Any, sign: int, floor_us: float) -> Any:
+    """The row to name: the one whose change in calls adds the most time in the verdict's
+    direction, when that is over `floor_us` (calls do not move with the machine's load, so
+    such a change is the program's); else the largest contribution. None when nothing points
+    that way."""
+    if df.empty:
+        return None
+    calls = df[sign * df["from_calls_us"] > floor_us]
+    if not calls.empty:
+        return calls.loc[(sign * calls["from_calls_us"]).idxmax()]
+    top = df.iloc[0]
+    return top if sign * top["delta_us"] > 0 else None
+
+
+def _causes(d: ProfileDiff) -> list[str]:
+    """The likeliest causes first: the user line (with stacks), then the op, then the module;
+    Sleuth's own work first when it accounts for more than the op."""
+    if d.judgement.verdict == "no change":
+        return []
+    sign = 1 if d.judgement.verdict == "slower" else -1
+    floor_us = 0.01 * min(d.step_a.median, d.step_b.median)  # 1 % of a step
+    out: list[str] = []
+    line = _pick(d.lines, sign, floor_us)
+    if line is not None:
+        out.append(f"{_short(line['source'])}: {_us(line['delta_us'])} a step "
+                   f"({line['ops']}{_side_words(line['side'])})")
+    op = _pick(d.ops, sign, floor_us)
+    op_delta = 0.0
+    if op is not None:
+        op_delta = abs(op["delta_us"])
+        where = f" at {_short(op['source'])}" if op["source"] else ""
+        out.append(f"op {op['name']}{where}: {_us(op['delta_us'])} a step, calls "
+                   f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{_side_words(op['side'])}")
+    mod = _pick(d.modules, sign, floor_us)
+    if mod is not None:
+        src = f", forward at {_short(mod['source'])}" if mod["source"] else ""
+        kind = f" ({mod['type']}{src})" if mod["type"] else ""
+        out.append(f"module {mod['module']}{kind}: {_us(mod['delta_us'])} a step (self time), "
+                   f"calls {_n(mod['calls_a'])} -> {_n(mod['calls_b'])}"
+                   f"{_side_words(mod['side'])}")
+    tools = d.breakdown.set_index("phase")["delta_us"].get("tools", 0.0)
+    if isinstance(tools, float) and not math.isnan(tools) and sign * tools > 0:
+        text = (f"Sleuth's own work inside the steps: {_us(tools)} a step (the dump or summary "
+                f"ran in {'B' if sign > 0 else 'A'}: compare runs profiled alike)")
+        out.insert(0 if abs(tools) > op_delta else len(out), text)
+    return out
+
+
+def _side_words(side: str) -> str:
+    return {"A only": "; in A only", "B only": "; in B only"}.get(side, "")
+
+
+def _short(source: str) -> str:
+    """A source line as a user reads it: a path inside the working folder made relative."""
+    try:
+        path, line = source.rsplit(":", 1)
+        for d in ("site-packages/", "dist-packages/"):
+            if d in path:
+                return f"{path.split(d, 1)[1]}:{line}"
+        p = Path(path)
+        if p.is_absolute():
+            try:
+                return f"{p.relative_to(Path.cwd())}:{line}"
+            except ValueError:
+                return source
+    except ValueError:
+        pass
+    return source
+
+
+def _us(v: float) -> str:
+    return f"{v:+.4g} us"
+
+
+def _n(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def _ms(us: float) -> str:
+    return "n/a" if us is None or math.isnan(us) else f"{us / 1e3:.4g} ms"
+
+
+def _pct(change: float) -> str:
+    return "n/a" if change is None or math.isnan(change) else f"{change * 100:+.3g} %"
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v

@@ -1,0 +1,201 @@
+"""The user's source line of an op, from the Python frames a `with_stack` trace holds.
+
+With `with_stack=True` torch.profiler writes each Python call as a `python_function` event
+named `path(line): function`, nested on the op's thread around the ops it made. An op's user
+line is the innermost such frame that is not a library's (torch, transformers, the standard
+library, Sleuth's own tools): for `aten::addmm` under `nn.Linear` that is the model's line that
+called the layer, for an `aten::item` in the loop the loop's line. Without stacks there are no
+frames and the source is "" (the module table still names each module's `forward`).
+
+torch shortens a frame's path to what follows its `sys.path` entry (`torch/nn/modules/linear.py`,
+`train.py` for a script run as `python examples/train.py`), so a frame is judged by where its
+first path component imports from in this process.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import sysconfig
+from functools import lru_cache
+from typing import Any
+
+PYTHON_EVENT = "python_function"
+_FRAME_RE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
+# Sleuth's own tools: their frames are never the user's line (the trainer's are: it is a model)
+_TOOLS = frozenset({"profiler", "tracer", "sleuth", "irdump", "dashboard"})
+_LIBRARY_DIRS = ("site-packages", "dist-packages")
+
+
+def frame_of(name: str) -> tuple[str, int, str] | None:
+    """(file, line, function) of a `python_function` event's name, or None."""
+    m = _FRAME_RE.match(name)
+    if m is None:
+        return None
+    return m.group("file"), int(m.group("line")), m.group("func")
+
+
+@lru_cache(maxsize=4096)
+def is_library(path: str) -> bool:
+    """Whether a frame's (shortened) path is a library's or a tool's rather than the user's."""
+    if path.startswith("<") or any(d in path for d in _LIBRARY_DIRS):
+        return True
+    head = path.replace("\\", "/").lstrip("./").split("/")[0]
+    module = head[:-3] if head.endswith(".py") else head
+    if not module.isidentifier():
+        return False
+    if module in _TOOLS:
+        return True
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    origin = (spec.origin or "") if spec is not None else ""
+    if not origin or origin in ("built-in", "frozen"):
+        return spec is not None
+    stdlib = sysconfig.get_paths().get("stdlib", "")
+    return any(d in origin for d in _LIBRARY_DIRS) or bool(stdlib) and origin.startswith(stdlib)
+
+
+def user_line(ev: Any, memo: dict[int, str], finder: LineFinder | None = None) -> str:
+    """`file:line` of the user's call that made op `ev` (a nested trace event: `.parent`, `.cat`,
+    `.name`), or "" when the trace holds no user frame around it.
+
+    The innermost user frame names the function (torch writes its `def` line, or for a frame
+    already running when profiling began, the line it was at then); the call inside it is
+    found by the name of what it called (a builtin such as `isfinite`, a module attribute such
+    as `fc1`, a library function such as `checkpoint`), looked up in that function's source by
+    `finder`. `memo` caches the answer for the events below that call.
+    """
+    chain: list[Any] = []
+    p = ev.parent
+    while p is not None:
+        if id(p) in memo:
+            return memo[id(p)]
+        if p.cat == PYTHON_EVENT:
+            frame = frame_of(p.name)
+            if frame is not None and not is_library(frame[0]):
+                if finder is None:
+                    return f"{frame[0]}:{frame[1]}"
+                # the first name below the frame that the function calls is the call (names
+                # nearer the frame may be wrappers: torch.optim's `wrapper` around `step`)
+                for i, token in _callees(chain):
+                    found = finder.find(frame, token, strict=True)
+                    if found:
+                        for e in chain[:i + 1]:  # what lies below the call is its own
+                            memo[id(e)] = found
+                        return found
+                return finder.find(frame, None)
+        chain.append(p)
+        p = p.parent
+    for e in chain:
+        memo[id(e)] = ""
+    return ""
+
+
+_BUILTIN_RE = re.compile(r"^<built-in (?:method|function) (\w+)")
+
+
+def _callees(chain: list[Any]):
+    """(index in `chain`, name) of what the user's frame may have called, nearest that frame
+    (the end of `chain`) first: builtins, module attributes, library functions."""
+    from profiler._tables import MODULE_PREFIX
+    for i in range(len(chain) - 1, -1, -1):
+        name = chain[i].name
+        m = _BUILTIN_RE.match(name)
+        if m:
+            yield i, m.group(1)
+        elif name.startswith(MODULE_PREFIX):
+            attr = name[len(MODULE_PREFIX):].rsplit(".", 1)[-1]
+            if not attr.startswith("<") and not attr.isdigit():
+                yield i, attr
+        elif chain[i].cat == PYTHON_EVENT:
+            frame = frame_of(name)
+            if frame is not None and frame[2].isidentifier():
+                yield i, frame[2]
+
+
+class LineFinder:
+    """Finds a call's line inside a function's source: the files are found on the search path
+    the run recorded (torch shortens a frame's path to what follows its sys.path entry) and
+    parsed (never run) with `ast`, so a name in a string or comment is no call."""
+
+    def __init__(self, search_path: list[str]) -> None:
+        self._path = [p for p in search_path if isinstance(p, str)]
+        self._files: dict[str, tuple[str, ast.Module] | None] = {}
+        self._found: dict[tuple[str, int, str, str | None], tuple[str, bool]] = {}
+
+    def _read(self, short: str) -> tuple[str, ast.Module] | None:
+        if short not in self._files:
+            self._files[short] = None
+            for root in self._path:
+                path = os.path.join(root, short) if root else short
+                try:
+                    if os.path.isfile(path) and os.path.getsize(path) < 4 << 20:
+                        with open(path, encoding="utf-8", errors="replace") as f:
+                            tree = ast.parse(f.read())
+                        self._files[short] = (os.path.abspath(path), tree)
+                        break
+                except (OSError, SyntaxError, ValueError, RecursionError):
+                    continue
+        return self._files[short]
+
+    def find(self, frame: tuple[str, int, str], token: str | None, strict: bool = False) -> str:
+        """`file:line` of the calls of `token` in the function of `frame` (lines joined by
+        commas when it is called on several); the function's `def` line when no call of that
+        name is found or `token` is None; the frame's own line when the file is not found.
+        `strict`: "" unless a call of `token` is found."""
+        short, line, func = frame
+        key = (short, line, func, token)
+        if key not in self._found:
+            self._found[key] = self._find(short, line, func, token)
+        text, matched = self._found[key]
+        return text if matched or not strict else ""
+
+
+    def _find(self, short: str, line: int, func: str, token: str | None) -> tuple[str, bool]:
+        got = self._read(short)
+        if got is None:
+            return f"{short}:{line}", False
+        path, tree = got
+        scope = _scope(tree, line, func)
+        if scope is None:
+            return f"{path}:{line}", False
+        lines = sorted({n.lineno for n in _walk_calls(scope) if _call_name(n) == token})
+        if not lines:  # the def: torch's line for a frame running when profiling began is stale
+            return f"{path}:{getattr(scope, 'lineno', line) if scope is not tree else line}", False
+        # several calls of one name in a function: all are named, none is guessed
+        return f"{path}:{','.join(map(str, lines))}", True
+
+
+def _scope(tree: ast.Module, line: int, func: str) -> ast.AST | None:
+    """The innermost `def func` whose lines hold `line` (torch's line for a frame is its def
+    line, or the line it was at), or the module for `<module>`."""
+    if func == "<module>":
+        return tree
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if first <= line <= (node.end_lineno or node.lineno):
+                if best is None or first >= best[0]:
+                    best = (first, node)
+    return best[1] if best else None
+
+
+def _walk_calls(scope: ast.AST):
+    """The calls in `scope`, not those inside the functions and classes it defines."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Call):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _call_name(node: ast.Call) -> str | None:
+    f = node.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None

@@ -1,0 +1,98 @@
+"""`sleuth profile diff A B`: why is run B slower than run A (`profiler.diff_profiles`).
+
+Reached through `sleuth profile` (`sleuth profile diff A B`), whose parser carries the options;
+this module renders the comparison as text, `--json` or `--csv` tables. Exit 0 when B is not
+slower beyond noise, 1 when it is, 2 when a profile cannot be read.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+_OP_SHOW = ["name", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
+            "total_a_us", "total_b_us", "delta_us", "from_calls_us"]
+_MOD_SHOW = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
+             "total_a_us", "total_b_us", "delta_us", "from_calls_us"]
+
+
+def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
+    import profiler
+    from profiler._diff import _short
+    from sleuth.cli import CliError
+
+    for side, path in (("A", a), ("B", b)):
+        if not path.is_dir():
+            raise CliError(f"{side} ({path}) is not a run directory: give two run directories "
+                           "that hold profile/rank*/")
+    try:
+        d = profiler.diff_profiles(a, b, threshold=args.threshold)
+    except profiler.ProfilerError as e:
+        raise CliError(str(e)) from e
+    top = args.top
+    if args.csv:
+        args.csv.mkdir(parents=True, exist_ok=True)
+        for name in ("breakdown", "ops", "modules", "lines", "ranks"):
+            getattr(d, name).to_csv(args.csv / f"{name}.csv", index=False)
+    if args.json:
+        print(json.dumps(d.to_dict(), indent=1))
+        return d.exit_code
+    print(f"profile diff: A = {a}, B = {b}")
+    print(d.headline())
+    if d.causes:
+        print("\nwhat accounts for it, the likeliest first:")
+        for i, c in enumerate(d.causes, 1):
+            print(f"  {i}. {c}")
+    for note in d.notes:
+        print(f"note: {note}")
+    print("\nstep breakdown (mean us per step):")
+    print(_table(d.breakdown))
+    ops = d.ops.head(top).assign(source=lambda f: f["source"].map(_short))[_OP_SHOW]
+    print(f"\nops by contribution to the difference (top {top}; us and calls per step):")
+    print(_table(ops) if not ops.empty else "  (none)")
+    only = d.ops[d.ops["side"] != "both"]
+    if not only.empty:
+        print("\nops found in one run only:")
+        show = only.assign(time_us=only["self_b_us"].where(only["side"] == "B only",
+                                                           only["self_a_us"]),
+                           calls=only["calls_b"].where(only["side"] == "B only", only["calls_a"]),
+                           source=only["source"].map(_short))
+        show = show.reindex(show["time_us"].abs().sort_values(ascending=False).index)
+        print(_table(show[["name", "side", "calls", "time_us", "source"]].head(top)))
+    mods = d.modules.head(top)[_MOD_SHOW]
+    print(f"\nmodules by contribution (top {top}; self = forward + backward self time):")
+    print(_table(mods) if not mods.empty else
+          "  (no module ranges: profile with with_modules=True)")
+    if not d.lines.empty:
+        print(f"\nsource lines by contribution (top {top}):")
+        print(_table(d.lines.head(top).assign(source=lambda f: f["source"].map(_short))))
+    print("\nside by side:")
+    for label, key in (("A", "a"), ("B", "b")):
+        s = d.sides[key]
+        peaks = ", ".join(f"{dev} {v / 2**20:.4g} MiB" for dev, v in s["peak_memory_bytes"].items())
+        comm = s["comm_share"]
+        print(f"  {label}: {s['steps']} step(s) on {s['ranks']} rank(s); memory peak "
+              f"{peaks or 'n/a'}; comm share {_pct(comm)}"
+              + (f"; slowest rank {s['slowest_rank']}" if s.get("slowest_rank") is not None else ""))
+    if len(d.ranks) > 1:
+        print("\nranks (median step, us):")
+        print(_table(d.ranks))
+        print(f"  the rank that got slower the most: {d.slower_rank}")
+    print("\ntraces (open in https://ui.perfetto.dev):")
+    for label, key in (("A", "a"), ("B", "b")):
+        for t in d.sides[key]["traces"]:
+            print(f"  {label}: {t}")
+    return d.exit_code
+
+
+def _pct(v: Any) -> str:
+    return "n/a" if not isinstance(v, (int, float)) or math.isnan(v) else f"{v * 100:.3g} %"
+
+
+def _table(df: Any) -> str:
+    import pandas as pd
+    with pd.option_context("display.width", 200, "display.max_columns", 20,
+                           "display.max_colwidth", 60):
+        return df.round(1).to_string(index=False)

@@ -1,0 +1,58 @@
+"""`profiler.diff_profiles` names an injected slowdown first in models we did not write: a
+Hugging Face Llama with gradient checkpointing turned on (a recompute) and a Hugging Face GPT-2
+whose logits a hook upcasts to float64 (a new cast). Each pair of runs is profiled at the same
+time, in two processes, so that the machine's load falls on both alike."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import profiler
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+def profile_pair(kind: str, tmp_path: Path) -> tuple[Path, Path]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),
+           "OMP_NUM_THREADS": "1"}
+    dirs = (tmp_path / "a", tmp_path / "b")
+    procs = [subprocess.Popen([sys.executable, str(HERE / "slow_models.py"), kind, variant,
+                               str(d)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for variant, d in zip(("base", "slow"), dirs)]
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        assert p.returncode == 0, out
+    return dirs
+
+
+def test_llama_recompute_named_first(tmp_path):
+    a, b = profile_pair("llama", tmp_path)
+    d = profiler.diff_profiles(a, b)
+    assert d.verdict == "slower" and d.exit_code == 1, d.headline()
+    # the recompute runs in backward: the first cause is the test's backward line, with calls
+    # of the layers' matmuls up; a decoder layer's module is called twice a step
+    first = d.causes[0]
+    assert "slow_models.py:" in first and "calls" in first, d.causes
+    line = int(first.split("slow_models.py:")[1].split(":")[0].split(",")[0])
+    assert "loss.backward()" in (HERE / "slow_models.py").read_text().splitlines()[line - 1]
+    assert any(m.calls_b >= 2 * m.calls_a > 0 for m in d.modules.itertuples()
+               if m.module.startswith("model.layers.")), d.modules.head()
+
+
+def test_gpt2_new_cast_named_first(tmp_path):
+    a, b = profile_pair("gpt2", tmp_path)
+    d = profiler.diff_profiles(a, b)
+    assert d.verdict == "slower", d.headline()
+    first = d.causes[0]
+    line = int(first.split("slow_models.py:")[1].split(":")[0].split(",")[0])
+    assert "output.double()" in (HERE / "slow_models.py").read_text().splitlines()[line - 1], first
+    assert "in B only" in first
+    only = d.ops[(d.ops["side"] == "B only") & d.ops["source"].str.contains("slow_models.py")]
+    assert {"aten::_to_copy", "aten::_log_softmax"} <= set(only["name"]), only
