@@ -98,9 +98,10 @@ def create_app(run_dirs: Iterable[str | os.PathLike[str]], *, refresh_s: float =
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
     def route(pathname: str | None, search: str | None) -> Any:
-        entry = PAGES.get((pathname or "/").rstrip("/") or "/")
+        pathname = pathname if isinstance(pathname, str) else "/"
+        entry = PAGES.get(pathname.rstrip("/") or "/")
         if entry is None:
-            shown = pathname if len(pathname or "") <= 80 else pathname[:80] + "..."
+            shown = pathname if len(pathname) <= 80 else pathname[:80] + "..."
             return empty_state(f"no page at {shown!r}: choose one above")
         return entry[1].layout(ctx, query(search))
 

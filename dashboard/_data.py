@@ -311,8 +311,11 @@ def dump_hits(root: Path, rank: int, step: int) -> pd.DataFrame:
 
 
 def dump_stamp(root: Path) -> tuple:
-    d = root / "dump"
-    if not d.is_dir():
+    try:
+        d = inside(root, "dump")
+        if not d.is_dir():
+            return ()
+    except OSError:  # a link out of the run: `dump` says so
         return ()
     return tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) if r.is_dir() for s in _dir_stamps(r))
 
@@ -390,7 +393,7 @@ def rank_diff(root_a: Path, root_b: Path, step: int | None = None) -> Any:
 
 def rank_count(root: Path) -> int:
     """How many ranks the run's dump has (0 without a dump or when it does not open)."""
-    if not (root / "dump").is_dir():
+    if not dump_stamp(root):
         return 0
     from tracer.analysis import dump_ranks
 

@@ -10,7 +10,7 @@ from dash import Input, Output, dcc, html
 
 from dashboard._context import Context
 from dashboard._routes import FILE_ROUTE
-from dashboard._runs import Run, available, load_run_json
+from dashboard._runs import Run, available, link_problems, load_run_json
 from dashboard._widgets import empty_state, error_panel
 
 CONFIG_SHOWN_CHARS = 64 * 1024
@@ -59,9 +59,9 @@ def _card(run: Run) -> html.Div:
         html.Table([html.Tr([html.Th(k), html.Td(str(v))]) for k, v in rows], className="sleuth-kv"),
         html.Div(badges, className="sleuth-badges"),
     ]
-    if problem:
-        body.append(error_panel(problem))
-    elif not info:
+    links = [m for m in link_problems(run.root) if m != problem]
+    body += [error_panel(m) for m in ([problem] if problem else []) + links]
+    if not info and not problem:
         body.append(empty_state("no run.json in this folder: runs made by `sleuth train` or "
                                 "`sleuth run` write one; the data below is still shown"))
     if config:

@@ -16,7 +16,7 @@ from flask import Flask, Response, abort, request
 
 from dashboard._context import Context
 from dashboard._errors import UnsafePathError
-from dashboard._runs import safe_path
+from dashboard._runs import MAX_REL_CHARS, safe_path
 from dashboard._serve import LOOPBACK_NAMES
 
 ALLOWED_HOSTS = "SLEUTH_ALLOWED_HOSTS"
@@ -49,8 +49,8 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
 
     def resolve(run: int, rel: str):
         root = ctx.root(run)
-        if root is None:
-            abort(404)
+        if root is None or len(rel) > MAX_REL_CHARS or any(len(p) > 255 for p in rel.split("/")):
+            abort(404)  # no run, or a name no file system holds
         try:
             path = safe_path(root, rel)
         except UnsafePathError:
@@ -63,6 +63,13 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
         return path
 
     server.config.setdefault(ALLOWED_HOSTS, LOOPBACK_NAMES)
+
+    from dash.exceptions import DependencyException
+
+    @server.errorhandler(DependencyException)
+    def no_such_resource(_e: Exception) -> Response:
+        # Dash raises this (a 500) for any script path it did not register: a URL, not a fault.
+        return Response("no such resource\n", status=404, mimetype="text/plain")
 
     @server.before_request
     def check_host() -> Response | None:

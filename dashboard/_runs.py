@@ -148,6 +148,18 @@ def available(root: Path) -> dict[str, bool]:
     return out
 
 
+def link_problems(root: Path) -> list[str]:
+    """One line for each data file or folder of the run that is a symbolic link leading out of
+    it (and so is not read): the Runs page shows them on the run's card."""
+    out = []
+    for rel in ("run.json", *_DATA_KINDS.values(), "export.parquet"):
+        try:
+            inside(root, rel)
+        except UnsafePathError as e:
+            out.append(str(e))
+    return out
+
+
 def export_of(root: Path) -> Path | None:
     """The Parquet export of a dump's statistics (`sleuth dump export`) that the Dumps page
     reads for a run without a dump/ folder: the run folder itself when it is one, else
