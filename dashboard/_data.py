@@ -123,7 +123,8 @@ def _metrics_series(root: Path, path: Path, notes: list[str]) -> dict[str, pd.Da
                      "the other lines are shown")
     size = _stamp(path)[1]
     if size > METRICS_MAX_BYTES:
-        notes.append(f"{path}: {size:,} bytes; the first {METRICS_MAX_BYTES >> 20} MiB are shown")
+        notes.append(f"{path}: {size:,} bytes; only its first {METRICS_MAX_BYTES:,} bytes are read "
+                     "and shown")
     return m
 
 

@@ -151,14 +151,14 @@ def register(app: Any, ctx: Context) -> None:
         root = ctx.root(run)
         if root is None or rank is None or step is None:
             return [], 1, 0, None
-        if dash_ctx.triggered_id == "dumps-step":
-            page = 0  # a new step opens on its first page
+        fired = set(dash_ctx.triggered_prop_ids)
+        if fired & {"dumps-step.value", "dumps-table.filter_query"}:
+            page = 0  # a new step, or a new filter, opens on its first page
         try:
             frame = _data.dump_table(root, rank, step, table_frame)
         except _data.NoData as e:
             return [], 1, 0, notice(e)
         rows, count, page, matched, bad = table_page(frame, page, size, sort_by, filter_query)
-        fired = set(dash_ctx.triggered_prop_ids)
         if fired and fired <= {"dumps-table.page_current", "dumps-table.page_size",
                                "dumps-table.sort_by"} and not bad:
             return rows, count, page, no_update  # a new page or order: keep the record shown

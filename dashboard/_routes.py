@@ -47,8 +47,10 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
     a 404 page."""
     page_paths = frozenset(pages)
 
-    def resolve(run: int, rel: str):
-        root = ctx.root(run)
+    def resolve(run: str, rel: str):
+        # The run id is parsed here, not by werkzeug's int converter, which fails (a 500) on
+        # more digits than Python converts.
+        root = ctx.root(run) if run.isdigit() and len(run) <= 9 else None
         if root is None or len(rel) > MAX_REL_CHARS or any(len(p) > 255 for p in rel.split("/")):
             abort(404)  # no run, or a name no file system holds
         try:
@@ -98,8 +100,8 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
                 return Response(_NOT_FOUND.format(links=links), status=404, mimetype="text/html")
         return None
 
-    @server.route(f"{FILE_ROUTE}/<int:run>/<path:rel>")
-    def sleuth_file(run: int, rel: str) -> Response:
+    @server.route(f"{FILE_ROUTE}/<run>/<path:rel>")
+    def sleuth_file(run: str, rel: str) -> Response:
         path = resolve(run, rel)
         mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         try:
@@ -113,8 +115,8 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
         resp.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
         return resp
 
-    @server.route(f"{SVG_ROUTE}/<int:run>/<path:rel>")
-    def sleuth_svg(run: int, rel: str) -> Response:
+    @server.route(f"{SVG_ROUTE}/<run>/<path:rel>")
+    def sleuth_svg(run: str, rel: str) -> Response:
         if not rel.endswith(".svg"):
             abort(404)
         path = resolve(run, rel)
