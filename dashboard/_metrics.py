@@ -48,6 +48,7 @@ class JsonlTail:
 
     def update(self, path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Parse the complete lines appended since the last call (up to `MAX_BYTES` in all)."""
+        self._new: list[tuple[pd.DataFrame, pd.DataFrame]] = []
         with open(path, "rb") as f:
             while self.offset < MAX_BYTES:
                 f.seek(self.offset)
@@ -67,6 +68,12 @@ class JsonlTail:
                     continue
                 if len(chunk) < want or not end:
                     break  # the end of the file, or a half-written last line: the next refresh
+        if self._new:  # one concatenation per refresh, however many chunks it read
+            frames = [self.frame] if len(self.frame.columns) else []
+            presents = [self.present] if len(self.present.columns) else []
+            self.frame = pd.concat(frames + [f for f, _ in self._new], ignore_index=True)
+            present = pd.concat(presents + [p for _, p in self._new], ignore_index=True)
+            self.present = present.fillna(False).astype(bool)
         return self.frame, self.present
 
     def _add(self, data: bytes) -> None:
@@ -74,13 +81,8 @@ class JsonlTail:
         for line, why in bad:
             self._bad(self.lines + line, why)
         self.lines += n
-        if frame.empty and not len(frame.columns):
-            return
-        if self.frame.empty and not len(self.frame.columns):
-            self.frame, self.present = frame, present
-        else:
-            self.frame = pd.concat([self.frame, frame], ignore_index=True)
-            self.present = pd.concat([self.present, present], ignore_index=True).fillna(False).astype(bool)
+        if len(frame.columns):
+            self._new.append((frame, present))
 
     def _bad(self, line: int, why: str) -> None:
         self.skipped += 1
@@ -99,17 +101,20 @@ def _bytes_to_newline(f) -> int | None:
     return None
 
 
+_CAREFUL_OPENS = 32
+"""A line that opens more arrays/objects than this is parsed by `tracer.storage.loads_bounded`
+(which refuses nesting past its depth limit), never by pyarrow; a metrics line opens one."""
+
+
 def _suspect_lines(data: bytes) -> np.ndarray:
     """Per line of `data` (which ends with a newline): True when it is longer than
-    `LINE_MAX_BYTES` or opens more arrays/objects than the depth limit allows, so that only
-    those lines pay for the careful (bounded) parse. Vectorised: a few passes over the bytes."""
-    from tracer.storage._bounded_json import MAX_DEPTH
-
+    `LINE_MAX_BYTES` or opens more than `_CAREFUL_OPENS` arrays/objects, so that only those
+    lines pay for the careful (bounded) parse. Vectorised: a few passes over the bytes."""
     arr = np.frombuffer(data, np.uint8)
     ends = np.flatnonzero(arr == 10)
     starts = np.concatenate(([0], ends[:-1] + 1))
     opens = np.add.reduceat((arr == 91) | (arr == 123), starts, dtype=np.int64)  # '[' '{'
-    return (opens > MAX_DEPTH) | (ends - starts > LINE_MAX_BYTES)
+    return (opens > _CAREFUL_OPENS) | (ends - starts > LINE_MAX_BYTES)
 
 
 def parse_jsonl(data: bytes) -> tuple[pd.DataFrame, pd.DataFrame, list[tuple[int, str]], int]:
