@@ -98,9 +98,11 @@ def create_app(run_dirs: Iterable[str | os.PathLike[str]], *, refresh_s: float =
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
     def route(pathname: str | None, search: str | None) -> Any:
-        entry = PAGES.get((pathname or "/").rstrip("/") or "/")
+        pathname = pathname if isinstance(pathname, str) else "/"
+        entry = PAGES.get(pathname.rstrip("/") or "/")
         if entry is None:
-            return empty_state(f"no page at {pathname!r}: choose one above")
+            shown = pathname if len(pathname) <= 80 else pathname[:80] + "..."
+            return empty_state(f"no page at {shown!r}: choose one above")
         return entry[1].layout(ctx, query(search))
 
     @app.callback(Output("data-version", "data"), Input("refresh", "n_intervals"),
@@ -111,7 +113,7 @@ def create_app(run_dirs: Iterable[str | os.PathLike[str]], *, refresh_s: float =
 
     for _, module in PAGES.values():
         module.register(app, ctx)
-    register_routes(app.server, ctx)
+    register_routes(app.server, ctx, pages=PAGES)
     app.sleuth_context = ctx  # for tests and the CLI: which runs this app shows
     return app
 

@@ -35,4 +35,6 @@ class Context:
 
 def query(search: str | None) -> dict[str, str]:
     """`?a=1&b=x` as {'a': '1', 'b': 'x'} (last value wins)."""
-    return {k: v[-1] for k, v in parse_qs((search or "").lstrip("?")).items()}
+    if not isinstance(search, str):
+        return {}
+    return {k: v[-1] for k, v in parse_qs(search.lstrip("?")).items()}

@@ -8,9 +8,9 @@ run with --profile"); nothing here draws.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,14 +18,12 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from dashboard._runs import export_of
+from dashboard._errors import UnsafePathError
+from dashboard._metrics import MAX_BYTES as METRICS_MAX_BYTES
+from dashboard._metrics import JsonlTail, series_from_wide
+from dashboard._runs import export_of, inside
 
 T = TypeVar("T")
-
-# Column names the trainer may use for wall-clock time in metrics.jsonl, in order of preference.
-_TIME_COLUMNS = ("wall_time", "time", "timestamp")
-_NOT_SERIES = {"step", "rank", "epoch", "micro_step", *_TIME_COLUMNS}
-
 
 class NoData(Exception):
     """This run has no data of the asked kind (or its reader is not installed): the message is
@@ -82,60 +80,22 @@ def _reading(what: str, fn: Callable[[], T]) -> Callable[[], T]:
 
 
 def _need_dir(root: Path, sub: str, message: str) -> Path:
-    p = root / sub
-    if not p.is_dir() or not any(p.iterdir()):
-        raise NoData(message)
+    """`root/sub` when it is a folder inside the run that holds something; NoData with
+    `message` when it does not, ReadError when it is a link out of the run or unreadable."""
+    try:
+        p = inside(root, sub)
+        if not p.is_dir() or not any(p.iterdir()):
+            raise NoData(message)
+    except OSError as e:  # UnsafePathError included
+        raise ReadError(str(e) if isinstance(e, UnsafePathError) else f"{root / sub}: {e}") from e
     return p
 
 
 # ---------------------------------------------------------------- scalars
 
 
-class _JsonlTail:
-    """metrics.jsonl read incrementally: a run that is still training appends lines, and only
-    the new complete lines are parsed on each refresh. `present` records which keys each line
-    had, so an eval line ({"step": 4, "eval_loss": ...}) does not punch a NaN hole into `loss`,
-    while a logged NaN loss stays a NaN."""
-
-    def __init__(self) -> None:
-        self.offset = 0
-        self.frame = pd.DataFrame()
-        self.present = pd.DataFrame()
-
-    def update(self, path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-        with open(path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        end = chunk.rfind(b"\n") + 1  # a half-written last line waits for the next refresh
-        if end:
-            frame, present = _parse_jsonl(chunk[:end])
-            self.offset += end
-            if self.frame.empty:
-                self.frame, self.present = frame, present
-            else:
-                self.frame = pd.concat([self.frame, frame], ignore_index=True)
-                self.present = pd.concat([self.present, present], ignore_index=True).fillna(False).astype(bool)
-        return self.frame, self.present
-
-
-def _parse_jsonl(data: bytes) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The rows of JSON lines, and a same-shaped frame saying which keys each line had."""
-    try:
-        import pyarrow as pa
-        import pyarrow.json as pj
-
-        table = pj.read_json(pa.BufferReader(data))
-        present = pd.DataFrame({name: table.column(name).is_valid().to_numpy(zero_copy_only=False)
-                                for name in table.column_names})
-        return table.to_pandas(), present
-    except Exception:  # noqa: BLE001 - NaN/Infinity literals or mixed types: the slow, lenient path
-        rows = [json.loads(line) for line in data.splitlines() if line.strip()]
-        frame = pd.DataFrame.from_records(rows)
-        present = pd.DataFrame([{k: True for k in r} for r in rows], columns=frame.columns)
-        return frame, present.fillna(False).astype(bool)
-
-
-_tails: dict[Path, _JsonlTail] = {}
+_tails: dict[Path, JsonlTail] = {}
+_metric_notes: dict[Path, list[str]] = {}
 
 
 def _metrics_frame(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -145,43 +105,34 @@ def _metrics_frame(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         tail = _tails.get(path)
         size = path.stat().st_size
         if tail is None or size < tail.offset:  # first read, or the file was rewritten
-            tail = _tails[path] = _JsonlTail()
+            tail = _tails[path] = JsonlTail()
         return tail.update(path)
 
 
-def _series_from_wide(df: pd.DataFrame, present: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
-    """Wide rows (step, loss, lr, ...) to one [step, wall_time, value] frame per numeric column,
-    each from the rows that carry that key (`present`; all rows when None)."""
-    if df.empty or "step" not in df:
+def _metrics_series(root: Path, path: Path, notes: list[str]) -> dict[str, pd.DataFrame]:
+    """The series of one metrics file; what could not be read goes into `notes`, one line each."""
+    try:
+        inside(root, path.name)
+        m = _cached(("metrics", path), _stamp(path), lambda: series_from_wide(*_metrics_frame(path)))
+    except (OSError, ValueError) as e:  # a link out of the run, an unreadable file
+        notes.append(str(e) if isinstance(e, UnsafePathError) else f"{path}: cannot be read ({e})")
         return {}
-    # A header line ({"format_version": ..., "kind": ...}) has no step: it is not a data row.
-    keep = pd.to_numeric(df["step"], errors="coerce").notna()
-    order = df[keep].sort_values("step", kind="stable").index
-    df = df.loc[order]
-    present = present.loc[order] if present is not None else None
-    step = df["step"].to_numpy(dtype=np.float64)
-    wall = None
-    for col in _TIME_COLUMNS:
-        if col in df:
-            w = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
-            wall = w - np.nanmin(w)
-            break
-    if wall is None and "step_time_s" in df:
-        wall = np.nancumsum(pd.to_numeric(df["step_time_s"], errors="coerce").to_numpy(np.float64))
-    if wall is None:
-        wall = np.full(len(df), np.nan)
-    out = {}
-    for col in df.columns:
-        if col in _NOT_SERIES or not pd.api.types.is_numeric_dtype(df[col]):
-            continue
-        rows = present[col].to_numpy(bool) if present is not None and col in present else slice(None)
-        out[str(col)] = pd.DataFrame({"step": step[rows], "wall_time": wall[rows],
-                                      "value": df[col].to_numpy(dtype=np.float64)[rows]})
-    return out
+    tail = _tails.get(path)
+    if tail is not None and tail.skipped:
+        notes.append(f"{path}: {tail.skipped:,} malformed line(s) skipped ({tail.first_bad}); "
+                     "the other lines are shown")
+    size = _stamp(path)[1]
+    if size > METRICS_MAX_BYTES:
+        notes.append(f"{path}: {size:,} bytes; only its first {METRICS_MAX_BYTES:,} bytes are read "
+                     "and shown")
+    return m
 
 
 def _summary_series(root: Path) -> dict[str, pd.DataFrame]:
-    if not (root / "summary").is_dir():
+    try:
+        if not inside(root, "summary").is_dir():
+            return {}
+    except OSError:  # a link out of the run: no summary scalars (Histograms names the problem)
         return {}
     try:
         read_scalars = _api("profiler", "read_scalars", "summary scalars")
@@ -209,15 +160,25 @@ def scalars(root: Path) -> dict[str, pd.DataFrame]:
     summary's scalars (prefixed `summary/` on a name clash). Each frame has columns step,
     wall_time (seconds since the first record), value, sorted by step."""
     out: dict[str, pd.DataFrame] = {}
+    notes: list[str] = []
     for path in [root / "metrics.jsonl", *sorted(root.glob("metrics.rank*.jsonl"), key=_rank_of)]:
-        m = _cached(("metrics", path), _stamp(path), lambda p=path: _series_from_wide(*_metrics_frame(p)))
+        m = _metrics_series(root, path, notes)
         suffix = "" if path.name == "metrics.jsonl" else f" [rank {_rank_of(path)}]"
         out.update({f"{tag}{suffix}": frame for tag, frame in m.items()})
+    with _lock:
+        _metric_notes[root] = notes
     s = _cached(("summary-scalars", root), tuple(_dir_stamps(root / "summary")),
                 lambda: _summary_series(root))
     for tag, frame in s.items():
         out[f"summary/{tag}" if tag in out else tag] = frame
     return out
+
+
+def scalar_notes(root: Path) -> list[str]:
+    """What `scalars(root)` could not read, one line each (malformed lines skipped and where,
+    a file too long to read whole, a link out of the run); empty when everything was read."""
+    with _lock:
+        return list(_metric_notes.get(root, []))
 
 
 def _rank_of(path: Path) -> int:
@@ -267,7 +228,10 @@ def dump(root: Path) -> Any:
     """The run's `tracer.Dump` (ranks, steps, stats, tensor); where the run has no dump/ but a
     Parquet export of one (`sleuth dump export`: RUN/export.parquet, or the run folder given is
     the export itself), a `tracer.storage.ExportedDump` over it: statistics, no tensors."""
-    export = export_of(root)
+    try:
+        export = export_of(root)
+    except OSError as e:  # UnsafePathError: export.parquet is a link out of the run
+        raise ReadError(str(e)) from e
     if export is not None:
         from tracer.storage import ExportedDump
 
@@ -296,10 +260,46 @@ def dump_stats(root: Path, rank: int, step: int) -> pd.DataFrame:
     return df
 
 
+_TABLES_KEPT = 4
+"""Table frames of this many (run, rank, step) stay in memory: each may hold a million rows."""
+_tables: OrderedDict[Hashable, tuple[Hashable, pd.DataFrame]] = OrderedDict()
+
+
+def dump_table(root: Path, rank: int, step: int, make: Callable[[pd.DataFrame], pd.DataFrame]) -> pd.DataFrame:
+    """`make(dump_stats(root, rank, step))`, kept while the dump is unchanged, for the last few
+    steps shown: the Dumps page pages, sorts and filters it on every request."""
+    key, stamp = (root, rank, step), dump_version(root)
+    with _lock:
+        hit = _tables.get(key)
+        if hit is not None and hit[0] == stamp:
+            _tables.move_to_end(key)
+            return hit[1]
+    frame = make(dump_stats(root, rank, step))
+    with _lock:
+        _tables[key] = (stamp, frame)
+        _tables.move_to_end(key)
+        while len(_tables) > _TABLES_KEPT:
+            _tables.popitem(last=False)
+    return frame
+
+
+def dump_version(root: Path) -> tuple:
+    """A token that changes when the run's dump (or its Parquet export) changes."""
+    try:
+        export = export_of(root)
+    except OSError:
+        export = None
+    return dump_stamp(root) + (tuple(_dir_stamps(export)) if export is not None else ())
+
+
 def dump_hits(root: Path, rank: int, step: int) -> pd.DataFrame:
     """Watchpoint hits of one step: `tracer.check` over that step (the dump config's watchpoints
     plus NaN/Inf, and the hits recorded live); empty when unavailable."""
-    if export_of(root) is not None:
+    try:
+        exported = export_of(root) is not None
+    except OSError:
+        return pd.DataFrame()
+    if exported:
         return pd.DataFrame()  # watchpoints are evaluated on the HDF5 dump; NaN/Inf still show
     try:
         from tracer import check
@@ -312,8 +312,11 @@ def dump_hits(root: Path, rank: int, step: int) -> pd.DataFrame:
 
 
 def dump_stamp(root: Path) -> tuple:
-    d = root / "dump"
-    if not d.is_dir():
+    try:
+        d = inside(root, "dump")
+        if not d.is_dir():
+            return ()
+    except OSError:  # a link out of the run: `dump` says so
         return ()
     return tuple(_dir_stamps(d)) + tuple(s for r in sorted(d.iterdir()) if r.is_dir() for s in _dir_stamps(r))
 
@@ -391,7 +394,7 @@ def rank_diff(root_a: Path, root_b: Path, step: int | None = None) -> Any:
 
 def rank_count(root: Path) -> int:
     """How many ranks the run's dump has (0 without a dump or when it does not open)."""
-    if not (root / "dump").is_dir():
+    if not dump_stamp(root):
         return 0
     from tracer.analysis import dump_ranks
 

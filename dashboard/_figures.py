@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dashboard._downsample import DEFAULT_POINTS, downsample
+from dashboard._downsample import DEFAULT_POINTS, downsample, minmax_indices
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=40, b=40))
@@ -89,16 +89,20 @@ def scalars_figure(series: Mapping[str, Mapping[str, pd.DataFrame]], tags: Seque
     return fig
 
 
-def histogram_heatmap(df: pd.DataFrame, tag: str, *, bins: int = 64) -> go.Figure:
+def histogram_heatmap(df: pd.DataFrame, tag: str, *, bins: int = 64,
+                      max_steps: int = DEFAULT_POINTS // 2) -> go.Figure:
     """Heatmap of one tensor's histograms over steps: x step, y value, colour log(1 + count).
 
     Args:
         df: DataFrame[step, edges, counts] of one tag (edges has len(counts) + 1 entries);
             steps may use different edges, so every histogram is re-binned onto one grid.
+        max_steps: columns drawn at most; more steps are thinned evenly (first and last kept).
     """
     if df.empty:
         return empty_figure(f"no histograms for {tag}")
     df = df.sort_values("step")
+    if len(df) > max_steps:
+        df = df.iloc[np.unique(np.linspace(0, len(df) - 1, max_steps).astype(np.int64))]
     lo = min(float(np.min(e)) for e in df["edges"])
     hi = max(float(np.max(e)) for e in df["edges"])
     if not np.isfinite([lo, hi]).all() or hi <= lo:
@@ -144,10 +148,19 @@ def bar_top(df: pd.DataFrame, label: str, value: str, *, n: int = 20, title: str
     return fig
 
 
-def stacked_steps(df: pd.DataFrame, step: str, parts: Sequence[str], *, title: str = "step time") -> go.Figure:
-    """Stacked bars of each step's time split into `parts` (data, forward, backward, ...)."""
+def stacked_steps(df: pd.DataFrame, step: str, parts: Sequence[str], *, title: str = "step time",
+                  max_bars: int = DEFAULT_POINTS // 2) -> go.Figure:
+    """Stacked bars of each step's time split into `parts` (data, forward, backward, ...); more
+    than `max_bars` steps are drawn as the means of buckets of consecutive steps."""
     if df.empty or step not in df:
         return empty_figure(f"no {title} data")
+    if len(df) > max_bars:  # a bar per bucket of consecutive steps, their mean
+        k = -(-len(df) // max_bars)
+        keep = [p for p in parts if p in df]
+        df = df.sort_values(step).reset_index(drop=True)
+        bucket = df.index // k
+        df = df.groupby(bucket).agg({step: "first", **{p: "mean" for p in keep}})
+        title = f"{title} (each bar: the mean of {k} steps)"
     fig = go.Figure()
     for i, part in enumerate(p for p in parts if p in df):
         fig.add_trace(go.Bar(x=df[step], y=df[part], name=part, marker_color=PALETTE[i % len(PALETTE)]))
@@ -178,7 +191,7 @@ def lines(df: pd.DataFrame, x: str, ys: Sequence[str], *, title: str = "", group
 
 
 def diff_figure(records: pd.DataFrame, metrics: Sequence[str], *, first: int | None = None,
-                order: str = "seq", label: str = "name") -> go.Figure:
+                order: str = "seq", label: str = "name", max_points: int = DEFAULT_POINTS) -> go.Figure:
     """Error metrics of a diff along execution order, one row per metric, the first divergent
     record marked with a red line on every row.
 
@@ -186,23 +199,31 @@ def diff_figure(records: pd.DataFrame, metrics: Sequence[str], *, first: int | N
         records: DiffResult.records (one row per matched record).
         metrics: columns to plot (e.g. max_abs_err, max_rel_err, cosine).
         first: the `order` value of the first divergent record, or None when the runs agree.
+        max_points: points per metric after min/max downsampling (a step of a million records
+            is drawn from its extremes, so every spike shows); diverged markers beyond it are
+            thinned evenly, the first always kept.
     """
     metrics = [m for m in metrics if m in records]
     if records.empty or not metrics:
         return empty_figure("no matched records to compare")
-    x = records[order] if order in records else pd.Series(np.arange(len(records)))
+    x = (records[order] if order in records else pd.Series(np.arange(len(records)))).to_numpy()
     fig = make_subplots(rows=len(metrics), cols=1, shared_xaxes=True, vertical_spacing=0.05,
                         subplot_titles=list(metrics))
-    names = records[label].astype(str) if label in records else None
+    names = records[label].astype(str).to_numpy() if label in records else None
     for row, m in enumerate(metrics, start=1):
-        fig.add_trace(go.Scatter(x=x, y=records[m], mode="lines+markers", marker=dict(size=4),
-                                 line=dict(color=PALETTE[row - 1]), name=m, text=names,
+        y = pd.to_numeric(records[m], errors="coerce").to_numpy(np.float64)
+        idx = minmax_indices(y, max_points)
+        fig.add_trace(go.Scatter(x=x[idx], y=y[idx], mode="lines+markers", marker=dict(size=4),
+                                 line=dict(color=PALETTE[(row - 1) % len(PALETTE)]), name=m,
+                                 text=None if names is None else names[idx],
                                  hovertemplate="%{text}<br>" + m + " %{y:.4g}<extra></extra>"),
                       row=row, col=1)
     if "verdict" in records:
         # A NaN or Inf error has no y position: mark every diverged record on the top row instead
         # so divergences after the first one stay visible.
         bad = records[records["verdict"] == "diverged"]
+        if len(bad) > max_points:
+            bad = bad.iloc[np.unique(np.linspace(0, len(bad) - 1, max_points).astype(np.int64))]
         if len(bad):
             bx = bad[order] if order in bad else bad.index
             fig.add_trace(go.Scatter(x=bx, y=[0] * len(bad), mode="markers", name="diverged",
@@ -263,7 +284,7 @@ def rank_grid_figure(table: Mapping[int, Mapping[int, str]],
     return fig
 
 
-def headroom_figure(history: pd.DataFrame, name: str) -> go.Figure:
+def headroom_figure(history: pd.DataFrame, name: str, *, max_points: int = DEFAULT_POINTS) -> go.Figure:
     """A record's numeric headroom over the dumped steps (dashboard._data.record_history): the
     doublings of its largest |x| left before its dtype overflows (0: Inf), and the share of
     its elements that are exactly zero; the same numbers `sleuth check --headroom` fits."""
@@ -273,6 +294,9 @@ def headroom_figure(history: pd.DataFrame, name: str) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("headroom to overflow (bits: doublings of max |x| left)",
                                         "share of exact zeros"))
+    if len(history) > max_points:  # keep each bucket's extremes of the headroom
+        history = history.sort_values("step").iloc[
+            minmax_indices(history["overflow_bits"].to_numpy(np.float64), max_points)]
     fig.add_trace(go.Scatter(x=history["step"], y=history["overflow_bits"], mode="lines+markers",
                              name="overflow headroom"), row=1, col=1)
     fig.add_hline(y=0, line_dash="dash", line_color="#c62828", annotation_text="Inf",

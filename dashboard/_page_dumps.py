@@ -1,17 +1,19 @@
 """The Dumps page: the statistics table of one step of one rank (sortable, filterable by name),
 NaN/Inf and watchpoint hits highlighted; clicking a record shows its numeric headroom over the
 dumped steps, its tensor's histogram when the dump holds tensor data, and links to its node in
-the graph."""
+the graph. The table is paged, sorted and filtered on the server (dashboard._paging): a step
+of a million records sends one page of rows at a time, never the step."""
 from __future__ import annotations
 
 from typing import Any
 
 import pandas as pd
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, State, ctx as dash_ctx, dcc, html, no_update
 
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import headroom_figure, tensor_histogram
+from dashboard._paging import filter_frame, page_of, sort_frame
 from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
                                 table_columns, table_records)
 
@@ -37,25 +39,61 @@ def layout(ctx: Context, q: dict[str, str]) -> html.Div:
         dcc.Store(id="dumps-want", data={"rank": q.get("rank"), "step": q.get("step")}),
         html.Div(id="dumps-summary"),
         data_table("dumps-table", columns=table_columns(COLUMNS), data=[],
-                   style_data_conditional=HIGHLIGHT),
+                   style_data_conditional=HIGHLIGHT, page_action="custom", sort_action="custom",
+                   filter_action="custom", page_current=0, page_count=1),
         html.Div(id="dumps-detail"),
     ], id="page-dumps")
 
 
-def table_rows(stats: pd.DataFrame) -> list[dict[str, Any]]:
-    """DataTable rows of a statistics frame: `nonfinite` = NaN + Inf counts, `hit` the watchpoint
-    conditions (or '-'), row id = seq so a click survives sorting and filtering."""
+def table_frame(stats: pd.DataFrame) -> pd.DataFrame:
+    """The table's columns of a statistics frame: `nonfinite` = NaN + Inf counts, `hit` the
+    watchpoint conditions (or '-'), `id` = seq so a click survives sorting and filtering."""
     df = stats.copy()
     for c in ("nan", "posinf", "neginf", "zeros"):
         if c not in df:
             df[c] = 0
     df["nonfinite"] = df["nan"] + df["posinf"] + df["neginf"]
     df["hit"] = df["hit"].replace("", NO_HIT) if "hit" in df else NO_HIT
-    cols = [c for c in COLUMNS if c in df]
-    rows = table_records(df, cols)
-    for row, seq in zip(rows, df["seq"] if "seq" in df else range(len(df))):
+    df["id"] = df["seq"] if "seq" in df else range(len(df))
+    return df
+
+
+def table_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """DataTable rows of a `table_frame` (or of a statistics frame, which it first becomes)."""
+    df = frame if "nonfinite" in frame and "id" in frame else table_frame(frame)
+    rows = table_records(df, [c for c in COLUMNS if c in df])
+    for row, seq in zip(rows, df["id"]):
         row["id"] = int(seq)
     return rows
+
+
+def table_page(frame: pd.DataFrame, page_current: Any, page_size: Any, sort_by: Any,
+               filter_query: Any) -> tuple[list[dict[str, Any]], int, int, int, list[str]]:
+    """One page of the table: (rows, page_count, page shown, rows matching the filter, the
+    parts of the filter not understood)."""
+    matched, bad = filter_frame(frame, filter_query if isinstance(filter_query, str) else "")
+    matched = sort_frame(matched, sort_by if isinstance(sort_by, list) else None)
+    rows, count, page = page_of(matched, page_current, page_size)
+    return table_rows(rows), count, page, len(matched), bad
+
+
+def _want(want: Any, key: str) -> int | None:
+    """The rank or step the URL asked for, None when it names none (or no number)."""
+    value = (want or {}).get(key) if isinstance(want, dict) else None
+    return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 12 else None
+
+
+def _summary_note(frame: pd.DataFrame, matched: int, query: Any, bad: list[str]) -> html.Div:
+    bad_rows = int((frame["nonfinite"] > 0).sum()) if len(frame) else 0
+    hits = int((frame["hit"] != NO_HIT).sum()) if len(frame) else 0
+    text = f"{len(frame)} records · {bad_rows} with NaN/Inf · {hits} watchpoint hits. "
+    if query:
+        text += f"{matched} match the filter. "
+    parts: list[Any] = [html.P(text + "Click a row for its tensor.", className="sleuth-note")]
+    if bad:
+        parts.append(html.P("filter not understood, not applied: " + "; ".join(b[:200] for b in bad),
+                            className="sleuth-note", id="dumps-filter-problem"))
+    return html.Div(parts)
 
 
 def register(app: Any, ctx: Context) -> None:
@@ -82,7 +120,7 @@ def register(app: Any, ctx: Context) -> None:
         note = html.Div(notes) if notes else None
         if not ranks:
             return [], None, empty_state("this dump holds no complete step file yet")
-        wanted = int(want["rank"]) if (want or {}).get("rank") not in (None, "") else None
+        wanted = _want(want, "rank")
         value = next((r for r in (current, wanted) if r in ranks), ranks[0])
         return [{"label": f"rank {r}", "value": r} for r in ranks], value, note
 
@@ -97,27 +135,34 @@ def register(app: Any, ctx: Context) -> None:
             steps = list(_data.dump(root).steps(rank))
         except _data.NoData:
             return [], None
-        wanted = int(want["step"]) if (want or {}).get("step") not in (None, "") else None
+        wanted = _want(want, "step")
         value = next((s for s in (current, wanted) if s in steps), steps[-1] if steps else None)
         return [{"label": f"step {s}", "value": s} for s in steps], value
 
-    @app.callback(Output("dumps-table", "data"), Output("dumps-detail", "children", allow_duplicate=True),
-                  Input("dumps-step", "value"), State("dumps-rank", "value"), State("dumps-run", "value"),
+    @app.callback(Output("dumps-table", "data"), Output("dumps-table", "page_count"),
+                  Output("dumps-table", "page_current"),
+                  Output("dumps-detail", "children", allow_duplicate=True),
+                  Input("dumps-step", "value"), Input("dumps-table", "page_current"),
+                  Input("dumps-table", "page_size"), Input("dumps-table", "sort_by"),
+                  Input("dumps-table", "filter_query"),
+                  State("dumps-rank", "value"), State("dumps-run", "value"),
                   prevent_initial_call=True)
-    def table(step, rank, run):
+    def table(step, page, size, sort_by, filter_query, rank, run):
         root = ctx.root(run)
         if root is None or rank is None or step is None:
-            return [], None
+            return [], 1, 0, None
+        fired = set(dash_ctx.triggered_prop_ids)
+        if fired & {"dumps-step.value", "dumps-table.filter_query"}:
+            page = 0  # a new step, or a new filter, opens on its first page
         try:
-            stats = _data.dump_stats(root, rank, step)
+            frame = _data.dump_table(root, rank, step, table_frame)
         except _data.NoData as e:
-            return [], notice(e)
-        bad = int((stats.get("nan", 0) + stats.get("posinf", 0) + stats.get("neginf", 0) > 0).sum()) \
-            if not stats.empty else 0
-        hits = int((stats["hit"] != "").sum()) if "hit" in stats else 0
-        note = html.P(f"{len(stats)} records · {bad} with NaN/Inf · {hits} watchpoint hits. "
-                      "Click a row for its tensor.", className="sleuth-note")
-        return table_rows(stats), note
+            return [], 1, 0, notice(e)
+        rows, count, page, matched, bad = table_page(frame, page, size, sort_by, filter_query)
+        if fired and fired <= {"dumps-table.page_current", "dumps-table.page_size",
+                               "dumps-table.sort_by"} and not bad:
+            return rows, count, page, no_update  # a new page or order: keep the record shown
+        return rows, count, page, _summary_note(frame, matched, filter_query, bad)
 
     @app.callback(Output("dumps-detail", "children"), Input("dumps-table", "active_cell"),
                   State("dumps-table", "data"), State("dumps-run", "value"), State("dumps-rank", "value"),

@@ -1,5 +1,6 @@
 """The Runs page: each run's run.json (name, created, world size, versions, config) and which
-kinds of data it holds, with links to the pages that show them."""
+kinds of data it holds, with links to the pages that show them. A run.json that cannot be read
+(too large, too deep, not JSON) is said on that run's card; the other runs show as usual."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,12 @@ from typing import Any
 from dash import Input, Output, dcc, html
 
 from dashboard._context import Context
-from dashboard._runs import Run, available, read_run_json
-from dashboard._widgets import empty_state
+from dashboard._routes import FILE_ROUTE
+from dashboard._runs import Run, available, link_problems, load_run_json
+from dashboard._widgets import empty_state, error_panel
+
+CONFIG_SHOWN_CHARS = 64 * 1024
+"""The config is shown up to this many characters; the rest is a link to run.json itself."""
 
 _PAGE_OF = {"metrics": "/scalars", "summary": "/scalars", "dump": "/dumps", "profile": "/profile",
             "ir": "/graph", "checkpoints": None}
@@ -32,12 +37,13 @@ def _cards(ctx: Context) -> list[html.Div]:
 
 
 def _card(run: Run) -> html.Div:
-    info = read_run_json(run.root)
+    info, problem = load_run_json(run.root)
     have = available(run.root)
     versions = {k: v for k, v in info.items() if k.endswith("_version") or k == "versions"}
-    rows = [("path", str(run.root)), ("created", info.get("created", "?")),
+    rows = [("path", str(run.root)), ("name", info.get("name", "?")),
+            ("created", info.get("created", "?")),
             ("world size", info.get("world_size", "?")),
-            ("argv", " ".join(map(str, info.get("argv", []))) or "?")]
+            ("argv", _argv(info.get("argv")))]
     rows += [(k, json.dumps(v) if not isinstance(v, str) else v) for k, v in versions.items()]
     badges = []
     for kind, present in have.items():
@@ -53,10 +59,24 @@ def _card(run: Run) -> html.Div:
         html.Table([html.Tr([html.Th(k), html.Td(str(v))]) for k, v in rows], className="sleuth-kv"),
         html.Div(badges, className="sleuth-badges"),
     ]
-    if not info:
+    links = [m for m in link_problems(run.root) if m != problem]
+    body += [error_panel(m) for m in ([problem] if problem else []) + links]
+    if not info and not problem:
         body.append(empty_state("no run.json in this folder: runs made by `sleuth train` or "
                                 "`sleuth run` write one; the data below is still shown"))
     if config:
-        body.append(html.Details([html.Summary("config"),
-                                  html.Pre(json.dumps(config, indent=2, sort_keys=True, default=str))]))
+        text = json.dumps(config, indent=2, sort_keys=True, default=str)
+        shown: list[Any] = [html.Pre(text[:CONFIG_SHOWN_CHARS])]
+        if len(text) > CONFIG_SHOWN_CHARS:
+            shown.append(html.P([f"the first {CONFIG_SHOWN_CHARS:,} of {len(text):,} characters; "
+                                 "the whole file: ", html.A("run.json", href=f"{FILE_ROUTE}/{run.index}/run.json")],
+                                className="sleuth-note"))
+        body.append(html.Details([html.Summary("config"), *shown]))
     return html.Div(body, className="sleuth-card", id=f"run-card-{run.index}")
+
+
+def _argv(argv: Any) -> str:
+    """run.json's argv as one line; any other shape (a hand-edited or forged file) as JSON."""
+    if isinstance(argv, list):
+        return " ".join(map(str, argv)) or "?"
+    return "?" if argv is None else json.dumps(argv, default=str)

@@ -75,16 +75,20 @@ def register(app: Any, ctx: Context) -> None:
                   State("scalars-tags", "value"))
     def tags(run_ids: list[int] | None, _v: Any, chosen: list[str] | None):
         names: list[str] = []
-        for i in run_ids or []:
+        notes: list[str] = []
+        for i in _run_ids(run_ids):
             root = ctx.root(i)
             if root is not None:
                 names += [t for t in _data.scalars(root) if t not in names]
+                notes += [f"{ctx.label(i)}: {n}" for n in _data.scalar_notes(root)]
+        problems = html.Div([html.Div(n) for n in notes], id="scalars-problems",
+                            className="sleuth-error", role="alert") if notes else None
         if not names:
-            return [], [], _no_scalars(ctx, run_ids)
-        keep = [t for t in (chosen or []) if t in names]
+            return [], [], [problems, _no_scalars(ctx, run_ids)]
+        keep = [t for t in (chosen or []) if isinstance(t, str) and t in names]
         if not keep:
             keep = [t for t in _DEFAULT_TAGS if t in names] or names[:3]
-        return [{"label": t, "value": t} for t in names], keep, None
+        return [{"label": t, "value": t} for t in names], keep, problems
 
     @app.callback(Output("scalars-graph", "figure"), Output("scalars-drawn", "data"),
                   Input("scalars-runs", "value"), Input("scalars-tags", "value"),
@@ -104,11 +108,19 @@ def register(app: Any, ctx: Context) -> None:
             return no_update, no_update
         if "scalars-x" in triggers or x_range is False:
             x_range = None
-        series = {ctx.label(i): _data.scalars(ctx.root(i)) for i in run_ids or [] if ctx.root(i)}
+        series = {ctx.label(i): _data.scalars(ctx.root(i)) for i in _run_ids(run_ids) if ctx.root(i)}
+        tags = [t for t in tags or [] if isinstance(t, str)]
         if not tags:
             return empty_figure("no series to show"), key
         return scalars_figure(series, tags, x=x or "step", smoothing=float(smoothing or 0),
                               log_y="log" in (log or []), x_range=x_range), key
+
+
+def _run_ids(value: Any) -> list[Any]:
+    """The dropdown's run ids; a single value or junk from a forged request becomes a list."""
+    if isinstance(value, list):
+        return value
+    return [] if value is None else [value]
 
 
 def _no_scalars(ctx: Context, run_ids: list[int] | None) -> Any:

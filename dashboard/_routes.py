@@ -2,20 +2,21 @@
 served only from under that run's root, streamed in chunks. Every path goes through
 `_runs.safe_path`. Every request, Dash's own included, must name this server in its Host
 header: a page on another site that rebinds its DNS name to 127.0.0.1 sends its own name there,
-and is refused."""
+and is refused. A URL that names no page, no file and no Dash resource (too long, undecodable,
+a page that does not exist) is a 404 page, never Dash's index nor a server error."""
 from __future__ import annotations
 
 import ipaddress
 import mimetypes
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
 from flask import Flask, Response, abort, request
 
 from dashboard._context import Context
 from dashboard._errors import UnsafePathError
-from dashboard._runs import safe_path
+from dashboard._runs import MAX_REL_CHARS, safe_path
 from dashboard._serve import LOOPBACK_NAMES
 
 ALLOWED_HOSTS = "SLEUTH_ALLOWED_HOSTS"
@@ -28,27 +29,49 @@ CHUNK_BYTES = 1 << 20
 """Bytes read and sent at a time by the file route: memory stays at this, whatever the file."""
 FILE_ROUTE = "/_sleuth/file"
 SVG_ROUTE = "/_sleuth/svg"
+SVG_HIGHLIGHT_MAX_BYTES = 32 << 20
+"""A larger SVG is served as it is, in chunks, without highlighting (which reads it whole)."""
+HIGHLIGHT_MAX_CHARS = 1000
+"""The longest node name the SVG route highlights (a node name is far shorter)."""
+_NOT_FOUND = ("<!DOCTYPE html><html><head><title>Sleuth: no such page</title></head><body>"
+              "<h1>404: no such page</h1><p>This dashboard has no page at this address. "
+              "Its pages: {links}.</p></body></html>")
 
 _HIGHLIGHT_STYLE = ("<style>.sleuth-hit polygon, .sleuth-hit ellipse, .sleuth-hit path "
                     "{fill: #ffd54f !important; stroke: #d62728 !important; stroke-width: 3px !important;}</style>")
 
 
-def register_routes(server: Flask, ctx: Context) -> None:
-    """Add the file and SVG routes to the Flask server behind the Dash app."""
+def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) -> None:
+    """Add the file and SVG routes to the Flask server behind the Dash app, and answer a URL
+    that is none of `pages` (the Dash app's page paths), a file route or a Dash resource with
+    a 404 page."""
+    page_paths = frozenset(pages)
 
-    def resolve(run: int, rel: str):
-        root = ctx.root(run)
-        if root is None:
-            abort(404)
+    def resolve(run: str, rel: str):
+        # The run id is parsed here, not by werkzeug's int converter, which fails (a 500) on
+        # more digits than Python converts.
+        root = ctx.root(run) if run.isdigit() and len(run) <= 9 else None
+        if root is None or len(rel) > MAX_REL_CHARS or any(len(p) > 255 for p in rel.split("/")):
+            abort(404)  # no run, or a name no file system holds
         try:
             path = safe_path(root, rel)
         except UnsafePathError:
             abort(403)
-        if not path.is_file():
+        try:
+            if not path.is_file():
+                abort(404)
+        except OSError:
             abort(404)
         return path
 
     server.config.setdefault(ALLOWED_HOSTS, LOOPBACK_NAMES)
+
+    from dash.exceptions import DependencyException
+
+    @server.errorhandler(DependencyException)
+    def no_such_resource(_e: Exception) -> Response:
+        # Dash raises this (a 500) for any script path it did not register: a URL, not a fault.
+        return Response("no such resource\n", status=404, mimetype="text/plain")
 
     @server.before_request
     def check_host() -> Response | None:
@@ -63,16 +86,22 @@ def register_routes(server: Flask, ctx: Context) -> None:
                         status=403, mimetype="text/plain")
 
     @server.before_request
-    def only_our_routes() -> None:
+    def only_our_routes() -> Response | None:
         # Dash answers any unknown path with its index page; under /_sleuth/ an unmatched URL
-        # (`//etc/passwd`, a bad run id) must be an error, not a page that looks like success.
+        # (`//etc/passwd`, a bad run id) must be an error, not a page that looks like success,
+        # and elsewhere a path that is no page (a typo, 8,000 characters) says so.
+        rule = request.url_rule
         if request.path.startswith("/_sleuth/"):
-            rule = request.url_rule
             if rule is None or rule.endpoint not in ("sleuth_file", "sleuth_svg"):
                 abort(404)
+        elif rule is not None and rule.rule == "/<path:path>":
+            if ("/" + request.path.strip("/")) not in page_paths:
+                links = ", ".join(f'<a href="{p}">{p}</a>' for p in sorted(page_paths))
+                return Response(_NOT_FOUND.format(links=links), status=404, mimetype="text/html")
+        return None
 
-    @server.route(f"{FILE_ROUTE}/<int:run>/<path:rel>")
-    def sleuth_file(run: int, rel: str) -> Response:
+    @server.route(f"{FILE_ROUTE}/<run>/<path:rel>")
+    def sleuth_file(run: str, rel: str) -> Response:
         path = resolve(run, rel)
         mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
         try:
@@ -86,14 +115,26 @@ def register_routes(server: Flask, ctx: Context) -> None:
         resp.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
         return resp
 
-    @server.route(f"{SVG_ROUTE}/<int:run>/<path:rel>")
-    def sleuth_svg(run: int, rel: str) -> Response:
+    @server.route(f"{SVG_ROUTE}/<run>/<path:rel>")
+    def sleuth_svg(run: str, rel: str) -> Response:
         if not rel.endswith(".svg"):
             abort(404)
         path = resolve(run, rel)
-        svg = highlight_svg(path.read_text(encoding="utf-8", errors="replace"),
-                            request.args.get("highlight", ""))
-        resp = Response(svg, mimetype="image/svg+xml")
+        highlight = request.args.get("highlight", "")
+        if len(highlight) > HIGHLIGHT_MAX_CHARS:
+            abort(400, f"highlight is {len(highlight):,} characters; no node name is longer than "
+                       f"{HIGHLIGHT_MAX_CHARS}")
+        try:
+            size, f = path.stat().st_size, open(path, "rb")
+        except OSError:
+            abort(404)
+        if size > SVG_HIGHLIGHT_MAX_BYTES:
+            resp = Response(file_chunks(f), mimetype="image/svg+xml", direct_passthrough=True)
+            resp.headers["Content-Length"] = str(size)
+        else:
+            with f:
+                text = f.read(SVG_HIGHLIGHT_MAX_BYTES).decode("utf-8", errors="replace")
+            resp = Response(highlight_svg(text, highlight), mimetype="image/svg+xml")
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
         return resp
@@ -125,40 +166,54 @@ def host_name(host: str) -> str:
     return host.rstrip(".")
 
 
-_GROUP = re.compile(r'<g id="(?P<id>[^"]+)" class="node">\s*<title>(?P<title>[^<]*)</title>(?P<body>.*?)</g>',
-                    re.S)
-
-
+_NODE_OPEN = re.compile(r'<g id="(?P<id>[^"]+)" class="node">\s*<title>(?P<title>[^<]*)</title>')
 _TEXT_XY = re.compile(r'<text[^>]* x="(?P<x>-?[\d.]+)" y="(?P<y>-?[\d.]+)"')
 _TRANSLATE = re.compile(r'<g id="graph0" class="graph" transform="[^"]*translate\((?P<tx>-?[\d.]+)[ ,](?P<ty>-?[\d.]+)\)')
 _SVG_OPEN = re.compile(r"<svg\b[^>]*>", re.S)
+_HEAD_CHARS = 1 << 16
+"""Graphviz writes the <svg> tag and the graph's transform first: only this head is searched."""
+_BODY_CHARS = 1 << 11
+"""A node's label position is searched in this much of its body."""
 
 
 def highlight_svg(svg: str, name: str, *, focus: tuple[float, float] = (1400.0, 900.0)) -> str:
     """Graphviz SVG with the nodes whose title or label contains `name` marked `sleuth-hit`
     (filled yellow, outlined red), the view cropped to a `focus`-sized window around the first
-    one so a large graph opens on the match. A pure string transform, tested without a server."""
+    one so a large graph opens on the match. A pure string transform, tested without a server.
+
+    One pass over the text: a node is its opening tag and title up to the next `</g>`, and the
+    scan goes on after that `</g>`, so an SVG forged to hold many unclosed groups costs no more
+    than a real one of its size (a lazy regex over it is quadratic).
+    """
     if not name:
         return svg
     needle = _escape(name)
     first: list[tuple[float, float]] = []
-
-    def mark(m: re.Match[str]) -> str:
-        if needle in m.group("title") or needle in m.group("body"):
-            xy = _TEXT_XY.search(m.group("body"))
+    parts: list[str] = []
+    copied = pos = 0
+    while (m := _NODE_OPEN.search(svg, pos)) is not None:
+        end = svg.find("</g>", m.end())
+        if end < 0:
+            break
+        body = svg[m.end():end]
+        if needle in m.group("title") or needle in body:
+            xy = _TEXT_XY.search(body[:_BODY_CHARS])
             if xy and not first:
                 first.append((float(xy.group("x")), float(xy.group("y"))))
-            return m.group(0).replace('class="node"', 'class="node sleuth-hit"', 1)
-        return m.group(0)
-
-    out = _GROUP.sub(mark, svg)
-    tr = _TRANSLATE.search(out)
+            parts += [svg[copied:m.start()], m.group(0).replace('class="node"', 'class="node sleuth-hit"', 1)]
+            copied = m.end()
+        pos = end + len("</g>")
+    parts.append(svg[copied:])
+    out = "".join(parts)
+    head, rest = out[:_HEAD_CHARS], out[_HEAD_CHARS:]
+    tr = _TRANSLATE.search(head)
     if first and tr:
         w, h = focus
         cx, cy = first[0][0] + float(tr.group("tx")), first[0][1] + float(tr.group("ty"))
         view = f'<svg width="100%" height="100%" viewBox="{cx - w / 2:.0f} {cy - h / 2:.0f} {w:.0f} {h:.0f}"'
-        out = _SVG_OPEN.sub(lambda m: re.sub(r"^<svg\b(\s+(width|height|viewBox)=\"[^\"]*\")*", view, m.group(0)),
-                            out, count=1)
+        head = _SVG_OPEN.sub(lambda m: re.sub(r"^<svg\b(\s+(width|height|viewBox)=\"[^\"]*\")*", view, m.group(0)),
+                             head, count=1)
+        out = head + rest
     end = out.rfind("</svg>")
     return out if end < 0 else out[:end] + _HIGHLIGHT_STYLE + out[end:]
 

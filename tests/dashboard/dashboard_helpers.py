@@ -184,3 +184,81 @@ def write_tool_data(root: Path, *, seed: int = 0, nan_step: int | None = None, s
     except Exception as e:  # noqa: BLE001
         done["ir"] = f"irdump.save_graphs failed: {e}"
     return done
+
+
+def callback(client, outputs: list[tuple[str, str]], inputs: list[tuple[str, str, object]],
+             state: list[tuple[str, str, object]] = (), changed: list[str] | None = None,
+             ) -> tuple[int, dict | None, int]:
+    """POST one Dash callback as the page does (through Flask's test client or any client with
+    `.get(url)` and `.post(url, json=...)`): (HTTP status, the response's outputs by id,
+    response bytes). `changed` ("id.prop") fired it; the first input when None."""
+    def spec(items):
+        return [{"id": i, "property": p, "value": v} for i, p, v in items]
+
+    outs = [{"id": i, "property": p} for i, p in outputs]
+    name = (f"{outputs[0][0]}.{outputs[0][1]}" if len(outputs) == 1
+            else ".." + "...".join(f"{i}.{p}" for i, p in outputs) + "..")
+    deps = client.get("/_dash-dependencies")
+    import json as _json
+
+    deps = _json.loads(deps.get_data() if hasattr(deps, "get_data") else deps.content)
+    # an output declared with allow_duplicate carries a suffix (`id.prop@hash`) in the name
+
+    def bare(n: str) -> list[str]:
+        return [part.split("@")[0] for part in n.strip(".").split("...")]
+
+    name = next((d["output"] for d in deps if bare(d["output"]) == bare(name)), name)
+    for out, part in zip(outs, name.strip(".").split("...")):
+        if "@" in part:
+            out["property"] = part.split(".", 1)[1]
+    body = {"output": name, "outputs": outs[0] if len(outs) == 1 else outs,
+            "inputs": spec(inputs), "changedPropIds": changed or [f"{i}.{p}" for i, p, _ in inputs[:1]],
+            "state": spec(state)}
+    resp = client.post("/_dash-update-component", json=body)
+    status = getattr(resp, "status_code", None)
+    data = resp.get_data() if hasattr(resp, "get_data") else resp.content
+    if status != 200:
+        return status, None, len(data)
+    import json as _json
+
+    return status, _json.loads(data)["response"], len(data)
+
+
+def runs_page(client) -> tuple[int, str]:
+    """The Runs page as the router callback renders it: (status, its JSON text)."""
+    status, out, _ = callback(client, [("page", "children")], [("url", "pathname", "/")],
+                              [("url", "search", "")])
+    import json as _json
+
+    return status, _json.dumps(out)
+
+
+def write_big_export(run: Path, records: int, *, nan_every: int = 997) -> Path:
+    """RUN/export.parquet (the documented `sleuth dump export` layout) holding one step of
+    `records` records: a real one-record dump is written and exported by the tracer's public
+    writers, and its Parquet part is then grown to `records` rows (every `nan_every`-th with a
+    NaN), as a step of a model with that many records would export."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    from tracer._config import DumpConfig
+    from tracer.storage import RecordMeta, export_parquet, make_writer
+
+    src = run.parent / f".{run.name}-dump"
+    w = make_writer(DumpConfig(path=str(src), writer="sync"), rank=0, world_size=1)
+    w.begin_step(0)
+    w.add(RecordMeta("fc.forward.0.output.0", "fc", "", "forward", "output", 0, 0, "m.py:1"),
+          torch.ones(2))
+    w.end_step()
+    w.close()
+    out = run / "export.parquet"
+    export_parquet(src, out)
+    part = next(out.glob("rank=0/step=0/*.parquet"))
+    table = pq.read_table(part)
+    frame = table.to_pandas().iloc[[0] * records].reset_index(drop=True)
+    frame["seq"] = range(records)
+    frame["name"] = [f"layers.{i // 8}.fc.forward.{i % 8}.output.0" for i in range(records)]
+    frame.loc[frame["seq"] % nan_every == nan_every - 1, "nan"] = 3
+    pq.write_table(pa.Table.from_pandas(frame, schema=table.schema, preserve_index=False), part)
+    return out

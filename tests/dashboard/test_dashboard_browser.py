@@ -359,3 +359,43 @@ def test_dumps_page_reads_a_parquet_export(browser, runs_dir, tools):
         assert severe_logs(browser) == []
     finally:
         handle.close()
+
+
+def test_dumps_table_pages_on_the_server(browser, tmp_path):
+    """A step of 100,000 records: the page receives one page of rows at a time (it received the
+    whole step, tens of MB, before), the pager counts the step's pages, and the next page, the
+    filter and the sort are answered by the server over the whole step."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    pytest.importorskip("tracer")
+    import dashboard
+    from dashboard_helpers import write_big_export, write_run
+
+    run = write_run(tmp_path / "big", name="big", steps=2)
+    write_big_export(run, 100_000)
+    handle = dashboard.serve(dashboard.create_app([run], refresh_s=0), port=free_port(), background=True)
+    severe_logs(browser)
+    try:
+        open_page(browser, handle, "/dumps?run=0&rank=0&step=0")
+
+        def seqs():
+            return [int(td.text) for td in browser.find_elements(
+                By.CSS_SELECTOR, "#dumps-table td[data-dash-column='seq']")]
+
+        assert wait_for(lambda: seqs() == list(range(25)), timeout=30), seqs()
+        sizes = browser.execute_script(
+            "return performance.getEntriesByType('resource').filter(e => e.name.includes('_dash-update-component'))"
+            ".map(e => e.encodedBodySize);")
+        assert sizes and max(sizes) < 256 << 10, f"a callback response of {max(sizes):,} bytes"
+        assert "4000" in browser.find_element(By.CSS_SELECTOR, "#dumps-table .previous-next-container").text
+        browser.find_element(By.CSS_SELECTOR, "#dumps-table button.next-page").click()
+        assert wait_for(lambda: seqs() == list(range(25, 50))), seqs()
+        box = browser.find_element(By.CSS_SELECTOR, "#dumps-table th.dash-filter[data-dash-column='nonfinite'] input")
+        box.send_keys("> 0", Keys.ENTER)
+        assert wait_for(lambda: seqs()[:3] == [996, 1993, 2990]), seqs()
+        assert "100 match the filter" in text_of(browser, "dumps-detail")
+        screenshot(browser, "dumps-paged")
+        assert severe_logs(browser) == []
+    finally:
+        handle.close()

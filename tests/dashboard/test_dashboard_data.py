@@ -115,3 +115,23 @@ def test_corrupt_files_become_empty_states(tmp_path):
         _data.profile(run)
     with pytest.raises(_data.NoData):
         _data.dump_stats(run, 0, 0)
+
+
+def test_runs_are_labelled_by_folder_not_by_preset(tmp_path):
+    """Two runs of the tiny preset were labelled "tiny" and "tiny (2)": the folder tells them
+    apart, the preset is a detail on the Runs page."""
+    import dashboard
+    from dashboard._runs import load_runs
+    from dashboard_helpers import runs_page
+
+    a = write_run(tmp_path / "runs" / "a", name="tiny", steps=3)
+    b = write_run(tmp_path / "runs" / "b", name="tiny", steps=3)
+    assert [r.label for r in load_runs([a, b])] == ["a", "b"]
+    deep = [write_run(tmp_path / p / "seed0", name="tiny", steps=2) for p in ("x", "y")]
+    assert [r.label for r in load_runs(deep)] == ["x/seed0", "y/seed0"]
+    assert [r.label for r in load_runs([a])] == ["a"]
+    assert [r.label for r in load_runs([a, a])] == ["a", "a (2)"]
+    client = dashboard.create_app([a, b], refresh_s=0).server.test_client()
+    status, page = runs_page(client)
+    assert status == 200 and '"children": "a"' in page and '"children": "b"' in page
+    assert '"children": "tiny"' in page and "tiny (2)" not in page

@@ -291,3 +291,35 @@ def test_headroom_figure_shows_a_record_over_the_steps():
     assert "fc1.forward.0.output.0 (float16)" in fig.layout.title.text
     empty = headroom_figure(history.iloc[:0], "ids")
     assert "no headroom" in empty.layout.annotations[0].text
+
+
+def test_figures_of_huge_tables_are_downsampled():
+    """A diff of a step of a million records drew every record (and named each in the hover
+    text): hundreds of MB of figure. Figures now carry a bounded number of points, and a spike
+    and the first divergence survive."""
+    import numpy as np
+    import pandas as pd
+
+    from dashboard._figures import diff_figure, headroom_figure, histogram_heatmap, stacked_steps
+
+    n = 1_000_000
+    err = np.full(n, 1e-6)
+    err[654_321] = 5.0
+    verdict = np.where(np.arange(n) >= 500_000, "diverged", "same")
+    records = pd.DataFrame({"order": np.arange(n), "name": [f"r{i}" for i in range(n)],
+                            "max_abs_err": err, "verdict": verdict})
+    fig = diff_figure(records, ["max_abs_err"], first=500_000)
+    assert len(fig.to_json()) < 2 << 20
+    line = fig.data[0]
+    assert len(line.x) <= 2100 and 5.0 in list(line.y) and 654_321 in list(line.x)
+    marks = fig.data[1]
+    assert len(marks.x) <= 2000 and marks.x[0] == 500_000
+    steps = pd.DataFrame({"step": np.arange(100_000), "forward_us": 1.0, "backward_us": 2.0})
+    bars = stacked_steps(steps, "step", ["forward_us", "backward_us"])
+    assert len(bars.data[0].x) <= 1000 and "mean of 100 steps" in bars.layout.title.text
+    hist = pd.DataFrame({"step": np.arange(20_000), "edges": [np.linspace(0, 1, 9)] * 20_000,
+                         "counts": [np.ones(8)] * 20_000})
+    assert len(histogram_heatmap(hist, "w").data[0].x) <= 1000
+    history = pd.DataFrame({"step": np.arange(50_000), "dtype": "float32",
+                            "overflow_bits": np.linspace(100, 1, 50_000), "zero_share": 0.0})
+    assert len(headroom_figure(history, "w").data[0].x) <= 2100

@@ -4,6 +4,7 @@ chunks with bounded memory, and a damaged file shows an error panel naming it.""
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from dashboard_helpers import REPO, free_port, write_run
+from dashboard_helpers import REPO, callback, free_port, runs_page, write_run
 from dashboard._routes import CHUNK_BYTES, file_chunks, host_name
 from dashboard._serve import is_loopback, served_names, served_urls
 
@@ -216,3 +217,212 @@ def test_bound_to_every_interface_any_address_but_no_foreign_name(tmp_path):
             conn.close()
     finally:
         handle.close()
+
+
+# ---------------------------------------------------------------- hostile run files
+
+
+def _dashboard_cli(*runs) -> tuple[subprocess.Popen, str]:
+    """`sleuth dashboard RUNS --port 0` in a subprocess, and the URL it printed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "sleuth", "dashboard", *map(str, runs), "--port", "0",
+                             "--no-browser", "--refresh", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    line = proc.stdout.readline()
+    if "http://" not in line:
+        proc.kill()
+        raise AssertionError(f"the dashboard did not start: {line}{proc.stderr.read()[-2000:]}")
+    return proc, line.split()[3].rstrip("/")
+
+
+class _Http:
+    """The `get`/`post` of a test client, over real HTTP to a served dashboard."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def get(self, path: str):
+        import requests
+
+        return requests.get(self.url + path, timeout=60)
+
+    def post(self, path: str, json: dict):
+        import requests
+
+        return requests.post(self.url + path, json=json, timeout=60)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _scalar_tags(client, runs: list[int]) -> tuple[int, dict | None]:
+    status, out, _ = callback(client, [("scalars-tags", "options"), ("scalars-tags", "value"),
+                                       ("scalars-empty", "children")],
+                              [("scalars-runs", "value", runs), ("data-version", "data", "x")],
+                              [("scalars-tags", "value", [])])
+    return status, out
+
+
+def test_deep_run_json_and_deep_metrics_line_do_not_stop_the_dashboard(tmp_path):
+    """A 200k-deep run.json killed `sleuth dashboard` at start (RecursionError), and a deeply
+    nested metrics line crashes pyarrow's parser (the server process dies). Now the run's card
+    and the Scalars page say what is wrong, and the other run still shows."""
+    good = write_run(tmp_path / "good", name="tiny", steps=5)
+    bad = write_run(tmp_path / "bad", name="tiny", steps=5)
+    (bad / "run.json").write_text("[" * 200_000 + "]" * 200_000)
+    with open(bad / "metrics.jsonl", "a") as f:
+        f.write('{"step": 9, "x": ' + "[" * 200_000 + "]" * 200_000 + "}\n")
+    proc, url = _dashboard_cli(good, bad)
+    try:
+        session = _Http(url)
+        status, page = runs_page(session)
+        assert status == 200
+        assert "nested deeper than 64 levels" in page and str(bad / "run.json") in page
+        assert page.count("metrics: yes") == 2  # the good run's card, and the bad run's data
+        status, out = _scalar_tags(session, [0, 1])
+        assert status == 200, "the Scalars page failed on a deeply nested metrics line"
+        notes = json.dumps(out["scalars-empty"])
+        assert "1 malformed line(s) skipped (line 6: JSON nested deeper than 64 levels" in notes
+        assert [o["value"] for o in out["scalars-tags"]["options"]][:2] == ["loss", "lr"]
+        assert proc.poll() is None
+    finally:
+        _stop(proc)
+
+
+def test_malformed_metrics_line_is_counted_not_a_server_error(tmp_path):
+    import dashboard
+
+    run = write_run(tmp_path / "r", name="r", steps=5)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write("{not json\n[1, 2]\n" + json.dumps({"step": 5, "loss": 0.25}) + "\n")
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    status, out = _scalar_tags(client, [0])
+    assert status == 200
+    note = json.dumps(out["scalars-empty"])
+    assert "2 malformed line(s) skipped (line 6: invalid JSON" in note and "sleuth-error" in note
+    from dashboard import _data
+
+    assert len(_data.scalars(run)["loss"]) == 6  # every good line, the one after the bad ones too
+
+
+def test_large_run_json_is_refused_not_sent(tmp_path):
+    """A run.json of tens of MB went out whole in the Runs page's response."""
+    import dashboard
+
+    good = write_run(tmp_path / "good", name="tiny", steps=3)
+    big = write_run(tmp_path / "big", name="tiny", steps=3)
+    with open(big / "run.json", "w") as f:
+        f.write('{"name": "big", "pad": "' + "x" * (24 << 20) + '"}')
+    client = dashboard.create_app([good, big], refresh_s=0).server.test_client()
+    status, out, size = callback(client, [("page", "children")], [("url", "pathname", "/")],
+                                 [("url", "search", "")])
+    assert status == 200 and size < 256 << 10, f"the Runs page sent {size:,} bytes"
+    page = json.dumps(out)
+    assert "more than the 1,048,576 sleuth reads" in page and str(big / "run.json") in page
+
+
+def test_huge_metrics_file_is_read_up_to_its_limit(tmp_path, monkeypatch):
+    import dashboard
+    import dashboard._data as data
+    from dashboard import _metrics
+
+    for module, name in ((_metrics, "MAX_BYTES"), (data, "METRICS_MAX_BYTES")):
+        monkeypatch.setattr(module, name, 64 << 10)
+    monkeypatch.setattr(_metrics, "CHUNK_BYTES", 16 << 10)
+    run = write_run(tmp_path / "r", name="r", steps=3000)  # about 500 KB
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    status, out = _scalar_tags(client, [0])
+    assert status == 200
+    size = (run / "metrics.jsonl").stat().st_size
+    assert f"{size:,} bytes; only its first 65,536 bytes are read and shown" in json.dumps(out["scalars-empty"])
+    n = len(data.scalars(run)["loss"])
+    assert 0 < n < 3000 and n * 100 <= 64 << 10
+
+
+def test_links_out_of_the_run_are_refused_and_named(tmp_path):
+    """A run folder whose profile/ and metrics.jsonl are symbolic links to elsewhere: the
+    dashboard shows neither (the elsewhere may be `/`, walked whole to stamp it) and says why."""
+    pytest.importorskip("profiler")
+    import dashboard
+
+    outside = write_run(tmp_path / "outside", name="outside", steps=7)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text('{"name": "run"}')
+    os.symlink(outside / "metrics.jsonl", run / "metrics.jsonl")
+    os.symlink("/", run / "profile")
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    status, page = runs_page(client)
+    assert status == 200
+    assert f"{run / 'profile'} is a symbolic link to /, outside the run directory" in page
+    assert "metrics: no" in page
+    status, out = _scalar_tags(client, [0])
+    assert status == 200 and out["scalars-tags"]["options"] == []
+    assert "is a symbolic link to" in json.dumps(out["scalars-empty"])
+    status, out, _ = callback(client, [("profile-body", "children")],
+                              [("profile-run", "value", 0), ("data-version", "data", "x")])
+    panel = out["profile-body"]["children"]
+    assert status == 200 and panel["props"]["className"] == "sleuth-error"
+    assert "outside the run directory" in json.dumps(panel)
+
+
+def _dumps_table(client, *, page=0, size=25, sort_by=None, filter_query=""):
+    return callback(client, [("dumps-table", "data"), ("dumps-table", "page_count"),
+                             ("dumps-table", "page_current"), ("dumps-detail", "children")],
+                    [("dumps-step", "value", 0), ("dumps-table", "page_current", page),
+                     ("dumps-table", "page_size", size), ("dumps-table", "sort_by", sort_by or []),
+                     ("dumps-table", "filter_query", filter_query)],
+                    [("dumps-rank", "value", 0), ("dumps-run", "value", 0)],
+                    changed=["dumps-table.page_current"] if page else None)
+
+
+def test_a_step_of_many_records_goes_out_one_page_at_a_time(tmp_path):
+    """A step of 100,000 records went out as one response of tens of MB (every row of the
+    table); the server now sends one page, and filters and sorts the whole step itself."""
+    pytest.importorskip("tracer")
+    import dashboard
+    from dashboard_helpers import write_big_export
+
+    run = write_run(tmp_path / "r", name="r", steps=2)
+    write_big_export(run, 100_000)
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    status, out, size = _dumps_table(client)
+    assert status == 200 and size < 64 << 10, f"one page of the table was {size:,} bytes"
+    table = out["dumps-table"]
+    assert len(table["data"]) == 25 and table["page_count"] == 4000
+    assert "100000 records · 100 with NaN/Inf" in json.dumps(out["dumps-detail"], ensure_ascii=False)
+    # a page far into the step, and a page size no table asks for, stay one bounded page
+    status, out, size = _dumps_table(client, page=3999, size=10**9)
+    assert status == 200 and size < 256 << 10
+    assert len(out["dumps-table"]["data"]) == 500 and out["dumps-table"]["data"][0]["seq"] == 99_500
+    # the filter and the sort apply to the whole step, not to the page on screen
+    status, out, _ = _dumps_table(client, filter_query="{nonfinite} > 0",
+                                  sort_by=[{"column_id": "seq", "direction": "desc"}])
+    rows = out["dumps-table"]["data"]
+    assert out["dumps-table"]["page_count"] == 4 and rows[0]["seq"] == 99_699
+    assert all(r["nonfinite"] > 0 for r in rows) and "100 match the filter" in json.dumps(out["dumps-detail"], ensure_ascii=False)
+    status, out, _ = _dumps_table(client, filter_query='{name} contains "layers.12345."')
+    assert [r["seq"] for r in out["dumps-table"]["data"]] == list(range(98_760, 98_768))
+
+
+def test_odd_rank_and_step_in_the_url_are_ignored(tmp_path):
+    """`/dumps?rank=abc` made the Dumps page's callback fail (int('abc'))."""
+    pytest.importorskip("tracer")
+    import dashboard
+    from dashboard_helpers import write_big_export
+
+    run = write_run(tmp_path / "r", name="r", steps=2)
+    write_big_export(run, 3)
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    for want in ({"rank": "abc", "step": "-1"}, {"rank": "9" * 5000, "step": "x"}, "junk"):
+        status, out, _ = callback(client, [("dumps-rank", "options"), ("dumps-rank", "value"),
+                                           ("dumps-summary", "children")],
+                                  [("dumps-run", "value", 0), ("data-version", "data", "x")],
+                                  [("dumps-rank", "value", None), ("dumps-want", "data", want)])
+        assert status == 200 and out["dumps-rank"]["value"] == 0, want
