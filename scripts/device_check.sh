@@ -21,11 +21,16 @@ python3 -c "import torch, tracer.storage._fused; print('statistics kernel built'
 # each step has its own timeout; the whole stays within 10 minutes
 timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/tracer tests/profiler \
     2>&1 | tee "$out/cuda_tests.log"
-timeout 300 python3 benchmarks/tracer_ablation.py --device cuda --workloads gpt,llama \
-    --rounds 2 --steps 3 --devices triton_stats \
-    --conditions module_statistics,op_statistics,op_tensor_async,attached_unselected \
-    > "$out/tracer_ablation_cuda.json" 2> "$out/tracer_ablation_cuda.err"
-echo "ablation exit $?"
-timeout 60 python3 benchmarks/record_host_cost.py --device cuda --rounds 3 --steps 5 \
-    > "$out/record_host_cost_cuda.json" 2> "$out/record_host_cost_cuda.err"
+# the batched path is opt-in until this passes: its cuda tests set SLEUTH_BATCHED_STATS
+# themselves; the ablation runs per-record (default) and batched side by side
+for batched in 0 1; do
+    SLEUTH_BATCHED_STATS=$batched timeout 150 python3 benchmarks/tracer_ablation.py \
+        --device cuda --workloads gpt,llama --rounds 2 --steps 3 --devices triton_stats \
+        --conditions module_statistics,op_statistics,attached_unselected \
+        > "$out/tracer_ablation_cuda_batched$batched.json" \
+        2> "$out/tracer_ablation_cuda_batched$batched.err"
+    echo "ablation (SLEUTH_BATCHED_STATS=$batched) exit $?"
+done
+SLEUTH_BATCHED_STATS=1 timeout 60 python3 benchmarks/record_host_cost.py --device cuda \
+    --rounds 3 --steps 5 > "$out/record_host_cost_cuda.json" 2> "$out/record_host_cost_cuda.err"
 echo "host cost exit $?; results in $out"

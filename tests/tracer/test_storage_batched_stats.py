@@ -161,6 +161,7 @@ class InPlace(torch.nn.Module):
 def _dump(tmp_path, name, monkeypatch, batched_records: bool, **config):
     from tests.tracer.models import train_and_dump
 
+    monkeypatch.setenv("SLEUTH_BATCHED_STATS", "1")
     if batched_records:
         monkeypatch.setattr(Deferred, "device_type", "cpu")
     else:
@@ -241,6 +242,7 @@ def test_cuda_dump_of_batched_records_equals_the_records_one_by_one(tmp_path, mo
     import tracer
     from tests.tracer.models import MLP
 
+    monkeypatch.setenv("SLEUTH_BATCHED_STATS", "1")
     tables = []
     for name, device_type in (("one", "none"), ("many", "cuda")):
         monkeypatch.setattr(Deferred, "device_type", device_type)
@@ -255,3 +257,13 @@ def test_cuda_dump_of_batched_records_equals_the_records_one_by_one(tmp_path, mo
                 opt.zero_grad()
         tables.append(tracer.open_dump(tmp_path / name).stats(0, 0))
     _same_tables(tables[1], tables[0])
+
+
+def test_the_batch_is_opt_in(monkeypatch):
+    from tracer.storage._batcher import make_deferred
+
+    monkeypatch.delenv("SLEUTH_BATCHED_STATS", raising=False)
+    assert make_deferred("statistics", "op", False) is None
+    monkeypatch.setenv("SLEUTH_BATCHED_STATS", "1")
+    assert make_deferred("statistics", "op", False) is not None
+    assert make_deferred("tensor", "op", False) is None

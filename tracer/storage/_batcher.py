@@ -216,7 +216,16 @@ def make_deferred(mode: str, level: str, sketch: bool) -> Deferred | None:
     residual added in place to a recorded output), so at level module each tensor is copied on
     the device when recorded (one copy kernel, no host wait) and the batch measures the
     copies."""
-    if mode != "statistics":
+    if mode != "statistics" or not batched_enabled():
         return None
     return Deferred(sketch, copy=level == "module")
+
+
+def batched_enabled() -> bool:
+    """Whether `$SLEUTH_BATCHED_STATS` is "1". Until the batched path has passed the cuda tests
+    and the GPU ablation on a device (scripts/device_check.sh), a CUDA record keeps the
+    per-record kernels, which have; the batch is opt-in."""
+    import os
+
+    return os.environ.get("SLEUTH_BATCHED_STATS", "").strip() == "1"
 
