@@ -37,7 +37,12 @@ time), from the median one otherwise; `spread` is the per-round range of the med
 with the async writer it also gives the disk floor: the least a step can take that writes its
 step file, (step + file bytes / disk speed) / step, the disk speed measured in the same round by
 writing and fsyncing a file as large as a block's (`disk_floor`, `step_file_mb`, `disk_mb_s`),
-and the sustained ratio over it (`over_floor`, goal at most 1.3). Prints one JSON object.
+and the sustained ratio over it (`over_floor`, goal at most 1.3). For the statistics conditions
+it gives the in-run floor: the time of one pass of the statistics kernel over the tensors one
+dumped step records (kept from a step recorded in the same round), with no hooks and no writer,
+as (step + that pass) / step (`stats_floor`; on CPU the C kernel, on CUDA the batched Triton
+kernel, synchronized), and the median ratio over it (`over_stats_floor`, goal at most 1.3).
+Prints one JSON object.
 
 Run: PYTHONPATH=. python3 benchmarks/tracer_ablation.py [--rounds N] [--steps N]
 [--workloads gpt,llama] [--conditions a,b] [--threads N] [--device cpu|cuda]
@@ -212,6 +217,53 @@ def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhe
     return block
 
 
+def recorded_tensors(config: dict, model, opt, batches, work: Path) -> list[torch.Tensor]:
+    """The tensors one dumped step hands its writer under `config` (references, kept)."""
+    from tracer.storage import _async, _writer
+
+    kept: list[torch.Tensor] = []
+    saved = [(cls, cls.add) for cls in (_writer.SyncWriter, _async.AsyncWriter)]
+    for cls, real in saved:
+        def add(self, meta, tensor, *args, _real=real, **kwargs):
+            kept.append(tensor)
+            return _real(self, meta, tensor, *args, **kwargs)
+        cls.add = add
+    path = work / "floor"
+    try:
+        with tracer.Dumper(model, {**config, "path": str(path)}):
+            overhead.train_steps(model, opt, batches[:1])
+    finally:
+        for cls, real in saved:
+            cls.add = real
+        shutil.rmtree(path, ignore_errors=True)
+    return kept
+
+
+def stats_pass_s(tensors: list[torch.Tensor]) -> float:
+    """Seconds of one pass of the statistics kernel over `tensors`, no hooks: the C kernel for
+    CPU tensors, the batched Triton kernel (512 records a launch, then one sync) for CUDA
+    ones, torch ops where neither reads them."""
+    from tracer.storage import _batched_stats
+
+    start = time.perf_counter()
+    on_device = []
+    for t in tensors:
+        if t.is_cuda and t.dtype in _batched_stats.DTYPES and t.numel():
+            d = _batched_stats.describe(t.detach())
+            if d is not None:
+                on_device.append(d)
+                continue
+        if t.is_cpu:
+            _stats.host_stats(t)
+        else:
+            _stats.device_stats(t)
+    for i in range(0, len(on_device), 512):
+        _batched_stats.launch(on_device[i:i + 512], torch.device("cuda"), True)
+    if on_device:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
 def groups_for(condition: str, devices: list[str], features: list[str] = ()
                ) -> dict[str, list[str]]:
     """reference arm -> the variant arms one round measures against it for `condition`."""
@@ -310,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                 "params": sum(p.numel() for p in model.parameters()),
                 "baseline_step_s": round(base.median, 4)}
         disk_floors: dict[str, dict[str, Any]] = {}
+        stats_floors: dict[tuple[str, str], list[float]] = {}
         for r in range(args.rounds):
             for w, (model, opt, batches) in loaded.items():  # side by side, round by round
                 for c in conditions:
@@ -321,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
                     for ref, variants in groups_for(c, devices, features).items():
                         for arm, pair in bracketed(run, ref, variants, r).items():
                             table.setdefault(arm, []).append(pair)
+                    if CONDITIONS[c].get("mode") == "statistics":
+                        # the in-run floor: the kernel's pass over what the step records
+                        kept = recorded_tensors(config, model, opt, batches, work)
+                        stats_pass_s(kept)  # warm (the kernels' first compile)
+                        stats_floors.setdefault((w, c), []).append(stats_pass_s(kept))
+                        del kept
                     if c == "op_tensor_async" and WRITTEN.get(("shipped", "tensor")):
                         # the disk floor of this workload: its step files' bytes over what the
                         # disk takes a second, measured now, beside the blocks
@@ -335,6 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         # shipped against no Dumper: invert the per-round ratios of no_dump to shipped
         result["overhead"].setdefault(c, {})[w] = summary(
             [(1 / m, 1 / s) for m, s in table["no_dump"]])
+    for (w, c), seconds in stats_floors.items():
+        row = result["overhead"][c][w]
+        row["stats_floor"] = round(1 + statistics.median(seconds)
+                                   / result["workloads"][w]["baseline_step_s"], 3)
+        row["over_stats_floor"] = round(row["ratio"] / row["stats_floor"], 3)
     for w, floor in disk_floors.items():
         mb, speed = statistics.median(floor["step_file_mb"]), statistics.median(floor["disk_mb_s"])
         base = result["workloads"][w]["baseline_step_s"]

@@ -685,6 +685,11 @@ class Dumper:
             return None
         if self._mode is not None:
             self._mode.pop()  # the optimizer's own ops are not records
+        launch = getattr(self._writer, "launch_pending", None)
+        if launch is not None and self._open:
+            # batched device records are measured before the optimizer writes the weights
+            # and gradients they read (tracer.storage._batcher)
+            launch()
         if self.config.params:
             self._busy = True
             try:

@@ -140,3 +140,15 @@ def test_without_the_pre_step_copy_a_step_has_no_update_records(tmp_path):
     kinds = set(dump.stats(0, 0)["direction"])
     assert "param" in kinds and "grad" in kinds and "update" not in kinds
     assert tracer.Dumper._snapshot_param is not bench._no_snapshot
+
+
+def test_statistics_rows_report_the_in_run_floor(capsys):
+    """Beside each statistics ratio: one pass of the kernel over the tensors a dumped step
+    records, no hooks, as a ratio to the step, and the overhead over it."""
+    bench = _load()
+    out = _run(bench, capsys, "--workloads", "gpt", "--conditions",
+               "module_statistics,attached_unselected", "--devices", "file_process")
+    row = out["overhead"]["module_statistics"]["gpt"]
+    assert row["stats_floor"] > 1
+    assert row["over_stats_floor"] == pytest.approx(row["ratio"] / row["stats_floor"], abs=0.01)
+    assert "stats_floor" not in out["overhead"]["attached_unselected"]["gpt"]

@@ -49,6 +49,7 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
+from tracer.storage._batcher import record_batch
 from tracer.storage._filer import shared_file_process
 from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
@@ -177,6 +178,14 @@ class AsyncWriter(Writer):
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
         seq = self._seq
         self._seq += 1
+        deferred = self._deferred
+        if deferred is not None and stats is None and deferred.takes(tensor):
+            # a CUDA statistics record: a descriptor now, one launch per batch
+            try:
+                self._batch_launched(deferred.add(self._plan, seq, meta, tensor, stable, version))
+            except Exception as e:  # noqa: BLE001 - on_error decides
+                self._fail_staging(e, meta)
+            return
         # made here (inline): records on CPU (or meta) with the kernel built, and records whose
         # statistics the caller computed; the writer thread gets their bytes in chunks
         inline = (stats is not None and not self.keep_bytes) or (
@@ -242,6 +251,12 @@ class AsyncWriter(Writer):
         self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
                    tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
 
+    def _batch_launched(self, batch: Any) -> None:
+        """Hand a flushed batch (tracer.storage._batcher) to the writer thread, which waits for
+        its slab and writes its records."""
+        if batch is not None:
+            self._put(("batch", self._step, batch), batch.nbytes)
+
     def _fail_staging(self, e: Exception, meta: RecordMeta) -> None:
         """Drop the half-made step and apply on_error to `e`, raised staging `meta`'s record."""
         self._drop_step()
@@ -264,6 +279,13 @@ class AsyncWriter(Writer):
     def _close_step(self, *, complete: bool, reason: str | None = None) -> None:
         """Hand the rows made in the training thread to the writer thread, and end the step's
         file there (marked complete or not, and why)."""
+        if self._deferred is not None:
+            try:
+                self._batch_launched(self._deferred.flush())
+            except Exception as e:  # noqa: BLE001 - on_error decides
+                self._drop_step()
+                self._storage_error(e, f"recording the batched statistics of step {self._step}")
+                return
         self._hand_over_bytes()
         if self._rows.rows:
             rows, self._rows.rows = self._rows.rows, []
@@ -274,6 +296,8 @@ class AsyncWriter(Writer):
     def _drop_step(self) -> None:
         """Forget the open step: nothing of it is written."""
         self._rows.reset()
+        if self._deferred is not None:
+            self._deferred.drop()
         self._put(("end", None, None), 0)
         self._in_step = False
 
@@ -474,6 +498,10 @@ class AsyncWriter(Writer):
             row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
                                release, share, shared)
             self._deliver(row)
+        elif kind == "batch":
+            if self._wfile is not None:  # else its step was dropped after an error
+                for row in record_batch(self, self._wfile, item[1], item[2]):
+                    self._deliver(row)
         elif kind == "begin":
             self._finish_file(complete=False)
             self._wstep = item[1]

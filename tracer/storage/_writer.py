@@ -24,6 +24,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._format import RecordMeta, RecordRow, StepFile, root_attrs, step_path
+from tracer.storage._batcher import make_deferred, record_batch
 from tracer.storage._layout import stored_extent
 from tracer.storage._sampling import sketch_of, with_sketch
 from tracer.storage._lock import claim_rank
@@ -289,6 +290,9 @@ class Writer:
         # id(snapshot) -> (weak reference, its version, holder, strides) (`same_bytes`)
         self._same: dict[int, tuple] = {}
         self._seq = 0  # the step's next record number (`next_seq`)
+        # statistics mode: CUDA records wait in a batch for one multi-tensor launch
+        # (tracer.storage._batcher)
+        self._deferred = make_deferred(config.mode, config.level, self.sketch)
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -326,12 +330,24 @@ class Writer:
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """Drop what the step knew of these tensors' values: they are being changed by an op
         that may not bump their version counter. Called from the training thread."""
+        if self._deferred is not None and self._deferred.pending:
+            self.launch_pending()  # measured before they change
         seen = self._seen
         for t in tensors:
             seen.pop(("id", id(t)), None)
             key = reuse_key(t)
             if key is not None:
                 seen.pop(key[0], None)
+
+    def launch_pending(self) -> None:
+        """Tensors recorded so far may be written in place now (the optimizer steps): launch
+        the statistics of the pending batch (tracer.storage._batcher), if any."""
+        if self._deferred is not None and self._deferred.pending:
+            self._batch_launched(self._deferred.flush())
+
+    def _batch_launched(self, batch: Any) -> None:
+        """Keep a flushed batch for its records' writing (each writer its way)."""
+        raise NotImplementedError
 
     def add_hit(self, hit: dict) -> None:
         """Record a watchpoint hit (keys of /hits: seq, name, condition, value, source) in the
@@ -626,6 +642,7 @@ class SyncWriter(Writer):
         super().__init__(config, rank=rank, world_size=world_size)
         self._file: StepFile | None = None
         self._step = -1
+        self._batches: list = []  # the step's flushed batches, resolved at its end
 
     def begin_step(self, step: int) -> None:
         if not self.enabled:
@@ -657,6 +674,10 @@ class SyncWriter(Writer):
                   version: int | None, stats: dict | None) -> dict | None:
         """`add`'s record: its statistics and bytes now (or an earlier record's, see
         `Writer._plan`), its row in the step file."""
+        deferred = self._deferred
+        if deferred is not None and stats is None and deferred.takes(tensor):
+            self._batch_launched(deferred.add(self._plan, seq, meta, tensor, stable, version))
+            return None
         if stats is not None:  # computed by the caller (see Writer.add)
             same = self._take_same(tensor) if self._same else None
             share, shared = same if same is not None else (None, None)
@@ -698,6 +719,8 @@ class SyncWriter(Writer):
             self._release_lock()
 
     def _finish(self, *, complete: bool, reason: str | None = None) -> None:
+        if self._deferred is not None and not self._record_batches(complete, reason):
+            return
         file, self._file = self._file, None
         assert file is not None
         if reason:
@@ -708,7 +731,35 @@ class SyncWriter(Writer):
             file.abort()
             self._storage_error(e, f"writing {file.path}")
 
+    def _batch_launched(self, batch: Any) -> None:
+        if batch is not None:
+            self._batches.append(batch)
+
+    def _record_batches(self, complete: bool, reason: str | None) -> bool:
+        """The step's batched records into its file, with one wait for the device
+        (tracer.storage._batcher), and to the observers, before the file is finished (their
+        hits go into it); False when that failed and on_error let the run go on. An observer's
+        exception is raised once the file is written."""
+        try:
+            batch = self._deferred.flush()
+            batches, self._batches = self._batches + ([batch] if batch else []), []
+            rows = [row for b in batches for row in record_batch(self, self._file, self._step, b)]
+        except Exception as e:  # noqa: BLE001 - on_error decides
+            self._abort()
+            self._storage_error(e, f"recording the batched statistics of step {self._step}")
+            return False
+        try:
+            for row in rows:
+                self._deliver(row)
+        except BaseException:
+            self._finish(complete=complete, reason=reason)  # nothing is pending now
+            raise
+        return True
+
     def _abort(self) -> None:
+        self._batches = []
+        if self._deferred is not None:
+            self._deferred.drop()
         if self._file is not None:
             self._file.abort()
             self._file = None

@@ -1,0 +1,26 @@
+"""benchmarks/record_host_cost.py at its smallest size: its JSON and its arithmetic."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+
+def _load():
+    where = Path(__file__).resolve().parents[2] / "benchmarks" / "record_host_cost.py"
+    spec = importlib.util.spec_from_file_location("record_host_cost_under_test", where)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smallest_run_reports_microseconds_a_record_per_level(capsys):
+    bench = _load()
+    assert bench.main(["--rounds", "1", "--steps", "1", "--layers", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["benchmark"] == "record_host_cost" and out["device"] == "cpu"
+    for level in ("module", "op"):
+        row = out[level]
+        assert row["records_per_step"] > 20
+        assert row["spread"][0] <= row["us_per_record"] <= row["spread"][1]
+    assert out["op"]["records_per_step"] > out["module"]["records_per_step"]
