@@ -96,16 +96,9 @@ def parse_condition(spec: str) -> dict[str, Any]:
 def _watch(args: argparse.Namespace) -> list[dict] | None:
     points: list[dict] = []
     if args.watch:
-        text = args.watch
-        if not text.lstrip().startswith(("[", "{")):
-            try:
-                text = Path(text).read_text()
-            except OSError as e:
-                raise CliError(f"--watch: cannot read {args.watch}: {e}") from e
-        try:
-            loaded = json.loads(text)
-        except ValueError as e:
-            raise CliError(f"--watch: not valid JSON: {e}") from e
+        from sleuth._configs import json_option
+
+        loaded = json_option(args.watch, "--watch")
         points += loaded if isinstance(loaded, list) else [loaded]
     points += [parse_condition(c) for c in args.condition or []]
     return points or None

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sleuth._configs import collector_config, dump_config, is_inline
 from sleuth.cli import CliError
 
 _BOOT_DIR = Path(__file__).resolve().parent / "_boot"
@@ -49,11 +50,9 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
     run_dir = Path(args.run_dir).resolve()
     env["SLEUTH_RUN_DIR"] = str(run_dir)
     if args.dump:
-        cfg = Path(args.dump)
-        if not cfg.is_file():
-            raise CliError(f"--dump {args.dump}: no such file; write a dump config JSON first "
-                           "(`sleuth docs dump-config` has an example)")
-        env["SLEUTH_DUMP_CONFIG"] = str(cfg.resolve())
+        # inline JSON goes through as it is: SLEUTH_DUMP_CONFIG takes it too
+        env["SLEUTH_DUMP_CONFIG"] = (args.dump.strip() if is_inline(args.dump)
+                                     else str(Path(args.dump).resolve()))
     if args.profile:
         env["SLEUTH_PROFILE"] = args.profile if args.profile == "1" else str(Path(args.profile).resolve())
     if args.summary:
@@ -104,19 +103,9 @@ def _validate_configs(args: argparse.Namespace) -> None:
     clear error now, not a warning buried in the child's output above a run that dumps nothing
     (or, with --strict, a traceback from inside the child)."""
     if args.dump:
-        import tracer
-
-        try:
-            tracer.DumpConfig.from_json(args.dump)
-        except tracer.TracerError as e:
-            raise CliError(f"--dump: {e}") from e
+        dump_config(args.dump)
     if args.profile and args.profile != "1":
-        import profiler
-
-        try:
-            profiler.CollectorConfig.from_json(args.profile)
-        except profiler.ProfilerError as e:
-            raise CliError(f"--profile: {e}") from e
+        collector_config(args.profile)
 
 
 def _call(cmd: list[str], env: dict[str, str]) -> int:
