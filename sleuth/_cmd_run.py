@@ -109,26 +109,47 @@ def _validate_configs(args: argparse.Namespace) -> None:
 
 
 def _call(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the child to its end and return its exit status (-N when a signal ended it).
+    """Run the child to its end and return its exit status (128 + N when signal N ended it).
 
-    Ctrl-C reaches the child from the terminal; sleuth waits for it instead of killing it (as
-    `subprocess.call` would), so the child can write the step it was in, marked interrupted.
-    A SIGTERM sent to sleuth (a job scheduler's) is passed on to the child for the same reason.
+    A SIGINT or SIGTERM reaches the child once and sleuth waits for it instead of killing it
+    (as `subprocess.call` would), so the child can write the step it was in, marked
+    interrupted: from a terminal Ctrl-C reaches the child directly; any other signal to sleuth
+    (a job scheduler's, `kill`) is passed on (sleuth._interrupt).
     """
     import signal
     import threading
 
-    proc = subprocess.Popen(cmd, env=env)
-    if threading.current_thread() is not threading.main_thread():
-        return proc.wait()
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM,
-                                              lambda signum, frame: proc.send_signal(signum)),
-                signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: None)}
+    from sleuth._interrupt import exit_code, in_terminal_foreground
+
+    if threading.current_thread() is not threading.main_thread():  # no signals to handle
+        return exit_code(subprocess.Popen(cmd, env=env).wait())
+    # out of a terminal, the child gets a group of its own: a signal to sleuth's group is then
+    # forwarded to it once, not delivered twice (directly and by sleuth)
+    direct = in_terminal_foreground()
+    started: list[subprocess.Popen] = []
+    pending: list[int] = []  # signals that came before the child had started
+
+    def forward(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM or not direct:
+            if started:
+                started[0].send_signal(signum)
+            else:
+                pending.append(signum)
+
+    previous = {signum: signal.signal(signum, forward)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait()
+        started.append(subprocess.Popen(cmd, env=env, process_group=None if direct else 0))
+        for signum in pending:
+            started[0].send_signal(signum)
+        code = started[0].wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if code in (-signal.SIGINT, 128 + signal.SIGINT, 130):
+        print(f"sleuth run: interrupted; {Path(cmd[0]).name} stopped on Ctrl-C (SIGINT)",
+              file=sys.stderr)
+    return exit_code(code)
 
 
 def _refuse_another_runs_dump(env: dict[str, str]) -> None:

@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sleuth {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"sleuth {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return _stdout_closed()
@@ -202,5 +202,11 @@ def _stdout_closed() -> int:
 
 
 def entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point. Ctrl-C at any point (while the commands load, too) is one
+    line and exit code 130."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("sleuth: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
