@@ -93,9 +93,27 @@ def _run(args: argparse.Namespace) -> int:
     if cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable  # the interpreter sleuth runs in, which has the tools installed
     try:
-        return _call(cmd, env)
+        code = _call(cmd, env)
     except FileNotFoundError as e:
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
+    if code == 0:
+        _say_written(args, run_dir, env)
+    return code
+
+
+def _say_written(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> None:
+    """Sleuth's one line of its own after a run that succeeded: what the tools wrote, where."""
+    from sleuth._written import written_line
+
+    dump = None
+    if args.dump:
+        dump = Path(dump_config(args.dump).path or run_dir) / "dump"
+    graphs = env.get("SLEUTH_SAVE_GRAPHS_PATH") if args.save_graphs else None
+    graphs = None if graphs == str(run_dir / "ir") else graphs
+    shown = Path(args.run_dir)  # as the user wrote it
+    dump = shown / "dump" if dump == run_dir / "dump" else dump
+    print(written_line("run", shown, dump=dump, graphs=Path(graphs) if graphs else None),
+          file=sys.stderr)
 
 
 def _validate_configs(args: argparse.Namespace) -> None:
