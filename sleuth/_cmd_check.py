@@ -154,6 +154,7 @@ def _run(args: argparse.Namespace) -> int:
             hits.to_csv(args.csv, index=False)
         except OSError as e:
             raise CliError(f"cannot write {args.csv}: {e}") from e
+        print(f"sleuth check: {len(hits)} hit(s) written to {args.csv}", file=sys.stderr)
     found = bool(n) or origin is not None
     code, verdict = _verdict(args, found, origin, cov)
     if args.json:
