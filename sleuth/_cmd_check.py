@@ -124,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers {args.workers}: give 1 or more")
+    _watch(args)  # a bad --watch is reported before the dump is opened
     dump = _open(args.path)
     engine = "in-process"
     try:
