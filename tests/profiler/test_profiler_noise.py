@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from profiler._kineto import drop_noise
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,6 +61,8 @@ def test_a_run_dir_with_a_quote_or_backslash_keeps_its_trace(tmp_path, name):
 
 
 def test_the_filter_keeps_everything_but_the_routine_lines():
+    from profiler._kineto import drop_noise
+
     noise = (b"USDT:2026-12-05 06:09:27 19527:19527 SyncActivityProfilerHandler.cpp:52] "
              b"profiler_start\n"
              b"[W1205 06:09:27.516670828 CPUAllocator.cpp:245] Memory block of unknown size was "
