@@ -12,7 +12,6 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from profiler._errors import ConfigError
