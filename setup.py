@@ -27,6 +27,12 @@ class _BuildPyWithPth(build_py):
         self.mkpath(str(docs))
         for guide in [Path(__file__).parent / "README.md", *sorted(Path(__file__).parent.glob("docs/*.md"))]:
             self.copy_file(str(guide), str(docs / guide.name))
+        # and so do the examples they cite (examples/train.py, its data): `sleuth docs
+        # --examples` copies them out, so the guides' commands run as written
+        self.mkpath(str(docs / "examples"))
+        for example in sorted((Path(__file__).parent / "examples").iterdir()):
+            if example.is_file():
+                self.copy_file(str(example), str(docs / "examples" / example.name))
 
 
 _FUSED = Extension(

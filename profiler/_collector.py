@@ -24,6 +24,7 @@ from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA,
 from profiler._errors import ProfilerError
 from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
                           run_id_from_env, world_size_from_env, write_json_atomic)
+from profiler._kineto import safe_export_path, window_edge
 
 
 class Collector:
@@ -101,7 +102,7 @@ class Collector:
             on_trace_ready=self._on_trace_ready, record_shapes=cfg.record_shapes,
             profile_memory=cfg.profile_memory, with_stack=cfg.with_stack,
             with_flops=cfg.with_flops)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), window_edge(_records(cfg.schedule_action(0))):
             warnings.simplefilter("ignore", UserWarning)
             self._prof.start()
         self._begin_step(0)
@@ -119,8 +120,9 @@ class Collector:
         if self._modules is not None:  # before prof.step(), so the window's last range closes
             if nxt == "none":
                 self._modules.remove()
-        if nxt != action:
-            with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle"
+        if nxt != action:  # a window starts or ends: torch's native side prints its lines
+            with warnings.catch_warnings(), window_edge(_records(nxt) and not _records(action)):
+                # "Profiler clears events at the end of each cycle"
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.step()
         else:
@@ -135,7 +137,7 @@ class Collector:
         if self._prof is None:
             return
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), window_edge(False):
                 warnings.simplefilter("ignore", UserWarning)
                 self._prof.stop()
         finally:
@@ -164,10 +166,14 @@ class Collector:
         k = self._window
         self._window += 1
         trace = self.dir / f"window{k}.trace.json.gz"
-        tmp = self.dir / f".window{k}.trace.json.tmp"
-        prof.export_chrome_trace(str(tmp))
-        flops = self._count_flops(tmp, recorded)
-        gzip_atomic(tmp, trace)
+        tmp, elsewhere = safe_export_path(self.dir / f".window{k}.trace.json.tmp")
+        try:
+            prof.export_chrome_trace(str(tmp))
+            flops = self._count_flops(tmp, recorded)
+            gzip_atomic(tmp, trace)
+        finally:
+            if elsewhere:
+                tmp.unlink(missing_ok=True)
         self.traces.append(trace)
         stacks = None
         if self.config.with_stack:
@@ -258,6 +264,10 @@ class Collector:
 def _TORCH_ACTIONS(ProfilerAction: Any) -> dict[Action, Any]:
     return {"none": ProfilerAction.NONE, "warmup": ProfilerAction.WARMUP,
             "record": ProfilerAction.RECORD, "record_and_save": ProfilerAction.RECORD_AND_SAVE}
+
+
+def _records(action: Action) -> bool:
+    return action.startswith("record")
 
 
 def _torch_version() -> str:

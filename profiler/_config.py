@@ -12,7 +12,6 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from profiler._errors import ConfigError
@@ -117,11 +116,14 @@ class CollectorConfig:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike[str]) -> CollectorConfig:
-        """Load a config from a JSON file (see from_dict)."""
+        """Load a config from a JSON file (see from_dict). Only a regular file of bounded size
+        is read: a device (`/dev/zero`) or a FIFO given by mistake is refused, not read forever."""
+        from tracer.storage import JsonLimitError, read_text_bounded
+
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"cannot read collector config {path}: {e}") from e
+            text = read_text_bounded(path)
+        except JsonLimitError as e:
+            raise ConfigError(f"cannot read collector config {e}") from e
 
         def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
             if len({k for k, _ in items}) < len(items):

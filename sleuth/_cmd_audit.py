@@ -46,6 +46,7 @@ def _run(args: argparse.Namespace) -> int:
             result.table.to_csv(args.csv, index=False)
         except OSError as e:
             raise CliError(f"cannot write {args.csv}: {e}") from e
+        print(f"sleuth audit: {len(result.table)} row(s) written to {args.csv}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict(), allow_nan=False))
         return 0

@@ -96,16 +96,9 @@ def parse_condition(spec: str) -> dict[str, Any]:
 def _watch(args: argparse.Namespace) -> list[dict] | None:
     points: list[dict] = []
     if args.watch:
-        text = args.watch
-        if not text.lstrip().startswith(("[", "{")):
-            try:
-                text = Path(text).read_text()
-            except OSError as e:
-                raise CliError(f"--watch: cannot read {args.watch}: {e}") from e
-        try:
-            loaded = json.loads(text)
-        except ValueError as e:
-            raise CliError(f"--watch: not valid JSON: {e}") from e
+        from sleuth._configs import json_option
+
+        loaded = json_option(args.watch, "--watch")
         points += loaded if isinstance(loaded, list) else [loaded]
     points += [parse_condition(c) for c in args.condition or []]
     return points or None
@@ -131,6 +124,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers {args.workers}: give 1 or more")
+    _watch(args)  # a bad --watch is reported before the dump is opened
     dump = _open(args.path)
     engine = "in-process"
     try:
@@ -161,6 +155,7 @@ def _run(args: argparse.Namespace) -> int:
             hits.to_csv(args.csv, index=False)
         except OSError as e:
             raise CliError(f"cannot write {args.csv}: {e}") from e
+        print(f"sleuth check: {len(hits)} hit(s) written to {args.csv}", file=sys.stderr)
     found = bool(n) or origin is not None
     code, verdict = _verdict(args, found, origin, cov)
     if args.json:

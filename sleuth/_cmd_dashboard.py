@@ -27,6 +27,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run)
 
 
+def check_port(host: str, port: int) -> None:
+    """CliError naming the port and `--port` when nothing can listen on `host:port` (another
+    program holds it): said before any work, in one line, not in the web server's words after."""
+    import socket
+
+    from sleuth.cli import CliError
+
+    if port == 0:  # any free port
+        return
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise CliError(f"--host {host}: cannot resolve it ({e}); give an address such as "
+                       "127.0.0.1") from e
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        # as the server will: a port left in TIME_WAIT by a previous server is free to it
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise CliError(f"port {port} on {host or '0.0.0.0'} is in use ({e.strerror or e}); "
+                           f"stop the program holding it, or pick another with --port N") from e
+
+
 def _run(args: argparse.Namespace) -> int:
     from sleuth.cli import CliError
 
@@ -36,6 +62,7 @@ def _run(args: argparse.Namespace) -> int:
         app = dashboard.create_app(args.runs, refresh_s=args.refresh)
     except dashboard.DashboardError as e:
         raise CliError(str(e)) from e
+    check_port(args.host, args.port)
     try:
         handle = dashboard.serve(app, host=args.host, port=args.port, background=True,
                                  allowed_hosts=args.allow_host)

@@ -107,6 +107,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise CliError(f"--steps must be at least 1, got {args.steps}")
+    if not args.no_serve:  # now, not after minutes of training
+        from sleuth._cmd_dashboard import check_port
+
+        check_port(args.host, args.port)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _clear_previous_runs(out)

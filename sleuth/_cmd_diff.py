@@ -293,6 +293,8 @@ class _RowSinks:
                     os.replace(self.csv_tmp, self.csv_path)
                 except OSError as e:
                     raise CliError(f"cannot write {self.csv_path}: {e}") from e
+                print(f"sleuth diff: the records' rows written to {self.csv_path}",
+                      file=sys.stderr)
             else:
                 os.unlink(self.csv_tmp)
         if self.tmp is not None:

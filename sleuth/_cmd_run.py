@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sleuth._configs import collector_config, dump_config, is_inline
 from sleuth.cli import CliError
 
 _BOOT_DIR = Path(__file__).resolve().parent / "_boot"
@@ -49,11 +50,9 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
     run_dir = Path(args.run_dir).resolve()
     env["SLEUTH_RUN_DIR"] = str(run_dir)
     if args.dump:
-        cfg = Path(args.dump)
-        if not cfg.is_file():
-            raise CliError(f"--dump {args.dump}: no such file; write a dump config JSON first "
-                           "(`sleuth docs dump-config` has an example)")
-        env["SLEUTH_DUMP_CONFIG"] = str(cfg.resolve())
+        # inline JSON goes through as it is: SLEUTH_DUMP_CONFIG takes it too
+        env["SLEUTH_DUMP_CONFIG"] = (args.dump.strip() if is_inline(args.dump)
+                                     else str(Path(args.dump).resolve()))
     if args.profile:
         env["SLEUTH_PROFILE"] = args.profile if args.profile == "1" else str(Path(args.profile).resolve())
     if args.summary:
@@ -94,9 +93,27 @@ def _run(args: argparse.Namespace) -> int:
     if cmd[0] in ("python", "python3"):
         cmd[0] = sys.executable  # the interpreter sleuth runs in, which has the tools installed
     try:
-        return _call(cmd, env)
+        code = _call(cmd, env)
     except FileNotFoundError as e:
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
+    if code == 0:
+        _say_written(args, run_dir, env)
+    return code
+
+
+def _say_written(args: argparse.Namespace, run_dir: Path, env: dict[str, str]) -> None:
+    """Sleuth's one line of its own after a run that succeeded: what the tools wrote, where."""
+    from sleuth._written import written_line
+
+    dump = None
+    if args.dump:
+        dump = Path(dump_config(args.dump).path or run_dir) / "dump"
+    graphs = env.get("SLEUTH_SAVE_GRAPHS_PATH") if args.save_graphs else None
+    graphs = None if graphs == str(run_dir / "ir") else graphs
+    shown = Path(args.run_dir)  # as the user wrote it
+    dump = shown / "dump" if dump == run_dir / "dump" else dump
+    print(written_line("run", shown, dump=dump, graphs=Path(graphs) if graphs else None),
+          file=sys.stderr)
 
 
 def _validate_configs(args: argparse.Namespace) -> None:
@@ -104,42 +121,53 @@ def _validate_configs(args: argparse.Namespace) -> None:
     clear error now, not a warning buried in the child's output above a run that dumps nothing
     (or, with --strict, a traceback from inside the child)."""
     if args.dump:
-        import tracer
-
-        try:
-            tracer.DumpConfig.from_json(args.dump)
-        except tracer.TracerError as e:
-            raise CliError(f"--dump: {e}") from e
+        dump_config(args.dump)
     if args.profile and args.profile != "1":
-        import profiler
-
-        try:
-            profiler.CollectorConfig.from_json(args.profile)
-        except profiler.ProfilerError as e:
-            raise CliError(f"--profile: {e}") from e
+        collector_config(args.profile)
 
 
 def _call(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the child to its end and return its exit status (-N when a signal ended it).
+    """Run the child to its end and return its exit status (128 + N when signal N ended it).
 
-    Ctrl-C reaches the child from the terminal; sleuth waits for it instead of killing it (as
-    `subprocess.call` would), so the child can write the step it was in, marked interrupted.
-    A SIGTERM sent to sleuth (a job scheduler's) is passed on to the child for the same reason.
+    A SIGINT or SIGTERM reaches the child once and sleuth waits for it instead of killing it
+    (as `subprocess.call` would), so the child can write the step it was in, marked
+    interrupted: from a terminal Ctrl-C reaches the child directly; any other signal to sleuth
+    (a job scheduler's, `kill`) is passed on (sleuth._interrupt).
     """
     import signal
     import threading
 
-    proc = subprocess.Popen(cmd, env=env)
-    if threading.current_thread() is not threading.main_thread():
-        return proc.wait()
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM,
-                                              lambda signum, frame: proc.send_signal(signum)),
-                signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: None)}
+    from sleuth._interrupt import exit_code, in_terminal_foreground
+
+    if threading.current_thread() is not threading.main_thread():  # no signals to handle
+        return exit_code(subprocess.Popen(cmd, env=env).wait())
+    # out of a terminal, the child gets a group of its own: a signal to sleuth's group is then
+    # forwarded to it once, not delivered twice (directly and by sleuth)
+    direct = in_terminal_foreground()
+    started: list[subprocess.Popen] = []
+    pending: list[int] = []  # signals that came before the child had started
+
+    def forward(signum: int, frame: object) -> None:
+        if signum == signal.SIGTERM or not direct:
+            if started:
+                started[0].send_signal(signum)
+            else:
+                pending.append(signum)
+
+    previous = {signum: signal.signal(signum, forward)
+                for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return proc.wait()
+        started.append(subprocess.Popen(cmd, env=env, process_group=None if direct else 0))
+        for signum in pending:
+            started[0].send_signal(signum)
+        code = started[0].wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if code in (-signal.SIGINT, 128 + signal.SIGINT, 130):
+        print(f"sleuth run: interrupted; {Path(cmd[0]).name} stopped on Ctrl-C (SIGINT)",
+              file=sys.stderr)
+    return exit_code(code)
 
 
 def _claim(run_dir: Path, env: dict[str, str], *, overwrite: bool) -> bool:

@@ -7,7 +7,9 @@ flags (--dump, --profile, ...) are added in `register` and turned into callbacks
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from sleuth.cli import CliError
@@ -90,5 +92,10 @@ def _run(args: argparse.Namespace) -> int:
     except (trainer.TrainerError, tracer.TracerError, profiler.ProfilerError,
             irdump.IrDumpError) as e:
         raise CliError(str(e)) from e
+    if int(os.environ.get("RANK", "0") or 0) == 0:  # once per run, not once per rank
+        from sleuth._written import written_line
+
+        print(written_line("train", Path(config.run_dir), also="metrics.jsonl, checkpoints"),
+              file=sys.stderr, flush=True)
     trainer.exit_worker()  # under torchrun: past gloo's teardown (trainer._distributed)
     return 0

@@ -22,10 +22,11 @@ class DumpCallback(trainer.Callback):
     metrics.jsonl (numbered from the resumed step); ending steps here as well would end a
     second step per optimizer step."""
 
-    def __init__(self, config_path: str) -> None:
-        import tracer
+    def __init__(self, config: str) -> None:
+        """`config`: a dump config JSON file, or inline JSON (as $SLEUTH_DUMP_CONFIG takes)."""
+        from sleuth._configs import dump_config
 
-        self.config = tracer.DumpConfig.from_json(config_path)  # a bad file fails before training
+        self.config = dump_config(config)  # a bad config fails before training
         self.dumper: Any = None
 
     def on_run_start(self, state: trainer.TrainState) -> None:
@@ -50,7 +51,9 @@ class ProfileCallback(trainer.Callback):
     def __init__(self, config_path: str | None) -> None:
         import profiler
 
-        self.config = (profiler.CollectorConfig.from_json(config_path) if config_path
+        from sleuth._configs import collector_config
+
+        self.config = (collector_config(config_path) if config_path
                        else profiler.CollectorConfig())
         self.collector: Any = None
 

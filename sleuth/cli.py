@@ -15,11 +15,13 @@ bug reports. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from sleuth import __version__
 
@@ -51,8 +53,67 @@ class CliError(Exception):
     """A user-facing error: printed as `sleuth: error: <message>` with exit code 2."""
 
 
+_EXTRAS_OWNER = "_sleuth_extras_owner"
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of `sleuth` and of every sub-command (argparse makes sub-parsers of the
+    parent's class): no abbreviations, since `--ste 2` silently taken as `--step 2` hides a
+    typo; a misspelled command or option gets "did you mean"; every error is one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is None or value in action.choices:
+            return
+        choices = [str(c) for c in action.choices]
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise argparse.ArgumentError(action, f"invalid choice {value!r}{hint} (choose from "
+                                             f"{', '.join(choices)})")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        # a sub-command's parser returns its unknown arguments to its parent, which reports
+        # them: remember the innermost parser that had them, whose options a typo is close to
+        if extras and not hasattr(namespace, _EXTRAS_OWNER):
+            setattr(namespace, _EXTRAS_OWNER, self)
+        return namespace, extras
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        namespace, extras = self.parse_known_args(args, namespace)
+        owner = vars(namespace).pop(_EXTRAS_OWNER, self)
+        if extras:
+            owner.error(owner._unrecognized(extras))
+        return namespace
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        options = [e for e in extras if e.startswith("-") and len(e) > 1]
+        if not options:
+            return f"unrecognized arguments: {' '.join(extras)}"
+        typo = options[0].split("=", 1)[0]
+        hint = f"; did you mean {close}?" if (close := self._closest_option(typo)) else ""
+        return f"unrecognized option {typo}{hint}"
+
+    def _closest_option(self, typo: str) -> str | None:
+        """The option `typo` most likely meant: the one it abbreviates, else the closest in
+        spelling (compared without the dashes, which every option shares)."""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        prefixed = [o for o in known if o.startswith(typo)] if typo.startswith("--") else []
+        if len(prefixed) == 1:
+            return prefixed[0]
+        names = {o.lstrip("-"): o for o in known}
+        close = difflib.get_close_matches(typo.lstrip("-"), list(names), n=1, cutoff=0.7)
+        return names[close[0]] if close else None
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sleuth",
         description="Debug and profile PyTorch training runs: dump tensors, find where two runs "
         "diverge, profile steps, export graphs, and browse it all in a dashboard.",
@@ -96,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sleuth {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print(f"sleuth {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return _stdout_closed()
@@ -141,5 +202,11 @@ def _stdout_closed() -> int:
 
 
 def entry() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point. Ctrl-C at any point (while the commands load, too) is one
+    line and exit code 130."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("sleuth: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)

@@ -189,20 +189,29 @@ class DumpConfig:
 
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> DumpConfig:
-        """Load a config from a JSON file; syntax errors name the file, line and column."""
+        """Load a config from a JSON file; syntax errors name the file, line and column.
+
+        Only a regular file of bounded size is read: a device (`/dev/zero`) or a FIFO given by
+        mistake is refused instead of read forever."""
+        from tracer.storage import JsonLimitError, read_text_bounded
+
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"cannot read dump config {str(p)!r}: {e.strerror or e}") from e
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start}): is it the "
-                              f"dump config JSON?") from e
-        data = load_json(text, str(p))
+            text = read_text_bounded(p)
+        except JsonLimitError as e:  # its message starts with the path
+            missing = isinstance(e.__cause__, OSError)
+            raise ConfigError(f"cannot read dump config {e}" if missing else str(e)) from e
+        return cls.from_text(text, str(p))
+
+    @classmethod
+    def from_text(cls, text: str, source: str) -> DumpConfig:
+        """Load a config from JSON text (inline JSON, as $SLEUTH_DUMP_CONFIG may hold);
+        errors name `source`, the line and the column."""
+        data = load_json(text, source)
         try:
             return cls.from_dict(data)
         except ConfigError as e:
-            raise ConfigError(f"{p}: {e}") from e
+            raise ConfigError(f"{source}: {e}") from e
 
     @classmethod
     def from_env(cls) -> DumpConfig | None:

@@ -8,7 +8,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from trainer import ConfigError, TrainerError, exit_worker, load_config, train
 
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="Train the reference GPT.")
+    # no abbreviations: `--res x` is a typo, not --resume
+    parser = argparse.ArgumentParser(prog="python -m trainer",
+                                     description="Train the reference GPT.", allow_abbrev=False)
     parser.add_argument("--config", help="JSON file of config keys (any subset)")
     parser.add_argument("--preset", default="tiny", help="starting config: tiny (default) or small")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

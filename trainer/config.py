@@ -10,6 +10,8 @@ import dataclasses
 import difflib
 import json
 import math
+import os
+import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -353,7 +355,7 @@ def _read_json(path: str | Path) -> dict[str, Any]:
         return dict(items)
 
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=pairs)
+        data = json.loads(_read_regular_file(path), object_pairs_hook=pairs)
     except FileNotFoundError as e:
         raise ConfigError(f"config file {path} does not exist") from e
     except (OSError, UnicodeDecodeError) as e:
@@ -363,6 +365,28 @@ def _read_json(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a JSON object, got {type(data).__name__}")
     return data
+
+
+_MAX_CONFIG_BYTES = 16 * 1024 * 1024
+"""A config file is kilobytes; past this it is not one (the tools' JSON readers use the same)."""
+
+
+def _read_regular_file(path: str | Path) -> str:
+    """The text of the config file at `path`, refusing what is not a regular file of bounded
+    size: `/dev/zero` would be read until memory runs out, a FIFO would block forever.
+
+    The trainer imports none of the tools, so this is its own small check (the tools share
+    `tracer.storage.read_text_bounded`)."""
+    st = os.stat(path)  # FileNotFoundError is reported by the caller
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"config file {path} is not a regular file (a device, FIFO or folder); "
+                          "give the path of a JSON file")
+    with open(path, "rb") as f:
+        data = f.read(_MAX_CONFIG_BYTES + 1)
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is larger than {_MAX_CONFIG_BYTES:,} bytes; it is "
+                          "not a config file")
+    return data.decode("utf-8")
 
 
 def _suggest(name: str, candidates: Iterable[str]) -> str:

@@ -10,6 +10,9 @@ import os
 import sys
 
 import sleuth._autoattach  # noqa: F401  (installs the after-torch-import hook)
+from sleuth._interrupt import child_excepthook
+
+sys.excepthook = child_excepthook(sys.excepthook)  # Ctrl-C: one line, not a traceback
 
 
 def _chain_user_sitecustomize() -> None:

@@ -87,3 +87,45 @@ def test_closed_stdout_pipe_ends_quietly(tmp_path, args):
     assert first
     assert "Traceback" not in err and "BrokenPipeError" not in err and err == "", err
     assert code in (0, 141)
+
+
+# -- argparse: no abbreviations, "did you mean", one line ----------------------------------------
+
+@pytest.mark.parametrize("args, expected", [
+    (["dif"], "sleuth: error: argument COMMAND: invalid choice 'dif'; did you mean 'diff'?"),
+    (["check", "RUN", "--ste", "2"], "sleuth check: error: unrecognized option --ste; did you "
+                                     "mean --step?"),
+    (["check", "RUN", "--stpe", "2"], "sleuth check: error: unrecognized option --stpe; did you "
+                                      "mean --step?"),
+    (["diff", "A", "B", "--cosine", "0.9"], "sleuth diff: error: unrecognized option --cosine; "
+                                            "did you mean --cosine-min?"),
+    (["dump", "lss", "RUN"], "sleuth dump: error: argument ACTION: invalid choice 'lss'; did you "
+                             "mean 'ls'?"),
+    (["diff", "A", "B", "--thresold", "1"], "sleuth diff: error: unrecognized option --thresold "),
+])
+def test_typos_are_one_line_with_a_suggestion(sleuth_cli, args, expected):
+    """`--ste 2` was silently `--step 2`; `sleuth dif` listed the commands with no hint."""
+    r = sleuth_cli(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(expected), r.stderr
+
+
+def test_every_parser_refuses_abbreviations():
+    from sleuth.cli import build_parser
+
+    def walk(parser):
+        yield parser
+        for action in parser._actions:
+            for sub in getattr(action, "choices", None) or {}:
+                if isinstance(action.choices, dict):
+                    yield from walk(action.choices[sub])
+
+    parsers = list(walk(build_parser()))
+    assert len(parsers) > 15
+    assert [p.prog for p in parsers if p.allow_abbrev] == []
+
+
+def test_python_m_trainer_refuses_abbreviations(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "trainer", "--res", "latest", "--run-dir",
+                        str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 2 and "unrecognized arguments: --res" in r.stderr, r.stderr

@@ -53,3 +53,22 @@ def test_readme_holds_the_ci_test_command():
     readme = (REPO / "README.md").read_text()
     assert ci in readme, "the README's test command and .ci/run drifted apart"
     assert "bash scripts/install.sh && sleuth demo" in readme
+
+
+def test_sleuth_run_and_train_end_with_one_line_of_their_own(tmp_path, sleuth_cli):
+    """`sleuth run` printed nothing of its own on success; now one line says what is where."""
+    script = tmp_path / "loop.py"
+    script.write_text("import torch\nm = torch.nn.Linear(2, 2)\n"
+                      "opt = torch.optim.SGD(m.parameters(), 0.1)\nfor _ in range(3):\n"
+                      "    m(torch.ones(1, 2)).sum().backward(); opt.step()\nprint('mine')\n")
+    run = tmp_path / "run"
+    r = sleuth_cli("run", "--run-dir", str(run), "--dump", '{"steps": "0-1"}', "--", "python",
+                   str(script))
+    assert r.returncode == 0 and r.stdout == "mine\n", r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"sleuth run: run written to {run}: dump (2 steps); next: sleuth dashboard {run}")
+    t = sleuth_cli("train", "--run-dir", str(tmp_path / "t"), "--set", "steps=2")
+    assert t.returncode == 0, t.stderr
+    assert t.stderr.strip().splitlines()[-1] == (
+        f"sleuth train: run written to {tmp_path / 't'}: metrics.jsonl, checkpoints; next: "
+        f"sleuth dashboard {tmp_path / 't'}")

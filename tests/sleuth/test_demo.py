@@ -68,3 +68,25 @@ def test_demo_leaves_a_folder_that_is_not_a_run_alone(tmp_path, sleuth_cli):
     assert f"{mine.parent} exists and is not a run directory (no run.json)" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert mine.read_text() == "mine"
+
+
+@pytest.mark.parametrize("command", ["demo", "dashboard"])
+def test_a_busy_port_is_one_line_before_any_work(tmp_path, sleuth_cli, command):
+    """The demo trained for 30-60 s before finding its port taken, then printed Werkzeug's
+    text; now the port is checked first and named with the option that changes it."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        args = (["demo", "--out", str(tmp_path / "demo")] if command == "demo"
+                else ["dashboard", str(tmp_path), "--no-browser"])
+        (tmp_path / "run.json").write_text("{}")
+        started = time.monotonic()
+        r = sleuth_cli(*args, "--port", str(port), timeout=60)
+        took = time.monotonic() - started
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert f"port {port}" in r.stderr and "--port" in r.stderr and "Traceback" not in r.stderr
+    assert took < 20 and not (tmp_path / "demo").exists()

@@ -141,12 +141,14 @@ def edited(path: str | os.PathLike) -> bool:
     """Whether the map file at `path` holds decisions a person made: it was changed since
     `sleuth map` wrote it (its digest line no longer matches its text, or it has none), or
     `sleuth map --keep` wrote it around an edited file. False when there is no such file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
+    from tracer.storage import JsonLimitError, read_text_bounded
+
+    if not os.path.lexists(path):
         return False
-    except OSError:
-        return True  # unreadable: never overwritten unasked
+    try:
+        text = read_text_bounded(path)  # a FIFO or a device is never read (nor overwritten)
+    except JsonLimitError:
+        return True  # unreadable, or not a regular file: never overwritten unasked
     body, _, last = text.rstrip("\n").rpartition("\n")
     return not (last.startswith(_DIGEST) and last[len(_DIGEST):] == _digest(body + "\n")) \
         or f"\n{_KEPT}" in body
@@ -158,11 +160,17 @@ def read_module_map(path: str | os.PathLike, flag: str = "--map") -> ModuleMap:
     the problem when it is not one."""
     import yaml
 
+    from tracer.storage import JsonLimitError, read_text_bounded
+
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{flag} {path}: cannot read it ({e.strerror or e}); write one with "
-                          f"`sleuth map A B > {path}`") from e
+        # bounded, and only a regular file: a FIFO or `/dev/zero` is refused, not read forever
+        data = yaml.safe_load(read_text_bounded(path))
+    except JsonLimitError as e:
+        cause = e.__cause__
+        why = (f"cannot read it ({cause.strerror or cause})" if isinstance(cause, OSError)
+               else str(e).removeprefix(f"{path}: ").split(";")[0])
+        raise ConfigError(f"{flag} {path}: {why}; write one with `sleuth map A B > {path}`") \
+            from e
     except yaml.YAMLError as e:
         raise ConfigError(f"{flag} {path}: not YAML ({e}); `sleuth map A B` writes one") from e
     modules = data.get("modules") if isinstance(data, dict) else None
