@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "WatchpointHit": "tracer._errors",
     "DumpWriteError": "tracer._errors",
     "RecordNotFoundError": "tracer._errors",
+    "SleuthWarning": "tracer._errors",
     # capture
     "Dumper": "tracer._dumper",
     "attach_from_env": "tracer._attach",

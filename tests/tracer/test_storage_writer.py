@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import tracer
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._reader import open_dump
@@ -237,9 +238,15 @@ def test_large_step_spills_to_a_side_file(tmp_path):
 
 
 @pytest.mark.parametrize("writer", ["sync", "async"])
-def test_write_error_raises_once(tmp_path, writer):
+@pytest.mark.parametrize("how", ["on_error", "strict"])
+def test_write_error_raises_once(tmp_path, writer, how, monkeypatch):
+    """Where asked to ("on_error": "raise", or SLEUTH_STRICT=1 whatever the config says)."""
     (tmp_path / "dump").write_text("a file where the dump folder should be")
-    w = make_writer(DumpConfig(path=str(tmp_path), writer=writer), rank=0, world_size=1)
+    if how == "strict":
+        monkeypatch.setenv("SLEUTH_STRICT", "1")
+    config = DumpConfig(path=str(tmp_path), writer=writer,
+                        on_error="raise" if how == "on_error" else "warn")
+    w = make_writer(config, rank=0, world_size=1)
     w.begin_step(0)
     w.add(meta("a"), torch.ones(3))
     with pytest.raises(DumpWriteError, match="failed") as e:
@@ -251,10 +258,11 @@ def test_write_error_raises_once(tmp_path, writer):
 
 
 @pytest.mark.parametrize("writer", ["sync", "async"])
-def test_on_error_warn_warns_once_and_stops(tmp_path, writer):
+def test_a_write_error_warns_once_and_stops_by_default(tmp_path, writer, monkeypatch):
+    monkeypatch.delenv("SLEUTH_STRICT", raising=False)
     (tmp_path / "dump").write_text("not a folder")
-    w = make_writer(DumpConfig(path=str(tmp_path), writer=writer, on_error="warn"), rank=0,
-                    world_size=1)
+    assert DumpConfig().on_error == "warn"
+    w = make_writer(DumpConfig(path=str(tmp_path), writer=writer), rank=0, world_size=1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(3):
@@ -263,13 +271,15 @@ def test_on_error_warn_warns_once_and_stops(tmp_path, writer):
             w.end_step()
             w.flush()
         w.close()
-    assert len([c for c in caught if "sleuth dump" in str(c.message)]) == 1
+    ours = [c for c in caught if issubclass(c.category, tracer.SleuthWarning)]
+    assert len(ours) == 1 and "dumping is off for the rest of the run" in str(ours[0].message)
     assert not w.enabled
 
 
 def test_async_error_surfaces_at_next_call(tmp_path):
     (tmp_path / "dump").write_text("not a folder")
-    w = make_writer(DumpConfig(path=str(tmp_path), writer="async"), rank=0, world_size=1)
+    w = make_writer(DumpConfig(path=str(tmp_path), writer="async", on_error="raise"), rank=0,
+                    world_size=1)
     w.begin_step(0)
     w.add(meta("a"), torch.ones(3))
     w.end_step()

@@ -10,7 +10,6 @@ import json
 import difflib
 import math
 import re
-import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -18,7 +17,7 @@ from typing import Any, NamedTuple
 import h5py
 import numpy as np
 
-from tracer._errors import DumpFormatError, RecordNotFoundError
+from tracer._errors import DumpFormatError, RecordNotFoundError, warn
 from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS,
                                     RecordRow, records_crc32)
 from tracer.storage._sketch import SKETCH_SIZE, row_of
@@ -644,9 +643,8 @@ def open_dump(path: str | Path) -> Dump:
     skipped = [(s.path, s.reason) for s in states
                if s.state in ("partial", "partial_only", "truncated", "unreadable", "other_run")]
     if skipped:
-        warnings.warn(f"sleuth dump: skipped {len(skipped)} partial, unreadable or other-run "
-                      f"file(s) under {root}, e.g. {skipped[0][0]} ({skipped[0][1]})",
-                      RuntimeWarning, stacklevel=2)
+        warn(f"skipped {len(skipped)} partial, unreadable or other-run file(s) under {root}, "
+             f"e.g. {skipped[0][0]} ({skipped[0][1]})", stacklevel=2)
     return Dump(files, skipped, root, states)
 
 
