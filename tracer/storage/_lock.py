@@ -284,13 +284,13 @@ def claim_rank(run_dir: Path, rank: int, world_size: int, *, overwrite: bool = F
     dump_dir = Path(run_dir) / "dump"
     rank_dir = dump_dir / f"rank{rank}"
     run_id = resolve_run_id(world_size)
+    # refused before anything is made in another writer's or another run's folder (a rank
+    # folder, a lock); taking the lock and `_claim` check again, race-free
+    owner = _read_lock(rank_dir / LOCK_NAME)
+    if owner is not None:
+        _refuse_live_owner(rank_dir, rank_dir / LOCK_NAME, owner)
     named = read_run_file(dump_dir)
     if named is not None and named != run_id and not overwrite:
-        # refused before anything is made in the other run's folder (a rank folder, a lock);
-        # `_claim` checks again under the lock. A live writer there is the more exact reason.
-        owner = _read_lock(rank_dir / LOCK_NAME)
-        if owner is not None:
-            _refuse_live_owner(rank_dir, rank_dir / LOCK_NAME, owner)
         raise OtherRunError(_other_run(dump_dir, f"{dump_dir / RUN_FILE} names run {named}",
                                        run_id))
     try:
