@@ -476,3 +476,46 @@ def test_non_ascii_names_round_trip(tmp_path):
                              "注意.forward.0.output.0"]
     assert list(df.module) == ["blöck", "a", "注意"] and set(df.source) == {"módel.py:3"}
     assert open_dump(tmp_path).record(0, 0, "注意.forward.0.output.0")["module"] == "注意"
+
+
+_FULL_DISK = """
+import resource, sys, torch
+from tracer._config import DumpConfig
+from tracer.storage import RecordMeta, make_writer
+
+resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))  # writes past it fail: EFBIG
+w = make_writer(DumpConfig(path="run", writer=sys.argv[1], file_process=sys.argv[2] == "1"),
+                rank=0, world_size=1)
+for step in range(2):
+    w.begin_step(step)
+    for i in range(200):
+        w.add(RecordMeta(f"m{i}.forward.0.output.0", f"m{i}", "", "forward", "output", 0, 0,
+                         "model.py:7", ""), torch.randn(100))
+    w.end_step()
+w.close()
+print("closed")
+"""
+
+
+@pytest.mark.parametrize("writer,helper", [("sync", "0"), ("async", "0"), ("async", "1")])
+def test_a_full_disk_while_the_tables_are_written_is_a_warning_not_a_crash(tmp_path, writer,
+                                                                            helper):
+    """A step file's tables that cannot be written (the file may not grow: as a full disk):
+    one warning and the dump off. HDF5 crashed the process with SIGSEGV when such a write
+    failed at the dataset's close, the user's run with it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env["PYTHONPATH"] = str(repo)
+    proc = subprocess.run([sys.executable, "-c", _FULL_DISK, writer, helper], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0 and "closed" in proc.stdout, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("sleuth: the dump of rank 0 failed writing "), \
+        proc.stderr
+    assert "File too large" in lines[0]
+    assert not list((tmp_path / "run" / "dump" / "rank0").iterdir())
