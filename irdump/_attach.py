@@ -32,6 +32,7 @@ from typing import Any
 
 from irdump._errors import RenderError
 from irdump._save import DEFAULT_FORMATS
+from tracer import SleuthWarning  # printed as one line, `sleuth: ...`, as all of Sleuth's
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -92,7 +93,7 @@ class GraphSaver:
         try:
             self.written += write_graphs(graphs, self.path, DEFAULT_FORMATS, None, self.sort_mode)
         except RenderError as e:
-            warnings.warn(f"sleuth irdump: {e}; writing without svg", stacklevel=3)
+            warnings.warn(f"IR graphs: {e}; writing without svg", SleuthWarning, stacklevel=3)
             formats = tuple(f for f in DEFAULT_FORMATS if f != "svg")
             self.written += write_graphs(graphs, self.path, formats, None, self.sort_mode)
 
@@ -113,7 +114,7 @@ class GraphSaver:
         try:
             self._capture_forward(module, tuple(args), kwargs)
         except Exception as e:  # noqa: BLE001 - never break the user's run
-            warnings.warn(f"sleuth irdump: graph capture failed: {e}", stacklevel=2)
+            warnings.warn(f"IR graphs: graph capture failed: {e}", SleuthWarning, stacklevel=2)
             self._capture = None
         finally:
             self._busy = False
@@ -129,12 +130,12 @@ class GraphSaver:
         graphs = []
         if several and any(_is_fsdp(m) for m in module.modules()):
             # an extra forward would gather parameters on this rank alone: only the real call
-            warnings.warn("sleuth irdump: an FSDP model in a run of several processes: the "
+            warnings.warn("IR graphs: an FSDP model in a run of several processes: the "
                           "forward and forward_aten_decomposed stages are not saved (their "
                           "capture runs an extra forward, whose all-gathers the other ranks "
                           "would not join); forward_eager and backward are, from the real call. "
                           "Capture the model unsharded with `sleuth ir` for the others",
-                          stacklevel=4)
+                          SleuthWarning, stacklevel=4)
             self._capture_real_call(module, args, kwargs, graphs)
             return
         buffers = [(b, b.detach().clone()) for b in module.buffers()]
@@ -143,9 +144,9 @@ class GraphSaver:
                 graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
                                         example_kwargs=kwargs, fallback=not several)
         except CaptureError as e:  # several processes: no traced call to fall back on
-            warnings.warn(f"sleuth irdump: {e}; the forward stages are not saved in a run of "
+            warnings.warn(f"IR graphs: {e}; the forward stages are not saved in a run of "
                           "several processes (forward_eager and backward still are)",
-                          stacklevel=4)
+                          SleuthWarning, stacklevel=4)
         finally:
             with torch.no_grad():  # BatchNorm's running statistics as the real call finds them
                 for b, saved in buffers:
@@ -180,7 +181,7 @@ class GraphSaver:
             self._capture = DispatchCapture(module, args, kwargs, root_pushed=True)
             self._capture.start()
         except Exception as e:  # noqa: BLE001 - never break the user's run
-            warnings.warn(f"sleuth irdump: forward_eager capture failed: {e}", stacklevel=3)
+            warnings.warn(f"IR graphs: forward_eager capture failed: {e}", SleuthWarning, stacklevel=3)
             self._capture = None
         finally:
             self._busy = False
@@ -195,7 +196,7 @@ class GraphSaver:
             if not self._await_grad_call:  # a call without gradients has no backward
                 self._patch_backward(capture)
         except Exception as e:  # noqa: BLE001
-            warnings.warn(f"sleuth irdump: forward_eager capture failed: {e}", stacklevel=2)
+            warnings.warn(f"IR graphs: forward_eager capture failed: {e}", SleuthWarning, stacklevel=2)
 
     # -- backward ------------------------------------------------------------------------------
     def _patch_backward(self, capture: Any) -> None:
@@ -214,7 +215,7 @@ class GraphSaver:
                 saver._write([capture_backward(tensors, graph, capture.grad_fn_links, params,
                                                graph.modules)])
             except Exception as e:  # noqa: BLE001
-                warnings.warn(f"sleuth irdump: backward capture failed: {e}", stacklevel=2)
+                warnings.warn(f"IR graphs: backward capture failed: {e}", SleuthWarning, stacklevel=2)
             finally:
                 capture.grad_fn_links.clear()  # do not keep the autograd graph alive
             return orig(tensors, *args, **kwargs)
@@ -233,8 +234,8 @@ class GraphSaver:
     def _give_up_backward(self) -> None:
         self._unpatch_backward()
         self._backward_capture.grad_fn_links.clear()
-        warnings.warn("sleuth irdump: the model ran again before any backward; the backward "
-                      "graph is not saved", stacklevel=3)
+        warnings.warn("IR graphs: the model ran again before any backward; the backward "
+                      "graph is not saved", SleuthWarning, stacklevel=3)
 
 
 def _wrapped(module: Any) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA, Action,
                               CollectorConfig)
 from profiler._errors import ProfilerError
+from tracer import SleuthWarning  # printed as one line, `sleuth: ...`, as all of Sleuth's
 from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
                           run_id_from_env, world_size_from_env, write_json_atomic)
 from profiler._kineto import safe_export_path, window_edge
@@ -216,12 +217,12 @@ class Collector:
             with own_work("profiler"):  # its meta-tensor ops are no op of the user's step
                 counted = count_flops(load_trace(trace_path), steps)
         except Exception as e:  # noqa: BLE001 - the count is optional; the profile is kept
-            warnings.warn(f"sleuth profiler: FLOP counting failed ({type(e).__name__}: {e}); "
-                          "MFU not reported", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"profiler: FLOP counting failed ({type(e).__name__}: {e}); MFU not "
+                          "reported", SleuthWarning, stacklevel=2)
             return {}
         if not counted:
-            warnings.warn("sleuth profiler: FLOPs are counted from recorded input shapes; with "
-                          "record_shapes=False MFU is not reported", RuntimeWarning, stacklevel=2)
+            warnings.warn("profiler: FLOPs are counted from recorded input shapes; with "
+                          "record_shapes=False MFU is not reported", SleuthWarning, stacklevel=2)
         return counted
 
     def _export_stacks(self, prof: Any, k: int) -> str | None:
@@ -233,9 +234,8 @@ class Collector:
             prof.export_stacks(str(tmp), "self_cuda_time_total" if self._cuda else "self_cpu_time_total")
         except Exception as e:  # noqa: BLE001 - torch raises several types here; the trace is kept
             tmp.unlink(missing_ok=True)
-            warnings.warn(f"sleuth profiler: no stacks file for window {k} ({type(e).__name__}: "
-                          f"{e}); the trace and tables are unaffected", RuntimeWarning,
-                          stacklevel=2)
+            warnings.warn(f"profiler: no stacks file for window {k} ({type(e).__name__}: {e}); "
+                          f"the trace and tables are unaffected", SleuthWarning, stacklevel=2)
             return None
         if not tmp.exists() or tmp.stat().st_size == 0:
             tmp.unlink(missing_ok=True)

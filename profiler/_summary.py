@@ -27,14 +27,16 @@ from typing import Any, Iterable
 from profiler._errors import ConfigError, ProfilerError
 from profiler._io import rank_from_env, run_id_from_env
 from profiler._own import own_work
+from tracer import SleuthWarning
 
 FORMAT_VERSION = "1.0"
 TAG_BYTES = 512
 _FREQ_KEYS = ("scalar", "histogram")
 
 
-class SummaryCapReached(UserWarning):
-    """Warned once when a summary file reaches `max_bytes`; later records are dropped."""
+class SummaryCapReached(SleuthWarning):
+    """Warned once when a summary file reaches `max_bytes`; later records are dropped. Printed
+    as one line, `sleuth: ...`, as every warning of Sleuth's (tracer.SleuthWarning)."""
 
 
 def _dtypes() -> dict[str, Any]:
@@ -266,7 +268,7 @@ class SummaryWriter:
         self.stopped = True
         self._scalars, self._hists = [], []
         warnings.warn(
-            f"sleuth summary {self.path} reached max_bytes={self.max_bytes}: later scalars and "
+            f"summary {self.path} reached max_bytes={self.max_bytes}: later scalars and "
             "histograms are dropped. Raise the cap with SummaryWriter(..., max_bytes=N) or "
             "SLEUTH_SUMMARY_MAX_BYTES=N, or log less often with frequency={...}.",
             SummaryCapReached, stacklevel=3)

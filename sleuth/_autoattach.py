@@ -13,7 +13,6 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-import warnings
 
 # variable -> (package, function); each function returns a handle or None.
 _TOOLS = {
@@ -42,14 +41,22 @@ def attach() -> None:
         try:
             handle = getattr(importlib.import_module(package), function)()
         except Exception as e:  # a broken config must not kill the user's run silently or loudly
-            if os.environ.get("SLEUTH_STRICT", "") == "1":
+            if os.environ.get("SLEUTH_STRICT", "").strip() == "1":
                 raise
-            warnings.warn(f"sleuth: could not attach {package} ({type(e).__name__}: {e}); "
-                          "the run continues without it. Set SLEUTH_STRICT=1 to stop instead.",
-                          stacklevel=2)
+            _warn(f"could not attach {package} ({type(e).__name__}: {e}); the run goes on "
+                  f"without it (SLEUTH_STRICT=1 stops it instead)")
             continue
         if handle is not None:
             _handles.append(handle)
+
+
+def _warn(message: str) -> None:
+    """One line, ``sleuth: <message>``, as every warning of Sleuth's own (tracer.SleuthWarning)."""
+    import warnings
+
+    from tracer import SleuthWarning
+
+    warnings.warn(message, SleuthWarning, stacklevel=3)
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):

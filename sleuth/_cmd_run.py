@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replace the files of another run found in the run directory (only "
                    "files Sleuth writes) instead of refusing to start")
     p.add_argument("--strict", action="store_true",
-                   help="stop the run when a tool fails to attach (default: warn and go on)")
+                   help="stop the run when a tool fails to attach or to write (default: the "
+                   "tool goes off with one warning line and the run goes on; SLEUTH_STRICT=1)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                    help="the command to run after --, e.g. -- python train.py or -- torchrun "
                    "--nproc_per_node=2 train.py (every process it starts is covered)")

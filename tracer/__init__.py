@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "WatchpointHit": "tracer._errors",
     "DumpWriteError": "tracer._errors",
     "RecordNotFoundError": "tracer._errors",
+    "SleuthWarning": "tracer._errors",
     "UntrustedFileError": "tracer._errors",
     # capture
     "Dumper": "tracer._dumper",

@@ -5,6 +5,10 @@ The Dumper attaches to every top-level module that runs (global module hooks), c
 with the global optimizer hook, takes rank and world size from ``RANK``/``WORLD_SIZE`` and the
 run directory from the config's ``path`` or ``SLEUTH_RUN_DIR``, and is closed at interpreter
 exit so the last step is written. When the variable is unset nothing is imported or installed.
+
+Observing never stops the observed run: a config that cannot be used, or a Dumper that cannot
+start, leaves the script running without a dump, with one ``sleuth:`` warning line, unless
+``SLEUTH_STRICT=1`` (or the config's ``"on_error": "raise"``) asks for the error instead.
 """
 from __future__ import annotations
 
@@ -23,8 +27,11 @@ _attaching = False
 def attach_from_env() -> Dumper | None:
     """Attach a global Dumper as $SLEUTH_DUMP_CONFIG says; None when it is unset or "0".
 
-    Calling it again returns the Dumper already attached. Raises ConfigError when the config is
-    unreadable or invalid (the message names the file and the key).
+    Calling it again returns the Dumper already attached. A config that is unreadable or
+    invalid, or a Dumper that fails to start, warns once (``sleuth: the tensor dump is off for
+    this run: ...``, the message naming the file and the key) and returns None: the script runs
+    on without a dump. With $SLEUTH_STRICT=1 (or ``"on_error": "raise"`` in a config that
+    reads) the error is raised instead: ConfigError, or the Dumper's.
     """
     global _attaching
     value = os.environ.get(ENV_VAR, "").strip()
@@ -43,18 +50,27 @@ def attach_from_env() -> Dumper | None:
         _attaching = False
 
 
-def _attach(value: str) -> Dumper:
+def _attach(value: str) -> Dumper | None:
     global _active
     from tracer._config import DumpConfig, load_json
     from tracer._dumper import Dumper
+    from tracer._errors import describe_error, strict, warn
 
-    if value.startswith("{"):
-        config = DumpConfig.from_dict(load_json(value, f"{ENV_VAR} (inline JSON)"))
-    elif value == "1":
-        config = DumpConfig()
-    else:
-        config = DumpConfig.from_json(value)
-    _active = Dumper(None, config)
+    config = None
+    try:
+        if value.startswith("{"):
+            config = DumpConfig.from_dict(load_json(value, f"{ENV_VAR} (inline JSON)"))
+        elif value == "1":
+            config = DumpConfig()
+        else:
+            config = DumpConfig.from_json(value)
+        _active = Dumper(None, config)
+    except Exception as e:
+        if config.raises() if config is not None else strict():
+            raise
+        warn(f"the tensor dump is off for this run: {describe_error(e)} (the run goes on "
+             f"without it; SLEUTH_STRICT=1 stops it instead)", stacklevel=4)
+        return None
     _register_exit(_close_at_exit)
     return _active
 

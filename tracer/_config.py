@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from tracer._errors import ConfigError
+from tracer._errors import ConfigError, strict, warn
 from tracer._validate import check_scalar
 
 ENV_VAR = "SLEUTH_DUMP_CONFIG"
@@ -78,8 +78,9 @@ class DumpConfig:
     file_process: bool = True
     """Async writer: write the HDF5 part of each step file in one helper process per training
     process (h5py holds the GIL while it writes); false keeps it in the writer's threads."""
-    on_error: Literal["raise", "warn"] = "raise"
-    """raise: a dump error stops the run; warn: warn once and stop dumping."""
+    on_error: Literal["raise", "warn"] = "warn"
+    """warn: a failure of the dump warns once and switches dumping off, and the run goes on;
+    raise: it stops the run. $SLEUTH_STRICT=1 raises whatever this says (`raises`)."""
     watch: tuple[dict, ...] = ()
     """Watchpoints checked as records are made (see docs/dump-config.md)."""
     nan_allow: tuple[str, ...] = ()
@@ -149,6 +150,11 @@ class DumpConfig:
         if hit is None:
             hit = cache[op] = self._op_match(op)  # type: ignore[attr-defined]
         return hit
+
+    def raises(self) -> bool:
+        """True when a failure of the dump stops the run: ``on_error`` "raise", or
+        $SLEUTH_STRICT=1 (CI, tests). Read when a failure happens, never on the hot path."""
+        return self.on_error == "raise" or strict()
 
     def run_dir(self) -> Path:
         """The run directory: `path`, else $SLEUTH_RUN_DIR, else ./sleuth_run."""
@@ -246,10 +252,7 @@ def warn_retired_switches() -> None:
     found = [f"{name} ({why})" for name, why in _RETIRED_SWITCHES.items()
              if os.environ.get(name, "").strip()]
     if found:
-        import warnings
-
-        warnings.warn("sleuth tracer: no longer read, so ignored: " + "; ".join(found),
-                      RuntimeWarning, stacklevel=3)
+        warn("no longer read, so ignored: " + "; ".join(found), stacklevel=3)
 
 
 def load_json(text: str, source: str) -> Any:

@@ -23,7 +23,6 @@ import json
 import os
 import sys
 import threading
-import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +32,8 @@ import torch
 from torch.optim import optimizer as _optim
 
 from tracer._config import DumpConfig, load_json, warn_retired_switches
-from tracer._errors import ConfigError, DumpWriteError, TracerError, WatchpointHit
+from tracer._errors import (ConfigError, DumpWriteError, TracerError, WatchpointHit,
+                            describe_error, warn)
 from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
 from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, encode_call, on_scaler_update,
                             tool_range, user_source)
@@ -289,9 +289,12 @@ class Dumper:
             return
         if first and self._auto_ended and not self._backward:
             return
-        self._end()
-        self.current_step += 1
-        self._begin()
+        try:
+            self._end()
+            self.current_step += 1
+            self._begin()
+        except Exception as e:  # noqa: BLE001 - routed through on_error
+            self._fail(e)
 
     def close(self, *, interrupted: BaseException | str | None = None) -> None:
         """Write the current step if it recorded anything, remove every hook, close the writer
@@ -445,26 +448,56 @@ class Dumper:
             # a tracer writer takes the full call; a stand-in gets the plain one
             self._takes_stats = isinstance(self._writer, Writer)
             self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
+            # the first step claims the rank (tracer.storage._lock): a run directory of another
+            # run, or a rank another writer holds, fails here, before the flight recorder
+            # could write into that folder
+            self._writer.begin_step(self.current_step)
             from tracer.analysis import install_watch
 
             # watchpoints and the flight recorder; removed with the writer at close
             install_watch(self._writer, self.config)
-        self._writer.begin_step(self.current_step)
+        else:
+            self._writer.begin_step(self.current_step)
         self._open = True
 
     def _fail(self, error: Exception) -> None:
-        if self.config.on_error == "raise" or isinstance(error, WatchpointHit):
+        """A failure of the dump's own work (writing, a hook, the optimizer hook, a claim on the
+        run directory): raised where the config `raises()` (on_error "raise", SLEUTH_STRICT=1)
+        or a watchpoint asked to stop the run; otherwise the dump goes off with one warning,
+        its flight recorder disarmed so nothing more is written, and the run goes on. Called
+        again with the error it raised (a hook above the one that failed), it raises it again."""
+        if isinstance(error, WatchpointHit) or self.config.raises():
             if isinstance(error, TracerError):
                 raise error
-            raise TracerError(f"dumping step {self.current_step} failed: {error}; set "
-                              f'"on_error": "warn" to keep training without the dump') from error
-        warnings.warn(f"sleuth tracer: dumping stopped at step {self.current_step}: {error}",
-                      RuntimeWarning, stacklevel=3)
+            raise TracerError(f"dumping step {self.current_step} failed: "
+                              f"{describe_error(error)}; with \"on_error\": \"warn\" (the "
+                              f"default) and SLEUTH_STRICT unset the run goes on without the "
+                              f"dump") from error
+        if not self.enabled:
+            return  # switched off already, and said so
         # hooks come off at the next step boundary: this may run inside the dispatch mode's
         # handler, where popping the mode would pop someone else's
         self.capturing = False
         self.enabled = False
         self._failed = True
+        try:
+            disarm_flight_recorder(self.config, self.rank)
+        except Exception:  # noqa: BLE001 - restoring the previous hooks is best effort
+            pass
+        warn(f"the tensor dump is off from step {self.current_step} on, and the run goes on "
+             f"without it: {describe_error(error)} (SLEUTH_STRICT=1 stops the run instead)",
+             stacklevel=3)
+
+    def _drop_writer(self) -> None:
+        """Close the writer of a dump that failed: its threads stop, its rank lock is released.
+        What it still has to say was warned about already."""
+        writer, self._writer = self._writer, None
+        self._open = False
+        if writer is not None:
+            try:
+                writer.close()
+            except Exception:  # noqa: BLE001 - the dump is off; the failure is reported
+                pass
 
     def _leave_process(self, pop_mode: bool = False) -> None:
         """Stop for good in this process, touching neither the dump nor the writer.
@@ -493,11 +526,19 @@ class Dumper:
         if self._failed:
             self._failed = False
             self._uninstall()
+            self._drop_writer()
 
     # -- steps ----------------------------------------------------------------------------------
     def _begin(self) -> None:
         rewrap_scalers()  # a scaler class imported since (FSDP's)
         self._backward = False
+        if self._writer is not None and not getattr(self._writer, "enabled", True) \
+                and not self._closed and self.enabled:
+            # the writer switched the dump off after an error it warned about (on_error
+            # "warn"): the hooks stay off from now on, and nothing more is written
+            self.enabled = False
+            disarm_flight_recorder(self.config, self.rank)
+            self._drop_writer()
         if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
             self._snapshot_buffers = {}  # memory the size of the model: not kept between dumps
             return
@@ -566,9 +607,8 @@ class Dumper:
         except WatchpointHit:
             pass
         except Exception as e:  # noqa: BLE001 - the run is ending with its own error
-            warnings.warn(f"sleuth tracer: the parameter records of interrupted step "
-                          f"{self.current_step} were not taken: {e}", RuntimeWarning,
-                          stacklevel=2)
+            warn(f"the parameter records of interrupted step {self.current_step} were not "
+                 f"taken: {describe_error(e)}", stacklevel=2)
 
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning
@@ -591,16 +631,24 @@ class Dumper:
                 f.write(json.dumps(note) + "\n")
         except OSError as e:
             where = f"not noted in {path}: {e}"
-        warnings.warn(f"sleuth tracer: {records} record(s) made after the run's last "
-                      f"optimizer.step() were not written as step {step} ({where}); call "
-                      f"Dumper.step() yourself to choose where steps end", RuntimeWarning,
-                      stacklevel=4)
+        warn(f"{records} record(s) made after the run's last optimizer.step() were not "
+             f"written as step {step} ({where}); call Dumper.step() yourself to choose where "
+             f"steps end", stacklevel=4)
 
     def _crashed(self, reason: str) -> None:
         """The process is dying (an uncaught exception, SIGTERM; tracer.analysis._flight's hooks):
         write the open step, marked interrupted, while it still can."""
-        if not self._closed and self.enabled:
-            self.close(interrupted=reason)
+        if self._closed or not self.enabled:
+            return
+        mode = self._mode
+        if mode is not None and mode.active and not mode.on_top():
+            # a signal handler runs between any two bytecodes: inside the mode's own handler
+            # (torch takes the mode off the stack while it runs) or while the dump suspended it.
+            # Popping now would take another mode off, or fail on an empty stack ("trying to
+            # pop from empty mode stack"); where the process goes on, torch puts it back,
+            # inactive, and it passes every op through
+            mode.abandon()
+        self.close(interrupted=reason)
 
     def _wanted_params(self, optimizer: torch.optim.Optimizer | None = None) -> list:
         entries = self._tracker.param_names()
@@ -680,9 +728,18 @@ class Dumper:
                        ) -> tuple[tuple, dict] | None:
         """Take the step's pre-step parameter copies and take the op mode off while the
         optimizer runs; its closure, if any, is handed on wrapped so that its forward and
-        backward are recorded after all (`_recording`)."""
+        backward are recorded after all (`_recording`). A failure is the dump's (`_fail`):
+        the optimizer step then runs with the arguments it was given."""
         if not self.capturing:
             return None
+        try:
+            return self._before_optimizer(optimizer, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - routed through on_error
+            self._fail(e)
+            return None
+
+    def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict
+                          ) -> tuple[tuple, dict] | None:
         if self._mode is not None:
             self._mode.pop()  # the optimizer's own ops are not records
         launch = getattr(self._writer, "launch_pending", None)
@@ -748,6 +805,14 @@ class Dumper:
         self._remove_after_failure()
         if self._closed or not self.enabled:
             return
+        try:
+            self._after_optimizer(optimizer)
+        except Exception as e:  # noqa: BLE001 - routed through on_error
+            self._fail(e)
+
+    def _after_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer step's parameter records; the step it ends is written and the next
+        one begins (without an explicit `step()`)."""
         if self.capturing and self.config.params:
             call = self._tracker.calls.next("<optimizer>", "optimizer")
             self._record_params(call=call, with_update=True, optimizer=optimizer)
@@ -770,6 +835,9 @@ class Dumper:
         if stepped or self._explicit or self._closed or not self.enabled:
             return
         self._auto_ended = True
-        self._end()
-        self.current_step += 1
-        self._begin()
+        try:
+            self._end()
+            self.current_step += 1
+            self._begin()
+        except Exception as e:  # noqa: BLE001 - routed through on_error
+            self._fail(e)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tracer import SleuthWarning
+
 REPO = Path(__file__).resolve().parents[2]
 
 _SCRIPT = textwrap.dedent("""
@@ -139,7 +141,8 @@ def test_attach_captures_a_keyword_call_and_leaves_training_bit_identical(tmp_pa
         return model.state_dict(), torch.rand(1)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # a failed capture only warns
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("error", SleuthWarning)  # a failed capture only warns
         state, after = train(tmp_path / "ir")
     plain_state, plain_after = train()
     assert all(torch.equal(state[k], plain_state[k]) for k in plain_state)  # running stats too
@@ -177,7 +180,8 @@ def test_an_evaluation_before_the_first_step_still_gives_the_training_backward(t
         return model.state_dict(), torch.rand(1)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # "backward graph is not saved" fails
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("error", SleuthWarning)  # "backward graph is not saved" fails
         state, after = train(tmp_path / "ir")
     plain_state, plain_after = train()
     assert all(torch.equal(state[k], plain_state[k]) for k in plain_state)
@@ -202,7 +206,7 @@ def test_several_processes_never_fall_back_to_a_forward_of_their_own(tmp_path, m
     model = make_branchy()  # data-dependent control flow: torch.export refuses it
     calls = []
     model.a.register_forward_hook(lambda *_: calls.append(1))
-    with pytest.warns(UserWarning, match="forward stages are not saved"):
+    with pytest.warns(SleuthWarning, match="forward stages are not saved"):
         with GraphSaver(tmp_path):
             model(torch.ones(2, 8)).sum().backward()
     assert len(calls) == 1  # the real call only

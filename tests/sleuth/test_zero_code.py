@@ -98,3 +98,132 @@ def test_no_variable_means_nothing_is_imported(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+# -- observing never stops the observed run -------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train.py"
+DOCS_CONFIG = '{"steps": "0|5", "level": "mix", "mode": "statistics"}'  # docs/tracer.md's
+
+
+def _attach_env(run_dir: Path, config: str, **extra: str) -> dict[str, str]:
+    """The environment of a zero-code attach: the start-up hook (the .pth file's, or the one
+    `sleuth run` puts on the path) loads from this checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "sleuth" / "_boot"), str(REPO)]),
+               SLEUTH_DUMP_CONFIG=config, SLEUTH_RUN_DIR=str(run_dir), **extra)
+    return env
+
+
+def _train(run_dir: Path, config: str = DOCS_CONFIG, steps: int = 8, preexec=None,
+           **extra: str) -> subprocess.CompletedProcess:
+    """examples/train.py, nobody's edit in it, dumped through the environment."""
+    return subprocess.run([sys.executable, str(EXAMPLE), "--steps", str(steps)],
+                          env=_attach_env(run_dir, config, **extra), cwd=run_dir.parent,
+                          capture_output=True, text=True, timeout=240, preexec_fn=preexec)
+
+
+def _trained(proc: subprocess.CompletedProcess, steps: int = 8) -> bool:
+    return proc.returncode == 0 and f"step {steps - 1} loss" in proc.stdout
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every path under `folder` with its size, modification time and bytes."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns,
+                                         p.read_bytes() if p.is_file() else b"")
+            for p in sorted(folder.rglob("*"))}
+
+
+def _lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_attach_into_another_runs_dump_warns_once_and_trains_on(tmp_path):
+    """docs/tracer.md's first example run twice into one run directory: the second run trains
+    to its end with one `sleuth:` line, and the first run's folder is left as it was (no
+    flight recorder, no lock, no rank folder of the second run). SLEUTH_STRICT=1 raises."""
+    run = tmp_path / "a"
+    # step 8 is what follows the last optimizer step (`loss.item()`): dropped, with a warning
+    first = _train(run, '{"steps": "0|5|8", "level": "mix"}', SLEUTH_RUN_ID="first")
+    assert _trained(first), first.stderr[-3000:]
+    # Sleuth's own warnings are one line each, no internal path or source line
+    assert _lines(first.stderr) == [line for line in _lines(first.stderr)
+                                    if line.startswith("sleuth: ")], first.stderr
+    assert "made after the run's last optimizer.step()" in first.stderr
+    before = _snapshot(run)
+
+    second = _train(run, SLEUTH_RUN_ID="second", RANK="1")  # a rank the first run lacks
+    assert _trained(second), second.stderr[-3000:]
+    lines = _lines(second.stderr)
+    assert len(lines) == 1, second.stderr
+    assert lines[0].startswith("sleuth: the tensor dump is off from step 0 on, and the run goes "
+                               "on without it: ")
+    assert "holds the dump of another run" in lines[0] and "names run first" in lines[0]
+    assert lines[0].endswith("(SLEUTH_STRICT=1 stops the run instead)")
+    assert _snapshot(run) == before
+
+    strict = _train(run, SLEUTH_RUN_ID="third", SLEUTH_STRICT="1")
+    assert strict.returncode != 0 and "OtherRunError" in strict.stderr
+    assert _snapshot(run) == before
+
+
+def test_a_config_typo_is_one_line_and_the_run_goes_on(tmp_path):
+    proc = _train(tmp_path / "run", '{"levle": "op"}', steps=2)
+    assert _trained(proc, 2), proc.stderr[-3000:]
+    assert _lines(proc.stderr) == [
+        "sleuth: the tensor dump is off for this run: unknown key 'levle'; did you mean "
+        "'level'? (valid keys: path, steps, ranks, level, mode, modules, exclude_modules, ops, "
+        "exclude_ops, io, phases, params, sketch, writer, async_max_queued_mb, file_process, "
+        "on_error, watch, nan_allow, overwrite) (the run goes on without it; SLEUTH_STRICT=1 "
+        "stops it instead)"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_rank_another_live_writer_holds_is_left_alone(tmp_path):
+    """A writer of this host that is alive (here: the test's own process) holds rank 0."""
+    from tracer.storage._lock import LOCK_NAME, _start_time
+
+    rank_dir = tmp_path / "run" / "dump" / "rank0"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / LOCK_NAME).write_text(json.dumps({
+        "pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
+        "run_id": "the-other", "since": "2026-01-01T00:00:00+00:00"}))
+    before = _snapshot(tmp_path / "run")
+    proc = _train(tmp_path / "run", steps=3)
+    assert _trained(proc, 3), proc.stderr[-3000:]
+    lines = _lines(proc.stderr)
+    assert len(lines) == 1 and "is being written by another process" in lines[0], lines
+    assert f"pid {os.getpid()}" in lines[0]
+    assert _snapshot(tmp_path / "run") == before
+
+
+def _file_size_limit(limit: int):
+    """A child whose files cannot grow past `limit` bytes: its writes fail as on a full disk
+    (EFBIG; Python ignores SIGXFSZ)."""
+    import resource
+
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_a_disk_that_fails_turns_the_dump_off_under_sleuth_run(tmp_path, sleuth_cli, writer):
+    """`sleuth run` with a dump config that says nothing of on_error: the first step file
+    cannot be written, the dump goes off with one line, the script trains to its end, and no
+    partial file is left. (HDF5 used to crash the process with SIGSEGV here.)"""
+    (tmp_path / "dump.json").write_text(json.dumps({"level": "op", "writer": writer}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-m", "sleuth", "run", "--run-dir", "run",
+                           "--dump", "dump.json", "--", "python", str(EXAMPLE), "--steps", "4"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                          preexec_fn=_file_size_limit(30_000))
+    assert _trained(proc, 4), proc.stderr[-3000:]
+    ours = [line for line in _lines(proc.stderr) if line.startswith("sleuth: ")]
+    assert len(ours) == 1 and "File too large" in ours[0], proc.stderr
+    assert "dumping is off for the rest of the run, and the run goes on" in ours[0]
+    assert "Traceback" not in proc.stderr
+    assert not [p.name for p in (tmp_path / "run" / "dump" / "rank0").iterdir()]

@@ -426,17 +426,93 @@ def test_on_error_warn_stops_dumping_and_training_goes_on(writers, monkeypatch):
     assert not nn_module._global_forward_pre_hooks and not torch._C._len_torch_dispatch_stack()
 
 
-def test_on_error_raise_names_the_fix(writers, monkeypatch):
+@pytest.mark.parametrize("how", ["on_error", "strict"])
+def test_on_error_raise_names_the_fix(writers, monkeypatch, how):
     class Broken(FakeWriter):
         def add(self, meta, tensor):
             raise OSError("disk full")
 
     monkeypatch.setattr(dumper_module, "_make_writer", lambda *a: Broken())
+    if how == "strict":
+        monkeypatch.setenv("SLEUTH_STRICT", "1")
     model = MLP()
     with pytest.raises(tracer.TracerError, match="on_error"):
-        with tracer.Dumper(model, cfg(level="op")):
+        with tracer.Dumper(model, cfg(level="op", **({"on_error": "raise"} if how == "on_error"
+                                                      else {}))):
             model(torch.randn(2, 8))
     assert not torch._C._len_torch_dispatch_stack()
+
+
+def _boom(*args, **kwargs):
+    raise RuntimeError("a bug in the tracer")
+
+
+# where the tracer's own code fails: (level, what to break, the attribute broken)
+_BROKEN = {
+    "module hook": ("module", "tracer.capture._module_hooks", "ModuleTracker._name_of"),
+    "gradient hook": ("module", "tracer._dumper", "Dumper.emit"),
+    "op mode before the op": ("op", "tracer.capture._op_mode", "op_scope"),
+    "op mode after the op": ("op", "tracer.capture._op_mode", "OpMode._after"),
+    "optimizer hook": ("module", "tracer._dumper", "Dumper._snapshot_param"),
+    "optimizer hook, after the step": ("module", "tracer._dumper", "Dumper._wanted_params"),
+    "flight recorder": ("mix", "tracer.analysis._flight", "FlightRecorder.add_row"),
+}
+
+
+def _train_losses(steps: int = 3, config: dict | None = None) -> tuple[list[float], object]:
+    """Losses of a few SGD steps of the MLP, under a Dumper with `config` when given."""
+    import contextlib
+
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dumper = tracer.Dumper(model, config) if config is not None else None
+    losses = []
+    with dumper if dumper is not None else contextlib.nullcontext():
+        for _ in range(steps):
+            loss = model(torch.randn(2, 8)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    return losses, dumper
+
+
+@pytest.mark.parametrize("where", list(_BROKEN))
+def test_a_failure_inside_the_tracer_warns_once_and_training_goes_on(tmp_path, monkeypatch,
+                                                                     where):
+    """Observing never stops the observed run: whichever part of the tracer fails, the dump
+    goes off with one `sleuth:` warning, the hooks come off, and the training computes what
+    it computes without a dump."""
+    import importlib
+    import warnings
+
+    from torch.nn.modules import module as nn_module
+
+    monkeypatch.delenv("SLEUTH_STRICT", raising=False)
+    expected, _ = _train_losses()
+    level, module, attr = _BROKEN[where]
+    owner = importlib.import_module(module)
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    monkeypatch.setattr(owner, name, _boom)
+    config = {"path": str(tmp_path), "writer": "sync", "level": level}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, dumper = _train_losses(config=config)
+    assert losses == expected
+    ours = [str(c.message) for c in caught if issubclass(c.category, tracer.SleuthWarning)]
+    assert len(ours) == 1 and "a bug in the tracer" in ours[0], ours
+    assert "the run goes on" in ours[0] and "SLEUTH_STRICT=1" in ours[0]
+    assert not dumper.enabled
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+    assert not torch._C._len_torch_dispatch_stack()
+    # ... and where failures must stop the run (CI), the error comes out
+    monkeypatch.setenv("SLEUTH_STRICT", "1")
+    with pytest.raises((RuntimeError, tracer.TracerError), match="a bug in the tracer"):
+        _train_losses(config={**config, "path": str(tmp_path / "strict")})
+    assert not nn_module._global_forward_pre_hooks and not torch._C._len_torch_dispatch_stack()
 
 
 @pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")

@@ -237,3 +237,64 @@ def test_uncaught_exception_and_clean_exit_under_sleuth_run(tmp_path):
     assert statuses == {s: ("complete", "") for s in range(6)}
     note = json.loads((clean / "run" / "dump" / "rank0" / "notes.jsonl").read_text())
     assert note["step"] == 6 and note["dropped_records"] > 0  # the last loss.item()
+
+
+# SIGTERM at a chosen point of step 3, from inside the tracer's own work: Python runs a signal
+# handler between any two bytecodes, and at op level most of them are the tracer's.
+_SIGTERM_INSIDE = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from torch import nn
+    import tracer
+    from tracer.capture import OpMode
+    from tracer.storage._writer import SyncWriter
+
+    where = sys.argv[1]
+    owner, name = (OpMode, "_after") if where == "op handler" else (SyncWriter, "add")
+    original = getattr(owner, name)
+    state = {"step": 0, "calls": 0}
+
+    def patched(*args, **kwargs):
+        if state["step"] == 3:
+            state["calls"] += 1
+            if state["calls"] == 5:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode: in here
+        return original(*args, **kwargs)
+
+    setattr(owner, name, patched)
+    dumper = tracer.attach_from_env()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    for step in range(6):
+        state["step"] = step
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("not killed")
+""")
+
+
+@pytest.mark.parametrize("where", ["op handler", "writer"])
+def test_sigterm_inside_the_tracer_exits_clean(tmp_path, where):
+    """A SIGTERM that lands while the op mode's handler runs (torch has the mode off its stack
+    then) or while the dump measures a tensor (the mode suspended): the open step is written
+    marked interrupted, and nothing of torch's dispatch stack ("trying to pop from empty mode
+    stack") or any traceback reaches stderr; the process still dies by the signal."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env.update(PYTHONPATH=str(REPO), SLEUTH_DUMP_CONFIG='{"level": "op", "writer": "sync"}',
+               SLEUTH_RUN_DIR=str(tmp_path / "run"))
+    proc = subprocess.run([sys.executable, "-c", _SIGTERM_INSIDE, where], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert "not killed" not in proc.stdout
+    assert "mode stack" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    statuses, d = _statuses(tmp_path / "run")
+    assert statuses == {0: ("complete", ""), 1: ("complete", ""), 2: ("complete", ""),
+                        3: ("interrupted", "SIGTERM")}, proc.stderr
+    assert len(d.stats(0, 3))
+    assert [line for line in proc.stderr.splitlines() if line] == [
+        f"sleuth: flight recorder written to {tmp_path / 'run' / 'dump' / 'rank0'}"
+        f"/flight_recorder.h5"]

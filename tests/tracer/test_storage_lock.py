@@ -27,11 +27,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def train(run_dir, n: int = 3, **config) -> tracer.Dumper:
-    """A plain nn.Module loop of `steps` optimizer steps under a Dumper (closed)."""
+    """A plain nn.Module loop of `steps` optimizer steps under a Dumper (closed). The dump's
+    refusals are raised ("on_error": "raise"), as SLEUTH_STRICT=1 does; by default they only
+    warn and switch the dump off (tests/tracer/test_capture_hooks.py)."""
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with tracer.Dumper(model, {"path": str(run_dir), "writer": "sync", **config}) as dumper:
+    config = {"path": str(run_dir), "writer": "sync", "on_error": "raise", **config}
+    with tracer.Dumper(model, config) as dumper:
         for _ in range(n):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
@@ -71,7 +74,7 @@ _SECOND_WRITER = textwrap.dedent("""
     from tests.tracer.models import MLP
     model = MLP()
     try:
-        with tracer.Dumper(model, {"path": sys.argv[1], "writer": "sync"}):
+        with tracer.Dumper(model, {"path": sys.argv[1], "writer": "sync", "on_error": "raise"}):
             model(torch.randn(4, 8))
     except tracer.TracerError as e:
         print("REFUSED", e)
@@ -97,7 +100,8 @@ def test_a_second_process_on_the_same_rank_is_refused_and_the_first_keeps_its_fi
         # and a second Dumper of this process too
         other = MLP()
         with pytest.raises(TracerError, match="being written by another process"):
-            with tracer.Dumper(other, {"path": str(tmp_path), "writer": "sync"}):
+            with tracer.Dumper(other, {"path": str(tmp_path), "writer": "sync",
+                                       "on_error": "raise"}):
                 other(torch.randn(4, 8))
         for _ in range(2):
             model(torch.randn(4, 8)).sum().backward()
@@ -245,7 +249,7 @@ def test_an_async_write_error_surfaces_at_the_next_step_boundary(tmp_path, monke
     _disk_full_at(monkeypatch, "step3.h5")
     model = MLP()
     dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "mode": "tensor",
-                                   "file_process": filer})
+                                   "file_process": filer, "on_error": "raise"})
     raised_at, error = _train_until_error(dumper, model, 12)
     assert raised_at in (3, 4)
     assert "step 3" in str(error) and "No space left on device" in str(error)
@@ -261,7 +265,7 @@ def test_an_async_write_error_before_undumped_steps_surfaces_at_the_next_boundar
     _disk_full_at(monkeypatch, "step1.h5")
     model = MLP()
     dumper = tracer.Dumper(model, {"path": str(tmp_path), "writer": "async", "steps": "0-1",
-                                   "file_process": False})
+                                   "file_process": False, "on_error": "raise"})
     raised_at, error = _train_until_error(dumper, model, 8)
     assert raised_at == 2 and "step 1" in str(error)  # step 2 is not dumped; its end is a boundary
     with pytest.raises(DumpWriteError):

@@ -69,7 +69,7 @@ def _notify(reason: str) -> None:
         try:
             callback(reason)
         except Exception as e:  # noqa: BLE001 - never hide the original error
-            print(f"sleuth tracer: while the process died ({reason}): {e}", file=sys.stderr)
+            print(f"sleuth: while the process died ({reason}): {e}", file=sys.stderr)
 
 
 def describe_exception(value: BaseException) -> str:
@@ -149,19 +149,28 @@ class FlightRecorder:
         table = np.array(rows, dtype=dtype)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".partial")
-        with h5py.File(partial, "w") as f:
-            f.attrs["format_version"] = FORMAT_VERSION
-            f.attrs["rank"] = int(self.rank)
-            f.attrs["reason"] = reason
-            f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            f.attrs["steps"] = json.dumps([s for s, _ in self.steps])
-            f.create_dataset("records", data=table)
-        fd = os.open(partial, os.O_RDONLY)
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(partial, self.path)
+            with h5py.File(partial, "w") as f:
+                f.attrs["format_version"] = FORMAT_VERSION
+                f.attrs["rank"] = int(self.rank)
+                f.attrs["reason"] = reason
+                f.attrs["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(
+                    timespec="seconds")
+                f.attrs["steps"] = json.dumps([s for s, _ in self.steps])
+                f.create_dataset("records", data=table)
+            fd = os.open(partial, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(partial, self.path)
+        except BaseException:
+            # (a full disk): no half-written file left beside the step files
+            try:
+                partial.unlink()
+            except OSError:
+                pass
+            raise
         self.saved = self.path
         return self.path
 
@@ -208,9 +217,9 @@ class FlightRecorder:
             if self.saved is None and os.getpid() == self._owner and self.keeps:
                 # (a watchpoint may have written it already, with its reason)
                 path = self.save(reason=f"uncaught {etype.__name__}: {value}")
-                print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
+                print(f"sleuth: flight recorder written to {path}", file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - never hide the original error
-            print(f"sleuth tracer: could not write the flight recorder: {e}", file=sys.stderr)
+            print(f"sleuth: could not write the flight recorder: {e}", file=sys.stderr)
         (self._prev_hook or sys.__excepthook__)(etype, value, tb)
 
     def _sigterm(self, signum: int, frame: Any) -> None:
@@ -219,9 +228,9 @@ class FlightRecorder:
         try:
             if os.getpid() == self._owner and self.keeps:
                 path = self.save(reason="SIGTERM")
-                print(f"sleuth tracer: flight recorder written to {path}", file=sys.stderr)
+                print(f"sleuth: flight recorder written to {path}", file=sys.stderr)
         except Exception as e:  # noqa: BLE001
-            print(f"sleuth tracer: could not write the flight recorder: {e}", file=sys.stderr)
+            print(f"sleuth: could not write the flight recorder: {e}", file=sys.stderr)
         prev = self._prev_sigterm
         if callable(prev):
             prev(signum, frame)

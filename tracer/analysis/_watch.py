@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Literal
 
-from tracer._errors import ConfigError, WatchpointHit
+from tracer._errors import ConfigError, WatchpointHit, warn
 from tracer._validate import check_scalar
 from tracer.analysis._headroom import FLOAT_RANGES, log2_range, overflow_bits
 
@@ -341,10 +341,7 @@ def install_watch(writer: Any, config: Any) -> _WatchHandle | None:
 
         recorder = install_flight_recorder(writer, config)
     except Exception as e:  # noqa: BLE001 - the flight recorder is a best-effort extra
-        import warnings
-
-        warnings.warn(f"sleuth tracer: no flight recorder for this run ({e})", RuntimeWarning,
-                      stacklevel=2)
+        warn(f"no flight recorder for this run ({e})", stacklevel=2)
     watch = parse_watch(getattr(config, "watch", config))
     if not watch:
         return None

@@ -13,12 +13,13 @@ no graph break of the tracer's. The prior stance comes back when the step ends.
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Any
 
 import torch
 
-EAGER_NOTE = ("sleuth tracer: dumped steps run torch.compile'd code eagerly (the dump records "
+from tracer._errors import warn
+
+EAGER_NOTE = ("dumped steps run torch.compile'd code eagerly (the dump records "
               "the eager model's modules and ops); steps the dump config does not select run "
               "compiled: select only the steps you need with \"steps\"")
 """The one line that says what a dump does to compilation, and what to choose instead."""
@@ -38,7 +39,7 @@ def tell_once(stacklevel: int = 3) -> None:
     global _told
     if not _told:
         _told = True
-        warnings.warn(EAGER_NOTE, RuntimeWarning, stacklevel=stacklevel)
+        warn(EAGER_NOTE, stacklevel=stacklevel)
 
 
 def _compiled_anything() -> bool:
@@ -65,9 +66,8 @@ class EagerWhileDumped:
         try:
             self._stance = set_stance("force_eager")
         except RuntimeError as e:  # the step began inside a compiled region
-            warnings.warn(f"sleuth tracer: step {step} is dumped but could not be made to run "
-                          f"eagerly ({e}); code compiled by torch.compile that runs in it is "
-                          f"not recorded", RuntimeWarning, stacklevel=5)
+            warn(f"step {step} is dumped but could not be made to run eagerly ({e}); code "
+                 f"compiled by torch.compile that runs in it is not recorded", stacklevel=5)
 
     def leave(self) -> None:
         """Give torch.compile its prior stance back."""
@@ -77,8 +77,7 @@ class EagerWhileDumped:
         try:
             stance.__exit__(None, None, None)
         except RuntimeError as e:  # the step ended inside a compiled region: retried at the next
-            warnings.warn(f"sleuth tracer: torch.compile's stance could not be restored after "
-                          f"a dumped step ({e}); it is tried again when the next step ends",
-                          RuntimeWarning, stacklevel=4)
+            warn(f"torch.compile's stance could not be restored after a dumped step ({e}); "
+                 f"it is tried again when the next step ends", stacklevel=4)
             return
         self._stance = None

@@ -216,8 +216,8 @@ class ModuleTracker:
         if "torch._dynamo" in sys.modules:  # loaded: torch.compile may run the model
             keep_dynamo_out()
         self._handles = [
-            _nn_module.register_module_forward_pre_hook(self._pre),
-            _nn_module.register_module_forward_hook(self._post, with_kwargs=True,
+            _nn_module.register_module_forward_pre_hook(self._guarded_pre),
+            _nn_module.register_module_forward_hook(self._guarded_post, with_kwargs=True,
                                                     always_call=True),
         ]
 
@@ -244,6 +244,22 @@ class ModuleTracker:
         self.add_root(module)  # no model given: each top-level module that runs is a root
         return self.names.name(module, None)
 
+    def _guarded_pre(self, module: torch.nn.Module, args: tuple) -> None:
+        """`_pre`, its failure the dump's (`Recorder._fail`), never the model's."""
+        if not self._dumper.capturing:
+            return  # the dump went off (the hooks come off at the step boundary)
+        try:
+            self._pre(module, args)
+        except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
+            self._dumper._fail(e)
+
+    def _guarded_post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
+        """`_post`, its failure the dump's (`Recorder._fail`), never the model's."""
+        try:
+            self._post(module, args, *rest)
+        except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
+            self._dumper._fail(e)
+
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
         if self._dumper._busy or fake_mode_active():
             return
@@ -260,7 +276,7 @@ class ModuleTracker:
         if not (self.record and self.want_in and self.wants(name)):
             return
         inputs = flatten_tensors(args, [])
-        frame = sys._getframe(1)
+        frame = sys._getframe(2)  # above this, its guard, then _call_impl's inner
         if frame.f_code is self._inner_code:
             kwargs = frame.f_locals.get("kwargs")
             if kwargs:
@@ -293,7 +309,7 @@ class ModuleTracker:
                 and self.want_in and self.want_fw and not recomputing and self.wants(name):
             # torch changed _call_impl: keyword inputs could not be read before forward ran
             offset = len(flatten_tensors(args, []))
-            source = user_source(2)
+            source = user_source(3)
             with tool_range():
                 self._dumper.emit_all(name, name, "", "forward", "input", call, source,
                                       flatten_tensors(rest[0], []), first=offset)
@@ -309,7 +325,7 @@ class ModuleTracker:
                 recomputing: bool) -> None:
         """Emit a module call's forward inputs or outputs now, and hook their gradients."""
         if self.want_fw and not recomputing:
-            source = user_source(3)  # above this, the hook, then torch's _call_impl
+            source = user_source(4)  # above this, the hook, its guard, torch's _call_impl
             with tool_range():
                 self._dumper.emit_all(name, name, "", "forward", direction, call, source,
                                       tensors)
@@ -326,11 +342,14 @@ class ModuleTracker:
 
         def hook(grad: torch.Tensor) -> None:
             if dumper.capturing and grad is not None and key not in seen:
-                seen.add(key)
-                source = user_source(2)
-                with tool_range():
-                    dumper.emit(name, name, "", "backward", direction, index, call, source,
-                                grad)
+                try:
+                    seen.add(key)
+                    source = user_source(2)
+                    with tool_range():
+                        dumper.emit(name, name, "", "backward", direction, index, call, source,
+                                    grad)
+                except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
+                    dumper._fail(e)
 
         return hook
 

@@ -168,6 +168,26 @@ class OpMode(TorchDispatchMode):
                 _set_eval_frame(prior)  # type: ignore[misc]
         if kwargs is None:
             kwargs = {}
+        # the tracer's own work around the op is guarded, the op is not: a failure of the
+        # dump goes to the Dumper (`_fail`: raised where the config says so, else the dump goes
+        # off with a warning) and the op runs as it would without the mode; an exception of the
+        # op itself reaches the caller unchanged
+        try:
+            plan = self._before(func, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - the dump's failure, not the op's
+            self._dumper._fail(e)
+            plan = None
+        out = func(*args, **kwargs)
+        if plan is not None:
+            try:
+                self._after(plan, args, out)
+            except Exception as e:  # noqa: BLE001 - the dump's failure, not the op's
+                self._dumper._fail(e)
+        return out
+
+    def _before(self, func: Any, args: tuple, kwargs: dict) -> tuple | None:
+        """What the mode does before the op runs: None when the op is not recorded, else the
+        op's plan for `_after`, its input records made."""
         dumper = self._dumper
         info = self._ops.get(func)
         if info is None:
@@ -181,40 +201,40 @@ class OpMode(TorchDispatchMode):
             # running statistics): the writer forgets what it knew of every in-place argument
             dumper.forget(_flat(args, kwargs))
         if not info[1] or dumper._busy or not dumper.capturing or fake_mode_active():
-            return func(*args, **kwargs)
+            return None
         if _graph_task_id() != -1:
             if _grad_enabled() or not self.want_bw:
                 # grad enabled inside backward: activation recomputation (checkpoint) re-running
                 # forward ops, already recorded in the forward pass
-                return func(*args, **kwargs)
+                return None
             phase = "backward"
             node = _current_node()
             if node is None:
                 # run by a callback queued on the engine after the graph's last node: DDP's
                 # and FSDP's gradient synchronisation, not the model's backward
-                return func(*args, **kwargs)
+                return None
             if type(node) is _AccumulateGrad and _ddp_bucketing(func):
-                return func(*args, **kwargs)
+                return None
             tag = node.metadata.get(TAG)
             module = tag[0] if tag is not None else NONE
         else:
             if not self.want_fw:
-                return func(*args, **kwargs)
+                return None
             phase = "forward"
             stack = self._tracker.stack
             module = stack[-1][1] if stack else NONE
             if stack and stack[-1][4]:
-                return func(*args, **kwargs)  # recomputation driven by module hooks
+                return None  # recomputation driven by module hooks
         if not self._tracker.wants(module):
-            return func(*args, **kwargs)
+            return None
         key = (module, info[0])
         scope = self._scopes.get(key)
         if scope is None:
             scope = self._scopes[key] = op_scope(module, info[0])
-        source = user_source(2)
+        source = user_source(3)
         if source is RECEIVED or source is WRAPPER:
             # rebuilding a tensor another process sent, or DDP's own work: not the step's
-            return func(*args, **kwargs)
+            return None
         call = self.calls.next(scope, phase)
         # an in-place op's tensors get their version bumped only after the op returned from
         # this mode: before and after it they carry the same version, so no reuse for them
@@ -232,10 +252,14 @@ class OpMode(TorchDispatchMode):
             with tool_range():
                 dumper.emit_all(scope, module, info[0], phase, "input", call, source, inputs,
                                 stable)
-        out = func(*args, **kwargs)
+        if not self.want_out and info[4] is None:
+            return None
+        return info, scope, module, phase, call, source, stable, uninitialised
+
+    def _after(self, plan: tuple, args: tuple, out: Any) -> None:
+        """What the mode does after the op ran: its output records (`plan` from `_before`)."""
+        info, scope, module, phase, call, source, stable, uninitialised = plan
         fresh = info[4]
-        if not self.want_out and fresh is None:
-            return out
         if isinstance(out, _Tensor):
             outs = [out]
         elif isinstance(out, (list, tuple)):
@@ -249,7 +273,7 @@ class OpMode(TorchDispatchMode):
                     self._remember_fresh(outs[i])
         base = args[info[3]] if 0 <= info[3] < len(args) else None
         if uninitialised and base is not None and self._is_fresh(base):
-            return out  # a view of uninitialised memory (the detach inside Parameter(empty))
+            return  # a view of uninitialised memory (the detach inside Parameter(empty))
         if self.want_out:
             # a view's output gets its base's version counter only after this mode returns
             try:
@@ -258,12 +282,11 @@ class OpMode(TorchDispatchMode):
                 version = None
             with tool_range():
                 if fresh is None:
-                    dumper.emit_all(scope, module, info[0], phase, "output", call, source,
-                                    outs, stable, version)
+                    self._dumper.emit_all(scope, module, info[0], phase, "output", call,
+                                          source, outs, stable, version)
                 else:
                     self._emit_leaving_out(scope, module, info[0], phase, "output", call,
                                            source, outs, fresh, stable, version)
-        return out
 
     def _emit_leaving_out(self, scope: str, module: str, op: str, phase: str, direction: str,
                           call: int, source: str, tensors: list[torch.Tensor],
@@ -332,7 +355,16 @@ class OpMode(TorchDispatchMode):
         return self.active and bool(n) and _stack_at(n - 1) is self
 
     def resume(self) -> None:
-        _stack_push(self)
+        """Put the mode back after `suspend`, unless it was abandoned meanwhile (`abandon`)."""
+        if self.active:
+            _stack_push(self)
+
+    def abandon(self) -> None:
+        """Stop recording without touching the dispatch stack, where the mode is not on top
+        (the process is dying from a signal that arrived while the mode's handler ran): an
+        inactive mode that torch puts back passes every op through, as the Dumper has
+        stopped capturing."""
+        self.active = False
 
     def push(self) -> None:
         if _OWN_DYNAMO_GUARD:

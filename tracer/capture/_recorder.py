@@ -40,3 +40,8 @@ class Recorder(Protocol):
 
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """These tensors are about to be written in place."""
+
+    def _fail(self, error: Exception) -> None:
+        """A hook's own work failed: raise `error` where the config says failures stop the run,
+        else switch the dump off with one warning (the hook then returns, and the model's call
+        goes on)."""

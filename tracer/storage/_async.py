@@ -372,7 +372,7 @@ class AsyncWriter(Writer):
             self._release_lock()
         reported = self._error_reported
         self._raise_pending()
-        if reported and self.config.on_error == "raise" and self._error is not None:
+        if reported and self.config.raises() and self._error is not None:
             # raised at a step boundary already: the caller went on (or is unwinding); the
             # dump is still incomplete, and close() returning would say otherwise
             raise DumpWriteError(f"the dump of rank {self.rank} under {self.run_dir} is "

@@ -34,12 +34,12 @@ import struct
 import subprocess
 import sys
 import threading
-import warnings
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from tracer._errors import warn
 from tracer.storage._format import StepFile
 
 _LEN = struct.Struct("<Q")
@@ -226,9 +226,8 @@ class FileProcess:
                         pipe.close()
                     except OSError:  # a write into the dead helper left unflushed bytes
                         pass
-        warnings.warn(f"sleuth dump (rank {self.rank}): the file-writer process failed ({why}); "
-                      f"the writer's threads write the step files themselves from now on",
-                      RuntimeWarning, stacklevel=3)
+        warn(f"the dump's file-writer process failed (rank {self.rank}: {why}); the writer's "
+             f"threads write the step files themselves from now on", stacklevel=3)
 
 
 _shared: FileProcess | None = None
@@ -309,4 +308,9 @@ if __name__ == "__main__":
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
-    _serve(sys.stdin.buffer, answers)
+    try:
+        _serve(sys.stdin.buffer, answers)
+    except BrokenPipeError:
+        # the training process is gone (a signal killed it while this wrote its step): nobody
+        # is left to answer, and a traceback here would land on the user's terminal
+        os._exit(0)

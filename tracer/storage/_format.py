@@ -437,6 +437,11 @@ class StepFile:
         fapl = h5p.create(h5p.FILE_ACCESS)
         # closing the file closes whatever HDF5 object an error left open
         fapl.set_fclose_degree(h5f.CLOSE_STRONG)
+        # no sieve buffer: a table's bytes are written by its write call, where a full disk is
+        # an error; held back to the dataset's close, a failed write leaves HDF5 a dataset
+        # that the file's close flushes again and crashes on (SIGSEGV in H5D__flush_all_cb,
+        # HDF5 2.0): the user's run would die of the dump's full disk
+        fapl.set_sieve_buf_size(0)
         if spilled and self.nbytes:
             fapl.set_alignment(max(1, self.nbytes), SPILL_OFFSET)
         fid = h5f.create(os.fsencode(self.partial_path), h5f.ACC_TRUNC, fapl=fapl,

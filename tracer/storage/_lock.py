@@ -25,10 +25,9 @@ import os
 import re
 import socket
 import uuid
-import warnings
 from pathlib import Path
 
-from tracer._errors import DumpWriteError, TracerError
+from tracer._errors import DumpWriteError, TracerError, warn
 
 LOCK_NAME = ".lock"
 RUN_FILE = "dump.json"
@@ -236,6 +235,25 @@ def _describe(owner: dict) -> str:
             f"{owner.get('run_id', '?')}, since {owner.get('since', '?')}")
 
 
+def _refuse_live_owner(rank_dir: Path, path: Path, owner: dict) -> None:
+    """Raise DumpLockedError unless the lock `owner` (read from `path`) is stale: its writer, of
+    this host, is gone."""
+    pid, host = owner.get("pid"), owner.get("host")
+    fix = ("wait for it to finish, or write this run elsewhere (a new run directory: the "
+           "dump config's \"path\" or --run-dir)")
+    if not isinstance(pid, int) or not isinstance(host, str):
+        raise DumpLockedError(f"{path} is not a lock this sleuth reads; if no other process "
+                              f"writes rank folder {rank_dir}, delete it and run again")
+    if host != socket.gethostname():
+        raise DumpLockedError(f"{rank_dir} is being written by another process "
+                              f"({_describe(owner)}); {fix}. It runs on another host, so "
+                              f"sleuth cannot tell whether it is still alive: if it is not, "
+                              f"delete {path} and run again")
+    if _alive(pid, owner.get("started")):
+        raise DumpLockedError(f"{rank_dir} is being written by another process "
+                              f"({_describe(owner)}); {fix}")
+
+
 def _take_over_if_stale(rank_dir: Path, path: Path) -> None:
     """Remove `path` when its owner is gone; raise DumpLockedError when it may be alive.
 
@@ -247,24 +265,10 @@ def _take_over_if_stale(rank_dir: Path, path: Path) -> None:
         owner = _read_lock(path)
         if owner is None:  # released meanwhile: try again
             return
-        pid, host = owner.get("pid"), owner.get("host")
-        fix = ("wait for it to finish, or write this run elsewhere (a new run directory: the "
-               "dump config's \"path\" or --run-dir)")
-        if not isinstance(pid, int) or not isinstance(host, str):
-            raise DumpLockedError(f"{path} is not a lock this sleuth reads; if no other process "
-                                  f"writes rank folder {rank_dir}, delete it and run again")
-        if host != socket.gethostname():
-            raise DumpLockedError(f"{rank_dir} is being written by another process "
-                                  f"({_describe(owner)}); {fix}. It runs on another host, so "
-                                  f"sleuth cannot tell whether it is still alive: if it is not, "
-                                  f"delete {path} and run again")
-        if _alive(pid, owner.get("started")):
-            raise DumpLockedError(f"{rank_dir} is being written by another process "
-                                  f"({_describe(owner)}); {fix}")
+        _refuse_live_owner(rank_dir, path, owner)
         path.unlink()
-        warnings.warn(f"sleuth dump: took over the stale lock {path} of a writer that is gone "
-                      f"({_describe(owner)}); its complete step files are kept",
-                      RuntimeWarning, stacklevel=4)
+        warn(f"took over the stale lock {path} of a writer that is gone "
+             f"({_describe(owner)}); its complete step files are kept", stacklevel=4)
     finally:
         os.close(dir_fd)
 
@@ -282,6 +286,15 @@ def claim_rank(run_dir: Path, rank: int, world_size: int, *, overwrite: bool = F
     dump_dir = Path(run_dir) / "dump"
     rank_dir = dump_dir / f"rank{rank}"
     run_id = resolve_run_id(world_size)
+    # refused before anything is made in another writer's or another run's folder (a rank
+    # folder, a lock); taking the lock and `_claim` check again, race-free
+    owner = _read_lock(rank_dir / LOCK_NAME)
+    if owner is not None:
+        _refuse_live_owner(rank_dir, rank_dir / LOCK_NAME, owner)
+    named = read_run_file(dump_dir)
+    if named is not None and named != run_id and not overwrite:
+        raise OtherRunError(_other_run(dump_dir, f"{dump_dir / RUN_FILE} names run {named}",
+                                       run_id))
     try:
         rank_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -319,15 +332,19 @@ def _claim(dump_dir: Path, rank_dir: Path, run_id: str, world_size: int,
                      f"{found or '(written before run ids)'}")
     if other is not None:
         if not overwrite:
-            raise OtherRunError(
-                f"{dump_dir} holds the dump of another run ({other}; this run is {run_id}). "
-                f"Dump into a new run directory (the dump config's \"path\", or --run-dir), or "
-                f"replace the old dump: \"overwrite\": true in the dump config, or --overwrite "
-                f"on sleuth train / sleuth run. A run that continues (resume) gives every "
-                f"process the same {RUN_ID_ENV}.")
+            raise OtherRunError(_other_run(dump_dir, other, run_id))
         _remove_other_run(rank_dir, steps, run_id)
     if named != run_id:
         _write_run_file(dump_dir, run_id, world_size)
+
+
+def _other_run(dump_dir: Path, other: str, run_id: str) -> str:
+    """OtherRunError's message: whose dump is there, and the ways out."""
+    return (f"{dump_dir} holds the dump of another run ({other}; this run is {run_id}). "
+            f"Dump into a new run directory (the dump config's \"path\", or --run-dir), or "
+            f"replace the old dump: \"overwrite\": true in the dump config, or --overwrite "
+            f"on sleuth train / sleuth run. A run that continues (resume) gives every "
+            f"process the same {RUN_ID_ENV}.")
 
 
 def _mtime(p: Path) -> float:
@@ -353,8 +370,8 @@ def _remove_other_run(rank_dir: Path, steps: list[Path], run_id: str) -> None:
         if _DUMP_LEFTOVER.match(p.name):
             _unlink(p)
     if removed:
-        warnings.warn(f"sleuth dump: overwrite: removed {removed} step file(s) of another run "
-                      f"from {rank_dir}", RuntimeWarning, stacklevel=4)
+        warn(f"overwrite: removed {removed} step file(s) of another run from {rank_dir}",
+             stacklevel=4)
 
 
 def _unlink(p: Path) -> None:

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -19,7 +18,7 @@ from typing import Any, NamedTuple
 import h5py
 import numpy as np
 
-from tracer._errors import DumpFormatError, RecordNotFoundError
+from tracer._errors import DumpFormatError, RecordNotFoundError, warn
 from tracer.storage._bounded_json import JsonLimitError, loads_bounded
 from tracer.storage._h5open import open_h5
 from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS,
@@ -677,9 +676,8 @@ def open_dump(path: str | Path) -> Dump:
     skipped = [(s.path, s.reason) for s in states
                if s.state in ("partial", "partial_only", "truncated", "unreadable", "other_run")]
     if skipped:
-        warnings.warn(f"sleuth dump: skipped {len(skipped)} partial, unreadable or other-run "
-                      f"file(s) under {root}, e.g. {skipped[0][0]} ({skipped[0][1]})",
-                      RuntimeWarning, stacklevel=2)
+        warn(f"skipped {len(skipped)} partial, unreadable or other-run file(s) under {root}, "
+             f"e.g. {skipped[0][0]} ({skipped[0][1]})", stacklevel=2)
     return Dump(files, skipped, root, states)
 
 

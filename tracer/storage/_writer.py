@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import warnings
 import weakref
 from collections import deque
 from pathlib import Path
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from tracer._config import DumpConfig
-from tracer._errors import DumpWriteError, TracerError
+from tracer._errors import DumpWriteError, TracerError, warn
 from tracer.storage._format import RecordMeta, RecordRow, StepFile, root_attrs, step_path
 from tracer.storage._batcher import make_deferred, record_batch
 from tracer.storage._layout import stored_extent
@@ -628,11 +627,12 @@ class Writer:
         """Apply on_error to a failure of the dump itself (not of an observer)."""
         self._disabled = True
         self._failure = f"failed {where}: {type(e).__name__}: {e}"
-        msg = (f"sleuth dump (rank {self.rank}) {self._failure}; dumping is off for the rest "
-               f"of the run")
-        if self.config.on_error == "raise":
-            raise DumpWriteError(msg) from e
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        if self.config.raises():
+            raise DumpWriteError(f"sleuth dump (rank {self.rank}) {self._failure}; dumping is "
+                                 f"off for the rest of the run") from e
+        warn(f"the dump of rank {self.rank} {self._failure}; dumping is off for the rest of "
+             f"the run, and the run goes on without it (SLEUTH_STRICT=1 stops the run "
+             f"instead)", stacklevel=3)
 
 
 class SyncWriter(Writer):
