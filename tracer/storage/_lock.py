@@ -223,8 +223,8 @@ def _release_at_exit() -> None:
 def _read_lock(path: Path) -> dict | None:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):  # no lock (a file where a folder goes is
+        return None                                  # the writer's error to report)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
