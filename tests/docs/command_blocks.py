@@ -15,6 +15,9 @@ Rules the docs follow, enforced here:
   then stopped with Ctrl-C.
 - A block that cannot run on a CPU machine without network (installing packages, GPUs, several
   nodes) has `<!-- norun: REASON -->` on the line before its fence; the reason is required.
+- The README and then every guide run one after another in one clone, as a new user reads them,
+  so no document may write into another's run dirs: a guide `docs/G.md` keeps its runs under
+  `runs/G/`, and the README never writes there (`run_dirs` finds what a document names).
 """
 from __future__ import annotations
 
@@ -96,6 +99,15 @@ def extract_blocks(path: Path) -> list[Block]:
                             marker.group(1).strip() if marker else None))
         i += 1
     return blocks
+
+
+_RUN_DIR = re.compile(r"(?<![\w./-])runs/([\w.-]+)")
+
+
+def run_dirs(path: Path) -> set[str]:
+    """The first folder under `runs/` of every run dir a document's blocks name."""
+    return {m.group(1) for block in extract_blocks(path) for cmd in block.commands
+            for m in _RUN_DIR.finditer(cmd.text)}
 
 
 def tool_bin(folder: Path) -> Path:

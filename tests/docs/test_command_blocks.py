@@ -4,21 +4,37 @@ from __future__ import annotations
 
 import pytest
 
-from command_blocks import (REPO, BlockError, environment, extract_blocks, run_command, run_document,
-                            tool_bin)
+from command_blocks import (REPO, BlockError, environment, extract_blocks, run_command, run_dirs,
+                            run_document, tool_bin)
 
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+README = REPO / "README.md"
+GUIDES = sorted((REPO / "docs").glob("*.md"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("path", [p for p in DOCUMENTS if extract_blocks(p)],
-                         ids=lambda p: p.name)
-def test_command_blocks_run_as_written(path, tmp_path):
-    try:
-        skipped = run_document(path, tmp_path / "clone", tool_bin(tmp_path / "bin"))
-    except BlockError as e:  # FILE:LINE, the command and its output; the runner's frames add nothing
-        pytest.fail(str(e), pytrace=False)
-    assert all(b.norun for b in skipped)
+def test_readme_then_every_guide_run_as_written_in_one_clone(tmp_path):
+    clone, bin_dir = tmp_path / "clone", tool_bin(tmp_path / "bin")
+    for path in [README, *GUIDES]:
+        try:
+            skipped = run_document(path, clone, bin_dir)
+        except BlockError as e:  # FILE:LINE, the command and its output; the runner's frames add nothing
+            pytest.fail(str(e), pytrace=False)
+        assert all(b.norun for b in skipped)
+
+
+def test_each_guide_writes_runs_of_its_own():
+    readme = run_dirs(README)
+    for guide in GUIDES:
+        assert run_dirs(guide) <= {guide.stem}, \
+            f"{guide.name} names run dirs outside runs/{guide.stem}/: {sorted(run_dirs(guide))}"
+        assert guide.stem not in readme, f"README.md writes into runs/{guide.stem}/ of {guide.name}"
+
+
+def test_run_dirs_are_found_in_commands_only(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("See runs/prose.\n\n```bash\nsleuth train --run-dir runs/a/b\n"
+                   "sleuth diff runs/c runs/d --out x/runs/e\n```\n")
+    assert run_dirs(doc) == {"a", "c", "d"}
 
 
 def test_a_failing_command_is_named_by_file_and_line(tmp_path):
