@@ -340,7 +340,7 @@ def _gpu_diff(pa: Any, pb: Any, na: int, nb: int, notes: list[str],
     ga, gb = summarize(getattr(pa, "gpu", None)), summarize(getattr(pb, "gpu", None))
     if ga is None and gb is None:
         notes.append(f"{NO_GPU} on either side (GPU idle, overlap and kernel time need a trace "
-                     "of a CUDA run); every CPU figure above is compared")
+                     "of a CUDA run); every CPU figure is compared")
     elif ga is None or gb is None:
         notes.append(f"{'A' if ga is None else 'B'}: {NO_GPU}; GPU figures are shown for "
                      f"{'B' if ga is None else 'A'} only")
