@@ -178,6 +178,10 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             if float(e.get("dur", 0.0) or 0.0) < 0:
                 negative_durations += 1
             ev = _Ev(e)
+            if ev.cat == "gpu_user_annotation":
+                # a range's span on a GPU stream (Kineto repeats record_function ranges there,
+                # ProfilerStep#N too): as a host event it would be a second step or phase
+                continue
             (device if ev.cat in _DEVICE_CATS else host).append(ev)
         elif ph == "i" and e.get("name") == "[memory]":
             memory_events.append(e)

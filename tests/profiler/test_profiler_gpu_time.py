@@ -92,6 +92,15 @@ def test_idle_split_overlap_and_copies_per_step():
     assert t["summary"]["gpu"] is True
 
 
+def test_ranges_repeated_on_a_gpu_stream_are_no_second_step():
+    trace = gpu_trace()
+    trace["traceEvents"] += [K("ProfilerStep#0", 50, 850, cat="gpu_user_annotation"),
+                             K("sleuth.forward", 170, 210, cat="gpu_user_annotation")]
+    t = build_tables(trace)
+    assert [r["step"] for r in t["steps"]] == [0, 1] and len(t["gpu"]) == 2
+    assert t["steps"][0]["forward_us"] == 300 and t["gpu"][0]["gpu_idle_us"] == 550
+
+
 def test_kernel_time_by_module_through_correlation_and_flow_events():
     mods = {r["module"]: r for r in build_tables(gpu_trace())["modules"]}
     assert mods["fc"]["forward_device_us"] == 130  # the kernel's correlation id
