@@ -221,6 +221,17 @@ def profile(root: Path) -> Any:
     return _cached(("profile", root), stamp, _reading("the profile", lambda: read(root)))
 
 
+def profile_diff(root_a: Path, root_b: Path) -> Any:
+    """`profiler.diff_profiles` of two runs (B against A), cached until either profile changes."""
+    for root in (root_a, root_b):
+        _need_dir(root, "profile", f"{root.name} has no profile: run with --profile")
+    diff = _api("profiler", "diff_profiles", "the profile comparison")
+    stamp = tuple(_stamp(Path(d)) for root in (root_a, root_b)
+                  for d, _, _ in os.walk(root / "profile"))
+    return _cached(("profile_diff", root_a, root_b), stamp,
+                   _reading("the two profiles", lambda: diff(profile(root_a), profile(root_b))))
+
+
 # ---------------------------------------------------------------- dumps
 
 

@@ -1,5 +1,7 @@
 """The Profile page: top ops and modules by time, the step-time breakdown, the memory timeline
-and the per-rank cluster view of one run's `profiler.Profile`, plus links to its traces."""
+and the per-rank cluster view of one run's `profiler.Profile`, plus links to its traces. With a
+second run chosen ("compare with", or `?run=A&b=B` in the URL), the page shows first why B is
+slower than A, or that it is not (dashboard._profile_compare)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,15 +15,23 @@ from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import bar_top, empty_figure, lines, stacked_steps
 from dashboard._routes import FILE_ROUTE
-from dashboard._widgets import empty_state, notice, run_picker
+from dashboard._runs import run_options
+from dashboard._profile_compare import compare_panel
+from dashboard._widgets import control, empty_state, notice, run_picker
 
 _PHASES = ("data", "forward", "backward", "optimizer", "other")
 
 
 def layout(ctx: Context, q: dict[str, str]) -> html.Div:
     run = ctx.run_in(q)
+    other = ctx.run_in(q, "b")
+    compare = dcc.Dropdown(id="profile-b", options=run_options(ctx.runs), value=other,
+                           clearable=True, placeholder="none: one run")
     return html.Div([html.H2("Profile"),
-                     html.Div([run_picker("profile-run", ctx.runs, value=run)], className="sleuth-controls"),
+                     html.Div([run_picker("profile-run", ctx.runs, value=run, label="run (A)"),
+                               control("compare with (run B)", compare, "profile-b")],
+                              className="sleuth-controls"),
+                     dcc.Loading(html.Div(id="profile-compare-body")),
                      dcc.Loading(html.Div(id="profile-body"))], id="page-profile")
 
 
@@ -109,6 +119,21 @@ def _frame(prof: Any, name: str) -> pd.DataFrame:
 
 
 def register(app: Any, ctx: Context) -> None:
+    @app.callback(Output("profile-compare-body", "children"), Input("profile-run", "value"),
+                  Input("profile-b", "value"), Input("data-version", "data"))
+    def compare(run, other, _v):
+        root_a, root_b = ctx.root(run), ctx.root(other)
+        if root_a is None or root_b is None:
+            return []
+        if root_a == root_b:
+            return empty_state("run B is run A: choose another run to compare with")
+        try:
+            d = _data.profile_diff(root_a, root_b)
+        except _data.NoData as e:
+            return notice(e)
+        return compare_panel(d, int(run), int(other), (root_a, root_b),
+                             (ctx.label(run), ctx.label(other)))
+
     @app.callback(Output("profile-body", "children"), Input("profile-run", "value"),
                   Input("data-version", "data"))
     def body(run, _v):

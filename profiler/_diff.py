@@ -12,7 +12,10 @@ a floor from their spread); the rest explains it:
   side an op is found on (`both`, `A only`, `B only`: a new cast, a recompute, a sync);
 - with stacks, the same contributions summed per source line, which is the first cause named;
 - memory peak and communication share; across ranks, the slowest rank and the one that got
-  slower.
+  slower;
+- on traces with GPU events, GPU time side by side (profiler._gpu_time): idle time per step
+  split into host-bound, data-bound and waiting on communication, compute/communication
+  overlap, and kernel time by module; a CPU trace says it has no GPU figures.
 """
 from __future__ import annotations
 
@@ -44,6 +47,11 @@ class ProfileDiff:
     sides: per run (`a`, `b`): peak memory by device, comm share, tool time, ranks, slowest
         rank, whether the trace has stacks, its kernel time (device_us) and its traces.
     ranks: rank, step_a_us, step_b_us, change (one row per rank found in both).
+    gpu: figure, a, b, delta (GPU time per step: busy, idle, host-bound, data-bound, waiting
+        on communication, compute and communication kernels, their overlap and its share);
+        None on a side whose trace has no GPU events; empty when neither has.
+    kernels: module, type, kernel_a_us, kernel_b_us, delta_us: kernel time per step by module
+        (kernels charged to the module whose range launched them), largest change first.
     causes: sentences naming what accounts for the difference, the likeliest first.
     notes: what limits the comparison (few steps, no stacks, one side's dump on, ...).
     """
@@ -63,6 +71,8 @@ class ProfileDiff:
     notes: list[str] = field(default_factory=list)
     slower_rank: int | None = None
     """The rank whose step time grew the most (several ranks only)."""
+    gpu: Any = None
+    kernels: Any = None
 
     @property
     def verdict(self) -> str:
@@ -108,6 +118,7 @@ class ProfileDiff:
             "breakdown": records(self.breakdown), "ops": records(self.ops),
             "modules": records(self.modules), "lines": records(self.lines),
             "ranks": records(self.ranks), "slower_rank": self.slower_rank,
+            "gpu": records(self.gpu), "kernels": records(self.kernels),
             "sides": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
                       for k, v in self.sides.items()},
         })
@@ -160,10 +171,11 @@ def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.0
     mods = _rank(_module_diff(pa.modules, pb.modules, na, nb), descending)
     lines = _line_diff(ops, descending) if stacks else _empty_lines()
     ranks, slower_rank = _rank_diff(pa, pb)
+    gpu, kernels = _gpu_diff(pa, pb, na, nb, notes, descending)
     out = ProfileDiff(a=names[0], b=names[1], judgement=j, step_a=spread(ta), step_b=spread(tb),
                       breakdown=_breakdown(pa.steps, pb.steps), ops=ops, modules=mods,
                       lines=lines, ranks=ranks, sides={"a": sa, "b": sb}, notes=notes,
-                      slower_rank=slower_rank)
+                      slower_rank=slower_rank, gpu=gpu, kernels=kernels)
     out.causes = _causes(out)
     return out
 
@@ -309,6 +321,50 @@ def _line_diff(ops: Any, descending: bool) -> Any:
     return _rank(pd.DataFrame(rows), descending)
 
 
+# ---- GPU time -----------------------------------------------------------------------------------
+_GPU_FIGURES = (("gpu_busy_us", "GPU busy"), ("gpu_idle_us", "GPU idle"),
+                ("host_wait_us", "idle: host-bound"), ("data_wait_us", "idle: data-bound"),
+                ("comm_wait_us", "idle: waiting on communication"),
+                ("compute_us", "compute kernels"), ("comm_kernel_us", "communication kernels"),
+                ("overlap_us", "communication overlapped by compute"),
+                ("overlap_share", "overlap share of communication"))
+
+
+def _gpu_diff(pa: Any, pb: Any, na: int, nb: int, notes: list[str],
+              descending: bool) -> tuple[Any, Any]:
+    """GPU figures side by side (us per step; the overlap share as a fraction) and kernel time
+    by module; a note names a side whose trace has no GPU events."""
+    import pandas as pd
+
+    from profiler._gpu_time import NO_GPU, kernels_by_module, summarize
+    ga, gb = summarize(getattr(pa, "gpu", None)), summarize(getattr(pb, "gpu", None))
+    if ga is None and gb is None:
+        notes.append(f"{NO_GPU} on either side (GPU idle, overlap and kernel time need a trace "
+                     "of a CUDA run); every CPU figure is compared")
+    elif ga is None or gb is None:
+        notes.append(f"{'A' if ga is None else 'B'}: {NO_GPU}; GPU figures are shown for "
+                     f"{'B' if ga is None else 'A'} only")
+    rows = []
+    if ga is not None or gb is not None:
+        for key, label in _GPU_FIGURES:
+            va = ga.get(key) if ga else None
+            vb = gb.get(key) if gb else None
+            va = math.nan if va is None else float(va)
+            vb = math.nan if vb is None else float(vb)
+            rows.append({"figure": label, "key": key, "a": va, "b": vb, "delta": vb - va})
+    gpu = pd.DataFrame(rows, columns=["figure", "key", "a", "b", "delta"])
+    ka = kernels_by_module(pa.modules, na).set_index("module")
+    kb = kernels_by_module(pb.modules, nb).set_index("module")
+    k = pd.concat([ka["kernel_us"].rename("kernel_a_us"), kb["kernel_us"].rename("kernel_b_us")],
+                  axis=1).fillna(0.0)
+    k.index.name = "module"
+    k = k.reset_index()
+    types = pd.concat([kb["type"], ka["type"]])
+    k.insert(1, "type", k["module"].map(types[~types.index.duplicated()]).fillna(""))
+    k["delta_us"] = k["kernel_b_us"] - k["kernel_a_us"]
+    return gpu, _rank(k, descending)
+
+
 # ---- one side's figures, ranks -------------------------------------------------------------------
 def _side(p: Any) -> dict[str, Any]:
     s = p.summary or {}
@@ -381,12 +437,30 @@ def _causes(d: ProfileDiff) -> list[str]:
         out.append(f"module {mod['module']}{kind}: {_us(mod['delta_us'])} a step (self time), "
                    f"calls {_n(mod['calls_a'])} -> {_n(mod['calls_b'])}"
                    f"{_side_words(mod['side'])}")
+    idle = _gpu_cause(d.gpu, sign, floor_us)
+    if idle:
+        out.append(idle)
     tools = d.breakdown.set_index("phase")["delta_us"].get("tools", 0.0)
     if isinstance(tools, float) and not math.isnan(tools) and sign * tools > 0:
         text = (f"Sleuth's own work inside the steps: {_us(tools)} a step (the dump or summary "
                 f"ran in {'B' if sign > 0 else 'A'}: compare runs profiled alike)")
         out.insert(0 if abs(tools) > op_delta else len(out), text)
     return out
+
+
+def _gpu_cause(gpu: Any, sign: int, floor_us: float) -> str | None:
+    """The part of GPU idle time (host-bound, data-bound, communication) that moved the most in
+    the verdict's direction, when both sides have GPU figures and it moved over `floor_us`."""
+    if gpu is None or gpu.empty:
+        return None
+    parts = gpu[gpu["key"].isin(["host_wait_us", "data_wait_us", "comm_wait_us"])].dropna()
+    if parts.empty:
+        return None
+    top = parts.loc[(sign * parts["delta"]).idxmax()]
+    if sign * top["delta"] <= floor_us:
+        return None
+    return (f"GPU {top['figure']}: {_us(top['delta'])} a step ({top['a']:.4g} -> "
+            f"{top['b']:.4g} us)")
 
 
 def _side_words(side: str) -> str:

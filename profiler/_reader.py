@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from profiler._errors import ProfileFormatError
+from profiler._gpu_time import STEP_COLUMNS, summarize
 from profiler._io import write_frame_atomic
 from profiler._tables import build_tables, load_trace
 
-_TABLES = ("ops", "modules", "steps", "memory")
+_TABLES = ("ops", "modules", "steps", "memory", "gpu")
 _WINDOW_RE = re.compile(r"^window(\d+)\.trace\.json(\.gz)?$")
 _RANK_RE = re.compile(r"^rank(\d+)$")
 
@@ -36,9 +37,14 @@ class Profile:
         optimizer_us, other_us, comm_us, tools_us (Sleuth's own work inside the phases: the
         tracer's records when the dump was on, summary norms; docs/profiler.md).
     memory: rank, window, time_us, device, bytes, allocated_bytes, reserved_bytes.
+    gpu: rank, window and `profiler._gpu_time.STEP_COLUMNS`: GPU busy and idle time per step,
+        the idle time split into host-bound, data-bound and waiting on communication, compute
+        and communication kernel time and their overlap; empty for a CPU trace.
     cluster: rank, step_time_s, comm_share, steps, slowest, slowdown (one row per rank).
     traces: the trace files. summary: step_time_s, tokens_per_s, mfu, comm_share, dump_on,
-        tools (microseconds per step of each tool's own work), tool_share, ...
+        tools (microseconds per step of each tool's own work), tool_share, gpu (the GPU
+        table's per-step means and shares, `profiler._gpu_time.summarize`; None for a CPU
+        trace), ...
     """
 
     ops: Any
@@ -49,6 +55,7 @@ class Profile:
     traces: list[Path] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     windows: Any = None
+    gpu: Any = None
 
 
 def _check_meta(meta: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -128,6 +135,7 @@ _COLUMNS = {
     "steps": ["step", "step_us", "source", "data_us", "forward_us", "backward_us",
               "optimizer_us", "other_us", "comm_us", "tools_us"],
     "memory": ["time_us", "device", "bytes", "allocated_bytes", "reserved_bytes"],
+    "gpu": STEP_COLUMNS,
 }
 
 
@@ -168,9 +176,10 @@ def read_profile(run_dir: str | os.PathLike[str]) -> Profile:
     windows = pd.DataFrame(win_rows)
     cluster = _cluster(out["steps"])
     summary = _summary(windows, out["steps"], cluster)
+    summary["gpu"] = summarize(out["gpu"])
     return Profile(ops=out["ops"], modules=out["modules"], steps=out["steps"],
                    memory=out["memory"], cluster=cluster, traces=traces, summary=summary,
-                   windows=windows)
+                   windows=windows, gpu=out["gpu"])
 
 
 def _one_run(root: Path, windows: list[tuple[Path, int]]) -> None:

@@ -26,6 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from profiler import _gpu_time
 from profiler._errors import ProfileFormatError
 from profiler._own import tool_work
 from profiler._sources import PYTHON_EVENT, LineFinder, user_line
@@ -34,7 +35,7 @@ MODULE_PREFIX = "sleuth.module::"
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _COMM_RE = re.compile(r"^(c10d::|gloo:|nccl:|nccl|ProcessGroup|record_param_comms)", re.I)
-_DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_DEVICE_CATS = _gpu_time.DEVICE_CATS
 _BACKWARD_EVAL = "autograd::engine::evaluate_function: "
 
 
@@ -158,7 +159,8 @@ def _stack_module_name(ev: _Ev) -> str | None:
 def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Tables of one window's trace.
 
-    Returns a dict of plain row lists (`ops`, `modules`, `steps`, `memory`) and `summary`
+    Returns a dict of plain row lists (`ops`, `modules`, `steps`, `memory`, `gpu`: GPU time
+    per step, empty for a CPU trace, profiler._gpu_time) and `summary`
     (step_time_s, tokens_per_s, mfu, comm_share, clamped_events, ...). `meta` is the window's
     metadata written by the collector (flop counts, tokens per step, peak, module types).
     """
@@ -176,6 +178,10 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             if float(e.get("dur", 0.0) or 0.0) < 0:
                 negative_durations += 1
             ev = _Ev(e)
+            if ev.cat == "gpu_user_annotation":
+                # a range's span on a GPU stream (Kineto repeats record_function ranges there,
+                # ProfilerStep#N too): as a host event it would be a second step or phase
+                continue
             (device if ev.cat in _DEVICE_CATS else host).append(ev)
         elif ph == "i" and e.get("name") == "[memory]":
             memory_events.append(e)
@@ -193,6 +199,16 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     else:
         times = [ev.ts for ev in host] or [0.0]
         win0, win1 = min(times), max([ev.end for ev in host] or [0.0])
+
+    if device:  # kernels linked by flow events only: their ids become correlation ids
+        flow_starts, flow_ends = _gpu_time.flow_correlations(raw)
+        for ev in device if flow_ends else ():
+            if "correlation" not in ev.args and (cid := flow_ends.get((*ev.tid, ev.ts))) is not None:
+                ev.args = {**ev.args, "correlation": cid}
+        for ev in host if flow_starts else ():
+            if (ev.cat in ("cuda_runtime", "cuda_driver") and "correlation" not in ev.args
+                    and (cid := flow_starts.get((*ev.tid, ev.ts))) is not None):
+                ev.args = {**ev.args, "correlation": cid}
 
     # Device time per launching host op: a kernel's "correlation" names the runtime call
     # (cudaLaunchKernel ...) that launched it, whose innermost enclosing cpu_op is the owner;
@@ -361,6 +377,11 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
                                      if a < s1 and b > s0])
         step_rows.append(row)
 
+    gpu_rows = _gpu_time.step_rows(
+        [(int(_STEP_RE.match(st.name).group(1)), st.ts, st.end) for st in steps], device,
+        [(ev.ts, ev.end) for ev in host if _gpu_time.DATA_RANGE_RE.match(ev.name)],
+        [(ev.ts, ev.end) for ev in host if _COMM_RE.match(ev.name)])
+
     # ---- memory ---------------------------------------------------------------------------
     mem_rows = []
     for e in sorted(memory_events, key=lambda x: x.get("ts", 0.0)):
@@ -388,10 +409,11 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         "comm_share": (sum(r["comm_us"] for r in step_rows) / total_step_us) if total_step_us else 0.0,
         "clamped_events": clamped,
         "window_us": win1 - win0,
+        "gpu": bool(device),
         **_tool_summary(tool_pieces, step_rows, [(st.ts, st.end) for st in steps]),
     }
     return {"ops": op_rows, "modules": list(mods.values()), "steps": step_rows,
-            "memory": mem_rows, "summary": summary}
+            "memory": mem_rows, "gpu": gpu_rows, "summary": summary}
 
 
 def _tool_summary(pieces: list[tuple[float, float, str]], step_rows: list[dict[str, Any]],

@@ -15,7 +15,10 @@ def _fmt(v: Any, unit: str = "", scale: float = 1.0) -> str:
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """`Profile.summary` as lines: ranks, windows and steps; step time in ms, tokens/s, MFU and
     communication share in percent; clamped profiler times; and Sleuth's own work per step
-    (which the phases include and the op table leaves out)."""
+    (which the phases include and the op table leaves out); the GPU figures, or a line saying
+    the trace has none (profiler._gpu_time.gpu_lines)."""
+    from profiler._gpu_time import gpu_lines
+
     lines = [f"{s.get('ranks', 'n/a')} rank(s), {s.get('windows', 'n/a')} window(s), "
              f"{s.get('steps', 'n/a')} step(s)",
              f"step time {_fmt(s.get('step_time_s'), ' ms', 1e3)}   tokens/s "
@@ -35,4 +38,6 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
                      f"{_fmt(s.get('tool_share'), ' %', 100)} of the step time), inside the "
                      f"phases below (tools_us) and left out of the op table; the model's step "
                      f"without it: {_fmt(without, ' ms', 1e3)}")
+    if "gpu" in s:  # summaries written before GPU figures existed say nothing about them
+        lines.extend(gpu_lines(s["gpu"]))
     return lines

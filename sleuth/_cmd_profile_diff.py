@@ -34,7 +34,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     top = args.top
     if args.csv:
         args.csv.mkdir(parents=True, exist_ok=True)
-        for name in ("breakdown", "ops", "modules", "lines", "ranks"):
+        for name in ("breakdown", "ops", "modules", "lines", "ranks", "gpu", "kernels"):
             getattr(d, name).to_csv(args.csv / f"{name}.csv", index=False)
     if args.json:
         print(json.dumps(d.to_dict(), indent=1))
@@ -68,6 +68,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     if not d.lines.empty:
         print(f"\nsource lines by contribution (top {top}):")
         print(_table(d.lines.head(top).assign(source=lambda f: f["source"].map(_short))))
+    _print_gpu(d, top)
     print("\nside by side:")
     for label, key in (("A", "a"), ("B", "b")):
         s = d.sides[key]
@@ -85,6 +86,23 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
         for t in d.sides[key]["traces"]:
             print(f"  {label}: {t}")
     return d.exit_code
+
+
+def _print_gpu(d: Any, top: int) -> None:
+    """GPU time side by side, kernel time by module; nothing when neither trace has GPU events
+    (the notes above say so)."""
+    if d.gpu is None or d.gpu.empty:
+        return
+    shares = d.gpu["key"] == "overlap_share"
+    gpu = d.gpu[~shares][["figure", "a", "b", "delta"]]
+    print("\nGPU time (us per step; idle = host-bound + data-bound + waiting on communication):")
+    print(_table(gpu))
+    share = d.gpu[shares].iloc[0]
+    print(f"  share of communication overlapped by compute: A {_pct(share['a'])}, "
+          f"B {_pct(share['b'])}")
+    if d.kernels is not None and not d.kernels.empty:
+        print(f"\nkernel time by module (top {top}; us per step, nested modules included):")
+        print(_table(d.kernels.head(top)))
 
 
 def _pct(v: Any) -> str:

@@ -262,3 +262,39 @@ def write_big_export(run: Path, records: int, *, nan_every: int = 997) -> Path:
     frame.loc[frame["seq"] % nan_every == nan_every - 1, "nan"] = 3
     pq.write_table(pa.Table.from_pandas(frame, schema=table.schema, preserve_index=False), part)
     return out
+
+
+def write_gpu_profile(root: Path, *, steps: int = 4, sync_us: float = 0.0) -> Path:
+    """A run whose profile is a hand-made Chrome trace of a GPU run, as torch.profiler writes it
+    (kernels with correlation ids, an NCCL kernel on its own stream under a compute kernel).
+    Each 1000 us step: data 0-100 (GPU idle), module `fc` launches gemm 100-400, the all-reduce
+    500-700 overlaps bwd_gemm 450-600; with `sync_us`, B's `.item()` (aten::item in module fc)
+    holds the host that much longer, and the GPU idles through it."""
+    u = "user_annotation"
+
+    def ev(name, ts, dur, cat="cpu_op", pid=1, tid=1, **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts,
+                "dur": dur, "args": args}
+
+    events, t0 = [], 0.0
+    for s in range(steps):
+        length = 1000 + sync_us
+        events += [ev(f"ProfilerStep#{s}", t0, length, cat=u), ev("sleuth.data", t0, 100, cat=u),
+                   ev("sleuth.forward", t0 + 100, 300 + sync_us, cat=u),
+                   ev("sleuth.module::fc", t0 + 100, 300 + sync_us, cat=u),
+                   ev("aten::addmm", t0 + 100, 50, **{"External id": 10 * s + 1}),
+                   ev("cudaLaunchKernel", t0 + 110, 5, cat="cuda_runtime", correlation=10 * s + 1),
+                   ev("sleuth.backward", t0 + 400 + sync_us, 300, cat=u),
+                   ev("nccl:all_reduce", t0 + 500 + sync_us, 20),
+                   ev("sleuth.optimizer", t0 + 700 + sync_us, 300, cat=u),
+                   ev("gemm", t0 + 100, 300, cat="kernel", pid=0, tid=7, correlation=10 * s + 1),
+                   ev("bwd_gemm", t0 + 450 + sync_us, 150, cat="kernel", pid=0, tid=7),
+                   ev("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t0 + 500 + sync_us, 200,
+                      cat="kernel", pid=0, tid=8)]
+        if sync_us:
+            events.append(ev("aten::item", t0 + 200, sync_us + 100))
+        t0 += length
+    d = root / "profile" / "rank0"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "window0.trace.json").write_text(json.dumps({"traceEvents": events}))
+    return root
