@@ -49,8 +49,11 @@ def test_gradient_accumulation_matches_one_big_batch(make_config):
     torch.testing.assert_close(torch.tensor(_losses(acc)), torch.tensor(_losses(big)), rtol=1e-5, atol=1e-6)
     gn = [m["grad_norm"] for m in big.history], [m["grad_norm"] for m in acc.history]
     torch.testing.assert_close(torch.tensor(gn[1]), torch.tensor(gn[0]), rtol=1e-5, atol=1e-6)
+    # four micro-batches sum their gradients in another order than one batch does, and how
+    # matmuls split their sums depends on the threads torch runs with: a weight near zero
+    # can differ by a few ulps of the larger ones
     for name, p in big.model.state_dict().items():
-        torch.testing.assert_close(acc.model.state_dict()[name], p, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(acc.model.state_dict()[name], p, rtol=1e-5, atol=1e-5)
 
 
 class Recorder(Callback):
