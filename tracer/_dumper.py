@@ -289,6 +289,10 @@ class Dumper:
             return
         if first and self._auto_ended and not self._backward:
             return
+        self._next_step()
+
+    def _next_step(self) -> None:
+        """End the open step and begin the next; a failure goes through on_error."""
         try:
             self._end()
             self.current_step += 1
@@ -835,9 +839,4 @@ class Dumper:
         if stepped or self._explicit or self._closed or not self.enabled:
             return
         self._auto_ended = True
-        try:
-            self._end()
-            self.current_step += 1
-            self._begin()
-        except Exception as e:  # noqa: BLE001 - routed through on_error
-            self._fail(e)
+        self._next_step()

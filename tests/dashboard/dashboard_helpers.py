@@ -298,3 +298,19 @@ def write_gpu_profile(root: Path, *, steps: int = 4, sync_us: float = 0.0) -> Pa
     d.mkdir(parents=True, exist_ok=True)
     (d / "window0.trace.json").write_text(json.dumps({"traceEvents": events}))
     return root
+
+
+def wait_for(fn, timeout: float = 15.0):
+    """Poll `fn()` until it returns something truthy (Plotly draws after Dash settles; a
+    re-render can replace an element between finding and reading it)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = fn()
+        except StaleElementReferenceException:
+            value = None
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)

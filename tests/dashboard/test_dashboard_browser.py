@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from dashboard_helpers import free_port, screenshot, severe_logs, wait_idle, write_tool_data
+from dashboard_helpers import free_port, screenshot, severe_logs, wait_for, wait_idle, write_tool_data
 
 pytestmark = pytest.mark.browser
 
@@ -88,22 +88,6 @@ def set_input(browser, css: str, text: str) -> None:
     box.send_keys(Keys.TAB)
     time.sleep(0.3)
     wait_idle(browser)
-
-
-def wait_for(fn, timeout: float = 15.0):
-    """Poll `fn()` until it returns something truthy (Plotly draws after Dash settles; a
-    re-render can replace an element between finding and reading it)."""
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = fn()
-        except StaleElementReferenceException:
-            value = None
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
 
 
 def text_of(browser, element_id: str, timeout: float = 15.0) -> str:

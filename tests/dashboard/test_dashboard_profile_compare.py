@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard_helpers import write_gpu_profile, write_run
+from dashboard_helpers import wait_for, write_gpu_profile, write_run
 
 
 @pytest.fixture(scope="module")
@@ -92,20 +92,6 @@ def test_url_opens_the_comparison_and_the_trace_links_serve_each_trace(gpu_runs)
 
 
 # ---- in a real headless Chromium ----------------------------------------------------------------
-def _wait(fn, timeout: float = 20.0):
-    import time
-
-    from selenium.common.exceptions import StaleElementReferenceException
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = fn()
-        except StaleElementReferenceException:
-            value = None
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -152,21 +138,22 @@ def test_browser_choose_run_b_and_read_why_it_is_slower(browser, compare_server)
     _open(browser, compare_server.url + "/profile?run=0")
     assert not browser.find_elements(By.ID, "profile-verdict")  # one run: no comparison
     browser.find_element(By.ID, "profile-b").click()
-    option = _wait(lambda: [o for o in browser.find_elements(By.CSS_SELECTOR, "[role='option']")
+    option = wait_for(lambda: [o for o in browser.find_elements(By.CSS_SELECTOR, "[role='option']")
                             if o.text.endswith("/b")])  # labels: parent/name
     option[0].click()
     wait_idle(browser)
-    verdict = _wait(lambda: (e := browser.find_elements(By.ID, "profile-verdict")) and e[0].text)
+    verdict = wait_for(lambda: (e := browser.find_elements(By.ID, "profile-verdict")) and e[0].text,
+                       timeout=20)
     assert verdict.startswith("B is slower: step time 1 ms -> 1.4 ms")
     causes = browser.find_element(By.ID, "profile-causes").text
     assert "op aten::item: +500 us a step" in causes and "in B only" in causes
-    first = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-compare-ops tbody tr"))
+    first = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-compare-ops tbody tr"))
     row = [r.text for r in first if "aten::item" in r.text]
     assert row and "B only" in row[0]
     gpu = browser.find_element(By.ID, "profile-compare-gpu").text
     assert "idle: host-bound" in gpu and "communication overlapped by compute" in gpu
     assert "fc" in browser.find_element(By.ID, "profile-compare-kernels").text
-    bars = _wait(lambda: browser.execute_script(
+    bars = wait_for(lambda: browser.execute_script(
         "var g = document.querySelector('#profile-compare-breakdown .js-plotly-plot');"
         "return g && g._fullData ? g._fullData.map(t => t.name) : null;"))
     assert [n.split(": ")[0] for n in bars] == ["A", "B"] and bars[1].endswith("/b")
@@ -189,13 +176,14 @@ def test_browser_compare_cpu_profiles_from_the_url(browser, compare_server):
         pytest.skip("the tiny model's CPU profiles could not be written")
     severe_logs(browser)
     _open(browser, compare_server.url + "/profile?run=2&b=3")
-    verdict = _wait(lambda: (e := browser.find_elements(By.ID, "profile-verdict")) and e[0].text)
+    verdict = wait_for(lambda: (e := browser.find_elements(By.ID, "profile-verdict")) and e[0].text,
+                       timeout=20)
     assert "step time" in verdict and "noise floor" in verdict
     notes = browser.find_element(By.ID, "profile-notes").text
     assert "CPU trace: no GPU figures on either side" in notes
     assert not browser.find_elements(By.ID, "profile-compare-gpu")
-    assert _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-compare-ops tbody tr"))
+    assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-compare-ops tbody tr"))
     # the one-run panels still follow, for run A
-    assert _wait(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-ops .js-plotly-plot"))
+    assert wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-ops .js-plotly-plot"))
     assert "CPU trace: no GPU figures" in browser.find_element(By.ID, "profile-summary").text
     assert severe_logs(browser) == []
