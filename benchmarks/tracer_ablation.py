@@ -12,7 +12,7 @@ one process, with torch's default threads unless `--threads` says otherwise:
 Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/storage/_fused.c and
 _table.c, what an install without a C compiler lacks; it acts on CPU tensors), the Triton
 statistics kernels for CUDA tensors (tracer/storage/_cuda_stats.py; torch ops without them) and
-the helper file process of the async writer (tracer/storage/_filer.py). `--device cuda` trains
+the helper file process of the async writer (tracer/storage/_file_process.py). `--device cuda` trains
 on the GPU, each step synchronized, and measures the devices that act there. Three more
 devices, deferred statistics, the kernel's second statistics thread and a statistics fast path
 beside the writer's one record path, were measured here and removed by the rule below

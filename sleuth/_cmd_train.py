@@ -63,7 +63,7 @@ def build_callbacks(args: argparse.Namespace, config: Any) -> list:
     """The tools' callbacks for this run, from the tool flags."""
     import dataclasses
 
-    from sleuth._tools import DumpCallback, callbacks_from_flags
+    from sleuth._callbacks import DumpCallback, callbacks_from_flags
 
     callbacks = callbacks_from_flags(dump=args.dump, profile=args.profile, summary=args.summary,
                                      save_graphs=args.save_graphs)

@@ -128,7 +128,7 @@ def test_files_without_status_read_as_their_complete_attribute(tmp_path):
 
 def test_trainer_failure_marks_the_step_it_died_in(tmp_path):
     import trainer
-    from sleuth._tools import DumpCallback
+    from sleuth._callbacks import DumpCallback
 
     class Boom(trainer.Callback):
         def on_after_backward(self, state):

@@ -132,7 +132,7 @@ def test_workers_that_keep_dying_are_one_clear_error(tmp_path):
     distributed = pytest.importorskip("distributed")
     import dask
 
-    from tracer.analysis._engine import run_per_rank
+    from tracer.analysis._rank_tasks import run_per_rank
 
     task = functools.partial(os._exit, 3)  # the worker process dies, as one killed would
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):

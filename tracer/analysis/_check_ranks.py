@@ -3,7 +3,7 @@ answer as one `check` over the whole dump.
 
 Each task checks one rank (its watchpoints, which look across that rank's steps, and that
 rank's first NaN/Inf) in this process, on a local process pool, or on a Dask cluster
-(`tracer.analysis._engine`), and returns its hits, its origin and what it read. The origins are
+(`tracer.analysis._rank_tasks`), and returns its hits, its origin and what it read. The origins are
 then ordered as `find_first_nan` orders them: the earliest step wins, and within that step the
 rank whose record came first by the collectives begun before it, then by execution order, so a
 NaN that arrives through an all-reduce is still blamed on the rank that sent it.
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 from tracer._errors import TracerError
 from tracer.analysis._check import (HIT_COLUMNS, Coverage, _order, check, find_first_nan,
                                     ranks_ordered_by)
-from tracer.analysis._engine import rank_path, run_per_rank
+from tracer.analysis._rank_tasks import rank_path, run_per_rank
 from tracer._config import _as_str_tuple
 from tracer.analysis._watch import WatchConfig, parse_watch
 

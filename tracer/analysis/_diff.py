@@ -5,7 +5,7 @@ The diff streams: statistics tables are read whole (no tensor bytes), tensors ar
 bounded chunks straight from the packed `/tensors` dataset, so a dump larger than RAM costs one
 chunk of memory per side. Only numpy, h5py and pandas are used here, never torch. Which steps
 are compared, and what could not be, is decided in tracer.analysis._diff_plan; tensor bytes are read
-and checked in tracer.analysis._diff_read.
+and checked in tracer.analysis._diff_bytes.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tracer.analysis._changed import changes, kind, mark_fed
 from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats, nonfinite_differ
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
-from tracer.analysis._diff_read import READ_ERRORS, ReadError, TensorReader, compare_tensor
+from tracer.analysis._diff_bytes import READ_ERRORS, ReadError, TensorReader, compare_tensor
 from tracer.analysis._fused import combine, compare_fused, is_combined
 from tracer.analysis._map_file import (UNVOUCHED_NOTE, ModuleMap, same_op_modules,
                                        set_aside, unmatched_pair, vouched)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff_plan import DiffError
-from tracer.analysis._engine import rank_path, run_per_rank
+from tracer.analysis._rank_tasks import rank_path, run_per_rank
 
 
 @dataclass

@@ -22,7 +22,7 @@ metadata and bytes while the writer thread goes on with the next step, and a thi
 fsyncs and renames it while the flusher writes the next one, so disk waits overlap both; one file at
 a time is being written (memory stays bounded), at most four written files wait for their fsync,
 and `flush()` and `close()` return once every file is renamed. The HDF5 part of each step file
-(metadata, /records, /hits) is written by a helper process (tracer.storage._filer), so h5py's
+(metadata, /records, /hits) is written by a helper process (tracer.storage._file_process), so h5py's
 GIL-holding work does not stall the training thread; a file without tensor bytes is written
 there entirely. One helper serves the process's writers one after another; until it has
 started, the flusher writes the files itself.
@@ -50,7 +50,7 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._batcher import record_batch
-from tracer.storage._filer import shared_file_process
+from tracer.storage._file_process import shared_file_process
 from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._sampling import with_sketch
@@ -141,17 +141,17 @@ class AsyncWriter(Writer):
         self._step = -1
         self._streams: dict[torch.device, Any] = {}
         self._fused = fused_available()
-        # step files' HDF5 part is written by a helper process (tracer.storage._filer), one per
+        # step files' HDF5 part is written by a helper process (tracer.storage._file_process), one per
         # training process, kept from writer to writer
-        self._filer = shared_file_process(self.rank) if config.file_process else None
-        if self._filer is not None:
-            self._filer.start()
+        self._file_process = shared_file_process(self.rank) if config.file_process else None
+        if self._file_process is not None:
+            self._file_process.start()
         # rows and bytes made in the training thread (see `add`)
         self._rows = _RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1
-        self._files = FilePipeline(self.rank, self._filer, self.files_written)
+        self._files = FilePipeline(self.rank, self._file_process, self.files_written)
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"sleuth-dump-writer-rank{self.rank}")
         self._thread.start()

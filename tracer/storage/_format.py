@@ -345,7 +345,7 @@ class StepFile:
         async writer can write the next step while the disk syncs this one.
 
         `metadata(file, complete)`: writes the HDF5 part in the partial path instead of this
-        thread (`write_metadata` in another process, tracer.storage._filer) and returns the offset
+        thread (`write_metadata` in another process, tracer.storage._file_process) and returns the offset
         of /tensors, or None to have it written here."""
         mark_status(self.attrs, complete)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,9 +54,9 @@ class Barrier:
 class FilePipeline:
     """The flusher and syncer threads of one async writer; driven by its writer thread."""
 
-    def __init__(self, rank: int, filer: Any, files_written: list[Path]) -> None:
+    def __init__(self, rank: int, file_process: Any, files_written: list[Path]) -> None:
         self.rank = rank
-        self.filer = filer  # the file-writer process (tracer.storage._filer), or None
+        self.file_process = file_process  # the file-writer process (tracer.storage._file_process), or None
         self.files_written = files_written
         self._flusher: ThreadPoolExecutor | None = None
         self._syncer: ThreadPoolExecutor | None = None
@@ -98,13 +98,13 @@ class FilePipeline:
         written here. The file is aborted (its partial removed) on error."""
         step = file.attrs["step"]
         try:
-            if self.filer is None:
+            if self.file_process is None:
                 pending = file.write(complete=complete)
             elif not file.nbytes and not file.spilled and \
-                    (path := self.filer.finish(file, complete)) is not None:
+                    (path := self.file_process.finish(file, complete)) is not None:
                 return _Committed(path, step)
             else:
-                pending = file.write(complete=complete, metadata=self.filer.write_metadata)
+                pending = file.write(complete=complete, metadata=self.file_process.write_metadata)
         except Exception as e:
             file.abort()
             raise FileFailure(step, file.path, e) from e

@@ -19,7 +19,7 @@ says {"ready": true}; until then the writer writes its files itself instead of w
 start takes ~0.4 s, longer than a short run's first steps). End of input ends the process, so
 it exits with its parent even when the parent is killed.
 
-Started as `python -m tracer.storage._filer`, not through multiprocessing: spawning would re-import
+Started as `python -m tracer.storage._file_process`, not through multiprocessing: spawning would re-import
 the user's training script in the child.
 """
 from __future__ import annotations
@@ -209,7 +209,7 @@ class FileProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         for key in [k for k in env if k.startswith("SLEUTH_")]:
             del env[key]  # the helper must not attach tools to itself
-        self._proc = subprocess.Popen([sys.executable, "-m", "tracer.storage._filer"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "tracer.storage._file_process"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                       start_new_session=True)
         return self._proc

@@ -1,4 +1,4 @@
-"""The async writer's step files are written by a helper process (tracer.storage._filer): whole
+"""The async writer's step files are written by a helper process (tracer.storage._file_process): whole
 statistics-only files, and the HDF5 part of files with tensor bytes (the bytes are written by
 the parent); the parent falls back from it without losing a step."""
 from __future__ import annotations
@@ -35,11 +35,11 @@ def write_steps(w, steps, start: int = 0) -> None:
 def test_statistics_files_go_through_the_helper_and_match_sync(tmp_path):
     w = make_writer(DumpConfig(path=str(tmp_path / "a"), writer="async", mode="statistics"),
                     rank=0, world_size=1)
-    assert w._filer.wait_ready()
-    before = w._filer.files  # the helper is shared by the process's writers
+    assert w._file_process.wait_ready()
+    before = w._file_process.files  # the helper is shared by the process's writers
     write_steps(w, 3)
     w.close()
-    assert w._filer.files == before + 3 and len(w.files_written) == 3
+    assert w._file_process.files == before + 3 and len(w.files_written) == 3
     s = make_writer(DumpConfig(path=str(tmp_path / "s"), writer="sync", mode="statistics"),
                     rank=0, world_size=1)
     write_steps(s, 3)
@@ -50,31 +50,31 @@ def test_statistics_files_go_through_the_helper_and_match_sync(tmp_path):
     # kept for the next writer: its start is paid once a process
     again = make_writer(DumpConfig(path=str(tmp_path / "b"), writer="async",
                                    mode="statistics"), rank=0, world_size=1)
-    assert again._filer is w._filer and w._filer._proc is not None
+    assert again._file_process is w._file_process and w._file_process._proc is not None
     again.close()
 
 
 def test_a_dead_helper_falls_back_without_losing_a_step(tmp_path):
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics"), rank=0,
                     world_size=1)
-    assert w._filer.wait_ready()
-    before = w._filer.files
+    assert w._file_process.wait_ready()
+    before = w._file_process.files
     write_steps(w, 1)
     w.flush()
-    assert w._filer.files == before + 1
-    w._filer._proc.kill()
-    w._filer._proc.wait()
+    assert w._file_process.files == before + 1
+    w._file_process._proc.kill()
+    w._file_process._proc.wait()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         write_steps(w, 2, start=1)
         w.close()
     assert any("file-writer process failed" in str(c.message) for c in caught)
     assert open_dump(tmp_path).steps(0) == [0, 1, 2]
-    assert w._filer.files == before + 1  # the later steps: by the writer's own threads
+    assert w._file_process.files == before + 1  # the later steps: by the writer's own threads
     # the next writer gets a new helper
     again = make_writer(DumpConfig(path=str(tmp_path / "b"), writer="async",
                                    mode="statistics"), rank=0, world_size=1)
-    assert again._filer is not w._filer and again._filer.wait_ready()
+    assert again._file_process is not w._file_process and again._file_process.wait_ready()
     again.close()
 
 
@@ -91,24 +91,24 @@ def test_a_failed_write_in_the_helper_is_the_writers_error(tmp_path):
 def test_while_the_helper_starts_the_threads_write_the_files(tmp_path, monkeypatch, mode):
     """A step ending before the helper has imported h5py is written by the writer's threads
     at once (no waiting for the start, no warning, no lost step)."""
-    from tracer.storage._filer import FileProcess
+    from tracer.storage._file_process import FileProcess
 
     monkeypatch.setattr(FileProcess, "_check_ready", lambda self, timeout: False)
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode=mode), rank=0,
                     world_size=1)
-    before = w._filer.files
+    before = w._file_process.files
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         write_steps(w, 2)
         w.close()
-    assert w._filer.files == before
+    assert w._file_process.files == before
     assert open_dump(tmp_path).steps(0) == [0, 1]
 
 
 def test_without_the_helper_process_the_threads_write_the_files(tmp_path, monkeypatch):
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics",
                                file_process=False), rank=0, world_size=1)
-    assert w._filer is None
+    assert w._file_process is None
     write_steps(w, 2)
     w.close()
     assert open_dump(tmp_path).steps(0) == [0, 1]
@@ -126,8 +126,8 @@ def write_tensor_steps(run, writer: str, mb: int):
     w = make_writer(DumpConfig(path=str(run), writer=writer, mode="full",
                                async_max_queued_mb=mb), rank=0, world_size=1)
     if writer == "async":
-        assert w._filer.wait_ready()
-        w.files_before = w._filer.files
+        assert w._file_process.wait_ready()
+        w.files_before = w._file_process.files
     names = [f"{name}.forward.0.output.0" for name in tensor_items()]
     for step in range(2):
         w.begin_step(step)
@@ -142,7 +142,7 @@ def write_tensor_steps(run, writer: str, mb: int):
 @pytest.mark.parametrize("mb", [64, 1])  # 1 MiB: the bytes spill to the side file first
 def test_tensor_files_get_their_metadata_from_the_helper_and_match_sync(tmp_path, mb):
     a, names = write_tensor_steps(tmp_path / "a", "async", mb)
-    assert a._filer.files == a.files_before + 2
+    assert a._file_process.files == a.files_before + 2
     write_tensor_steps(tmp_path / "s", "sync", mb)
     da, ds = open_dump(tmp_path / "a"), open_dump(tmp_path / "s")
     for step in range(2):
@@ -159,7 +159,7 @@ def test_tensor_files_get_their_metadata_from_the_helper_and_match_sync(tmp_path
 
 _FORK_SCRIPT = """
 import os, sys
-from tracer.storage._filer import shared_file_process
+from tracer.storage._file_process import shared_file_process
 helper = shared_file_process()
 helper.start()
 pid = os.fork()  # while the helper starts: closing it then would kill it
