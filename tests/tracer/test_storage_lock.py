@@ -20,7 +20,7 @@ import tracer
 from tests.tracer.models import MLP
 from tracer.storage import _format
 from tracer._errors import DumpWriteError, TracerError
-from tracer.storage._lock import LOCK_NAME, RUN_FILE, _release_at_exit
+from tracer.storage._lock import LOCK_NAME, DUMP_JSON, _release_at_exit
 from tracer.storage._reader import open_dump
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -62,7 +62,7 @@ def test_every_step_file_and_the_run_file_carry_one_run_id(tmp_path):
     ids = run_ids(tmp_path / "dump" / "rank0")
     assert sorted(ids) == ["step0.h5", "step1.h5", "step2.h5"]
     assert len(set(ids.values())) == 1
-    run = json.loads((tmp_path / "dump" / RUN_FILE).read_text())
+    run = json.loads((tmp_path / "dump" / DUMP_JSON).read_text())
     assert run["run_id"] == ids["step0.h5"] and run["format_version"] == "1.0"
     # the lock released at close, and nothing else left beside the step files
     assert sorted(p.name for p in (tmp_path / "dump" / "rank0").iterdir()) == sorted(ids)
@@ -165,7 +165,7 @@ def test_a_forked_child_leaves_the_lock_to_its_parent(tmp_path):
 def test_a_rerun_is_refused_then_replaces_the_old_dump_with_overwrite(tmp_path):
     train(tmp_path, 3)
     rank_dir = tmp_path / "dump" / "rank0"
-    old_id = json.loads((tmp_path / "dump" / RUN_FILE).read_text())["run_id"]
+    old_id = json.loads((tmp_path / "dump" / DUMP_JSON).read_text())["run_id"]
     (rank_dir / "notes.txt").write_text("mine")  # not a dump file: never removed
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(TracerError, match=r"holds the dump of another run.*\"overwrite\": true"):
@@ -176,7 +176,7 @@ def test_a_rerun_is_refused_then_replaces_the_old_dump_with_overwrite(tmp_path):
     with pytest.warns(RuntimeWarning, match="removed 3 step file"):
         train(tmp_path, 2, overwrite=True)
     ids = run_ids(rank_dir)
-    new_id = json.loads((tmp_path / "dump" / RUN_FILE).read_text())["run_id"]
+    new_id = json.loads((tmp_path / "dump" / DUMP_JSON).read_text())["run_id"]
     assert sorted(ids) == ["step0.h5", "step1.h5"] and set(ids.values()) == {new_id} != {old_id}
     assert (rank_dir / "notes.txt").read_text() == "mine"
     assert (tmp_path / "metrics.jsonl").exists()
@@ -204,7 +204,7 @@ def test_open_dump_never_combines_files_of_different_runs(tmp_path):
     assert len(d.skipped) == 1 and d.skipped[0][0].endswith("step2.h5")
     assert "written by another run" in d.skipped[0][1]
     # without the run file: the run of the newest file, the others named as skipped
-    (a / "dump" / RUN_FILE).unlink()
+    (a / "dump" / DUMP_JSON).unlink()
     with pytest.warns(RuntimeWarning, match="skipped 2"):
         d = open_dump(a / "dump" / "rank0")
     assert d.steps(0) == [2] and len(d.skipped) == 2

@@ -23,7 +23,7 @@ EXPECTED = [
 FACES = {
     "capture": ["CallNames", "EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "encode_call",
                 "on_scaler_update", "rewrap", "tool_range", "user_source"],
-    "storage": ["Dump", "ExportedDump", "JsonLimitError", "RECORD_FIELDS", "RUN_FILE", "RawTensor", "RecordMeta", "RecordRow",
+    "storage": ["DUMP_JSON", "Dump", "ExportedDump", "JsonLimitError", "RECORD_FIELDS", "RawTensor", "RecordMeta", "RecordRow",
                 "SKETCH_SIZE", "Writer", "c_order_bytes", "config_of", "copy_stats",
                 "decode_bits", "dense_strides", "difference_sketch", "difference_stats",
                 "element_size", "export_parquet", "is_export", "load_bounded", "loads_bounded",

@@ -72,10 +72,10 @@ def rank_path(root: str, rank: int) -> str:
     reads one rank's files instead of probing every rank's (which would make n ranks cost n^2
     file opens); the whole dump otherwise, where the run's files are told apart by the newest
     file of all ranks."""
-    from tracer.storage import RUN_FILE
+    from tracer.storage import DUMP_JSON
 
     d = Path(root) / "dump" if (Path(root) / "dump").is_dir() else Path(root)
-    if (d / RUN_FILE).is_file() and (d / f"rank{rank}").is_dir():
+    if (d / DUMP_JSON).is_file() and (d / f"rank{rank}").is_dir():
         return str(d / f"rank{rank}")
     return root
 

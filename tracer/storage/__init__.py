@@ -24,7 +24,7 @@ _EXPORTS: dict[str, str] = {
     "Writer": "tracer.storage._writer",
     "make_writer": "tracer.storage._make_writer",
     # reading
-    "RUN_FILE": "tracer.storage._lock",
+    "DUMP_JSON": "tracer.storage._lock",
     "open_h5": "tracer.storage._h5open",
     "Dump": "tracer.storage._reader",
     "RawTensor": "tracer.storage._reader",

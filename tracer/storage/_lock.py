@@ -30,8 +30,8 @@ from pathlib import Path
 from tracer._errors import DumpWriteError, TracerError, warn
 
 LOCK_NAME = ".lock"
-RUN_FILE = "dump.json"
-RUN_FILE_VERSION = "1.0"
+DUMP_JSON = "dump.json"
+DUMP_JSON_VERSION = "1.0"
 RUN_ID_ENV = "SLEUTH_RUN_ID"
 OVERWRITE_ENV = "SLEUTH_DUMP_OVERWRITE"
 _STEP_FILE = re.compile(r"^step\d+\.h5$")
@@ -114,7 +114,7 @@ def read_run_file(dump_dir: Path) -> str | None:
     from tracer.storage._bounded_json import load_bounded
 
     try:  # bounded: a run's file, read by every tool that opens the dump
-        data = load_bounded(dump_dir / RUN_FILE)
+        data = load_bounded(dump_dir / DUMP_JSON)
     except (OSError, ValueError):
         return None
     run_id = data.get("run_id") if isinstance(data, dict) else None
@@ -123,16 +123,16 @@ def read_run_file(dump_dir: Path) -> str | None:
 
 def _write_run_file(dump_dir: Path, run_id: str, world_size: int) -> None:
     """Write dump.json atomically (temporary file, fsync, rename)."""
-    body = json.dumps({"format_version": RUN_FILE_VERSION, "run_id": run_id,
+    body = json.dumps({"format_version": DUMP_JSON_VERSION, "run_id": run_id,
                        "world_size": int(world_size), "created": _now()}, indent=2) + "\n"
-    temp = dump_dir / f"{RUN_FILE}.{os.getpid()}.partial"
+    temp = dump_dir / f"{DUMP_JSON}.{os.getpid()}.partial"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, body.encode())
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(temp, dump_dir / RUN_FILE)
+    os.replace(temp, dump_dir / DUMP_JSON)
 
 
 class RankLock:
@@ -293,7 +293,7 @@ def claim_rank(run_dir: Path, rank: int, world_size: int, *, overwrite: bool = F
         _refuse_live_owner(rank_dir, rank_dir / LOCK_NAME, owner)
     named = read_run_file(dump_dir)
     if named is not None and named != run_id and not overwrite:
-        raise OtherRunError(_other_run(dump_dir, f"{dump_dir / RUN_FILE} names run {named}",
+        raise OtherRunError(_other_run(dump_dir, f"{dump_dir / DUMP_JSON} names run {named}",
                                        run_id))
     try:
         rank_dir.mkdir(parents=True, exist_ok=True)
@@ -320,7 +320,7 @@ def _claim(dump_dir: Path, rank_dir: Path, run_id: str, world_size: int,
     named = read_run_file(dump_dir)
     other = None
     if named is not None and named != run_id:
-        other = f"{dump_dir / RUN_FILE} names run {named}"
+        other = f"{dump_dir / DUMP_JSON} names run {named}"
     elif steps:
         newest = max(steps, key=_mtime)
         try:
@@ -392,7 +392,7 @@ def one_run(files: dict, run_ids: dict, dump_dir: Path | None
     ids = set(run_ids.values())
     named = read_run_file(dump_dir) if dump_dir is not None else None
     if named is not None:
-        where = f"the run {dump_dir / RUN_FILE} names"  # type: ignore[operator]
+        where = f"the run {dump_dir / DUMP_JSON} names"  # type: ignore[operator]
     elif len(ids) > 1:
         named = run_ids[max(files, key=lambda k: _mtime(files[k]))]
         where = "the run of the most recently written file"

@@ -25,7 +25,7 @@ from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECOR
                                     RecordRow, records_crc32)
 from tracer.storage._sketch import SKETCH_SIZE, row_of
 from tracer.storage._layout import stored_extent
-from tracer.storage._lock import RUN_FILE, one_run
+from tracer.storage._lock import DUMP_JSON, one_run
 
 _STEP_RE = re.compile(r"^step(\d+)\.h5$")
 _PARTIAL_RE = re.compile(r"^step(\d+)\.h5(?:\.data)?\.partial$")
@@ -791,7 +791,7 @@ def _probe(path: Path, rank: int, step: int) -> FileState:
 
 def _dump_dir(p: Path) -> Path | None:
     """The dump folder (holding rank{R}/ and dump.json) of a dump or rank folder."""
-    if (p / RUN_FILE).is_file() or any(_RANK_RE.match(c.name) for c in p.iterdir()):
+    if (p / DUMP_JSON).is_file() or any(_RANK_RE.match(c.name) for c in p.iterdir()):
         return p
     return p.parent if _RANK_RE.match(p.name) else None
 
