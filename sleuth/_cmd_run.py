@@ -7,7 +7,6 @@ tools right after it imports torch. Nothing in the user's script changes.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -211,15 +210,15 @@ def _refuse_another_runs_dump(env: dict[str, str]) -> None:
     value = env.get("SLEUTH_DUMP_CONFIG", "").strip()
     if not value or value == "0" or env.get("SLEUTH_DUMP_OVERWRITE") == "1":
         return
-    config: object = {}
-    if value != "1":
-        try:
-            config = json.loads(value if value.startswith("{") else Path(value).read_text())
-        except (OSError, ValueError):
-            return  # the dump's own config check reports it
-    if not isinstance(config, dict) or config.get("overwrite") is True:
+    import tracer
+
+    try:
+        config = tracer.DumpConfig.from_env(value)
+    except tracer.TracerError:
+        return  # the dump's own config check reports it
+    if config is None or config.overwrite:
         return
-    root = Path(config.get("path") or env["SLEUTH_RUN_DIR"]).resolve()
+    root = Path(config.path or env["SLEUTH_RUN_DIR"]).resolve()
     if root == Path(env["SLEUTH_RUN_DIR"]).resolve():
         return  # the run directory's dump: _claim checked it
     from trainer import scan_run_dir

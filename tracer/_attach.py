@@ -16,10 +16,11 @@ import atexit
 import os
 from typing import TYPE_CHECKING
 
+from tracer._config import ENV_VAR
+
 if TYPE_CHECKING:
     from tracer._dumper import Dumper
 
-ENV_VAR = "SLEUTH_DUMP_CONFIG"
 _active: Dumper | None = None
 _attaching = False
 
@@ -52,18 +53,13 @@ def attach_from_env() -> Dumper | None:
 
 def _attach(value: str) -> Dumper | None:
     global _active
-    from tracer._config import DumpConfig, load_json
+    from tracer._config import DumpConfig
     from tracer._dumper import Dumper
     from tracer._errors import describe_error, strict, warn
 
     config = None
     try:
-        if value.startswith("{"):
-            config = DumpConfig.from_dict(load_json(value, f"{ENV_VAR} (inline JSON)"))
-        elif value == "1":
-            config = DumpConfig()
-        else:
-            config = DumpConfig.from_json(value)
+        config = DumpConfig.from_env(value)  # not None: attach_from_env returned for "" and "0"
         _active = Dumper(None, config)
     except Exception as e:
         if config.raises() if config is not None else strict():

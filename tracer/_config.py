@@ -220,13 +220,20 @@ class DumpConfig:
             raise ConfigError(f"{source}: {e}") from e
 
     @classmethod
-    def from_env(cls) -> DumpConfig | None:
-        """The config named by $SLEUTH_DUMP_CONFIG (a JSON path; "1" = defaults), or None."""
-        value = os.environ.get(ENV_VAR, "").strip()
+    def from_env(cls, value: str | None = None) -> DumpConfig | None:
+        """The config $SLEUTH_DUMP_CONFIG (or `value`, read by the same rule) names; the one
+        parser of that variable: unset, empty or "0" is None, "1" the defaults, text that
+        starts with "{" inline JSON, anything else the path of a JSON file. ConfigError names
+        the variable and what is wrong."""
+        if value is None:
+            value = os.environ.get(ENV_VAR, "")
+        value = value.strip()
         if not value or value == "0":
             return None
         if value == "1":
             return cls()
+        if value.startswith("{"):
+            return cls.from_text(value, f"{ENV_VAR} (inline JSON)")
         return cls.from_json(value)
 
 

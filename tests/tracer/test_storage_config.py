@@ -209,3 +209,13 @@ def test_op_capture_observer_is_refused_with_the_fix(tmp_path):
         DumpConfig.from_json(path)
     with pytest.raises(ConfigError, match="remove it from the config"):
         DumpConfig.from_dict({"op_capture": "compiled"})
+
+
+def test_one_rule_reads_the_env_variable(tmp_path, monkeypatch):
+    """DumpConfig.from_env is the one parser of $SLEUTH_DUMP_CONFIG: the zero-code attach and
+    `sleuth run` both take its answer, inline JSON included."""
+    monkeypatch.setenv("SLEUTH_DUMP_CONFIG", ' {"level": "op", "steps": "1"} ')
+    assert DumpConfig.from_env() == DumpConfig(level="op", steps="1")
+    assert DumpConfig.from_env('{"path": "x"}').path == "x"
+    with pytest.raises(ConfigError, match=r"SLEUTH_DUMP_CONFIG \(inline JSON\).*levle"):
+        DumpConfig.from_env('{"levle": "op"}')
