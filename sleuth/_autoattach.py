@@ -37,6 +37,19 @@ def attach() -> None:
     """Attach every requested tool now (torch must be importable)."""
     import importlib
 
+    try:
+        refusal = _another_runs_folder()
+    except Exception as e:  # reading the folder failed: the tools' own checks still run
+        refusal = None
+        _warn(f"could not read the run directory ({type(e).__name__}: {e})")
+    if refusal:
+        if os.environ.get("SLEUTH_STRICT", "").strip() == "1":
+            from trainer import OtherRunError
+
+            raise OtherRunError(refusal)
+        _warn(f"{refusal}; the tools are off for this run, which goes on (SLEUTH_STRICT=1 stops "
+              "it instead)")
+        return
     for package, function in requested():
         try:
             handle = getattr(importlib.import_module(package), function)()
@@ -57,6 +70,37 @@ def _warn(message: str) -> None:
     from tracer import SleuthWarning
 
     warnings.warn(message, SleuthWarning, stacklevel=3)
+
+
+def _another_runs_folder() -> str | None:
+    """Why the tools must not write into $SLEUTH_RUN_DIR, or None.
+
+    Every tool of this process writes one run: the id `tracer.storage.resolve_run_id` gives
+    (the caller's $SLEUTH_RUN_ID, torchrun's, or a new one), set in the environment here so the
+    dump, the profile and the summary all carry it. A run directory that holds files of another
+    run (a trainer run, another script's dump, profile or graphs) is refused before anything is
+    written there, as `sleuth run` and `sleuth train` refuse it: the dump's own check covers only
+    the dump, and the profiler and the IR exporter would replace that run's files.
+    $SLEUTH_DUMP_OVERWRITE=1 (`--overwrite`) lets the tools replace them."""
+    from tracer.storage import resolve_run_id
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    run_id = resolve_run_id(int(world) if world.isdigit() else 1)
+    os.environ["SLEUTH_RUN_ID"] = run_id
+    run_dir = os.environ.get("SLEUTH_RUN_DIR", "").strip()
+    if not run_dir or os.environ.get("SLEUTH_DUMP_OVERWRITE", "").strip() == "1":
+        return None
+    from trainer import scan_run_dir
+
+    others = scan_run_dir(run_dir).others(run_id)
+    if not others:
+        return None
+    other, names = next(iter(others.items()))
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    who = f"run {other}" if other else "a run written before run ids"
+    resume = f", set SLEUTH_RUN_ID={other} to continue that run" if other else ""
+    return (f"{run_dir} holds the files of another run ({who}: {shown}); write this run to a new "
+            f"SLEUTH_RUN_DIR{resume}, or set SLEUTH_DUMP_OVERWRITE=1 to replace it")
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):

@@ -157,10 +157,9 @@ def test_attach_into_another_runs_dump_warns_once_and_trains_on(tmp_path):
     assert _trained(second), second.stderr[-3000:]
     lines = _lines(second.stderr)
     assert len(lines) == 1, second.stderr
-    assert lines[0].startswith("sleuth: the tensor dump is off from step 0 on, and the run goes "
-                               "on without it: ")
-    assert "holds the dump of another run" in lines[0] and "names run first" in lines[0]
-    assert lines[0].endswith("(SLEUTH_STRICT=1 stops the run instead)")
+    assert lines[0].startswith(f"sleuth: {run} holds the files of another run (run first: dump/)")
+    assert lines[0].endswith("the tools are off for this run, which goes on (SLEUTH_STRICT=1 "
+                             "stops it instead)")
     assert _snapshot(run) == before
 
     strict = _train(run, SLEUTH_RUN_ID="third", SLEUTH_STRICT="1")
@@ -168,11 +167,40 @@ def test_attach_into_another_runs_dump_warns_once_and_trains_on(tmp_path):
     assert _snapshot(run) == before
 
 
+def test_no_tool_writes_into_a_trainer_runs_folder(tmp_path, sleuth_cli):
+    """Zero-code attach of every tool into a run directory the trainer wrote (no dump there):
+    one line, the script trains on, and the trainer's run is left as it was (no dump, profile,
+    summary or graphs of the script among its files)."""
+    run = tmp_path / "a"
+    trained = sleuth_cli("train", "--preset", "tiny", "--set", "steps=2", "--run-dir", str(run))
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    before = _snapshot(run)
+    proc = _train(run, "1", steps=4, SLEUTH_PROFILE="1", SLEUTH_SUMMARY="1",
+                  SLEUTH_SAVE_GRAPHS="1")
+    assert _trained(proc, 4), proc.stderr[-3000:]
+    lines = _lines(proc.stderr)
+    assert len(lines) == 1 and "holds the files of another run" in lines[0], proc.stderr
+    assert "run.json" in lines[0] and "SLEUTH_RUN_ID=" in lines[0]
+    assert _snapshot(run) == before
+
+
+def test_every_tool_of_one_process_writes_one_run_id(tmp_path):
+    import tracer
+
+    run = tmp_path / "new"
+    proc = _train(run, "1", steps=4, SLEUTH_PROFILE="1")
+    assert _trained(proc, 4), proc.stderr[-3000:]
+    dump_id = json.loads((run / "dump" / tracer.storage.DUMP_JSON).read_text())["run_id"]
+    windows = sorted((run / "profile" / "rank0").glob("window*.json"))
+    assert windows and {json.loads(w.read_text())["run_id"] for w in windows} == {dump_id}
+
+
 def test_a_config_typo_is_one_line_and_the_run_goes_on(tmp_path):
     proc = _train(tmp_path / "run", '{"levle": "op"}', steps=2)
     assert _trained(proc, 2), proc.stderr[-3000:]
     assert _lines(proc.stderr) == [
-        "sleuth: the tensor dump is off for this run: unknown key 'levle'; did you mean "
+        "sleuth: the tensor dump is off for this run: SLEUTH_DUMP_CONFIG (inline JSON): "
+        "unknown key 'levle'; did you mean "
         "'level'? (valid keys: path, steps, ranks, level, mode, modules, exclude_modules, ops, "
         "exclude_ops, io, phases, params, sketch, writer, async_max_queued_mb, file_process, "
         "on_error, watch, nan_allow, overwrite) (the run goes on without it; SLEUTH_STRICT=1 "

@@ -28,7 +28,7 @@ FACES = {
                 "decode_bits", "dense_strides", "difference_sketch", "difference_stats",
                 "element_size", "export_parquet", "is_export", "load_bounded", "loads_bounded",
                 "make_writer", "op_capture_of", "open_dump", "open_h5", "parse_shape", "read_export",
-                "read_sketches", "read_text_bounded", "sketch_positions", "sketch_row",
+                "read_sketches", "read_text_bounded", "resolve_run_id", "sketch_positions", "sketch_row",
                 "step_path", "stored_extent"],
     "analysis": ["AuditResult", "Coverage", "DiffResult", "Explanation", "HeadroomReport",
                  "ModuleMap",

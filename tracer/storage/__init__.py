@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "make_writer": "tracer.storage._make_writer",
     # reading
     "DUMP_JSON": "tracer.storage._lock",
+    "resolve_run_id": "tracer.storage._lock",
     "open_h5": "tracer.storage._h5open",
     "Dump": "tracer.storage._reader",
     "RawTensor": "tracer.storage._reader",
