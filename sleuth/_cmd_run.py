@@ -95,6 +95,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         code = _call(cmd, env)
     except FileNotFoundError as e:
+        if not continuing:  # nothing ran: the run.json of a run that never was would block a retry
+            (run_dir / "run.json").unlink(missing_ok=True)
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
     if code == 0:
         _say_written(args, run_dir, env)
@@ -241,5 +243,11 @@ def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:
     if cmd and Path(cmd[0]).name in ("torchrun",):
         world = next((int(a.split("=", 1)[1]) for a in cmd if a.startswith("--nproc_per_node=")
                       and a.split("=", 1)[1].isdigit()), world)
-    write_run_json(run_dir, name=run_dir.name, argv=cmd, world_size=world,
-                   config={"command": cmd, "tools": tools}, run_id=env["SLEUTH_RUN_ID"])
+    from trainer import OtherRunError
+
+    try:
+        write_run_json(run_dir, name=run_dir.name, argv=cmd, world_size=world,
+                       config={"command": cmd, "tools": tools}, run_id=env["SLEUTH_RUN_ID"],
+                       exclusive=True)
+    except OtherRunError as e:
+        raise CliError(str(e)) from e

@@ -24,19 +24,30 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:12]
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `path.partial`, fsync, rename: readers see the old file or the whole new one."""
+def atomic_write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
+    """Write `path.partial`, fsync, rename: readers see the old file or the whole new one.
+
+    With `exclusive`, the file is linked into place instead, which fails (FileExistsError, the
+    partial file removed) when `path` exists: of two processes that both found it missing, one
+    wins."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial" if exclusive
+                             else path.name + ".partial")
     with open(partial, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(partial, path)
+    if not exclusive:
+        os.replace(partial, path)
+        return
+    try:
+        os.link(partial, path)
+    finally:
+        partial.unlink()
 
 
 def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world_size: int,
-                   config: dict[str, Any], run_id: str = "") -> Path:
+                   config: dict[str, Any], run_id: str = "", exclusive: bool = False) -> Path:
     """Write `RUN/run.json` (atomically) describing who made the run, and return its path.
 
     Args:
@@ -46,6 +57,11 @@ def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world
         argv: the command line that started it.
         world_size: number of processes.
         config: the resolved configuration, JSON-serialisable.
+        exclusive: a new run claims the directory: another process that wrote run.json since
+            the directory was checked (two runs started into one new directory) wins.
+
+    Raises:
+        OtherRunError: with `exclusive`, run.json exists.
     """
     import torch  # the versions are part of the record
 
@@ -61,7 +77,15 @@ def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world
         "config": config,
     }
     path = Path(run_dir) / "run.json"
-    atomic_write_text(path, json.dumps(record, indent=2, sort_keys=False) + "\n")
+    try:
+        atomic_write_text(path, json.dumps(record, indent=2, sort_keys=False) + "\n",
+                          exclusive=exclusive)
+    except FileExistsError as e:
+        from trainer._errors import OtherRunError
+
+        raise OtherRunError(f"{path} was written by another run started into {run_dir} at the "
+                            f"same time as this one (run {run_id}); pick another run directory"
+                            ) from e
     return path
 
 

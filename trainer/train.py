@@ -242,7 +242,7 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
     sampler = Sampler(len(train_ds), seed=config.seed, rank=d.rank, world_size=d.world_size)
     if d.is_main and not run.run_json.exists():
         write_run_json(run.path, name=config.name, argv=argv, world_size=d.world_size,
-                       config=config.to_dict(), run_id=run_id)
+                       config=config.to_dict(), run_id=run_id, exclusive=True)
     metrics_file = run.open_metrics(run_id)
     state = TrainState(step=start_step, micro_step=0, model=model, optimizer=optimizer,
                        run_dir=run.path, rank=d.rank, world_size=d.world_size, config=config,

@@ -171,3 +171,12 @@ def test_sleuth_run_refuses_a_folder_holding_another_runs_profile(tmp_path, caps
     err = capsys.readouterr().err
     assert "another run (run old-run: profile/)" in err and not marker.exists()
     assert not (tmp_path / "run.json").exists()
+
+
+def test_a_command_that_cannot_start_leaves_no_run_behind(tmp_path, sleuth_cli):
+    run = tmp_path / "y"
+    proc = sleuth_cli("run", "--run-dir", str(run), "--", "no_such_command_here", cwd=tmp_path)
+    assert proc.returncode == 2 and "cannot run 'no_such_command_here'" in proc.stderr
+    assert not (run / "run.json").exists()  # a retry with the right command is not refused
+    again = sleuth_cli("run", "--run-dir", str(run), "--", "python", "-c", "pass", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr

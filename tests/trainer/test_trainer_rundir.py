@@ -204,3 +204,16 @@ def test_torchrun_ranks_refuse_together_and_overwrite_between_barriers(tmp_path,
     assert new != old
     for name in ("metrics.jsonl", "metrics.rank1.jsonl"):
         assert json.loads((run / name).read_text().splitlines()[0])["run_id"] == new
+
+
+def test_two_runs_started_into_one_new_dir_one_wins(tmp_path):
+    """Both found the directory empty; the second run.json is refused, not written over the
+    first (two `sleuth run`s started at once wrote one run.json and the other's dump)."""
+    from trainer import OtherRunError, write_run_json
+
+    kw = dict(name="x", argv=["a"], world_size=1, config={}, exclusive=True)
+    write_run_json(tmp_path, run_id="first", **kw)
+    with pytest.raises(OtherRunError, match="at the same time"):
+        write_run_json(tmp_path, run_id="second", **kw)
+    assert json.loads((tmp_path / "run.json").read_text())["run_id"] == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
