@@ -136,19 +136,42 @@ class RunDir:
                     steps.append(int(p.name[4:]))
         return self.checkpoint(max(steps)) if steps else None
 
-    def open_metrics(self, run_id: str = "") -> TextIO:
+    def open_metrics(self, run_id: str = "", resume_step: int | None = None) -> TextIO:
         """Open the metrics file for appending; a new file starts with a format header line
-        naming the run. A file of another run is refused (OtherRunError), never appended to."""
+        naming the run. A file of another run is refused (OtherRunError), never appended to.
+
+        `resume_step`: the run continues from a checkpoint of that step, so the lines of steps
+        from there on (logged after the checkpoint, before the run stopped) are dropped first:
+        the resumed run logs them again, and a curve must not hold a step twice."""
         self.path.mkdir(parents=True, exist_ok=True)
         new = not self.metrics.exists() or self.metrics.stat().st_size == 0
         if not new:
             _check_header(self.metrics, run_id)
+            if resume_step is not None:
+                _drop_steps_from(self.metrics, resume_step)
         f = open(self.metrics, "a", encoding="utf-8")
         if new:
             f.write(json.dumps({"format_version": FORMAT_VERSION, "kind": "sleuth.trainer.metrics",
                                 "run_id": run_id}) + "\n")
             f.flush()
         return f
+
+
+def _drop_steps_from(path: Path, step: int) -> None:
+    """Rewrite the metrics file at `path` (atomically) without the lines of `step` and later."""
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                value = json.loads(line).get("step")
+            except (ValueError, AttributeError, RecursionError):
+                value = None  # the header, or a line this reader does not judge: kept
+            if isinstance(value, int) and value >= step:
+                dropped += 1
+            else:
+                kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        atomic_write_text(path, "".join(kept))
 
 
 def read_run_id(run_dir: str | Path) -> str | None:

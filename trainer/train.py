@@ -243,7 +243,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
     if d.is_main and not run.run_json.exists():
         write_run_json(run.path, name=config.name, argv=argv, world_size=d.world_size,
                        config=config.to_dict(), run_id=run_id, exclusive=True)
-    metrics_file = run.open_metrics(run_id)
+    metrics_file = run.open_metrics(run_id, resume_step=start_step if resume_dir is not None
+                                    else None)
     state = TrainState(step=start_step, micro_step=0, model=model, optimizer=optimizer,
                        run_dir=run.path, rank=d.rank, world_size=d.world_size, config=config,
                        example_batch=_to(train_ds.batch(sampler.local_rows(position, config.batch_size)), d))

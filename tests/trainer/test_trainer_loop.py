@@ -31,6 +31,20 @@ def test_resume_continues_bit_identically(make_config, tmp_path):
     assert len(read_metrics(tmp_path / "first")) == (3 + 1) + (3 + 2)  # both invocations: steps + evals
 
 
+def test_a_resume_from_an_earlier_checkpoint_logs_each_step_once(make_config, tmp_path):
+    """A run killed after its last checkpoint logged steps the resumed run logs again: those
+    lines are dropped at the resume, so a curve never holds a step twice."""
+    common = ("steps=6", "checkpoint_every=2", "eval_every=2")
+    full = train(make_config(*common, run="r"))
+    again = train(make_config(*common, f"resume={tmp_path / 'r' / 'checkpoints' / 'step2'}",
+                              run="r"))
+    lines = read_metrics(tmp_path / "r")
+    keys = [(m["step"], "eval_loss" in m) for m in lines]
+    assert len(keys) == len(set(keys)) and sorted({k[0] for k in keys}) == list(range(6))
+    assert [m["loss"] for m in lines if "loss" in m][2:] == \
+        _losses(again) and len(_losses(full)) == 6
+
+
 def test_checkpoint_is_weights_only_loadable(make_config, tmp_path):
     train(make_config("steps=2", "checkpoint_every=1", run="c"))
     run = RunDir(tmp_path / "c")
