@@ -227,6 +227,12 @@ def _counts(r: dict) -> str:
     return f"{side('')} | {side('b_')}"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class _RowSinks:
     """Where a streamed diff's rows go, step by step, so that memory holds one step's rows
     whatever the dump's size: the --csv file, and for --json a temporary file spliced into the
@@ -250,6 +256,7 @@ class _RowSinks:
             try:
                 fd, self.csv_tmp = tempfile.mkstemp(prefix=".sleuth-diff-", suffix=".csv",
                                                     dir=folder)
+                os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would outlive the rename
                 self.csv = os.fdopen(fd, "w", newline="")
             except OSError as e:
                 raise CliError(f"cannot write {self.csv_path}: {e}") from e

@@ -95,7 +95,9 @@ def _run(args: argparse.Namespace) -> int:
     if int(os.environ.get("RANK", "0") or 0) == 0:  # once per run, not once per rank
         from sleuth._written import written_line
 
-        print(written_line("train", Path(config.run_dir), also="metrics.jsonl, checkpoints"),
-              file=sys.stderr, flush=True)
+        wrote = "metrics.jsonl" + (", checkpoints" if trainer.RunDir(config.run_dir)
+                                   .latest_checkpoint() is not None else "")
+        print(written_line("train", Path(config.run_dir), also=wrote), file=sys.stderr,
+              flush=True)
     trainer.exit_worker()  # under torchrun: past gloo's teardown (trainer._distributed)
     return 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 
@@ -30,6 +31,9 @@ def test_diverged_table_json_csv(tmp_path, capsys):
     csv = tmp_path / "rows.csv"
     assert main(["diff", a, b, "--csv", str(csv)]) == 1
     out = capsys.readouterr().out
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert csv.stat().st_mode & 0o777 == 0o666 & ~mask  # as any file the user writes
     assert "status: DIVERGED" in out
     assert "first divergence (compute): layers.1::aten.rms.forward.0.output.0" in out
     assert "source model.py:11" in out
