@@ -3,6 +3,7 @@ ranks, the cluster table, read from RUN/profile by `profiler.read_profile`."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 from pathlib import Path
@@ -59,6 +60,11 @@ def _run(args: argparse.Namespace) -> int:
         from sleuth._cmd_profile_diff import run_diff
         return run_diff(args, targets[1], targets[2])
     if len(targets) != 1:
+        first = str(targets[0])
+        if len(targets) == 3 and not targets[0].exists() and \
+                difflib.get_close_matches(first, ["diff"], n=1, cutoff=0.5):
+            raise CliError(f"unknown subcommand {first!r}; did you mean 'diff'? "
+                           "(sleuth profile diff A B)")
         raise CliError(f"one run directory expected, got {len(targets)}; to compare two runs: "
                        "sleuth profile diff A B")
     args.run_dir = targets[0]

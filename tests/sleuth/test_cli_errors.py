@@ -102,6 +102,8 @@ def test_closed_stdout_pipe_ends_quietly(tmp_path, args):
     (["dump", "lss", "RUN"], "sleuth dump: error: argument ACTION: invalid choice 'lss'; did you "
                              "mean 'ls'?"),
     (["diff", "A", "B", "--thresold", "1"], "sleuth diff: error: unrecognized option --thresold "),
+    (["profile", "dif", "A", "B"], "sleuth profile: error: unknown subcommand 'dif'; did you mean "
+                                   "'diff'?"),
 ])
 def test_typos_are_one_line_with_a_suggestion(sleuth_cli, args, expected):
     """`--ste 2` was silently `--step 2`; `sleuth dif` listed the commands with no hint."""
