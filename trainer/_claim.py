@@ -215,10 +215,12 @@ def claim_run_dir(run_dir: str | os.PathLike[str], run_id: str, *, overwrite: bo
         other, names = next(iter(others.items()))
         more = f" and {len(others) - 1} more run(s)" if len(others) > 1 else ""
         shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-        fixes = fixes or ("pass --overwrite to replace it, --resume latest to continue it, or "
-                          "another --run-dir")
+        resumable = any(n.startswith("checkpoints/") for n in names)
+        fixes = fixes or ("pass --overwrite to replace it, "
+                          + ("--resume latest to continue it, " if resumable else "")
+                          + "or another --run-dir")
         raise OtherRunError(f"{found.run_dir} holds the files of another run ({_describe(other)}"
-                            f"{more}: {shown}), and this is run {run_id}; {fixes}")
+                            f"{more}: {shown}); {fixes}")
     return found
 
 
