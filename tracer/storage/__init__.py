@@ -26,7 +26,6 @@ _EXPORTS: dict[str, str] = {
     "make_writer": "tracer.storage._make_writer",
     # on the writer's rows while recording: watchpoints, and the flight recorder
     "Watcher": "tracer.storage._watch_observer",
-    "describe_hit": "tracer.storage._watch_observer",
     "install_watch": "tracer.storage._watch_observer",
     "FlightRecorder": "tracer.storage._flight_writer",
     "install_flight_recorder": "tracer.storage._flight_writer",
