@@ -1,0 +1,45 @@
+"""The tracer's crash hooks (tracer/_crash.py): one chained excepthook and SIGTERM handler,
+in while anyone listens, listeners in order (the Dumpers' open steps before the flight
+recorder), the previous hook always run, a failing listener never hiding the crash."""
+from __future__ import annotations
+
+import signal
+import sys
+
+from tracer._crash import describe_exception, on_crash
+
+
+def test_hooks_go_in_with_the_first_listener_and_out_with_the_last(monkeypatch):
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append(("prev", a[0].__name__)))
+    before_hook, before_sig = sys.excepthook, signal.getsignal(signal.SIGTERM)
+    first = on_crash(lambda reason: seen.append(("flight", reason)), last=True)
+    second = on_crash(lambda reason: seen.append(("dumper", reason)))
+    assert sys.excepthook is not before_hook
+    assert signal.getsignal(signal.SIGTERM) is not before_sig
+    sys.excepthook(KeyError, KeyError("x"), None)
+    assert seen == [("dumper", "KeyError: 'x'"), ("flight", "KeyError: 'x'"),
+                    ("prev", "KeyError")]
+    second.remove()
+    assert sys.excepthook is not before_hook  # one listener is left
+    first.remove()
+    first.remove()  # idempotent
+    assert sys.excepthook is before_hook and signal.getsignal(signal.SIGTERM) is before_sig
+
+
+def test_a_failing_listener_is_printed_and_the_crash_goes_on(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append("prev"))
+
+    def broken(reason: str) -> None:
+        raise OSError("disk full")
+
+    with on_crash(broken), on_crash(lambda reason: seen.append(reason)):
+        sys.excepthook(ValueError, ValueError("bad"), None)
+    assert seen == ["ValueError: bad", "prev"]
+    assert "while the process died (ValueError: bad): disk full" in capsys.readouterr().err
+
+
+def test_describe_exception():
+    assert describe_exception(ValueError("bad")) == "ValueError: bad"
+    assert describe_exception(KeyboardInterrupt()) == "KeyboardInterrupt"
