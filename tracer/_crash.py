@@ -91,12 +91,12 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 
 def _install() -> None:
-    if _installed:
-        return
-    _installed["owner"] = os.getpid()
-    _installed["excepthook"] = sys.excepthook
-    sys.excepthook = _excepthook
-    if threading.current_thread() is threading.main_thread():
+    _installed.setdefault("owner", os.getpid())
+    if "excepthook" not in _installed:
+        _installed["excepthook"] = sys.excepthook
+        sys.excepthook = _excepthook
+    # (a first listener in another thread could not set it: the next one in the main thread does)
+    if "sigterm" not in _installed and threading.current_thread() is threading.main_thread():
         try:
             _installed["sigterm"] = signal.signal(signal.SIGTERM, _sigterm)
         except (ValueError, OSError):  # not allowed here (embedded interpreters)
@@ -104,20 +104,17 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
-    """Restore the previous hook and handler where they are still ours; one installed on top
-    of ours keeps it, and ours, with no listener left, passes straight through to theirs."""
-    if not _installed:
-        return
-    restored = sys.excepthook is _excepthook
-    if restored:
-        sys.excepthook = _installed["excepthook"]
-    if _installed.get("sigterm") is not None:
+    """Restore the previous hook and handler where they are still ours. One chained over ours
+    stays, with what it chains to: with no listener left it passes straight through."""
+    if sys.excepthook is _excepthook and "excepthook" in _installed:
+        sys.excepthook = _installed.pop("excepthook")
+    prev = _installed.get("sigterm")
+    if prev is not None:  # (None: a handler not set from Python, which cannot be put back)
         try:
-            mine = signal.getsignal(signal.SIGTERM) is _sigterm
-            if mine:
-                signal.signal(signal.SIGTERM, _installed["sigterm"])
+            if signal.getsignal(signal.SIGTERM) is _sigterm:
+                signal.signal(signal.SIGTERM, prev)
+                del _installed["sigterm"]
         except (ValueError, OSError):  # (not the main thread)
-            mine = False
-        restored = restored and mine
-    if restored:  # else the state stays: a hook chained over ours still passes through it
+            pass
+    if set(_installed) <= {"owner"}:
         _installed.clear()

@@ -229,3 +229,12 @@ def test_reading_and_comparing_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip()
     assert out == "False"
+
+
+def test_architecture_lists_every_tracer_module():
+    """docs/architecture.md's file list names every module of the tracer, so a newcomer finds
+    where a record is made, written, read back and compared in one hop."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [str(p.relative_to(TRACER)) for p in sorted(TRACER.rglob("*.py"))
+               if p.name != "__init__.py" and p.name not in text]
+    assert missing == []
