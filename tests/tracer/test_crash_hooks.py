@@ -6,7 +6,23 @@ from __future__ import annotations
 import signal
 import sys
 
+import pytest
+
+import tracer._crash
 from tracer._crash import describe_exception, on_crash
+
+
+@pytest.fixture(autouse=True)
+def _no_listeners_yet(monkeypatch):
+    """A process with no tracer attached: earlier tests leave flight recorders armed (a Dumper
+    closed by an exception keeps its recorder for the excepthook), so the state starts fresh,
+    and the SIGTERM handler is put back whatever happens."""
+    monkeypatch.setattr(tracer._crash, "_installed", {})
+    monkeypatch.setattr(tracer._crash, "_listeners", {})
+    real = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGTERM, real)
 
 
 def test_hooks_go_in_with_the_first_listener_and_out_with_the_last(monkeypatch):
