@@ -18,9 +18,9 @@ import sys
 import threading
 from typing import Any, Callable
 
-_listeners: dict[int, tuple[bool, Callable[[str], None]]] = {}
+_listeners: dict[int, tuple[bool, int, Callable[[str], None]]] = {}  # key -> last, pid, callback
 _keys = itertools.count()
-_installed: dict[str, Any] = {}  # while installed: "owner", "excepthook", and "sigterm" if set
+_installed: dict[str, Any] = {}  # the previous "excepthook" and "sigterm" while ours are in
 
 
 class CrashListener:
@@ -48,7 +48,7 @@ def on_crash(callback: Callable[[str], None], *, last: bool = False) -> CrashLis
     must not hide the crash. Installs the hooks with the first listener (SIGTERM only from the
     main thread: Python allows signal handlers nowhere else)."""
     key = next(_keys)
-    _listeners[key] = (last, callback)
+    _listeners[key] = (last, os.getpid(), callback)
     _install()
     return CrashListener(key)
 
@@ -60,12 +60,13 @@ def describe_exception(value: BaseException) -> str:
 
 
 def _notify(reason: str) -> None:
-    # a forked child (a DataLoader worker) inherits the hooks and copies of the listeners: only
-    # the process that installed them reports its crash
-    if os.getpid() != _installed.get("owner"):
-        return
+    # a forked child (a DataLoader worker) inherits the hooks and copies of its parent's
+    # listeners: those are the parent's (its Dumpers' files), so only its own ones run
+    pid = os.getpid()
     ordered = sorted(_listeners.items(), key=lambda kv: (kv[1][0], kv[0]))
-    for _, (_, callback) in ordered:
+    for _, (_, owner, callback) in ordered:
+        if owner != pid:
+            continue
         try:
             callback(reason)
         except Exception as e:  # noqa: BLE001 - never hide the original error
@@ -91,7 +92,6 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 
 def _install() -> None:
-    _installed.setdefault("owner", os.getpid())
     if "excepthook" not in _installed:
         _installed["excepthook"] = sys.excepthook
         sys.excepthook = _excepthook
@@ -116,5 +116,3 @@ def _uninstall() -> None:
                 del _installed["sigterm"]
         except (ValueError, OSError):  # (not the main thread)
             pass
-    if set(_installed) <= {"owner"}:
-        _installed.clear()

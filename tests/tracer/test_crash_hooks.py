@@ -59,3 +59,26 @@ def test_a_failing_listener_is_printed_and_the_crash_goes_on(monkeypatch, capsys
 def test_describe_exception():
     assert describe_exception(ValueError("bad")) == "ValueError: bad"
     assert describe_exception(KeyboardInterrupt()) == "KeyboardInterrupt"
+
+
+def test_a_forked_child_runs_only_its_own_listeners(monkeypatch, tmp_path):
+    """A DataLoader worker forked from the run inherits the hooks and copies of the parent's
+    listeners; its crash must not write the parent's files."""
+    import os
+
+    monkeypatch.setattr(sys, "excepthook", lambda *a: None)
+    seen = tmp_path / "seen"
+
+    def mark(who: str):
+        return lambda reason: seen.open("a").write(f"{who} {os.getpid()}\n")
+
+    with on_crash(mark("parent")):
+        pid = os.fork()
+        if pid == 0:  # the child
+            try:
+                on_crash(mark("child"))
+                sys.excepthook(RuntimeError, RuntimeError("worker"), None)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    assert seen.read_text() == f"child {pid}\n"
