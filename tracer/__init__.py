@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     "first_nan_origin": "tracer.analysis",
     "headroom_trend": "tracer.analysis",
     "map_modules": "tracer.analysis",
-    "WatchConfig": "tracer.analysis",
+    "WatchConfig": "tracer._watch_config",
 }
 
 __all__ = sorted(_EXPORTS)

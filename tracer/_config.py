@@ -383,7 +383,7 @@ def _check_watch(watch: Any) -> tuple[dict, ...]:
     watch = tuple(dict(w) for w in watch)
     if watch:
         # here, not at the top: the watch conditions load only for a config that has some
-        from tracer.analysis import validate_watch
+        from tracer._watch_config import validate_watch
 
         for i, w in enumerate(watch):
             try:

@@ -34,7 +34,7 @@ from torch.optim import optimizer as _optim
 from tracer._config import DumpConfig, load_json, warn_retired_switches
 from tracer._errors import (ConfigError, DumpWriteError, TracerError, WatchpointHit,
                             describe_error, warn)
-from tracer.analysis import describe_exception, disarm_flight_recorder, on_crash
+from tracer._crash import describe_exception, on_crash
 from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, encode_call, on_scaler_update,
                             tool_range, user_source)
 from tracer.capture import rewrap as rewrap_scalers
@@ -49,6 +49,12 @@ def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
     from tracer.storage import make_writer
 
     return make_writer(config, rank=rank, world_size=world_size)
+
+
+def disarm_flight_recorder(config: DumpConfig, rank: int) -> None:
+    from tracer.storage import disarm_flight_recorder as disarm
+
+    disarm(config, rank)
 
 
 def _record_meta() -> Any:
@@ -456,10 +462,17 @@ class Dumper:
             # run, or a rank another writer holds, fails here, before the flight recorder
             # could write into that folder
             self._writer.begin_step(self.current_step)
-            from tracer.analysis import install_watch
+            from tracer.storage import install_flight_recorder, install_watch
 
-            # watchpoints and the flight recorder; removed with the writer at close
-            install_watch(self._writer, self.config)
+            # the flight recorder and the watchpoints; removed with the writer at close. The
+            # open step is written on a crash by the Dumper's own crash listener (__init__),
+            # with or without a flight recorder
+            recorder = None
+            try:
+                recorder = install_flight_recorder(self._writer, self.config)
+            except Exception as e:  # noqa: BLE001 - the flight recorder is a best-effort extra
+                warn(f"no flight recorder for this run ({describe_error(e)})", stacklevel=3)
+            install_watch(self._writer, self.config, recorder)
         else:
             self._writer.begin_step(self.current_step)
         self._open = True
@@ -640,7 +653,7 @@ class Dumper:
              f"steps end", stacklevel=4)
 
     def _crashed(self, reason: str) -> None:
-        """The process is dying (an uncaught exception, SIGTERM; tracer.analysis._flight's hooks):
+        """The process is dying (an uncaught exception, SIGTERM; tracer._crash):
         write the open step, marked interrupted, while it still can."""
         if self._closed or not self.enabled:
             return

@@ -455,7 +455,7 @@ _BROKEN = {
     "op mode after the op": ("op", "tracer.capture._op_mode", "OpMode._after"),
     "optimizer hook": ("module", "tracer._dumper", "Dumper._snapshot_param"),
     "optimizer hook, after the step": ("module", "tracer._dumper", "Dumper._wanted_params"),
-    "flight recorder": ("mix", "tracer.analysis._flight", "FlightRecorder.add_row"),
+    "flight recorder": ("mix", "tracer.storage._flight_writer", "FlightRecorder.add_row"),
 }
 
 

@@ -298,3 +298,38 @@ def test_sigterm_inside_the_tracer_exits_clean(tmp_path, where):
     assert [line for line in proc.stderr.splitlines() if line] == [
         f"sleuth: flight recorder written to {tmp_path / 'run' / 'dump' / 'rank0'}"
         f"/flight_recorder.h5"]
+
+
+_SIGTERM_AT_STEP_3 = textwrap.dedent("""
+    import os, signal, sys
+    import torch, tracer
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tracer.Dumper(model, {"path": sys.argv[1], "writer": "sync"}):
+        for step in range(5):
+            loss = model(torch.randn(3, 4)).sum()
+            if step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # after the forward pass
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+""")
+
+
+@pytest.mark.parametrize("steps", ["three", "0"])
+def test_sigterm_writes_the_open_step_whatever_the_flight_recorder(tmp_path, steps):
+    """The crash hooks that write the open step do not depend on the flight recorder: a bad
+    $SLEUTH_FLIGHT_STEPS (the recorder off, with a warning) or 0 (off) still leaves step 3
+    written and marked interrupted, and the process still dies by the signal."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SLEUTH_FLIGHT_STEPS": steps}
+    res = subprocess.run([sys.executable, "-c", _SIGTERM_AT_STEP_3, str(tmp_path)],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=180)
+    assert res.returncode == -signal.SIGTERM, res.stderr
+    statuses, d = _statuses(tmp_path)
+    assert statuses == {0: ("complete", ""), 1: ("complete", ""), 2: ("complete", ""),
+                        3: ("interrupted", "SIGTERM")}, res.stderr
+    assert (d.stats(0, 3).phase == "forward").any()
+    assert not (tmp_path / "dump" / "rank0" / "flight_recorder.h5").exists()
+    if steps == "three":
+        assert "SLEUTH_FLIGHT_STEPS" in res.stderr and "Traceback" not in res.stderr

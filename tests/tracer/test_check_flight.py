@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.analysis._flight import FlightRecorder, read_flight_recorder
+from tracer.storage import FlightRecorder, read_flight_recorder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,9 @@ import torch
 import tracer
 from tracer._errors import ConfigError, WatchpointHit
 from tracer.analysis import first_nan_origin, headroom_trend, record_headroom
-from tracer.analysis._headroom import FLOAT_RANGES
-from tracer.analysis._watch import Watcher, WatchConfig
+from tracer._dtype_ranges import FLOAT_RANGES
+from tracer._watch_config import WatchConfig
+from tracer.storage import Watcher
 
 pytest.importorskip("transformers")
 from tests.tracer.headroom_runs import (DYING, DYING_MODULE, GROWING,  # noqa: E402

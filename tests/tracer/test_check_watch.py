@@ -9,7 +9,8 @@ import torch.nn as nn
 import tracer
 from tracer.analysis._check import first_nan_origin
 from tracer._errors import ConfigError, WatchpointHit
-from tracer.analysis._watch import Watcher, WatchConfig
+from tracer._watch_config import WatchConfig
+from tracer.storage import Watcher
 
 
 class SqrtNet(nn.Module):

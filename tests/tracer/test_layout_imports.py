@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACER = ROOT / "tracer"
 SUBPACKAGES = ("capture", "storage", "analysis")
 # the top-level modules the subpackages share; the Dumper and attach sit above the subpackages
-SHARED = {"tracer._config", "tracer._errors", "tracer._lazy", "tracer._validate"}
+SHARED = {"tracer._config", "tracer._errors", "tracer._lazy", "tracer._validate", "tracer._crash",
+          "tracer._watch_config", "tracer._dtype_ranges"}
+# the recording side: what runs inside a traced training run
+RECORDING = ("tracer.capture", "tracer.storage", "tracer._dumper", "tracer._config",
+             "tracer._attach")
 OTHER_PACKAGES = ("sleuth", "dashboard", "profiler", "irdump", "trainer")
 
 
@@ -114,11 +118,35 @@ def test_the_import_graph_is_read():
     # a few edges the layout rests on, so that an unread import cannot pass the tests below
     assert "tracer.storage._reader" in graph["tracer.analysis._diff"]
     assert "tracer.capture._module_hooks" in graph["tracer._dumper"]
-    assert "tracer.analysis._watch" in graph["tracer._config"]
+    assert "tracer._watch_config" in graph["tracer._config"]
+    assert "tracer.storage._watch_observer" in graph["tracer.analysis._check"]
 
 
 def test_no_import_circle_among_tracer_modules():
     assert _cycles(_graph()) == []
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph[todo.pop()] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
+def test_recording_never_imports_judging():
+    """capture/, storage/, the Dumper, the config and attach (and the shared modules they use)
+    reach no module of analysis/, directly or through another, at import or inside a function:
+    a traced run records and writes its crash files without the judging side."""
+    graph = _graph()
+    offenders = []
+    for m in sorted(graph):
+        if m.startswith(RECORDING) or m in SHARED:
+            judging = sorted(w for w in _reachable(graph, m) if w.startswith("tracer.analysis"))
+            if judging:
+                offenders.append(f"{m} -> {judging}")
+    assert offenders == []
 
 
 def test_a_circle_is_found():
@@ -201,3 +229,12 @@ def test_reading_and_comparing_import_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip()
     assert out == "False"
+
+
+def test_architecture_lists_every_tracer_module():
+    """docs/architecture.md's file list names every module of the tracer, so a newcomer finds
+    where a record is made, written, read back and compared in one hop."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    missing = [str(p.relative_to(TRACER)) for p in sorted(TRACER.rglob("*.py"))
+               if p.name != "__init__.py" and p.name not in text]
+    assert missing == []

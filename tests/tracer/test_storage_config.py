@@ -112,7 +112,7 @@ def test_frozen_and_keyword_only():
 
 
 def test_watchpoints_are_validated_by_the_watch_module():
-    pytest.importorskip("tracer.analysis._watch")
+    pytest.importorskip("tracer._watch_config")
     with pytest.raises(ConfigError, match=r"watch\[1\]: .*'nan_in'.*did you mean 'nan_inf'"):
         DumpConfig(watch=[{"condition": "all_zero"}, {"condition": "nan_in"}])
     c = DumpConfig.from_dict({"watch": [{"condition": "nan_inf", "on_hit": "raise"}]})

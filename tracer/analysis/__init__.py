@@ -1,6 +1,7 @@
 """Where records are compared and judged: two dumps aligned and compared (`diff`), watchpoints
-checked live and offline (`check`), the first NaN traced to its origin, and the flight recorder
-that keeps the last steps' statistics for a crash.
+checked over a dump (`check`), the first NaN traced to its origin, and numeric headroom. The
+recording side (the live watch observer, the flight recorder, the crash hooks) never imports
+this package; it imports from them.
 
 Reads dumps through `tracer.storage`'s reader only; `diff` and `check` need no torch. Names load
 lazily (tracer._lazy); a test pins this list.
@@ -42,15 +43,9 @@ _EXPORTS: dict[str, str] = {
     "HeadroomReport": "tracer.analysis._trend",
     "headroom_trend": "tracer.analysis._trend",
     "record_headroom": "tracer.analysis._headroom",
-    # watchpoints, live and offline
-    "WatchConfig": "tracer.analysis._watch",
-    "install_watch": "tracer.analysis._watch",
-    "validate_watch": "tracer.analysis._watch",
-    # flight recorder
-    "describe_exception": "tracer.analysis._flight",
-    "disarm_flight_recorder": "tracer.analysis._flight",
-    "on_crash": "tracer.analysis._flight",
-    "read_flight_recorder": "tracer.analysis._flight",
+    # watchpoints (their conditions: tracer._watch_config) and the flight recorder's rows
+    "WatchConfig": "tracer.analysis._check",
+    "read_flight_recorder": "tracer.analysis._check",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -12,12 +12,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-from tracer._errors import DumpFormatError
 from tracer._config import _as_str_tuple, _pattern_matcher
+from tracer._errors import DumpFormatError
+from tracer._watch_config import WatchConfig, parse_watch
 from tracer.analysis._diff import _rows
 from tracer.analysis._origin import StepOrigin, finite_params, nonfinite, sig
 from tracer.analysis._patterns import stored_matches
-from tracer.analysis._watch import Watcher, WatchConfig, parse_watch
+# read_flight_recorder: a crashed run's last steps, offered by tracer.analysis beside check
+# (docs/diff.md names it there); the file is storage's to write and read
+from tracer.storage import Watcher, read_flight_recorder  # noqa: F401
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
                "condition", "value", "origin")

@@ -19,7 +19,7 @@ from tracer.analysis._check import (HIT_COLUMNS, Coverage, _order, check, find_f
                                     ranks_ordered_by)
 from tracer.analysis._rank_tasks import rank_path, run_per_rank
 from tracer._config import _as_str_tuple
-from tracer.analysis._watch import WatchConfig, parse_watch
+from tracer._watch_config import WatchConfig, parse_watch
 
 
 def check_ranks(path: str | os.PathLike, *, watch: Iterable[WatchConfig | dict] | None = None,

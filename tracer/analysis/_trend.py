@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from tracer._config import _as_str_tuple
+from tracer._dtype_ranges import FLOAT_RANGES, log2_range
 from tracer._errors import ConfigError
 from tracer.analysis._check import Coverage, _allow, _allowed_names, read_steps
 from tracer.analysis._diff import _rows
-from tracer.analysis._headroom import FLOAT_RANGES, log2_range, record_headroom
+from tracer.analysis._headroom import record_headroom
 
 DEFAULT_HORIZON = 100.0
 """Steps ahead a trend is listed within: far enough to act on (stop, lower the learning rate,

@@ -1,5 +1,6 @@
 """Where a record is measured, written and read back: tensor statistics (and their C kernel), the
-HDF5 step file, the synchronous and asynchronous writers, the rank lock, and the reader.
+HDF5 step file, the synchronous and asynchronous writers, the rank lock, and the reader; beside
+the writer, the live watch observer and the flight recorder (written on a crash, read back here).
 
 The reader side (`open_dump`, `Dump`, the decoding helpers) never imports torch. Names load
 lazily (tracer._lazy); a test pins this list.
@@ -23,6 +24,13 @@ _EXPORTS: dict[str, str] = {
     "RecordRow": "tracer.storage._format",
     "Writer": "tracer.storage._writer",
     "make_writer": "tracer.storage._make_writer",
+    # on the writer's rows while recording: watchpoints, and the flight recorder
+    "Watcher": "tracer.storage._watch_observer",
+    "install_watch": "tracer.storage._watch_observer",
+    "FlightRecorder": "tracer.storage._flight_writer",
+    "install_flight_recorder": "tracer.storage._flight_writer",
+    "disarm_flight_recorder": "tracer.storage._flight_writer",
+    "read_flight_recorder": "tracer.storage._flight_reader",
     # reading
     "DUMP_JSON": "tracer.storage._lock",
     "resolve_run_id": "tracer.storage._lock",

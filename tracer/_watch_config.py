@@ -1,11 +1,11 @@
-"""Watchpoints (after MindInsight's debugger): conditions on a record's statistics, checked live
-while dumping and offline on a dump by `tracer.check`.
+"""Watch conditions (after MindInsight's debugger): what a watchpoint of a dump config may ask
+for, validated when the config is built, and how one statistics row is judged against it.
 
-A condition looks only at one statistics row (min, max, mean, norm, counts), plus, for weight
-conditions, the parameter's value before the update, so checking never reads tensor bytes.
-Live checking plugs into the writer as an observer (a callable that receives each record's
-statistics row) and records hits with `writer.add_hit`; `"on_hit": "raise"` stops the run at the
-first hit with `WatchpointHit`.
+Beside the config because both sides use it: `DumpConfig` validates its `watch` list here, the
+live watch observer (tracer.storage._watch_observer) evaluates each row the writer makes, and
+`tracer.check` evaluates a dump's rows offline. A condition looks only at one statistics row
+(min, max, mean, norm, counts), plus, for weight conditions, the parameter's value before the
+update, so checking never reads tensor bytes.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import difflib
 import fnmatch
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal
+from typing import Any, Iterable, Literal
 
-from tracer._errors import ConfigError, WatchpointHit, warn
+from tracer._errors import ConfigError
 from tracer._validate import check_scalar
-from tracer.analysis._headroom import FLOAT_RANGES, log2_range, overflow_bits
+from tracer._dtype_ranges import FLOAT_RANGES, log2_range, overflow_bits
 
 Condition = Literal["nan_inf", "all_zero", "max_abs_gt", "max_abs_lt", "mean_gt", "mean_lt",
                     "out_of_range", "weight_change_gt", "weight_change_lt", "unchanged_weight",
@@ -229,137 +229,3 @@ def parse_watch(watch: Any) -> list[WatchConfig]:
         except ConfigError as e:
             raise ConfigError(f"watch[{i}]: {e}") from e
     return out
-
-
-def _owner_scope(name: str) -> str:
-    return name.split(".optimizer.", 1)[0]
-
-
-def describe_hit(hit: dict[str, Any]) -> str:
-    """One line naming the record, op, module, phase, step, rank and source of a hit."""
-    op = f"op {hit['op']} in " if hit.get("op") else ""
-    where = ", ".join(f"{k} {hit[k]}" for k in ("step", "rank") if hit.get(k) is not None)
-    return (f"watchpoint {hit['condition']} hit by {hit['name']} ({op}module "
-            f"{hit.get('module', '?')}, {hit.get('phase', '?')}{', ' + where if where else ''})"
-            f" at {hit.get('source') or 'unknown source'}: value {hit['value']:.6g}")
-
-
-class Watcher:
-    """Evaluates watchpoints row by row; remembers weight norms for the weight conditions.
-
-    Weight conditions read the `update` records (value after minus value before the optimizer
-    step). A dump without them (`"params"` records but no optimizer step seen) falls back to
-    comparing a weight with its value at the previous dumped step: `unchanged_weight` by
-    checksum, `weight_change_*` by the relative change of the norm (a lower bound of the true
-    change).
-    """
-
-    def __init__(self, watch: Iterable[WatchConfig]) -> None:
-        self.watch = list(watch)
-        self._param_norm: dict[str, float] = {}
-        self._has_update: set[str] = set()
-        self._prev: dict[str, tuple[Any, float, int, str]] = {}  # scope -> step, norm, sum, dtype
-
-    def check(self, row: dict[str, Any]) -> list[tuple[WatchConfig, dict[str, Any]]]:
-        """The hits of one row, each as (watchpoint, hit dict)."""
-        hits = []
-        if row.get("phase") == "optimizer":
-            scope = _owner_scope(str(row.get("name", "")))
-            if row.get("direction") == "param":
-                self._param_norm[scope] = float(row.get("norm", 0))
-                hits += self._between_steps(scope, row)
-            elif row.get("direction") == "update":
-                self._has_update.add(scope)
-        for w in self.watch:
-            pn = None
-            if w.condition.startswith("weight_change"):
-                pn = self._param_norm.get(_owner_scope(str(row.get("name", ""))))
-            value = w.evaluate(row, pn)
-            if value is not None:
-                hits.append((w, _hit(row, w, value)))
-        return hits
-
-    def _between_steps(self, scope: str, row: dict[str, Any]) -> list:
-        step, norm = row.get("step"), float(row.get("norm", 0))
-        prev = self._prev.get(scope)
-        self._prev[scope] = (step, norm, int(row.get("checksum", 0)), str(row.get("dtype")))
-        if prev is None or scope in self._has_update or prev[0] == step:
-            return []
-        hits = []
-        for w in self.watch:
-            if w.names and not any(fnmatch.fnmatchcase(str(row.get("name")), p) for p in w.names):
-                continue
-            if w.condition == "unchanged_weight":
-                if prev[2] == int(row.get("checksum", 0)) and prev[3] == str(row.get("dtype")):
-                    hits.append((w, _hit(row, w, 0.0)))
-            elif w.condition.startswith("weight_change") and prev[1] > 0:
-                ratio = abs(norm - prev[1]) / prev[1]
-                limit = w.limit
-                assert limit is not None
-                if ratio > limit if w.condition.endswith("gt") else ratio < limit:
-                    hits.append((w, _hit(row, w, ratio)))
-        return hits
-
-
-def _hit(row: dict[str, Any], w: WatchConfig, value: float) -> dict[str, Any]:
-    hit = {k: row.get(k) for k in ("seq", "name", "module", "op", "phase", "source", "step",
-                                   "rank")}
-    hit.update(condition=w.condition, value=float(value), on_hit=w.on_hit)
-    return hit
-
-
-class _WatchHandle:
-    """Removes the watch observer from its writer; idempotent, usable as a context manager."""
-
-    def __init__(self, writer: Any, observer: Callable) -> None:
-        self._writer, self._observer = writer, observer
-
-    def remove(self) -> None:
-        obs = getattr(self._writer, "observers", None)
-        if obs is not None and self._observer in obs:
-            obs.remove(self._observer)
-        self._writer = None
-
-    def __enter__(self) -> _WatchHandle:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.remove()
-
-
-def install_watch(writer: Any, config: Any) -> _WatchHandle | None:
-    """Check the watchpoints of `config` (a DumpConfig, or a list of watchpoints) on every record
-    `writer` makes: hits go to `writer.add_hit`, and `on_hit: raise` raises WatchpointHit.
-
-    Also keeps a flight recorder (the last steps' statistics) that is written next to the dump
-    when a watchpoint raises, on an uncaught exception, or on SIGTERM, with or without
-    watchpoints ($SLEUTH_FLIGHT_STEPS=0 turns it off). Returns None when there is no watchpoint.
-    """
-    recorder = None
-    try:
-        from tracer.analysis._flight import install_flight_recorder
-
-        recorder = install_flight_recorder(writer, config)
-    except Exception as e:  # noqa: BLE001 - the flight recorder is a best-effort extra
-        warn(f"no flight recorder for this run ({e})", stacklevel=2)
-    watch = parse_watch(getattr(config, "watch", config))
-    if not watch:
-        return None
-    watcher = Watcher(watch)
-
-    def observer(row: dict[str, Any]) -> None:
-        for w, hit in watcher.check(row):
-            if hit.get("step") is None:
-                hit["step"] = getattr(writer, "step", None)
-            if hit.get("rank") is None:
-                hit["rank"] = getattr(writer, "rank", None)
-            writer.add_hit(hit)
-            if w.on_hit == "raise":
-                message = describe_hit(hit)
-                if recorder is not None and recorder.keeps:
-                    path = recorder.save(reason=message)
-                    message += f"; the last steps' statistics are in {path}"
-                raise WatchpointHit(message, hit)
-
-    writer.observers.append(observer)
-    return _WatchHandle(writer, observer)
