@@ -143,6 +143,16 @@ def _shapes(args: dict[str, Any]) -> str:
     return json.dumps(dims, separators=(",", ":"))
 
 
+def _profiled_at(meta: dict[str, Any]) -> float | None:
+    """When the window was saved (its metadata's `created`), seconds since the epoch; None
+    when it is missing or unreadable (source files are then not checked for changes)."""
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(str(meta["created"])).timestamp()
+    except (KeyError, ValueError, TypeError, OverflowError):
+        return None
+
+
 def _sleuth_module_name(ev: _Ev) -> str | None:
     if ev.name.startswith(MODULE_PREFIX):
         return ev.name[len(MODULE_PREFIX):]
@@ -236,7 +246,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     ops: dict[tuple[str, str, str], dict[str, Any]] = {}
     stacks = any(ev.cat == PYTHON_EVENT for ev in host)
     frames: dict[int, str] = {}
-    finder = LineFinder([*(meta.get("python_path") or []), *sys.path, ""]) if stacks else None
+    finder = (LineFinder([*(meta.get("python_path") or []), *sys.path, ""],
+                         profiled_at=_profiled_at(meta)) if stacks else None)
     for ev in host:
         if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
             continue
