@@ -10,7 +10,9 @@ a floor from their spread); the rest explains it:
   in self time (on a trace with GPU kernels, the change in kernel time when that is larger),
   with calls, self and total time, the user's source line where the trace has stacks, and the
   side an op is found on (`both`, `A only`, `B only`: a new cast, a recompute, a sync);
-- with stacks, the same contributions summed per source line, which is the first cause named;
+- with stacks, the same contributions summed per source line, which is the first cause named,
+  unless most of the change is time outside any op (a sleep, Python work, a sync), which is
+  then named first with the breakdown's phase that holds it;
 - memory peak and communication share; across ranks, the slowest rank and the one that got
   slower;
 - on traces with GPU events, GPU time side by side (profiler._gpu_time): idle time per step
@@ -38,7 +40,8 @@ class ProfileDiff:
     judgement: the verdict on step time (`verdict`, `change`, p-values, noise floor).
     step_a, step_b: step-time spread of each run (n, median, q1, q3, mean).
     breakdown: phase, a_us, b_us, delta_us (mean per step; phases, then step, comm, tools).
-    ops: name, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
+    ops: name, input_shapes (ops pair across runs by these two, never by file path), source
+        (B's line, A's for an op in A only), source_a, source_b, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
         device_a_us, device_b_us, delta_us (the contribution), ranked by contribution.
     modules: module, type, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us,
         total_b_us, device_a_us, device_b_us, delta_us, ranked likewise.
@@ -52,7 +55,9 @@ class ProfileDiff:
         None on a side whose trace has no GPU events; empty when neither has.
     kernels: module, type, kernel_a_us, kernel_b_us, delta_us: kernel time per step by module
         (kernels charged to the module whose range launched them), largest change first.
-    causes: sentences naming what accounts for the difference, the likeliest first.
+    causes: sentences naming what accounts for the difference, the likeliest first; time
+        outside any op (the step's change that the ops' own time does not hold) before every
+        cause that explains less of the change.
     notes: what limits the comparison (few steps, no stacks, one side's dump on, ...).
     """
 

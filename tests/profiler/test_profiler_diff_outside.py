@@ -108,3 +108,9 @@ def test_cli_names_outside_time_first(pair):
     assert out.returncode == 1, out.stderr
     data = json.loads(out.stdout)
     assert data["causes"][0].startswith("time outside any op:"), data["causes"]
+    text = subprocess.run([sys.executable, "-m", "sleuth", "profile", "diff",
+                           str(pair / "run_a"), str(pair / "run_b")], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO).stdout
+    assert "1. time outside any op:" in text, text
+    # each side's line in the ops table: the scripts sit at different paths
+    assert "train.py:" in text and "| B " in text and "train_sleep.py:" in text, text
