@@ -78,6 +78,10 @@ class ProfileDiff:
     """The rank whose step time grew the most (several ranks only)."""
     gpu: Any = None
     kernels: Any = None
+    host: Any = None
+    """name, source, source_a, source_b, calls_a, calls_b, time_a_us, time_b_us, delta_us: the
+    user's calls of builtins that made no op (`time.sleep`, a blocking read; with_stack
+    traces), per step, paired by name; largest change first."""
 
     @property
     def verdict(self) -> str:
@@ -124,6 +128,7 @@ class ProfileDiff:
             "modules": records(self.modules), "lines": records(self.lines),
             "ranks": records(self.ranks), "slower_rank": self.slower_rank,
             "gpu": records(self.gpu), "kernels": records(self.kernels),
+            "host": records(self.host),
             "sides": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
                       for k, v in self.sides.items()},
         })
@@ -180,7 +185,8 @@ def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.0
     out = ProfileDiff(a=names[0], b=names[1], judgement=j, step_a=spread(ta), step_b=spread(tb),
                       breakdown=_breakdown(pa.steps, pb.steps), ops=ops, modules=mods,
                       lines=lines, ranks=ranks, sides={"a": sa, "b": sb}, notes=notes,
-                      slower_rank=slower_rank, gpu=gpu, kernels=kernels)
+                      slower_rank=slower_rank, gpu=gpu, kernels=kernels,
+                      host=_host_diff(pa, pb, na, nb, descending))
     out.causes = _causes(out)
     return out
 
@@ -352,6 +358,34 @@ def _line_diff(ops: Any, descending: bool) -> Any:
     return _rank(pd.DataFrame(rows), descending)
 
 
+def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
+    """Builtin calls that made no op, per step on each side, paired by name (module docstring
+    of profiler._tables._host_rows); each side's busiest line kept."""
+    import pandas as pd
+    cols = ["name", "source", "source_a", "source_b", "calls_a", "calls_b", "time_a_us",
+            "time_b_us", "delta_us"]
+    frames, lines = [], []
+    for p, n in ((pa, na), (pb, nb)):
+        h = getattr(p, "host", None)
+        if h is None or h.empty:
+            frames.append(pd.DataFrame(columns=["name", "calls", "time"]))
+            lines.append({})
+            continue
+        frames.append(_per_step(h, ["name"], {"calls": "calls", "time_us": "time"}, n))
+        top = h.groupby(["name", "source"])["time_us"].sum().reset_index()
+        top = top.sort_values("time_us", ascending=False).drop_duplicates("name")
+        lines.append(dict(zip(top["name"], top["source"].astype(str))))
+    if frames[0].empty and frames[1].empty:
+        return pd.DataFrame(columns=cols)
+    m = _merge(frames[0], frames[1], ["name"])
+    m["source_a"] = [lines[0].get(k, "") for k in m["name"]]
+    m["source_b"] = [lines[1].get(k, "") for k in m["name"]]
+    m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
+    m = m.rename(columns={"time_a": "time_a_us", "time_b": "time_b_us"})
+    m["delta_us"] = m["time_b_us"] - m["time_a_us"]
+    return _rank(m[cols], descending)
+
+
 # ---- GPU time -----------------------------------------------------------------------------------
 _GPU_FIGURES = (("gpu_busy_us", "GPU busy"), ("gpu_idle_us", "GPU idle"),
                 ("host_wait_us", "idle: host-bound"), ("data_wait_us", "idle: data-bound"),
@@ -486,6 +520,27 @@ def _causes(d: ProfileDiff) -> list[str]:
     return out
 
 
+def _outside_line(d: ProfileDiff, sign: int, outside: float) -> str:
+    """Where the time outside ops was spent, as far as the trace can say: the user's line
+    whose builtin call (a sleep, a blocking read) grew the most, or why no line is named."""
+    if not (d.sides["a"]["stacks"] and d.sides["b"]["stacks"]):
+        return ("no source line: time between ops has none without stacks; profile both runs "
+                "with with_stack=true to name a sleep's or a blocking call's line")
+    h = d.host
+    if h is not None and not h.empty:
+        top = h.loc[(sign * h["delta_us"]).idxmax()]
+        if sign * top["delta_us"] > 0.1 * abs(outside):
+            import re
+            m = re.match(r"^<built-in (?:method|function) (\w+)", str(top["name"]))
+            name = m.group(1) if m else str(top["name"])
+            return (f"at {_short(top['source'])}: a call of {name}() that made no op, "
+                    f"{_dur(top['delta_us'])} a step (calls {_n(top['calls_a'])} -> "
+                    f"{_n(top['calls_b'])})")
+    return ("the trace names no source line for it: no builtin call (a sleep, a blocking "
+            "read) explains it, so it is Python work between ops; open the trace at a step's "
+            "gap")
+
+
 def _cause_weight(text: str) -> float:
     """The microseconds a step a cause sentence names (its first `+N us` / `-N us`)."""
     import re
@@ -516,10 +571,7 @@ def _outside_ops(d: ProfileDiff, sign: int, floor_us: float) -> tuple[float, str
              if phase == "other" else f"mostly in '{phase}' ({_dur(phases[phase])} a step "
              "there in the breakdown: Python work or waiting between its ops)")
     share = abs(outside / step) * 100
-    line = ("the trace names no source line for time between ops (an op's line comes from "
-            "the op): open the trace at a step's gap" if d.sides["a"]["stacks"]
-            and d.sides["b"]["stacks"] else "no source line: time between ops has none without "
-            "stacks; profile with with_stack=true and open the trace at a step's gap")
+    line = _outside_line(d, sign, outside)
     ops_words = (f"the ops' own time changed by {_us(ops)} a step" if abs(ops) >= 0.05 else
                  "the ops' own time did not change")
     return abs(outside), (f"time outside any op: {_dur(outside)} a step {where}, not in any "

@@ -34,7 +34,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     top = args.top
     if args.csv:
         args.csv.mkdir(parents=True, exist_ok=True)
-        for name in ("breakdown", "ops", "modules", "lines", "ranks", "gpu", "kernels"):
+        for name in ("breakdown", "ops", "modules", "lines", "ranks", "gpu", "kernels", "host"):
             getattr(d, name).to_csv(args.csv / f"{name}.csv", index=False)
     if args.json:
         print(json.dumps(d.to_dict(), indent=1))

@@ -83,6 +83,9 @@ def test_time_outside_ops_is_named_first(pair):
     # no op, line or module is blamed before it
     assert not any(c.startswith(("op ", "module ")) or "train" in c.split(":")[0]
                    for c in d.causes[:1])
+    # with stacks, the sleep's line in B's script is named
+    sleep_line = LOOP.splitlines().index("                time.sleep(sleep_s)") + 1
+    assert f"train_sleep.py:{sleep_line}: a call of sleep()" in first, first
     amount = first.split("time outside any op: ")[1].split(" a step")[0]
     assert amount.endswith(" ms") and float(amount[:-3]) > 10, first  # most of the 20 ms sleep
 
