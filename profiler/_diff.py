@@ -10,7 +10,9 @@ a floor from their spread); the rest explains it:
   in self time (on a trace with GPU kernels, the change in kernel time when that is larger),
   with calls, self and total time, the user's source line where the trace has stacks, and the
   side an op is found on (`both`, `A only`, `B only`: a new cast, a recompute, a sync);
-- with stacks, the same contributions summed per source line, which is the first cause named;
+- with stacks, the same contributions summed per source line, which is the first cause named,
+  unless most of the change is time outside any op (a sleep, Python work, a sync), which is
+  then named first with the breakdown's phase that holds it;
 - memory peak and communication share; across ranks, the slowest rank and the one that got
   slower;
 - on traces with GPU events, GPU time side by side (profiler._gpu_time): idle time per step
@@ -38,7 +40,8 @@ class ProfileDiff:
     judgement: the verdict on step time (`verdict`, `change`, p-values, noise floor).
     step_a, step_b: step-time spread of each run (n, median, q1, q3, mean).
     breakdown: phase, a_us, b_us, delta_us (mean per step; phases, then step, comm, tools).
-    ops: name, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
+    ops: name, input_shapes (ops pair across runs by these two, never by file path), source
+        (B's line, A's for an op in A only), source_a, source_b, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
         device_a_us, device_b_us, delta_us (the contribution), ranked by contribution.
     modules: module, type, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us,
         total_b_us, device_a_us, device_b_us, delta_us, ranked likewise.
@@ -52,7 +55,9 @@ class ProfileDiff:
         None on a side whose trace has no GPU events; empty when neither has.
     kernels: module, type, kernel_a_us, kernel_b_us, delta_us: kernel time per step by module
         (kernels charged to the module whose range launched them), largest change first.
-    causes: sentences naming what accounts for the difference, the likeliest first.
+    causes: sentences naming what accounts for the difference, the likeliest first; time
+        outside any op (the step's change that the ops' own time does not hold) before every
+        cause that explains less of the change.
     notes: what limits the comparison (few steps, no stacks, one side's dump on, ...).
     """
 
@@ -73,6 +78,10 @@ class ProfileDiff:
     """The rank whose step time grew the most (several ranks only)."""
     gpu: Any = None
     kernels: Any = None
+    host: Any = None
+    """name, source, source_a, source_b, calls_a, calls_b, time_a_us, time_b_us, delta_us: the
+    user's calls of builtins that made no op (`time.sleep`, a blocking read; with_stack
+    traces), per step, paired by name; largest change first."""
 
     @property
     def verdict(self) -> str:
@@ -119,6 +128,7 @@ class ProfileDiff:
             "modules": records(self.modules), "lines": records(self.lines),
             "ranks": records(self.ranks), "slower_rank": self.slower_rank,
             "gpu": records(self.gpu), "kernels": records(self.kernels),
+            "host": records(self.host),
             "sides": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
                       for k, v in self.sides.items()},
         })
@@ -175,7 +185,8 @@ def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.0
     out = ProfileDiff(a=names[0], b=names[1], judgement=j, step_a=spread(ta), step_b=spread(tb),
                       breakdown=_breakdown(pa.steps, pb.steps), ops=ops, modules=mods,
                       lines=lines, ranks=ranks, sides={"a": sa, "b": sb}, notes=notes,
-                      slower_rank=slower_rank, gpu=gpu, kernels=kernels)
+                      slower_rank=slower_rank, gpu=gpu, kernels=kernels,
+                      host=_host_diff(pa, pb, na, nb, descending))
     out.causes = _causes(out)
     return out
 
@@ -200,8 +211,8 @@ def _breakdown(a: Any, b: Any) -> Any:
 
 
 # ---- ops and modules -----------------------------------------------------------------------------
-_OP_COLS = ["name", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us", "total_a_us",
-            "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
+_OP_COLS = ["name", "input_shapes", "source", "source_a", "source_b", "side", "calls_a",
+            "calls_b", "self_a_us", "self_b_us", "total_a_us", "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
 _MOD_COLS = ["module", "type", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
              "total_a_us", "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
 
@@ -244,20 +255,44 @@ def _contribution(m: Any) -> Any:
 
 
 def _op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
+    """Ops paired across the runs by name and input shapes, never by source line: the same op
+    of a script copied elsewhere (train.py, train_sleep.py) is one op. Each side's lines are
+    kept as `source_a` / `source_b`; `source` is B's (A's for an op in A only)."""
     import pandas as pd
     cols = {"calls": "calls", "cpu_self_us": "self", "cpu_total_us": "total",
             "device_us": "device"}
-    keys = ["name", "source"] if stacks else ["name"]
-    frames = []
+    keys = ["name", "input_shapes"]
+    frames, lines = [], []
     for df, n in ((a, na), (b, nb)):
         df = df if "source" in df or df.empty else df.assign(source="")
+        df = df if "input_shapes" in df or df.empty else df.assign(input_shapes="")
+        if not df.empty:
+            df = df.assign(input_shapes=df["input_shapes"].fillna("").astype(str),
+                           source=df["source"].fillna("").astype(str))
         frames.append(_per_step(df, keys, cols, n))
+        lines.append(_sources_by(df, keys) if stacks and not df.empty else {})
     if frames[0].empty and frames[1].empty:
         return pd.DataFrame(columns=_OP_COLS)
     m = _merge(frames[0], frames[1], keys)
-    if not stacks:
-        m["source"] = ""
+    at = list(zip(m["name"], m["input_shapes"]))
+    m["source_a"] = [lines[0].get(k, "") for k in at]
+    m["source_b"] = [lines[1].get(k, "") for k in at]
+    m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
     return _rename_sides(_contribution(m))[_OP_COLS]
+
+
+SOURCE_SEP = "; "
+"""Between the lines of one op called from several places (`_short` splits on it)."""
+
+
+def _sources_by(df: Any, keys: list[str]) -> dict[tuple[str, ...], str]:
+    """Each op's source lines on one side, the busiest first, joined by SOURCE_SEP."""
+    out: dict[tuple[str, ...], str] = {}
+    known = df[df["source"] != ""]
+    for key, g in known.groupby(keys, dropna=False):
+        order = g.groupby("source")["cpu_self_us"].sum().sort_values(ascending=False)
+        out[tuple(key)] = SOURCE_SEP.join(order.index)
+    return out
 
 
 def _module_diff(a: Any, b: Any, na: int, nb: int) -> Any:
@@ -310,15 +345,45 @@ def _line_diff(ops: Any, descending: bool) -> Any:
         return _empty_lines()
     rows = []
     for src, g in known.groupby("source"):
-        g = g.sort_values("delta_us", ascending=not descending)
         sides = set(g["side"])
+        # one name per op: its shapes' rows summed (an op is paired by name and shapes)
+        delta, from_calls = float(g["delta_us"].sum()), float(g["from_calls_us"].sum())
+        g = (g.groupby("name")[["calls_a", "calls_b", "delta_us"]].sum().reset_index()
+             .sort_values("delta_us", ascending=not descending))
         named = [f"{r.name} (calls {r.calls_a:.3g} -> {r.calls_b:.3g})"
                  if abs(r.calls_b - r.calls_a) >= 0.5 else r.name for r in g.head(4).itertuples()]
-        rows.append({"source": src, "delta_us": float(g["delta_us"].sum()),
-                     "from_calls_us": float(g["from_calls_us"].sum()),
+        rows.append({"source": src, "delta_us": delta, "from_calls_us": from_calls,
                      "ops": ", ".join(named),
                      "side": sides.pop() if len(sides) == 1 else "both"})
     return _rank(pd.DataFrame(rows), descending)
+
+
+def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
+    """Builtin calls that made no op, per step on each side, paired by name (module docstring
+    of profiler._tables._host_rows); each side's busiest line kept."""
+    import pandas as pd
+    cols = ["name", "source", "source_a", "source_b", "calls_a", "calls_b", "time_a_us",
+            "time_b_us", "delta_us"]
+    frames, lines = [], []
+    for p, n in ((pa, na), (pb, nb)):
+        h = getattr(p, "host", None)
+        if h is None or h.empty:
+            frames.append(pd.DataFrame(columns=["name", "calls", "time"]))
+            lines.append({})
+            continue
+        frames.append(_per_step(h, ["name"], {"calls": "calls", "time_us": "time"}, n))
+        top = h.groupby(["name", "source"])["time_us"].sum().reset_index()
+        top = top.sort_values("time_us", ascending=False).drop_duplicates("name")
+        lines.append(dict(zip(top["name"], top["source"].astype(str))))
+    if frames[0].empty and frames[1].empty:
+        return pd.DataFrame(columns=cols)
+    m = _merge(frames[0], frames[1], ["name"])
+    m["source_a"] = [lines[0].get(k, "") for k in m["name"]]
+    m["source_b"] = [lines[1].get(k, "") for k in m["name"]]
+    m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
+    m = m.rename(columns={"time_a": "time_a_us", "time_b": "time_b_us"})
+    m["delta_us"] = m["time_b_us"] - m["time_a_us"]
+    return _rank(m[cols], descending)
 
 
 # ---- GPU time -----------------------------------------------------------------------------------
@@ -445,7 +510,73 @@ def _causes(d: ProfileDiff) -> list[str]:
         text = (f"Sleuth's own work inside the steps: {_us(tools)} a step (the dump or summary "
                 f"ran in {'B' if sign > 0 else 'A'}: compare runs profiled alike)")
         out.insert(0 if abs(tools) > op_delta else len(out), text)
+    outside = _outside_ops(d, sign, floor_us)
+    if outside is not None:
+        weight, text = outside
+        # ranked by share of the change: before every cause that explains less
+        weights = [_cause_weight(c) for c in out]
+        at = next((i for i, w in enumerate(weights) if w < weight), len(out))
+        out.insert(at, text)
     return out
+
+
+def _outside_line(d: ProfileDiff, sign: int, outside: float) -> str:
+    """Where the time outside ops was spent, as far as the trace can say: the user's line
+    whose builtin call (a sleep, a blocking read) grew the most, or why no line is named."""
+    if not (d.sides["a"]["stacks"] and d.sides["b"]["stacks"]):
+        return ("no source line: time between ops has none without stacks; profile both runs "
+                "with with_stack=true to name a sleep's or a blocking call's line")
+    h = d.host
+    if h is not None and not h.empty:
+        top = h.loc[(sign * h["delta_us"]).idxmax()]
+        if sign * top["delta_us"] > 0.1 * abs(outside):
+            import re
+            m = re.match(r"^<built-in (?:method|function) (\w+)", str(top["name"]))
+            name = m.group(1) if m else str(top["name"])
+            return (f"at {_short(top['source'])}: a call of {name}() that made no op, "
+                    f"{_dur(top['delta_us'])} a step (calls {_n(top['calls_a'])} -> "
+                    f"{_n(top['calls_b'])})")
+    return ("the trace names no source line for it: no builtin call (a sleep, a blocking "
+            "read) explains it, so it is Python work between ops; open the trace at a step's "
+            "gap")
+
+
+def _cause_weight(text: str) -> float:
+    """The microseconds a step a cause sentence names (its first `+N us` / `-N us`)."""
+    import re
+    m = re.search(r"([+-][0-9.]+(?:e[+-]?\d+)?) (us|ms) a step", text)
+    return abs(float(m.group(1))) * (1e3 if m.group(2) == "ms" else 1) if m else 0.0
+
+
+def _outside_ops(d: ProfileDiff, sign: int, floor_us: float) -> tuple[float, str] | None:
+    """The change in step time that no op holds: the step's change less the change in the ops'
+    self time (which sums the time inside ops once). A sleep, Python work, a host sync or data
+    loading between ops lands here, and in the breakdown's phase around it (`other` when it is
+    outside every phase). (weight in us, sentence) when it is over `floor_us` and at least a
+    quarter of the change; else None."""
+    bd = d.breakdown.set_index("phase")["delta_us"]
+    step = float(bd.get("step", math.nan))
+    if math.isnan(step) or sign * step <= 0:
+        return None
+    ops = 0.0
+    if not d.ops.empty:
+        ops = float(d.ops["self_b_us"].sum() - d.ops["self_a_us"].sum())
+    outside = step - ops
+    if sign * outside <= floor_us or sign * outside < 0.25 * sign * step:
+        return None
+    phases = {p: float(bd.get(p, math.nan)) for p in PHASES}
+    phases = {p: v for p, v in phases.items() if not math.isnan(v)}
+    phase = max(phases, key=lambda p: sign * phases[p]) if phases else "other"
+    where = ("in 'other' (the host between ops: Python work, a sleep, a sync, data loading)"
+             if phase == "other" else f"mostly in '{phase}' ({_dur(phases[phase])} a step "
+             "there in the breakdown: Python work or waiting between its ops)")
+    share = abs(outside / step) * 100
+    line = _outside_line(d, sign, outside)
+    ops_words = (f"the ops' own time changed by {_us(ops)} a step" if abs(ops) >= 0.05 else
+                 "the ops' own time did not change")
+    return abs(outside), (f"time outside any op: {_dur(outside)} a step {where}, not in any "
+                          f"op ({share:.3g} % of the change); "
+                          f"{ops_words}; {line}")
 
 
 def _gpu_cause(gpu: Any, sign: int, floor_us: float) -> str | None:
@@ -468,7 +599,10 @@ def _side_words(side: str) -> str:
 
 
 def _short(source: str) -> str:
-    """A source line as a user reads it: a path inside the working folder made relative."""
+    """A source line as a user reads it: a path inside the working folder made relative (each
+    of several lines joined by SOURCE_SEP)."""
+    if SOURCE_SEP in source:
+        return SOURCE_SEP.join(_short(s) for s in source.split(SOURCE_SEP))
     try:
         path, line = source.rsplit(":", 1)
         for d in ("site-packages/", "dist-packages/"):
@@ -487,6 +621,11 @@ def _short(source: str) -> str:
 
 def _us(v: float) -> str:
     return f"{v:+.4g} us"
+
+
+def _dur(us: float) -> str:
+    """A signed time in us, or in ms from 1 ms up."""
+    return f"{us / 1e3:+.4g} ms" if abs(us) >= 1e3 else _us(us)
 
 
 def _n(v: float) -> str:

@@ -18,7 +18,7 @@ from profiler._gpu_time import STEP_COLUMNS, summarize
 from profiler._io import write_frame_atomic
 from profiler._tables import build_tables, load_trace
 
-_TABLES = ("ops", "modules", "steps", "memory", "gpu")
+_TABLES = ("ops", "modules", "steps", "memory", "gpu", "host")
 _WINDOW_RE = re.compile(r"^window(\d+)\.trace\.json(\.gz)?$")
 _RANK_RE = re.compile(r"^rank(\d+)$")
 
@@ -56,6 +56,9 @@ class Profile:
     summary: dict[str, Any] = field(default_factory=dict)
     windows: Any = None
     gpu: Any = None
+    host: Any = None
+    """rank, window, name, source, calls, time_us: the user's calls of builtins that made no op
+    (`time.sleep`, a blocking read), by the calling line; with_stack traces only."""
 
 
 def _check_meta(meta: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -136,6 +139,7 @@ _COLUMNS = {
               "optimizer_us", "other_us", "comm_us", "tools_us"],
     "memory": ["time_us", "device", "bytes", "allocated_bytes", "reserved_bytes"],
     "gpu": STEP_COLUMNS,
+    "host": ["name", "source", "calls", "time_us"],
 }
 
 
@@ -179,7 +183,7 @@ def read_profile(run_dir: str | os.PathLike[str]) -> Profile:
     summary["gpu"] = summarize(out["gpu"])
     return Profile(ops=out["ops"], modules=out["modules"], steps=out["steps"],
                    memory=out["memory"], cluster=cluster, traces=traces, summary=summary,
-                   windows=windows, gpu=out["gpu"])
+                   windows=windows, gpu=out["gpu"], host=out["host"])
 
 
 def _one_run(root: Path, windows: list[tuple[Path, int]]) -> None:

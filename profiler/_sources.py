@@ -22,6 +22,8 @@ from functools import lru_cache
 from typing import Any
 
 PYTHON_EVENT = "python_function"
+CHANGED = " (file changed since profiling; line may be off)"
+"""Written after a line read from a file modified after its trace was taken."""
 _FRAME_RE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 # Sleuth's own tools: their frames are never the user's line (the trainer's are: it is a model)
 _TOOLS = frozenset({"profiler", "tracer", "sleuth", "irdump", "dashboard"})
@@ -86,12 +88,34 @@ def user_line(ev: Any, memo: dict[int, str], finder: LineFinder | None = None) -
                         for e in chain[:i + 1]:  # what lies below the call is its own
                             memo[id(e)] = found
                         return found
-                return finder.find(frame, None)
+                # no call: an operator (`x @ w`, `a + b`) makes an op without a Python call
+                top = next((e for e in reversed(chain) if e.cat == "cpu_op"), ev)
+                token = operator_token(top.name)
+                found = finder.find(frame, token, strict=True) if token else ""
+                return found or finder.find(frame, None)
         chain.append(p)
         p = p.parent
     for e in chain:
         memo[id(e)] = ""
     return ""
+
+
+# aten ops that Python operators make, by the ast node's operator class
+_OPERATORS = {"matmul": "MatMult", "mm": "MatMult", "bmm": "MatMult", "add": "Add",
+              "sub": "Sub", "rsub": "Sub", "mul": "Mult", "div": "Div", "pow": "Pow",
+              "remainder": "Mod", "floor_divide": "FloorDiv", "neg": "USub",
+              "bitwise_and": "BitAnd", "bitwise_or": "BitOr", "bitwise_xor": "BitXor",
+              "gt": "Gt", "lt": "Lt", "ge": "GtE", "le": "LtE", "eq": "Eq", "ne": "NotEq"}
+_OP_PREFIX = "<operator "
+
+
+def operator_token(op: str) -> str | None:
+    """The token `LineFinder.find` looks up for an aten op a Python operator makes
+    (`aten::matmul` -> `x @ w`, `aten::add_` -> `x += y`), or None."""
+    if not op.startswith("aten::"):
+        return None
+    kind = _OPERATORS.get(op[len("aten::"):].rstrip("_"))
+    return f"{_OP_PREFIX}{kind}>" if kind else None
 
 
 _BUILTIN_RE = re.compile(r"^<built-in (?:method|function) (\w+)")
@@ -121,21 +145,25 @@ class LineFinder:
     the run recorded (torch shortens a frame's path to what follows its sys.path entry) and
     parsed (never run) with `ast`, so a name in a string or comment is no call."""
 
-    def __init__(self, search_path: list[str]) -> None:
+    def __init__(self, search_path: list[str], profiled_at: float | None = None) -> None:
+        """`profiled_at`: when the trace was taken (seconds since the epoch); a file modified
+        after it is read as it is now, so its lines are marked CHANGED."""
         self._path = [p for p in search_path if isinstance(p, str)]
-        self._files: dict[str, tuple[str, ast.Module] | None] = {}
+        self._at = profiled_at
+        self._files: dict[str, tuple[str, ast.Module, bool] | None] = {}
         self._found: dict[tuple[str, int, str, str | None], tuple[str, bool]] = {}
 
-    def _read(self, short: str) -> tuple[str, ast.Module] | None:
+    def _read(self, short: str) -> tuple[str, ast.Module, bool] | None:
         if short not in self._files:
             self._files[short] = None
             for root in self._path:
                 path = os.path.join(root, short) if root else short
                 try:
                     if os.path.isfile(path) and os.path.getsize(path) < 4 << 20:
+                        changed = self._at is not None and os.path.getmtime(path) > self._at
                         with open(path, encoding="utf-8", errors="replace") as f:
                             tree = ast.parse(f.read())
-                        self._files[short] = (os.path.abspath(path), tree)
+                        self._files[short] = (os.path.abspath(path), tree, changed)
                         break
                 except (OSError, SyntaxError, ValueError, RecursionError):
                     continue
@@ -158,15 +186,23 @@ class LineFinder:
         got = self._read(short)
         if got is None:
             return f"{short}:{line}", False
-        path, tree = got
+        path, tree, changed = got
+        mark = CHANGED if changed else ""
         scope = _scope(tree, line, func)
         if scope is None:
-            return f"{path}:{line}", False
-        lines = sorted({n.lineno for n in _walk_calls(scope) if _call_name(n) == token})
+            return f"{path}:{line}{mark}", False
+        if token is not None and token.startswith(_OP_PREFIX):
+            kind = token[len(_OP_PREFIX):-1]
+            lines = sorted({n.lineno for n in _walk_operators(scope)
+                            if type(_operator(n)).__name__ == kind or
+                            any(type(o).__name__ == kind for o in getattr(n, "ops", ()))})
+        else:
+            lines = sorted({n.lineno for n in _walk_calls(scope) if _call_name(n) == token})
         if not lines:  # the def: torch's line for a frame running when profiling began is stale
-            return f"{path}:{getattr(scope, 'lineno', line) if scope is not tree else line}", False
+            return (f"{path}:{getattr(scope, 'lineno', line) if scope is not tree else line}"
+                    f"{mark}", False)
         # several calls of one name in a function: all are named, none is guessed
-        return f"{path}:{','.join(map(str, lines))}", True
+        return f"{path}:{','.join(map(str, lines))}{mark}", True
 
 
 def _scope(tree: ast.Module, line: int, func: str) -> ast.AST | None:
@@ -184,16 +220,30 @@ def _scope(tree: ast.Module, line: int, func: str) -> ast.AST | None:
     return best[1] if best else None
 
 
-def _walk_calls(scope: ast.AST):
-    """The calls in `scope`, not those inside the functions and classes it defines."""
+def _walk(scope: ast.AST, kinds: tuple[type, ...]):
+    """The nodes of `kinds` in `scope`, not those inside the functions and classes it defines."""
     stack = list(ast.iter_child_nodes(scope))
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
-        if isinstance(node, ast.Call):
+        if isinstance(node, kinds):
             yield node
         stack.extend(ast.iter_child_nodes(node))
+
+
+def _walk_calls(scope: ast.AST):
+    """The calls in `scope`, not those inside the functions and classes it defines."""
+    return _walk(scope, (ast.Call,))
+
+
+def _walk_operators(scope: ast.AST):
+    """The operator expressions in `scope`: binary, augmented, unary, comparisons."""
+    return _walk(scope, (ast.BinOp, ast.AugAssign, ast.UnaryOp, ast.Compare))
+
+
+def _operator(node: ast.AST) -> ast.AST | None:
+    return getattr(node, "op", None)
 
 
 def _call_name(node: ast.Call) -> str | None:

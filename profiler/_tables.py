@@ -143,6 +143,53 @@ def _shapes(args: dict[str, Any]) -> str:
     return json.dumps(dims, separators=(",", ":"))
 
 
+def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
+               finder: LineFinder | None) -> list[dict[str, Any]]:
+    """Time outside every op that a with_stack trace can still place: the user's calls of
+    builtins that made no op (`time.sleep`, a socket read, a lock's wait), by the user line
+    that called them. Python work of the user's own code is no such call and stays unplaced."""
+    from profiler._sources import frame_of, is_library
+    spans = [(st.ts, st.end) for st in steps]
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for ev in host:
+        if ev.cat != PYTHON_EVENT or not ev.name.startswith("<built-in") or id(ev) in hidden:
+            continue
+        if spans and not any(a <= ev.ts < b for a, b in spans):
+            continue
+        p = ev.parent
+        while p is not None and p.cat != PYTHON_EVENT:  # a range (ProfilerStep#N) between
+            p = p.parent
+        frame = frame_of(p.name) if p is not None else None
+        if frame is None or is_library(frame[0]):
+            continue
+        stack, made_op = list(ev.children), False
+        while stack and not made_op:
+            c = stack.pop()
+            made_op = c.cat == "cpu_op"
+            stack.extend(c.children)
+        if made_op:  # its time is the op's
+            continue
+        m = re.match(r"^<built-in (?:method|function) (\w+)", ev.name)
+        token = m.group(1) if m else None
+        line = (finder.find(frame, token, strict=True) if finder and token else "") or (
+            finder.find(frame, None) if finder else f"{frame[0]}:{frame[1]}")
+        row = rows.setdefault((ev.name, line), {"name": ev.name, "source": line, "calls": 0,
+                                                "time_us": 0.0})
+        row["calls"] += 1
+        row["time_us"] += ev.dur
+    return list(rows.values())
+
+
+def _profiled_at(meta: dict[str, Any]) -> float | None:
+    """When the window was saved (its metadata's `created`), seconds since the epoch; None
+    when it is missing or unreadable (source files are then not checked for changes)."""
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(str(meta["created"])).timestamp()
+    except (KeyError, ValueError, TypeError, OverflowError):
+        return None
+
+
 def _sleuth_module_name(ev: _Ev) -> str | None:
     if ev.name.startswith(MODULE_PREFIX):
         return ev.name[len(MODULE_PREFIX):]
@@ -236,7 +283,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     ops: dict[tuple[str, str, str], dict[str, Any]] = {}
     stacks = any(ev.cat == PYTHON_EVENT for ev in host)
     frames: dict[int, str] = {}
-    finder = LineFinder([*(meta.get("python_path") or []), *sys.path, ""]) if stacks else None
+    finder = (LineFinder([*(meta.get("python_path") or []), *sys.path, ""],
+                         profiled_at=_profiled_at(meta)) if stacks else None)
     for ev in host:
         if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
             continue
@@ -413,7 +461,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         **_tool_summary(tool_pieces, step_rows, [(st.ts, st.end) for st in steps]),
     }
     return {"ops": op_rows, "modules": list(mods.values()), "steps": step_rows,
-            "memory": mem_rows, "gpu": gpu_rows, "summary": summary}
+            "memory": mem_rows, "gpu": gpu_rows, "summary": summary,
+            "host": _host_rows(host, hidden, steps, finder) if stacks else []}
 
 
 def _tool_summary(pieces: list[tuple[float, float, str]], step_rows: list[dict[str, Any]],

@@ -34,7 +34,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     top = args.top
     if args.csv:
         args.csv.mkdir(parents=True, exist_ok=True)
-        for name in ("breakdown", "ops", "modules", "lines", "ranks", "gpu", "kernels"):
+        for name in ("breakdown", "ops", "modules", "lines", "ranks", "gpu", "kernels", "host"):
             getattr(d, name).to_csv(args.csv / f"{name}.csv", index=False)
     if args.json:
         print(json.dumps(d.to_dict(), indent=1))
@@ -49,7 +49,9 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
         print(f"note: {note}")
     print("\nstep breakdown (mean us per step):")
     print(_table(d.breakdown))
-    ops = d.ops.head(top).assign(source=lambda f: f["source"].map(_short))[_OP_SHOW]
+    ops = d.ops.head(top)
+    ops = ops.assign(source=[_both_lines(x, y, _short) for x, y in
+                             zip(ops["source_a"], ops["source_b"])])[_OP_SHOW]
     print(f"\nops by contribution to the difference (top {top}; us and calls per step):")
     print(_table(ops) if not ops.empty else "  (none)")
     only = d.ops[d.ops["side"] != "both"]
@@ -103,6 +105,16 @@ def _print_gpu(d: Any, top: int) -> None:
     if d.kernels is not None and not d.kernels.empty:
         print(f"\nkernel time by module (top {top}; us per step, nested modules included):")
         print(_table(d.kernels.head(top)))
+
+
+def _both_lines(a: str, b: str, short: Any) -> str:
+    """An op's source line as each run has it: one line when the two agree (or one side has
+    none), else `A x | B y` (ops pair by name and shapes, so a script run from another path,
+    or edited, has its line per side)."""
+    a, b = short(a) if a else "", short(b) if b else ""
+    if not a or not b or a == b:
+        return b or a
+    return f"A {a} | B {b}"
 
 
 def _pct(v: Any) -> str:

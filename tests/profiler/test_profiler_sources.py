@@ -29,3 +29,77 @@ def test_library_frames():
     assert is_library("threading.py") and is_library("<frozen runpy>")
     assert is_library("profiler/_collector.py")  # Sleuth's own tools are never the user's line
     assert not is_library("train.py") and not is_library("trainer/train.py")
+
+
+def test_operator_lines_and_changed_file(tmp_path):
+    (tmp_path / "net.py").write_text(
+        "def forward(self, x):\n"                        # 1
+        "    x = x @ self.extra\n"                       # 2: no call, an operator
+        "    x += 1\n"                                   # 3
+        "    return self.fc(x)\n")                       # 4
+    from profiler._sources import CHANGED, operator_token
+    path = tmp_path / "net.py"
+    finder = LineFinder([str(tmp_path)])
+    assert finder.find(("net.py", 1, "forward"), operator_token("aten::matmul")) == f"{path}:2"
+    assert finder.find(("net.py", 1, "forward"), operator_token("aten::add_")) == f"{path}:3"
+    assert operator_token("aten::linear") is None
+    # a file modified after its trace was taken: the line is marked, never silently given
+    later = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime - 60)
+    assert later.find(("net.py", 1, "forward"), "fc") == f"{path}:4{CHANGED}"
+    same = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime + 60)
+    assert same.find(("net.py", 1, "forward"), "fc") == f"{path}:4"
+
+
+NET = '''import sys, torch
+from torch import nn
+import profiler
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.extra = nn.Parameter(torch.randn(32, 32))
+        self.fc = nn.Linear(32, 8)
+
+    def forward(self, x):
+        x = x @ self.extra
+        return self.fc(x)
+
+
+model = Net()
+x = torch.randn(4, 32)
+cfg = profiler.CollectorConfig(wait=1, warmup=1, active=2, with_stack=True)
+with profiler.Collector(sys.argv[1], config=cfg) as c:
+    for _ in range(4):
+        model(x).sum().backward()
+        c.step()
+'''
+
+
+def test_profiled_operator_line_and_edited_script(tmp_path):
+    """An op made by the first line of a forward (`x @ w`, no call) is given that line, not the
+    `def`; once the script is edited, its lines are read from the new text and say so."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import profiler
+    from profiler._sources import CHANGED
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / "net.py"
+    script.write_text(NET)
+    old = script.stat().st_mtime - 3600  # written well before the trace
+    os.utime(script, (old, old))
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    want = NET.splitlines().index("        x = x @ self.extra") + 1
+    ops = profiler.read_profile(tmp_path / "run").ops
+    mm = ops[ops["name"] == "aten::matmul"]
+    assert list(mm["source"]) == [f"{script}:{want}"], mm
+    script.write_text("# a line added after profiling\n" + NET)
+    ops = profiler.read_profile(tmp_path / "run").ops
+    mm = ops[ops["name"] == "aten::matmul"]
+    assert all(s.endswith(CHANGED) for s in mm["source"]), mm

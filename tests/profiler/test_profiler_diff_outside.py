@@ -1,0 +1,119 @@
+"""`profiler.diff_profiles` on time that no op holds, and on scripts at different paths.
+
+Run B is a copy of run A's script under another name (`train_sleep.py` beside `train.py`) that
+sleeps 20 ms a step after the optimizer: the change is outside every op. The diff must name
+that first (not an op that moved by noise) and pair every op of the two scripts, whose paths
+differ, as one op found in both."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import profiler
+
+REPO = Path(__file__).resolve().parents[2]
+
+LOOP = '''
+import sys, time
+import torch
+from torch import nn
+import profiler
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def main(run_dir, sleep_s):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 32)
+    cfg = profiler.CollectorConfig(wait=1, warmup=1, active=8, with_stack=True)
+    with profiler.Collector(run_dir, config=cfg) as c:
+        for _ in range(10):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if sleep_s:
+                time.sleep(sleep_s)
+            c.step()
+
+
+main(sys.argv[1], float(sys.argv[2]))
+'''
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A: train.py; B: the same loop as train_sleep.py in another folder, sleeping 20 ms a
+    step (large against the ~1 ms step, so a busy machine cannot hide it)."""
+    root = tmp_path_factory.mktemp("outside")
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    scripts = (root / "a" / "train.py", root / "b" / "train_sleep.py")
+    for s in scripts:
+        s.write_text(LOOP)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    for script, run, sleep in zip(scripts, ("run_a", "run_b"), ("0", "0.02")):
+        out = subprocess.run([sys.executable, str(script), str(root / run), sleep], env=env,
+                             cwd=script.parent, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+    return root
+
+
+def test_time_outside_ops_is_named_first(pair):
+    d = profiler.diff_profiles(pair / "run_a", pair / "run_b")
+    assert d.verdict == "slower", d.headline()
+    first = d.causes[0]
+    assert first.startswith("time outside any op:"), d.causes
+    assert "'other'" in first and "not in any op" in first, first
+    # no op, line or module is blamed before it
+    assert not any(c.startswith(("op ", "module ")) or "train" in c.split(":")[0]
+                   for c in d.causes[:1])
+    # with stacks, the sleep's line in B's script is named
+    sleep_line = LOOP.splitlines().index("                time.sleep(sleep_s)") + 1
+    assert f"train_sleep.py:{sleep_line}: a call of sleep()" in first, first
+    amount = first.split("time outside any op: ")[1].split(" a step")[0]
+    assert amount.endswith(" ms") and float(amount[:-3]) > 10, first  # most of the 20 ms sleep
+
+
+def test_ops_pair_across_script_paths(pair):
+    d = profiler.diff_profiles(pair / "run_a", pair / "run_b")
+    ops = d.ops
+    mm = ops[ops["name"] == "aten::addmm"]
+    assert not mm.empty and set(mm["side"]) == {"both"}, mm
+    assert not (ops["side"] == "B only").any(), ops[ops["side"] != "both"]
+    assert not (ops["side"] == "A only").any(), ops[ops["side"] != "both"]
+    # each side's line is kept: A's in train.py, B's in train_sleep.py
+    assert mm["source_a"].str.contains("train.py:").all(), mm["source_a"]
+    assert mm["source_b"].str.contains("train_sleep.py:").all(), mm["source_b"]
+    assert "in B only" not in " ".join(d.causes)
+
+
+def test_cli_names_outside_time_first(pair):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "sleuth", "profile", "diff", str(pair / "run_a"),
+                          str(pair / "run_b"), "--json"], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 1, out.stderr
+    data = json.loads(out.stdout)
+    assert data["causes"][0].startswith("time outside any op:"), data["causes"]
+    text = subprocess.run([sys.executable, "-m", "sleuth", "profile", "diff",
+                           str(pair / "run_a"), str(pair / "run_b")], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO).stdout
+    assert "1. time outside any op:" in text, text
+    # each side's line in the ops table: the scripts sit at different paths
+    assert "train.py:" in text and "| B " in text and "train_sleep.py:" in text, text
