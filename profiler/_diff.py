@@ -513,11 +513,21 @@ def _causes(d: ProfileDiff) -> list[str]:
     outside = _outside_ops(d, sign, floor_us)
     if outside is not None:
         weight, text = outside
-        # ranked by share of the change: before every cause that explains less
+        # ranked by share of the change: before every cause that explains less; except where
+        # the trace places none of it and a line made new calls: the Python that makes new
+        # calls (a loop of .item() checks) runs between them, so that line stays first
         weights = [_cause_weight(c) for c in out]
         at = next((i for i, w in enumerate(weights) if w < weight), len(out))
+        new_calls = line is not None and sign * float(line.get("from_calls_us", 0.0)) > floor_us
+        if new_calls and _NO_LINE in text:
+            at = max(at, 1)
+            text += (f"; {_short(line['source'])} made new calls, and the Python around them "
+                     "runs between ops: likely most of this time")
         out.insert(at, text)
     return out
+
+
+_NO_LINE = "the trace names no source line for it"
 
 
 def _outside_line(d: ProfileDiff, sign: int, outside: float) -> str:
@@ -536,9 +546,8 @@ def _outside_line(d: ProfileDiff, sign: int, outside: float) -> str:
             return (f"at {_short(top['source'])}: a call of {name}() that made no op, "
                     f"{_dur(top['delta_us'])} a step (calls {_n(top['calls_a'])} -> "
                     f"{_n(top['calls_b'])})")
-    return ("the trace names no source line for it: no builtin call (a sleep, a blocking "
-            "read) explains it, so it is Python work between ops; open the trace at a step's "
-            "gap")
+    return (f"{_NO_LINE}: no builtin call (a sleep, a blocking read) explains it, so it is "
+            "Python work between ops; open the trace at a step's gap")
 
 
 def _cause_weight(text: str) -> float:
