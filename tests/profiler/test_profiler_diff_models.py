@@ -32,26 +32,41 @@ def profile_pair(kind: str, tmp_path: Path) -> tuple[Path, Path]:
     return dirs
 
 
+def judged_pair(kind: str, tmp_path: Path):
+    """The diff of a profiled pair; profiled again, once, when a busy machine spread the steps
+    past telling (the diff then rightly says "no change beyond noise"), and skipped if still so:
+    the causes are named only for a change the steps can show."""
+    d = profiler.diff_profiles(*profile_pair(kind, tmp_path / "first"))
+    if d.verdict == "no change" and d.judgement.noise > 0.2:
+        d = profiler.diff_profiles(*profile_pair(kind, tmp_path / "again"))
+        if d.verdict == "no change" and d.judgement.noise > 0.2:
+            pytest.skip(f"the machine was too busy to time the steps: {d.headline()}")
+    return d
+
+
+def _line_of(cause: str) -> int:
+    """The first line number a cause names in slow_models.py (several lines: `:53,60; ...`)."""
+    return int(cause.split("slow_models.py:")[1].split(":")[0].split(";")[0].split(",")[0])
+
+
 def test_llama_recompute_named_first(tmp_path):
-    a, b = profile_pair("llama", tmp_path)
-    d = profiler.diff_profiles(a, b)
+    d = judged_pair("llama", tmp_path)
     assert d.verdict == "slower" and d.exit_code == 1, d.headline()
     # the recompute runs in backward: the first cause is the test's backward line, with calls
     # of the layers' matmuls up; a decoder layer's module is called twice a step
     first = d.causes[0]
     assert "slow_models.py:" in first and "calls" in first, d.causes
-    line = int(first.split("slow_models.py:")[1].split(":")[0].split(",")[0])
+    line = _line_of(first)
     assert "loss.backward()" in (HERE / "slow_models.py").read_text().splitlines()[line - 1]
     assert any(m.calls_b >= 2 * m.calls_a > 0 for m in d.modules.itertuples()
                if m.module.startswith("model.layers.")), d.modules.head()
 
 
 def test_gpt2_new_cast_named_first(tmp_path):
-    a, b = profile_pair("gpt2", tmp_path)
-    d = profiler.diff_profiles(a, b)
+    d = judged_pair("gpt2", tmp_path)
     assert d.verdict == "slower", d.headline()
     first = d.causes[0]
-    line = int(first.split("slow_models.py:")[1].split(":")[0].split(",")[0])
+    line = _line_of(first)
     assert "output.double()" in (HERE / "slow_models.py").read_text().splitlines()[line - 1], first
     assert "in B only" in first
     only = d.ops[(d.ops["side"] == "B only") & d.ops["source"].str.contains("slow_models.py")]

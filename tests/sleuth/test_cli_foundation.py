@@ -70,5 +70,5 @@ def test_sleuth_run_and_train_end_with_one_line_of_their_own(tmp_path, sleuth_cl
     t = sleuth_cli("train", "--run-dir", str(tmp_path / "t"), "--set", "steps=2")
     assert t.returncode == 0, t.stderr
     assert t.stderr.strip().splitlines()[-1] == (
-        f"sleuth train: run written to {tmp_path / 't'}: metrics.jsonl, checkpoints; next: "
-        f"sleuth dashboard {tmp_path / 't'}")
+        f"sleuth train: run written to {tmp_path / 't'}: metrics.jsonl; next: "
+        f"sleuth dashboard {tmp_path / 't'}")  # no checkpoint was asked for: none named

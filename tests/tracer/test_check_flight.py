@@ -95,9 +95,15 @@ def test_ring_buffer_keeps_last_steps_and_chains_hooks(tmp_path):
         for seq in range(3):
             rec({"step": step, "seq": seq, "name": f"r{seq}", "min": 0.0, "numel": 1})
     assert [s for s, _ in rec.steps] == [2, 3] and len(rec.rows()) == 6
+    from tracer import _crash
+
+    # (another test's Dumper left open in this process may hold the hooks already: what this
+    # recorder adds and takes away is its own listener)
     before_hook, before_sig = sys.excepthook, signal.getsignal(signal.SIGTERM)
     with rec.install():
-        assert sys.excepthook != before_hook
+        assert sys.excepthook is _crash._excepthook and rec._listener._key in _crash._listeners
+        key = rec._listener._key
+    assert key not in _crash._listeners
     assert sys.excepthook == before_hook and signal.getsignal(signal.SIGTERM) == before_sig
     rec.remove()  # idempotent
     df = read_flight_recorder(rec.save("test"))
