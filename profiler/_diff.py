@@ -484,10 +484,12 @@ def _causes(d: ProfileDiff) -> list[str]:
     sign = 1 if d.judgement.verdict == "slower" else -1
     floor_us = 0.01 * min(d.step_a.median, d.step_b.median)  # 1 % of a step
     out: list[str] = []
+    weights: list[float] = []  # each cause's microseconds a step, for ranking the outside time
     line = _pick(d.lines, sign, floor_us)
     if line is not None:
         out.append(f"{_short(line['source'])}: {_us(line['delta_us'])} a step "
                    f"({line['ops']}{_side_words(line['side'])})")
+        weights.append(abs(line["delta_us"]))
     op = _pick(d.ops, sign, floor_us)
     op_delta = 0.0
     if op is not None:
@@ -495,6 +497,7 @@ def _causes(d: ProfileDiff) -> list[str]:
         where = f" at {_short(op['source'])}" if op["source"] else ""
         out.append(f"op {op['name']}{where}: {_us(op['delta_us'])} a step, calls "
                    f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{_side_words(op['side'])}")
+        weights.append(op_delta)
     mod = _pick(d.modules, sign, floor_us)
     if mod is not None:
         src = f", forward at {_short(mod['source'])}" if mod["source"] else ""
@@ -502,24 +505,27 @@ def _causes(d: ProfileDiff) -> list[str]:
         out.append(f"module {mod['module']}{kind}: {_us(mod['delta_us'])} a step (self time), "
                    f"calls {_n(mod['calls_a'])} -> {_n(mod['calls_b'])}"
                    f"{_side_words(mod['side'])}")
+        weights.append(abs(mod["delta_us"]))
     idle = _gpu_cause(d.gpu, sign, floor_us)
     if idle:
-        out.append(idle)
+        out.append(idle[1])
+        weights.append(idle[0])
     tools = d.breakdown.set_index("phase")["delta_us"].get("tools", 0.0)
     if isinstance(tools, float) and not math.isnan(tools) and sign * tools > 0:
         text = (f"Sleuth's own work inside the steps: {_us(tools)} a step (the dump or summary "
                 f"ran in {'B' if sign > 0 else 'A'}: compare runs profiled alike)")
-        out.insert(0 if abs(tools) > op_delta else len(out), text)
+        at = 0 if abs(tools) > op_delta else len(out)
+        out.insert(at, text)
+        weights.insert(at, abs(tools))
     outside = _outside_ops(d, sign, floor_us)
     if outside is not None:
-        weight, text = outside
+        weight, text, unplaced = outside
         # ranked by share of the change: before every cause that explains less; except where
         # the trace places none of it and a line made new calls: the Python that makes new
         # calls (a loop of .item() checks) runs between them, so that line stays first
-        weights = [_cause_weight(c) for c in out]
         at = next((i for i, w in enumerate(weights) if w < weight), len(out))
         new_calls = line is not None and sign * float(line.get("from_calls_us", 0.0)) > floor_us
-        if new_calls and _NO_LINE in text:
+        if new_calls and unplaced:
             at = max(at, 1)
             text += (f"; {_short(line['source'])} made new calls, and the Python around them "
                      "runs between ops: likely most of this time")
@@ -527,15 +533,14 @@ def _causes(d: ProfileDiff) -> list[str]:
     return out
 
 
-_NO_LINE = "the trace names no source line for it"
 
-
-def _outside_line(d: ProfileDiff, sign: int, outside: float) -> str:
+def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]:
     """Where the time outside ops was spent, as far as the trace can say: the user's line
-    whose builtin call (a sleep, a blocking read) grew the most, or why no line is named."""
+    whose builtin call (a sleep, a blocking read) grew the most, or why no line is named; and
+    whether the traces, with stacks, place none of it (Python work between ops)."""
     if not (d.sides["a"]["stacks"] and d.sides["b"]["stacks"]):
         return ("no source line: time between ops has none without stacks; profile both runs "
-                "with with_stack=true to name a sleep's or a blocking call's line")
+                "with with_stack=true to name a sleep's or a blocking call's line"), False
     h = d.host
     if h is not None and not h.empty:
         top = h.loc[(sign * h["delta_us"]).idxmax()]
@@ -549,24 +554,18 @@ def _outside_line(d: ProfileDiff, sign: int, outside: float) -> str:
             name = m.group(1) if m else str(top["name"])
             return (f"at {_short(top['source'])}: a call of {name}() that made no op, "
                     f"{_dur(top['delta_us'])} a step (calls {_n(top['calls_a'])} -> "
-                    f"{_n(top['calls_b'])})")
-    return (f"{_NO_LINE}: no builtin call (a sleep, a blocking read) explains it, so it is "
-            "Python work between ops; open the trace at a step's gap")
+                    f"{_n(top['calls_b'])})"), False
+    return ("the trace names no source line for it: no builtin call (a sleep, a blocking read) "
+            "explains it, so it is Python work between ops; open the trace at a step's gap"), True
 
 
-def _cause_weight(text: str) -> float:
-    """The microseconds a step a cause sentence names (its first `+N us` / `-N us`)."""
-    import re
-    m = re.search(r"([+-][0-9.]+(?:e[+-]?\d+)?) (us|ms) a step", text)
-    return abs(float(m.group(1))) * (1e3 if m.group(2) == "ms" else 1) if m else 0.0
-
-
-def _outside_ops(d: ProfileDiff, sign: int, floor_us: float) -> tuple[float, str] | None:
+def _outside_ops(d: ProfileDiff, sign: int, floor_us: float
+                 ) -> tuple[float, str, bool] | None:
     """The change in step time that no op holds: the step's change less the change in the ops'
     self time (which sums the time inside ops once). A sleep, Python work, a host sync or data
     loading between ops lands here, and in the breakdown's phase around it (`other` when it is
-    outside every phase). (weight in us, sentence) when it is over `floor_us` and at least a
-    quarter of the change; else None."""
+    outside every phase). (weight in us, sentence, whether no line holds it: `_outside_line`)
+    when it is over `floor_us` and at least a quarter of the change; else None."""
     bd = d.breakdown.set_index("phase")["delta_us"]
     step = float(bd.get("step", math.nan))
     if math.isnan(step) or sign * step <= 0:
@@ -584,15 +583,15 @@ def _outside_ops(d: ProfileDiff, sign: int, floor_us: float) -> tuple[float, str
              if phase == "other" else f"mostly in '{phase}' ({_dur(phases[phase])} a step "
              "there in the breakdown: Python work or waiting between its ops)")
     share = abs(outside / step) * 100
-    line = _outside_line(d, sign, outside)
+    line, unplaced = _outside_line(d, sign, outside)
     ops_words = (f"the ops' own time changed by {_us(ops)} a step" if abs(ops) >= 0.05 else
                  "the ops' own time did not change")
     return abs(outside), (f"time outside any op: {_dur(outside)} a step {where}, not in any "
                           f"op ({share:.3g} % of the change); "
-                          f"{ops_words}; {line}")
+                          f"{ops_words}; {line}"), unplaced
 
 
-def _gpu_cause(gpu: Any, sign: int, floor_us: float) -> str | None:
+def _gpu_cause(gpu: Any, sign: int, floor_us: float) -> tuple[float, str] | None:
     """The part of GPU idle time (host-bound, data-bound, communication) that moved the most in
     the verdict's direction, when both sides have GPU figures and it moved over `floor_us`."""
     if gpu is None or gpu.empty:
@@ -603,8 +602,8 @@ def _gpu_cause(gpu: Any, sign: int, floor_us: float) -> str | None:
     top = parts.loc[(sign * parts["delta"]).idxmax()]
     if sign * top["delta"] <= floor_us:
         return None
-    return (f"GPU {top['figure']}: {_us(top['delta'])} a step ({top['a']:.4g} -> "
-            f"{top['b']:.4g} us)")
+    return abs(top["delta"]), (f"GPU {top['figure']}: {_us(top['delta'])} a step "
+                               f"({top['a']:.4g} -> {top['b']:.4g} us)")
 
 
 def _side_words(side: str) -> str:

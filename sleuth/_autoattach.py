@@ -90,17 +90,15 @@ def _another_runs_folder() -> str | None:
     run_dir = os.environ.get("SLEUTH_RUN_DIR", "").strip()
     if not run_dir or os.environ.get("SLEUTH_DUMP_OVERWRITE", "").strip() == "1":
         return None
-    from trainer import scan_run_dir
+    from trainer import OtherRunError, claim_run_dir
 
-    others = scan_run_dir(run_dir).others(run_id)
-    if not others:
-        return None
-    other, names = next(iter(others.items()))
-    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-    who = f"run {other}" if other else "a run written before run ids"
-    resume = f", set SLEUTH_RUN_ID={other} to continue that run" if other else ""
-    return (f"{run_dir} holds the files of another run ({who}: {shown}); write this run to a new "
-            f"SLEUTH_RUN_DIR{resume}, or set SLEUTH_DUMP_OVERWRITE=1 to replace it")
+    try:
+        claim_run_dir(run_dir, run_id, fixes="write this run to a new SLEUTH_RUN_DIR, set "
+                      "SLEUTH_RUN_ID=<that run's id> to continue it, or set "
+                      "SLEUTH_DUMP_OVERWRITE=1 to replace it")
+    except OtherRunError as e:  # the refusal `sleuth run` and `sleuth train` give, its fixes ours
+        return str(e)
+    return None
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):

@@ -185,12 +185,12 @@ def test_no_tool_writes_into_a_trainer_runs_folder(tmp_path, sleuth_cli):
 
 
 def test_every_tool_of_one_process_writes_one_run_id(tmp_path):
-    import tracer
+    from tracer.storage import DUMP_JSON
 
     run = tmp_path / "new"
     proc = _train(run, "1", steps=4, SLEUTH_PROFILE="1")
     assert _trained(proc, 4), proc.stderr[-3000:]
-    dump_id = json.loads((run / "dump" / tracer.storage.DUMP_JSON).read_text())["run_id"]
+    dump_id = json.loads((run / "dump" / DUMP_JSON).read_text())["run_id"]
     windows = sorted((run / "profile" / "rank0").glob("window*.json"))
     assert windows and {json.loads(w.read_text())["run_id"] for w in windows} == {dump_id}
 
