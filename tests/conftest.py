@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Two xdist workers share two cores: torch's intra-op threads would only spin against each
+# other (a tiny trainer run costs three times the CPU with two threads a process). Every
+# process the tests start inherits this; a test that needs more threads sets them itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def run_sleuth(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

@@ -9,6 +9,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -63,8 +64,6 @@ def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world
     Raises:
         OtherRunError: with `exclusive`, run.json exists.
     """
-    import torch  # the versions are part of the record
-
     record = {
         "format_version": FORMAT_VERSION,
         "run_id": run_id,
@@ -72,7 +71,7 @@ def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(argv),
         "world_size": world_size,
-        "versions": {"torch": torch.__version__, "sleuth": _sleuth_version(),
+        "versions": {"torch": _torch_version(), "sleuth": _sleuth_version(),
                      "python": platform.python_version()},
         "config": config,
     }
@@ -87,6 +86,20 @@ def write_run_json(run_dir: str | Path, *, name: str, argv: Sequence[str], world
                             f"same time as this one (run {run_id}); pick another run directory"
                             ) from e
     return path
+
+
+def _torch_version() -> str:
+    # `sleuth run` writes run.json before its command starts and never needs torch itself:
+    # importing it only for the version costs seconds of CPU
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(torch.__version__)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _sleuth_version() -> str:
