@@ -16,9 +16,6 @@ optimizer step is written with its records so far and ``status`` "interrupted" (
 """
 from __future__ import annotations
 
-import enum
-import functools
-import inspect
 import json
 import os
 import sys
@@ -35,9 +32,11 @@ from tracer._config import DumpConfig, load_json, warn_retired_switches
 from tracer._errors import (ConfigError, DumpWriteError, TracerError, WatchpointHit,
                             describe_error, warn)
 from tracer._crash import describe_exception, on_crash
+from tracer._lifecycle import LIVE, Lifecycle
 from tracer._step_rule import LastStep, StepRule
 from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords, Site,
-                            encode_call, local_shard, on_scaler_update, tool_range, user_source)
+                            encode_call, local_shard, on_scaler_update, recording_closure,
+                            tool_range, user_source)
 from tracer.capture import rewrap as rewrap_scalers
 from tracer.storage import (RecordMeta, copy_stats, difference_sketch, difference_stats,
                             stored_extent)
@@ -103,34 +102,6 @@ def _in_data_worker() -> bool:
     return info is not None and info() is not None
 
 
-_takes_closure_first: dict[type, bool] = {}
-
-
-def with_closure(optimizer: Any, args: tuple, kwargs: dict, wrap: Any
-                 ) -> tuple[tuple, dict] | None:
-    """The (args, kwargs) of an ``optimizer.step`` call (``args[0]`` the optimizer) with its
-    closure replaced by ``wrap(closure)``, or None when the call passes no closure. A
-    positional argument counts as the closure only where the optimizer's ``step`` names its
-    first parameter ``closure`` (every torch optimizer's), so that an optimizer whose step
-    takes something else first is handed exactly what it was given."""
-    closure = kwargs.get("closure")
-    if closure is not None:
-        return args, {**kwargs, "closure": wrap(closure)}
-    if len(args) < 2 or args[1] is None:
-        return None
-    cls = type(optimizer)
-    first = _takes_closure_first.get(cls)
-    if first is None:
-        try:
-            names = list(inspect.signature(cls.step).parameters)
-        except (TypeError, ValueError):  # a step that cannot be inspected: leave it alone
-            names = []
-        first = _takes_closure_first[cls] = names[1:2] == ["closure"]
-    if not first:
-        return None
-    return (args[0], wrap(args[1]), *args[2:]), kwargs
-
-
 _live: weakref.WeakSet[Dumper] = weakref.WeakSet()
 
 
@@ -158,40 +129,6 @@ def resolve_config(config: DumpConfig | dict | str | os.PathLike | None) -> Dump
         return DumpConfig.from_json(Path(config))
     raise ConfigError(f"config: expected a DumpConfig, dict, JSON path or None, "
                       f"got {type(config).__name__}")
-
-
-class Lifecycle(enum.Enum):
-    """Where a Dumper is in its life; one field (`Dumper.state`), changed only by `_to`."""
-
-    IDLE = "idle"
-    """Attached; the current step is not dumped: only the optimizer, scaler and crash hooks."""
-    CAPTURING = "capturing"
-    """A selected step runs: the module hooks (and the op mode) record into the writer."""
-    FAILED = "failed"
-    """The dump's own work failed (on_error "warn"): nothing more is recorded; the hooks and
-    the writer come off at the next step boundary (the failure may be inside a handler)."""
-    OFF = "off"
-    """Attached but recording nothing more: a rank not selected, a failure cleaned up, or a
-    writer that switched itself off. Only `close()` is left to do."""
-    CLOSING = "closing"
-    """`close()` is writing the last step and removing the hooks."""
-    CLOSED = "closed"
-    """Closed, or left this process (a fork's child, a DataLoader worker): the end."""
-
-
-_LEGAL: dict[Lifecycle, frozenset[Lifecycle]] = {
-    Lifecycle.IDLE: frozenset({Lifecycle.CAPTURING, Lifecycle.FAILED, Lifecycle.OFF,
-                               Lifecycle.CLOSING, Lifecycle.CLOSED}),
-    Lifecycle.CAPTURING: frozenset({Lifecycle.IDLE, Lifecycle.FAILED, Lifecycle.CLOSING,
-                                    Lifecycle.CLOSED}),
-    Lifecycle.FAILED: frozenset({Lifecycle.OFF, Lifecycle.CLOSING, Lifecycle.CLOSED}),
-    Lifecycle.OFF: frozenset({Lifecycle.CLOSING, Lifecycle.CLOSED}),
-    Lifecycle.CLOSING: frozenset({Lifecycle.CLOSED}),
-    Lifecycle.CLOSED: frozenset({Lifecycle.CLOSED}),  # a closed Dumper's fork child leaves too
-}
-# the states in which the writer may hold a step open (`Dumper._open`)
-_STEP_MAY_BE_OPEN = frozenset({Lifecycle.CAPTURING, Lifecycle.FAILED, Lifecycle.CLOSING})
-_LIVE = frozenset({Lifecycle.IDLE, Lifecycle.CAPTURING})
 
 
 class Dumper:
@@ -264,15 +201,11 @@ class Dumper:
     def enabled(self) -> bool:
         """True while the dump can still record: attached to a selected rank, not failed, not
         switched off, not closed."""
-        return self._state in _LIVE
+        return self._state in LIVE
 
     def _to(self, state: Lifecycle) -> None:
-        """The one place the lifecycle changes; a transition `_LEGAL` does not list is a bug in
-        the tracer, raised as one (a hook routes it through on_error)."""
-        if state not in _LEGAL[self._state] or (self._open and state not in _STEP_MAY_BE_OPEN):
-            raise AssertionError(f"tracer bug: Dumper went from {self._state.value} to "
-                                 f"{state.value}" + (" with a step open" if self._open else ""))
-        self._state = state
+        """The one place the lifecycle changes (an illegal transition raises: `Lifecycle.to`)."""
+        self._state = self._state.to(state, step_open=self._open)
         self.capturing = state is Lifecycle.CAPTURING
 
     # -- public API -----------------------------------------------------------------------------
@@ -304,7 +237,7 @@ class Dumper:
         """
         ends = self._rule.explicit_step()
         self._after_failure()
-        if self._state not in _LIVE:
+        if self._state not in LIVE:
             self.current_step += 1
         elif ends:
             self._next_step()
@@ -351,6 +284,7 @@ class Dumper:
                 self._params.release()
             writer, self._writer = self._writer, None
             self._to(Lifecycle.CLOSED)
+            _live.discard(self)
             try:
                 if writer is not None:
                     writer.close()
@@ -373,7 +307,7 @@ class Dumper:
         dispatch mode; torch bumps its version counter only after the op returns, so the writer
         must not match its statistics to (or offer them for) another record at that version.
         `version`: the output of a view op in the dispatch mode, which shares its base's
-        version counter only after the mode returns: the base's version (`Writer.add_view`).
+        version counter only after the mode returns: the base's version (see `Writer.add`).
         `stats`: statistics computed already (see `Writer.add`).
         """
         if self._busy or not self.capturing:
@@ -503,7 +437,7 @@ class Dumper:
                               f"{describe_error(error)}; with \"on_error\": \"warn\" (the "
                               f"default) and SLEUTH_STRICT unset the run goes on without the "
                               f"dump") from error
-        if self._state in _LIVE:
+        if self._state in LIVE:
             # hooks come off at the next step boundary (`_after_failure`): this may run inside
             # the dispatch mode's handler, where popping the mode would pop someone else's
             self._to(Lifecycle.FAILED)
@@ -679,7 +613,7 @@ class Dumper:
     def _crashed(self, reason: str) -> None:
         """The process is dying (an uncaught exception, SIGTERM; tracer._crash):
         write the open step, marked interrupted, while it still can."""
-        if self._state not in _LIVE:
+        if self._state not in LIVE:
             return
         mode = self._mode
         if mode is not None and mode.active and not mode.on_top():
@@ -725,7 +659,7 @@ class Dumper:
                        ) -> tuple[tuple, dict] | None:
         """Take the step's pre-step parameter copies and take the op mode off while the
         optimizer runs; its closure, if any, is handed on wrapped so that its forward and
-        backward are recorded after all (`_recording`). A failure is the dump's (`_fail`):
+        backward are recorded after all (`tracer.capture.recording_closure`). A failure is the dump's (`_fail`):
         the optimizer step then runs with the arguments it was given."""
         if not self.capturing:
             return None
@@ -754,30 +688,11 @@ class Dumper:
                 self._busy = False
         if self._mode is None:
             return None  # module hooks stay installed while the optimizer runs
-        return with_closure(optimizer, args, kwargs, self._recording)
-
-    def _recording(self, closure: Any) -> Any:
-        """`closure` run with the op mode pushed: what an ``optimizer.step(closure)`` call
-        evaluates (Lightning's training step, LBFGS's loss) is the model's forward and
-        backward, which belong to the step that this optimizer step ends. The optimizer's
-        own ops between evaluations stay unrecorded. The caller sees the closure's return
-        value and exceptions unchanged."""
-        mode = self._mode
-
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not self.capturing or mode.active:
-                return closure(*args, **kwargs)
-            mode.push()
-            try:
-                return closure(*args, **kwargs)
-            finally:
-                mode.pop()
-
-        return functools.wraps(closure)(recorded) if callable(closure) else closure
+        return recording_closure(optimizer, args, kwargs, self._mode, self)
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._after_failure()
-        if self._state not in _LIVE:
+        if self._state not in LIVE:
             return
         try:
             self._after_optimizer(optimizer)
@@ -805,5 +720,5 @@ class Dumper:
         optimizer step), so the next iteration gets a step, and names, of its own."""
         ends = self._rule.scaler_update()
         self._after_failure()
-        if ends and self._state in _LIVE:
+        if ends and self._state in LIVE:
             self._next_step()

@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
     "OpMode": "tracer.capture._op_mode",
     "on_scaler_update": "tracer.capture._scaler",
     "ParamRecords": "tracer.capture._param_records",
+    "recording_closure": "tracer.capture._closure",
     "rewrap": "tracer.capture._scaler",
     "Site": "tracer.capture._source",
     "user_source": "tracer.capture._source",
