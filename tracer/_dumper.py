@@ -5,7 +5,7 @@ A Dumper counts steps, and while the current step is selected it installs the mo
 unselected step costs only torch's global optimizer hooks. Where a step ends is `StepRule`'s
 (tracer._step_rule, docs/tracer.md "Steps"): the Dumper feeds it the optimizer, scaler and
 explicit `step()` events and writes the step it says ended. Its own life is one `Lifecycle`
-field, whose transitions are written once (`_LEGAL`); the parameter, gradient and update
+field, whose transitions are written once (tracer._lifecycle); the parameter, gradient and update
 records are made by `tracer.capture.ParamRecords`.
 
 What runs after the last optimizer step (``loss.item()``, ``zero_grad``, logging, a final
@@ -38,8 +38,7 @@ from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecor
                             encode_call, local_shard, on_scaler_update, recording_closure,
                             tool_range, user_source)
 from tracer.capture import rewrap as rewrap_scalers
-from tracer.storage import (RecordMeta, copy_stats, difference_sketch, difference_stats,
-                            stored_extent)
+from tracer.storage import copy_stats, difference_sketch, difference_stats, stored_extent
 
 
 def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
@@ -165,7 +164,10 @@ class Dumper:
         self._busy = False  # the Dumper runs its own work on tensors: the hooks pass it by
         self._open = False  # the writer holds the current step open (begun at its first record)
         self._writer: Any = None
-        self._add: Any = None  # the writer's add, bound once it exists (the per-record call)
+        # the writer's add and storage's RecordMeta, bound when the writer is made (the
+        # per-record calls; the step file's module, and h5py, load only then)
+        self._add: Any = None
+        self._meta: Any = None
         self._lock = threading.Lock()
         self._rule = StepRule()
         self._handles: list[Any] = []
@@ -283,6 +285,7 @@ class Dumper:
             if self._params is not None:
                 self._params.release()
             writer, self._writer = self._writer, None
+            self._open = False  # closing the writer ends whatever it still holds
             self._to(Lifecycle.CLOSED)
             _live.discard(self)
             try:
@@ -338,7 +341,7 @@ class Dumper:
                 suspended = mode is not None and mode.suspend()
                 if not self._open:
                     self._open_step()
-                meta, add = RecordMeta, self._add
+                meta, add = self._meta, self._add
                 prefix = f"{scope}.{phase}.{call}.{direction}."
                 caller = source.caller if type(source) is Site else ""
                 for i, t in enumerate(tensors, first):
@@ -403,8 +406,10 @@ class Dumper:
         if self._state is not Lifecycle.CAPTURING:
             raise AssertionError(f"tracer bug: a step opened while {self._state.value}")
         if self._writer is None:
+            from tracer.storage import RecordMeta
+
             self._writer = _make_writer(self.config, self.rank, self.world_size)
-            self._add = self._writer.add
+            self._add, self._meta = self._writer.add, RecordMeta
             # the first step claims the rank (tracer.storage._lock): a run directory of another
             # run, or a rank another writer holds, fails here, before the flight recorder
             # could write into that folder
@@ -645,14 +650,14 @@ class Dumper:
         """Hand `params`' records to the writer (run by `_quietly`)."""
         if not self._open:
             self._open_step()
-        add = self._add
+        meta, add = self._meta, self._add
         caller = source.caller if type(source) is Site else ""
         for r in self._params.records(params, call, with_update=with_update,
                                       keep_bytes=self.config.mode != "statistics",
                                       sketch=self._writer.sketch):
             # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
-            add(RecordMeta(r.name, r.module, "", "optimizer", r.direction, 0, call, source,
-                           caller), r.tensor, True, None, r.stats)
+            add(meta(r.name, r.module, "", "optimizer", r.direction, 0, call, source, caller),
+                r.tensor, True, None, r.stats)
 
     # -- optimizer hooks ------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict
