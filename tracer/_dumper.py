@@ -543,15 +543,25 @@ class Dumper:
             self._write_step(LastStep.KEEP, None)
 
     def _end_last(self, interrupted: str | None) -> None:
-        """End the step open at close as `StepRule.last_step` says: kept, interrupted (with the
-        weights and gradients the run died with) or dropped."""
+        """End the step open at close as `StepRule.last_step` says: kept, interrupted or
+        dropped. A kept or interrupted step gets its parameter and gradient records unless an
+        optimizer step took them: in an interrupted step, the weights and gradients the run died
+        with, where an error taking them must not hide the one that ended the run, so it is only
+        warned about (a watchpoint hit among them is already in the step's /hits)."""
         how, reason = self._rule.last_step(interrupted)
         try:
             if self._mode is not None:
                 self._mode.pop()
             if (self.config.params and not self._params.taken and how is not LastStep.DROP
                     and self._open):
-                self._step_end_params(reason)
+                try:
+                    self._record_params(call=0, with_update=False)
+                except Exception as e:  # noqa: BLE001 - the run is ending with its own error
+                    if reason is None:
+                        raise
+                    if not isinstance(e, WatchpointHit):
+                        warn(f"the parameter records of interrupted step {self.current_step} "
+                             f"were not taken: {describe_error(e)}", stacklevel=2)
         finally:
             self._write_step(how, reason)
 
@@ -573,22 +583,6 @@ class Dumper:
                 self._writer.end_step()
         finally:
             self._busy = False
-
-    def _step_end_params(self, interrupted: str | None) -> None:
-        """The parameter and gradient records of the step open at close. In an interrupted
-        step they show the weights and gradients the run died with; an error taking them must
-        not hide the one that ended the run, so it is only warned about (a watchpoint hit among
-        them is already in the step's /hits)."""
-        if interrupted is None:
-            self._record_params(call=0, with_update=False)
-            return
-        try:
-            self._record_params(call=0, with_update=False)
-        except WatchpointHit:
-            pass
-        except Exception as e:  # noqa: BLE001 - the run is ending with its own error
-            warn(f"the parameter records of interrupted step {self.current_step} were not "
-                 f"taken: {describe_error(e)}", stacklevel=2)
 
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning
