@@ -607,7 +607,7 @@ class Dumper:
             where = f"not noted in {path}: {e}"
         warn(f"{records} record(s) made after the run's last optimizer.step() were not "
              f"written as step {step} ({where}); call Dumper.step() yourself to choose where "
-             f"steps end", stacklevel=4)
+             f"steps end", stacklevel=5)  # the user's close (or with block)
 
     def _crashed(self, reason: str) -> None:
         """The process is dying (an uncaught exception, SIGTERM; tracer._crash):
@@ -658,8 +658,8 @@ class Dumper:
                        ) -> tuple[tuple, dict] | None:
         """Take the step's pre-step parameter copies and take the op mode off while the
         optimizer runs; its closure, if any, is handed on wrapped so that its forward and
-        backward are recorded after all (`tracer.capture.recording_closure`). A failure is the dump's (`_fail`):
-        the optimizer step then runs with the arguments it was given."""
+        backward are recorded after all (`tracer.capture.recording_closure`). A failure is the
+        dump's (`_fail`): the optimizer step then runs with the arguments it was given."""
         if not self.capturing:
             return None
         try:
