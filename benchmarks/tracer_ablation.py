@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo path)
 
 import tracer  # noqa: E402
+from tracer.capture import ParamRecords  # noqa: E402
 from tracer.storage import _cuda_stats, _format, _stats  # noqa: E402
 
 CONDITIONS = {
@@ -148,20 +149,20 @@ class switched:
 
     def __enter__(self) -> None:
         self.saved = (_stats._fused, _format._pack_rows, _cuda_stats._kernels,
-                      tracer.Dumper._snapshot_param)
+                      ParamRecords._snapshot)
         if "c_kernel" in self.off:
             _stats._fused, _format._pack_rows = None, None
         if "triton_stats" in self.off:
             _cuda_stats._kernels = False
         if "update_record" in self.off:
-            tracer.Dumper._snapshot_param = _no_snapshot
+            ParamRecords._snapshot = _no_snapshot
 
     def __exit__(self, *exc) -> None:
         (_stats._fused, _format._pack_rows, _cuda_stats._kernels,
-         tracer.Dumper._snapshot_param) = self.saved
+         ParamRecords._snapshot) = self.saved
 
 
-def _no_snapshot(dumper, param) -> tuple[None, None]:
+def _no_snapshot(records, param, same_bytes) -> tuple[None, None]:
     """No pre-step copy of `param`: the step then has no update record of it."""
     return None, None
 

@@ -253,14 +253,20 @@ def one_module(model: nn.Module, config: dict) -> dict:
 
 
 class _NullWriter:
-    """Writer API, stores nothing."""
+    """The Writer's interface (tracer.storage.Writer), storing nothing."""
 
     observers: list = []
+    enabled = True
+    sketch = False
+    next_seq = 0
 
     def begin_step(self, step): pass
-    def add(self, meta, tensor): pass
-    def add_unstable(self, meta, tensor): pass
-    def end_step(self): pass
+    def add(self, meta, tensor, stable=True, version=None, stats=None): pass
+    def add_call(self, seq, name, spec): pass
+    def forget(self, tensors): pass
+    def launch_pending(self): pass
+    def same_bytes(self, snapshot, source): pass
+    def end_step(self, status_reason=None, *, drop=False): pass
     def close(self): pass
 
 

@@ -2,12 +2,11 @@
 
 A Dumper counts steps, and while the current step is selected it installs the module hooks
 (and, for level op/mix, the dispatch mode); between selected steps nothing is installed, so an
-unselected step costs only torch's global optimizer hooks. Step rule (docs/architecture.md, the one
-definition for the trainer, plain loops and `sleuth run`): a step begins when the previous
-``optimizer.step()`` of any optimizer returns, or ``GradScaler.update()`` after an iteration
-whose optimizer step the scaler skipped (tracer.capture._scaler), and ends when its own does, until
-the script calls ``Dumper.step()`` itself; from then on only explicit ``step()`` calls end steps
-(and each optimizer step inside a step adds one more ``call`` of parameter records).
+unselected step costs only torch's global optimizer hooks. Where a step ends is `StepRule`'s
+(tracer._step_rule, docs/tracer.md "Steps"): the Dumper feeds it the optimizer, scaler and
+explicit `step()` events and writes the step it says ended. Its own life is one `Lifecycle`
+field, whose transitions are written once (tracer._lifecycle); the parameter, gradient and update
+records are made by `tracer.capture.ParamRecords`.
 
 What runs after the last optimizer step (``loss.item()``, ``zero_grad``, logging, a final
 evaluation) is not a step: at close it is dropped, with a warning and a line in
@@ -17,8 +16,6 @@ optimizer step is written with its records so far and ``status`` "interrupted" (
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import os
 import sys
@@ -35,14 +32,13 @@ from tracer._config import DumpConfig, load_json, warn_retired_switches
 from tracer._errors import (ConfigError, DumpWriteError, TracerError, WatchpointHit,
                             describe_error, warn)
 from tracer._crash import describe_exception, on_crash
-from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, encode_call, on_scaler_update,
+from tracer._lifecycle import LIVE, Lifecycle
+from tracer._step_rule import LastStep, StepRule
+from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords, Site,
+                            encode_call, local_shard, on_scaler_update, recording_closure,
                             tool_range, user_source)
 from tracer.capture import rewrap as rewrap_scalers
 from tracer.storage import copy_stats, difference_sketch, difference_stats, stored_extent
-
-# bumps a tensor's version counter after a write torch did not see (the fused kernels')
-_increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version",
-                             None) or torch._C._increment_version
 
 
 def _make_writer(config: DumpConfig, rank: int, world_size: int) -> Any:
@@ -55,36 +51,6 @@ def disarm_flight_recorder(config: DumpConfig, rank: int) -> None:
     from tracer.storage import disarm_flight_recorder as disarm
 
     disarm(config, rank)
-
-
-def _record_meta() -> Any:
-    from tracer.storage import RecordMeta
-
-    return RecordMeta
-
-
-def _plain_add(writer: Any) -> Any:
-    """`add(meta, tensor, stable, version, stats)` for a stand-in writer with a plain
-    `add(meta, tensor)` (a test double): the stable flag picks `add_unstable` when it has one,
-    and the rest is dropped."""
-    add = writer.add
-    unstable = getattr(writer, "add_unstable", add)
-
-    def plain(meta: Any, tensor: torch.Tensor, stable: bool = True,
-              version: int | None = None, stats: dict | None = None) -> None:
-        (add if stable else unstable)(meta, tensor)
-
-    return plain
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor whose memory holds `t`'s values on this rank: a DTensor's (FSDP2, tensor
-    parallel) local shard, else `t`. The statistics kernels read memory through a data
-    pointer, which a tensor subclass does not have."""
-    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
-        return t
-    to_local = getattr(t, "to_local", None)
-    return to_local() if callable(to_local) else t
 
 
 _Tensor = torch.Tensor
@@ -102,7 +68,7 @@ def _values(t: torch.Tensor) -> torch.Tensor:
     if _has_memory(t):
         return t
     with torch.no_grad():
-        t = _local(t.detach())
+        t = local_shard(t.detach())
         if type(t) is _Tensor or type(t) is _Parameter:
             return t
         return torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
@@ -133,34 +99,6 @@ def _in_data_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     info = getattr(data, "get_worker_info", None)
     return info is not None and info() is not None
-
-
-_takes_closure_first: dict[type, bool] = {}
-
-
-def with_closure(optimizer: Any, args: tuple, kwargs: dict, wrap: Any
-                 ) -> tuple[tuple, dict] | None:
-    """The (args, kwargs) of an ``optimizer.step`` call (``args[0]`` the optimizer) with its
-    closure replaced by ``wrap(closure)``, or None when the call passes no closure. A
-    positional argument counts as the closure only where the optimizer's ``step`` names its
-    first parameter ``closure`` (every torch optimizer's), so that an optimizer whose step
-    takes something else first is handed exactly what it was given."""
-    closure = kwargs.get("closure")
-    if closure is not None:
-        return args, {**kwargs, "closure": wrap(closure)}
-    if len(args) < 2 or args[1] is None:
-        return None
-    cls = type(optimizer)
-    first = _takes_closure_first.get(cls)
-    if first is None:
-        try:
-            names = list(inspect.signature(cls.step).parameters)
-        except (TypeError, ValueError):  # a step that cannot be inspected: leave it alone
-            names = []
-        first = _takes_closure_first[cls] = names[1:2] == ["closure"]
-    if not first:
-        return None
-    return (args[0], wrap(args[1]), *args[2:]), kwargs
 
 
 _live: weakref.WeakSet[Dumper] = weakref.WeakSet()
@@ -219,34 +157,29 @@ class Dumper:
         self.world_size = (int(os.environ.get("WORLD_SIZE", 1)) if world_size is None
                            else int(world_size))
         self.current_step = int(first_step)
+        self._state = Lifecycle.IDLE if self.config.wants_rank(self.rank) else Lifecycle.OFF
         self.capturing = False
-        self._busy = False
-        self._explicit = False
-        self._closed = False
+        """`state` is CAPTURING, kept as a plain attribute for the hooks, which read it per
+        record; written only by `_to`."""
+        self._busy = False  # the Dumper runs its own work on tensors: the hooks pass it by
+        self._open = False  # the writer holds the current step open (begun at its first record)
         self._writer: Any = None
-        self._add: Any = None  # the writer's add, bound when it opens (see _open_step)
-        self._takes_stats = False  # the writer takes computed statistics (a tracer Writer)
+        # the writer's add and storage's RecordMeta, bound when the writer is made (the
+        # per-record calls; the step file's module, and h5py, load only then)
+        self._add: Any = None
         self._meta: Any = None
-        self._open = False
         self._lock = threading.Lock()
-        self._snapshots: dict[int, tuple[torch.Tensor, dict | None]] = {}
-        # id(parameter) -> a buffer reused for its pre-step copy from one optimizer step to the
-        # next while steps are dumped (a fresh clone page-faults its memory in every time); CPU
-        # parameters only (see _snapshot_param)
-        self._snapshot_buffers: dict[int, torch.Tensor] = {}
-        self._optimizer_recorded = False
-        self._stepped = False  # an optimizer step ended a step since the last scaler update
-        self._auto_ended = False  # an optimizer step (or a skipping scaler) ended a step
-        self._backward = False  # the current step recorded a backward pass
+        self._rule = StepRule()
         self._handles: list[Any] = []
-        self._failed = False
         self._mode: Any = None
+        self._params: ParamRecords | None = None
         self._eager = EagerWhileDumped()
-        self.enabled = self.config.wants_rank(self.rank)
-        if not self.enabled:
+        if self._state is Lifecycle.OFF:
             return
         _live.add(self)
         self._tracker = ModuleTracker(self, model)
+        self._params = ParamRecords(self._tracker, Kernels(copy_stats, difference_stats,
+                                                           difference_sketch))
         if self.config.level in ("op", "mix"):
             from tracer.capture import OpMode
 
@@ -260,6 +193,22 @@ class Dumper:
         except BaseException:  # nothing of a Dumper that failed to start stays attached
             self._leave_process(pop_mode=True)
             raise
+
+    @property
+    def state(self) -> Lifecycle:
+        """Where the Dumper is in its life (`Lifecycle`)."""
+        return self._state
+
+    @property
+    def enabled(self) -> bool:
+        """True while the dump can still record: attached to a selected rank, not failed, not
+        switched off, not closed."""
+        return self._state in LIVE
+
+    def _to(self, state: Lifecycle) -> None:
+        """The one place the lifecycle changes (an illegal transition raises: `Lifecycle.to`)."""
+        self._state = self._state.to(state, step_open=self._open)
+        self.capturing = state is Lifecycle.CAPTURING
 
     # -- public API -----------------------------------------------------------------------------
     def __enter__(self) -> Dumper:
@@ -288,14 +237,12 @@ class Dumper:
         first call right after an optimizer step (``opt.step(); d.step()``, the usual place)
         ends nothing: that optimizer step already ended the iteration's step.
         """
-        first, self._explicit = not self._explicit, True
-        self._remove_after_failure()
-        if not self.enabled:
+        ends = self._rule.explicit_step()
+        self._after_failure()
+        if self._state not in LIVE:
             self.current_step += 1
-            return
-        if first and self._auto_ended and not self._backward:
-            return
-        self._next_step()
+        elif ends:
+            self._next_step()
 
     def _next_step(self) -> None:
         """End the open step and begin the next; a failure goes through on_error."""
@@ -316,29 +263,36 @@ class Dumper:
         optimizer steps end this Dumper's steps (no explicit `step()`) and one already did:
         then a step that ran backward is marked interrupted (the run ended before its
         optimizer step), and one that did not holds only what followed the last optimizer step
-        and is dropped with a note (module docstring)."""
-        if self._closed:
+        and is dropped with a note (`StepRule.last_step`)."""
+        was = self._state
+        if was in (Lifecycle.CLOSING, Lifecycle.CLOSED):
             return
-        self._closed = True
+        self._to(Lifecycle.CLOSING)
         reason = None
         if interrupted is not None:
             reason = (interrupted if isinstance(interrupted, str)
                       else describe_exception(interrupted)) or "interrupted"
         try:
-            self._remove_after_failure()
-            if self.enabled:
-                self._end(final=True, interrupted=reason)
+            if was is Lifecycle.FAILED:
+                self._uninstall()
+                self._drop_writer()
+            elif was is Lifecycle.CAPTURING:
+                self._end_last(reason)
         finally:
             for handle in self._handles:
                 handle.remove()
             self._handles = []
-            self._snapshot_buffers = {}
+            if self._params is not None:
+                self._params.release()
             writer, self._writer = self._writer, None
+            self._open = False  # closing the writer ends whatever it still holds
+            self._to(Lifecycle.CLOSED)
+            _live.discard(self)
             try:
                 if writer is not None:
                     writer.close()
             finally:
-                if interrupted is None and writer is not None:
+                if reason is None and writer is not None:
                     disarm_flight_recorder(self.config, self.rank)
 
     @property
@@ -356,7 +310,7 @@ class Dumper:
         dispatch mode; torch bumps its version counter only after the op returns, so the writer
         must not match its statistics to (or offer them for) another record at that version.
         `version`: the output of a view op in the dispatch mode, which shares its base's
-        version counter only after the mode returns: the base's version (`Writer.add_view`).
+        version counter only after the mode returns: the base's version (see `Writer.add`).
         `stats`: statistics computed already (see `Writer.add`).
         """
         if self._busy or not self.capturing:
@@ -374,7 +328,7 @@ class Dumper:
         if self._busy or not self.capturing or not tensors:
             return
         if phase == "backward":
-            self._backward = True
+            self._rule.ran_backward = True
         if not self._open and _in_data_worker():
             self._leave_process()
             return
@@ -421,9 +375,7 @@ class Dumper:
     def _add_call(self, name: str, func: Any, args: tuple, kwargs: dict) -> None:
         if not self._open:
             self._open_step()
-        add_call = getattr(self._writer, "add_call", None)
-        if add_call is not None:
-            add_call(getattr(self._writer, "next_seq", -1), name, encode_call(func, args, kwargs))
+        self._writer.add_call(self._writer.next_seq, name, encode_call(func, args, kwargs))
 
     def _quietly(self, work: Any, *args: Any) -> Exception | None:
         """Run the dump's own `work(*args)` under the lock, marked busy (the hooks ignore what
@@ -445,19 +397,19 @@ class Dumper:
 
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """Tell the writer these tensors are being written in place (see `Writer.forget`)."""
-        forget = getattr(self._writer, "forget", None)
-        if forget is not None:
-            forget(tensors)
+        if self._writer is not None:
+            self._writer.forget(tensors)
 
     def _open_step(self) -> None:
+        """Have the writer begin the current step (at its first record); the first step also
+        makes the writer, the flight recorder and the live watchpoints."""
+        if self._state is not Lifecycle.CAPTURING:
+            raise AssertionError(f"tracer bug: a step opened while {self._state.value}")
         if self._writer is None:
-            self._meta = _record_meta()
-            self._writer = _make_writer(self.config, self.rank, self.world_size)
-            from tracer.storage import Writer
+            from tracer.storage import RecordMeta
 
-            # a tracer writer takes the full call; a stand-in gets the plain one
-            self._takes_stats = isinstance(self._writer, Writer)
-            self._add = self._writer.add if self._takes_stats else _plain_add(self._writer)
+            self._writer = _make_writer(self.config, self.rank, self.world_size)
+            self._add, self._meta = self._writer.add, RecordMeta
             # the first step claims the rank (tracer.storage._lock): a run directory of another
             # run, or a rank another writer holds, fails here, before the flight recorder
             # could write into that folder
@@ -490,13 +442,12 @@ class Dumper:
                               f"{describe_error(error)}; with \"on_error\": \"warn\" (the "
                               f"default) and SLEUTH_STRICT unset the run goes on without the "
                               f"dump") from error
-        if not self.enabled:
+        if self._state in LIVE:
+            # hooks come off at the next step boundary (`_after_failure`): this may run inside
+            # the dispatch mode's handler, where popping the mode would pop someone else's
+            self._to(Lifecycle.FAILED)
+        elif self._state is not Lifecycle.CLOSING:  # (closing: close() takes everything off)
             return  # switched off already, and said so
-        # hooks come off at the next step boundary: this may run inside the dispatch mode's
-        # handler, where popping the mode would pop someone else's
-        self.capturing = False
-        self.enabled = False
-        self._failed = True
         try:
             disarm_flight_recorder(self.config, self.rank)
         except Exception:  # noqa: BLE001 - restoring the previous hooks is best effort
@@ -504,6 +455,13 @@ class Dumper:
         warn(f"the tensor dump is off from step {self.current_step} on, and the run goes on "
              f"without it: {describe_error(error)} (SLEUTH_STRICT=1 stops the run instead)",
              stacklevel=3)
+
+    def _after_failure(self) -> None:
+        """At a step boundary after a failure: the hooks and the writer come off."""
+        if self._state is Lifecycle.FAILED:
+            self._uninstall()
+            self._drop_writer()
+            self._to(Lifecycle.OFF)
 
     def _drop_writer(self) -> None:
         """Close the writer of a dump that failed: its threads stop, its rank lock is released.
@@ -525,10 +483,9 @@ class Dumper:
         its own, whose step files would overwrite the trainer's. The op mode is taken off the
         dispatch stack only where it is on top and no handler of it runs (`pop_mode`, after a
         fork); elsewhere it stays and passes every op through."""
-        self.capturing = self.enabled = False
-        self._closed = True
         self._open = False
         self._writer = None
+        self._to(Lifecycle.CLOSED)
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -539,93 +496,93 @@ class Dumper:
             mode.pop()
         _live.discard(self)
 
-    def _remove_after_failure(self) -> None:
-        if self._failed:
-            self._failed = False
-            self._uninstall()
-            self._drop_writer()
-
     # -- steps ----------------------------------------------------------------------------------
     def _begin(self) -> None:
         rewrap_scalers()  # a scaler class imported since (FSDP's)
-        self._backward = False
-        if self._writer is not None and not getattr(self._writer, "enabled", True) \
-                and not self._closed and self.enabled:
+        self._rule.begin()
+        if self._state is Lifecycle.IDLE and self._writer is not None \
+                and not self._writer.enabled:
             # the writer switched the dump off after an error it warned about (on_error
             # "warn"): the hooks stay off from now on, and nothing more is written
-            self.enabled = False
+            self._to(Lifecycle.OFF)
             disarm_flight_recorder(self.config, self.rank)
             self._drop_writer()
-        if self._closed or not self.enabled or not self.config.wants_step(self.current_step):
-            self._snapshot_buffers = {}  # memory the size of the model: not kept between dumps
+        if self._state is not Lifecycle.IDLE or not self.config.wants_step(self.current_step):
+            self._params.release()
             return
         self._tracker.reset_step()
-        self._optimizer_recorded = False
+        self._params.begin_step()
         self._tracker.install()
         if self._mode is not None:
             self._mode.push()
-        self.capturing = True
+        self._to(Lifecycle.CAPTURING)
         self._eager.enter(self.current_step)
 
     def _uninstall(self) -> None:
-        self.capturing = False
         self._eager.leave()
         if self._mode is not None:
             self._mode.pop()
         self._tracker.remove()
 
-    def _end(self, final: bool = False, interrupted: str | None = None) -> None:
-        if not self.capturing:
+    def _end(self) -> None:
+        """End the current step at a step boundary: the step's parameter records unless an
+        optimizer step took them, the hooks off, the step written."""
+        if self._state is not Lifecycle.CAPTURING:
             # a step that was not dumped ended: an earlier step's file that failed to write
             # is reported now, not at close (the async writer's `step_boundary`)
             boundary = getattr(self._writer, "step_boundary", None)
-            if boundary is not None and not final:
+            if boundary is not None:
                 boundary()
             return
-        drop = False
         try:
-            # the parameter records' ops are not records
+            if self._mode is not None:
+                self._mode.pop()  # the parameter records' ops are not records
+            if self.config.params and not self._params.taken:
+                self._record_params(call=0, with_update=False)
+        finally:
+            self._write_step(LastStep.KEEP, None)
+
+    def _end_last(self, interrupted: str | None) -> None:
+        """End the step open at close as `StepRule.last_step` says: kept, interrupted or
+        dropped. A kept or interrupted step gets its parameter and gradient records unless an
+        optimizer step took them: in an interrupted step, the weights and gradients the run died
+        with, where an error taking them must not hide the one that ended the run, so it is only
+        warned about (a watchpoint hit among them is already in the step's /hits)."""
+        how, reason = self._rule.last_step(interrupted)
+        try:
             if self._mode is not None:
                 self._mode.pop()
-            if final and interrupted is None and self._auto_ended and not self._explicit:
-                # closed where no optimizer step ended the step (see `close`)
-                if self._backward:
-                    interrupted = "the run ended before this step's optimizer.step()"
-                else:
-                    drop = True
-            if (self.config.params and not self._optimizer_recorded and not drop
-                    and not (final and not self._open)):
-                self._step_end_params(interrupted)
-        finally:
-            self._uninstall()
-            if self._open:
-                self._open = False
-                self._busy = True
+            if (self.config.params and not self._params.taken and how is not LastStep.DROP
+                    and self._open):
                 try:
-                    if drop and self._takes_stats:
-                        self._drop_step()
-                    elif interrupted is not None and self._takes_stats:
-                        self._writer.end_step(interrupted)
-                    else:
-                        self._writer.end_step()
-                finally:
-                    self._busy = False
+                    self._record_params(call=0, with_update=False)
+                except Exception as e:  # noqa: BLE001 - the run is ending with its own error
+                    if reason is None:
+                        raise
+                    if not isinstance(e, WatchpointHit):
+                        warn(f"the parameter records of interrupted step {self.current_step} "
+                             f"were not taken: {describe_error(e)}", stacklevel=2)
+        finally:
+            self._write_step(how, reason)
 
-    def _step_end_params(self, interrupted: str | None) -> None:
-        """The parameter and gradient records of a step that no optimizer step recorded. In an
-        interrupted step they show the weights and gradients the run died with; an error
-        taking them must not hide the one that ended the run, so it is only warned about (a
-        watchpoint hit among them is already in the step's /hits)."""
-        if interrupted is None:
-            self._record_params(call=0, with_update=False)
+    def _write_step(self, how: LastStep, reason: str | None) -> None:
+        """Take the hooks off and have the writer write the open step (`how`), if it has one."""
+        was_open, self._open = self._open, False
+        if self._state is Lifecycle.CAPTURING:
+            self._to(Lifecycle.IDLE)
+        self._uninstall()
+        if not was_open:
             return
+        self._busy = True
         try:
-            self._record_params(call=0, with_update=False)
-        except WatchpointHit:
-            pass
-        except Exception as e:  # noqa: BLE001 - the run is ending with its own error
-            warn(f"the parameter records of interrupted step {self.current_step} were not "
-                 f"taken: {describe_error(e)}", stacklevel=2)
+            if how is LastStep.DROP:
+                self._drop_step()
+            elif how is LastStep.INTERRUPTED:
+                self._writer.end_step(reason)
+            else:
+                self._writer.end_step()
+        finally:
+            self._busy = False
 
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning
@@ -650,12 +607,12 @@ class Dumper:
             where = f"not noted in {path}: {e}"
         warn(f"{records} record(s) made after the run's last optimizer.step() were not "
              f"written as step {step} ({where}); call Dumper.step() yourself to choose where "
-             f"steps end", stacklevel=4)
+             f"steps end", stacklevel=5)  # the user's close (or with block)
 
     def _crashed(self, reason: str) -> None:
         """The process is dying (an uncaught exception, SIGTERM; tracer._crash):
         write the open step, marked interrupted, while it still can."""
-        if self._closed or not self.enabled:
+        if self._state not in LIVE:
             return
         mode = self._mode
         if mode is not None and mode.active and not mode.on_top():
@@ -667,16 +624,10 @@ class Dumper:
             mode.abandon()
         self.close(interrupted=reason)
 
-    def _wanted_params(self, optimizer: torch.optim.Optimizer | None = None) -> list:
-        entries = self._tracker.param_names()
-        if optimizer is not None:
-            ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-            entries = [e for e in entries if id(e[2]) in ids]
-        return [e for e in entries if self._tracker.wants(e[1])]
-
     def _record_params(self, call: int, with_update: bool,
                        optimizer: torch.optim.Optimizer | None = None) -> None:
-        params = self._wanted_params(optimizer) if not self._busy and self.capturing else []
+        """The parameter records of a dumped step (`ParamRecords`), handed to the writer."""
+        params = self._params.wanted(optimizer) if not self._busy else []
         if params and not self._open and _in_data_worker():
             self._leave_process()
             return
@@ -687,66 +638,28 @@ class Dumper:
                                       with_update)
             if error is not None:
                 self._fail(error)
-        self._snapshots.clear()
+        self._params.forget()
 
     def _add_params(self, params: list, call: int, source: str, with_update: bool) -> None:
-        """The param, grad and update records of `params` ((name, owner, parameter) each), in
-        that order per parameter (run by `_quietly`)."""
+        """Hand `params`' records to the writer (run by `_quietly`)."""
         if not self._open:
             self._open_step()
         meta, add = self._meta, self._add
-        # the update's values are needed unless a tracer writer keeps only the statistics
-        materialize = self.config.mode != "statistics" or not self._takes_stats
-        prefix = f".optimizer.{call}."
         caller = source.caller if type(source) is Site else ""
-        for name, owner, p in params:
-            before, before_stats = self._snapshots.get(id(p), (None, None)) if with_update \
-                else (None, None)
+        for r in self._params.records(params, call, with_update=with_update,
+                                      keep_bytes=self.config.mode != "statistics",
+                                      sketch=self._writer.sketch):
             # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
-            add(meta(f"{name}{prefix}param.0", owner, "", "optimizer", "param", 0, call, source,
-                     caller), before if before is not None else _local(p.detach()), True, None,
-                before_stats)
-            if p.grad is not None:
-                add(meta(f"{name}{prefix}grad.0", owner, "", "optimizer", "grad", 0, call,
-                         source, caller), _local(p.grad.detach()), True, None, None)
-            if before is None:
-                continue
-            # after the param record: with bytes kept, the difference goes into `before`
-            after = _local(p.detach())
-            update, update_stats = self._update(after, before, materialize)
-            if update_stats is not None and not materialize and self._writer.sketch:
-                # `update` is `before` standing in for dtype and shape: its sketch from the two
-                update_stats["sketch"] = difference_sketch(after, before)
-            add(meta(f"{name}{prefix}update.0", owner, "", "optimizer", "update", 0, call,
-                     source, caller), update, True, None, update_stats)
-
-    @staticmethod
-    def _update(p: torch.Tensor, before: torch.Tensor, materialize: bool
-                ) -> tuple[torch.Tensor, dict | None]:
-        """The parameter update `p - before` and, from the fused kernel, its statistics.
-
-        On CPU the difference goes into `before`: its param record is already taken
-        (statistics computed, bytes copied in the hook). The kernel reads both tensors once and
-        computes the statistics on the way; unless `materialize`, it writes nothing, and
-        `before` (unchanged) stands in for the update's dtype and shape only. On a device the async
-        writer may still be copying `before` on a side stream, so the update is a new tensor
-        there."""
-        if not before.is_cpu:
-            return p - before, None
-        stats = difference_stats(p, before, out=before if materialize else None)
-        if stats is None:
-            return torch.sub(p, before, out=before), None
-        if materialize:
-            _increment_version(before)  # the kernel wrote it behind torch's back
-        return before, stats
+            add(meta(r.name, r.module, "", "optimizer", r.direction, 0, call, source, caller),
+                r.tensor, True, None, r.stats)
 
     # -- optimizer hooks ------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict
                        ) -> tuple[tuple, dict] | None:
         """Take the step's pre-step parameter copies and take the op mode off while the
         optimizer runs; its closure, if any, is handed on wrapped so that its forward and
-        backward are recorded after all (`_recording`). A failure is the dump's (`_fail`):
-        the optimizer step then runs with the arguments it was given."""
+        backward are recorded after all (`tracer.capture.recording_closure`). A failure is the
+        dump's (`_fail`): the optimizer step then runs with the arguments it was given."""
         if not self.capturing:
             return None
         try:
@@ -759,68 +672,26 @@ class Dumper:
                           ) -> tuple[tuple, dict] | None:
         if self._mode is not None:
             self._mode.pop()  # the optimizer's own ops are not records
-        launch = getattr(self._writer, "launch_pending", None)
-        if launch is not None and self._open:
+        if self._open:
             # batched device records are measured before the optimizer writes the weights
             # and gradients they read (tracer.storage._batcher)
-            launch()
+            self._writer.launch_pending()
         if self.config.params:
             self._busy = True
             try:
                 with torch.no_grad(), tool_range():
-                    params = self._wanted_params(optimizer)
-                    self._snapshots = {id(p): self._snapshot_param(p) for _, _, p in params}
+                    # a copy told to the writer as the parameter's bytes (`Writer.same_bytes`)
+                    self._params.before_step(self._params.wanted(optimizer),
+                                             self._writer.same_bytes if self._open else None)
             finally:
                 self._busy = False
         if self._mode is None:
             return None  # module hooks stay installed while the optimizer runs
-        return with_closure(optimizer, args, kwargs, self._recording)
-
-    def _recording(self, closure: Any) -> Any:
-        """`closure` run with the op mode pushed: what an ``optimizer.step(closure)`` call
-        evaluates (Lightning's training step, LBFGS's loss) is the model's forward and
-        backward, which belong to the step that this optimizer step ends. The optimizer's
-        own ops between evaluations stay unrecorded. The caller sees the closure's return
-        value and exceptions unchanged."""
-        mode = self._mode
-
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            if not self.capturing or mode.active:
-                return closure(*args, **kwargs)
-            mode.push()
-            try:
-                return closure(*args, **kwargs)
-            finally:
-                mode.pop()
-
-        return functools.wraps(closure)(recorded) if callable(closure) else closure
-
-    def _snapshot_param(self, param: torch.Tensor) -> tuple[torch.Tensor, dict | None]:
-        """A copy of `param` before the optimizer changes it, and, when the fused kernel made
-        the copy, its statistics (the param record's, taken while the bytes are in cache). A
-        tracer writer is told the copy holds `param`'s values (`Writer.same_bytes`): the param
-        record then shares the bytes of the op record that read the weight, if any."""
-        p = _local(param.detach())
-        if not p.is_cpu:  # a side-stream copy of last step's buffer may still be in flight
-            snap, stats = p.clone(), None
-        else:
-            buf = self._snapshot_buffers.get(id(param))
-            if buf is None or (buf.shape, buf.dtype, buf.stride()) != (p.shape, p.dtype,
-                                                                        p.stride()):
-                buf = self._snapshot_buffers[id(param)] = torch.empty_like(p)
-            stats = copy_stats(buf, p)
-            if stats is None:
-                snap = buf.copy_(p)
-            else:
-                _increment_version(buf)  # the kernel wrote it behind torch's back
-                snap = buf
-        if self._open and self._takes_stats:
-            self._writer.same_bytes(snap, p)
-        return snap, stats
+        return recording_closure(optimizer, args, kwargs, self._mode, self)
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._remove_after_failure()
-        if self._closed or not self.enabled:
+        self._after_failure()
+        if self._state not in LIVE:
             return
         try:
             self._after_optimizer(optimizer)
@@ -828,14 +699,13 @@ class Dumper:
             self._fail(e)
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """The optimizer step's parameter records; the step it ends is written and the next
-        one begins (without an explicit `step()`)."""
+        """The optimizer step's parameter records; the step it ends (`StepRule`) is written and
+        the next one begins."""
         if self.capturing and self.config.params:
             call = self._tracker.calls.next("<optimizer>", "optimizer")
             self._record_params(call=call, with_update=True, optimizer=optimizer)
-            self._optimizer_recorded = True
-        if not self._explicit:
-            self._stepped = self._auto_ended = True
+            self._params.taken = True
+        if self._rule.optimizer_step():
             self._end()
             self.current_step += 1
             self._begin()
@@ -847,9 +717,7 @@ class Dumper:
         ``optimizer.step()`` (Inf or NaN gradients), no optimizer hook ended the step: end it
         here (its parameter and gradient records are taken as at any step end without an
         optimizer step), so the next iteration gets a step, and names, of its own."""
-        stepped, self._stepped = self._stepped, False
-        self._remove_after_failure()
-        if stepped or self._explicit or self._closed or not self.enabled:
-            return
-        self._auto_ended = True
-        self._next_step()
+        ends = self._rule.scaler_update()
+        self._after_failure()
+        if ends and self._state in LIVE:
+            self._next_step()

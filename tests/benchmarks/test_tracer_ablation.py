@@ -139,7 +139,7 @@ def test_without_the_pre_step_copy_a_step_has_no_update_records(tmp_path):
     dump = tracer.open_dump(tmp_path)
     kinds = set(dump.stats(0, 0)["direction"])
     assert "param" in kinds and "grad" in kinds and "update" not in kinds
-    assert tracer.Dumper._snapshot_param is not bench._no_snapshot
+    assert tracer.capture.ParamRecords._snapshot is not bench._no_snapshot
 
 
 def test_statistics_rows_report_the_in_run_floor(capsys):

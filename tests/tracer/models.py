@@ -202,30 +202,56 @@ class InplaceModel(nn.Module):
 
 
 class FakeWriter:
-    """Collects records in memory with the Writer's methods: lets capture tests run without
-    HDF5. ``records`` holds (step, meta, tensor clone) in the order the writer got them."""
+    """Collects records in memory behind the Writer's interface (`tracer.storage.Writer`): lets
+    capture tests run without HDF5. ``records`` holds (step, meta, tensor clone) in the order
+    the writer got them; a dropped step's records are removed, as the real writers write
+    nothing of it; ``ended`` holds (step, status_reason, drop) per `end_step`.
+
+    As `Writer.add` says, a record that comes with its statistics (a parameter update the fused
+    kernel measured) brings its values only where bytes are kept: mode tensor or full."""
 
     def __init__(self, config=None, rank=0, world_size=1):
         self.records: list = []
         self.steps: list[int] = []
+        self.ended: list = []
         self.step = None
         self.closed = False
         self.observers: list = []
+        self.enabled = True
+        self.keep_bytes = config is not None and config.mode in ("tensor", "full")
+        self.sketch = False
 
     def begin_step(self, step):
         assert self.step is None, "begin_step twice without end_step"
         self.step = step
         self.steps.append(step)
+        self._first = len(self.records)
 
-    def add(self, meta, tensor):
+    def add(self, meta, tensor, stable=True, version=None, stats=None):
         assert self.step is not None, "add outside a step"
         self.records.append((self.step, meta, tensor.detach().clone()))
+
+    @property
+    def next_seq(self):
+        return len(self.records) - self._first if self.step is not None else 0
 
     def add_call(self, seq, name, spec):
         pass
 
-    def end_step(self):
+    def forget(self, tensors):
+        pass
+
+    def launch_pending(self):
+        pass
+
+    def same_bytes(self, snapshot, source):
+        pass
+
+    def end_step(self, status_reason=None, *, drop=False):
         assert self.step is not None
+        self.ended.append((self.step, status_reason, drop))
+        if drop:
+            del self.records[self._first:]
         self.step = None
 
     def close(self):

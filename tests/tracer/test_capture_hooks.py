@@ -1,8 +1,6 @@
 """Capture logic tested against an in-memory writer: naming, calls, hard cases, filters, steps."""
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
 import torch.nn as nn
@@ -11,8 +9,6 @@ import tracer
 import tracer._dumper as dumper_module
 from models import (MLP, CheckpointedMLP, CustomFnModel, FakeWriter, InplaceModel, SharedLayer,
                     SmallCNN, SmallLSTM, TinyCausalLM, TinyConfig)
-
-Meta = collections.namedtuple("Meta", "name module op phase direction index call source caller")
 
 
 @pytest.fixture
@@ -24,7 +20,6 @@ def writers(monkeypatch, tmp_path):
         return made[-1]
 
     monkeypatch.setattr(dumper_module, "_make_writer", make)
-    monkeypatch.setattr(dumper_module, "_record_meta", lambda: Meta)
     monkeypatch.chdir(tmp_path)
     return made
 
@@ -58,7 +53,8 @@ def by_name(w):
 def test_module_level_names_follow_the_format(writers):
     torch.manual_seed(0)
     model = MLP()
-    with tracer.Dumper(model, cfg(level="module")) as d:
+    # tensor mode: the writer gets the update's values (statistics mode: its statistics only)
+    with tracer.Dumper(model, cfg(level="module", mode="tensor")) as d:
         train(model, mlp_batch)
     (w,) = writers
     assert w.steps == [0] and w.closed
@@ -411,7 +407,7 @@ def test_on_error_warn_stops_dumping_and_training_goes_on(writers, monkeypatch):
     from torch.nn.modules import module as nn_module
 
     class Broken(FakeWriter):
-        def add(self, meta, tensor):
+        def add(self, meta, tensor, stable=True, version=None, stats=None):
             raise OSError("disk full")
 
     monkeypatch.setattr(dumper_module, "_make_writer", lambda *a: Broken())
@@ -429,7 +425,7 @@ def test_on_error_warn_stops_dumping_and_training_goes_on(writers, monkeypatch):
 @pytest.mark.parametrize("how", ["on_error", "strict"])
 def test_on_error_raise_names_the_fix(writers, monkeypatch, how):
     class Broken(FakeWriter):
-        def add(self, meta, tensor):
+        def add(self, meta, tensor, stable=True, version=None, stats=None):
             raise OSError("disk full")
 
     monkeypatch.setattr(dumper_module, "_make_writer", lambda *a: Broken())
@@ -453,8 +449,9 @@ _BROKEN = {
     "gradient hook": ("module", "tracer._dumper", "Dumper.emit"),
     "op mode before the op": ("op", "tracer.capture._op_mode", "op_scope"),
     "op mode after the op": ("op", "tracer.capture._op_mode", "OpMode._after"),
-    "optimizer hook": ("module", "tracer._dumper", "Dumper._snapshot_param"),
-    "optimizer hook, after the step": ("module", "tracer._dumper", "Dumper._wanted_params"),
+    "optimizer hook": ("module", "tracer.capture._param_records", "ParamRecords._snapshot"),
+    "optimizer hook, after the step": ("module", "tracer.capture._param_records",
+                                       "ParamRecords.records"),
     "flight recorder": ("mix", "tracer.storage._flight_writer", "FlightRecorder.add_row"),
 }
 

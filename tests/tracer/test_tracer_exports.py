@@ -21,8 +21,9 @@ EXPECTED = [
 
 
 FACES = {
-    "capture": ["CallNames", "EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "encode_call",
-                "on_scaler_update", "rewrap", "tool_range", "user_source"],
+    "capture": ["CallNames", "EagerWhileDumped", "Kernels", "ModuleTracker", "OpMode",
+                "ParamRecords", "Site", "encode_call", "local_shard", "on_scaler_update",
+                "recording_closure", "rewrap", "tool_range", "user_source"],
     "storage": ["DUMP_JSON", "Dump", "ExportedDump", "FlightRecorder", "JsonLimitError",
                 "RECORD_FIELDS", "RawTensor", "RecordMeta", "RecordRow", "SKETCH_SIZE", "Watcher",
                 "Writer", "c_order_bytes", "config_of", "copy_stats", "decode_bits",

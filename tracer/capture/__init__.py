@@ -1,6 +1,7 @@
 """Where a record is made: module hooks and the module stack, the op dispatch mode, record names
 (`CallNames`, which the profiler and the IR exporter use too, so all three name a module call
-alike), the user's source line, and the gradient scaler's skipped steps.
+alike), the user's source line, each optimizer step's parameter, gradient and update records,
+and the gradient scaler's skipped steps.
 
 `tracer.Dumper` drives these and hands each record to `tracer.storage`; nothing here writes a
 file. Names load lazily (tracer._lazy); a test pins this list.
@@ -13,10 +14,14 @@ _EXPORTS: dict[str, str] = {
     "CallNames": "tracer.capture._naming",
     "encode_call": "tracer.capture._calls",
     "EagerWhileDumped": "tracer.capture._compiled",
+    "Kernels": "tracer.capture._param_records",
+    "local_shard": "tracer.capture._param_records",
     "ModuleTracker": "tracer.capture._module_hooks",
     "tool_range": "tracer.capture._module_hooks",
     "OpMode": "tracer.capture._op_mode",
     "on_scaler_update": "tracer.capture._scaler",
+    "ParamRecords": "tracer.capture._param_records",
+    "recording_closure": "tracer.capture._closure",
     "rewrap": "tracer.capture._scaler",
     "Site": "tracer.capture._source",
     "user_source": "tracer.capture._source",
