@@ -28,7 +28,9 @@ import numpy as np
 from tracer._errors import DumpFormatError, TracerError
 from tracer.storage._format import RECORD_COLUMNS
 from tracer.storage._bounded_json import JsonLimitError, load_bounded
-from tracer.storage._reader import PROBLEM_STATES, Dump, every_step, open_dump
+from tracer.storage._dump import Dump, every_step
+from tracer.storage._reader import open_dump
+from tracer.storage._scan import PROBLEM_STATES
 
 MANIFEST = "_sleuth_export.json"
 _READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError)
