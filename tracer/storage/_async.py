@@ -51,13 +51,15 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._batcher import record_batch
 from tracer.storage._file_process import shared_file_process
-from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
+from tracer.storage._format import RecordMeta, StepFile
+from tracer.storage._reuse import Staging, Within
 from tracer.storage._sampling import with_sketch
+from tracer.storage._snapshot import snapshot
+from tracer.storage._staging import Pending, needs_own_sketch, take_now
 from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                                   fused_available, host_stats)
-from tracer.storage._writer import (RecordMeta, Within, Writer, needs_own_sketch, snapshot,
-                                    snapshot_bytes, snapshot_stats)
+                                   host_stats, kernel_available)
+from tracer.storage._writer import Writer
 
 _STOP = ("stop",)
 
@@ -140,7 +142,7 @@ class AsyncWriter(Writer):
         self._in_step = False
         self._step = -1
         self._streams: dict[torch.device, Any] = {}
-        self._fused = fused_available()
+        self._kernel = kernel_available()
         # step files' HDF5 part is written by a helper process (tracer.storage._file_process), one per
         # training process, kept from writer to writer
         self._file_process = shared_file_process(self.rank) if config.file_process else None
@@ -166,7 +168,7 @@ class AsyncWriter(Writer):
             self._close_step(complete=False)
         self._step, self._seq, self._in_step = int(step), 0, True
         self._rows.reset()
-        self._reset_reuse()
+        self._reuse.reset()
         self._put(("begin", self._step), 0)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
@@ -178,63 +180,24 @@ class AsyncWriter(Writer):
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
         seq = self._seq
         self._seq += 1
-        deferred = self._deferred
-        if deferred is not None and stats is None and deferred.takes(tensor):
-            # a CUDA statistics record: a descriptor now, one launch per batch
-            try:
-                self._batch_launched(deferred.add(self._plan, seq, meta, tensor, stable, version))
-            except Exception as e:  # noqa: BLE001 - on_error decides
-                self._fail_staging(e, meta)
-            return
-        # made here (inline): records on CPU (or meta) with the kernel built, and records whose
-        # statistics the caller computed; the writer thread gets their bytes in chunks
-        inline = (stats is not None and not self.keep_bytes) or (
-            (self._fused or stats is not None) and (tensor.is_cpu or tensor.is_meta))
         try:
-            same = None
-            if stats is not None:  # computed by the caller (see Writer.add)
-                same = self._take_same(tensor) if self._same else None
-                share, shared = same if same is not None else (None, None)
-                skip = True
-            else:
-                share, shared, skip = self._plan(tensor, stable, version)
+            staging = self._stage(seq, meta, tensor, stable, version, stats)
+            if staging is None:  # a CUDA statistics record: a descriptor now, one launch a batch
+                return
+            rec = Pending.of(self._step, seq, meta, tensor, staging)
+            # made here (inline): records on CPU (or meta) with the kernel built, and records
+            # whose statistics the caller computed; the writer thread gets their bytes in chunks
+            inline = (stats is not None and not self.keep_bytes) or (
+                (self._kernel or stats is not None) and (tensor.is_cpu or tensor.is_meta))
             if inline:
                 # the one-pass kernel (statistics, or copy and statistics) costs no more than a
-                # snapshot, and the row is made here too, so the writer thread has nothing to do
-                # per record (a writer thread running Python per record makes the training
+                # snapshot, and the row is made here too, so the writer thread has nothing to
+                # do per record (a writer thread running Python per record makes the training
                 # thread wait for the GIL, up to the 5 ms switch interval each time)
-                snap = release = None
-                if stats is not None:
-                    if self.keep_bytes and not tensor.is_meta and same is None:
-                        snap, release = snapshot_bytes(tensor, self._pool)
-                elif not skip:
-                    if tensor.is_meta:
-                        stats = empty_stats()
-                    elif self.keep_bytes and shared is None:  # (a `Within` has its bytes)
-                        snap, release, stats = snapshot_stats(tensor, self._pool)
-                    else:
-                        stats = host_stats(tensor)
-                row = self._record_tensor(self._rows, self._step, seq, meta, tensor, stats,
-                                          snap, release, share, shared)
-            elif stats is not None and same is not None:  # its bytes are queued already
-                staged, nbytes = ("ready", stats, None, None), 0
-            elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
-                snap, release = snapshot(tensor, self._pool)
-                staged, nbytes = ("ready", stats, snap, release), snap.nbytes
-            elif skip and not (self.sketch and needs_own_sketch(tensor)):
-                # the same tensor (or bytes), unchanged, is already queued: no snapshot, and the
-                # writer thread takes the statistics (and byte range) that record leaves in
-                # `share`
-                staged, nbytes = ("ready", None, None, None), 0
-            elif skip:
-                # the same memory read in another order (a transpose): the statistics are the
-                # same, the sketch is not; a snapshot gives both (without the kernel only)
-                staged, nbytes = self._stage(tensor)
-                share = None
-            elif type(shared) is Within:  # its bytes are queued already: statistics only
-                staged, nbytes = ("ready", host_stats(tensor), None, None), 0
+                stats, snap, release = take_now(tensor, staging, stats, self._pool)
+                row = self._record_tensor(self._rows, rec, tensor, stats, snap, release)
             else:
-                staged, nbytes = self._stage(tensor)
+                staged, nbytes, rec = self._staged(tensor, staging, stats, rec)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._fail_staging(e, meta)
             return
@@ -248,8 +211,32 @@ class AsyncWriter(Writer):
         if self.keep_bytes:
             self._rows.reserve(nbytes)
         # a floor per record keeps a statistics-only queue bounded too
-        self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
-                   tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
+        self._put(("rec", rec, staged), max(nbytes, _RECORD_FLOOR_BYTES))
+
+    def _staged(self, tensor: torch.Tensor, staging: Staging, stats: dict | None,
+                rec: Pending) -> tuple[tuple, int, Pending]:
+        """(what the writer thread gets to make the record, the bytes it holds, the record) for
+        a record that `staging` says needs the writer thread: its statistics, or a snapshot to
+        take them from, or nothing when it reuses a queued record's."""
+        if stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
+            if not staging.copy:  # they are queued already (`same_bytes`)
+                return ("ready", stats, None, None), 0, rec
+            snap, release = snapshot(tensor, self._pool)
+            return ("ready", stats, snap, release), snap.nbytes, rec
+        if not staging.measure:
+            if not (self.sketch and needs_own_sketch(tensor)):
+                # the same tensor (or bytes), unchanged, is already queued: no snapshot, and
+                # the writer thread takes the statistics (and byte range) that record leaves
+                # in `share`
+                return ("ready", None, None, None), 0, rec
+            # the same memory read in another order (a transpose): the statistics are the
+            # same, the sketch is not; a snapshot gives both (without the kernel only)
+            staged, nbytes = self._stage_snapshot(tensor)
+            return staged, nbytes, rec._replace(share=None)
+        if type(staging.shared) is Within:  # its bytes are queued already: statistics only
+            return ("ready", host_stats(tensor), None, None), 0, rec
+        staged, nbytes = self._stage_snapshot(tensor)
+        return staged, nbytes, rec
 
     def _batch_launched(self, batch: Any) -> None:
         """Hand a flushed batch (tracer.storage._batcher) to the writer thread, which waits for
@@ -383,7 +370,7 @@ class AsyncWriter(Writer):
         """Bytes staged and not yet written."""
         return self._queued
 
-    def _stage(self, t: torch.Tensor) -> tuple[tuple, int]:
+    def _stage_snapshot(self, t: torch.Tensor) -> tuple[tuple, int]:
         """Snapshot `t` for the writer thread; returns (staged, bytes it holds)."""
         if t.is_meta:
             return ("ready", empty_stats(), None, None), 0
@@ -483,7 +470,7 @@ class AsyncWriter(Writer):
     def _process(self, item: tuple) -> None:
         kind = item[0]
         if kind == "rec":
-            _, step, seq, meta, dtype, shape, numel, staged, share, shared = item
+            _, rec, staged = item
             release = staged[3] if staged[0] == "ready" else None
             if self._wfile is None:  # its step was dropped after an error
                 if release is not None:
@@ -492,11 +479,10 @@ class AsyncWriter(Writer):
             if staged[0] == "cuda":
                 _, done, host_packed, snap = staged
                 done.synchronize()
-                stats = decode_packed(host_packed.tolist(), element_bits(dtype))
+                stats = decode_packed(host_packed.tolist(), element_bits(rec.dtype))
             else:  # ("ready", statistics or None: from the snapshot, snapshot, its release)
                 _, stats, snap, _ = staged
-            row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
-                               release, share, shared)
+            row = self._record(self._wfile, rec, stats, snap, release)
             self._deliver(row)
         elif kind == "batch":
             if self._wfile is not None:  # else its step was dropped after an error
