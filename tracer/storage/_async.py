@@ -53,12 +53,8 @@ from tracer.storage._batcher import record_batch
 from tracer.storage._file_process import shared_file_process
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._format import RecordMeta, StepFile
-from tracer.storage._reuse import Staging, Within
-from tracer.storage._sampling import with_sketch
-from tracer.storage._snapshot import snapshot
-from tracer.storage._staging import Pending, needs_own_sketch, take_now
-from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                                   host_stats, kernel_available)
+from tracer.storage._staging import ThreadStager, take_now
+from tracer.storage._stats import decode_packed, element_bits, kernel_available
 from tracer.storage._writer import Writer
 
 _STOP = ("stop",)
@@ -141,10 +137,11 @@ class AsyncWriter(Writer):
         self._barriers: deque[Barrier] = deque()
         self._in_step = False
         self._step = -1
-        self._streams: dict[torch.device, Any] = {}
+        # records made in the writer thread: what it gets of them (tracer.storage._staging)
+        self._stager = ThreadStager(self._pool, keep_bytes=self.keep_bytes, sketch=self.sketch)
         self._kernel = kernel_available()
-        # step files' HDF5 part is written by a helper process (tracer.storage._file_process), one per
-        # training process, kept from writer to writer
+        # step files' HDF5 part is written by a helper process (tracer.storage._file_process),
+        # one per training process, kept from writer to writer
         self._file_process = shared_file_process(self.rank) if config.file_process else None
         if self._file_process is not None:
             self._file_process.start()
@@ -181,10 +178,9 @@ class AsyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            staging = self._stage(seq, meta, tensor, stable, version, stats)
-            if staging is None:  # a CUDA statistics record: a descriptor now, one launch a batch
+            rec = self._stage(seq, meta, tensor, stable, version, stats)
+            if rec is None:  # a CUDA statistics record: a descriptor now, one launch a batch
                 return
-            rec = Pending.of(self._step, seq, meta, tensor, staging)
             # made here (inline): records on CPU (or meta) with the kernel built, and records
             # whose statistics the caller computed; the writer thread gets their bytes in chunks
             inline = (stats is not None and not self.keep_bytes) or (
@@ -194,10 +190,10 @@ class AsyncWriter(Writer):
                 # snapshot, and the row is made here too, so the writer thread has nothing to
                 # do per record (a writer thread running Python per record makes the training
                 # thread wait for the GIL, up to the 5 ms switch interval each time)
-                stats, snap, release = take_now(tensor, staging, stats, self._pool)
+                stats, snap, release = take_now(tensor, rec, stats, self._pool)
                 row = self._record_tensor(self._rows, rec, tensor, stats, snap, release)
             else:
-                staged, nbytes, rec = self._staged(tensor, staging, stats, rec)
+                staged, nbytes, rec = self._stager.stage(tensor, rec, stats)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._fail_staging(e, meta)
             return
@@ -212,31 +208,6 @@ class AsyncWriter(Writer):
             self._rows.reserve(nbytes)
         # a floor per record keeps a statistics-only queue bounded too
         self._put(("rec", rec, staged), max(nbytes, _RECORD_FLOOR_BYTES))
-
-    def _staged(self, tensor: torch.Tensor, staging: Staging, stats: dict | None,
-                rec: Pending) -> tuple[tuple, int, Pending]:
-        """(what the writer thread gets to make the record, the bytes it holds, the record) for
-        a record that `staging` says needs the writer thread: its statistics, or a snapshot to
-        take them from, or nothing when it reuses a queued record's."""
-        if stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
-            if not staging.copy:  # they are queued already (`same_bytes`)
-                return ("ready", stats, None, None), 0, rec
-            snap, release = snapshot(tensor, self._pool)
-            return ("ready", stats, snap, release), snap.nbytes, rec
-        if not staging.measure:
-            if not (self.sketch and needs_own_sketch(tensor)):
-                # the same tensor (or bytes), unchanged, is already queued: no snapshot, and
-                # the writer thread takes the statistics (and byte range) that record leaves
-                # in `share`
-                return ("ready", None, None, None), 0, rec
-            # the same memory read in another order (a transpose): the statistics are the
-            # same, the sketch is not; a snapshot gives both (without the kernel only)
-            staged, nbytes = self._stage_snapshot(tensor)
-            return staged, nbytes, rec._replace(share=None)
-        if type(staging.shared) is Within:  # its bytes are queued already: statistics only
-            return ("ready", host_stats(tensor), None, None), 0, rec
-        staged, nbytes = self._stage_snapshot(tensor)
-        return staged, nbytes, rec
 
     def _batch_launched(self, batch: Any) -> None:
         """Hand a flushed batch (tracer.storage._batcher) to the writer thread, which waits for
@@ -369,42 +340,6 @@ class AsyncWriter(Writer):
     def queued_bytes(self) -> int:
         """Bytes staged and not yet written."""
         return self._queued
-
-    def _stage_snapshot(self, t: torch.Tensor) -> tuple[tuple, int]:
-        """Snapshot `t` for the writer thread; returns (staged, bytes it holds)."""
-        if t.is_meta:
-            return ("ready", empty_stats(), None, None), 0
-        if t.is_cuda:
-            return self._stage_cuda(t)
-        snap, release = snapshot(t, self._pool)  # CPU copy, or blocking from an accelerator
-        return ("ready", None, snap, release), snap.numel() * snap.element_size()
-
-    def _stage_cuda(self, t: torch.Tensor) -> tuple[tuple, int]:
-        device = t.device
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device=device)
-        packed = device_stats(t)  # on the current stream, no sync
-        if self.sketch:
-            packed = with_sketch(packed, t)
-        src = t.detach().resolve_conj().resolve_neg()
-        if self.keep_bytes:
-            src = src.contiguous()
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            host_packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            host_packed.copy_(packed, non_blocking=True)
-            snap = None
-            if self.keep_bytes:
-                snap = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-                snap.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
-        # the caching allocator must not hand these blocks out before the copies ran
-        packed.record_stream(stream)
-        src.record_stream(stream)
-        nbytes = snap.numel() * snap.element_size() if snap is not None else 0
-        return ("cuda", done, host_packed, snap), nbytes
 
     def _put(self, item: tuple, nbytes: int) -> None:
         with self._cond:

@@ -12,8 +12,8 @@ Three indexes of the step's records, kept by `ReuseIndex`:
 
 A record's holder, `[statistics or None, (data_offset, data_nbytes, strides) or None]`, is
 filled where the first record is written (`Writer._record`; the async writer's thread, in queue
-order), and read by the records that reuse it. Both writers plan each record here, the same way
-(`ReuseIndex.plan`), so both write the same files.
+order), and read by the records that reuse it. Both writers decide each record here, the same
+way (`ReuseIndex.decide`), so both write the same files.
 """
 from __future__ import annotations
 
@@ -101,35 +101,6 @@ class Within(NamedTuple):
     strides: str
     """this tensor's element strides over those bytes"""
 
-
-
-class Plan(NamedTuple):
-    """How one record reuses what the step holds (`ReuseIndex.plan`)."""
-
-    share: list | None
-    """the holder this record fills, or the one of the earlier record it reuses; None when the
-    record takes no part in reuse"""
-    shared: str | Within | None
-    """None: the record stores its own bytes (if any are kept). A string: it points at the
-    bytes of the record that filled `share`, read with these strides ("" for C order,
-    SAME_LAYOUT for the very same tensor). A `Within`: it points into an earlier record's bytes,
-    and takes its own statistics."""
-    skip: bool
-    """the record needs no snapshot and no statistics of its own"""
-
-
-class Staging(NamedTuple):
-    """What one record needs besides its row (`ReuseIndex.stage`): the same decision for the
-    sync and the async writer."""
-
-    share: list | None
-    """as `Plan.share`"""
-    shared: str | Within | None
-    """as `Plan.shared`"""
-    measure: bool
-    """the record needs statistics of its own (else it has them: the caller's, or the holder's)"""
-    copy: bool
-    """the record needs a snapshot of its bytes (tensor/full mode, stored nowhere yet)"""
 
 
 class ReuseIndex:
@@ -259,44 +230,51 @@ class ReuseIndex:
                                   "" if t.is_contiguous() else shape_str(strides))
         return None
 
-    def plan(self, t: torch.Tensor, stable: bool, version: int | None = None) -> Plan:
-        """(holder, shared, skip) for one record, the decision both writers make the same way:
-        `shared` is None, or, when the record points at an earlier record's bytes, its strides
-        over them ("" for C order), or a `Within` (its statistics are still to be taken, but
-        no snapshot); `skip` when it needs no snapshot and no statistics of its own (it reuses
-        them, and either shares bytes or stores none)."""
+    def plan(self, t: torch.Tensor, stable: bool, version: int | None = None
+             ) -> tuple[list | None, str | Within | None, bool]:
+        """(share, shared, skip) of one record (a plain tuple: this runs for every record).
+
+        `share`: the holder this record fills, or the one of the earlier record it reuses;
+        None when the record takes no part in reuse. `shared`: None when the record stores its
+        own bytes (if any are kept); a string when it points at the bytes of the record that
+        filled `share`, read with these strides ("" for C order, SAME_LAYOUT for the very same
+        tensor); a `Within` when it points into an earlier record's bytes and takes its own
+        statistics. `skip`: the record needs no snapshot and no statistics of its own."""
         if (same := self.take_same(t)) is not None:
             # a parameter snapshot without the kernel's statistics (`same_bytes`): the record
             # holding the parameter's memory has its statistics and bytes
-            return Plan(same[0], same[1], True)
+            return same[0], same[1], True
         holder, hit, kind, storage = self.lookup(t, stable, version)
         if not hit:
             # a strided slice, or a dense piece of a larger storage (x[i], x[:2], a chunk): its
             # elements may be stored already (a tensor owning all of its storage never is)
             if self._recent and (kind == "id" or (kind == "span" and _partial(t, storage))):
-                return Plan(holder, self._within(t, version, holder, storage), False)
-            return Plan(holder, None, False)
+                return holder, self._within(t, version, holder, storage), False
+            return holder, None, False
         if not self.keep_bytes:
-            return Plan(holder, None, True)
+            return holder, None, True
         if kind == "id":
-            return Plan(holder, SAME_LAYOUT, True)
+            return holder, SAME_LAYOUT, True
         # a span hit: contiguous, or (on CPU) a dense permutation of the span, which is stored
         # in memory order
-        return Plan(holder, span_strides(t), True)
+        return holder, span_strides(t), True
 
-    def stage(self, t: torch.Tensor, stable: bool, version: int | None, measured: bool
-              ) -> Staging:
-        """What one record needs, decided once for both writers (each then does it its way:
-        now, or in the async writer's thread). `measured`: the caller brings the record's
-        statistics (`Writer.add`'s `stats`); such a record reuses only the bytes `same_bytes`
-        pointed it at, and offers nothing for reuse."""
+    def decide(self, t: torch.Tensor, stable: bool, version: int | None, measured: bool
+               ) -> tuple[list | None, str | Within | None, bool, bool]:
+        """(share, shared, measure, copy): what one record needs, decided once for both writers
+        (each then does it its way: now, or in the async writer's thread). `share` and
+        `shared` as `plan` says; `measure`: it needs statistics of its own (else it has them:
+        the caller's, or the holder's); `copy`: it needs a snapshot of its bytes (tensor/full
+        mode, stored nowhere yet). `measured`: the caller brings the record's statistics
+        (`Writer.add`'s `stats`); such a record reuses only the bytes `same_bytes` pointed it
+        at, and offers nothing for reuse."""
         if measured:
             same = self.take_same(t)
             if same is not None:
-                return Staging(same[0], same[1], False, False)
-            return Staging(None, None, False, self.keep_bytes)
+                return same[0], same[1], False, False
+            return None, None, False, self.keep_bytes
         share, shared, skip = self.plan(t, stable, version)
         if skip:
-            return Staging(share, shared, False, False)
+            return share, shared, False, False
         # a `Within` has its bytes stored already: statistics only
-        return Staging(share, shared, True, self.keep_bytes and shared is None)
+        return share, shared, True, self.keep_bytes and shared is None

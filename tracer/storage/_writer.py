@@ -3,7 +3,7 @@
 The capture side (tracer._dumper) calls `begin_step`, `add(meta, tensor)` per record and
 `end_step`; it never knows which writer it has. `SyncWriter` does all work in the calling thread
 and a step file is complete when `end_step` returns; `AsyncWriter` (tracer.storage._async) only
-snapshots and enqueues. Both decide what a record needs the same way (`ReuseIndex.stage`,
+snapshots and enqueues. Both decide what a record needs the same way (`ReuseIndex.decide`,
 tracer.storage._reuse) and make its row in `Writer._record`, so both write the same content.
 
 Records of a step are buffered (rows in a list, tensor bytes in memory or spilled to a side file)
@@ -21,7 +21,7 @@ from tracer._errors import DumpWriteError, TracerError, warn
 from tracer.storage._batcher import make_deferred, record_batch
 from tracer.storage._format import RecordMeta, RecordRow, StepFile, root_attrs, step_path
 from tracer.storage._lock import claim_rank
-from tracer.storage._reuse import SAME_LAYOUT, ReuseIndex, Staging, Within
+from tracer.storage._reuse import SAME_LAYOUT, ReuseIndex, Within
 from tracer.storage._sampling import sketch_of
 from tracer.storage._snapshot import StagingPool, StoredBytes, stored_bytes
 from tracer.storage._staging import Pending, sketch_layout, take_now
@@ -165,15 +165,19 @@ class Writer:
         self._reuse.same_bytes(snapshot, source)
 
     def _stage(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
-               version: int | None, stats: dict | None) -> Staging | None:
-        """What `add`'s record needs (`ReuseIndex.stage`), or None when a CUDA statistics
-        batch took it (tracer.storage._batcher): the one decision both writers make."""
+               version: int | None, stats: dict | None) -> Pending | None:
+        """`add`'s record and what it needs (`ReuseIndex.decide`), or None when a CUDA
+        statistics batch took it (tracer.storage._batcher): the one decision both writers
+        make."""
         deferred = self._deferred
         if deferred is not None and stats is None and deferred.takes(tensor):
             self._batch_launched(deferred.add(self._reuse.plan, seq, meta, tensor, stable,
                                               version))
             return None
-        return self._reuse.stage(tensor, stable, version, stats is not None)
+        share, shared, measure, copy = self._reuse.decide(tensor, stable, version,
+                                                          stats is not None)
+        return Pending(self._step, seq, meta, tensor.dtype, tuple(tensor.shape), tensor.numel(),
+                       share, shared, measure, copy)
 
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
@@ -196,7 +200,7 @@ class Writer:
         `rec.shared` (not None): store no bytes, point at those of the record that filled
         `share`, read with these strides (see `ReuseIndex.plan`).
         """
-        share, shared = rec.share, rec.shared
+        step, seq, meta, dtype, shape, numel, share, shared, _, _ = rec  # one unpacking
         if stats is None and share is not None:
             stats = share[0]
         if stats is None:
@@ -235,14 +239,14 @@ class Writer:
                 release()
             if share is not None and share[1] is None:
                 share[1] = (offset, nbytes, strides)
-        row = RecordRow.make(rec.seq, rec.meta, dtype_name(rec.dtype), shape_str(rec.shape),
-                             rec.numel, stats, offset, nbytes, strides)
+        row = RecordRow.make(seq, meta, dtype_name(dtype), shape_str(shape), numel, stats,
+                             offset, nbytes, strides)
         file.add_row(row)
         if self.sketch and (sketch := stats.get("sketch")) is not None:
-            file.add_sketch(rec.seq, sketch)
+            file.add_sketch(seq, sketch)
         for sink in self.row_sinks:
-            sink(row, rec.step)
-        return row.as_dict(step=rec.step, rank=self.rank) if self.observers else None
+            sink(row, step)
+        return row.as_dict(step=step, rank=self.rank) if self.observers else None
 
     def _record_tensor(self, target: Any, rec: Pending, tensor: torch.Tensor,
                        stats: dict | None, snap: torch.Tensor | StoredBytes | None,
@@ -334,13 +338,12 @@ class SyncWriter(Writer):
     def _capture(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
                  version: int | None, stats: dict | None) -> dict | None:
         """`add`'s record: its statistics and bytes now (or an earlier record's, see
-        `ReuseIndex.stage`), its row in the step file."""
-        staging = self._stage(seq, meta, tensor, stable, version, stats)
-        if staging is None:  # in a batch, measured at its launch
+        `ReuseIndex.decide`), its row in the step file."""
+        rec = self._stage(seq, meta, tensor, stable, version, stats)
+        if rec is None:  # in a batch, measured at its launch
             return None
-        stats, snap, release = take_now(tensor, staging, stats, self._pool, self.sketch)
-        return self._record_tensor(self._file, Pending.of(self._step, seq, meta, tensor, staging),
-                                   tensor, stats, snap, release)
+        stats, snap, release = take_now(tensor, rec, stats, self._pool, self.sketch)
+        return self._record_tensor(self._file, rec, tensor, stats, snap, release)
 
     def add_hit(self, hit: dict) -> None:
         if self.enabled and self._file is not None:
