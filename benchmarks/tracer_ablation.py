@@ -9,8 +9,9 @@ one process, with torch's default threads unless `--threads` says otherwise:
   llama  a Hugging Face LlamaForCausalLM built from a config (vocab 8192, hidden 384, 6 layers,
          6 heads, 2 KV heads, intermediate 1024; batch 2 x 256 random token ids), AdamW
 
-Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/storage/_stats_kernel.c and
-_table.c, what an install without a C compiler lacks; it acts on CPU tensors), the Triton
+Devices (`DEVICES`): the C statistics kernel with its table packer
+(tracer/storage/_stats_kernel.c and _table.c, what an install without a C compiler lacks; it
+acts on CPU tensors), the Triton
 statistics kernels for CUDA tensors (tracer/storage/_cuda_stats.py; torch ops without them) and
 the helper file process of the async writer (tracer/storage/_file_process.py). `--device cuda` trains
 on the GPU, each step synchronized, and measures the devices that act there. Three more

@@ -356,7 +356,7 @@ class Dumper:
         dispatch mode; torch bumps its version counter only after the op returns, so the writer
         must not match its statistics to (or offer them for) another record at that version.
         `version`: the output of a view op in the dispatch mode, which shares its base's
-        version counter only after the mode returns: the base's version (`Writer.add_view`).
+        version counter only after the mode returns: the base's version (`Writer.add`).
         `stats`: statistics computed already (see `Writer.add`).
         """
         if self._busy or not self.capturing:

@@ -30,7 +30,8 @@ def _run(bench, capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.skipif(not _stats.kernel_available(), reason="the ablation of the kernel needs it built")
+@pytest.mark.skipif(not _stats.kernel_available(),
+                    reason="the ablation of the kernel needs it built")
 def test_smallest_run_reports_each_device_on_the_gpt_preset(capsys):
     bench = _load()
     out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "module_statistics",

@@ -150,7 +150,8 @@ def test_the_c_kernel_is_built_where_a_compiler_is():
     # checkout): without this, every statistics test above would quietly test only the numpy path
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the tracer runs on its numpy path")
-    assert kernel_available(), "tracer.storage._stats_kernel is missing: run bash scripts/install.sh"
+    assert kernel_available(), \
+        "tracer.storage._stats_kernel is missing: run bash scripts/install.sh"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -53,6 +53,7 @@ from tracer.storage._batcher import record_batch
 from tracer.storage._file_process import shared_file_process
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._format import RecordMeta, StepFile
+from tracer.storage._row_buffer import RowBuffer
 from tracer.storage._staging import ThreadStager, take_now
 from tracer.storage._stats import decode_packed, element_bits, kernel_available
 from tracer.storage._writer import Writer
@@ -64,59 +65,6 @@ _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor byte
 # one queue item (and one wake-up of the writer thread, which then takes the GIL) per chunk, not
 # per record (tiny preset, op tensor, same-process A/B: 4 MiB 4.51x, 16 MiB 4.26x)
 _BYTES_CHUNK = 16 << 20
-
-
-class _RowBuffer:
-    """Where `Writer._record` puts what it makes in the training thread: rows and sketches,
-    which reach the step file in one queue item when the step ends (StepFile orders rows by
-    `seq`), and tensor
-    bytes, handed to the writer thread in chunks of about `chunk` bytes (`take`). The training
-    thread assigns every record's offset in /tensors: `nbytes` also counts the bytes of records
-    the writer thread stores (`reserve`), which are queued after the chunks before them."""
-
-    def __init__(self, chunk: int) -> None:
-        self.chunk = chunk
-        self.rows: list[tuple] = []
-        self.sketches: list[tuple[int, Any]] = []
-        self.nbytes = 0  # offset of the step's next tensor bytes
-        self.pending: list[tuple[memoryview, Any]] = []  # (bytes, on_written) not handed over
-        self.pending_bytes = 0
-
-    def add_row(self, row: tuple) -> None:
-        self.rows.append(row)
-
-    def add_sketch(self, seq: int, sketch: Any) -> None:
-        self.sketches.append((seq, sketch))
-
-    def add_bytes(self, data: Any, on_written: Any = None) -> int:
-        view = memoryview(data).cast("B")
-        offset = self.nbytes
-        if view.nbytes:
-            self.pending.append((view, on_written))
-            self.pending_bytes += view.nbytes
-            self.nbytes += view.nbytes
-        elif on_written is not None:
-            on_written()
-        return offset
-
-    def reserve(self, nbytes: int) -> None:
-        """Count bytes that a record made in the writer thread stores."""
-        self.nbytes += nbytes
-
-    def take(self) -> tuple[tuple, int]:
-        """The pending bytes as a ("bytes", first offset, [(bytes, on_written)]) queue item and
-        their size (the caller checks that some are pending)."""
-        pending, size = self.pending, self.pending_bytes
-        self.pending, self.pending_bytes = [], 0
-        return ("bytes", self.nbytes - size, pending), size
-
-    def reset(self) -> None:
-        """Forget the step: rows dropped, pending bytes' buffers handed back."""
-        self.rows, self.sketches = [], []
-        for _, on_written in self.pending:
-            if on_written is not None:
-                on_written()
-        self.pending, self.pending_bytes, self.nbytes = [], 0, 0
 
 
 class AsyncWriter(Writer):
@@ -146,7 +94,7 @@ class AsyncWriter(Writer):
         if self._file_process is not None:
             self._file_process.start()
         # rows and bytes made in the training thread (see `add`)
-        self._rows = _RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
+        self._rows = RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1

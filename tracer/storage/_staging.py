@@ -68,8 +68,8 @@ def needs_own_sketch(t: torch.Tensor) -> bool:
 def _capture_now(t: torch.Tensor, keep_bytes: bool, pool: StagingPool, sketch: bool = False
                  ) -> tuple[dict | None, torch.Tensor | StoredBytes | None,
                             Callable[[], None] | None]:
-    """Sync path: statistics now, and a snapshot when bytes are kept (one host sync on CUDA);
-    on a device the `sketch` comes with the statistics (on CPU `Writer._record_tensor` takes it)."""
+    """Statistics now, and a snapshot when bytes are kept (one host sync on CUDA); on a device
+    the `sketch` comes with the statistics (on CPU `Writer._record_tensor` takes it)."""
     if t.is_meta:
         return empty_stats(), None, None
     if t.is_cpu:
@@ -111,8 +111,8 @@ class ThreadStager:
     def stage(self, tensor: torch.Tensor, rec: Pending, stats: dict | None
               ) -> tuple[tuple, int, Pending]:
         """(what the writer thread gets to make the record, the bytes it holds, the record) for
-        a record that needs the writer thread: its statistics, or a snapshot to
-        take them from, or nothing when it reuses a queued record's."""
+        a record that needs the writer thread: its statistics, or a snapshot to take them
+        from, or nothing when it reuses a queued record's."""
         if stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
             if not rec.copy:  # they are queued already (`same_bytes`)
                 return ("ready", stats, None, None), 0, rec
