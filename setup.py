@@ -3,9 +3,10 @@ tracer's optional compiled part, the one-pass statistics kernel.
 
 The .pth line imports `sleuth._autoattach`, which does nothing unless a SLEUTH_* variable asks
 for a tool; that is what lets `SLEUTH_DUMP_CONFIG=dump.json python train.py` trace a script
-nobody edited. `tracer.storage._fused` (tracer/storage/_fused.c, plain C with GCC/Clang vector
-extensions, and tracer/storage/_table.c, which packs the step files' tables) is `optional`: where no
-C compiler is there, or it fails, the install goes on and the tracer uses its numpy path. It needs
+nobody edited. `tracer.storage._stats_kernel` (tracer/storage/_stats_kernel.c, plain C with
+GCC/Clang vector extensions, and tracer/storage/_table.c, which packs the step files' tables) is
+`optional`: where no C compiler is there, or it fails, the install goes on and the tracer uses
+its numpy path. It needs
 neither torch nor a C++ compiler to build. Everything else about the build lives in pyproject.toml.
 """
 from pathlib import Path
@@ -35,11 +36,12 @@ class _BuildPyWithPth(build_py):
                 self.copy_file(str(example), str(docs / "examples" / example.name))
 
 
-_FUSED = Extension(
-    "tracer.storage._fused", ["tracer/storage/_fused.c", "tracer/storage/_table.c"], optional=True,
+_STATS_KERNEL = Extension(
+    "tracer.storage._stats_kernel", ["tracer/storage/_stats_kernel.c", "tracer/storage/_table.c"],
+    optional=True,
     # no FMA contraction: the sums must not depend on which CPU built the kernel
     extra_compile_args=["-O3", "-ffp-contract=off", "-Wno-psabi"],
 )
 
 
-setup(cmdclass={"build_py": _BuildPyWithPth}, ext_modules=[_FUSED])
+setup(cmdclass={"build_py": _BuildPyWithPth}, ext_modules=[_STATS_KERNEL])

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not tracer.storage._stats.fused_available():
+    if not tracer.storage._stats.kernel_available():
         print(json.dumps({"benchmark": "record_cost", "skipped": "the C kernel is not built"}))
         return 0
     work = Path(tempfile.mkdtemp(prefix="sleuth_record_cost_"))

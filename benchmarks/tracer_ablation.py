@@ -9,8 +9,9 @@ one process, with torch's default threads unless `--threads` says otherwise:
   llama  a Hugging Face LlamaForCausalLM built from a config (vocab 8192, hidden 384, 6 layers,
          6 heads, 2 KV heads, intermediate 1024; batch 2 x 256 random token ids), AdamW
 
-Devices (`DEVICES`): the C statistics kernel with its table packer (tracer/storage/_fused.c and
-_table.c, what an install without a C compiler lacks; it acts on CPU tensors), the Triton
+Devices (`DEVICES`): the C statistics kernel with its table packer
+(tracer/storage/_stats_kernel.c and _table.c, what an install without a C compiler lacks; it
+acts on CPU tensors), the Triton
 statistics kernels for CUDA tensors (tracer/storage/_cuda_stats.py; torch ops without them) and
 the helper file process of the async writer (tracer/storage/_file_process.py). `--device cuda` trains
 on the GPU, each step synchronized, and measures the devices that act there. Three more
@@ -148,17 +149,17 @@ class switched:
         self.off = off
 
     def __enter__(self) -> None:
-        self.saved = (_stats._fused, _format._pack_rows, _cuda_stats._kernels,
+        self.saved = (_stats._kernel, _format._pack_rows, _cuda_stats._kernels,
                       ParamRecords._snapshot)
         if "c_kernel" in self.off:
-            _stats._fused, _format._pack_rows = None, None
+            _stats._kernel, _format._pack_rows = None, None
         if "triton_stats" in self.off:
             _cuda_stats._kernels = False
         if "update_record" in self.off:
             ParamRecords._snapshot = _no_snapshot
 
     def __exit__(self, *exc) -> None:
-        (_stats._fused, _format._pack_rows, _cuda_stats._kernels,
+        (_stats._kernel, _format._pack_rows, _cuda_stats._kernels,
          ParamRecords._snapshot) = self.saved
 
 
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "tracer_ablation", "device": args.device,
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "rounds": args.rounds, "steps_per_block": args.steps,
-        "c_kernel_built": _stats._fused is not None, "not_measured": absent,
+        "c_kernel_built": _stats._kernel is not None, "not_measured": absent,
         "workloads": {}, "overhead": {}, "devices": {}, "features": {}}
     work = Path(tempfile.mkdtemp(prefix="sleuth_ablation_"))
     # (workload, condition) -> arm -> per-round (median, sustained) ratios to its reference

@@ -16,7 +16,7 @@ torch.cuda.is_available())" 2>&1 | tee "$out/versions.txt"
 if ! python3 setup.py -q build_ext --inplace > "$out/build.log" 2>&1; then
     echo "build failed (the tests run on what was built): $out/build.log"
 fi
-python3 -c "import torch, tracer.storage._fused; print('statistics kernel built')" 2>&1 \
+python3 -c "import torch, tracer.storage._stats_kernel; print('statistics kernel built')" 2>&1 \
     | tee -a "$out/versions.txt"
 # each step has its own timeout; the whole stays within 10 minutes
 timeout 150 python3 -m pytest -q -m cuda -p no:cacheprovider tests/tracer tests/profiler \

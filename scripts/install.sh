@@ -33,12 +33,12 @@ extra=""; [ "$want_test" = 1 ] && extra="[test]"
 # import the packages from here): the one pip just built, else built here; optional, as in the
 # package (without a C compiler the tracer uses its numpy path).
 installed=$(cd / && "$py" -c "import os, tracer; print(os.path.dirname(tracer.__file__))")
-found=$(ls "$installed"/storage/_fused.*.so 2>/dev/null | head -1 || true)
+found=$(ls "$installed"/storage/_stats_kernel.*.so 2>/dev/null | head -1 || true)
 if [ -n "$found" ] && [ "$installed" != "$PWD/tracer" ]; then
   cp -f "$found" tracer/storage/
 fi
-if ! ls tracer/storage/_fused.*.so >/dev/null 2>&1; then
+if ! ls tracer/storage/_stats_kernel.*.so >/dev/null 2>&1; then
   "$py" setup.py -q build_ext --inplace >/dev/null 2>&1 \
-    || echo "note: the tracer's statistics kernel (tracer/storage/_fused.c) did not build" \
+    || echo "note: the tracer's statistics kernel (tracer/storage/_stats_kernel.c) did not build" \
             "here; the tracer uses its numpy path" >&2
 fi

@@ -95,7 +95,7 @@ def _human(n: int) -> str:
 def _ls(args: argparse.Namespace) -> int:
     import json
 
-    from tracer.analysis import file_rows
+    from tracer.storage import file_rows
 
     d = _open(args.path)
     rows = sorted(file_rows(d), key=lambda r: (r["rank"] is None, r["rank"] or 0,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tracer.storage._stats import fused_available
+from tracer.storage._stats import kernel_available
 from tracer.storage._writer import SyncWriter
 
 
@@ -24,7 +24,7 @@ def _load():
     return module
 
 
-@pytest.mark.skipif(not fused_available(), reason="the benchmark times the kernel's records")
+@pytest.mark.skipif(not kernel_available(), reason="the benchmark times the kernel's records")
 def test_both_writers_are_timed(tmp_path):
     bench = _load()
     real_add = SyncWriter.add

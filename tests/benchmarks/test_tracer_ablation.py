@@ -30,7 +30,8 @@ def _run(bench, capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.skipif(not _stats.fused_available(), reason="the ablation of the kernel needs it built")
+@pytest.mark.skipif(not _stats.kernel_available(),
+                    reason="the ablation of the kernel needs it built")
 def test_smallest_run_reports_each_device_on_the_gpt_preset(capsys):
     bench = _load()
     out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "module_statistics",
@@ -68,13 +69,13 @@ def test_a_device_that_acts_only_on_another_device_is_named_not_measured(capsys)
 
 def test_switches_turn_devices_off_and_restore_them():
     bench = _load()
-    before = (_stats._fused, bench._format._pack_rows)
+    before = (_stats._kernel, bench._format._pack_rows)
     with bench.switched(frozenset({"c_kernel"})):
-        assert _stats._fused is None and bench._format._pack_rows is None
-    assert (_stats._fused, bench._format._pack_rows) == before
+        assert _stats._kernel is None and bench._format._pack_rows is None
+    assert (_stats._kernel, bench._format._pack_rows) == before
     kernels = bench._cuda_stats._kernels
     with bench.switched(frozenset({"triton_stats"})):
-        assert bench._cuda_stats._kernels is False and _stats._fused is before[0]
+        assert bench._cuda_stats._kernels is False and _stats._kernel is before[0]
     assert bench._cuda_stats._kernels is kernels
     assert bench.ARMS["no_file_process"] == (frozenset(), {"file_process": False})
 

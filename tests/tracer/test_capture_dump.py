@@ -54,7 +54,7 @@ def test_parameter_records_match_the_tensors_they_describe(tmp_path, writer, mon
     on CPU) are exactly the statistics of the tensors, and the stored update is exactly the
     parameter after the step minus the one before."""
     import tracer._dumper as dumper_module
-    from tracer.storage._stats import STAT_FIELDS, fused_available, host_stats
+    from tracer.storage._stats import STAT_FIELDS, kernel_available, host_stats
 
     fused = []
     for name in ("copy_stats", "difference_stats"):
@@ -85,7 +85,7 @@ def test_parameter_records_match_the_tensors_they_describe(tmp_path, writer, mon
     before = kept.tensor_torch(0, 0, "fc1.weight.optimizer.0.param.0")
     update = kept.tensor_torch(0, 0, "fc1.weight.optimizer.0.update.0")
     assert torch.equal(update, after - before)
-    assert fused and all(fused) == fused_available()  # the fused path ran where it exists
+    assert fused and all(fused) == kernel_available()  # the fused path ran where it exists
 
 
 def test_bf16_autocast_round_trips_bit_exactly(tmp_path):

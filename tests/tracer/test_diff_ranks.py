@@ -145,18 +145,18 @@ def test_workers_that_keep_dying_are_one_clear_error(tmp_path):
 def test_each_rank_task_reads_its_own_rank(pair, monkeypatch):
     """A task opens its rank's folder, never the other ranks' files (n ranks must not cost n^2
     file opens), and a step missing on one rank is still named with its full path."""
-    from tracer.storage import _reader
+    from tracer.storage import _scan
 
     a, b = pair
     (b / "dump" / "rank1" / "step3.h5").unlink()
     opened: list[str] = []
-    real = _reader._probe
+    real = _scan._probe
 
     def probe(path, rank, step):
         opened.append(str(path))
         return real(path, rank, step)
 
-    monkeypatch.setattr(_reader, "_probe", probe)
+    monkeypatch.setattr(_scan, "_probe", probe)
     from tracer.analysis._ranks import diff_one_rank
 
     res = diff_one_rank(2, str(a), str(b), None, tracer.Tolerance(), False)

@@ -116,7 +116,7 @@ def _subpackage(module: str) -> str | None:
 def test_the_import_graph_is_read():
     graph = _graph()
     # a few edges the layout rests on, so that an unread import cannot pass the tests below
-    assert "tracer.storage._reader" in graph["tracer.analysis._diff"]
+    assert "tracer.storage._tensor_reader" in graph["tracer.analysis._diff"]
     assert "tracer.capture._module_hooks" in graph["tracer._dumper"]
     assert "tracer._watch_config" in graph["tracer._config"]
     assert "tracer.storage._watch_observer" in graph["tracer.analysis._check"]
@@ -238,3 +238,34 @@ def test_architecture_lists_every_tracer_module():
     missing = [str(p.relative_to(TRACER)) for p in sorted(TRACER.rglob("*.py"))
                if p.name != "__init__.py" and p.name not in text]
     assert missing == []
+
+
+def _h5_opens(tree: ast.AST) -> list[int]:
+    """Lines that open an HDF5 file for reading: `open_h5(...)` or `h5py.File(...)` without a
+    writing mode."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        mode = node.args[1] if len(node.args) > 1 else next(
+            (k.value for k in node.keywords if k.arg == "mode"), None)
+        writes = isinstance(mode, ast.Constant) and mode.value in ("w", "a", "x", "w-", "r+")
+        if name == "open_h5" or (name == "File" and isinstance(func, ast.Attribute)
+                                 and getattr(func.value, "id", "") == "h5py" and not writes):
+            found.append(node.lineno)
+    return found
+
+
+def test_only_storage_reads_step_files():
+    """One reader of the step file: outside tracer/storage/ no tracer or dashboard module opens
+    an HDF5 file to read it (the diff reads tensor bytes through storage's TensorReader, `dump
+    ls` lists files through storage's file_rows)."""
+    offenders = []
+    paths = [p for p in sorted(TRACER.rglob("*.py")) if "storage" not in p.parts]
+    paths += sorted((ROOT / "dashboard").rglob("*.py"))
+    for path in paths:
+        for line in _h5_opens(ast.parse(path.read_text())):
+            offenders.append(f"{path.relative_to(ROOT)}:{line}")
+    assert offenders == []

@@ -13,7 +13,7 @@ import torch
 
 from tracer._config import DumpConfig
 from tracer._errors import DumpFormatError, RecordNotFoundError
-from tracer.storage._reader import decode_bits, open_dump
+from tracer.storage import decode_bits, open_dump
 from tracer.storage import RecordMeta, make_writer
 
 REPO = Path(__file__).resolve().parents[2]

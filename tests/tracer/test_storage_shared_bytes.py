@@ -168,7 +168,7 @@ def test_op_dump_with_shared_bytes_reads_back_exactly(tmp_path, writer, kernel, 
     if kernel == "off":  # as an install without a C compiler
         import tracer.storage._stats as stats_module
 
-        monkeypatch.setattr(stats_module, "_fused", None)
+        monkeypatch.setattr(stats_module, "_kernel", None)
     refs = dump_model(tmp_path, writer, monkeypatch)
     d = open_dump(tmp_path)
     step = d.steps(0)[0]

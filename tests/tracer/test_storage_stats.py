@@ -9,7 +9,7 @@ import torch
 
 import shutil
 
-from tracer.storage._stats import (decode_packed, device_stats, element_bits, fused_available,
+from tracer.storage._stats import (decode_packed, device_stats, element_bits, kernel_available,
                                    host_stats, numpy_host_stats)
 
 INF, NAN = math.inf, math.nan
@@ -146,11 +146,12 @@ def test_float32_overflowing_sum_is_redone_wide():
 
 
 def test_the_c_kernel_is_built_where_a_compiler_is():
-    # the install builds tracer/storage/_fused.c (setup.py; install.sh also in place for the
+    # the install builds tracer/storage/_stats_kernel.c (setup.py; install.sh also in place for the
     # checkout): without this, every statistics test above would quietly test only the numpy path
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the tracer runs on its numpy path")
-    assert fused_available(), "tracer.storage._fused is missing: run bash scripts/install.sh"
+    assert kernel_available(), \
+        "tracer.storage._stats_kernel is missing: run bash scripts/install.sh"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -197,7 +198,7 @@ def test_integer_kernel_agrees_with_the_numpy_path(dtype):
             assert fast[k] == slow[k], (k, fast[k], slow[k], dtype, t.numel())
         for k in ("mean", "norm"):
             assert math.isclose(fast[k], slow[k], rel_tol=1e-12), (k, fast[k], slow[k])
-    if fused_available():  # the kernel, not the numpy path, took them
+    if kernel_available():  # the kernel, not the numpy path, took them
         from tracer.storage import _stats
 
         assert _stats._STATS_CODES[dtype] >= 3
@@ -269,8 +270,8 @@ def count_statistics(monkeypatch) -> list:
     from tracer.storage import _stats
 
     calls: list = []
-    if fused_available():
-        kernel = _stats._fused
+    if kernel_available():
+        kernel = _stats._kernel
 
         class Counting:
             def __getattr__(self, name):
@@ -285,7 +286,7 @@ def count_statistics(monkeypatch) -> list:
                 return kernel.strided_stats(*args)
 
         counting = Counting()
-        monkeypatch.setattr(_stats, "_fused", counting)
+        monkeypatch.setattr(_stats, "_kernel", counting)
         monkeypatch.setattr(_stats, "_strided", counting.strided_stats)
     else:
         real = writer_module.host_stats
@@ -299,7 +300,6 @@ def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     from tracer._config import DumpConfig
     from tracer.storage import RecordMeta, make_writer
 
-
     calls = count_statistics(monkeypatch)
     rows = []
     w = make_writer(DumpConfig(path=str(tmp_path), mode="statistics"), rank=0, world_size=1)
@@ -312,7 +312,7 @@ def test_writer_reuses_statistics_of_an_unchanged_tensor(tmp_path, monkeypatch):
     w.add(m._replace(name="c"), t.clone())    # another tensor: computed
     t.mul_(2)
     w.add(m._replace(name="d"), t)            # changed in place: computed again
-    w.add_unstable(m._replace(name="e"), t)   # an in-place op's tensor: never reused
+    w.add(m._replace(name="e"), t, stable=False)  # an in-place op's tensor: never reused
     x = torch.randn(30, 20)
     w.add(m._replace(name="f"), x)
     w.add(m._replace(name="g"), x.t())        # a view over the same span: reused
@@ -357,15 +357,50 @@ def test_view_outputs_take_their_base_version(tmp_path, monkeypatch):
 
     first = mode_view()
     assert first._version != base._version
-    w.add_view(m._replace(name="b"), first, base._version)  # reused
+    w.add(m._replace(name="b"), first, version=base._version)  # reused
     base.mul_(3.0)  # outside any mode: nothing tells the writer
     second = mode_view()  # its own counter again
-    w.add_view(m._replace(name="c"), second, base._version)  # new values: computed
+    w.add(m._replace(name="c"), second, version=base._version)  # new values: computed
     w.end_step()
     w.close()
     assert len(calls) == 2
     assert rows[1]["max"] == rows[0]["max"] and rows[2]["max"] == float(base.max())
     assert rows[2]["max"] != rows[0]["max"]
+
+
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_in_place_and_view_records_made_through_the_dumper(tmp_path, writer):
+    """What the two tests above hand the writer directly, made by the Dumper's op capture: an
+    in-place op's tensors come unstable (never matched to an earlier record at the version they
+    had), a view's output with its base's version. Each record holds its own values, and the
+    view of the unchanged result reuses that record's statistics."""
+    import tracer
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.fc(x)
+            y.mul_(2)  # in place: input before, output after
+            return y.t().sum()  # a view of the changed tensor
+
+    torch.manual_seed(0)
+    model = Model()
+    x = torch.randn(3, 4)
+    with tracer.Dumper(model, {"level": "op", "mode": "statistics", "params": False,
+                               "writer": writer, "path": str(tmp_path)}) as d:
+        model(x)
+        d.step()
+    rows = tracer.open_dump(tmp_path).stats(0, 0).set_index("name")
+    y = model.fc(x).detach()
+    mul_in, mul_out = rows.loc["<root>::aten.mul_.forward.0.input.0"], \
+        rows.loc["<root>::aten.mul_.forward.0.output.0"]
+    view = rows.loc["<root>::aten.t.forward.0.output.0"]
+    assert mul_in["max"] == pytest.approx(float(y.max()))
+    assert mul_out["max"] == pytest.approx(float((2 * y).max()))
+    assert view["max"] == mul_out["max"] and view["checksum"] == mul_out["checksum"]
 
 
 def test_op_level_transpose_of_a_weight_reuses_its_statistics(tmp_path, monkeypatch):
@@ -386,7 +421,7 @@ def test_op_level_transpose_of_a_weight_reuses_its_statistics(tmp_path, monkeypa
 def test_large_tensors_over_many_chunks(dtype):
     """Tensors of many 64K-element chunks (and a partial last one) agree with the reference;
     a NaN in one chunk makes the statistics NaN."""
-    if not fused_available():
+    if not kernel_available():
         pytest.skip("no C kernel")
     g = torch.Generator().manual_seed(5)
     for n in (1 << 18, (1 << 18) + 12345, 3_000_001):
@@ -404,7 +439,7 @@ def test_fused_copy_gives_the_copy_and_its_statistics(dtype):
     -0.0 and sizes around the vector, run and chunk boundaries."""
     import tracer.storage._stats as stats_module
 
-    if not fused_available():
+    if not kernel_available():
         pytest.skip("no C kernel")
     g = torch.Generator().manual_seed(7)
     for n in (1, 15, 17, 513, 65537, 300_001):
@@ -423,7 +458,7 @@ def test_fused_difference_equals_the_statistics_of_the_subtraction():
     (into a third tensor, or over b as the Dumper does) or only measured."""
     import tracer.storage._stats as stats_module
 
-    if not fused_available():
+    if not kernel_available():
         pytest.skip("no C kernel")
     g = torch.Generator().manual_seed(8)
     for n in (1, 9, 4097, 65536 * 3 + 5, 400_000):
@@ -448,7 +483,7 @@ def test_copy_into_a_buffer_checks_its_size_and_that_it_is_writable():
 
     import tracer.storage._stats as stats_module
 
-    if not fused_available():
+    if not kernel_available():
         pytest.skip("no C kernel")
     src = torch.randn(1000)
     dst = np.zeros(4000, dtype=np.uint8)
@@ -490,7 +525,7 @@ def test_snapshot_takes_statistics_in_the_copy(dtype):
     copied in memory order), its statistics are exactly host_stats of the snapshot where the
     kernel copies the dtype, and None (measured later) where it does not; pooled buffers too."""
     from tracer.storage._stats import shape_str
-    from tracer.storage._writer import StagingPool, StoredBytes, snapshot_stats
+    from tracer.storage._snapshot import StagingPool, StoredBytes, snapshot_stats
 
     g = torch.Generator().manual_seed(9)
     base = (torch.randn(300, 257, generator=g) * 50).to(dtype)
@@ -500,7 +535,7 @@ def test_snapshot_takes_statistics_in_the_copy(dtype):
     # contiguous, a transpose (a dense span), a small slice, a slice that is not a dense span
     for t, dense in ((base, True), (base.t(), True), (base[:1, :5], True), (base[:, 1:], False)):
         snap, release, stats = snapshot_stats(t, pool)
-        if fused_available() and dtype != torch.int64 and dense:
+        if kernel_available() and dtype != torch.int64 and dense:
             # already in its stored form: the bytes in memory order and the strides
             assert isinstance(snap, StoredBytes)
             assert snap.strides == ("" if t.is_contiguous() else shape_str(t.stride()))
@@ -549,14 +584,14 @@ def test_strided_statistics_are_the_contiguous_copys_to_the_bit(dtype):
     size-1 dims, several chunks and NaN/Inf."""
     from tracer.storage import _stats
 
-    if not fused_available():
+    if not kernel_available():
         pytest.skip("the C kernel is not built")
     code = _stats._STATS_CODES[dtype]
     for t in _strided_cases(dtype):
         assert not t.is_contiguous()
         copy = t.contiguous()
-        want = _stats._fused.stats(copy.data_ptr(), copy.numel(), code)
-        got = _stats._fused.strided_stats(t.data_ptr(), t.numel(), code, list(t.shape),
+        want = _stats._kernel.stats(copy.data_ptr(), copy.numel(), code)
+        got = _stats._kernel.strided_stats(t.data_ptr(), t.numel(), code, list(t.shape),
                                           list(t.stride()))
         assert [str(x) for x in got] == [str(x) for x in want], (tuple(t.shape), t.stride())
         # the writers' host_stats takes that pass for such a tensor: the same dict as the copy's
@@ -566,15 +601,15 @@ def test_strided_statistics_are_the_contiguous_copys_to_the_bit(dtype):
 def test_strided_statistics_refuse_bad_arguments():
     from tracer.storage import _stats
 
-    if not fused_available():
+    if not kernel_available():
         pytest.skip("the C kernel is not built")
     t = torch.randn(4, 6)[:, ::2]
     with pytest.raises(ValueError, match="float code"):
-        _stats._fused.strided_stats(t.data_ptr(), 13, 0, [4, 3], [6, 2])  # count != product
+        _stats._kernel.strided_stats(t.data_ptr(), 13, 0, [4, 3], [6, 2])  # count != product
     with pytest.raises(ValueError, match="float code"):
-        _stats._fused.strided_stats(t.data_ptr(), 12, 3, [4, 3], [6, 2])  # an integer code
+        _stats._kernel.strided_stats(t.data_ptr(), 12, 3, [4, 3], [6, 2])  # an integer code
     with pytest.raises(ValueError, match="one length"):
-        _stats._fused.strided_stats(t.data_ptr(), 12, 0, [4, 3], [6])
+        _stats._kernel.strided_stats(t.data_ptr(), 12, 0, [4, 3], [6])
 
 
 @pytest.mark.cuda

@@ -205,7 +205,7 @@ def test_bytes_from_both_threads_land_where_their_rows_say(tmp_path):
 
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="tensor",
                                async_max_queued_mb=1), rank=0, world_size=1)
-    w._fused = False
+    w._kernel = False
     items = {f"m{i}": torch.full((40_000 + i,), float(i)) for i in range(12)}
     items["strided"] = torch.arange(12.0).reshape(3, 4).t()
     w.begin_step(0)

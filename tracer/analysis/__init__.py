@@ -36,7 +36,6 @@ _EXPORTS: dict[str, str] = {
     "check": "tracer.analysis._check",
     "check_ranks": "tracer.analysis._check_ranks",
     "describe_origin": "tracer.analysis._check",
-    "file_rows": "tracer.analysis._check",
     "find_first_nan": "tracer.analysis._check",
     "first_nan_origin": "tracer.analysis._check",
     # numeric headroom and its trend over steps

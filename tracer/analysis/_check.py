@@ -21,13 +21,12 @@ from tracer.analysis._patterns import stored_matches
 # read_flight_recorder: a crashed run's last steps, offered by tracer.analysis beside check
 # (docs/diff.md names it there); the file is storage's to write and read
 from tracer.storage import Watcher, read_flight_recorder  # noqa: F401
+from tracer.storage import READ_ERRORS, UNREAD_STATES, step_status
 
 HIT_COLUMNS = ("rank", "step", "seq", "name", "module", "op", "phase", "direction", "source",
                "condition", "value", "origin")
-TABLE_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError,
-                     RuntimeError)
-"""What a damaged HDF5 file raises while its tables are read: the reader's own error for a table
-it recognises as damaged, and h5py's for metadata that does not read."""
+TABLE_READ_ERRORS = READ_ERRORS
+"""What a damaged HDF5 file raises while its tables are read (storage's `READ_ERRORS`)."""
 
 
 @dataclass
@@ -80,35 +79,13 @@ class Coverage:
         return 0, "clean"
 
 
-def step_status(attrs: dict[str, Any]) -> tuple[str, str]:
-    """(status, reason) of a step file: its `status` and `status_reason` attributes; files
-    without them are "complete", or "interrupted" when `complete` is 0."""
-    status = attrs.get("status")
-    if isinstance(status, bytes):
-        status = status.decode("utf-8", "replace")
-    if status:
-        reason = attrs.get("status_reason") or ""
-        if isinstance(reason, bytes):
-            reason = reason.decode("utf-8", "replace")
-        return str(status), str(reason)
-    if not int(attrs.get("complete", 1)):
-        return "interrupted", "closed before the step ended"
-    return "complete", ""
-
-
-_UNREAD_STATES = ("partial_only", "truncated", "unreadable", "other_run", "empty")
-"""FileStates (the reader's classification) whose data a check could not read. Not among them:
-"partial", a leftover beside the step's complete file, which is read instead; "interrupted",
-which is read and named apart."""
-
-
 def _unread(dump: Any, rank: int | None, step: int | None) -> list[dict]:
     """{path, rank, step, state, reason} of each file (or empty rank folder) of the selection
     that could not be read; rank None where no rank folder names it, step None where no file
     does (an empty rank folder)."""
     out = []
     for st in getattr(dump, "file_states", []):
-        if st.state not in _UNREAD_STATES:
+        if st.state not in UNREAD_STATES:
             continue
         r = None if st.rank is None or st.rank < 0 else st.rank
         if (rank is None or r in (rank, None)) and (step is None or st.step in (step, None)):
@@ -119,8 +96,6 @@ def _unread(dump: Any, rank: int | None, step: int | None) -> list[dict]:
 
 def _selected(dump: Any, rank: int | None, step: int | None,
               unread: list[dict] = ()) -> list[tuple[int, int]]:
-    from tracer._errors import DumpFormatError
-
     ranks = dump.ranks if rank is None else [rank]
     out = []
     for r in ranks:
@@ -162,46 +137,6 @@ def read_steps(dump: Any, coverage: Coverage, *, rank: int | None = None,
                                          "reason": reason})
         coverage.read += 1
         yield r, s, df, attrs
-
-
-def file_rows(dump: Any) -> list[dict[str, Any]]:
-    """One row per step file of a dump, unread ones included: rank, step, records,
-    tensor_bytes, file_bytes, status ("complete", "interrupted", "damaged", "partial",
-    "unreadable", or "empty" for a rank folder without a step file), reason, path; rank and
-    step as the reader's FileStates give them (None where the path does not name one). Each /records table is read, so damage shows here."""
-    from tracer.storage import Dump
-
-    rows = []
-    for r in dump.ranks:
-        for s in dump.steps(r):
-            path = dump.path(r, s)
-            row = {"rank": r, "step": s, "records": None, "tensor_bytes": None,
-                   "file_bytes": path.stat().st_size, "status": "complete", "reason": "",
-                   "path": str(path)}
-            try:
-                with Dump({(r, s): path}, [], path) as one:  # one file: its errors alone
-                    row.update(one.summary().iloc[0].to_dict())
-                    row["status"], row["reason"] = step_status(one.attrs(r, s))
-                    one.stats(r, s)
-            except TABLE_READ_ERRORS as e:
-                row["status"], row["reason"] = "damaged", f"{type(e).__name__}: {e}"
-            row.pop("complete", None)
-            rows.append(row)
-    for st in getattr(dump, "file_states", []):
-        if st.state not in _UNREAD_STATES and st.state != "partial":
-            continue
-        empty = st.state == "empty"
-        try:
-            size = None if empty else os.path.getsize(st.path)
-        except OSError:
-            size = None
-        status = ("partial" if st.state in ("partial", "partial_only") else
-                  "empty" if empty else "unreadable")
-        rows.append({"rank": None if st.rank is None or st.rank < 0 else st.rank,
-                     "step": st.step, "records": None, "tensor_bytes": None,
-                     "file_bytes": size, "status": status, "reason": st.reason,
-                     "path": st.path})
-    return rows
 
 
 def _configured_watch(attrs: dict[str, Any], source: str) -> list[WatchConfig]:

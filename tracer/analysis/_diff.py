@@ -23,12 +23,12 @@ from tracer.analysis._changed import changes, kind, mark_fed
 from tracer.analysis._compare import Tolerance, compare_sketch, compare_stats, nonfinite_differ
 from tracer.analysis._diff_plan import (EXIT_OF_STATE, DiffError, Plan, Problem, Side, open_side,
                                         plan)
-from tracer.analysis._diff_bytes import READ_ERRORS, ReadError, TensorReader, compare_tensor
+from tracer.analysis._diff_bytes import compare_tensor
 from tracer.analysis._fused import combine, compare_fused, is_combined
 from tracer.analysis._map_file import (UNVOUCHED_NOTE, ModuleMap, same_op_modules,
                                        set_aside, unmatched_pair, vouched)
 from tracer.analysis._origin import param_name
-from tracer.storage import op_capture_of
+from tracer.storage import READ_ERRORS, ReadError, TensorReader, op_capture_of
 
 CHUNK_ELEMENTS = 1 << 22  # 16 MiB of float32 per side per read
 _METRICS = ("error", "cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",

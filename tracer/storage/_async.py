@@ -51,13 +51,12 @@ from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._batcher import record_batch
 from tracer.storage._file_process import shared_file_process
-from tracer.storage._format import StepFile
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
-from tracer.storage._sampling import with_sketch
-from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                                   fused_available, host_stats)
-from tracer.storage._writer import (RecordMeta, Within, Writer, needs_own_sketch, snapshot,
-                                    snapshot_bytes, snapshot_stats)
+from tracer.storage._format import RecordMeta, StepFile
+from tracer.storage._row_buffer import RowBuffer
+from tracer.storage._staging import ThreadStager, take_now
+from tracer.storage._stats import decode_packed, element_bits, kernel_available
+from tracer.storage._writer import Writer
 
 _STOP = ("stop",)
 
@@ -66,59 +65,6 @@ _RECORD_FLOOR_BYTES = 1024  # what a queued record costs besides its tensor byte
 # one queue item (and one wake-up of the writer thread, which then takes the GIL) per chunk, not
 # per record (tiny preset, op tensor, same-process A/B: 4 MiB 4.51x, 16 MiB 4.26x)
 _BYTES_CHUNK = 16 << 20
-
-
-class _RowBuffer:
-    """Where `Writer._record` puts what it makes in the training thread: rows and sketches,
-    which reach the step file in one queue item when the step ends (StepFile orders rows by
-    `seq`), and tensor
-    bytes, handed to the writer thread in chunks of about `chunk` bytes (`take`). The training
-    thread assigns every record's offset in /tensors: `nbytes` also counts the bytes of records
-    the writer thread stores (`reserve`), which are queued after the chunks before them."""
-
-    def __init__(self, chunk: int) -> None:
-        self.chunk = chunk
-        self.rows: list[tuple] = []
-        self.sketches: list[tuple[int, Any]] = []
-        self.nbytes = 0  # offset of the step's next tensor bytes
-        self.pending: list[tuple[memoryview, Any]] = []  # (bytes, on_written) not handed over
-        self.pending_bytes = 0
-
-    def add_row(self, row: tuple) -> None:
-        self.rows.append(row)
-
-    def add_sketch(self, seq: int, sketch: Any) -> None:
-        self.sketches.append((seq, sketch))
-
-    def add_bytes(self, data: Any, on_written: Any = None) -> int:
-        view = memoryview(data).cast("B")
-        offset = self.nbytes
-        if view.nbytes:
-            self.pending.append((view, on_written))
-            self.pending_bytes += view.nbytes
-            self.nbytes += view.nbytes
-        elif on_written is not None:
-            on_written()
-        return offset
-
-    def reserve(self, nbytes: int) -> None:
-        """Count bytes that a record made in the writer thread stores."""
-        self.nbytes += nbytes
-
-    def take(self) -> tuple[tuple, int]:
-        """The pending bytes as a ("bytes", first offset, [(bytes, on_written)]) queue item and
-        their size (the caller checks that some are pending)."""
-        pending, size = self.pending, self.pending_bytes
-        self.pending, self.pending_bytes = [], 0
-        return ("bytes", self.nbytes - size, pending), size
-
-    def reset(self) -> None:
-        """Forget the step: rows dropped, pending bytes' buffers handed back."""
-        self.rows, self.sketches = [], []
-        for _, on_written in self.pending:
-            if on_written is not None:
-                on_written()
-        self.pending, self.pending_bytes, self.nbytes = [], 0, 0
 
 
 class AsyncWriter(Writer):
@@ -139,15 +85,16 @@ class AsyncWriter(Writer):
         self._barriers: deque[Barrier] = deque()
         self._in_step = False
         self._step = -1
-        self._streams: dict[torch.device, Any] = {}
-        self._fused = fused_available()
-        # step files' HDF5 part is written by a helper process (tracer.storage._file_process), one per
-        # training process, kept from writer to writer
+        # records made in the writer thread: what it gets of them (tracer.storage._staging)
+        self._stager = ThreadStager(self._pool, keep_bytes=self.keep_bytes, sketch=self.sketch)
+        self._kernel = kernel_available()
+        # step files' HDF5 part is written by a helper process (tracer.storage._file_process),
+        # one per training process, kept from writer to writer
         self._file_process = shared_file_process(self.rank) if config.file_process else None
         if self._file_process is not None:
             self._file_process.start()
         # rows and bytes made in the training thread (see `add`)
-        self._rows = _RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
+        self._rows = RowBuffer(min(_BYTES_CHUNK, max(1, self._cap // 4)))
         # writer-thread state
         self._wfile: StepFile | None = None
         self._wstep = -1
@@ -166,7 +113,7 @@ class AsyncWriter(Writer):
             self._close_step(complete=False)
         self._step, self._seq, self._in_step = int(step), 0, True
         self._rows.reset()
-        self._reset_reuse()
+        self._reuse.reset()
         self._put(("begin", self._step), 0)
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
@@ -178,63 +125,23 @@ class AsyncWriter(Writer):
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
         seq = self._seq
         self._seq += 1
-        deferred = self._deferred
-        if deferred is not None and stats is None and deferred.takes(tensor):
-            # a CUDA statistics record: a descriptor now, one launch per batch
-            try:
-                self._batch_launched(deferred.add(self._plan, seq, meta, tensor, stable, version))
-            except Exception as e:  # noqa: BLE001 - on_error decides
-                self._fail_staging(e, meta)
-            return
-        # made here (inline): records on CPU (or meta) with the kernel built, and records whose
-        # statistics the caller computed; the writer thread gets their bytes in chunks
-        inline = (stats is not None and not self.keep_bytes) or (
-            (self._fused or stats is not None) and (tensor.is_cpu or tensor.is_meta))
         try:
-            same = None
-            if stats is not None:  # computed by the caller (see Writer.add)
-                same = self._take_same(tensor) if self._same else None
-                share, shared = same if same is not None else (None, None)
-                skip = True
-            else:
-                share, shared, skip = self._plan(tensor, stable, version)
+            rec = self._stage(seq, meta, tensor, stable, version, stats)
+            if rec is None:  # a CUDA statistics record: a descriptor now, one launch a batch
+                return
+            # made here (inline): records on CPU (or meta) with the kernel built, and records
+            # whose statistics the caller computed; the writer thread gets their bytes in chunks
+            inline = (stats is not None and not self.keep_bytes) or (
+                (self._kernel or stats is not None) and (tensor.is_cpu or tensor.is_meta))
             if inline:
                 # the one-pass kernel (statistics, or copy and statistics) costs no more than a
-                # snapshot, and the row is made here too, so the writer thread has nothing to do
-                # per record (a writer thread running Python per record makes the training
+                # snapshot, and the row is made here too, so the writer thread has nothing to
+                # do per record (a writer thread running Python per record makes the training
                 # thread wait for the GIL, up to the 5 ms switch interval each time)
-                snap = release = None
-                if stats is not None:
-                    if self.keep_bytes and not tensor.is_meta and same is None:
-                        snap, release = snapshot_bytes(tensor, self._pool)
-                elif not skip:
-                    if tensor.is_meta:
-                        stats = empty_stats()
-                    elif self.keep_bytes and shared is None:  # (a `Within` has its bytes)
-                        snap, release, stats = snapshot_stats(tensor, self._pool)
-                    else:
-                        stats = host_stats(tensor)
-                row = self._record_tensor(self._rows, self._step, seq, meta, tensor, stats,
-                                          snap, release, share, shared)
-            elif stats is not None and same is not None:  # its bytes are queued already
-                staged, nbytes = ("ready", stats, None, None), 0
-            elif stats is not None:  # not on CPU, in tensor/full mode: the bytes are needed
-                snap, release = snapshot(tensor, self._pool)
-                staged, nbytes = ("ready", stats, snap, release), snap.nbytes
-            elif skip and not (self.sketch and needs_own_sketch(tensor)):
-                # the same tensor (or bytes), unchanged, is already queued: no snapshot, and the
-                # writer thread takes the statistics (and byte range) that record leaves in
-                # `share`
-                staged, nbytes = ("ready", None, None, None), 0
-            elif skip:
-                # the same memory read in another order (a transpose): the statistics are the
-                # same, the sketch is not; a snapshot gives both (without the kernel only)
-                staged, nbytes = self._stage(tensor)
-                share = None
-            elif type(shared) is Within:  # its bytes are queued already: statistics only
-                staged, nbytes = ("ready", host_stats(tensor), None, None), 0
+                stats, snap, release = take_now(tensor, rec, stats, self._pool)
+                row = self._record_tensor(self._rows, rec, tensor, stats, snap, release)
             else:
-                staged, nbytes = self._stage(tensor)
+                staged, nbytes, rec = self._stager.stage(tensor, rec, stats)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._fail_staging(e, meta)
             return
@@ -248,8 +155,7 @@ class AsyncWriter(Writer):
         if self.keep_bytes:
             self._rows.reserve(nbytes)
         # a floor per record keeps a statistics-only queue bounded too
-        self._put(("rec", self._step, seq, meta, tensor.dtype, tuple(tensor.shape),
-                   tensor.numel(), staged, share, shared), max(nbytes, _RECORD_FLOOR_BYTES))
+        self._put(("rec", rec, staged), max(nbytes, _RECORD_FLOOR_BYTES))
 
     def _batch_launched(self, batch: Any) -> None:
         """Hand a flushed batch (tracer.storage._batcher) to the writer thread, which waits for
@@ -383,42 +289,6 @@ class AsyncWriter(Writer):
         """Bytes staged and not yet written."""
         return self._queued
 
-    def _stage(self, t: torch.Tensor) -> tuple[tuple, int]:
-        """Snapshot `t` for the writer thread; returns (staged, bytes it holds)."""
-        if t.is_meta:
-            return ("ready", empty_stats(), None, None), 0
-        if t.is_cuda:
-            return self._stage_cuda(t)
-        snap, release = snapshot(t, self._pool)  # CPU copy, or blocking from an accelerator
-        return ("ready", None, snap, release), snap.numel() * snap.element_size()
-
-    def _stage_cuda(self, t: torch.Tensor) -> tuple[tuple, int]:
-        device = t.device
-        stream = self._streams.get(device)
-        if stream is None:
-            stream = self._streams[device] = torch.cuda.Stream(device=device)
-        packed = device_stats(t)  # on the current stream, no sync
-        if self.sketch:
-            packed = with_sketch(packed, t)
-        src = t.detach().resolve_conj().resolve_neg()
-        if self.keep_bytes:
-            src = src.contiguous()
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            host_packed = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
-            host_packed.copy_(packed, non_blocking=True)
-            snap = None
-            if self.keep_bytes:
-                snap = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-                snap.copy_(src, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(stream)
-        # the caching allocator must not hand these blocks out before the copies ran
-        packed.record_stream(stream)
-        src.record_stream(stream)
-        nbytes = snap.numel() * snap.element_size() if snap is not None else 0
-        return ("cuda", done, host_packed, snap), nbytes
-
     def _put(self, item: tuple, nbytes: int) -> None:
         with self._cond:
             if nbytes and self._queued and self._queued + nbytes > self._cap:
@@ -483,7 +353,7 @@ class AsyncWriter(Writer):
     def _process(self, item: tuple) -> None:
         kind = item[0]
         if kind == "rec":
-            _, step, seq, meta, dtype, shape, numel, staged, share, shared = item
+            _, rec, staged = item
             release = staged[3] if staged[0] == "ready" else None
             if self._wfile is None:  # its step was dropped after an error
                 if release is not None:
@@ -492,11 +362,10 @@ class AsyncWriter(Writer):
             if staged[0] == "cuda":
                 _, done, host_packed, snap = staged
                 done.synchronize()
-                stats = decode_packed(host_packed.tolist(), element_bits(dtype))
+                stats = decode_packed(host_packed.tolist(), element_bits(rec.dtype))
             else:  # ("ready", statistics or None: from the snapshot, snapshot, its release)
                 _, stats, snap, _ = staged
-            row = self._record(self._wfile, step, seq, meta, dtype, shape, numel, stats, snap,
-                               release, share, shared)
+            row = self._record(self._wfile, rec, stats, snap, release)
             self._deliver(row)
         elif kind == "batch":
             if self._wfile is not None:  # else its step was dropped after an error

@@ -3,7 +3,7 @@ launch measures many (tracer.storage._batched_stats); the writer decodes the sla
 
 Statistics mode only (tensor and full modes copy each record's bytes anyway). A CUDA record of
 a dtype the kernel reads is not measured when it is made: `Deferred.add` plans it as every record
-is planned (`Writer._plan`: a tensor recorded again unchanged takes the first record's
+is planned (`ReuseIndex.plan`: a tensor recorded again unchanged takes the first record's
 statistics), appends the tensor's descriptor and keeps a reference to the tensor, and appends
 the record itself, in seq order, to the pending batch. Every `max_records` records or
 `max_bytes` of referenced tensors the batch is flushed: the kernels are queued on the current
@@ -28,6 +28,7 @@ import torch
 
 from tracer._errors import TracerError
 from tracer.storage import _batched_stats as kernel
+from tracer.storage._staging import Pending
 from tracer.storage._stats import empty_stats
 
 MAX_RECORDS = 512
@@ -121,7 +122,7 @@ class Deferred:
 
     def add(self, plan: Callable, seq: int, meta: Any, t: torch.Tensor, stable: bool,
             version: int | None) -> Batch | None:
-        """Append `t`'s record (planned by `plan`, `Writer._plan`) and, where the batch is
+        """Append `t`'s record (planned by `plan`, `ReuseIndex.plan`) and, where the batch is
         full now, flush it: returns the flushed batch, else None."""
         share, shared, skip = plan(t, stable, version)
         n = t.numel()
@@ -198,9 +199,9 @@ def record_batch(writer: Any, file: Any, step: int, batch: Batch) -> list[dict |
     for the observers."""
     rows = []
     for record, stats in batch.resolve():
-        rows.append(writer._record(file, step, record.seq, record.meta, record.dtype,
-                                   record.shape, record.numel, stats, None, None, record.share,
-                                   record.shared))
+        rec = Pending(step, record.seq, record.meta, record.dtype, record.shape, record.numel,
+                      record.share, record.shared)
+        rows.append(writer._record(file, rec, stats, None, None))
     return rows
 
 

@@ -28,10 +28,12 @@ import numpy as np
 from tracer._errors import DumpFormatError, TracerError
 from tracer.storage._format import RECORD_COLUMNS
 from tracer.storage._bounded_json import JsonLimitError, load_bounded
-from tracer.storage._reader import PROBLEM_STATES, Dump, every_step, open_dump
+from tracer.storage._dump import Dump, every_step
+from tracer.storage._reader import open_dump
+from tracer.storage._scan import PROBLEM_STATES
+from tracer.storage._step_reader import READ_ERRORS
 
 MANIFEST = "_sleuth_export.json"
-_READ_ERRORS = (DumpFormatError, OSError, KeyError, ValueError, IndexError, TypeError)
 
 
 @dataclass
@@ -121,7 +123,7 @@ def _export(dump: Dump, out: Path, progress: Callable[[int, int], None] | None) 
             try:
                 frame = dump.stats(rank, step)
                 status = dump.status(rank, step)[0]
-            except _READ_ERRORS as e:  # a /records table or attribute that does not read
+            except READ_ERRORS as e:  # a /records table or attribute that does not read
                 if not any(p["rank"] == rank and p["step"] == step for p in result.problems):
                     result.problems.append(_problem(str(dump.path(rank, step)), rank, step,
                                                     "damaged", f"{type(e).__name__}: {e}"))

@@ -617,7 +617,7 @@ def table_array(rows: list[tuple], columns: tuple[tuple[str, Any], ...]) -> np.n
 
 
 try:
-    from tracer.storage._fused import pack_rows as _pack_rows
+    from tracer.storage._stats_kernel import pack_rows as _pack_rows
 except ImportError:  # the kernel is not built: numpy packs the tables
     _pack_rows = None
 

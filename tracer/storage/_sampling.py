@@ -13,9 +13,9 @@ import torch
 
 from tracer.storage import _sketch
 from tracer.storage._layout import stored_extent
-from tracer.storage._stats import _STATS_CODES, _fused
+from tracer.storage._stats import _STATS_CODES, _kernel
 
-_sample = getattr(_fused, "sample", None)  # None: no kernel, or one built before `sample`
+_sample = getattr(_kernel, "sample", None)  # None: no kernel, or one built before `sample`
 _STRIDED = torch.strided
 _INDEX: dict[tuple, torch.Tensor] = {}  # (shape, strides, device) -> the sampled offsets there
 _INDEX_MAX = 4096

@@ -1,10 +1,11 @@
 """Per-record tensor statistics: min, max, mean, L2 norm, NaN/Inf/zero counts and a checksum.
 
 Speed matters here: the capture hooks call this for every record. float32, bfloat16 and
-float16 on CPU (and integers and bool, in a scalar pass) go through `tracer.storage._fused`, a small
-C kernel (tracer/storage/_fused.c, built by setup.py where a C compiler exists) that reads the
-tensor once and computes every statistic in that pass (with the GIL released from 64K elements), at
-3-4x the speed of the numpy path below (benchmarks/RESULTS.md).
+float16 on CPU (and integers and bool, in a scalar pass) go through the statistics kernel,
+`tracer.storage._stats_kernel`, a small C extension (tracer/storage/_stats_kernel.c, built by
+setup.py where a C compiler exists) that reads the tensor once and computes every statistic in
+that pass (with the GIL released from 64K elements), at 3-4x the speed of the numpy path below
+(benchmarks/RESULTS.md).
 
 Without the kernel, and for other dtypes, `numpy_host_stats` runs cheap reductions. Measured on
 the 2-core CPU (see docs/architecture.md): `isnan().sum()` and `(x == 0).sum()` cost 15-40x a plain read,
@@ -22,7 +23,7 @@ norm; one process always uses the same path, so the sync and async writers agree
 Entry points:
 - `host_stats(t)`: CPU tensors, a dict at once (both writers; the async one calls it in its
   writer thread on the snapshot; the result does not depend on the chunk size).
-- `copy_stats(dst, src)` and `difference_stats(a, b, out)`: the kernel's fused forms for the
+- `copy_stats(dst, src)` and `difference_stats(a, b, out)`: the kernel's one-pass forms for the
   parameter records (a copy, or the update `a - b`, and its statistics in the same pass, while
   each chunk is in cache); None where the kernel cannot, and the caller uses torch.
 - `device_stats(t)`: CUDA tensors, the same values packed into one int64 tensor on the device,
@@ -52,14 +53,14 @@ _NAN = float("nan")
 _STRIDED = torch.strided
 
 try:  # the optional one-pass C kernel (setup.py builds it where a C compiler exists)
-    from tracer.storage import _fused
+    from tracer.storage import _stats_kernel as _kernel
 except ImportError:
-    _fused = None
-# dtype -> the kernel's dtype code for every fused form (copies, differences)
-_FUSED_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+    _kernel = None
+# dtype -> the kernel's dtype code for every one-pass form (copies, differences)
+_COPY_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 # the dtypes `stats` alone takes besides those: integers and bool in one scalar pass (their
 # numpy path cost ~35 us for 512 token ids, 150 us in a training step with cold caches)
-_STATS_CODES = {**_FUSED_CODES, torch.int64: 3, torch.int32: 4, torch.int16: 5, torch.int8: 6,
+_STATS_CODES = {**_COPY_CODES, torch.int64: 3, torch.int32: 4, torch.int16: 5, torch.int8: 6,
                 torch.uint8: 7, torch.bool: 7}
 # the checksum's width in bits by kernel code (see element_bits)
 _CODE_BITS = (32, 16, 16, 64, 32, 16, 8, 8)
@@ -236,15 +237,15 @@ def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
     """Statistics of `t` as a dict with the keys of STAT_FIELDS (Python floats and ints).
 
     float32, bfloat16, float16, the signed integers, uint8 and bool go through the one-pass C
-    kernel when it was built (`fused_available()`); everything else (float64, complex, fp8),
+    kernel when it was built (`kernel_available()`); everything else (float64, complex, fp8),
     or every dtype without the kernel, through `numpy_host_stats`.
     """
-    code = _STATS_CODES.get(t.dtype) if _fused is not None else None
+    code = _STATS_CODES.get(t.dtype) if _kernel is not None else None
     if code is not None and t.is_cpu and t.layout == torch.strided and t.is_contiguous() \
             and not t.is_neg():
         # the common record: straight to the kernel, no detach or reshape (~2 us saved)
         n = t.numel()
-        return _fused_stats(t, n, code) if n else empty_stats()
+        return _kernel_stats(t, n, code) if n else empty_stats()
     t = t.detach()
     span = memory_span(t)  # a transpose or permutation: its memory, in memory order
     if span is None and code is not None and code <= 2 and _strided is not None and t.is_cpu \
@@ -253,32 +254,32 @@ def host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:
         # gaps or overlaps (a split's q, k, v; an expand): the kernel reads it with its strides,
         # which gives the statistics of its C-order copy to the bit, without the copy
         n = t.numel()
-        return _fused_dict(_strided(t.data_ptr(), n, code, t.shape, t.stride()), n, code)
+        return _kernel_dict(_strided(t.data_ptr(), n, code, t.shape, t.stride()), n, code)
     flat = span if span is not None else _flat(t)
     n = flat.numel()
     if n == 0 or flat.is_meta:
         return empty_stats()
     if code is not None and flat.is_cpu:
-        return _fused_stats(flat, n, code)
+        return _kernel_stats(flat, n, code)
     return numpy_host_stats(flat, blocks_per_op=blocks_per_op)
 
 
-def fused_available() -> bool:
-    """True when the one-pass C kernel (tracer/storage/_fused.c) was built and is in use."""
-    return _fused is not None
+def kernel_available() -> bool:
+    """True when the one-pass C kernel (tracer/storage/_stats_kernel.c) was built and is in use."""
+    return _kernel is not None
 
 
 _STRIDED_MAX = 1 << 20  # elements; a larger strided tensor is copied
 # the kernel's strided pass (None from a build older than its sources: the copy is taken)
-_strided = getattr(_fused, "strided_stats", None)
+_strided = getattr(_kernel, "strided_stats", None)
 
 
-def _fused_stats(flat: torch.Tensor, n: int, code: int) -> dict:
+def _kernel_stats(flat: torch.Tensor, n: int, code: int) -> dict:
     """host_stats through the C kernel; `flat` is a contiguous CPU tensor of `n` elements."""
-    return _fused_dict(_fused.stats(flat.data_ptr(), n, code), n, code)
+    return _kernel_dict(_kernel.stats(flat.data_ptr(), n, code), n, code)
 
 
-def _fused_dict(result: tuple, n: int, code: int) -> dict:
+def _kernel_dict(result: tuple, n: int, code: int) -> dict:
     """The stats dict of a kernel result tuple over `n` elements of dtype `code`."""
     mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = result
     if nan:
@@ -292,7 +293,7 @@ def _fused_dict(result: tuple, n: int, code: int) -> dict:
 
 def _plain_cpu(*tensors: torch.Tensor) -> bool:
     """True when every tensor is a contiguous, non-empty CPU tensor whose memory holds its
-    values, all of one dtype and shape (what the fused copy and difference read and write)."""
+    values, all of one dtype and shape (what the kernel's copy and difference read and write)."""
     first = tensors[0]
     dtype, shape = first.dtype, first.shape
     for t in tensors:
@@ -307,11 +308,11 @@ def copy_stats(dst: torch.Tensor, src: torch.Tensor) -> dict | None:
     (`host_stats(dst)` exactly); None, with nothing copied, where the kernel cannot: not
     built, a dtype other than float32/bfloat16/float16, or not two contiguous CPU tensors of
     one dtype and shape. The copy bypasses torch: `dst`'s version counter is not bumped."""
-    code = _FUSED_CODES.get(src.dtype) if _fused is not None else None
+    code = _COPY_CODES.get(src.dtype) if _kernel is not None else None
     if code is None or not _plain_cpu(dst, src):
         return None
     n = src.numel()
-    return _fused_dict(_fused.copy_stats(dst.data_ptr(), src.data_ptr(), n, code),
+    return _kernel_dict(_kernel.copy_stats(dst.data_ptr(), src.data_ptr(), n, code),
                        n, code)
 
 
@@ -321,10 +322,10 @@ def copy_stats_into(dst: Any, src_address: int, count: int, dtype: torch.dtype) 
     return the copy's statistics, or None, with nothing copied, where the kernel cannot (not
     built, or a dtype other than float32, bfloat16, float16). The caller vouches for the
     source range (the snapshot path, whose checks are done)."""
-    code = _FUSED_CODES.get(dtype) if _fused is not None else None
+    code = _COPY_CODES.get(dtype) if _kernel is not None else None
     if code is None or count <= 0:
         return None
-    return _fused_dict(_fused.copy_stats_into(dst, src_address, count, code),
+    return _kernel_dict(_kernel.copy_stats_into(dst, src_address, count, code),
                        count, code)
 
 
@@ -335,12 +336,12 @@ def difference_stats(a: torch.Tensor, b: torch.Tensor,
     or `b`; its version counter is not bumped). None, with nothing written, where the kernel
     cannot: not built, not float32, or not contiguous CPU tensors of one shape."""
     tensors = (a, b) if out is None else (a, b, out)
-    if _fused is None or a.dtype != torch.float32 or not _plain_cpu(*tensors):
+    if _kernel is None or a.dtype != torch.float32 or not _plain_cpu(*tensors):
         return None
     n = a.numel()
-    result = _fused.diff_stats(a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr(),
+    result = _kernel.diff_stats(a.data_ptr(), b.data_ptr(), 0 if out is None else out.data_ptr(),
                                n)
-    return _fused_dict(result, n, 0)
+    return _kernel_dict(result, n, 0)
 
 
 def numpy_host_stats(t: torch.Tensor, *, blocks_per_op: int = 8) -> dict:

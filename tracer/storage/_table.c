@@ -1,4 +1,4 @@
-/* The step file's tables packed from their rows: `pack_rows`, part of tracer.storage._fused.
+/* The step file's tables packed from their rows: `pack_rows`, part of tracer.storage._stats_kernel.
  *
  * A step's /records table is built from row tuples (RECORD_FIELDS order) made by the writers.
  * numpy builds it column by column from Python objects: zip(*rows), one
@@ -75,7 +75,7 @@ static int put_value(char *dst, char kind, PyObject *v) {
  *
  * kinds: one letter a column: 'q' int64, 'i' int32, 'd' float64, 's' str. widths: every
  * column's width in bytes (a str column's: its longest UTF-8 value, at least 1). */
-PyObject *fused_pack_rows(PyObject *self, PyObject *args) {
+PyObject *kernel_pack_rows(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *rows;
     const char *kinds;

@@ -1,4 +1,4 @@
-/* tracer.storage._fused: one-pass tensor statistics over raw memory (see
+/* tracer.storage._stats_kernel: one-pass tensor statistics over raw memory (see
  * tracer/storage/_stats.py).
  *
  * stats(address, count, code) reads `count` elements at `address` (float32,
@@ -100,7 +100,7 @@ typedef int32_t vi __attribute__((vector_size(32)));
 typedef uint32_t vu __attribute__((vector_size(32)));
 typedef uint16_t vh __attribute__((vector_size(16)));
 
-/* On x86-64 an AVX2 copy of each pass is compiled too and picked at load time (PyInit__fused);
+/* On x86-64 an AVX2 copy of each pass is compiled too and picked at load time (PyInit__stats_kernel);
  * it takes min and max with vminps/vmaxps, which compute exactly `v < m ? v : m` (NaN and
  * signed zeros included) in one instruction where the portable form needs a compare and a
  * blend: 1.7x the portable speed on cached data. */
@@ -221,7 +221,7 @@ DEFINE_PASS(pass_f16_avx2, AVX2, vmin_avx2, vmax_avx2, uint16_t, load_h_bits, f1
             f16_to_f32)
 #endif
 typedef void (*pass_fn)(const void *, int64_t, acc_t *);
-/* by dtype code; PyInit__fused swaps in the AVX2 passes where the CPU has AVX2 */
+/* by dtype code; PyInit__stats_kernel swaps in the AVX2 passes where the CPU has AVX2 */
 static pass_fn passes[3] = {(pass_fn)pass_f32, (pass_fn)pass_bf16, (pass_fn)pass_f16};
 DEFINE_COUNT(count_f32, uint32_t, f32_identity)
 DEFINE_COUNT(count_bf16, uint16_t, bf16_to_f32)
@@ -364,7 +364,7 @@ static PyObject *run_work(const work_t *w) {
 
 /* 0, or -1 with a ValueError naming `fn`; `second` (the copy's destination, the difference's
  * subtrahend, named `second_name`) must be non-null unless `second_name` is NULL. `last_code`:
- * the highest dtype code `fn` takes (CODE_F16 for the fused float forms, CODE_LAST for
+ * the highest dtype code `fn` takes (CODE_F16 for the one-pass float forms, CODE_LAST for
  * stats()). */
 static int check_args(unsigned long long address, long long count, int code, int last_code,
                       const char *fn, unsigned long long second, const char *second_name) {
@@ -582,7 +582,7 @@ static int raw_strided_stats(const void *address, int64_t count, int code, int n
     return 0;
 }
 
-static PyObject *fused_strided_stats(PyObject *self, PyObject *args) {
+static PyObject *kernel_strided_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     long long count;
     int code;
@@ -619,7 +619,7 @@ static PyObject *fused_strided_stats(PyObject *self, PyObject *args) {
     return result_tuple(&r);
 }
 
-static PyObject *fused_stats(PyObject *self, PyObject *args) {
+static PyObject *kernel_stats(PyObject *self, PyObject *args) {
     unsigned long long address;
     long long count;
     int code;
@@ -631,7 +631,7 @@ static PyObject *fused_stats(PyObject *self, PyObject *args) {
     return run_work(&w);
 }
 
-static PyObject *fused_copy_stats(PyObject *self, PyObject *args) {
+static PyObject *kernel_copy_stats(PyObject *self, PyObject *args) {
     unsigned long long dst, src;
     long long count;
     int code;
@@ -645,7 +645,7 @@ static PyObject *fused_copy_stats(PyObject *self, PyObject *args) {
 
 /* copy_stats with the destination given as a writable buffer (a numpy array): its address
  * without a ctypes object (1.4 us a call), and its size checked */
-static PyObject *fused_copy_stats_into(PyObject *self, PyObject *args) {
+static PyObject *kernel_copy_stats_into(PyObject *self, PyObject *args) {
     Py_buffer dst;
     unsigned long long src;
     long long count;
@@ -668,7 +668,7 @@ static PyObject *fused_copy_stats_into(PyObject *self, PyObject *args) {
     return result;
 }
 
-static PyObject *fused_diff_stats(PyObject *self, PyObject *args) {
+static PyObject *kernel_diff_stats(PyObject *self, PyObject *args) {
     unsigned long long a, b, out;
     long long count;
     (void)self;
@@ -682,7 +682,7 @@ static PyObject *fused_diff_stats(PyObject *self, PyObject *args) {
 /* sample(address, code, offsets) -> bytes: the elements at `offsets` (a buffer of int64 element
  * offsets from `address`, -1 for none) as float64, NaN where the offset is -1. Codes as for
  * stats(); the sketch of a record (tracer/storage/_sketch.py) in one call, without a copy. */
-static PyObject *fused_sample(PyObject *self, PyObject *args) {
+static PyObject *kernel_sample(PyObject *self, PyObject *args) {
     unsigned long long address;
     int code;
     Py_buffer offsets;
@@ -725,38 +725,38 @@ static PyObject *fused_sample(PyObject *self, PyObject *args) {
 }
 
 /* tracer/storage/_table.c */
-PyObject *fused_pack_rows(PyObject *self, PyObject *args);
+PyObject *kernel_pack_rows(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
-    {"stats", fused_stats, METH_VARARGS,
+    {"stats", kernel_stats, METH_VARARGS,
      "stats(address, count, code) -> (min, max, sum, sumsq, zeros, nan, posinf, neginf, "
      "checksum); code 0 float32, 1 bfloat16, 2 float16, 3 int64, 4 int32, 5 int16, 6 int8, "
      "7 uint8 or bool (integers: nothing NaN)"},
-    {"strided_stats", fused_strided_stats, METH_VARARGS,
+    {"strided_stats", kernel_strided_stats, METH_VARARGS,
      "strided_stats(address, count, code, sizes, strides) -> stats() of the float tensor "
      "(codes 0-2) read with these sizes and strides (in elements), equal to the bit to stats() "
      "of its contiguous copy, without making the copy"},
-    {"copy_stats_into", fused_copy_stats_into, METH_VARARGS,
+    {"copy_stats_into", kernel_copy_stats_into, METH_VARARGS,
      "copy_stats_into(dst_buffer, src, count, code): copy_stats into a writable "
      "buffer of at least count elements"},
-    {"copy_stats", fused_copy_stats, METH_VARARGS,
+    {"copy_stats", kernel_copy_stats, METH_VARARGS,
      "copy_stats(dst, src, count, code): copy count elements from src to dst and "
      "return stats() of them, computed chunk by chunk while cached"},
-    {"diff_stats", fused_diff_stats, METH_VARARGS,
+    {"diff_stats", kernel_diff_stats, METH_VARARGS,
      "diff_stats(a, b, out, count): stats() of the float32 difference a - b, "
      "written to out unless out is 0 (out may be a or b)"},
-    {"sample", fused_sample, METH_VARARGS,
+    {"sample", kernel_sample, METH_VARARGS,
      "sample(address, code, offsets) -> bytes of float64: the elements at these int64 element "
      "offsets (-1: NaN), codes as for stats()"},
-    {"pack_rows", fused_pack_rows, METH_VARARGS,
+    {"pack_rows", kernel_pack_rows, METH_VARARGS,
      "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
      "tuples (tracer/storage/_table.c)"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stats_kernel", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__fused(void) {
+PyMODINIT_FUNC PyInit__stats_kernel(void) {
 #if HAVE_AVX2_PASS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx2")) {
