@@ -8,7 +8,18 @@ without, per level (module, op), round by round. The figure is (median dumped st
 plain step) / records a step, with the median over rounds; `us_per_record` therefore includes
 the hooks (and at op level the dispatch mode), the writer's record and the statistics of tiny
 tensors. `--device cuda` trains on the GPU (each step synchronized), where records take the
-batched path (tracer.storage._batcher).
+batched path (tracer.storage._batcher) when `SLEUTH_BATCHED_STATS=1`.
+
+Where the time goes (`split`, from one more dumped block a round, with timers around the sync
+writer's `add` and `end_step`, medians over rounds): `writer_add` (the writer's part of a
+record: plan, statistics, row), `step_file` (the step file written at the step's end, spread
+over its records), and `capture` (the rest: the hooks or the dispatch mode, naming, the source
+line, the Dumper's hand-over; the timers' own ~0.2 us a record land here too).
+
+`batch_add` (levels aside): host microseconds a record of the batched path's own bookkeeping,
+`Deferred.add` and its flush, over 512 small CPU tensors a batch with the kernel launch left
+out (on CPU the launch runs in Triton's interpreter, which says nothing about a GPU) and a plan
+that reuses nothing: what a CUDA record adds to `writer_add` before its launch.
 
 Prints one JSON object. Run: PYTHONPATH=. python3 benchmarks/record_host_cost.py [--rounds N]
 [--steps N] [--layers N] [--levels module,op] [--device cpu|cuda]
@@ -16,6 +27,7 @@ Prints one JSON object. Run: PYTHONPATH=. python3 benchmarks/record_host_cost.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
@@ -27,6 +39,7 @@ import torch
 import torch.nn as nn
 
 import tracer
+from tracer.storage import _batched_stats, _batcher, _writer
 
 
 def make_model(layers: int) -> nn.Module:
@@ -46,6 +59,80 @@ def _steps(model, opt, x, steps: int, sync) -> list[float]:
     return times
 
 
+class Timers:
+    """Nanoseconds inside the sync writer's `add` and `end_step` while entered (class-level
+    wrappers: a Dumper opened inside binds them)."""
+
+    def __init__(self) -> None:
+        self.ns = {"add": 0, "end_step": 0}
+
+    def __enter__(self) -> Timers:
+        clock = time.perf_counter_ns
+        self._saved = {name: getattr(_writer.SyncWriter, name) for name in self.ns}
+        for name, real in self._saved.items():
+            def timed(*args, _real=real, _name=name, **kwargs):
+                start = clock()
+                try:
+                    return _real(*args, **kwargs)
+                finally:
+                    self.ns[_name] += clock() - start
+            setattr(_writer.SyncWriter, name, timed)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, real in self._saved.items():
+            setattr(_writer.SyncWriter, name, real)
+
+
+def _dumped(model, opt, x, steps: int, sync, level: str, path: Path, timers: Timers | None
+            ) -> tuple[float, int, dict]:
+    """(median dumped step, records a step, {part: ns a step}) of one block in a Dumper of
+    its own; the parts only with `timers`."""
+    with contextlib.ExitStack() as stack:
+        if timers is not None:
+            stack.enter_context(timers)
+        with tracer.Dumper(model, {"level": level, "mode": "statistics", "writer": "sync",
+                                   "path": str(path)}) as dumper:
+            _steps(model, opt, x, 1, sync)  # opens the writer
+            records = dumper._writer.next_seq if dumper._writer is not None else 0
+            if timers is not None:
+                timers.ns = dict.fromkeys(timers.ns, 0)
+            times = _steps(model, opt, x, steps, sync)
+            parts = {k: v / steps for k, v in timers.ns.items()} if timers is not None else {}
+    shutil.rmtree(path, ignore_errors=True)
+    return statistics.median(times), records, parts
+
+
+def batch_add_us(rounds: int) -> float:
+    """Host us a record of `Deferred.add` and its flush, the launch left out (see the module
+    docstring); median over rounds of 8 batches."""
+    tensors = [torch.randn(4, 16) for _ in range(384)] + [torch.randn(16, 16).t()
+                                                          for _ in range(128)]
+    saved = _batched_stats.launch
+
+    def host_side(table, device, sketch):  # a list of descriptors in a tree without `Table`
+        return table.grouped() if hasattr(table, "grouped") else _batched_stats.table(table)
+
+    _batched_stats.launch = host_side
+    deferred = _batcher.Deferred(True)
+    deferred.device_type, deferred._usable = "cpu", True
+
+    def plan(t, stable, version):
+        return None, None, False
+
+    out = []
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter_ns()
+            for _ in range(8):
+                for seq, t in enumerate(tensors):
+                    deferred.add(plan, seq, None, t, True, None)
+            out.append((time.perf_counter_ns() - start) / (8 * len(tensors)) / 1e3)
+    finally:
+        _batched_stats.launch = saved
+    return round(statistics.median(out), 2)
+
+
 def measure(rounds: int, steps: int, layers: int, levels: list[str], device: str,
             work: Path) -> dict:
     model = make_model(layers).to(device)
@@ -54,25 +141,28 @@ def measure(rounds: int, steps: int, layers: int, levels: list[str], device: str
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     _steps(model, opt, x, 3, sync)  # warm
     out: dict = {}
+    timers = Timers()
     for level in levels:
         per_record, records = [], 0
+        split: dict[str, list[float]] = {"capture": [], "writer_add": [], "step_file": []}
         for r in range(rounds):
             plain = statistics.median(_steps(model, opt, x, steps, sync))
-            path = work / f"{level}{r}"
-            counted: list[int] = []
-            with tracer.Dumper(model, {"level": level, "mode": "statistics", "writer": "sync",
-                                       "path": str(path)}) as dumper:
-                _steps(model, opt, x, 1, sync)  # opens the writer
-                first = dumper._writer.next_seq if dumper._writer is not None else 0
-                dumped = statistics.median(_steps(model, opt, x, steps, sync))
-                counted.append(first)
-            shutil.rmtree(path, ignore_errors=True)
-            records = max(records, counted[0])
+            dumped, records, _ = _dumped(model, opt, x, steps, sync, level, work / f"{level}{r}",
+                                         None)
+            timed, _, parts = _dumped(model, opt, x, steps, sync, level, work / f"t{level}{r}",
+                                      timers)
             plain = (plain + statistics.median(_steps(model, opt, x, steps, sync))) / 2
-            per_record.append((dumped - plain) / max(1, records) * 1e6)
+            n = max(1, records)
+            per_record.append((dumped - plain) / n * 1e6)
+            add, end = parts["add"] / 1e3 / n, parts["end_step"] / 1e3 / n
+            split["writer_add"].append(add)
+            split["step_file"].append(end)
+            split["capture"].append((timed - plain) / n * 1e6 - add - end)
         out[level] = {"records_per_step": records,
                       "us_per_record": round(statistics.median(per_record), 2),
-                      "spread": [round(min(per_record), 2), round(max(per_record), 2)]}
+                      "spread": [round(min(per_record), 2), round(max(per_record), 2)],
+                      "split": {k: round(statistics.median(v), 2) for k, v in split.items()}}
+    out["batch_add_us"] = batch_add_us(max(3, rounds))
     return out
 
 

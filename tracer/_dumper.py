@@ -35,8 +35,8 @@ from tracer._config import DumpConfig, load_json, warn_retired_switches
 from tracer._errors import (ConfigError, DumpWriteError, TracerError, WatchpointHit,
                             describe_error, warn)
 from tracer._crash import describe_exception, on_crash
-from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, encode_call, on_scaler_update,
-                            tool_range, user_source)
+from tracer.capture import (EagerWhileDumped, ModuleTracker, Site, encode_call,
+                            in_graph_capture, on_scaler_update, tool_range, user_source)
 from tracer.capture import rewrap as rewrap_scalers
 from tracer.storage import copy_stats, difference_sketch, difference_stats, stored_extent
 
@@ -747,7 +747,7 @@ class Dumper:
         optimizer runs; its closure, if any, is handed on wrapped so that its forward and
         backward are recorded after all (`_recording`). A failure is the dump's (`_fail`):
         the optimizer step then runs with the arguments it was given."""
-        if not self.capturing:
+        if not self.capturing or in_graph_capture():
             return None
         try:
             return self._before_optimizer(optimizer, args, kwargs)
@@ -820,8 +820,8 @@ class Dumper:
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._remove_after_failure()
-        if self._closed or not self.enabled:
-            return
+        if self._closed or not self.enabled or in_graph_capture():
+            return  # a captured step is not run: it ends no step (tracer.capture._graphs)
         try:
             self._after_optimizer(optimizer)
         except Exception as e:  # noqa: BLE001 - routed through on_error

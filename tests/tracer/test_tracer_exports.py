@@ -22,7 +22,7 @@ EXPECTED = [
 
 FACES = {
     "capture": ["CallNames", "EagerWhileDumped", "ModuleTracker", "OpMode", "Site", "encode_call",
-                "on_scaler_update", "rewrap", "tool_range", "user_source"],
+                "in_graph_capture", "on_scaler_update", "rewrap", "tool_range", "user_source"],
     "storage": ["DUMP_JSON", "Dump", "ExportedDump", "FlightRecorder", "JsonLimitError",
                 "RECORD_FIELDS", "RawTensor", "RecordMeta", "RecordRow", "SKETCH_SIZE", "Watcher",
                 "Writer", "c_order_bytes", "config_of", "copy_stats", "decode_bits",

@@ -13,6 +13,7 @@ _EXPORTS: dict[str, str] = {
     "CallNames": "tracer.capture._naming",
     "encode_call": "tracer.capture._calls",
     "EagerWhileDumped": "tracer.capture._compiled",
+    "in_graph_capture": "tracer.capture._graphs",
     "ModuleTracker": "tracer.capture._module_hooks",
     "tool_range": "tracer.capture._module_hooks",
     "OpMode": "tracer.capture._op_mode",

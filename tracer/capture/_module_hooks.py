@@ -31,6 +31,7 @@ from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
 from tracer.capture._compiled import compiled_module, tell_once
+from tracer.capture._graphs import in_graph_capture
 from tracer.capture._naming import (ROOT, CallCounter, CallNames, module_names, root_name,
                                     wrapper_inner)
 from tracer.capture._recorder import Recorder
@@ -261,7 +262,7 @@ class ModuleTracker:
             self._dumper._fail(e)
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
-        if self._dumper._busy or fake_mode_active():
+        if self._dumper._busy or fake_mode_active() or in_graph_capture():
             return
         name = self._name_of(module)
         if name is None:
@@ -298,6 +299,8 @@ class ModuleTracker:
             return  # a module we do not track (outside the model, or a busy-time call)
         _, name, call, seq, recomputing = stack[pos]
         del stack[pos:]
+        if in_graph_capture():
+            return  # a capture began inside this call: its outputs hold no values yet
         outputs = None
         if self.tag_graph and _grad_enabled():
             outputs = flatten_tensors(output, [])
@@ -341,7 +344,8 @@ class ModuleTracker:
         key = (name, direction, index, call)
 
         def hook(grad: torch.Tensor) -> None:
-            if dumper.capturing and grad is not None and key not in seen:
+            if dumper.capturing and grad is not None and key not in seen \
+                    and not in_graph_capture():
                 try:
                     seen.add(key)
                     source = user_source(2)
