@@ -23,4 +23,7 @@ def test_smallest_run_reports_microseconds_a_record_per_level(capsys):
         row = out[level]
         assert row["records_per_step"] > 20
         assert row["spread"][0] <= row["us_per_record"] <= row["spread"][1]
+        assert set(row["split"]) == {"capture", "writer_add", "step_file"}
+        assert row["split"]["writer_add"] > 0 and row["split"]["step_file"] > 0
     assert out["op"]["records_per_step"] > out["module"]["records_per_step"]
+    assert out["batch_add_us"] > 0

@@ -34,10 +34,10 @@ def test_an_iteration_captured_into_a_graph_records_nothing_and_ends_no_step(
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with tracer.Dumper(model, {"path": str(tmp_path), "level": level, "steps": "all"}):
         _iteration(model, opt)
-        monkeypatch.setattr(_graphs, "_check", lambda: True)
+        monkeypatch.setattr(_graphs, "capturing", lambda: True)
         with pytest.warns(SleuthWarning, match="CUDA graph is being captured") as told:
             _iteration(model, opt)
-        monkeypatch.setattr(_graphs, "_check", lambda: False)
+        monkeypatch.setattr(_graphs, "capturing", lambda: False)
         with warnings.catch_warnings():
             warnings.simplefilter("error", SleuthWarning)
             _iteration(model, opt)

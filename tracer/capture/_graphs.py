@@ -27,27 +27,31 @@ GRAPH_NOTE = ("a CUDA graph is being captured while a step is dumped: the tracer
               "Python); run the steps you dump eagerly (docs/tracer.md, \"CUDA graphs\")")
 """The one line that says what a dump does inside a graph capture, and what to do instead."""
 
-_check: Callable[[], bool] | None = None
+
+def _stream_check() -> Callable[[], bool]:
+    """torch's check of the current stream, a C call that makes no CUDA context; on a build
+    without CUDA, `bool` (whose call, also C, answers False): the hooks call it every time."""
+    built = getattr(getattr(torch.backends, "cuda", None), "is_built", lambda: False)()
+    found = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    return found if built and found is not None else bool  # a CPU build's stand-in raises
+
+
+capturing: Callable[[], bool] = _stream_check()
+"""True while the current CUDA stream is being captured into a graph. The hooks call it as
+``_graphs.capturing() and told()``: the warning's Python runs only inside a capture."""
 _told = False
 
 
-def _resolve() -> Callable[[], bool]:
-    global _check
-    built = getattr(getattr(torch.backends, "cuda", None), "is_built", lambda: False)()
-    found = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-    # a CPU build has a stand-in that raises; a CUDA build's check makes no CUDA context
-    _check = found if built and found is not None else (lambda: False)
-    return _check
-
-
-def in_graph_capture() -> bool:
-    """True while the current CUDA stream is being captured into a graph (and then warns once
-    per process, `GRAPH_NOTE`); False on a machine or build without CUDA. One C call."""
-    check = _check if _check is not None else _resolve()
-    if not check():
-        return False
+def told() -> bool:
+    """Warn once per process that the tracer stays out of a capture (`GRAPH_NOTE`); True."""
     global _told
     if not _told:
         _told = True
         warn(GRAPH_NOTE, stacklevel=3)
     return True
+
+
+def in_graph_capture() -> bool:
+    """True while the current CUDA stream is being captured into a graph (and then warns once
+    per process, `GRAPH_NOTE`); False on a machine or build without CUDA."""
+    return bool(capturing()) and told()

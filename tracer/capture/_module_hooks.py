@@ -31,7 +31,7 @@ from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
 from tracer.capture._compiled import compiled_module, tell_once
-from tracer.capture._graphs import in_graph_capture
+from tracer.capture import _graphs
 from tracer.capture._naming import (ROOT, CallCounter, CallNames, module_names, root_name,
                                     wrapper_inner)
 from tracer.capture._recorder import Recorder
@@ -262,7 +262,8 @@ class ModuleTracker:
             self._dumper._fail(e)
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
-        if self._dumper._busy or fake_mode_active() or in_graph_capture():
+        if self._dumper._busy or fake_mode_active() \
+                or _graphs.capturing() and _graphs.told():  # (tracer.capture._graphs)
             return
         name = self._name_of(module)
         if name is None:
@@ -299,7 +300,7 @@ class ModuleTracker:
             return  # a module we do not track (outside the model, or a busy-time call)
         _, name, call, seq, recomputing = stack[pos]
         del stack[pos:]
-        if in_graph_capture():
+        if _graphs.capturing() and _graphs.told():
             return  # a capture began inside this call: its outputs hold no values yet
         outputs = None
         if self.tag_graph and _grad_enabled():
@@ -345,7 +346,7 @@ class ModuleTracker:
 
         def hook(grad: torch.Tensor) -> None:
             if dumper.capturing and grad is not None and key not in seen \
-                    and not in_graph_capture():
+                    and not (_graphs.capturing() and _graphs.told()):
                 try:
                     seen.add(key)
                     source = user_source(2)

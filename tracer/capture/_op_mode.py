@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracer.capture._graphs import in_graph_capture
+from tracer.capture import _graphs
 from tracer.capture._module_hooks import (TAG, ModuleTracker, fake_mode_active,
                                           keep_dynamo_out, tool_range)
 from tracer.capture._naming import NONE, op_name, op_scope
@@ -211,13 +211,13 @@ class OpMode(TorchDispatchMode):
                                       -1 if mutates else _view_source(func),
                                       UNINITIALISED_OUTPUTS.get(name), {})
         if info[2]:
-            if in_graph_capture():
+            if _graphs.capturing() and _graphs.told():
                 return None  # the writer's forgetting may launch a batch: not into a capture
             # some ops write arguments without bumping their version counter (BatchNorm's
             # running statistics): the writer forgets what it knew of every in-place argument
             dumper.forget(_flat(args, kwargs))
         if not info[1] or dumper._busy or not dumper.capturing or fake_mode_active() \
-                or in_graph_capture():
+                or _graphs.capturing() and _graphs.told():
             return None
         if _graph_task_id() != -1:
             if _grad_enabled() or not self.want_bw:

@@ -6,20 +6,21 @@ a dtype the kernel reads is not measured when it is made: `Deferred.add` plans i
 is planned (`Writer._plan`: a tensor recorded again unchanged takes the first record's
 statistics), writes the tensor's descriptor row into the batch's preallocated table
 (`_batched_stats.Table`: one packing call, no object a record), keeps a reference to the
-tensor's storage, and appends the record itself, in seq order, to the pending batch. Every `max_records` records or
-`max_bytes` of referenced tensors the batch is flushed: the kernels are queued on the current
-stream, the output slab is copied to pinned host memory once, and an event is recorded after the
-copy; the tensors are then let go (the caching allocator hands their memory out again only to
-work queued after the kernels on that stream). The writer resolves a flushed `Batch`
-(`record_batch`: wait for its event, decode, one `Writer._record` per record in seq order, so
-reused statistics are filled before they are taken) at the step's end (sync writer) or in its
-writer thread (async writer). No record waits for the device, and no record copies alone.
+tensor's storage, and appends the record itself, in seq order, to the pending batch. Every
+`max_records` records or `max_bytes` of referenced tensors the batch is flushed: the kernels are
+queued on the current stream, the output slab is copied to pinned host memory once, and an
+event is recorded after the copy; the storages are then let go (the caching allocator hands
+their memory out again only to work queued after the kernels on that stream). The writer
+resolves a flushed `Batch` (`record_batch`: wait for its event, decode, one `Writer._record` per
+record in seq order, so reused statistics are filled before they are taken) at the step's end
+(sync writer) or in its writer thread (async writer). No record waits for the device, and no record copies alone.
 
 Memory this holds (docs/tracer.md, "Statistics on a GPU"): the tensors of the pending batch,
 less than `max_bytes` beyond what the step holds anyway (a tensor that takes the batch past
 `max_bytes` is flushed with it at once), plus per flushed batch a device slab and a pinned host
 slab of 8 * (9 + 128) bytes a record (9 words without sketches), and a device scratch of 72
-bytes per kernel program (at most 512 programs a record).
+bytes per kernel program (at most 512 programs a record); the table, 8 * 16 bytes a record of
+`max_records`, is allocated once.
 """
 from __future__ import annotations
 
