@@ -13,7 +13,8 @@ event is recorded after the copy; the storages are then let go (the caching allo
 their memory out again only to work queued after the kernels on that stream). The writer
 resolves a flushed `Batch` (`record_batch`: wait for its event, decode, one `Writer._record` per
 record in seq order, so reused statistics are filled before they are taken) at the step's end
-(sync writer) or in its writer thread (async writer). No record waits for the device, and no record copies alone.
+(sync writer) or in its writer thread (async writer). No record waits for the device, and no
+record copies alone.
 
 Memory this holds (docs/tracer.md, "Statistics on a GPU"): the tensors of the pending batch,
 less than `max_bytes` beyond what the step holds anyway (a tensor that takes the batch past
