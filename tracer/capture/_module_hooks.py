@@ -139,8 +139,9 @@ class ModuleTracker:
         self.names = CallNames()
         self.roots = self.names.roots
         self._wanted: dict[str, bool] = {}
-        # (module, name, call, seq, recomputing) of every running module, innermost last
-        self.stack: list[tuple[torch.nn.Module, str, int, int, bool]] = []
+        # (module, name, call, seq, recomputing, source line or None) of every running module,
+        # innermost last
+        self.stack: list[tuple[torch.nn.Module, str, int, int, bool, str | None]] = []
         self.record = cfg.level in ("module", "mix")
         self.tag_graph = cfg.level in ("op", "mix") and cfg.phases in ("backward", "both")
         self.want_in = cfg.io in ("input", "both")
@@ -274,8 +275,12 @@ class ModuleTracker:
         counter = self._recompute_calls if recomputing else self.calls
         call = counter.next(name, "forward")
         self._seq += 1
-        self.stack.append((module, name, call, self._seq, recomputing))
-        if not (self.record and self.want_in and self.wants(name)):
+        wanted = self.record and self.want_in and self.wants(name)
+        # the call's source line (above this, its guard, then _call_impl's inner), which its
+        # outputs share: one walk a call
+        source = user_source(3) if wanted and self.want_fw and not recomputing else None
+        self.stack.append((module, name, call, self._seq, recomputing, source))
+        if not wanted:
             return
         inputs = flatten_tensors(args, [])
         frame = sys._getframe(2)  # above this, its guard, then _call_impl's inner
@@ -285,7 +290,7 @@ class ModuleTracker:
                 flatten_tensors(kwargs, inputs)
         if not inputs:
             return
-        self._record(name, "input", inputs, call, recomputing)
+        self._record(name, "input", inputs, call, recomputing, source)
 
     def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
         # with_kwargs gives (kwargs, output); the always_call path after an exception gives (output,)
@@ -298,7 +303,7 @@ class ModuleTracker:
                 break
         else:
             return  # a module we do not track (outside the model, or a busy-time call)
-        _, name, call, seq, recomputing = stack[pos]
+        _, name, call, seq, recomputing, source = stack[pos]
         del stack[pos:]
         if _graphs.capturing() and _graphs.told():
             return  # a capture began inside this call: its outputs hold no values yet
@@ -323,13 +328,15 @@ class ModuleTracker:
             outputs = flatten_tensors(output, [])
         if not outputs:
             return
-        self._record(name, "output", outputs, call, recomputing)
+        self._record(name, "output", outputs, call, recomputing, source)
 
     def _record(self, name: str, direction: str, tensors: list[torch.Tensor], call: int,
-                recomputing: bool) -> None:
-        """Emit a module call's forward inputs or outputs now, and hook their gradients."""
+                recomputing: bool, source: str | None) -> None:
+        """Emit a module call's forward inputs or outputs now (`source`: the call's line, None
+        when not walked yet), and hook their gradients."""
         if self.want_fw and not recomputing:
-            source = user_source(4)  # above this, the hook, its guard, torch's _call_impl
+            if source is None:
+                source = user_source(4)  # above this, the hook, its guard, torch's _call_impl
             with tool_range():
                 self._dumper.emit_all(name, name, "", "forward", direction, call, source,
                                       tensors)
