@@ -21,14 +21,19 @@ line, the Dumper's hand-over; the timers' own ~0.2 us a record land here too).
 out (on CPU the launch runs in Triton's interpreter, which says nothing about a GPU) and a plan
 that reuses nothing: what a CUDA record adds to `writer_add` before its launch.
 
+`--profile` adds `profile_percent`: per level, each source file's share of the host time of a
+dumped block under cProfile (thread CPU time), to say where to look.
+
 Prints one JSON object. Run: PYTHONPATH=. python3 benchmarks/record_host_cost.py [--rounds N]
 [--steps N] [--layers N] [--levels module,op] [--device cpu|cuda] [--clock wall|cpu]
+[--profile]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -106,6 +111,38 @@ def _dumped(model, opt, x, steps: int, sync, level: str, path: Path, timers: Tim
     return statistics.median(times), records, parts
 
 
+def profile_shares(model, opt, x, steps: int, sync, level: str, path: Path) -> dict:
+    """Where a dumped step's host time goes: cProfile (thread CPU time) over `steps` dumped
+    steps, the self time of each source file in percent of the profile, largest first (the
+    top 12; C functions and torch's kernels are "~"). The profiler's own cost inflates small
+    Python functions, so this says where to look, not what each costs."""
+    import cProfile
+    import pstats
+
+    root = str(Path(tracer.__file__).resolve().parents[1]) + os.sep
+    site = os.sep + "site-packages" + os.sep
+    stdlib = os.path.dirname(os.__file__) + os.sep
+    with tracer.Dumper(model, {"level": level, "mode": "statistics", "writer": "sync",
+                               "path": str(path)}):
+        _steps(model, opt, x, 1, sync)
+        prof = cProfile.Profile(time.thread_time)
+        prof.enable()
+        _steps(model, opt, x, steps, sync)
+        prof.disable()
+    shutil.rmtree(path, ignore_errors=True)
+    by_file: dict[str, float] = {}
+    for (where, _, _), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+        name = where.replace(root, "")
+        if site in name:
+            name = name.rpartition(site)[2]
+        elif name.startswith(stdlib):
+            name = "python/" + name[len(stdlib):]
+        by_file[name] = by_file.get(name, 0.0) + row[2]
+    total = sum(by_file.values()) or 1.0
+    top = sorted(by_file.items(), key=lambda kv: -kv[1])[:12]
+    return {name: round(100 * t / total, 1) for name, t in top}
+
+
 def batch_add_us(rounds: int) -> float:
     """Host us a record of `Deferred.add` and its flush, the launch left out (see the module
     docstring); median over rounds of 8 batches."""
@@ -137,7 +174,7 @@ def batch_add_us(rounds: int) -> float:
 
 
 def measure(rounds: int, steps: int, layers: int, levels: list[str], device: str,
-            work: Path) -> dict:
+            work: Path, profile: bool = False) -> dict:
     model = make_model(layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4, 16, device=device)
@@ -166,6 +203,10 @@ def measure(rounds: int, steps: int, layers: int, levels: list[str], device: str
                       "spread": [round(min(per_record), 2), round(max(per_record), 2)],
                       "split": {k: round(statistics.median(v), 2) for k, v in split.items()}}
     out["batch_add_us"] = batch_add_us(max(3, rounds))
+    if profile:
+        out["profile_percent"] = {level: profile_shares(model, opt, x, steps, sync, level,
+                                                        work / f"p{level}")
+                                  for level in levels}
     return out
 
 
@@ -177,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", default="module,op")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add profile_percent: each source file's share of a dumped step's "
+                         "host time under cProfile, per level")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: the thread's CPU time, which a machine busy with other work "
                          "inflates far less; it leaves out waits (the step file's fsync)")
@@ -195,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         _clock, _clock_ns = time.thread_time, time.thread_time_ns
     work = Path(tempfile.mkdtemp(prefix="sleuth_record_host_cost_"))
     try:
-        result = measure(args.rounds, args.steps, args.layers, levels, args.device, work)
+        result = measure(args.rounds, args.steps, args.layers, levels, args.device, work,
+                         args.profile)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({"benchmark": "record_host_cost", "device": args.device,
