@@ -139,9 +139,10 @@ class ModuleTracker:
         self.names = CallNames()
         self.roots = self.names.roots
         self._wanted: dict[str, bool] = {}
-        # (module, name, call, seq, recomputing, source line or None) of every running module,
-        # innermost last
-        self.stack: list[tuple[torch.nn.Module, str, int, int, bool, str | None]] = []
+        # (module, name, call, seq, recomputing, source line or None, its _call_impl frame or
+        # None) of every running module, innermost last
+        self.stack: list[tuple[torch.nn.Module, str, int, int, bool, str | None,
+                               types.FrameType | None]] = []
         self.record = cfg.level in ("module", "mix")
         self.tag_graph = cfg.level in ("op", "mix") and cfg.phases in ("backward", "both")
         self.want_in = cfg.io in ("input", "both")
@@ -276,15 +277,23 @@ class ModuleTracker:
         call = counter.next(name, "forward")
         self._seq += 1
         wanted = self.record and self.want_in and self.wants(name)
-        # the call's source line (above this, its guard, then _call_impl's inner), which its
-        # outputs share: one walk a call
-        source = user_source(3) if wanted and self.want_fw and not recomputing else None
-        self.stack.append((module, name, call, self._seq, recomputing, source))
+        frame = sys._getframe(2)  # above this, its guard, then _call_impl's inner
+        if frame.f_code is not self._inner_code:
+            frame = None
+        # the call's source line (from _call_impl's inner up), which its records and the ops
+        # inside it share: walked once a call, and only up to the running caller's frame
+        stack = self.stack
+        if frame is None:
+            source = user_source(3) if wanted and self.want_fw and not recomputing else None
+        elif stack and stack[-1][6] is not None:
+            source = user_source(3, stack[-1][6], stack[-1][5])
+        else:
+            source = user_source(3)
+        stack.append((module, name, call, self._seq, recomputing, source, frame))
         if not wanted:
             return
         inputs = flatten_tensors(args, [])
-        frame = sys._getframe(2)  # above this, its guard, then _call_impl's inner
-        if frame.f_code is self._inner_code:
+        if frame is not None:
             kwargs = frame.f_locals.get("kwargs")
             if kwargs:
                 flatten_tensors(kwargs, inputs)
@@ -303,7 +312,7 @@ class ModuleTracker:
                 break
         else:
             return  # a module we do not track (outside the model, or a busy-time call)
-        _, name, call, seq, recomputing, source = stack[pos]
+        _, name, call, seq, recomputing, source, _ = stack[pos]
         del stack[pos:]
         if _graphs.capturing() and _graphs.told():
             return  # a capture began inside this call: its outputs hold no values yet

@@ -225,6 +225,7 @@ class OpMode(TorchDispatchMode):
                 # forward ops, already recorded in the forward pass
                 return None
             phase = "backward"
+            top = None
             node = _current_node()
             if node is None:
                 # run by a callback queued on the engine after the graph's last node: DDP's
@@ -239,8 +240,9 @@ class OpMode(TorchDispatchMode):
                 return None
             phase = "forward"
             stack = self._tracker.stack
-            module = stack[-1][1] if stack else NONE
-            if stack and stack[-1][4]:
+            top = stack[-1] if stack else None
+            module = top[1] if top is not None else NONE
+            if top is not None and top[4]:
                 return None  # recomputation driven by module hooks
         sites = info[5]
         site = sites.get(module, False)
@@ -250,7 +252,9 @@ class OpMode(TorchDispatchMode):
         if site is None:
             return None
         scope = site.scope
-        source = user_source(3)
+        # the walk stops at the running module call's frame, whose line is known
+        source = user_source(3, top[6], top[5]) if top is not None and top[6] is not None \
+            else user_source(3)
         if source is RECEIVED or source is WRAPPER:
             # rebuilding a tensor another process sent, or DDP's own work: not the step's
             return None
