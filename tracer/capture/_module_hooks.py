@@ -30,8 +30,8 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
-from tracer.capture._compiled import compiled_module, tell_once
 from tracer.capture import _graphs
+from tracer.capture._compiled import compiled_module, tell_once
 from tracer.capture._naming import (ROOT, CallCounter, CallNames, module_names, root_name,
                                     wrapper_inner)
 from tracer.capture._recorder import Recorder
