@@ -35,8 +35,8 @@ from tracer._crash import describe_exception, on_crash
 from tracer._lifecycle import LIVE, Lifecycle
 from tracer._step_rule import LastStep, StepRule
 from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords, Site,
-                            encode_call, local_shard, on_scaler_update, recording_closure,
-                            tool_range, user_source)
+                            encode_call, in_graph_capture, local_shard, on_scaler_update,
+                            recording_closure, tool_range, user_source)
 from tracer.capture import rewrap as rewrap_scalers
 from tracer.storage import copy_stats, difference_sketch, difference_stats, stored_extent
 
@@ -660,7 +660,7 @@ class Dumper:
         optimizer runs; its closure, if any, is handed on wrapped so that its forward and
         backward are recorded after all (`tracer.capture.recording_closure`). A failure is the
         dump's (`_fail`): the optimizer step then runs with the arguments it was given."""
-        if not self.capturing:
+        if not self.capturing or in_graph_capture():
             return None
         try:
             return self._before_optimizer(optimizer, args, kwargs)
@@ -691,8 +691,8 @@ class Dumper:
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._after_failure()
-        if self._state not in LIVE:
-            return
+        if self._state not in LIVE or in_graph_capture():
+            return  # a captured step is not run: it ends no step (tracer.capture._graphs)
         try:
             self._after_optimizer(optimizer)
         except Exception as e:  # noqa: BLE001 - routed through on_error

@@ -16,11 +16,17 @@ def _load():
 
 def test_smallest_run_reports_microseconds_a_record_per_level(capsys):
     bench = _load()
-    assert bench.main(["--rounds", "1", "--steps", "1", "--layers", "4"]) == 0
+    assert bench.main(["--rounds", "1", "--steps", "1", "--layers", "4", "--profile"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["benchmark"] == "record_host_cost" and out["device"] == "cpu"
     for level in ("module", "op"):
         row = out[level]
         assert row["records_per_step"] > 20
         assert row["spread"][0] <= row["us_per_record"] <= row["spread"][1]
+        assert set(row["split"]) == {"capture", "writer_add", "step_file"}
+        assert row["split"]["writer_add"] > 0 and row["split"]["step_file"] > 0
     assert out["op"]["records_per_step"] > out["module"]["records_per_step"]
+    assert out["batch_add_us"] > 0
+    for level in ("module", "op"):  # where the time goes, by source file
+        shares = out["profile_percent"][level]
+        assert 0 < sum(shares.values()) <= 100.5 and "tracer/_dumper.py" in shares

@@ -123,6 +123,27 @@ def test_results_are_identical_run_to_run_and_for_any_split_into_programs(interp
     assert_same(small, reference(x), "small blocks")
 
 
+def test_records_of_interleaved_dtypes_decode_to_their_own_rows(interpreted):
+    """The table is written in record order and launched grouped by dtype: each record's slab
+    row is still its own, and a reused table (`clear`) keeps no row of the batch before."""
+    tensors = [sample(d, n, True) for n in (3, 300, 9000) for d in
+               (torch.float32, torch.int64, torch.bfloat16, torch.bool, torch.float16)]
+    tab = kernel.Table(len(tensors))
+    for t in reversed(tensors):  # something else first
+        assert tab.append(t, tuple(t.shape))
+    tab.clear()
+    for t in tensors:
+        assert tab.append(t, tuple(t.shape))
+    assert tab.dtypes() == [t.dtype for t in tensors]
+    grouped, groups, _ = tab.grouped()
+    assert [g[0] for g in groups] == sorted({t.dtype for t in tensors}, key=kernel._CODES.get)
+    slab = kernel.launch(tab, torch.device("cpu"), True)
+    for t, got in zip(tensors, kernel.decode(slab.numpy(), tab.dtypes())):
+        assert_same(got, reference(t), (t.dtype, t.numel()))
+    assert not tab.append(torch.zeros(2, 3, 2, 5, 2, 2).transpose(1, 3)[:, :, :, :, :, 1],
+                          (2, 5, 2, 3, 2))  # five dimensions left: the caller copies it
+
+
 def test_empty_table_and_decode_of_narrow_checksums():
     assert kernel.table([])[2] == 0
     wrapped = kernel._wrap(np.array([255, 1 << 15, -1, 1 << 40]), np.array([8, 16, 32, 64]))

@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     "EagerWhileDumped": "tracer.capture._compiled",
     "Kernels": "tracer.capture._param_records",
     "local_shard": "tracer.capture._param_records",
+    "in_graph_capture": "tracer.capture._graphs",
     "ModuleTracker": "tracer.capture._module_hooks",
     "tool_range": "tracer.capture._module_hooks",
     "OpMode": "tracer.capture._op_mode",

@@ -30,6 +30,7 @@ import torch
 from torch.nn.modules import module as _nn_module
 
 from tracer._errors import ConfigError
+from tracer.capture import _graphs
 from tracer.capture._compiled import compiled_module, tell_once
 from tracer.capture._naming import (ROOT, CallCounter, CallNames, module_names, root_name,
                                     wrapper_inner)
@@ -138,8 +139,10 @@ class ModuleTracker:
         self.names = CallNames()
         self.roots = self.names.roots
         self._wanted: dict[str, bool] = {}
-        # (module, name, call, seq, recomputing) of every running module, innermost last
-        self.stack: list[tuple[torch.nn.Module, str, int, int, bool]] = []
+        # (module, name, call, seq, recomputing, source line or None, its _call_impl frame or
+        # None) of every running module, innermost last
+        self.stack: list[tuple[torch.nn.Module, str, int, int, bool, str | None,
+                               types.FrameType | None]] = []
         self.record = cfg.level in ("module", "mix")
         self.tag_graph = cfg.level in ("op", "mix") and cfg.phases in ("backward", "both")
         self.want_in = cfg.io in ("input", "both")
@@ -261,7 +264,8 @@ class ModuleTracker:
             self._dumper._fail(e)
 
     def _pre(self, module: torch.nn.Module, args: tuple) -> None:
-        if self._dumper._busy or fake_mode_active():
+        if self._dumper._busy or fake_mode_active() \
+                or _graphs.capturing() and _graphs.told():  # (tracer.capture._graphs)
             return
         name = self._name_of(module)
         if name is None:
@@ -272,18 +276,30 @@ class ModuleTracker:
         counter = self._recompute_calls if recomputing else self.calls
         call = counter.next(name, "forward")
         self._seq += 1
-        self.stack.append((module, name, call, self._seq, recomputing))
-        if not (self.record and self.want_in and self.wants(name)):
+        wanted = self.record and self.want_in and self.wants(name)
+        frame = sys._getframe(2)  # above this, its guard, then _call_impl's inner
+        if frame.f_code is not self._inner_code:
+            frame = None
+        # the call's source line (from _call_impl's inner up), which its records and the ops
+        # inside it share: walked once a call, and only up to the running caller's frame
+        stack = self.stack
+        if frame is None:
+            source = user_source(3) if wanted and self.want_fw and not recomputing else None
+        elif stack and stack[-1][6] is not None:
+            source = user_source(3, stack[-1][6], stack[-1][5])
+        else:
+            source = user_source(3)
+        stack.append((module, name, call, self._seq, recomputing, source, frame))
+        if not wanted:
             return
         inputs = flatten_tensors(args, [])
-        frame = sys._getframe(2)  # above this, its guard, then _call_impl's inner
-        if frame.f_code is self._inner_code:
+        if frame is not None:
             kwargs = frame.f_locals.get("kwargs")
             if kwargs:
                 flatten_tensors(kwargs, inputs)
         if not inputs:
             return
-        self._record(name, "input", inputs, call, recomputing)
+        self._record(name, "input", inputs, call, recomputing, source)
 
     def _post(self, module: torch.nn.Module, args: tuple, *rest: Any) -> None:
         # with_kwargs gives (kwargs, output); the always_call path after an exception gives (output,)
@@ -296,8 +312,10 @@ class ModuleTracker:
                 break
         else:
             return  # a module we do not track (outside the model, or a busy-time call)
-        _, name, call, seq, recomputing = stack[pos]
+        _, name, call, seq, recomputing, source, _ = stack[pos]
         del stack[pos:]
+        if _graphs.capturing() and _graphs.told():
+            return  # a capture began inside this call: its outputs hold no values yet
         outputs = None
         if self.tag_graph and _grad_enabled():
             outputs = flatten_tensors(output, [])
@@ -319,13 +337,15 @@ class ModuleTracker:
             outputs = flatten_tensors(output, [])
         if not outputs:
             return
-        self._record(name, "output", outputs, call, recomputing)
+        self._record(name, "output", outputs, call, recomputing, source)
 
     def _record(self, name: str, direction: str, tensors: list[torch.Tensor], call: int,
-                recomputing: bool) -> None:
-        """Emit a module call's forward inputs or outputs now, and hook their gradients."""
+                recomputing: bool, source: str | None) -> None:
+        """Emit a module call's forward inputs or outputs now (`source`: the call's line, None
+        when not walked yet), and hook their gradients."""
         if self.want_fw and not recomputing:
-            source = user_source(4)  # above this, the hook, its guard, torch's _call_impl
+            if source is None:
+                source = user_source(4)  # above this, the hook, its guard, torch's _call_impl
             with tool_range():
                 self._dumper.emit_all(name, name, "", "forward", direction, call, source,
                                       tensors)
@@ -341,7 +361,8 @@ class ModuleTracker:
         key = (name, direction, index, call)
 
         def hook(grad: torch.Tensor) -> None:
-            if dumper.capturing and grad is not None and key not in seen:
+            if dumper.capturing and grad is not None and key not in seen \
+                    and not (_graphs.capturing() and _graphs.told()):
                 try:
                     seen.add(key)
                     source = user_source(2)

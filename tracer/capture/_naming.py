@@ -227,9 +227,14 @@ class CallCounter:
 
     def next(self, scope: str, phase: str) -> int:
         """Return the call number for this run of ``scope`` and count it."""
-        key = (scope, phase)
-        n = self._counts.get(key, 0)
-        self._counts[key] = n + 1
+        return self.count((scope, phase))
+
+    def count(self, key: tuple[str, str]) -> int:
+        """`next` for the key ``(scope, phase)`` built once by the caller (an op site keeps
+        its own), instead of a tuple a call."""
+        counts = self._counts
+        n = counts.get(key, 0)
+        counts[key] = n + 1
         return n
 
     def peek(self, scope: str, phase: str) -> int:

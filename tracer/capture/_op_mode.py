@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tracer.capture import _graphs
 from tracer.capture._module_hooks import (TAG, ModuleTracker, fake_mode_active,
                                           keep_dynamo_out, tool_range)
 from tracer.capture._naming import NONE, op_name, op_scope
@@ -123,6 +124,18 @@ def _ddp_bucketing(func: Any) -> bool:
         and torch.distributed.is_initialized()
 
 
+class _Site:
+    """An op inside one module: its record scope and its call counters' keys, made once (the
+    first time that op runs there), not per call."""
+
+    __slots__ = ("backward", "forward", "scope")
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+        self.forward = (scope, "forward")
+        self.backward = (scope, "backward")
+
+
 class OpMode(TorchDispatchMode):
     """Records inputs and outputs of aten ops; entered only while a dumped step runs."""
 
@@ -142,12 +155,13 @@ class OpMode(TorchDispatchMode):
         self._tracker = tracker
         # per op: (aten name, wanted by the filters, writes one of its arguments in place,
         # schema position of the argument its outputs are views of or -1, positions of its
-        # uninitialised outputs or None)
-        self._ops: dict[Any, tuple[str, bool, bool, int, tuple[int, ...] | None]] = {}
+        # uninitialised outputs or None, its sites: module name -> `_Site` or None where the
+        # module filters leave it out)
+        self._ops: dict[Any, tuple[str, bool, bool, int, tuple[int, ...] | None,
+                                   dict[str, _Site | None]]] = {}
         # data_ptr -> (tensor, version) of this step's uninitialised outputs not yet written
         # (see _record_inputs); the reference keeps the address from being reused meanwhile
         self._fresh: dict[int, tuple[torch.Tensor, int]] = {}
-        self._scopes: dict[tuple[str, str], str] = {}
         self.want_in = cfg.io in ("input", "both")
         self.want_out = cfg.io in ("output", "both")
         self.want_fw = cfg.phases in ("forward", "both")
@@ -195,12 +209,15 @@ class OpMode(TorchDispatchMode):
             mutates = _mutates(func)
             info = self._ops[func] = (name, dumper.config.wants_op(name), mutates,
                                       -1 if mutates else _view_source(func),
-                                      UNINITIALISED_OUTPUTS.get(name))
+                                      UNINITIALISED_OUTPUTS.get(name), {})
         if info[2]:
+            if _graphs.capturing() and _graphs.told():
+                return None  # the writer's forgetting may launch a batch: not into a capture
             # some ops write arguments without bumping their version counter (BatchNorm's
             # running statistics): the writer forgets what it knew of every in-place argument
             dumper.forget(_flat(args, kwargs))
-        if not info[1] or dumper._busy or not dumper.capturing or fake_mode_active():
+        if not info[1] or dumper._busy or not dumper.capturing or fake_mode_active() \
+                or _graphs.capturing() and _graphs.told():
             return None
         if _graph_task_id() != -1:
             if _grad_enabled() or not self.want_bw:
@@ -208,6 +225,7 @@ class OpMode(TorchDispatchMode):
                 # forward ops, already recorded in the forward pass
                 return None
             phase = "backward"
+            top = None
             node = _current_node()
             if node is None:
                 # run by a callback queued on the engine after the graph's last node: DDP's
@@ -222,20 +240,25 @@ class OpMode(TorchDispatchMode):
                 return None
             phase = "forward"
             stack = self._tracker.stack
-            module = stack[-1][1] if stack else NONE
-            if stack and stack[-1][4]:
+            top = stack[-1] if stack else None
+            module = top[1] if top is not None else NONE
+            if top is not None and top[4]:
                 return None  # recomputation driven by module hooks
-        if not self._tracker.wants(module):
+        sites = info[5]
+        site = sites.get(module, False)
+        if site is False:
+            site = sites[module] = _Site(op_scope(module, info[0])) \
+                if self._tracker.wants(module) else None
+        if site is None:
             return None
-        key = (module, info[0])
-        scope = self._scopes.get(key)
-        if scope is None:
-            scope = self._scopes[key] = op_scope(module, info[0])
-        source = user_source(3)
+        scope = site.scope
+        # the walk stops at the running module call's frame, whose line is known
+        source = user_source(3, top[6], top[5]) if top is not None and top[6] is not None \
+            else user_source(3)
         if source is RECEIVED or source is WRAPPER:
             # rebuilding a tensor another process sent, or DDP's own work: not the step's
             return None
-        call = self.calls.next(scope, phase)
+        call = self.calls.count(site.forward if phase == "forward" else site.backward)
         # an in-place op's tensors get their version bumped only after the op returned from
         # this mode: before and after it they carry the same version, so no reuse for them
         stable = not info[2]

@@ -12,6 +12,9 @@ of a `Site`, which is the source text itself (a str) with that second field.
 Hooks run deep inside torch, so this walks ``sys._getframe`` outward. Whether a code object is
 "internal" is decided once per code object and cached, and formatted locations are cached per
 (code, line), so a call costs a few dictionary look-ups per frame and never ``inspect.stack``.
+A walk from inside a module call stops at that call's frame, whose source was walked when the
+call began (`user_source`'s ``known_at``): the ops of a deep model's leaf modules walk two or
+three frames, not the whole stack.
 Hooks that autograd's engine runs in backward (gradient hooks, ops of backward formulas) all
 find the same user frame, the one that called ``backward()``, above the engine's entry frame:
 that walk is done once per backward pass (graph task) and its result reused. Where the engine
@@ -153,12 +156,16 @@ def _relative(path: str) -> str:
     return rel
 
 
-def user_source(skip: int = 1) -> str:
+def user_source(skip: int = 1, known_at: types.FrameType | None = None,
+                known: str = "") -> str:
     """``file:line`` of the innermost user frame above the caller, or ``""`` when there is none,
     `RECEIVED` when torch is rebuilding a tensor received from another process, or `WRAPPER`
     for DistributedDataParallel's or FSDP2's own work.
 
-    ``skip`` frames are skipped first (1 = the caller of this function).
+    ``skip`` frames are skipped first (1 = the caller of this function). ``known_at``: a frame
+    of the caller's stack whose walk gave ``known`` (a running module call's, walked when it
+    began): a walk that reaches it takes ``known`` instead of walking the frames above it
+    again. Those frames wait in their calls while ``known_at`` runs, so the answer is the same.
     """
     try:
         frame = sys._getframe(skip)
@@ -166,7 +173,7 @@ def user_source(skip: int = 1) -> str:
         # autograd's device threads (CUDA's backward) call a hook from C++ with no Python
         # frame above it: the walk then starts at the top and finds the pass's caller
         frame = None
-    return _walk(frame, True)
+    return _walk(frame, True, known_at, known)
 
 
 def _pass_source(engine: types.FrameType | None) -> str:
@@ -194,9 +201,12 @@ def _pass_source(engine: types.FrameType | None) -> str:
     return text
 
 
-def _walk(frame: types.FrameType | None, shortcut: bool) -> str:
+def _walk(frame: types.FrameType | None, shortcut: bool,
+          known_at: types.FrameType | None = None, known: str = "") -> str:
     internal = _internal
     while frame is not None:
+        if frame is known_at:
+            return known
         code = frame.f_code
         if code is _ENGINE and shortcut:
             # reached through internal frames only: autograd's engine runs this hook, and the

@@ -26,6 +26,7 @@ built for whichever mode the environment names when they are first used.
 from __future__ import annotations
 
 import os
+import struct
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,9 +46,10 @@ _STATS = 9  # the packed vector: 4 float64 bits, 4 counts, the checksum
 _COMBINE_BLOCK = 128
 _GOLDEN = 0x9E3779B97F4A7C15
 
-# table columns
-_ADDR, _NUMEL, _FIRST, _PROGRAMS, _CONTIGUOUS, _S1, _S2, _S3, _T0, _T1, _T2, _T3, _SLOT = \
-    range(13)
+# table columns; _DTYPE is the host's (the record's dtype code), the kernels do not read it
+_ADDR, _NUMEL, _FIRST, _PROGRAMS, _CONTIGUOUS, _S1, _S2, _S3, _T0, _T1, _T2, _T3, _SLOT, _DTYPE = \
+    range(14)
+_ROW = struct.Struct(f"<{_DTYPE + 1}q")  # columns _ADDR.._DTYPE of one row, as numpy lays them
 
 # dtype -> (its raw bits' Triton type, how a value is read from them, its value type)
 # kinds: 0 a float (bitcast), 1 a signed integer, 2 uint8, 3 bool, 4 float8_e4m3fn,
@@ -69,6 +71,8 @@ for _name, _kind, _tl_name in (("float8_e4m3fn", 4, "float8e4nv"), ("float8_e5m2
         _KINDS[getattr(torch, _name)] = ("int8", _kind, _tl_name)
 DTYPES = frozenset(_KINDS)
 """The dtypes the kernel reads."""
+_CODES = {d: i for i, d in enumerate(_KINDS)}
+_BY_CODE = tuple(_KINDS)
 _WIDTH_BITS = {d: (8 if d == torch.bool else d.itemsize * 8) for d in _KINDS}
 
 def _interpreted() -> bool:
@@ -151,50 +155,94 @@ def describe(t: torch.Tensor) -> Descriptor | None:
     return Descriptor(t.data_ptr(), t.numel(), t.dtype, found)
 
 
+class Table:
+    """The kernel's table for one batch, preallocated: each record writes its row (address,
+    element count, `layout`, slab row, dtype) into it when it is made, one packing call and no
+    object of its own; `grouped` orders the rows by dtype for the launches. Reused from batch
+    to batch (`clear`): `grouped` copies what a launch reads."""
+
+    __slots__ = ("_buf", "count", "rows")
+
+    def __init__(self, capacity: int) -> None:
+        self.rows = np.zeros((max(1, capacity), _FIELDS), dtype=np.int64)
+        self._buf = memoryview(self.rows).cast("B")
+        self.count = 0
+        """Rows written: record i fills slab row i."""
+
+    @classmethod
+    def of(cls, descriptors: list[Descriptor]) -> Table:
+        """A table holding `descriptors`' rows, in their order."""
+        tab = cls(len(descriptors))
+        for d in descriptors:
+            tab._write(d.address, d.numel, d.layout, d.dtype)
+        return tab
+
+    def append(self, t: torch.Tensor, shape: tuple) -> bool:
+        """Write `t`'s row (`shape`: its shape, as a tuple); False, with nothing written, where
+        its view has more than four dimensions after collapsing (copy it first). `t` is
+        `supported` and the table not full."""
+        found = layout(shape, t.stride())
+        if found is None:
+            return False
+        self._write(t.data_ptr(), t.numel(), found, t.dtype)
+        return True
+
+    def _write(self, address: int, numel: int, found: tuple, dtype: torch.dtype) -> None:
+        i = self.count
+        _ROW.pack_into(self._buf, i * _FIELDS * 8, address, numel, 0, 0, *found, i,
+                       _CODES[dtype])
+        self.count = i + 1
+
+    def clear(self) -> None:
+        self.count = 0
+
+    def dtypes(self) -> list[torch.dtype]:
+        """The dtype of each row, in row (slab) order."""
+        return [_BY_CODE[c] for c in self.rows[:self.count, _DTYPE].tolist()]
+
+    def grouped(self, *, block: int = BLOCK, turns: int = TURNS
+                ) -> tuple[np.ndarray, list[tuple[torch.dtype, int, int, int]], int]:
+        """A copy of the rows grouped by dtype (in row order within a dtype), with each row's
+        programs and first program filled in; per dtype (dtype, first row, rows, first partial
+        row); and the partial rows in all. Numpy only: no device work."""
+        count = self.count
+        if not count:
+            return np.zeros((0, _FIELDS), dtype=np.int64), [], 0
+        rows = self.rows[:count]
+        order = np.argsort(rows[:, _DTYPE], kind="stable")
+        tab = rows[order]
+        programs = np.minimum(-(-tab[:, _NUMEL] // (block * turns)), _MAX_PROGRAMS)
+        tab[:, _PROGRAMS] = programs
+        first = np.cumsum(programs) - programs
+        tab[:, _FIRST] = first
+        codes = tab[:, _DTYPE]
+        starts = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1]))).tolist()
+        ends = starts[1:] + [count]
+        groups = [(_BY_CODE[int(codes[a])], a, b - a, int(first[a])) for a, b in zip(starts, ends)]
+        return tab, groups, int(programs.sum())
+
+
 def table(descriptors: list[Descriptor], *, block: int = BLOCK, turns: int = TURNS
           ) -> tuple[np.ndarray, list[tuple[torch.dtype, int, int, int]], int]:
-    """The kernel's table for `descriptors` (record i fills slab row i), its rows grouped by
-    dtype; and per dtype (dtype, first row, rows, first partial row), and the partial rows in
-    all. Numpy only: no device work."""
-    count = len(descriptors)
-    tab = np.zeros((count, _FIELDS), dtype=np.int64)
-    if not count:
-        return tab, [], 0
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, d in enumerate(descriptors):
-        by_dtype.setdefault(d.dtype, []).append(i)
-    order = [i for rows in by_dtype.values() for i in rows]
-    tab[:, _ADDR] = [descriptors[i].address for i in order]
-    numel = np.array([descriptors[i].numel for i in order], dtype=np.int64)
-    tab[:, _NUMEL] = numel
-    tab[:, _CONTIGUOUS:_SLOT] = [descriptors[i].layout for i in order]
-    tab[:, _SLOT] = order
-    chunk = block * turns
-    programs = np.minimum(-(-numel // chunk), _MAX_PROGRAMS)
-    tab[:, _PROGRAMS] = programs
-    first = np.cumsum(programs) - programs
-    tab[:, _FIRST] = first
-    groups = []
-    row = 0
-    for dtype, rows in by_dtype.items():
-        groups.append((dtype, row, len(rows), int(first[row])))
-        row += len(rows)
-    return tab, groups, int(programs.sum())
+    """`Table.grouped` of a table holding `descriptors` (record i fills slab row i)."""
+    return Table.of(descriptors).grouped(block=block, turns=turns)
 
 
-def launch(descriptors: list[Descriptor], device: torch.device, sketch: bool, *,
+def launch(records: Table | list[Descriptor], device: torch.device, sketch: bool, *,
            block: int = BLOCK, turns: int = TURNS) -> torch.Tensor:
-    """Queue the statistics of `descriptors` on `device`'s current stream: one partials launch
-    per dtype, one combine launch; returns the output slab there (int64, one row of
-    `width(sketch)` words per record, in the descriptors' order). The tensors they describe
-    must stay alive until this returns (the kernels then run in stream order before any later
-    use of their memory). The table goes to the device through pinned memory on CUDA; with
-    Triton's interpreter everything stays on the CPU."""
+    """Queue the statistics of `records` (a `Table`, or descriptors) on `device`'s current
+    stream: one partials launch per dtype, one combine launch; returns the output slab there
+    (int64, one row of `width(sketch)` words per record, in row order). The tensors they
+    describe must stay alive until this returns (the kernels then run in stream order before
+    any later use of their memory). The table goes to the device through pinned memory on
+    CUDA; with Triton's interpreter everything stays on the CPU."""
     import triton.language as tl
 
     partials, combine = kernels()
-    tab, groups, programs = table(descriptors, block=block, turns=turns)
-    count = len(descriptors)
+    if not isinstance(records, Table):
+        records = Table.of(records)
+    tab, groups, programs = records.grouped(block=block, turns=turns)
+    count = len(tab)
     words = width(sketch)
     scratch = torch.empty(count * _FIELDS + programs * 9 + count * words, dtype=torch.int64,
                           device=device)

@@ -4,21 +4,24 @@ launch measures many (tracer.storage._batched_stats); the writer decodes the sla
 Statistics mode only (tensor and full modes copy each record's bytes anyway). A CUDA record of
 a dtype the kernel reads is not measured when it is made: `Deferred.add` plans it as every record
 is planned (`ReuseIndex.plan`: a tensor recorded again unchanged takes the first record's
-statistics), appends the tensor's descriptor and keeps a reference to the tensor, and appends
-the record itself, in seq order, to the pending batch. Every `max_records` records or
-`max_bytes` of referenced tensors the batch is flushed: the kernels are queued on the current
-stream, the output slab is copied to pinned host memory once, and an event is recorded after the
-copy; the tensors are then let go (the caching allocator hands their memory out again only to
-work queued after the kernels on that stream). The writer resolves a flushed `Batch`
-(`record_batch`: wait for its event, decode, one `Writer._record` per record in seq order, so
-reused statistics are filled before they are taken) at the step's end (sync writer) or in its
-writer thread (async writer). No record waits for the device, and no record copies alone.
+statistics), writes the tensor's descriptor row into the batch's preallocated table
+(`_batched_stats.Table`: one packing call, no object a record), keeps a reference to the
+tensor's storage, and appends the record itself, in seq order, to the pending batch. Every
+`max_records` records or `max_bytes` of referenced tensors the batch is flushed: the kernels are
+queued on the current stream, the output slab is copied to pinned host memory once, and an
+event is recorded after the copy; the storages are then let go (the caching allocator hands
+their memory out again only to work queued after the kernels on that stream). The writer
+resolves a flushed `Batch` (`record_batch`: wait for its event, decode, one `Writer._record` per
+record in seq order, so reused statistics are filled before they are taken) at the step's end
+(sync writer) or in its writer thread (async writer). No record waits for the device, and no
+record copies alone.
 
 Memory this holds (docs/tracer.md, "Statistics on a GPU"): the tensors of the pending batch,
 less than `max_bytes` beyond what the step holds anyway (a tensor that takes the batch past
 `max_bytes` is flushed with it at once), plus per flushed batch a device slab and a pinned host
 slab of 8 * (9 + 128) bytes a record (9 words without sketches), and a device scratch of 72
-bytes per kernel program (at most 512 programs a record).
+bytes per kernel program (at most 512 programs a record); the table, 8 * 16 bytes a record of
+`max_records`, is allocated once.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ MAX_RECORDS = 512
 MAX_BYTES = 256 << 20
 """Bytes of tensors a batch references before it is flushed."""
 _EMPTY = -2  # slot of a record without elements
+_new_tuple = tuple.__new__
 _REUSED = -1  # slot of a record that takes an earlier record's statistics
 
 
@@ -96,13 +100,15 @@ class Deferred:
         self.max_records = MAX_RECORDS if max_records is None else max_records
         self.max_bytes = MAX_BYTES if max_bytes is None else max_bytes
         self._usable: bool | None = None  # Triton importable; decided at the first record
+        # the pending records' descriptor rows, written in place as records arrive
+        self._table = kernel.Table(self.max_records)
         self._clear()
 
     def _clear(self) -> None:
         self.records: list[Record] = []
-        self._descriptors: list[kernel.Descriptor] = []
-        self._tensors: list[torch.Tensor] = []
-        self._dtypes: list[torch.dtype] = []
+        # the storages the pending rows read: alive (not handed out again) until the launch
+        self._keep: list[Any] = []
+        self._table.clear()
         self._bytes = 0
 
     def takes(self, t: torch.Tensor) -> bool:
@@ -126,6 +132,7 @@ class Deferred:
         full now, flush it: returns the flushed batch, else None."""
         share, shared, skip = plan(t, stable, version)
         n = t.numel()
+        shape = tuple(t.shape)
         if skip and self.sketch and not t.is_contiguous():
             skip = False  # the same memory in another order (a CPU transpose): its own sketch
         if skip:
@@ -133,23 +140,25 @@ class Deferred:
         elif not n:
             slot = _EMPTY
         else:
-            src = t.detach()
+            src = t
             if self.copy:
                 # its values now: nothing tells this writer of a later in-place write
-                src = src.clone(memory_format=torch.contiguous_format)
-            elif src.is_neg():
-                src = src.resolve_neg()  # its memory does not hold its values
-            desc = kernel.describe(src)
-            if desc is None:  # more than four dimensions after collapsing: read a copy
-                src = src.contiguous()
-                desc = kernel.describe(src)
-            slot = len(self._descriptors)
-            self._descriptors.append(desc)
-            self._tensors.append(src)
-            self._dtypes.append(t.dtype)
+                src = t.detach().clone(memory_format=torch.contiguous_format)
+            elif t.is_neg():
+                src = t.detach().resolve_neg()  # its memory does not hold its values
+            table = self._table
+            slot = table.count
+            if not table.append(src, shape):  # more than four dimensions after collapsing
+                src = src.detach().contiguous()
+                table.append(src, shape)
+            # its storage, not a detached tensor (a new object a record): what keeps the
+            # memory from being handed out again before the launch
+            self._keep.append(src.untyped_storage())
             self._bytes += n * t.element_size()
-        self.records.append(Record(seq, meta, t.dtype, tuple(t.shape), n, share, shared, slot))
-        if len(self._descriptors) >= self.max_records or self._bytes >= self.max_bytes \
+        # tuple.__new__: a NamedTuple's own __new__ is Python that parses its arguments
+        self.records.append(_new_tuple(Record, (seq, meta, t.dtype, shape, n, share, shared,
+                                                slot)))
+        if self._table.count >= self.max_records or self._bytes >= self.max_bytes \
                 or not (stable or self.copy):
             # not stable: an argument of an in-place op, recorded right before it writes
             return self.flush()
@@ -161,28 +170,31 @@ class Deferred:
         stream is being captured into a graph (docs/tracer.md)."""
         if not self.records:
             return None
-        records, descriptors, tensors, dtypes = (self.records, self._descriptors,
-                                                 self._tensors, self._dtypes)
-        self._clear()
-        if not descriptors:
-            return Batch(records, [], None, None)
-        device = tensors[0].device
-        host = event = None
-        if device.type == "cuda":
-            if torch.cuda.is_current_stream_capturing():
-                raise TracerError("a dumped step is being captured into a CUDA graph: the "
-                                  "tracer cannot record inside a capture; dump the step "
-                                  "eagerly (docs/tracer.md, 'Statistics on a GPU')")
-            with torch.cuda.device(device):
-                out = kernel.launch(descriptors, device, self.sketch)
-                host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
-                host.copy_(out, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-        else:  # Triton's interpreter: CPU tensors, done on return
-            host = kernel.launch(descriptors, device, self.sketch)
-        del tensors  # queued: their memory may be handed out to later work on this stream
-        return Batch(records, dtypes, host, event)
+        records, keep, table = self.records, self._keep, self._table
+        try:
+            if not table.count:
+                return Batch(records, [], None, None)
+            dtypes = table.dtypes()
+            device = keep[0].device
+            host = event = None
+            if device.type == "cuda":
+                if torch.cuda.is_current_stream_capturing():
+                    raise TracerError("a dumped step is being captured into a CUDA graph: the "
+                                      "tracer cannot record inside a capture; dump the step "
+                                      "eagerly (docs/tracer.md, 'Statistics on a GPU')")
+                with torch.cuda.device(device):
+                    out = kernel.launch(table, device, self.sketch)
+                    host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+                    host.copy_(out, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+            else:  # Triton's interpreter: CPU tensors, done on return
+                host = kernel.launch(table, device, self.sketch)
+            return Batch(records, dtypes, host, event)
+        finally:
+            # queued: their memory may be handed out to later work on this stream
+            del keep
+            self._clear()
 
     @property
     def pending(self) -> bool:
