@@ -21,7 +21,7 @@ from dashboard._widgets import data_table, table_records
 TOP = 25
 """Rows shown of each ranked table (the rest are in `sleuth profile diff --csv`)."""
 
-OP_COLS = ["name", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
+OP_COLS = ["name", "module", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
            "device_a_us", "device_b_us", "delta_us"]
 MOD_COLS = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
             "device_a_us", "device_b_us", "delta_us"]
