@@ -117,11 +117,13 @@ def _print_gpu(d: Any, top: int) -> None:
     cols = {}
     for key, short in (("gpu_idle_us", "idle"), ("host_wait_us", "host"),
                        ("data_wait_us", "data"), ("comm_wait_us", "comm"),
-                       ("overlap_share", "overlap")):
+                       ("overlap_share", "overlap_%")):
         for side in ("a", "b"):
-            cols[f"{short}_{side}"] = wide[(side, key)]
+            v = wide[(side, key)]
+            cols[short.replace("_%", f"_{side}_%") if "%" in short else f"{short}_{side}"] = (
+                v * 100 if key == "overlap_share" else v)
     print("\nGPU time per rank (us per step: idle and its host-bound, data-bound and "
-          "communication parts; overlap share of communication):")
+          "communication parts; % of communication overlapped by compute):")
     print(_table(pd.DataFrame(cols).reset_index()))
     for line in rank_lines(r, (d.sides["a"].get("slowest_rank"), d.sides["b"].get("slowest_rank")),
                            d.slower_rank):

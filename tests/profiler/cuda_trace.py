@@ -18,7 +18,7 @@ optimizer's two kernels 850-880 and 890-930; the step is 1000 long. `slow` (the 
 loop calls `.item()` after the forward (host 350-560: a D2H copy 515-520 and a stream sync),
 then Python work to 700; backward, all-reduce and optimizer run 300 later on the host, their
 kernels at 720-820, 840-920, 950-1100 (comm), 1150-1180 and 1190-1230; the step is 1300 long.
-The hand-computed figures are in test_profiler_gpu_fixture.py.
+The hand-computed figures are in test_profiler_gpu_time.py.
 """
 from __future__ import annotations
 
