@@ -48,6 +48,27 @@ def test_operator_lines_and_changed_file(tmp_path):
     assert later.find(("net.py", 1, "forward"), "fc") == f"{path}:4{CHANGED}"
     same = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime + 60)
     assert same.find(("net.py", 1, "forward"), "fc") == f"{path}:4"
+    # a stored content hash decides over the time: modified later but the same text is no
+    # change; another text is one even when the file looks older than the trace
+    from profiler._sources import content_hash
+    now = content_hash(path.read_bytes())
+    kept = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime - 60,
+                      hashes={"net.py": now})
+    assert kept.find(("net.py", 1, "forward"), "fc") == f"{path}:4"
+    edited = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime + 60,
+                        hashes={"net.py": content_hash(b"other text")})
+    assert edited.find(("net.py", 1, "forward"), "fc") == f"{path}:4{CHANGED}"
+
+
+def test_source_hashes_of_the_files_a_trace_cites(tmp_path):
+    from profiler._sources import content_hash, source_hashes
+    (tmp_path / "train.py").write_text("print(1)\n")
+    text = ('[{"ph": "X", "cat": "python_function", "name": "train.py(1): <module>"},'
+            '{"ph": "X", "cat": "python_function", "name": "torch/nn/modules/module.py(1750): '
+            '_call_impl"}, {"ph": "X", "cat": "python_function", "name": "gone.py(3): f"}]')
+    # the user's file by the path the frame writes; a library's and a missing one are not
+    assert source_hashes(text, [str(tmp_path)]) == {
+        "train.py": content_hash(b"print(1)\n")}
 
 
 NET = '''import sys, torch
@@ -99,7 +120,25 @@ def test_profiled_operator_line_and_edited_script(tmp_path):
     ops = profiler.read_profile(tmp_path / "run").ops
     mm = ops[ops["name"] == "aten::matmul"]
     assert list(mm["source"]) == [f"{script}:{want}"], mm
+    import json
+    meta_path = tmp_path / "run" / "profile" / "rank0" / "window0.json"
+    assert "net.py" in json.loads(meta_path.read_text())["source_hashes"]
+    # judged by content: a file saved again unchanged (a checkout, an editor) is no change ...
+    os.utime(script)
+    ops = profiler.read_profile(tmp_path / "run").ops
+    assert list(ops[ops["name"] == "aten::matmul"]["source"]) == [f"{script}:{want}"]
+    # ... and an edit whose time was set back (a copy with `cp -p`, a checkout) is one
     script.write_text("# a line added after profiling\n" + NET)
+    os.utime(script, (old, old))
     ops = profiler.read_profile(tmp_path / "run").ops
     mm = ops[ops["name"] == "aten::matmul"]
     assert all(s.endswith(CHANGED) for s in mm["source"]), mm
+    # a profile written before hashes: the modification time decides, as it did
+    meta = json.loads(meta_path.read_text())
+    del meta["source_hashes"]
+    meta_path.write_text(json.dumps(meta))
+    assert not any(s.endswith(CHANGED) for s in
+                   profiler.read_profile(tmp_path / "run").ops["source"])
+    os.utime(script)
+    mm = profiler.read_profile(tmp_path / "run").ops
+    assert all(s.endswith(CHANGED) for s in mm[mm["name"] == "aten::matmul"]["source"])
