@@ -195,6 +195,9 @@ class Collector:
             "peak_tflops_source": "config" if cfg.peak_tflops else "default",
             "module_types": dict(self._modules.types) if self._modules is not None else {},
             "module_sources": dict(self._modules.sources) if self._modules is not None else {},
+            "module_call_lines": ({k: sorted(v, key=v.get, reverse=True)
+                                   for k, v in self._modules.call_lines.items()}
+                                  if self._modules is not None else {}),
             "config": cfg.to_dict(), "torch_version": _torch_version(),
             # where the trace's shortened frame paths resolve (source lines, with_stack)
             "python_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))],

@@ -122,6 +122,9 @@ def operator_token(op: str) -> str | None:
     return f"{_OP_PREFIX}{kind}>" if kind else None
 
 
+_MODULE_CALL = "<module call>"
+"""Before a top-level module's name: the token of its call, found by the call sites the
+collector recorded (`module_call_lines`), since `model(x)` names no attribute to look up."""
 _BUILTIN_RE = re.compile(r"^<built-in (?:method|function) (\w+)")
 
 
@@ -135,8 +138,11 @@ def _callees(chain: list[Any]):
         if m:
             yield i, m.group(1)
         elif name.startswith(MODULE_PREFIX):
-            attr = name[len(MODULE_PREFIX):].rsplit(".", 1)[-1]
-            if not attr.startswith("<") and not attr.isdigit():
+            full = name[len(MODULE_PREFIX):]
+            attr = full.rsplit(".", 1)[-1]
+            if full.startswith("<") and "." not in full:  # a top-level module: `model(x)`
+                yield i, _MODULE_CALL + full
+            elif not attr.startswith("<") and not attr.isdigit():
                 yield i, attr
         elif chain[i].cat == PYTHON_EVENT:
             frame = frame_of(name)
@@ -191,7 +197,8 @@ class LineFinder:
     parsed (never run) with `ast`, so a name in a string or comment is no call."""
 
     def __init__(self, search_path: list[str], profiled_at: float | None = None,
-                 hashes: dict[str, str] | None = None) -> None:
+                 hashes: dict[str, str] | None = None,
+                 call_lines: dict[str, list[str]] | None = None) -> None:
         """`hashes`: the content hash of each source file when the trace was taken
         (`source_hashes`); a file whose content now differs has its lines marked CHANGED.
         `profiled_at`: when the trace was taken (seconds since the epoch), the fallback for a
@@ -200,6 +207,8 @@ class LineFinder:
         self._path = [p for p in search_path if isinstance(p, str)]
         self._at = profiled_at
         self._hashes = hashes if isinstance(hashes, dict) else {}
+        # a top-level module's name -> the `file:line`s that called it (the collector's)
+        self._calls = call_lines if isinstance(call_lines, dict) else {}
         self._files: dict[str, tuple[str, ast.Module, bool] | None] = {}
         self._found: dict[tuple[str, int, str, str | None], tuple[str, bool]] = {}
 
@@ -241,6 +250,13 @@ class LineFinder:
             return f"{short}:{line}", False
         path, tree, changed = got
         mark = CHANGED if changed else ""
+        if token is not None and token.startswith(_MODULE_CALL):
+            sites = self._calls.get(token[len(_MODULE_CALL):]) or []
+            lines = sorted({int(n) for f, _, n in (str(x).rpartition(":") for x in sites)
+                            if n.isdigit() and os.path.abspath(f) == path})
+            if not lines:
+                return f"{path}:{line}{mark}", False
+            return f"{path}:{','.join(map(str, lines))}{mark}", True
         scope = _scope(tree, line, func)
         if scope is None:
             return f"{path}:{line}{mark}", False

@@ -353,7 +353,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     stacks = any(ev.cat == PYTHON_EVENT for ev in host)
     frames: dict[int, str] = {}
     finder = (LineFinder([*(meta.get("python_path") or []), *sys.path, ""],
-                         profiled_at=_profiled_at(meta), hashes=meta.get("source_hashes"))
+                         profiled_at=_profiled_at(meta), hashes=meta.get("source_hashes"),
+                         call_lines=meta.get("module_call_lines"))
               if stacks else None)
     for ev in host:
         if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's

@@ -123,6 +123,10 @@ def test_profiled_operator_line_and_edited_script(tmp_path):
     import json
     meta_path = tmp_path / "run" / "profile" / "rank0" / "window0.json"
     assert "net.py" in json.loads(meta_path.read_text())["source_hashes"]
+    # the top-level module's call site, which no frame of the trace names
+    call = NET.splitlines().index("        model(x).sum().backward()") + 1
+    assert json.loads(meta_path.read_text())["module_call_lines"] == {
+        "<root>": [f"{script}:{call}"]}
     # judged by content: a file saved again unchanged (a checkout, an editor) is no change ...
     os.utime(script)
     ops = profiler.read_profile(tmp_path / "run").ops
@@ -142,3 +146,30 @@ def test_profiled_operator_line_and_edited_script(tmp_path):
     os.utime(script)
     mm = profiler.read_profile(tmp_path / "run").ops
     assert all(s.endswith(CHANGED) for s in mm[mm["name"] == "aten::matmul"]["source"])
+
+
+def test_a_top_level_module_call_is_given_its_line(tmp_path):
+    """`out = net(x)` in the user's loop calls no attribute and no builtin, and torch names the
+    loop's frame by its `def` line: the ops of a library's model (every op of a Hugging Face
+    model's forward) take the call line the collector recorded for the top-level module."""
+    from profiler._tables import build_tables
+    (tmp_path / "loop.py").write_text("def main(net, x):\n"
+                                      "    x = x + 1\n"
+                                      "    out = net(x)\n"
+                                      "    return out\n")
+
+    def X(name, ts, dur, cat):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        X("loop.py(1): main", 0, 100, "python_function"),
+        X("torch/nn/modules/module.py(1773): _wrapped_call_impl", 10, 80, "python_function"),
+        X("sleuth.module::<root>", 20, 60, "user_annotation"),
+        X("aten::addmm", 30, 20, "cpu_op")]}
+    meta = {"python_path": [str(tmp_path)],
+            "module_call_lines": {"<root>": [f"{tmp_path / 'loop.py'}:3"]}}
+    ops = build_tables(trace, meta)["ops"]
+    assert [r["source"] for r in ops] == [f"{tmp_path / 'loop.py'}:3"]
+    # profiles without the call sites: the function's def line, as before
+    assert [r["source"] for r in build_tables(trace, {"python_path": [str(tmp_path)]})["ops"]] \
+        == [f"{tmp_path / 'loop.py'}:1"]
