@@ -117,6 +117,14 @@ class ProfileDiff:
             return f"B is faster: {base}; {floor}"
         return f"no change beyond noise: {base}; {floor}"
 
+    def rank_lines(self) -> list[str]:
+        """With several ranks and GPU figures: the slowest rank of each run and the rank that
+        got slower the most, with their GPU idle time and its parts, in words; else []."""
+        from profiler._diff_gpu import rank_lines
+        return rank_lines(self.gpu_ranks, (self.sides.get("a", {}).get("slowest_rank"),
+                                           self.sides.get("b", {}).get("slowest_rank")),
+                          self.slower_rank)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for `--json` (NaN as None)."""
         import json

@@ -111,8 +111,6 @@ def _print_gpu(d: Any, top: int) -> None:
     if r is None or r.empty or r["rank"].nunique() < 2:
         return
     import pandas as pd
-
-    from profiler._diff_gpu import rank_lines
     wide = r.pivot(index="rank", columns="key", values=["a", "b"])
     cols = {}
     for key, short in (("gpu_idle_us", "idle"), ("host_wait_us", "host"),
@@ -125,8 +123,7 @@ def _print_gpu(d: Any, top: int) -> None:
     print("\nGPU time per rank (us per step: idle and its host-bound, data-bound and "
           "communication parts; % of communication overlapped by compute):")
     print(_table(pd.DataFrame(cols).reset_index()))
-    for line in rank_lines(r, (d.sides["a"].get("slowest_rank"), d.sides["b"].get("slowest_rank")),
-                           d.slower_rank):
+    for line in d.rank_lines():
         print(f"  {line}")
     k = d.kernels_ranks
     if k is not None and not k.empty:
