@@ -174,7 +174,7 @@ def test_browser_choose_run_b_and_read_why_it_is_slower(browser, compare_server)
                        timeout=20)
     assert verdict.startswith("B is slower: step time 1 ms -> 1.4 ms")
     causes = browser.find_element(By.ID, "profile-causes").text
-    assert "op aten::item: +500 us a step" in causes and "in B only" in causes
+    assert "op aten::item in fc: +500 us a step" in causes and "in B only" in causes
     first = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-compare-ops tbody tr"))
     row = [r.text for r in first if "aten::item" in r.text]
     assert row and "B only" in row[0]
