@@ -356,10 +356,26 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
                          profiled_at=_profiled_at(meta), hashes=meta.get("source_hashes"),
                          call_lines=meta.get("module_call_lines"))
               if stacks else None)
+    # a backward op's line is its forward op's (by its autograd node's Sequence number): the
+    # user wrote that line; `loss.backward()` only ran it (a new cast's backward is the cast's)
+    fwd_lines: dict[Any, str] = {}
+    if stacks:
+        for ev in host:
+            if (ev.cat == "cpu_op" and "Sequence number" in ev.args and id(ev) not in hidden
+                    and _node_seq(ev) is None):
+                line = user_line(ev, frames, finder)
+                if line:
+                    fwd_lines.setdefault(ev.args["Sequence number"], line)
+    nodes: dict[int, Any] = {}
     for ev in host:
         if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
             continue
-        key = (ev.name, _shapes(ev.args), user_line(ev, frames, finder) if stacks else "",
+        line = ""
+        if stacks:
+            seq = _node_seq(ev, nodes)
+            line = (fwd_lines.get(seq, "") if seq is not None else "") or user_line(
+                ev, frames, finder)
+        key = (ev.name, _shapes(ev.args), line,
                _op_module(ev, _module_name, seq_to_module, owners) if named else "")
         row = ops.get(key)
         if row is None:
@@ -488,6 +504,29 @@ def _tool_summary(pieces: list[tuple[float, float, str]], step_rows: list[dict[s
     return {"tools": per_tool,
             "tool_share": sum(r["tools_us"] for r in step_rows) / total_step if total_step else 0.0,
             "dump_on": "tracer" in per_tool}
+
+
+def _is_node(ev: _Ev) -> bool:
+    return ev.name.startswith(_BACKWARD_EVAL) or ev.name.endswith(("Backward0", "Backward1"))
+
+
+def _node_seq(ev: _Ev, memo: dict[int, Any] | None = None) -> Any:
+    """The Sequence number of the autograd node an op runs in (itself or an enclosing
+    `evaluate_function: XBackward0` / `XBackward0` event), None for a forward op."""
+    chain, p, found = [], ev, None
+    while p is not None:
+        if memo is not None and id(p) in memo:
+            found = memo[id(p)]
+            break
+        if _is_node(p) and "Sequence number" in p.args:
+            found = p.args["Sequence number"]
+            break
+        chain.append(p)
+        p = p.parent
+    if memo is not None:
+        for e in chain:
+            memo[id(e)] = found
+    return found
 
 
 def _op_module(ev: _Ev, module_name: Any, seq_to_module: dict[Any, str],

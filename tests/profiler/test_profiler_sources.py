@@ -173,3 +173,32 @@ def test_a_top_level_module_call_is_given_its_line(tmp_path):
     # profiles without the call sites: the function's def line, as before
     assert [r["source"] for r in build_tables(trace, {"python_path": [str(tmp_path)]})["ops"]] \
         == [f"{tmp_path / 'loop.py'}:1"]
+
+
+def test_a_backward_op_takes_its_forward_ops_line(tmp_path):
+    """The backward of a new cast runs inside `loss.backward()`, but the user wrote the cast:
+    an op in an autograd node is given the line of the forward op that made the node (by the
+    node's Sequence number), so a slowdown's forward and backward cost add up on its line."""
+    from profiler._tables import build_tables
+    (tmp_path / "loop.py").write_text("def main(x):\n"
+                                      "    y = x.double()\n"
+                                      "    y.sum().backward()\n")
+
+    def X(name, ts, dur, cat="cpu_op", **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": args}
+
+    trace = {"traceEvents": [
+        X("loop.py(1): main", 0, 200, "python_function"),
+        X("<built-in method double of Tensor object at 0x7f>", 10, 10, "python_function"),
+        X("aten::_to_copy", 11, 8, **{"Sequence number": 7}),
+        X("torch/_tensor.py(570): backward", 50, 100, "python_function"),
+        X("autograd::engine::evaluate_function: ToCopyBackward0", 60, 80,
+          **{"Sequence number": 7}),
+        X("ToCopyBackward0", 61, 78, **{"Sequence number": 7}),
+        X("aten::to", 65, 70)]}
+    lines = {r["name"]: r["source"] for r in
+             build_tables(trace, {"python_path": [str(tmp_path)]})["ops"]}
+    cast = f"{tmp_path / 'loop.py'}:2"
+    assert lines == {"aten::_to_copy": cast, "ToCopyBackward0": cast, "aten::to": cast,
+                     "autograd::engine::evaluate_function: ToCopyBackward0": cast}
