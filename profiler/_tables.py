@@ -512,14 +512,16 @@ def _is_node(ev: _Ev) -> bool:
 
 def _node_seq(ev: _Ev, memo: dict[int, Any] | None = None) -> Any:
     """The Sequence number of the autograd node an op runs in (itself or an enclosing
-    `evaluate_function: XBackward0` / `XBackward0` event), None for a forward op."""
+    `evaluate_function: XBackward0` / `XBackward0` event), None for a forward op: also one
+    that a node runs (a checkpoint's recompute), which makes nodes of its own and so carries
+    a Sequence number itself."""
     chain, p, found = [], ev, None
     while p is not None:
         if memo is not None and id(p) in memo:
             found = memo[id(p)]
             break
-        if _is_node(p) and "Sequence number" in p.args:
-            found = p.args["Sequence number"]
+        if "Sequence number" in p.args:
+            found = p.args["Sequence number"] if _is_node(p) else None
             break
         chain.append(p)
         p = p.parent
