@@ -228,7 +228,14 @@ FIXTURES = {"base_rank0.trace.json": (0, False), "base_rank1.trace.json": (1, Fa
 def main(out: str) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     for name, (rank, slow) in FIXTURES.items():
-        (Path(out) / name).write_text(json.dumps(trace(rank, slow), indent=0))
+        (Path(out) / name).write_text(dumps(trace(rank, slow)))
+
+
+def dumps(t: dict) -> str:
+    """The trace as JSON with one event a line, as torch writes it (and a diff reads it)."""
+    head = {k: v for k, v in t.items() if k != "traceEvents"}
+    events = ",\n  ".join(json.dumps(e) for e in t["traceEvents"])
+    return json.dumps(head)[:-1] + ',\n "traceEvents": [\n  ' + events + "\n ]\n}\n"
 
 
 if __name__ == "__main__":
