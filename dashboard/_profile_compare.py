@@ -1,7 +1,8 @@
 """The Profile page's comparison of two runs (`profiler.diff_profiles`, as `sleuth profile diff`
 prints it): the verdict line, the causes, the step breakdown side by side, the ranked ops,
 modules and source lines with their contribution (one-side-only rows marked), the GPU figures
-(or the line saying a trace has none), and links into each run's traces.
+(or the line saying a trace has none) with, for several ranks, each rank's and which rank is
+the slowest and which got slower, and links into each run's traces.
 
 `compare_data` turns a ProfileDiff into plain data (tested without a browser); `compare_panel`
 lays it out; the page calls them with run A (the page's run) and run B (the one to compare).
@@ -21,19 +22,27 @@ from dashboard._widgets import data_table, table_records
 TOP = 25
 """Rows shown of each ranked table (the rest are in `sleuth profile diff --csv`)."""
 
-OP_COLS = ["name", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
+OP_COLS = ["name", "module", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
            "device_a_us", "device_b_us", "delta_us"]
 MOD_COLS = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
             "device_a_us", "device_b_us", "delta_us"]
 LINE_COLS = ["source", "side", "ops", "delta_us"]
 GPU_COLS = ["figure", "a", "b", "delta"]
 KERNEL_COLS = ["module", "type", "kernel_a_us", "kernel_b_us", "delta_us"]
+RANK_COLS = ["rank", "idle_a", "idle_b", "host_a", "host_b", "data_a", "data_b", "comm_a",
+             "comm_b", "overlap_a", "overlap_b"]
+"""The per-rank GPU table: idle time and its host-bound, data-bound and communication parts
+(us per step) and the overlap share of communication, A beside B."""
+_RANK_KEYS = (("gpu_idle_us", "idle"), ("host_wait_us", "host"), ("data_wait_us", "data"),
+              ("comm_wait_us", "comm"), ("overlap_share", "overlap"))
 
 
 def compare_data(d: Any, *, top: int = TOP) -> dict[str, Any]:
     """The comparison as plain data: verdict (slower, faster, no change), headline, causes,
-    notes, and per table its records (breakdown, ops, modules, lines, gpu, kernels); gpu is
-    empty when neither trace has GPU events (a note says so)."""
+    notes, and per table its records (breakdown, ops, modules, lines, gpu, kernels,
+    gpu_ranks: one row per rank, empty with one rank); gpu is empty when neither trace has
+    GPU events (a note says so); rank_lines: the slowest rank of each run and the rank that
+    got slower the most, in words."""
     def rows(df: Any, cols: list[str], n: int | None = top) -> list[dict[str, Any]]:
         if df is None or df.empty:
             return []
@@ -44,11 +53,29 @@ def compare_data(d: Any, *, top: int = TOP) -> dict[str, Any]:
 
     gpu = d.gpu if d.gpu is not None else None
     return {"verdict": d.verdict, "exit_code": d.exit_code, "headline": d.headline(),
+            "gpu_ranks": _rank_rows(d.gpu_ranks),
+            "rank_lines": d.rank_lines(),
             "causes": list(d.causes), "notes": list(d.notes),
             "breakdown": rows(d.breakdown, ["phase", "a_us", "b_us", "delta_us"], None),
             "ops": rows(d.ops, OP_COLS), "modules": rows(d.modules, MOD_COLS),
             "lines": rows(d.lines, LINE_COLS), "gpu": rows(gpu, GPU_COLS, None),
             "kernels": rows(d.kernels, KERNEL_COLS)}
+
+
+def _rank_rows(gpu_ranks: Any) -> list[dict[str, Any]]:
+    """One row per rank (RANK_COLS) when the runs have several ranks with GPU figures."""
+    if gpu_ranks is None or gpu_ranks.empty or gpu_ranks["rank"].nunique() < 2:
+        return []
+    rows = []
+    for rank, g in gpu_ranks.groupby("rank", sort=True):
+        by_key = g.set_index("key")
+        row: dict[str, Any] = {"rank": int(rank)}
+        for key, short in _RANK_KEYS:
+            for side in ("a", "b"):
+                v = by_key[side].get(key)
+                row[f"{short}_{side}"] = None if v is None or v != v else float(v)
+        rows.append(row)
+    return rows
 
 
 def _short(source: str) -> str:
@@ -106,6 +133,13 @@ def compare_panel(d: Any, run_a: int, run_b: int, roots: tuple[Path, Path],
         if data["kernels"]:
             parts += _table("profile-compare-kernels", "kernel time by module (us per step)",
                             data["kernels"], KERNEL_COLS)
+        if data["gpu_ranks"]:
+            parts += _table("profile-compare-gpu-ranks", "GPU time per rank (us per step: idle "
+                            "and its host-bound, data-bound and communication parts; overlap "
+                            "share of communication as a fraction)", data["gpu_ranks"],
+                            RANK_COLS)
+            parts.append(html.Ul([html.Li(line) for line in data["rank_lines"]],
+                                 id="profile-compare-rank-lines"))
     parts.append(_trace_links(d, run_a, run_b, roots))
     return html.Div(parts, id="profile-compare")
 

@@ -171,6 +171,7 @@ class Collector:
         try:
             prof.export_chrome_trace(str(tmp))
             flops = self._count_flops(tmp, recorded)
+            hashes = self._source_hashes(tmp) if cfg.with_stack else None
             gzip_atomic(tmp, trace)
         finally:
             if elsewhere:
@@ -194,9 +195,14 @@ class Collector:
             "peak_tflops_source": "config" if cfg.peak_tflops else "default",
             "module_types": dict(self._modules.types) if self._modules is not None else {},
             "module_sources": dict(self._modules.sources) if self._modules is not None else {},
+            "module_call_lines": ({k: sorted(v, key=v.get, reverse=True)
+                                   for k, v in self._modules.call_lines.items()}
+                                  if self._modules is not None else {}),
             "config": cfg.to_dict(), "torch_version": _torch_version(),
             # where the trace's shortened frame paths resolve (source lines, with_stack)
             "python_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))],
+            # what each cited source file held, so a reader marks lines of an edited file
+            **({"source_hashes": hashes} if hashes is not None else {}),
             **flops,
         }
         self._step_wall.clear()
@@ -224,6 +230,20 @@ class Collector:
             warnings.warn("profiler: FLOPs are counted from recorded input shapes; with "
                           "record_shapes=False MFU is not reported", SleuthWarning, stacklevel=2)
         return counted
+
+    def _source_hashes(self, trace_path: Path) -> dict[str, str] | None:
+        """The content hash of each user file the window's frames cite (with_stack); None
+        when they cannot be had (readers then judge an edited file by its mtime)."""
+        from profiler._sources import source_hashes
+        try:
+            text = trace_path.read_text(encoding="utf-8", errors="replace")
+            return source_hashes(text, [os.getcwd(), *(p for p in sys.path
+                                                      if isinstance(p, str)), ""])
+        except (OSError, ValueError, MemoryError) as e:
+            warnings.warn(f"profiler: source files not hashed ({type(e).__name__}: {e}); an "
+                          "edited file is judged by its modification time", SleuthWarning,
+                          stacklevel=2)
+            return None
 
     def _export_stacks(self, prof: Any, k: int) -> str | None:
         # export_stacks writes an empty file when the profiler kept no stacks

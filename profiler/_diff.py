@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profiler._diff_gpu import gpu_cause, gpu_diff, gpu_rank_diff
 from profiler._noise import Judgement, Spread, judge, spread
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
@@ -40,7 +41,8 @@ class ProfileDiff:
     judgement: the verdict on step time (`verdict`, `change`, p-values, noise floor).
     step_a, step_b: step-time spread of each run (n, median, q1, q3, mean).
     breakdown: phase, a_us, b_us, delta_us (mean per step; phases, then step, comm, tools).
-    ops: name, input_shapes (ops pair across runs by these two, never by file path), source
+    ops: name, input_shapes, module (ops pair across runs by these three, the module only where
+        both profiles name it, never by file path), source
         (B's line, A's for an op in A only), source_a, source_b, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
         device_a_us, device_b_us, delta_us (the contribution), ranked by contribution.
     modules: module, type, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us,
@@ -55,6 +57,8 @@ class ProfileDiff:
         None on a side whose trace has no GPU events; empty when neither has.
     kernels: module, type, kernel_a_us, kernel_b_us, delta_us: kernel time per step by module
         (kernels charged to the module whose range launched them), largest change first.
+    gpu_ranks, kernels_ranks: the same two per rank (a `rank` column first), so one slow rank
+        of several is not averaged away (profiler._diff_gpu).
     causes: sentences naming what accounts for the difference, the likeliest first; time
         outside any op (the step's change that the ops' own time does not hold) before every
         cause that explains less of the change.
@@ -78,6 +82,10 @@ class ProfileDiff:
     """The rank whose step time grew the most (several ranks only)."""
     gpu: Any = None
     kernels: Any = None
+    gpu_ranks: Any = None
+    """rank, figure, key, a, b, delta: the `gpu` figures of each rank, A's rank beside B's."""
+    kernels_ranks: Any = None
+    """rank, module, type, kernel_a_us, kernel_b_us, delta_us: `kernels` of each rank."""
     host: Any = None
     """name, source, source_a, source_b, calls_a, calls_b, time_a_us, time_b_us, delta_us: the
     user's calls of builtins that made no op (`time.sleep`, a blocking read; with_stack
@@ -109,6 +117,14 @@ class ProfileDiff:
             return f"B is faster: {base}; {floor}"
         return f"no change beyond noise: {base}; {floor}"
 
+    def rank_lines(self) -> list[str]:
+        """With several ranks and GPU figures: the slowest rank of each run and the rank that
+        got slower the most, with their GPU idle time and its parts, in words; else []."""
+        from profiler._diff_gpu import rank_lines
+        return rank_lines(self.gpu_ranks, (self.sides.get("a", {}).get("slowest_rank"),
+                                           self.sides.get("b", {}).get("slowest_rank")),
+                          self.slower_rank)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for `--json` (NaN as None)."""
         import json
@@ -128,6 +144,7 @@ class ProfileDiff:
             "modules": records(self.modules), "lines": records(self.lines),
             "ranks": records(self.ranks), "slower_rank": self.slower_rank,
             "gpu": records(self.gpu), "kernels": records(self.kernels),
+            "gpu_ranks": records(self.gpu_ranks), "kernels_ranks": records(self.kernels_ranks),
             "host": records(self.host),
             "sides": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
                       for k, v in self.sides.items()},
@@ -181,11 +198,13 @@ def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.0
     mods = _rank(_module_diff(pa.modules, pb.modules, na, nb), descending)
     lines = _line_diff(ops, descending) if stacks else _empty_lines()
     ranks, slower_rank = _rank_diff(pa, pb)
-    gpu, kernels = _gpu_diff(pa, pb, na, nb, notes, descending)
+    gpu, kernels = gpu_diff(pa, pb, na, nb, notes, descending)
+    gpu_ranks, kernels_ranks = gpu_rank_diff(pa, pb, descending)
     out = ProfileDiff(a=names[0], b=names[1], judgement=j, step_a=spread(ta), step_b=spread(tb),
                       breakdown=_breakdown(pa.steps, pb.steps), ops=ops, modules=mods,
                       lines=lines, ranks=ranks, sides={"a": sa, "b": sb}, notes=notes,
                       slower_rank=slower_rank, gpu=gpu, kernels=kernels,
+                      gpu_ranks=gpu_ranks, kernels_ranks=kernels_ranks,
                       host=_host_diff(pa, pb, na, nb, descending))
     out.causes = _causes(out)
     return out
@@ -211,8 +230,9 @@ def _breakdown(a: Any, b: Any) -> Any:
 
 
 # ---- ops and modules -----------------------------------------------------------------------------
-_OP_COLS = ["name", "input_shapes", "source", "source_a", "source_b", "side", "calls_a",
-            "calls_b", "self_a_us", "self_b_us", "total_a_us", "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
+_OP_COLS = ["name", "input_shapes", "module", "source", "source_a", "source_b", "side",
+            "calls_a", "calls_b", "self_a_us", "self_b_us", "total_a_us", "total_b_us",
+            "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
 _MOD_COLS = ["module", "type", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
              "total_a_us", "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
 
@@ -254,27 +274,34 @@ def _contribution(m: Any) -> Any:
     return m
 
 
+def _has_modules(df: Any) -> bool:
+    return "module" in df and bool((df["module"].fillna("") != "").any())
+
+
 def _op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
-    """Ops paired across the runs by name and input shapes, never by source line: the same op
-    of a script copied elsewhere (train.py, train_sleep.py) is one op. Each side's lines are
-    kept as `source_a` / `source_b`; `source` is B's (A's for an op in A only)."""
+    """Ops paired across the runs by name, input shapes and, where both profiles name it, the
+    module they ran in (the same op in two modules is two rows); never by source line: the
+    same op of a script copied elsewhere (train.py, train_sleep.py) is one op. Each side's
+    lines are kept as `source_a` / `source_b`; `source` is B's (A's for an op in A only)."""
     import pandas as pd
     cols = {"calls": "calls", "cpu_self_us": "self", "cpu_total_us": "total",
             "device_us": "device"}
-    keys = ["name", "input_shapes"]
+    by_module = _has_modules(a) and _has_modules(b)
+    keys = ["name", "input_shapes", "module"]
     frames, lines = [], []
     for df, n in ((a, na), (b, nb)):
-        df = df if "source" in df or df.empty else df.assign(source="")
-        df = df if "input_shapes" in df or df.empty else df.assign(input_shapes="")
+        for col in ("source", "input_shapes", "module"):
+            df = df if col in df or df.empty else df.assign(**{col: ""})
         if not df.empty:
             df = df.assign(input_shapes=df["input_shapes"].fillna("").astype(str),
-                           source=df["source"].fillna("").astype(str))
+                           source=df["source"].fillna("").astype(str),
+                           module=df["module"].fillna("").astype(str) if by_module else "")
         frames.append(_per_step(df, keys, cols, n))
         lines.append(_sources_by(df, keys) if stacks and not df.empty else {})
     if frames[0].empty and frames[1].empty:
         return pd.DataFrame(columns=_OP_COLS)
     m = _merge(frames[0], frames[1], keys)
-    at = list(zip(m["name"], m["input_shapes"]))
+    at = list(zip(m["name"], m["input_shapes"], m["module"]))
     m["source_a"] = [lines[0].get(k, "") for k in at]
     m["source_b"] = [lines[1].get(k, "") for k in at]
     m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
@@ -346,7 +373,7 @@ def _line_diff(ops: Any, descending: bool) -> Any:
     rows = []
     for src, g in known.groupby("source"):
         sides = set(g["side"])
-        # one name per op: its shapes' rows summed (an op is paired by name and shapes)
+        # one name per op: its rows of each shape and module summed
         delta, from_calls = float(g["delta_us"].sum()), float(g["from_calls_us"].sum())
         g = (g.groupby("name")[["calls_a", "calls_b", "delta_us"]].sum().reset_index()
              .sort_values("delta_us", ascending=not descending))
@@ -384,50 +411,6 @@ def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
     m = m.rename(columns={"time_a": "time_a_us", "time_b": "time_b_us"})
     m["delta_us"] = m["time_b_us"] - m["time_a_us"]
     return _rank(m[cols], descending)
-
-
-# ---- GPU time -----------------------------------------------------------------------------------
-_GPU_FIGURES = (("gpu_busy_us", "GPU busy"), ("gpu_idle_us", "GPU idle"),
-                ("host_wait_us", "idle: host-bound"), ("data_wait_us", "idle: data-bound"),
-                ("comm_wait_us", "idle: waiting on communication"),
-                ("compute_us", "compute kernels"), ("comm_kernel_us", "communication kernels"),
-                ("overlap_us", "communication overlapped by compute"),
-                ("overlap_share", "overlap share of communication"))
-
-
-def _gpu_diff(pa: Any, pb: Any, na: int, nb: int, notes: list[str],
-              descending: bool) -> tuple[Any, Any]:
-    """GPU figures side by side (us per step; the overlap share as a fraction) and kernel time
-    by module; a note names a side whose trace has no GPU events."""
-    import pandas as pd
-
-    from profiler._gpu_time import NO_GPU, kernels_by_module, summarize
-    ga, gb = summarize(getattr(pa, "gpu", None)), summarize(getattr(pb, "gpu", None))
-    if ga is None and gb is None:
-        notes.append(f"{NO_GPU} on either side (GPU idle, overlap and kernel time need a trace "
-                     "of a CUDA run); every CPU figure is compared")
-    elif ga is None or gb is None:
-        notes.append(f"{'A' if ga is None else 'B'}: {NO_GPU}; GPU figures are shown for "
-                     f"{'B' if ga is None else 'A'} only")
-    rows = []
-    if ga is not None or gb is not None:
-        for key, label in _GPU_FIGURES:
-            va = ga.get(key) if ga else None
-            vb = gb.get(key) if gb else None
-            va = math.nan if va is None else float(va)
-            vb = math.nan if vb is None else float(vb)
-            rows.append({"figure": label, "key": key, "a": va, "b": vb, "delta": vb - va})
-    gpu = pd.DataFrame(rows, columns=["figure", "key", "a", "b", "delta"])
-    ka = kernels_by_module(pa.modules, na).set_index("module")
-    kb = kernels_by_module(pb.modules, nb).set_index("module")
-    k = pd.concat([ka["kernel_us"].rename("kernel_a_us"), kb["kernel_us"].rename("kernel_b_us")],
-                  axis=1).fillna(0.0)
-    k.index.name = "module"
-    k = k.reset_index()
-    types = pd.concat([kb["type"], ka["type"]])
-    k.insert(1, "type", k["module"].map(types[~types.index.duplicated()]).fillna(""))
-    k["delta_us"] = k["kernel_b_us"] - k["kernel_a_us"]
-    return gpu, _rank(k, descending)
 
 
 # ---- one side's figures, ranks -------------------------------------------------------------------
@@ -495,7 +478,8 @@ def _causes(d: ProfileDiff) -> list[str]:
     if op is not None:
         op_delta = abs(op["delta_us"])
         where = f" at {_short(op['source'])}" if op["source"] else ""
-        out.append(f"op {op['name']}{where}: {_us(op['delta_us'])} a step, calls "
+        inside = f" in {op['module']}" if op.get("module") else ""
+        out.append(f"op {op['name']}{inside}{where}: {_us(op['delta_us'])} a step, calls "
                    f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{_side_words(op['side'])}")
         weights.append(op_delta)
     mod = _pick(d.modules, sign, floor_us)
@@ -506,7 +490,7 @@ def _causes(d: ProfileDiff) -> list[str]:
                    f"calls {_n(mod['calls_a'])} -> {_n(mod['calls_b'])}"
                    f"{_side_words(mod['side'])}")
         weights.append(abs(mod["delta_us"]))
-    idle = _gpu_cause(d.gpu, sign, floor_us)
+    idle = gpu_cause(d.gpu, d.gpu_ranks, d.slower_rank, sign, floor_us)
     if idle:
         out.append(idle[1])
         weights.append(idle[0])
@@ -589,21 +573,6 @@ def _outside_ops(d: ProfileDiff, sign: int, floor_us: float
     return abs(outside), (f"time outside any op: {_dur(outside)} a step {where}, not in any "
                           f"op ({share:.3g} % of the change); "
                           f"{ops_words}; {line}"), unplaced
-
-
-def _gpu_cause(gpu: Any, sign: int, floor_us: float) -> tuple[float, str] | None:
-    """The part of GPU idle time (host-bound, data-bound, communication) that moved the most in
-    the verdict's direction, when both sides have GPU figures and it moved over `floor_us`."""
-    if gpu is None or gpu.empty:
-        return None
-    parts = gpu[gpu["key"].isin(["host_wait_us", "data_wait_us", "comm_wait_us"])].dropna()
-    if parts.empty:
-        return None
-    top = parts.loc[(sign * parts["delta"]).idxmax()]
-    if sign * top["delta"] <= floor_us:
-        return None
-    return abs(top["delta"]), (f"GPU {top['figure']}: {_us(top['delta'])} a step "
-                               f"({top['a']:.4g} -> {top['b']:.4g} us)")
 
 
 def _side_words(side: str) -> str:

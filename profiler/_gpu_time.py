@@ -153,6 +153,47 @@ def summarize(gpu: Any) -> dict[str, Any] | None:
     return out
 
 
+RANK_COLUMNS = ["rank", "steps", *(c for c in STEP_COLUMNS if c != "step"), "idle_share",
+                "overlap_share", "slowest"]
+"""The per-rank GPU table's columns (`Profile.gpu_ranks`): per-step means of each rank."""
+
+
+def summarize_ranks(gpu: Any, slowest: int | None = None) -> Any:
+    """`summarize` for each rank of a GPU table: one row per rank (RANK_COLUMNS), `slowest`
+    marking rank `slowest` (the cluster's slowest by step time; None: the rank whose GPU steps
+    are longest). Empty for a CPU trace."""
+    import pandas as pd
+    if gpu is None or gpu.empty or "rank" not in gpu:
+        return pd.DataFrame(columns=RANK_COLUMNS)
+    rows = []
+    for rank, g in gpu.groupby("rank", sort=True):
+        rows.append({"rank": int(rank), "steps": int(len(g)), **summarize(g)})
+    out = pd.DataFrame(rows)
+    if slowest is None:
+        slowest = int(out.loc[out["step_us"].idxmax(), "rank"])
+    out["slowest"] = out["rank"] == slowest
+    return out[RANK_COLUMNS]
+
+
+def kernels_by_rank(modules: Any, steps: Any) -> Any:
+    """`kernels_by_module` for each rank: rank, module, type, forward_us, backward_us,
+    kernel_us per step of that rank (its own count of profiled steps), largest first within
+    each rank; empty without device time."""
+    import pandas as pd
+    cols = ["rank", "module", "type", "forward_us", "backward_us", "kernel_us"]
+    if modules is None or modules.empty or "rank" not in modules:
+        return pd.DataFrame(columns=cols)
+    counts = steps.groupby("rank").size() if steps is not None and not steps.empty else {}
+    frames = []
+    for rank, g in modules.groupby("rank", sort=True):
+        k = kernels_by_module(g, int(counts.get(rank, 1)) if len(counts) else 1)
+        if not k.empty:
+            frames.append(k.assign(rank=int(rank)))
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(frames, ignore_index=True)[cols]
+
+
 def kernels_by_module(modules: Any, n_steps: int) -> Any:
     """Kernel time per module and step (forward, backward, total; nested modules included, as
     in the module table), largest first; empty without device time."""

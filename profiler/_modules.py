@@ -10,6 +10,7 @@ sequence number instead. Installed only while the profiler traces, so idle steps
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from profiler._tables import MODULE_PREFIX
@@ -26,6 +27,9 @@ class ModuleRanges:
         self._names = CallNames()
         self.types: dict[str, str] = {}
         self.sources: dict[str, str] = {}  # name -> file:line of its class's forward
+        # a top-level module's call sites: name -> {user file:line -> calls}; a with_stack
+        # frame names only its function's def line, and `model(x)` calls no attribute
+        self.call_lines: dict[str, dict[str, int]] = {}
         self._stack: list[tuple[Any, str, Any]] = []  # (module, call name, open range)
         self._handles: list[Any] = []
 
@@ -62,6 +66,11 @@ class ModuleRanges:
         if name not in self.types:  # once per name: never on the per-call path
             self.types[name] = type(module).__name__
             self.sources[name] = _forward_line(module)
+        if not stack:  # a top-level call: one a step, so its caller's line is cheap to find
+            line = _caller_line()
+            if line:
+                sites = self.call_lines.setdefault(name, {})
+                sites[line] = sites.get(line, 0) + 1
         from torch.autograd.profiler import record_function
         rf = record_function(MODULE_PREFIX + name)
         rf.__enter__()
@@ -76,6 +85,35 @@ class ModuleRanges:
             rf.__exit__(None, None, None)
             if m is module:
                 break
+
+
+def _caller_line() -> str:
+    """`file:line` of the innermost frame outside torch, the libraries and Sleuth's tools: the
+    user's call of a top-level module ("" when there is none)."""
+    import sys
+    f = sys._getframe(2)
+    while f is not None:
+        path = f.f_code.co_filename
+        if not _not_users(path):
+            return f"{path}:{f.f_lineno}"
+        f = f.f_back
+    return ""
+
+
+@lru_cache(maxsize=1024)
+def _not_users(path: str) -> bool:
+    """Whether a code object's (absolute) file is a library's, the standard library's or one
+    of Sleuth's tools' rather than the user's."""
+    import os
+    import sysconfig
+    if path.startswith("<") or any(d in path for d in ("site-packages", "dist-packages")):
+        return True
+    stdlib = sysconfig.get_paths().get("stdlib", "")
+    if stdlib and path.startswith(stdlib + os.sep):
+        return True
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tools = ("profiler", "tracer", "sleuth", "irdump", "dashboard")
+    return any(path.startswith(os.path.join(here, t) + os.sep) for t in tools)
 
 
 def _forward_line(module: Any) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from profiler._errors import ProfileFormatError
-from profiler._gpu_time import STEP_COLUMNS, summarize
+from profiler._gpu_time import STEP_COLUMNS, kernels_by_rank, summarize, summarize_ranks
 from profiler._io import write_frame_atomic
 from profiler._tables import build_tables, load_trace
 
@@ -28,7 +28,9 @@ class Profile:
     """Everything profiled in one run directory (all times in microseconds unless `_s`).
 
     ops: rank, window, name, input_shapes, source (the user's file:line, from a with_stack
-        trace; "" without stacks), calls, cpu_total_us, cpu_self_us, device_us, flops.
+        trace; "" without stacks), module (the module it ran in, by Sleuth's module ranges:
+        forward ops by the range around them, backward ops by their autograd node's forward
+        op; "" outside every module or without module ranges), calls, cpu_total_us, cpu_self_us, device_us, flops.
     modules: rank, window, module, type, source (file:line of the module class's forward),
         calls, forward_total_us, forward_self_us,
         backward_self_us, backward_total_us, forward_device_us (kernels launched inside the
@@ -40,6 +42,10 @@ class Profile:
     gpu: rank, window and `profiler._gpu_time.STEP_COLUMNS`: GPU busy and idle time per step,
         the idle time split into host-bound, data-bound and waiting on communication, compute
         and communication kernel time and their overlap; empty for a CPU trace.
+    gpu_ranks: the GPU figures of each rank (`profiler._gpu_time.RANK_COLUMNS`): per-step
+        means, idle and overlap shares, and `slowest` marking the slowest rank by step time.
+    kernels: rank, module, type, forward_us, backward_us, kernel_us: kernel time per step of
+        each rank by module (kernels charged to the module whose range launched them).
     cluster: rank, step_time_s, comm_share, steps, slowest, slowdown (one row per rank).
     traces: the trace files. summary: step_time_s, tokens_per_s, mfu, comm_share, dump_on,
         tools (microseconds per step of each tool's own work), tool_share, gpu (the GPU
@@ -56,6 +62,8 @@ class Profile:
     summary: dict[str, Any] = field(default_factory=dict)
     windows: Any = None
     gpu: Any = None
+    gpu_ranks: Any = None
+    kernels: Any = None
     host: Any = None
     """rank, window, name, source, calls, time_us: the user's calls of builtins that made no op
     (`time.sleep`, a blocking read), by the calling line; with_stack traces only."""
@@ -131,7 +139,7 @@ def write_window_tables(d: Path, k: int, fmt: str = "parquet") -> None:
 
 
 _COLUMNS = {
-    "ops": ["name", "input_shapes", "source", "calls", "cpu_total_us", "cpu_self_us", "device_us", "flops"],
+    "ops": ["name", "input_shapes", "source", "module", "calls", "cpu_total_us", "cpu_self_us", "device_us", "flops"],
     "modules": ["module", "type", "source", "calls", "forward_total_us", "forward_self_us",
                 "backward_self_us", "backward_total_us", "forward_device_us",
                 "backward_device_us"],
@@ -183,7 +191,9 @@ def read_profile(run_dir: str | os.PathLike[str]) -> Profile:
     summary["gpu"] = summarize(out["gpu"])
     return Profile(ops=out["ops"], modules=out["modules"], steps=out["steps"],
                    memory=out["memory"], cluster=cluster, traces=traces, summary=summary,
-                   windows=windows, gpu=out["gpu"], host=out["host"])
+                   windows=windows, gpu=out["gpu"], host=out["host"],
+                   gpu_ranks=summarize_ranks(out["gpu"], summary.get("slowest_rank")),
+                   kernels=kernels_by_rank(out["modules"], out["steps"]))
 
 
 def _one_run(root: Path, windows: list[tuple[Path, int]]) -> None:

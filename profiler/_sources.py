@@ -14,6 +14,7 @@ first path component imports from in this process.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import os
 import re
@@ -23,7 +24,10 @@ from typing import Any
 
 PYTHON_EVENT = "python_function"
 CHANGED = " (file changed since profiling; line may be off)"
-"""Written after a line read from a file modified after its trace was taken."""
+"""Written after a line read from a file whose content differs from when its trace was taken
+(by the hash the collector stored; for profiles without hashes, a file modified since)."""
+MAX_SOURCE_BYTES = 4 << 20
+"""Source files larger than this are neither read for lines nor hashed."""
 _FRAME_RE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 # Sleuth's own tools: their frames are never the user's line (the trainer's are: it is a model)
 _TOOLS = frozenset({"profiler", "tracer", "sleuth", "irdump", "dashboard"})
@@ -118,6 +122,9 @@ def operator_token(op: str) -> str | None:
     return f"{_OP_PREFIX}{kind}>" if kind else None
 
 
+_MODULE_CALL = "<module call>"
+"""Before a top-level module's name: the token of its call, found by the call sites the
+collector recorded (`module_call_lines`), since `model(x)` names no attribute to look up."""
 _BUILTIN_RE = re.compile(r"^<built-in (?:method|function) (\w+)")
 
 
@@ -131,8 +138,11 @@ def _callees(chain: list[Any]):
         if m:
             yield i, m.group(1)
         elif name.startswith(MODULE_PREFIX):
-            attr = name[len(MODULE_PREFIX):].rsplit(".", 1)[-1]
-            if not attr.startswith("<") and not attr.isdigit():
+            full = name[len(MODULE_PREFIX):]
+            attr = full.rsplit(".", 1)[-1]
+            if full.startswith("<") and "." not in full:  # a top-level module: `model(x)`
+                yield i, _MODULE_CALL + full
+            elif not attr.startswith("<") and not attr.isdigit():
                 yield i, attr
         elif chain[i].cat == PYTHON_EVENT:
             frame = frame_of(name)
@@ -140,33 +150,85 @@ def _callees(chain: list[Any]):
                 yield i, frame[2]
 
 
+# a with_stack frame's name as torch's Chrome export writes it: "name": "train.py(23): main"
+_FRAME_NAME_RE = re.compile(r'"name": ?"([^"\\]+?)\(\d+\): ')
+
+
+def _resolve(short: str, search_path: list[str]) -> str | None:
+    """The file a frame's shortened path names: the first `root/short` on the search path
+    that is a regular file small enough to read (LineFinder reads the same one)."""
+    for root in search_path:
+        path = os.path.join(root, short) if root else short
+        try:
+            if os.path.isfile(path) and os.path.getsize(path) < MAX_SOURCE_BYTES:
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def content_hash(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def source_hashes(trace_text: str, search_path: list[str]) -> dict[str, str]:
+    """The content hash of each user source file a with_stack trace cites, keyed by the path
+    as its frames write it: stored with the window when it is saved, so a reader can tell a
+    line read from an edited file (`LineFinder`) by content, not by modification time, which
+    a checkout, a copy or an editor's save can move either way."""
+    out: dict[str, str] = {}
+    for short in {m.group(1) for m in _FRAME_NAME_RE.finditer(trace_text)}:
+        if is_library(short):
+            continue
+        path = _resolve(short, search_path)
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as f:
+                out[short] = content_hash(f.read(MAX_SOURCE_BYTES))
+        except OSError:
+            continue
+    return out
+
+
 class LineFinder:
     """Finds a call's line inside a function's source: the files are found on the search path
     the run recorded (torch shortens a frame's path to what follows its sys.path entry) and
     parsed (never run) with `ast`, so a name in a string or comment is no call."""
 
-    def __init__(self, search_path: list[str], profiled_at: float | None = None) -> None:
-        """`profiled_at`: when the trace was taken (seconds since the epoch); a file modified
-        after it is read as it is now, so its lines are marked CHANGED."""
+    def __init__(self, search_path: list[str], profiled_at: float | None = None,
+                 hashes: dict[str, str] | None = None,
+                 call_lines: dict[str, list[str]] | None = None) -> None:
+        """`hashes`: the content hash of each source file when the trace was taken
+        (`source_hashes`); a file whose content now differs has its lines marked CHANGED.
+        `profiled_at`: when the trace was taken (seconds since the epoch), the fallback for a
+        file without a stored hash (profiles written before hashes): a file modified after it
+        is marked CHANGED."""
         self._path = [p for p in search_path if isinstance(p, str)]
         self._at = profiled_at
+        self._hashes = hashes if isinstance(hashes, dict) else {}
+        # a top-level module's name -> the `file:line`s that called it (the collector's)
+        self._calls = call_lines if isinstance(call_lines, dict) else {}
         self._files: dict[str, tuple[str, ast.Module, bool] | None] = {}
         self._found: dict[tuple[str, int, str, str | None], tuple[str, bool]] = {}
 
     def _read(self, short: str) -> tuple[str, ast.Module, bool] | None:
         if short not in self._files:
             self._files[short] = None
-            for root in self._path:
-                path = os.path.join(root, short) if root else short
-                try:
-                    if os.path.isfile(path) and os.path.getsize(path) < 4 << 20:
+            path = _resolve(short, self._path)
+            try:
+                if path is not None:
+                    with open(path, "rb") as f:
+                        data = f.read(MAX_SOURCE_BYTES)
+                    stored = self._hashes.get(short)
+                    if isinstance(stored, str):
+                        changed = content_hash(data) != stored
+                    else:  # no hash stored: modified after the trace was taken
                         changed = self._at is not None and os.path.getmtime(path) > self._at
-                        with open(path, encoding="utf-8", errors="replace") as f:
-                            tree = ast.parse(f.read())
-                        self._files[short] = (os.path.abspath(path), tree, changed)
-                        break
-                except (OSError, SyntaxError, ValueError, RecursionError):
-                    continue
+                    tree = ast.parse(data.decode("utf-8", errors="replace"))
+                    self._files[short] = (os.path.abspath(path), tree, changed)
+            except (OSError, SyntaxError, ValueError, RecursionError):
+                pass
         return self._files[short]
 
     def find(self, frame: tuple[str, int, str], token: str | None, strict: bool = False) -> str:
@@ -188,6 +250,13 @@ class LineFinder:
             return f"{short}:{line}", False
         path, tree, changed = got
         mark = CHANGED if changed else ""
+        if token is not None and token.startswith(_MODULE_CALL):
+            sites = self._calls.get(token[len(_MODULE_CALL):]) or []
+            lines = sorted({int(n) for f, _, n in (str(x).rpartition(":") for x in sites)
+                            if n.isdigit() and os.path.abspath(f) == path})
+            if not lines:
+                return f"{path}:{line}{mark}", False
+            return f"{path}:{','.join(map(str, lines))}{mark}", True
         scope = _scope(tree, line, func)
         if scope is None:
             return f"{path}:{line}{mark}", False

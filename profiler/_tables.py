@@ -277,37 +277,6 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         if owner is not None:
             by_ext[id(owner)] += k.dur
 
-    # ---- ops ----------------------------------------------------------------------------
-    flop_counts: dict[str, float] = meta.get("flop_counts") or {}
-    n_steps = max(1, len(steps))
-    ops: dict[tuple[str, str, str], dict[str, Any]] = {}
-    stacks = any(ev.cat == PYTHON_EVENT for ev in host)
-    frames: dict[int, str] = {}
-    finder = (LineFinder([*(meta.get("python_path") or []), *sys.path, ""],
-                         profiled_at=_profiled_at(meta)) if stacks else None)
-    for ev in host:
-        if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
-            continue
-        key = (ev.name, _shapes(ev.args), user_line(ev, frames, finder) if stacks else "")
-        row = ops.get(key)
-        if row is None:
-            row = ops[key] = {"name": ev.name, "input_shapes": key[1], "source": key[2],
-                              "calls": 0, "cpu_total_us": 0.0, "cpu_self_us": 0.0,
-                              "device_us": 0.0}
-        row["calls"] += 1
-        row["cpu_total_us"] += ev.dur
-        row["cpu_self_us"] += ev.self_us
-        row["device_us"] += by_ext.get(id(ev), 0.0)
-    op_rows = list(ops.values())
-    # FLOPs are counted per op name on one step; shared out over the shape groups by calls.
-    calls_by_name: dict[str, int] = defaultdict(int)
-    for row in op_rows:
-        calls_by_name[row["name"]] += row["calls"]
-    for row in op_rows:
-        per_step = flop_counts.get(row["name"].replace("::", ".", 1))
-        row["flops"] = (float(per_step) * n_steps * row["calls"] / calls_by_name[row["name"]]
-                        if per_step is not None else float("nan"))
-
     # ---- modules --------------------------------------------------------------------------
     module_types: dict[str, str] = meta.get("module_types") or {}
     module_sources: dict[str, str] = meta.get("module_sources") or {}
@@ -374,6 +343,59 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             row["backward_total_us"] = sum(r["backward_self_us"] for n, r in mods.items()
                                            if _is_within(n, name))
 
+    # ---- ops ----------------------------------------------------------------------------
+    flop_counts: dict[str, float] = meta.get("flop_counts") or {}
+    n_steps = max(1, len(steps))
+    ops: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    # an op's module is named only from Sleuth's ranges (tracer.capture.CallNames' names), so
+    # two profiles pair an op by the same module name; with_stack's class names are not those
+    named, owners = _module_name is _sleuth_module_name and bool(module_ranges), {}
+    stacks = any(ev.cat == PYTHON_EVENT for ev in host)
+    frames: dict[int, str] = {}
+    finder = (LineFinder([*(meta.get("python_path") or []), *sys.path, ""],
+                         profiled_at=_profiled_at(meta), hashes=meta.get("source_hashes"),
+                         call_lines=meta.get("module_call_lines"))
+              if stacks else None)
+    # a backward op's line is its forward op's (by its autograd node's Sequence number): the
+    # user wrote that line; `loss.backward()` only ran it (a new cast's backward is the cast's)
+    fwd_lines: dict[Any, str] = {}
+    if stacks:
+        for ev in host:
+            if (ev.cat == "cpu_op" and "Sequence number" in ev.args and id(ev) not in hidden
+                    and _node_seq(ev) is None):
+                line = user_line(ev, frames, finder)
+                if line:
+                    fwd_lines.setdefault(ev.args["Sequence number"], line)
+    nodes: dict[int, Any] = {}
+    for ev in host:
+        if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
+            continue
+        line = ""
+        if stacks:
+            seq = _node_seq(ev, nodes)
+            line = (fwd_lines.get(seq, "") if seq is not None else "") or user_line(
+                ev, frames, finder)
+        key = (ev.name, _shapes(ev.args), line,
+               _op_module(ev, _module_name, seq_to_module, owners) if named else "")
+        row = ops.get(key)
+        if row is None:
+            row = ops[key] = {"name": ev.name, "input_shapes": key[1], "source": key[2],
+                              "module": key[3], "calls": 0, "cpu_total_us": 0.0,
+                              "cpu_self_us": 0.0, "device_us": 0.0}
+        row["calls"] += 1
+        row["cpu_total_us"] += ev.dur
+        row["cpu_self_us"] += ev.self_us
+        row["device_us"] += by_ext.get(id(ev), 0.0)
+    op_rows = list(ops.values())
+    # FLOPs are counted per op name on one step; shared out over the shape groups by calls.
+    calls_by_name: dict[str, int] = defaultdict(int)
+    for row in op_rows:
+        calls_by_name[row["name"]] += row["calls"]
+    for row in op_rows:
+        per_step = flop_counts.get(row["name"].replace("::", ".", 1))
+        row["flops"] = (float(per_step) * n_steps * row["calls"] / calls_by_name[row["name"]]
+                        if per_step is not None else float("nan"))
+
     # ---- steps ----------------------------------------------------------------------------
     labels = {f"sleuth.{p}": p for p in PHASE_LABELS}
     label_evs = [ev for ev in host if ev.name in labels]
@@ -383,6 +405,7 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     top_modules = [ev for ev in module_ranges
                    if not any(_module_name(a) is not None for a in _ancestors(ev))]
     comm_evs = [ev for ev in host + device if _COMM_RE.match(ev.name)]
+    data_ranges = [(ev.ts, ev.end) for ev in host if _gpu_time.DATA_RANGE_RE.match(ev.name)]
     step_rows = []
     for st in steps:
         s0, s1 = st.ts, st.end
@@ -395,7 +418,9 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
                                             if labels[ev.name] == p])
         else:
             row["source"] = "inferred"
-            row["data_us"] = 0.0
+            # a plain loop's data loading: torch's own `enumerate(DataLoader)` range
+            row["data_us"] = _union_us([(max(a, s0), min(b, s1)) for a, b in data_ranges
+                                        if a < s1 and b > s0])
             opt = _union_us([(max(ev.ts, s0), min(ev.end, s1)) for ev in opt_evs
                              if ev.ts < s1 and ev.end > s0])
             bw = [ev for ev in bwd_evs if ev.ts < s1 and ev.end > s0]
@@ -427,8 +452,7 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
 
     gpu_rows = _gpu_time.step_rows(
         [(int(_STEP_RE.match(st.name).group(1)), st.ts, st.end) for st in steps], device,
-        [(ev.ts, ev.end) for ev in host if _gpu_time.DATA_RANGE_RE.match(ev.name)],
-        [(ev.ts, ev.end) for ev in host if _COMM_RE.match(ev.name)])
+        data_ranges, [(ev.ts, ev.end) for ev in host if _COMM_RE.match(ev.name)])
 
     # ---- memory ---------------------------------------------------------------------------
     mem_rows = []
@@ -480,6 +504,56 @@ def _tool_summary(pieces: list[tuple[float, float, str]], step_rows: list[dict[s
     return {"tools": per_tool,
             "tool_share": sum(r["tools_us"] for r in step_rows) / total_step if total_step else 0.0,
             "dump_on": "tracer" in per_tool}
+
+
+def _is_node(ev: _Ev) -> bool:
+    return ev.name.startswith(_BACKWARD_EVAL) or ev.name.endswith(("Backward0", "Backward1"))
+
+
+def _node_seq(ev: _Ev, memo: dict[int, Any] | None = None) -> Any:
+    """The Sequence number of the autograd node an op runs in (itself or an enclosing
+    `evaluate_function: XBackward0` / `XBackward0` event), None for a forward op: also one
+    that a node runs (a checkpoint's recompute), which makes nodes of its own and so carries
+    a Sequence number itself."""
+    chain, p, found = [], ev, None
+    while p is not None:
+        if memo is not None and id(p) in memo:
+            found = memo[id(p)]
+            break
+        if "Sequence number" in p.args:
+            found = p.args["Sequence number"] if _is_node(p) else None
+            break
+        chain.append(p)
+        p = p.parent
+    if memo is not None:
+        for e in chain:
+            memo[id(e)] = found
+    return found
+
+
+def _op_module(ev: _Ev, module_name: Any, seq_to_module: dict[Any, str],
+               memo: dict[int, str]) -> str:
+    """The module an op ran in: the innermost module range around it (forward), or the module
+    of the forward op whose autograd node it runs in (backward: the node's Sequence number);
+    "" outside every module (the optimizer, the loop's own ops)."""
+    chain, p, found = [], ev, ""
+    while p is not None:
+        if id(p) in memo:
+            found = memo[id(p)]
+            break
+        name = module_name(p)
+        if name is not None:
+            found = name
+            break
+        if ((p.name.startswith(_BACKWARD_EVAL) or p.name.endswith(("Backward0", "Backward1")))
+                and "Sequence number" in p.args):
+            found = seq_to_module.get(p.args["Sequence number"], "")
+            break
+        chain.append(p)
+        p = p.parent
+    for e in chain:
+        memo[id(e)] = found
+    return found
 
 
 def _ancestors(ev: _Ev):

@@ -25,8 +25,10 @@ def register(subparsers: Any) -> None:
                    help="run directory (holds profile/rank*/); or `diff A B`")
     p.add_argument("--top", type=int, default=10, metavar="N", help="rows of ops and modules (10)")
     p.add_argument("--csv", type=Path, metavar="DIR",
-                   help="also write the tables as CSV to DIR (ops, modules, steps, memory, "
-                   "cluster; for diff: breakdown, ops, modules, lines, ranks)")
+                   help="also write every table as CSV to DIR (breakdown, ops, modules, "
+                   "steps, memory, cluster, gpu, gpu_ranks, kernels, host; for diff: "
+                   "breakdown, ops, modules, lines, ranks, sides, gpu, gpu_ranks, kernels, "
+                   "kernels_ranks, host)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--threshold", type=float, default=0.05, metavar="F",
                    help="diff: the smallest relative change of the median step called a "
@@ -80,16 +82,23 @@ def _run(args: argparse.Namespace) -> int:
               "comm_us", "tools_us"]
     breakdown = (prof.steps.groupby("rank")[phases].mean().reset_index()
                  if not prof.steps.empty else prof.steps)
-    if args.csv:
+    kernels = (prof.kernels.groupby("rank", sort=True).head(args.top)
+               if prof.kernels is not None and not prof.kernels.empty else None)
+    if args.csv:  # every table the text shows, whole (the text shows the top rows)
         args.csv.mkdir(parents=True, exist_ok=True)
-        for name in ("ops", "modules", "steps", "memory", "cluster"):
-            getattr(prof, name).to_csv(args.csv / f"{name}.csv", index=False)
+        tables = {name: getattr(prof, name) for name in
+                  ("ops", "modules", "steps", "memory", "cluster", "gpu", "gpu_ranks",
+                   "kernels", "host")}
+        for name, df in {**tables, "breakdown": breakdown}.items():
+            df.to_csv(args.csv / f"{name}.csv", index=False)
     if args.json:
         out = {"summary": {k: _clean(v) for k, v in prof.summary.items()},
                "top_ops": json.loads(ops.to_json(orient="records")),
                "top_modules": json.loads(mods.to_json(orient="records")),
                "steps": json.loads(breakdown.to_json(orient="records")),
                "cluster": json.loads(prof.cluster.to_json(orient="records")),
+               "gpu_ranks": json.loads(prof.gpu_ranks.to_json(orient="records")),
+               "kernels": json.loads(prof.kernels.to_json(orient="records")),
                "traces": [str(p) for p in prof.traces]}
         print(json.dumps(out, indent=1))
         return 0
@@ -105,6 +114,14 @@ def _run(args: argparse.Namespace) -> int:
     print(f"\ntop {args.top} modules (us):")
     print(mods.round(1).to_string(index=False) if not mods.empty else
           "  (no module ranges: profile with with_modules=True)")
+    if not prof.gpu_ranks.empty:
+        print("\nGPU time per rank (mean us per step; idle = host-bound + data-bound + waiting "
+              "on communication; shares as fractions):")
+        print(prof.gpu_ranks.round(3).to_string(index=False))
+    if kernels is not None:
+        print(f"\nkernel time by module (top {args.top} of each rank; us per step, nested "
+              "modules included):")
+        print(kernels.round(1).to_string(index=False))
     if len(prof.cluster) > 1:
         print("\nranks:")
         print(prof.cluster.round(4).to_string(index=False))

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-_OP_SHOW = ["name", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
+_OP_SHOW = ["name", "module", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
             "total_a_us", "total_b_us", "delta_us", "from_calls_us"]
 _MOD_SHOW = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
              "total_a_us", "total_b_us", "delta_us", "from_calls_us"]
@@ -34,8 +34,10 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     top = args.top
     if args.csv:
         args.csv.mkdir(parents=True, exist_ok=True)
-        for name in ("breakdown", "ops", "modules", "lines", "ranks", "gpu", "kernels", "host"):
+        for name in ("breakdown", "ops", "modules", "lines", "ranks", "gpu", "kernels",
+                     "gpu_ranks", "kernels_ranks", "host"):
             getattr(d, name).to_csv(args.csv / f"{name}.csv", index=False)
+        _sides_frame(d).to_csv(args.csv / "sides.csv", index=False)
     if args.json:
         print(json.dumps(d.to_dict(), indent=1))
         return d.exit_code
@@ -62,7 +64,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
                            calls=only["calls_b"].where(only["side"] == "B only", only["calls_a"]),
                            source=only["source"].map(_short))
         show = show.reindex(show["time_us"].abs().sort_values(ascending=False).index)
-        print(_table(show[["name", "side", "calls", "time_us", "source"]].head(top)))
+        print(_table(show[["name", "module", "side", "calls", "time_us", "source"]].head(top)))
     mods = d.modules.head(top)[_MOD_SHOW]
     print(f"\nmodules by contribution (top {top}; self = forward + backward self time):")
     print(_table(mods) if not mods.empty else
@@ -105,6 +107,45 @@ def _print_gpu(d: Any, top: int) -> None:
     if d.kernels is not None and not d.kernels.empty:
         print(f"\nkernel time by module (top {top}; us per step, nested modules included):")
         print(_table(d.kernels.head(top)))
+    r = d.gpu_ranks
+    if r is None or r.empty or r["rank"].nunique() < 2:
+        return
+    import pandas as pd
+    wide = r.pivot(index="rank", columns="key", values=["a", "b"])
+    cols = {}
+    for key, short in (("gpu_idle_us", "idle"), ("host_wait_us", "host"),
+                       ("data_wait_us", "data"), ("comm_wait_us", "comm"),
+                       ("overlap_share", "overlap_%")):
+        for side in ("a", "b"):
+            v = wide[(side, key)]
+            cols[short.replace("_%", f"_{side}_%") if "%" in short else f"{short}_{side}"] = (
+                v * 100 if key == "overlap_share" else v)
+    print("\nGPU time per rank (us per step: idle and its host-bound, data-bound and "
+          "communication parts; % of communication overlapped by compute):")
+    print(_table(pd.DataFrame(cols).reset_index()))
+    for line in d.rank_lines():
+        print(f"  {line}")
+    k = d.kernels_ranks
+    if k is not None and not k.empty:
+        print(f"\nkernel time by module per rank (top {top} of each; us per step):")
+        print(_table(k.groupby("rank", sort=True).head(top)))
+
+
+def _sides_frame(d: Any) -> Any:
+    """The side-by-side figures of each run as a table (`sides.csv`): steps, ranks, memory
+    peak per device, communication share, slowest rank, stacks, dump, kernel time."""
+    import pandas as pd
+    rows = []
+    for label, key in (("A", "a"), ("B", "b")):
+        s = d.sides[key]
+        row = {"side": label, "run": d.a if key == "a" else d.b, "steps": s["steps"],
+               "ranks": s["ranks"], "comm_share": s["comm_share"],
+               "slowest_rank": s.get("slowest_rank"), "stacks": s["stacks"],
+               "dump_on": s["dump_on"], "device_us": s["device_us"]}
+        for dev, v in s["peak_memory_bytes"].items():
+            row[f"peak_memory_bytes_{dev}"] = v
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _both_lines(a: str, b: str, short: Any) -> str:

@@ -37,7 +37,8 @@ def test_compare_data_ranks_the_sync_and_shows_gpu_time(gpu_runs):
     assert d["headline"].startswith("B is slower: step time 1 ms -> 1.4 ms")
     top = d["ops"][0]
     assert top["name"] == "aten::item" and top["side"] == "B only" and top["delta_us"] == 500
-    assert d["causes"][0].startswith("op aten::item: +500 us a step, calls 0 -> 1 a step; in B only")
+    assert d["causes"][0].startswith("op aten::item in fc: +500 us a step, calls 0 -> 1 a step; "
+                                    "in B only")
     phases = {r["phase"]: r for r in d["breakdown"]}
     assert phases["forward"]["a_us"] == 300 and phases["forward"]["b_us"] == 700
     gpu = {r["figure"]: r for r in d["gpu"]}
@@ -47,6 +48,33 @@ def test_compare_data_ranks_the_sync_and_shows_gpu_time(gpu_runs):
     assert gpu["idle: host-bound"]["a"] == 350 and gpu["idle: host-bound"]["b"] == 750
     assert gpu["overlap share of communication"]["a"] == 0.5
     assert d["kernels"][0]["module"] == "fc" and d["kernels"][0]["kernel_a_us"] == 300
+
+
+def test_compare_two_ranks_names_the_straggler(tmp_path):
+    """Two DDP ranks of a torch-shaped CUDA trace (tests/profiler/data), rank 1 of B a
+    straggler with an .item() sync: each rank's GPU figures, and which rank got slower."""
+    from pathlib import Path
+
+    from dashboard import _data
+    from dashboard._profile_compare import compare_data, compare_panel
+
+    data = Path(__file__).resolve().parents[1] / "profiler" / "data"
+    runs = {}
+    for run, rank1 in (("a", "base_rank1"), ("b", "slow_rank1")):
+        for rank, name in ((0, "base_rank0"), (1, rank1)):
+            d = tmp_path / run / "profile" / f"rank{rank}"
+            d.mkdir(parents=True)
+            (d / "window0.trace.json").write_text((data / f"{name}.trace.json").read_text())
+        runs[run] = tmp_path / run
+    diff = _data.profile_diff(runs["a"], runs["b"])
+    d = compare_data(diff)
+    ranks = {r["rank"]: r for r in d["gpu_ranks"]}
+    assert ranks[0]["host_a"] == ranks[0]["host_b"] == 270
+    assert ranks[1]["host_b"] == 495 and ranks[1]["comm_b"] == 170 and ranks[1]["overlap_b"] == 0
+    assert "slowest rank in B: 1; GPU idle 725 us a step" in d["rank_lines"][1]
+    assert d["rank_lines"][2].startswith("the rank that got slower the most: 1")
+    ids = _ids(compare_panel(diff, 0, 1, (runs["a"], runs["b"]), ("a", "b")))
+    assert "profile-compare-gpu-ranks" in ids and "profile-compare-rank-lines" in ids
 
 
 def test_cpu_profiles_compare_without_gpu_figures(tmp_path):
@@ -146,7 +174,7 @@ def test_browser_choose_run_b_and_read_why_it_is_slower(browser, compare_server)
                        timeout=20)
     assert verdict.startswith("B is slower: step time 1 ms -> 1.4 ms")
     causes = browser.find_element(By.ID, "profile-causes").text
-    assert "op aten::item: +500 us a step" in causes and "in B only" in causes
+    assert "op aten::item in fc: +500 us a step" in causes and "in B only" in causes
     first = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#profile-compare-ops tbody tr"))
     row = [r.text for r in first if "aten::item" in r.text]
     assert row and "B only" in row[0]

@@ -4,9 +4,11 @@ Run as a script (`python slow_models.py KIND VARIANT RUN_DIR`) so that two runs 
 at the same time, sharing one machine's load; test_profiler_diff_models.py compares them.
 
 KIND: `llama` (Hugging Face Llama built from a config; the slowdown: gradient checkpointing
-turned on, so backward recomputes each layer's forward) or `gpt2` (Hugging Face GPT-2 from a
+turned on, so backward recomputes each layer's forward), `gpt2` (Hugging Face GPT-2 from a
 config; the slowdown: the logits upcast to float64 for a log-softmax by a forward hook, a new
-cast). VARIANT: `base` or `slow`.
+cast) or `resnet` (Hugging Face ResNet, a torchvision-style CNN, from a config; the slowdown:
+a smaller batch, 2 images instead of 8, accumulated over 4 micro-batches to the same 8 a step,
+as one does to fit memory). VARIANT: `base` or `slow`.
 """
 from __future__ import annotations
 
@@ -41,8 +43,31 @@ def build(kind: str, slow: bool):
     return model.train(), batch
 
 
+def resnet(slow: bool, run_dir: str) -> None:
+    from transformers import ResNetConfig, ResNetForImageClassification
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
+        num_labels=10)).train()
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    micro = 2 if slow else 8  # the injected slowdown: a smaller batch, accumulated
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    cfg = profiler.CollectorConfig(wait=0, warmup=1, active=5, with_stack=True,
+                                   count_flops=False)
+    with profiler.Collector(run_dir, config=cfg) as collector:
+        for _ in range(6):
+            for i in range(0, 8, micro):
+                out = model(pixel_values=images[i:i + micro], labels=labels[i:i + micro])
+                (out.loss * micro / 8).backward()
+            opt.step()
+            opt.zero_grad()
+            collector.step()
+
+
 def main(kind: str, variant: str, run_dir: str) -> None:
     torch.set_num_threads(1)  # two runs share the machine: one thread each
+    if kind == "resnet":
+        return resnet(variant == "slow", run_dir)
     model, batch = build(kind, variant == "slow")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     cfg = profiler.CollectorConfig(wait=1, warmup=2, active=12, with_stack=True,

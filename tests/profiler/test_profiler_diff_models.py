@@ -1,6 +1,8 @@
 """`profiler.diff_profiles` names an injected slowdown first in models we did not write: a
-Hugging Face Llama with gradient checkpointing turned on (a recompute) and a Hugging Face GPT-2
-whose logits a hook upcasts to float64 (a new cast). Each pair of runs is profiled at the same
+Hugging Face Llama with gradient checkpointing turned on (a recompute), a Hugging Face GPT-2
+whose logits a hook upcasts to float64 (a new cast), and a Hugging Face ResNet (a
+torchvision-style CNN) trained on a smaller batch accumulated to the same size (more, smaller
+calls). Each pair of runs is profiled at the same
 time, in two processes, so that the machine's load falls on both alike."""
 from __future__ import annotations
 
@@ -71,3 +73,17 @@ def test_gpt2_new_cast_named_first(tmp_path):
     assert "in B only" in first
     only = d.ops[(d.ops["side"] == "B only") & d.ops["source"].str.contains("slow_models.py")]
     assert {"aten::_to_copy", "aten::_log_softmax"} <= set(only["name"]), only
+
+
+def test_resnet_smaller_batch_named_first(tmp_path):
+    import re
+    d = judged_pair("resnet", tmp_path)
+    assert d.verdict == "slower", d.headline()
+    # the loop's forward or backward line, whose ops run 4 times as often (2 images, not 8)
+    first = d.causes[0]
+    text = (HERE / "slow_models.py").read_text().splitlines()[_line_of(first) - 1]
+    assert "model(pixel_values=" in text or ".backward()" in text, first
+    calls = re.search(r"calls ([\d.]+) -> ([\d.]+)", first)
+    assert calls and float(calls.group(2)) == 4 * float(calls.group(1)), first
+    conv = d.modules.set_index("module").loc["resnet.embedder.embedder.convolution"]
+    assert conv["calls_b"] == 4 * conv["calls_a"] > 0

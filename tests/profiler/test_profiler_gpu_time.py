@@ -189,3 +189,146 @@ def test_cli_diff_prints_gpu_time_or_says_cpu_trace(tmp_path):
     assert r.returncode == 0 and NO_GPU in r.stdout
     r = sleuth(a)
     assert r.returncode == 0 and "GPU idle 0.475 ms a step" in r.stdout
+
+
+# ---- a trace shaped like torch.profiler 2.x's CUDA export (tests/profiler/cuda_trace.py) ------
+DATA = Path(__file__).resolve().parent / "data"
+# per step, worked out by hand from cuda_trace.py's timeline (us)
+BASE = {"step_us": 1000, "gpu_busy_us": 570, "gpu_idle_us": 430,
+        # idle: 0-85, 105-215, 515-520, 700-850, 880-890, 930-1000; of it, comm 700-800 (the
+        # all-reduce runs, nothing else), data 0-60 (the DataLoader range), the rest the host's
+        "host_wait_us": 270, "data_wait_us": 60, "comm_wait_us": 100,
+        "compute_us": 550, "comm_kernel_us": 150, "overlap_us": 50, "copy_us": 20}
+SLOW = {"step_us": 1300, "gpu_busy_us": 575, "gpu_idle_us": 725,
+        # idle: 0-85, 105-215, 520-720, 820-840, 920-1150, 1180-1190, 1230-1300; comm: 920-940
+        # (DDP's host call) and 950-1100 (the kernel); data 0-60; the rest the host's
+        "host_wait_us": 495, "data_wait_us": 60, "comm_wait_us": 170,
+        "compute_us": 550, "comm_kernel_us": 150, "overlap_us": 0, "copy_us": 25}
+
+
+def fixture(name: str) -> dict:
+    return json.loads((DATA / f"{name}.trace.json").read_text())
+
+
+def test_fixture_is_what_the_generator_writes(tmp_path):
+    import cuda_trace  # noqa: PLC0415 - beside this file
+
+    cuda_trace.main(str(tmp_path))
+    for name in cuda_trace.FIXTURES:
+        assert (tmp_path / name).read_text() == (DATA / name).read_text(), name
+
+
+@pytest.mark.parametrize("name,want", [("base_rank0", BASE), ("slow_rank1", SLOW)])
+def test_cuda_fixture_every_gpu_figure(name, want):
+    t = build_tables(fixture(name))
+    assert [r["step"] for r in t["gpu"]] == [0, 1, 2]
+    for row in t["gpu"]:
+        assert {k: row[k] for k in want} == pytest.approx(want, abs=1e-3)
+    # the CPU figures of the same steps: phases inferred from torch's own ranges
+    step = t["steps"][0]
+    assert step["data_us"] == pytest.approx(60, abs=1e-3)  # enumerate(DataLoader)
+    assert step["forward_us"] == pytest.approx(240, abs=1e-3)  # fc1 + fc2's ranges
+    assert step["backward_us"] == pytest.approx(200, abs=1e-3)  # the autograd thread's nodes
+    assert step["optimizer_us"] == pytest.approx(155, abs=1e-3)  # step + zero_grad
+    assert step["comm_us"] == pytest.approx(190, abs=1e-3)  # host call 40 + NCCL kernel 150
+    assert t["summary"]["gpu"] is True
+
+
+def test_cuda_fixture_kernels_by_module_and_op():
+    t = build_tables(fixture("slow_rank1"))
+    mods = {r["module"]: r for r in t["modules"]}
+    # three steps: fc1's gemm 200 a step forward, its backward gemm 80; fc2's 100 and 100;
+    # <root>'s forward holds both layers' (backward kernels are charged to the layer's node)
+    assert (mods["fc1"]["forward_device_us"], mods["fc1"]["backward_device_us"]) == (600, 240)
+    assert (mods["fc2"]["forward_device_us"], mods["fc2"]["backward_device_us"]) == (300, 300)
+    assert mods["<root>"]["forward_device_us"] == 900
+    ops = {(r["name"], r["module"]): r for r in t["ops"]}
+    # the same op in two modules is two rows: the backward mm of each layer
+    assert ops[("aten::mm", "fc1")]["device_us"] == 240 and ops[("aten::mm", "fc2")]["device_us"] == 300
+    assert ops[("aten::copy_", "")]["device_us"] == pytest.approx(60)  # the H2D memcpy
+    assert ops[("aten::_local_scalar_dense", "")]["device_us"] == pytest.approx(15)  # D2H
+    assert ops[("nccl:all_reduce", "")]["device_us"] == pytest.approx(450)  # via ExC launches
+    assert ops[("aten::_fused_adamw_", "")]["device_us"] == pytest.approx(120)
+
+
+def _two_ranks(root: Path, rank1: str) -> Path:
+    for rank, name in ((0, "base_rank0"), (1, rank1)):
+        d = root / "profile" / f"rank{rank}"
+        d.mkdir(parents=True)
+        (d / "window0.trace.json").write_text((DATA / f"{name}.trace.json").read_text())
+    return root
+
+
+def test_cuda_fixture_per_rank_figures(tmp_path):
+    import profiler
+
+    p = profiler.read_profile(_two_ranks(tmp_path / "b", "slow_rank1"))
+    r = p.gpu_ranks.set_index("rank")
+    for rank, want in ((0, BASE), (1, SLOW)):
+        assert {k: r.loc[rank, k] for k in want} == pytest.approx(want, abs=1e-3)
+        assert r.loc[rank, "steps"] == 3
+    assert r.loc[0, "idle_share"] == pytest.approx(0.43)
+    assert r.loc[1, "idle_share"] == pytest.approx(725 / 1300)
+    assert r.loc[0, "overlap_share"] == pytest.approx(1 / 3) and r.loc[1, "overlap_share"] == 0
+    assert list(r["slowest"]) == [False, True] and p.summary["slowest_rank"] == 1
+    k = p.kernels.set_index(["rank", "module"])
+    assert k.loc[(1, "fc1"), "kernel_us"] == pytest.approx(280)  # per step of rank 1
+    assert k.loc[(0, "fc2"), "forward_us"] == pytest.approx(100)
+    pooled = p.summary["gpu"]  # all ranks' steps together
+    assert pooled["host_wait_us"] == pytest.approx((270 + 495) / 2)
+
+
+def test_cuda_fixture_diff_names_the_rank_that_got_slower(tmp_path):
+    import profiler
+
+    a = _two_ranks(tmp_path / "a", "base_rank1")
+    b = _two_ranks(tmp_path / "b", "slow_rank1")
+    d = profiler.diff_profiles(a, b)
+    assert d.verdict == "slower" and d.slower_rank == 1
+    assert d.sides["b"]["slowest_rank"] == 1
+    g = d.gpu_ranks.set_index(["rank", "key"])
+    assert g.loc[(1, "host_wait_us"), "delta"] == pytest.approx(225)
+    assert g.loc[(1, "comm_wait_us"), "delta"] == pytest.approx(70)
+    assert g.loc[(1, "overlap_share"), "a"] == pytest.approx(1 / 3)
+    assert g.loc[(1, "overlap_share"), "b"] == 0
+    assert g.loc[(0, "gpu_idle_us"), "delta"] == pytest.approx(0)
+    assert any(c.startswith("GPU idle: host-bound on rank 1 (the rank that got slower the most): "
+                            "+225 us a step (270 -> 495 us)") for c in d.causes), d.causes
+    # the pooled figures stay: B's host-bound idle is the mean over both ranks' steps
+    assert d.gpu.set_index("key").loc["host_wait_us", "b"] == pytest.approx(382.5)
+    assert d.kernels_ranks.groupby("rank")["delta_us"].sum().abs().max() == pytest.approx(0)
+    # the same op in two modules: two rows, each unchanged
+    mm = d.ops[d.ops["name"] == "aten::mm"]
+    assert sorted(mm["module"]) == ["fc1", "fc2"] and set(mm["side"]) == {"both"}
+    assert set(d.ops[d.ops["side"] == "B only"]["name"]) == {"aten::item",
+                                                            "aten::_local_scalar_dense"}
+
+
+def test_cuda_fixture_cli_prints_and_writes_every_table(tmp_path):
+    a = _two_ranks(tmp_path / "a", "base_rank1")
+    b = _two_ranks(tmp_path / "b", "slow_rank1")
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+
+    def sleuth(*argv):
+        return subprocess.run([sys.executable, "-m", "sleuth", "profile", *map(str, argv)],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+    r = sleuth(b, "--csv", tmp_path / "one")
+    assert r.returncode == 0, r.stderr
+    assert "GPU time per rank" in r.stdout and "kernel time by module" in r.stdout
+    for name in ("breakdown", "ops", "modules", "steps", "memory", "cluster", "gpu", "gpu_ranks",
+                 "kernels", "host"):
+        assert (tmp_path / "one" / f"{name}.csv").exists(), name
+    import pandas as pd
+    gpu = pd.read_csv(tmp_path / "one" / "gpu.csv")
+    assert len(gpu) == 6 and gpu.loc[gpu["rank"] == 1, "host_wait_us"].tolist() == [495.0] * 3
+    r = sleuth("diff", a, b, "--csv", tmp_path / "two")
+    assert r.returncode == 1, r.stderr
+    assert "GPU time per rank" in r.stdout
+    assert "slowest rank in B: 1" in r.stdout
+    assert "the rank that got slower the most: 1" in r.stdout
+    for name in ("breakdown", "ops", "modules", "lines", "ranks", "sides", "gpu", "gpu_ranks",
+                 "kernels", "kernels_ranks", "host"):
+        assert (tmp_path / "two" / f"{name}.csv").exists(), name
+    ranks = pd.read_csv(tmp_path / "two" / "gpu_ranks.csv")
+    assert set(ranks["rank"]) == {0, 1}

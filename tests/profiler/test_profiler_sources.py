@@ -48,6 +48,27 @@ def test_operator_lines_and_changed_file(tmp_path):
     assert later.find(("net.py", 1, "forward"), "fc") == f"{path}:4{CHANGED}"
     same = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime + 60)
     assert same.find(("net.py", 1, "forward"), "fc") == f"{path}:4"
+    # a stored content hash decides over the time: modified later but the same text is no
+    # change; another text is one even when the file looks older than the trace
+    from profiler._sources import content_hash
+    now = content_hash(path.read_bytes())
+    kept = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime - 60,
+                      hashes={"net.py": now})
+    assert kept.find(("net.py", 1, "forward"), "fc") == f"{path}:4"
+    edited = LineFinder([str(tmp_path)], profiled_at=path.stat().st_mtime + 60,
+                        hashes={"net.py": content_hash(b"other text")})
+    assert edited.find(("net.py", 1, "forward"), "fc") == f"{path}:4{CHANGED}"
+
+
+def test_source_hashes_of_the_files_a_trace_cites(tmp_path):
+    from profiler._sources import content_hash, source_hashes
+    (tmp_path / "train.py").write_text("print(1)\n")
+    text = ('[{"ph": "X", "cat": "python_function", "name": "train.py(1): <module>"},'
+            '{"ph": "X", "cat": "python_function", "name": "torch/nn/modules/module.py(1750): '
+            '_call_impl"}, {"ph": "X", "cat": "python_function", "name": "gone.py(3): f"}]')
+    # the user's file by the path the frame writes; a library's and a missing one are not
+    assert source_hashes(text, [str(tmp_path)]) == {
+        "train.py": content_hash(b"print(1)\n")}
 
 
 NET = '''import sys, torch
@@ -99,7 +120,85 @@ def test_profiled_operator_line_and_edited_script(tmp_path):
     ops = profiler.read_profile(tmp_path / "run").ops
     mm = ops[ops["name"] == "aten::matmul"]
     assert list(mm["source"]) == [f"{script}:{want}"], mm
+    import json
+    meta_path = tmp_path / "run" / "profile" / "rank0" / "window0.json"
+    assert "net.py" in json.loads(meta_path.read_text())["source_hashes"]
+    # the top-level module's call site, which no frame of the trace names
+    call = NET.splitlines().index("        model(x).sum().backward()") + 1
+    assert json.loads(meta_path.read_text())["module_call_lines"] == {
+        "<root>": [f"{script}:{call}"]}
+    # judged by content: a file saved again unchanged (a checkout, an editor) is no change ...
+    os.utime(script)
+    ops = profiler.read_profile(tmp_path / "run").ops
+    assert list(ops[ops["name"] == "aten::matmul"]["source"]) == [f"{script}:{want}"]
+    # ... and an edit whose time was set back (a copy with `cp -p`, a checkout) is one
     script.write_text("# a line added after profiling\n" + NET)
+    os.utime(script, (old, old))
     ops = profiler.read_profile(tmp_path / "run").ops
     mm = ops[ops["name"] == "aten::matmul"]
     assert all(s.endswith(CHANGED) for s in mm["source"]), mm
+    # a profile written before hashes: the modification time decides, as it did
+    meta = json.loads(meta_path.read_text())
+    del meta["source_hashes"]
+    meta_path.write_text(json.dumps(meta))
+    assert not any(s.endswith(CHANGED) for s in
+                   profiler.read_profile(tmp_path / "run").ops["source"])
+    os.utime(script)
+    mm = profiler.read_profile(tmp_path / "run").ops
+    assert all(s.endswith(CHANGED) for s in mm[mm["name"] == "aten::matmul"]["source"])
+
+
+def test_a_top_level_module_call_is_given_its_line(tmp_path):
+    """`out = net(x)` in the user's loop calls no attribute and no builtin, and torch names the
+    loop's frame by its `def` line: the ops of a library's model (every op of a Hugging Face
+    model's forward) take the call line the collector recorded for the top-level module."""
+    from profiler._tables import build_tables
+    (tmp_path / "loop.py").write_text("def main(net, x):\n"
+                                      "    x = x + 1\n"
+                                      "    out = net(x)\n"
+                                      "    return out\n")
+
+    def X(name, ts, dur, cat):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        X("loop.py(1): main", 0, 100, "python_function"),
+        X("torch/nn/modules/module.py(1773): _wrapped_call_impl", 10, 80, "python_function"),
+        X("sleuth.module::<root>", 20, 60, "user_annotation"),
+        X("aten::addmm", 30, 20, "cpu_op")]}
+    meta = {"python_path": [str(tmp_path)],
+            "module_call_lines": {"<root>": [f"{tmp_path / 'loop.py'}:3"]}}
+    ops = build_tables(trace, meta)["ops"]
+    assert [r["source"] for r in ops] == [f"{tmp_path / 'loop.py'}:3"]
+    # profiles without the call sites: the function's def line, as before
+    assert [r["source"] for r in build_tables(trace, {"python_path": [str(tmp_path)]})["ops"]] \
+        == [f"{tmp_path / 'loop.py'}:1"]
+
+
+def test_a_backward_op_takes_its_forward_ops_line(tmp_path):
+    """The backward of a new cast runs inside `loss.backward()`, but the user wrote the cast:
+    an op in an autograd node is given the line of the forward op that made the node (by the
+    node's Sequence number), so a slowdown's forward and backward cost add up on its line."""
+    from profiler._tables import build_tables
+    (tmp_path / "loop.py").write_text("def main(x):\n"
+                                      "    y = x.double()\n"
+                                      "    y.sum().backward()\n")
+
+    def X(name, ts, dur, cat="cpu_op", **args):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+                "args": args}
+
+    trace = {"traceEvents": [
+        X("loop.py(1): main", 0, 200, "python_function"),
+        X("<built-in method double of Tensor object at 0x7f>", 10, 10, "python_function"),
+        X("aten::_to_copy", 11, 8, **{"Sequence number": 7}),
+        X("torch/_tensor.py(570): backward", 50, 100, "python_function"),
+        X("autograd::engine::evaluate_function: ToCopyBackward0", 60, 80,
+          **{"Sequence number": 7}),
+        X("ToCopyBackward0", 61, 78, **{"Sequence number": 7}),
+        X("aten::to", 65, 70)]}
+    lines = {r["name"]: r["source"] for r in
+             build_tables(trace, {"python_path": [str(tmp_path)]})["ops"]}
+    cast = f"{tmp_path / 'loop.py'}:2"
+    assert lines == {"aten::_to_copy": cast, "ToCopyBackward0": cast, "aten::to": cast,
+                     "autograd::engine::evaluate_function: ToCopyBackward0": cast}
