@@ -254,8 +254,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
     params = [p for p in model.parameters() if p.requires_grad]
     if d.is_main:
         print(f"training {model.num_params():,} parameters ({len(params)} tensors trainable) on "
-              f"{d.device} x{d.world_size}, steps {start_step}->{stop} of {config.steps}, run dir "
-              f"{run.path}", flush=True)
+              f"{d.device} x{d.world_size}, steps {start_step}-{stop - 1} of {config.steps} "
+              f"(counted from 0, as in metrics.jsonl and the dump), run dir {run.path}", flush=True)
     events.on_run_start(state)
     try:
         for step in range(start_step, stop):
@@ -311,7 +311,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
             state.history.append(dict(state.metrics))
             _write_line(metrics_file, state.metrics)
             if d.is_main and ((step + 1) % config.log_every == 0 or step + 1 == stop):
-                print(f"step {step + 1}/{config.steps} loss {loss_value:.4f} lr {lr:.2e} "
+                # the number metrics.jsonl, the dump and the profile give this step, over the last
+                print(f"step {step}/{config.steps - 1} loss {loss_value:.4f} lr {lr:.2e} "
                       f"grad_norm {float(grad_norm):.3f} tok/s {tokens / step_time:,.0f}", flush=True)
             events.on_step_end(state)
 
@@ -321,7 +322,7 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
                 state.history.append({"step": step, **result})
                 _write_line(metrics_file, {"step": step, **result})
                 if d.is_main:
-                    print(f"eval step {done}: loss {result['eval_loss']:.4f} ppl {result['eval_ppl']:.2f}",
+                    print(f"eval step {step}: loss {result['eval_loss']:.4f} ppl {result['eval_ppl']:.2f}",
                           flush=True)
                 events.on_eval(state, result)
             if (config.checkpoint_every and (done % config.checkpoint_every == 0 or done == config.steps)) \
