@@ -143,6 +143,10 @@ def _resume_dir(config: TrainConfig, run: RunDir) -> Path | None:
 
 def _nothing_to_resume(path: Path) -> str:
     found = scan_run_dir(path)
+    if found.damaged:
+        return (f"--resume latest: {path} holds no checkpoint, and {path / 'run.json'} is "
+                f"damaged ({found.damaged}); pass --overwrite instead of --resume to train again in "
+                f"its place, or use another --run-dir")
     if found.empty:
         return (f"--resume latest: {path} holds no run to continue (no checkpoint under "
                 f"{path / 'checkpoints'}); drop --resume to start a new run there")
@@ -197,8 +201,9 @@ def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | Non
         torch.distributed.barrier()  # every rank has read the files before any goes
     if d.is_main:
         removed = remove_run_files(run.path)
-        names = ", ".join(f"run {r}" if r else "a run written before run ids"
-                          for r in (others or [run_id]))
+        names = ("a run whose run.json is damaged" if found.damaged else
+                 ", ".join(f"run {r}" if r else "a run written before run ids"
+                           for r in (others or [run_id])))
         print(f"overwrite: removed {len(removed)} file(s) of {names} from {run.path}", flush=True)
     if d.world_size > 1:
         torch.distributed.barrier()
