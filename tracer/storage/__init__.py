@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "DUMP_JSON": "tracer.storage._lock",
     "resolve_run_id": "tracer.storage._lock",
     "open_h5": "tracer.storage._h5open",
+    "path_problem": "tracer.storage._h5open",
     "Dump": "tracer.storage._reader",
     "RawTensor": "tracer.storage._reader",
     "open_dump": "tracer.storage._reader",

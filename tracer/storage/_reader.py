@@ -20,7 +20,7 @@ import numpy as np
 
 from tracer._errors import DumpFormatError, RecordNotFoundError, warn
 from tracer.storage._bounded_json import JsonLimitError, loads_bounded
-from tracer.storage._h5open import open_h5
+from tracer.storage._h5open import open_h5, path_problem
 from tracer.storage._format import (CALL_FIELDS, FORMAT_MAJOR, HIT_FIELDS, RECORD_FIELDS,
                                     RecordRow, records_crc32)
 from tracer.storage._sketch import SKETCH_SIZE, row_of
@@ -642,7 +642,9 @@ def open_dump(path: str | Path) -> Dump:
     """
     p = Path(path)
     if not p.exists():
-        raise DumpFormatError(f"no dump at {p}: the path does not exist")
+        problem = path_problem(p)
+        raise DumpFormatError(f"{p}: {problem}" if problem else
+                              f"no dump at {p}: the path does not exist")
     files: dict[tuple[int, int], Path] = {}
     states: list[FileState] = []
     if p.is_file():
@@ -745,7 +747,11 @@ class _Unreadable(Exception):
 
 
 def _open_error(path: Path, e: OSError) -> _Unreadable:
-    """An h5py open error in words: "truncated" when the file is shorter than HDF5 expects."""
+    """An h5py open error in words: "truncated" when the file is shorter than HDF5 expects;
+    a soft link that loops or leads nowhere named as such, not by HDF5's text."""
+    problem = path_problem(path)
+    if problem:
+        return _Unreadable(f"unreadable: {problem}")
     m = _TRUNCATED_RE.search(str(e))
     if m:
         return _Unreadable(f"truncated: the file has {m.group(1)} bytes but its HDF5 superblock "
