@@ -16,7 +16,7 @@ EXPECTED = [
     "TracerError", "UntrustedFileError", "WatchConfig", "WatchpointHit", "attach_from_env", "check",
     "diff", "diff_ranks",
     "export_parquet", "first_nan_origin", "headroom_trend", "map_modules", "open_dump",
-    "read_export",
+    "read_export", "strict",
 ]
 
 
