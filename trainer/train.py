@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import record_function
@@ -161,15 +162,28 @@ def _inside(path: Path, folder: Path) -> bool:
     return folder.resolve() in path.resolve().parents
 
 
-def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | None,
-           d: _distributed.Dist) -> None:
-    """Refuse a run directory that holds another run's files, before anything is written (each
-    rank reads the same files, so all refuse together); with overwrite, rank 0 removes them.
+def check_run_dir(config: TrainConfig) -> str:
+    """What `train` checks before it writes a file, for a launcher that starts its processes
+    (`sleuth train --nproc`): refuses as `train` would, reading only. Returns the run id the
+    processes are to share ($SLEUTH_RUN_ID): the resumed run's, the caller's, or a new one.
 
     Raises:
-        OtherRunError: another run's files, or a checkpoint of another run than run.json's.
+        OtherRunError: another run's files, nothing to resume, a checkpoint of another run.
         ConfigError: overwrite would remove the checkpoint this run resumes from.
+        CheckpointError: the checkpoint named is missing or incomplete.
     """
+    run = RunDir(config.run_dir, rank=0)
+    resume_dir = _resume_dir(config, run)
+    single = _distributed.Dist(0, 1, torch.device("cpu"), "single", owns_group=False)
+    run_id = _run_id(resume_dir, single)
+    _check_claim(config, run, run_id, resume_dir)
+    return run_id
+
+
+def _check_claim(config: TrainConfig, run: RunDir, run_id: str,
+                 resume_dir: Path | None) -> tuple[Any, dict[str, list[str]], list[str]]:
+    """`_claim`'s checks, reading only: what the directory holds, the other runs' files and
+    this run's own that an overwrite removes."""
     own_checkpoint = resume_dir is not None and _inside(resume_dir, run.path)
     if own_checkpoint:
         if config.overwrite:
@@ -178,7 +192,8 @@ def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | Non
                               f"to replace it")
         owner = read_run_id(run.path)
         if not isinstance(read_meta(resume_dir).get("run_id"), str):
-            return  # a checkpoint written before run ids continues its own directory's run
+            # a checkpoint written before run ids continues its own directory's run
+            return scan_run_dir(run.path), {}, []
         if owner and owner != run_id:
             raise OtherRunError(f"{resume_dir} is a checkpoint of run {run_id}, but "
                                 f"{run.run_json} names run {owner}: {run.path} mixes two runs; "
@@ -195,6 +210,19 @@ def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | Non
                             f"{RUN_ID_ENV}={run_id} is set), and this run starts again at step "
                             f"0: pass --resume latest to continue it, --overwrite to replace it, "
                             f"or another --run-dir")
+    return found, others, restarted
+
+
+def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | None,
+           d: _distributed.Dist) -> None:
+    """Refuse a run directory that holds another run's files, before anything is written (each
+    rank reads the same files, so all refuse together); with overwrite, rank 0 removes them.
+
+    Raises:
+        OtherRunError: another run's files, or a checkpoint of another run than run.json's.
+        ConfigError: overwrite would remove the checkpoint this run resumes from.
+    """
+    found, others, restarted = _check_claim(config, run, run_id, resume_dir)
     if not (config.overwrite and (others or restarted)):
         return
     if d.world_size > 1:

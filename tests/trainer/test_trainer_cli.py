@@ -58,3 +58,25 @@ def test_trainer_imports_no_tool():
     pattern = re.compile(r"^\s*(from|import)\s+(tracer|profiler|irdump|dashboard|sleuth)\b", re.M)
     offenders = [p.name for p in TRAINER.glob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
+
+
+@pytest.mark.slow
+def test_nproc_refuses_before_starting_and_trains_on_two_ranks(sleuth_cli, tmp_path, corpus):
+    """`sleuth train --nproc 2` starts torchrun's workers itself: into another run's folder it
+    refuses in one line, exit 2, before any process starts (no torchrun report); otherwise
+    both ranks train one run."""
+    common = ["train", "--set", "steps=1", "--set", "batch_size=2", "--set", "eval_every=0",
+              "--set", f"data.train_files={corpus[0]}", "--set", f"data.val_files={corpus[1]}",
+              "--nproc", "2", "--run-dir", str(tmp_path / "r")]
+    first = sleuth_cli(*common, env={"OMP_NUM_THREADS": "1"})
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_id = json.loads((tmp_path / "r" / "run.json").read_text())["run_id"]
+    for name in ("metrics.jsonl", "metrics.rank1.jsonl"):
+        header = json.loads((tmp_path / "r" / name).read_text().splitlines()[0])
+        assert header["run_id"] == run_id  # one run id, checked before the workers started
+    again = sleuth_cli(*common)
+    assert again.returncode == 2
+    [line] = again.stderr.strip().splitlines()
+    assert line.startswith("sleuth train: error:") and f"another run (run {run_id}" in line
+    assert again.stdout == ""  # no worker started
+    assert sleuth_cli("train", "--nproc", "0", "--run-dir", str(tmp_path / "z")).returncode == 2

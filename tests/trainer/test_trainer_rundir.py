@@ -197,7 +197,15 @@ def test_torchrun_ranks_refuse_together_and_overwrite_between_barriers(tmp_path,
     old = _run_id(run)
     before = _snapshot(run)
     refused = torchrun()  # both ranks refuse (none waits at a barrier for the other)
-    assert refused.returncode != 0 and refused.stderr.count(f"another run (run {old}") == 2
+    assert refused.returncode != 0
+    # the refusal is printed once (local rank 0), and each rank exits 2 with it as the root
+    # cause of torchrun's own report, not torchrun's pointer to @record
+    said = [line for line in refused.stderr.splitlines()
+            if line.startswith("trainer: error:")]
+    assert len(said) == 1 and f"another run (run {old}" in said[0], refused.stderr[-3000:]
+    assert refused.stderr.count("exitcode  : 2 ") == 2, refused.stderr[-3000:]
+    assert refused.stderr.count(f"traceback : {said[0]}") == 2, refused.stderr[-3000:]
+    assert "To enable traceback" not in refused.stderr and "SIGTERM" not in refused.stderr
     assert _snapshot(run) == before
     replaced = torchrun("--overwrite")
     assert replaced.returncode == 0, replaced.stderr[-2000:]
