@@ -151,6 +151,8 @@ def _profiled_run(run, monkeypatch, *, strict: bool) -> list:
     """Train 4 steps under a collector (one window of steps 1-2); the SleuthWarnings given."""
     import warnings
 
+    from tracer import SleuthWarning
+
     monkeypatch.setenv("SLEUTH_STRICT", "1" if strict else "0")
     monkeypatch.setenv("SLEUTH_RUN_ID", "this-run")
     with warnings.catch_warnings(record=True) as seen:
@@ -158,13 +160,7 @@ def _profiled_run(run, monkeypatch, *, strict: bool) -> list:
         with Collector(run, config=CollectorConfig(**CFG), rank=0) as c:
             model, _ = train(4, c, labels=True)
     assert model is not None  # the run trained to its end
-    return [w for w in seen if issubclass(w.category, profiler_warning())]
-
-
-def profiler_warning():
-    from tracer import SleuthWarning
-
-    return SleuthWarning
+    return [w for w in seen if issubclass(w.category, SleuthWarning)]
 
 
 def _unwritable(run):
