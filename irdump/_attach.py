@@ -19,8 +19,11 @@ How it works (kept simple on purpose):
    made without gradients (an evaluation before the first step, as nanoGPT does) has no
    backward: `forward_eager` and `backward` are then taken again from the first call made
    with gradients, so the backward graph belongs to a training step.
-Only rank 0 (`RANK` unset or 0) writes. Failures warn and never stop the run. Output goes to
-`$SLEUTH_SAVE_GRAPHS_PATH`, else `$SLEUTH_RUN_DIR/ir`, else `./sleuth_run/ir`.
+Only rank 0 (`RANK` unset or 0) writes. Failures warn and never stop the run: a stage that
+cannot be captured is named and the others are saved; graphs that cannot be written (a full
+disk, an unwritable folder) turn the saver off with one `sleuth: ...` warning. `SLEUTH_STRICT=1`
+raises instead, the switch the tracer's dump and the profiler read (`tracer.strict`). Output
+goes to `$SLEUTH_SAVE_GRAPHS_PATH`, else `$SLEUTH_RUN_DIR/ir`, else `./sleuth_run/ir`.
 """
 from __future__ import annotations
 
@@ -30,9 +33,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from irdump._errors import RenderError
+from irdump._errors import IrDumpError, RenderError
 from irdump._save import DEFAULT_FORMATS
-from tracer import SleuthWarning  # printed as one line, `sleuth: ...`, as all of Sleuth's
+from tracer import SleuthWarning, strict  # one line, `sleuth: ...`; the switch that raises
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -88,14 +91,33 @@ class GraphSaver:
 
     # -- hooks ---------------------------------------------------------------------------------
     def _write(self, graphs: list[Any]) -> None:
+        """Write `graphs`; when they cannot be written, the saver goes off (`_fail`)."""
         from irdump._save import write_graphs
 
         try:
-            self.written += write_graphs(graphs, self.path, DEFAULT_FORMATS, None, self.sort_mode)
-        except RenderError as e:
-            warnings.warn(f"IR graphs: {e}; writing without svg", SleuthWarning, stacklevel=3)
-            formats = tuple(f for f in DEFAULT_FORMATS if f != "svg")
-            self.written += write_graphs(graphs, self.path, formats, None, self.sort_mode)
+            try:
+                self.written += write_graphs(graphs, self.path, DEFAULT_FORMATS, None,
+                                             self.sort_mode)
+            except RenderError as e:
+                warnings.warn(f"IR graphs: {e}; writing without svg", SleuthWarning, stacklevel=3)
+                formats = tuple(f for f in DEFAULT_FORMATS if f != "svg")
+                self.written += write_graphs(graphs, self.path, formats, None, self.sort_mode)
+        except OSError as e:
+            stages = ", ".join(g.stage for g in graphs)
+            self._fail(e, f"writing the {stages} graph(s) to {self.path}")
+
+    def _fail(self, error: BaseException, doing: str) -> None:
+        """A write that failed: raised as `_WriteFailed` under SLEUTH_STRICT=1; otherwise one
+        `sleuth:` warning, every hook removed (nothing more is captured or written) and the
+        run goes on."""
+        text = f"{type(error).__name__}: {error}"
+        if strict():
+            raise _WriteFailed(f"IR graphs: {doing} failed: {text}; with SLEUTH_STRICT unset "
+                               f"the run goes on without them") from error
+        self.remove()
+        warnings.warn(f"the IR graphs are off, and the run goes on without them: {doing} "
+                      f"failed: {text} (SLEUTH_STRICT=1 stops the run instead)", SleuthWarning,
+                      stacklevel=4)
 
     def _pre_hook(self, module: Any, args: Any) -> None:
         if self._busy:
@@ -113,6 +135,8 @@ class GraphSaver:
         self._busy = True
         try:
             self._capture_forward(module, tuple(args), kwargs)
+        except _WriteFailed:
+            raise
         except Exception as e:  # noqa: BLE001 - never break the user's run
             warnings.warn(f"IR graphs: graph capture failed: {e}", SleuthWarning, stacklevel=2)
             self._capture = None
@@ -162,6 +186,8 @@ class GraphSaver:
         from irdump._capture_dispatch import DispatchCapture
 
         self._write(graphs)
+        if self.removed:  # the graphs could not be written: the saver is off
+            return
         self._await_grad_call = not torch.is_grad_enabled()
         self._capture = DispatchCapture(module, args, kwargs, root_pushed=True)
         self._capture.start()
@@ -193,8 +219,10 @@ class GraphSaver:
         try:
             graph = capture.stop(output)
             self._write([graph])
-            if not self._await_grad_call:  # a call without gradients has no backward
+            if not self._await_grad_call and not self.removed:  # no backward without gradients
                 self._patch_backward(capture)
+        except _WriteFailed:
+            raise
         except Exception as e:  # noqa: BLE001
             warnings.warn(f"IR graphs: forward_eager capture failed: {e}", SleuthWarning, stacklevel=2)
 
@@ -214,6 +242,8 @@ class GraphSaver:
                 graph = capture.graph
                 saver._write([capture_backward(tensors, graph, capture.grad_fn_links, params,
                                                graph.modules)])
+            except _WriteFailed:
+                raise
             except Exception as e:  # noqa: BLE001
                 warnings.warn(f"IR graphs: backward capture failed: {e}", SleuthWarning, stacklevel=2)
             finally:
@@ -236,6 +266,11 @@ class GraphSaver:
         self._backward_capture.grad_fn_links.clear()
         warnings.warn("IR graphs: the model ran again before any backward; the backward "
                       "graph is not saved", SleuthWarning, stacklevel=3)
+
+
+class _WriteFailed(IrDumpError):
+    """Graphs that could not be written, under SLEUTH_STRICT=1: passes the handlers that keep
+    a failed capture from breaking the run."""
 
 
 def _wrapped(module: Any) -> Any:

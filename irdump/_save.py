@@ -145,11 +145,18 @@ def capture_graphs(model: Any, example_inputs: Any, stages: Sequence[str] = DEFA
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` via `path.partial`, fsync, rename."""
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)
+    try:
+        with open(partial, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:  # a full disk leaves no half-written graph behind
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder itself is gone or unwritable: there is no partial to remove
+        raise
 
 
 def write_graphs(graphs: Sequence[Graph], path: str | os.PathLike,

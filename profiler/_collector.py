@@ -6,6 +6,12 @@ from the window's recorded shapes once it is saved (`profiler._flops`), never by
 during the step, so a profiled step computes the same bits as an unprofiled one. Tables are
 built later from the trace (`read_profile`), unless `write_tables=True`. `key_averages()` is
 never called (0.4-0.6 s per step).
+
+Profiling never stops the run it observes: a failure of the collector's own work (its folder
+cannot be made, a window cannot be written for a full disk or an unwritable folder, the folder
+holds another run's profile) turns the profiler off with one `sleuth: ...` warning, and the
+training goes on; `SLEUTH_STRICT=1` raises instead. The tracer's dump keeps the same rule and
+reads the same switch (`tracer.strict`).
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from typing import Any
 from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA, Action,
                               CollectorConfig)
 from profiler._errors import ProfilerError
-from tracer import SleuthWarning  # printed as one line, `sleuth: ...`, as all of Sleuth's
+from tracer import SleuthWarning, strict  # one line, `sleuth: ...`; the switch that raises
 from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
                           run_id_from_env, world_size_from_env, write_json_atomic)
 from profiler._kineto import safe_export_path, window_edge
@@ -59,6 +65,7 @@ class Collector:
         self._window = 0
         self._modules: Any = None
         self._closed = False
+        self._failed = False
 
     # ---- lifecycle -----------------------------------------------------------------------
     def __enter__(self) -> Collector:
@@ -94,7 +101,13 @@ class Collector:
         if not activities:
             raise ProfilerError("no profiler activity is available: activities=('cuda',) needs "
                                 "a CUDA device; add \"cpu\" to activities")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            _refuse_another_run(self.dir, self.run_id)
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except (OSError, ProfilerError) as e:
+            self._fail(e, f"making {self.dir}")
+            self._closed = True
+            return
         if cfg.with_modules:
             from profiler._modules import ModuleRanges
             self._modules = ModuleRanges()
@@ -128,6 +141,9 @@ class Collector:
                 self._prof.step()
         else:
             self._prof.step()
+        if self._failed:  # a window failed to write: torch's profiler is stopped, the run goes on
+            self._off()
+            return
         self._begin_step(self._step)
 
     def close(self) -> None:
@@ -146,6 +162,38 @@ class Collector:
                 self._modules.remove()
             self._prof = None
 
+    def _fail(self, error: BaseException, doing: str) -> None:
+        """A failure of the collector's own work (`doing`, e.g. "writing window 0 to DIR"):
+        raised as ProfilerError under SLEUTH_STRICT=1; otherwise one `sleuth:` warning, the
+        profiler goes off (nothing more is written) and the run goes on."""
+        if strict():
+            if isinstance(error, ProfilerError):
+                raise error
+            raise ProfilerError(f"profiler: {doing} failed: {_describe(error)}; with "
+                                f"SLEUTH_STRICT unset the run goes on without the profile") \
+                from error
+        if self._failed:
+            return
+        self._failed = True
+        warnings.warn(f"the profiler is off from step {self._step} on, and the run goes on "
+                      f"without it: {doing} failed: {_describe(error)} (SLEUTH_STRICT=1 stops "
+                      f"the run instead)", SleuthWarning, stacklevel=4)
+
+    def _off(self) -> None:
+        """Stop torch's profiler after a failure, keeping nothing it still holds."""
+        prof, self._prof = self._prof, None
+        self._closed = True
+        if self._modules is not None:
+            self._modules.remove()
+        if prof is None:
+            return
+        try:
+            with warnings.catch_warnings(), window_edge(False):
+                warnings.simplefilter("ignore")
+                prof.stop()  # its trace handler returns at once: the collector has failed
+        except Exception:  # noqa: BLE001 - the profiler is off and said so; stopping is best effort
+            pass
+
     # ---- per step --------------------------------------------------------------------------
     def _begin_step(self, step: int) -> None:
         action = self.config.schedule_action(step)
@@ -159,6 +207,20 @@ class Collector:
 
     # ---- window output -------------------------------------------------------------------------
     def _on_trace_ready(self, prof: Any) -> None:
+        """torch's trace handler: the window's files, or the profiler off when they cannot be
+        written (a full disk, an unwritable folder), leaving no partial file behind."""
+        if self._failed:
+            return
+        k = self._window
+        try:
+            self._save_window(prof)
+        except Exception as e:  # noqa: BLE001 - routed through the one switch (_fail)
+            for leftover in self.dir.glob(f"*window{k}.*"):
+                if leftover.name.endswith((".partial", ".tmp")):
+                    leftover.unlink(missing_ok=True)
+            self._fail(e, f"writing window {k} to {self.dir}")
+
+    def _save_window(self, prof: Any) -> None:
         cfg = self.config
         recorded = sorted(s for s in self._step_wall if cfg.schedule_action(s).startswith("record"))
         if not recorded:
@@ -279,6 +341,32 @@ class Collector:
             with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
                 shutil.copyfileobj(fin, fout)
         return dest
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, ProfilerError):
+        return str(error)
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _refuse_another_run(folder: Path, run_id: str) -> None:
+    """ProfilerError when `folder` holds windows of a run other than `run_id`: the new windows,
+    numbered from 0, would replace that run's."""
+    import json
+
+    if not run_id or not folder.is_dir():
+        return
+    for meta in sorted(folder.glob("window*.json")):
+        try:
+            if meta.stat().st_size > 1 << 20:
+                continue  # not a window's metadata; the reader names it
+            other = json.loads(meta.read_bytes()).get("run_id")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            continue
+        if isinstance(other, str) and other and other != run_id:
+            raise ProfilerError(f"{folder} holds the profile of another run (run {other}, "
+                                f"{meta.name}), which this run's windows would replace; "
+                                f"profile into another run directory, or remove that profile")
 
 
 def _TORCH_ACTIONS(ProfilerAction: Any) -> dict[Action, Any]:

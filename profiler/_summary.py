@@ -12,6 +12,10 @@ run that wrote the file; readers refuse to merge files of different runs);
 `tags` (fixed-length UTF-8, index = tag id); `scalars` (tag, step, wall_time, value);
 `hist_index` (tag, step, wall_time, offset, bins) pointing into `hist_data` (float64: the
 bins+1 edges, then the bins counts).
+
+Writing never stops the run it observes: a summary that cannot be opened or written (a full
+disk, an unwritable folder) goes off with one `sleuth: ...` warning and the run goes on;
+`SLEUTH_STRICT=1` raises ProfilerError instead (the switch the dump and the collector read).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from typing import Any, Iterable
 from profiler._errors import ConfigError, ProfilerError
 from profiler._io import rank_from_env, run_id_from_env
 from profiler._own import own_work
-from tracer import SleuthWarning
+from tracer import SleuthWarning, strict
 
 FORMAT_VERSION = "1.0"
 TAG_BYTES = 512
@@ -88,7 +92,7 @@ class SummaryWriter:
         self.max_bytes = max_bytes
         self.rank = rank_from_env(rank)
         self.run_id = run_id_from_env() if run_id is None else str(run_id)
-        self.path = self._choose_path(Path(run_dir) / "summary")
+        self.path = Path(run_dir) / "summary" / f"rank{self.rank}.h5"
         self.stopped = False
         self._closed = False
         self._tags: dict[str, int] = {}
@@ -98,7 +102,11 @@ class SummaryWriter:
         self._pending_bytes = 0
         self._last_flush = time.monotonic()
         self._file: Any = None
-        self._open()
+        try:
+            self.path = self._choose_path(self.path.parent)
+            self._open()
+        except (OSError, RuntimeError) as e:
+            self._fail(e, f"opening {self.path}")
         atexit.register(self.close)  # records buffered at exit are not lost
 
     # ---- file ------------------------------------------------------------------------------
@@ -184,6 +192,30 @@ class SummaryWriter:
         """Write buffered records and flush the file (no-op once closed)."""
         if self._file is None:
             return
+        try:
+            self._flush()
+        except (OSError, RuntimeError) as e:  # a full disk: h5py raises either
+            self._fail(e, f"writing {self.path}")
+
+    def _fail(self, error: BaseException, doing: str) -> None:
+        """A failure to write the summary: raised as ProfilerError under SLEUTH_STRICT=1;
+        otherwise one `sleuth:` warning, and the writer drops everything from here on."""
+        if strict():
+            raise ProfilerError(f"summary: {doing} failed: {type(error).__name__}: {error}; "
+                                f"with SLEUTH_STRICT unset the run goes on without it") from error
+        self.stopped = True
+        self._scalars, self._hists, self._new_tags = [], [], []
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except Exception:  # noqa: BLE001 - the summary is off and said so
+                pass
+        warnings.warn(f"the summary is off, and the run goes on without it: {doing} failed: "
+                      f"{type(error).__name__}: {error} (SLEUTH_STRICT=1 stops the run instead)",
+                      SleuthWarning, stacklevel=3)
+
+    def _flush(self) -> None:
         import numpy as np
         dt = _dtypes()
         f = self._file
@@ -221,9 +253,12 @@ class SummaryWriter:
         try:
             self.flush()
         finally:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            file, self._file = self._file, None
+            if file is not None:
+                try:
+                    file.close()
+                except (OSError, RuntimeError) as e:
+                    self._fail(e, f"closing {self.path}")
 
     def __enter__(self) -> SummaryWriter:
         return self

@@ -95,7 +95,9 @@ def _another_runs_folder() -> str | None:
     try:
         claim_run_dir(run_dir, run_id, fixes="write this run to a new SLEUTH_RUN_DIR, set "
                       "SLEUTH_RUN_ID=<that run's id> to continue it, or set "
-                      "SLEUTH_DUMP_OVERWRITE=1 to replace it")
+                      "SLEUTH_DUMP_OVERWRITE=1 to replace it",
+                      damaged_fixes="write this run to a new SLEUTH_RUN_DIR, or set "
+                      "SLEUTH_DUMP_OVERWRITE=1 to replace that run's files")
     except OtherRunError as e:  # the refusal `sleuth run` and `sleuth train` give, its fixes ours
         return str(e)
     return None

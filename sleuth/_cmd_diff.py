@@ -87,6 +87,12 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
                          f"{ch['paired']} matched records changed dtype{others}, the first at "
                          f"{ch['name']} ({ch['source'] or 'unknown source'}); differences "
                          f"of {ch['b']}'s rounding follow wherever it computes")
+        elif ch["kind"] == "data" and ch.get("made_by"):
+            lines.append(f"the two runs were fed different data: {ch['name']} ({ch['dtype']}"
+                         f"{' ' + ch['shape'] if ch['shape'] else ''}), made by {ch['made_by']} "
+                         f"at {ch['source'] or 'an unknown line'} outside the model before its "
+                         f"first call of the step (the batch), differs; everything after it "
+                         f"follows from it")
         elif ch["kind"] == "data":
             lines.append(f"the two runs were fed different data: {ch['name']} ({ch['dtype']}"
                          f"{' ' + ch['shape'] if ch['shape'] else ''}) differs before any "

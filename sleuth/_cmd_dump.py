@@ -23,7 +23,9 @@ def register(subparsers: Any) -> None:
                         "file size and status: complete, interrupted (the run stopped in "
                         "that step), damaged (its records table does not read), partial "
                         "(being written, or left by a crash) or unreadable. Exit code 0 when "
-                        "every file is complete, 1 when one is not, 2 on error.")
+                        "every file is complete, 1 when one is not, 2 on error (a step "
+                        "file that is a soft link looping or leading nowhere included: the "
+                        "others are still listed).")
     ls.add_argument("path", metavar="RUN",
                     help="a run directory, its dump/ folder, a rank folder or one step file")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -95,18 +97,20 @@ def _human(n: int) -> str:
 def _ls(args: argparse.Namespace) -> int:
     import json
 
-    from tracer.storage import file_rows
+    from tracer.storage import file_rows, path_problem
 
     d = _open(args.path)
     rows = sorted(file_rows(d), key=lambda r: (r["rank"] is None, r["rank"] or 0,
                                                 r["step"] is None, r["step"] or 0))
     bad = [r for r in rows if r["status"] != "complete"]
+    # a path that leads to no file is an error in the input, not a step the run left unfinished
+    code = 2 if any(path_problem(r["path"]) for r in bad if r["path"]) else 1 if bad else 0
     if args.json:
         out = {"root": str(d.root), "ranks": d.ranks, "files": rows,
                "skipped": [{"path": p, "reason": r} for p, r in d.skipped],
                "not_complete": len(bad), "notes": _notes(rows)}
         print(json.dumps(out, indent=2))
-        return 1 if bad else 0
+        return code
     total = sum(r["file_bytes"] or 0 for r in rows)
     readable = [r for r in rows if r["records"] is not None]
     # before the first line: a config that is refused is the command's one line
@@ -126,7 +130,7 @@ def _ls(args: argparse.Namespace) -> int:
               f"{note.get('dropped_records')} record(s): {note.get('reason')}")
     if bad:
         print(f"{len(bad)} of {len(rows)} step file(s) not complete", file=sys.stderr)
-    return 1 if bad else 0
+    return code
 
 
 def _table(rows: list[dict]) -> str:

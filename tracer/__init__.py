@@ -21,6 +21,8 @@ _EXPORTS: dict[str, str] = {
     "RecordNotFoundError": "tracer._errors",
     "SleuthWarning": "tracer._errors",
     "UntrustedFileError": "tracer._errors",
+    # the one switch of every tool that observes a run: raise (SLEUTH_STRICT=1) or warn and go off
+    "strict": "tracer._errors",
     # capture
     "Dumper": "tracer._dumper",
     "attach_from_env": "tracer._attach",

@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "ByteTokenizer": "trainer.data",
     "train": "trainer.train",
     "exit_worker": "trainer._distributed",
+    "report_refusal": "trainer._distributed",
+    "check_run_dir": "trainer.train",
     "evaluate": "trainer.train",
     "Callback": "trainer._callbacks",
     "TrainState": "trainer._callbacks",

@@ -6,7 +6,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer import ConfigError, TrainerError, exit_worker, load_config, train
+    from trainer import (ConfigError, OtherRunError, TrainerError, exit_worker, load_config,
+                         report_refusal, train)
 
     # no abbreviations: `--res x` is a typo, not --resume
     parser = argparse.ArgumentParser(prog="python -m trainer",
@@ -25,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         train(load_config(args.config, preset=args.preset, overrides=overrides,
                           run_dir=args.run_dir, resume=args.resume),
               argv=[sys.executable, "-m", "trainer", *(sys.argv[1:] if argv is None else argv)])
+    except OtherRunError as e:  # every rank refuses alike: said once a machine, exit 2
+        report_refusal(f"trainer: error: {e}")
+        if argv is None:
+            exit_worker(2)
+        return 2
     except (ConfigError, TrainerError) as e:
         print(f"trainer: error: {e}", file=sys.stderr)
         return 2

@@ -51,6 +51,9 @@ class RunFiles:
     """Step files in dump/rank*/."""
     live_lock: str = ""
     """A dump rank lock whose writer may still run (its description), "" when none."""
+    damaged: str = ""
+    """Why run.json names no run that can be read ("" when it is sound or missing): which run
+    wrote the directory is then unknown, never guessed to be a run from before run ids."""
 
     @property
     def empty(self) -> bool:
@@ -64,13 +67,51 @@ class RunFiles:
 def _read_json(path: Path) -> object:
     """A small JSON file's value, or None when it is missing, not a regular file, too large or
     not JSON: a run's id is read from it, and nothing here may block or blow up."""
+    return _read_json_why(path)[0]
+
+
+def _read_json_why(path: Path) -> tuple[object, str]:
+    """`_read_json`'s value, and why there is none ("" when read or missing)."""
     try:
         st = path.stat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _JSON_LIMIT:
-            return None
-        return json.loads(path.read_bytes())
-    except (OSError, ValueError, RecursionError):
-        return None
+    except FileNotFoundError:
+        return None, ""
+    except OSError as e:
+        return None, f"cannot be read: {e.strerror or e}"
+    if not stat.S_ISREG(st.st_mode):
+        return None, "not a regular file"
+    if st.st_size > _JSON_LIMIT:
+        return None, f"{st.st_size:,} bytes, over the {_JSON_LIMIT:,} a run file holds"
+    try:
+        return json.loads(path.read_bytes()), ""
+    except OSError as e:
+        return None, f"cannot be read: {e.strerror or e}"
+    except RecursionError:
+        return None, "nested too deep to be a run file"
+    except json.JSONDecodeError as e:
+        return None, ("empty" if not st.st_size else
+                      f"not JSON: {e.msg}, line {e.lineno} column {e.colno}")
+    except ValueError:  # UnicodeDecodeError
+        return None, "not UTF-8 text"
+
+
+def _json_kind(value: object) -> str:
+    kinds = ((bool, "JSON true/false"), (dict, "a JSON object"), (list, "a JSON array"),
+             (str, "a JSON string"), ((int, float), "a JSON number"))
+    return next((name for k, name in kinds if isinstance(value, k)), "JSON null")
+
+
+def _run_json_id(path: Path) -> tuple[str, str]:
+    """run.json's run id (LEGACY for a run from before run ids), and why it is damaged."""
+    value, why = _read_json_why(path)
+    if why:
+        return LEGACY, why
+    if not isinstance(value, dict):
+        return LEGACY, f"{_json_kind(value)}, not an object"
+    run_id = value.get("run_id", LEGACY)
+    if not isinstance(run_id, str):
+        return LEGACY, f"its run_id is {_json_kind(run_id)}, not a string"
+    return run_id, ""
 
 
 def _id_of(value: object) -> str:
@@ -126,8 +167,8 @@ def scan_run_dir(run_dir: str | os.PathLike[str]) -> RunFiles:
         if name not in names:
             names.append(name)
 
-    if (root / "run.json").exists():
-        found.owner = _id_of(_read_json(root / "run.json"))
+    if os.path.lexists(root / "run.json"):
+        found.owner, found.damaged = _run_json_id(root / "run.json")
         add(found.owner, "run.json")
     fallback = found.owner if found.owner is not None else LEGACY
     for path in _children(root, _METRICS):
@@ -190,7 +231,7 @@ def _describe(run_id: str) -> str:
 
 
 def claim_run_dir(run_dir: str | os.PathLike[str], run_id: str, *, overwrite: bool = False,
-                  fixes: str | None = None) -> RunFiles:
+                  fixes: str | None = None, damaged_fixes: str | None = None) -> RunFiles:
     """Check that `run_dir` holds no file of a run other than `run_id`; return what it holds.
 
     Reads only. With `overwrite`, another run's files are allowed (the caller then removes them
@@ -201,11 +242,18 @@ def claim_run_dir(run_dir: str | os.PathLike[str], run_id: str, *, overwrite: bo
         run_id: the id of the run about to write there (a resumed run: the id it continues).
         overwrite: the caller will replace the other run's files.
         fixes: the end of the refusal, naming the caller's own flags.
+        damaged_fixes: the end of the refusal of a damaged run.json (no run to continue).
 
     Raises:
-        OtherRunError: one line naming the directory, the other run and the fixes.
+        OtherRunError: one line naming the directory, the other run (or the damaged run.json)
+            and the fixes.
     """
     found = scan_run_dir(run_dir)
+    if found.damaged and not overwrite:
+        raise OtherRunError(f"{found.run_dir / 'run.json'} is damaged ({found.damaged}), so which "
+                            f"run wrote {found.run_dir} cannot be told; "
+                            + (damaged_fixes or "pass --overwrite to replace that run's "
+                               "files, or another --run-dir"))
     others = found.others(run_id)
     if overwrite and (others or found.dump_steps) and found.live_lock:
         raise OtherRunError(f"{found.run_dir} is being written by another process "

@@ -59,14 +59,14 @@ def teardown(d: Dist) -> None:
         dist.destroy_process_group()
 
 
-def exit_worker() -> None:
-    """Leave a finished torchrun worker (WORLD_SIZE > 1) without the interpreter's C++
-    teardown; return at once in a single process.
+def exit_worker(code: int = 0) -> None:
+    """Leave a torchrun worker (WORLD_SIZE > 1) with exit status `code`, without the
+    interpreter's C++ teardown; return at once in a single process.
 
     The process group is destroyed by then, but torch's gloo threads still abort a rank now and
     then while the interpreter finalizes ("terminate called without an active exception"), and
-    torchrun then reports a finished run as failed. Exit handlers (the tools' writers,
-    logging) run first, so nothing is lost."""
+    torchrun then reports a finished run as failed (or a refused one with -6, not 2). Exit
+    handlers (the tools' writers, logging) run first, so nothing is lost."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
     import atexit
@@ -75,7 +75,32 @@ def exit_worker() -> None:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
+
+
+def report_refusal(line: str) -> None:
+    """Print `line`, a refusal every rank makes alike (the run directory holds another run),
+    once per machine rather than once per rank: by local rank 0, or by the one process there
+    is. Under torchrun the line also goes to the worker's error file
+    ($TORCHELASTIC_ERROR_FILE), so torchrun's failure report names it as the root cause
+    instead of pointing at `@record`; the report itself is torchrun's and is printed anyway."""
+    import json
+    import sys
+    import time
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+        if error_file:
+            try:
+                with open(error_file, "w", encoding="utf-8") as f:
+                    # the layout torch's @record writes: its report shows py_callstack
+                    json.dump({"message": {"message": line, "extraInfo": {
+                        "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+            except OSError:
+                pass  # torchrun's report then points at @record; the line is printed below
+        if os.environ.get("LOCAL_RANK", "0") != "0":
+            return
+    print(line, file=sys.stderr, flush=True)
 
 
 def wrap(model: nn.Module, d: Dist) -> nn.Module:

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import record_function
@@ -143,6 +144,10 @@ def _resume_dir(config: TrainConfig, run: RunDir) -> Path | None:
 
 def _nothing_to_resume(path: Path) -> str:
     found = scan_run_dir(path)
+    if found.damaged:
+        return (f"--resume latest: {path} holds no checkpoint, and {path / 'run.json'} is "
+                f"damaged ({found.damaged}); pass --overwrite instead of --resume to train again in "
+                f"its place, or use another --run-dir")
     if found.empty:
         return (f"--resume latest: {path} holds no run to continue (no checkpoint under "
                 f"{path / 'checkpoints'}); drop --resume to start a new run there")
@@ -157,15 +162,28 @@ def _inside(path: Path, folder: Path) -> bool:
     return folder.resolve() in path.resolve().parents
 
 
-def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | None,
-           d: _distributed.Dist) -> None:
-    """Refuse a run directory that holds another run's files, before anything is written (each
-    rank reads the same files, so all refuse together); with overwrite, rank 0 removes them.
+def check_run_dir(config: TrainConfig) -> str:
+    """What `train` checks before it writes a file, for a launcher that starts its processes
+    (`sleuth train --nproc`): refuses as `train` would, reading only. Returns the run id the
+    processes are to share ($SLEUTH_RUN_ID): the resumed run's, the caller's, or a new one.
 
     Raises:
-        OtherRunError: another run's files, or a checkpoint of another run than run.json's.
+        OtherRunError: another run's files, nothing to resume, a checkpoint of another run.
         ConfigError: overwrite would remove the checkpoint this run resumes from.
+        CheckpointError: the checkpoint named is missing or incomplete.
     """
+    run = RunDir(config.run_dir, rank=0)
+    resume_dir = _resume_dir(config, run)
+    single = _distributed.Dist(0, 1, torch.device("cpu"), "single", owns_group=False)
+    run_id = _run_id(resume_dir, single)
+    _check_claim(config, run, run_id, resume_dir)
+    return run_id
+
+
+def _check_claim(config: TrainConfig, run: RunDir, run_id: str,
+                 resume_dir: Path | None) -> tuple[Any, dict[str, list[str]], list[str]]:
+    """`_claim`'s checks, reading only: what the directory holds, the other runs' files and
+    this run's own that an overwrite removes."""
     own_checkpoint = resume_dir is not None and _inside(resume_dir, run.path)
     if own_checkpoint:
         if config.overwrite:
@@ -174,7 +192,8 @@ def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | Non
                               f"to replace it")
         owner = read_run_id(run.path)
         if not isinstance(read_meta(resume_dir).get("run_id"), str):
-            return  # a checkpoint written before run ids continues its own directory's run
+            # a checkpoint written before run ids continues its own directory's run
+            return scan_run_dir(run.path), {}, []
         if owner and owner != run_id:
             raise OtherRunError(f"{resume_dir} is a checkpoint of run {run_id}, but "
                                 f"{run.run_json} names run {owner}: {run.path} mixes two runs; "
@@ -191,14 +210,28 @@ def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | Non
                             f"{RUN_ID_ENV}={run_id} is set), and this run starts again at step "
                             f"0: pass --resume latest to continue it, --overwrite to replace it, "
                             f"or another --run-dir")
+    return found, others, restarted
+
+
+def _claim(config: TrainConfig, run: RunDir, run_id: str, resume_dir: Path | None,
+           d: _distributed.Dist) -> None:
+    """Refuse a run directory that holds another run's files, before anything is written (each
+    rank reads the same files, so all refuse together); with overwrite, rank 0 removes them.
+
+    Raises:
+        OtherRunError: another run's files, or a checkpoint of another run than run.json's.
+        ConfigError: overwrite would remove the checkpoint this run resumes from.
+    """
+    found, others, restarted = _check_claim(config, run, run_id, resume_dir)
     if not (config.overwrite and (others or restarted)):
         return
     if d.world_size > 1:
         torch.distributed.barrier()  # every rank has read the files before any goes
     if d.is_main:
         removed = remove_run_files(run.path)
-        names = ", ".join(f"run {r}" if r else "a run written before run ids"
-                          for r in (others or [run_id]))
+        names = ("a run whose run.json is damaged" if found.damaged else
+                 ", ".join(f"run {r}" if r else "a run written before run ids"
+                           for r in (others or [run_id])))
         print(f"overwrite: removed {len(removed)} file(s) of {names} from {run.path}", flush=True)
     if d.world_size > 1:
         torch.distributed.barrier()
@@ -254,8 +287,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
     params = [p for p in model.parameters() if p.requires_grad]
     if d.is_main:
         print(f"training {model.num_params():,} parameters ({len(params)} tensors trainable) on "
-              f"{d.device} x{d.world_size}, steps {start_step}->{stop} of {config.steps}, run dir "
-              f"{run.path}", flush=True)
+              f"{d.device} x{d.world_size}, steps {start_step}-{stop - 1} of {config.steps} "
+              f"(counted from 0, as in metrics.jsonl and the dump), run dir {run.path}", flush=True)
     events.on_run_start(state)
     try:
         for step in range(start_step, stop):
@@ -311,7 +344,8 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
             state.history.append(dict(state.metrics))
             _write_line(metrics_file, state.metrics)
             if d.is_main and ((step + 1) % config.log_every == 0 or step + 1 == stop):
-                print(f"step {step + 1}/{config.steps} loss {loss_value:.4f} lr {lr:.2e} "
+                # the number metrics.jsonl, the dump and the profile give this step, over the last
+                print(f"step {step}/{config.steps - 1} loss {loss_value:.4f} lr {lr:.2e} "
                       f"grad_norm {float(grad_norm):.3f} tok/s {tokens / step_time:,.0f}", flush=True)
             events.on_step_end(state)
 
@@ -321,7 +355,7 @@ def _train(config: TrainConfig, callbacks: list[Callback], d: _distributed.Dist,
                 state.history.append({"step": step, **result})
                 _write_line(metrics_file, {"step": step, **result})
                 if d.is_main:
-                    print(f"eval step {done}: loss {result['eval_loss']:.4f} ppl {result['eval_ppl']:.2f}",
+                    print(f"eval step {step}: loss {result['eval_loss']:.4f} ppl {result['eval_ppl']:.2f}",
                           flush=True)
                 events.on_eval(state, result)
             if (config.checkpoint_every and (done % config.checkpoint_every == 0 or done == config.steps)) \

@@ -239,3 +239,36 @@ def test_partial_file_that_is_no_step_is_not_counted(runs, capsys):
     assert code == 0 and "2 step file(s)" in text and leftover.name not in text, text
     code, text = _run_cli(["check", str(bad)], capsys)
     assert code == 0 and leftover.name not in text, text
+
+
+@pytest.mark.parametrize("link", ["itself", "loop", "nowhere"])
+@pytest.mark.parametrize("command", ["dump-ls", "dump-show", "check", "dump-show-file"])
+def test_step_file_that_is_a_looping_or_dangling_soft_link(runs, link, command, capsys):
+    """A step file that is a soft link to itself, a loop of two, or a link to nothing: one line
+    naming the file and the problem (no HDF5 error text), exit 2; the other steps are still
+    listed (`dump ls`) and checked (`check`)."""
+    good, bad = runs
+    rank = bad / "dump" / "rank0"
+    target = rank / "step5.h5"
+    if link == "itself":
+        target.symlink_to("step5.h5")
+    elif link == "loop":
+        target.symlink_to("step6.h5")
+        (rank / "step6.h5").symlink_to("step5.h5")
+    else:
+        target.symlink_to(bad / "no-such-file.h5")
+    before = damage.fingerprint(good, bad)
+    argv = {"dump-ls": ["dump", "ls", str(bad)],
+            "dump-show": ["dump", "show", str(bad), "--step", "5"],
+            "dump-show-file": ["dump", "show", str(target)],
+            "check": ["check", str(bad)]}[command]
+    code, text = _run_cli(argv, capsys)
+    assert "Traceback" not in text and code == 2, text
+    assert "errno" not in text.lower() and "Unable to synchronously" not in text, text
+    problem = "a soft link to nothing" if link == "nowhere" else "a soft link that loops"
+    named = [line for line in text.splitlines() if str(target) in line]
+    assert len(named) == 1 and problem in named[0], text
+    if command == "dump-ls":  # the two real steps are listed beside it
+        assert "4 step file(s)" in text or "3 step file(s)" in text, text
+        assert "complete" in text
+    assert damage.fingerprint(good, bad) == before

@@ -75,3 +75,52 @@ def test_env_trigger_is_byte_stable_and_does_not_disturb_training(tmp_path):
     eager = (run / "ir" / "03_forward_eager.ir").read_text()
     assert str(tmp_path) not in eager and str(REPO) not in eager and " at 0x" not in eager
     assert "# tests/irdump/irdump_models.py:" in eager
+
+
+@pytest.mark.parametrize("strict", ["0", "1"])
+def test_graphs_that_cannot_be_written_turn_the_saver_off_and_training_goes_on(tmp_path, strict):
+    """A folder the graphs cannot go to (a file where it should be): one `sleuth:` line, the
+    saver off, training bit-identical to a run without it; SLEUTH_STRICT=1 stops the run with
+    irdump's error instead (the switch the dump and the profiler read)."""
+    blocked = tmp_path / "ir"
+    blocked.write_text("a file where the graphs folder goes")
+    traced = _start(TRAIN, SLEUTH_SAVE_GRAPHS="1", SLEUTH_SAVE_GRAPHS_PATH=str(blocked),
+                    SLEUTH_STRICT=strict)
+    out, err = traced.communicate(timeout=240)
+    if strict == "1":
+        assert traced.returncode != 0 and "IrDumpError" not in out
+        assert "IR graphs: writing the forward" in err and str(blocked) in err, err[-2000:]
+        return
+    assert traced.returncode == 0, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("sleuth")]
+    assert len(lines) == 1 and lines[0].startswith("sleuth: the IR graphs are off"), err
+    assert "Traceback" not in err, err
+    assert str(blocked) in lines[0] and "SLEUTH_STRICT=1" in lines[0]
+    assert out.splitlines()[-1] == _wait(_start(TRAIN)).splitlines()[-1]  # same training
+    assert blocked.read_text() == "a file where the graphs folder goes"
+
+
+def test_a_full_disk_leaves_no_half_written_graph(tmp_path, monkeypatch):
+    import errno
+    import warnings
+
+    import torch
+
+    from irdump._attach import GraphSaver
+    from irdump_models import make_tiny
+    from tracer import SleuthWarning
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.delenv("SLEUTH_STRICT", raising=False)
+    model = make_tiny()
+    with warnings.catch_warnings(record=True) as seen, GraphSaver(tmp_path / "ir") as saver:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            model(torch.randn(4, 16)).pow(2).mean().backward()
+    said = [str(w.message) for w in seen if issubclass(w.category, SleuthWarning)]
+    assert len(said) == 1 and "No space left on device" in said[0], said
+    assert saver.removed and saver.written == []
+    assert list((tmp_path / "ir").iterdir()) == []  # no .partial left behind

@@ -134,3 +134,78 @@ def test_cuda_trace_has_device_time(tmp_path):
     assert prof.ops["device_us"].sum() > 0
     assert (prof.memory["device"] == "cuda:0").any()
     assert prof.summary["peak_tflops"] > 100
+
+
+def _full_disk(monkeypatch):
+    """A disk that fills while a window is written: every fsync fails as a full disk's does."""
+    import errno
+    import os
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def _profiled_run(run, monkeypatch, *, strict: bool) -> list:
+    """Train 4 steps under a collector (one window of steps 1-2); the SleuthWarnings given."""
+    import warnings
+
+    from tracer import SleuthWarning
+
+    monkeypatch.setenv("SLEUTH_STRICT", "1" if strict else "0")
+    monkeypatch.setenv("SLEUTH_RUN_ID", "this-run")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with Collector(run, config=CollectorConfig(**CFG), rank=0) as c:
+            model, _ = train(4, c, labels=True)
+    assert model is not None  # the run trained to its end
+    return [w for w in seen if issubclass(w.category, SleuthWarning)]
+
+
+def _unwritable(run):
+    (run / "profile").parent.mkdir(parents=True, exist_ok=True)
+    (run / "profile").write_text("a file where the profile folder goes")
+
+
+def _another_runs(run):
+    d = run / "profile" / "rank0"
+    d.mkdir(parents=True)
+    (d / "window0.json").write_text(json.dumps({"format_version": "1.0", "run_id": "other"}))
+
+
+@pytest.mark.parametrize("failure", ["full_disk", "unwritable_folder", "read_only_folder",
+                                     "another_runs_folder"])
+def test_a_failed_write_turns_the_profiler_off_and_the_run_goes_on(tmp_path, monkeypatch,
+                                                                  failure):
+    """Profiling never stops the run: a window that cannot be written (a full disk, a folder
+    that cannot be made or written, another run's profile there) gives one `sleuth:` warning,
+    the profiler goes off, nothing half-written is left, and training ends normally;
+    SLEUTH_STRICT=1 raises ProfilerError instead (the tracer's switch, `tracer.strict`)."""
+    import os
+
+    run = tmp_path / "run"
+    run.mkdir()
+    if failure == "full_disk":
+        _full_disk(monkeypatch)
+    elif failure == "unwritable_folder":
+        _unwritable(run)
+    elif failure == "read_only_folder":
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only folder")
+        (run / "profile" / "rank0").mkdir(parents=True)
+        (run / "profile" / "rank0").chmod(0o555)
+    else:
+        _another_runs(run)
+    before = sorted(p.relative_to(run) for p in run.rglob("*") if p.is_file())
+    warned = _profiled_run(run, monkeypatch, strict=False)
+    assert len(warned) == 1, [str(w.message) for w in warned]
+    text = str(warned[0].message)
+    assert text.startswith("the profiler is off from step") and "goes on" in text, text
+    assert "SLEUTH_STRICT=1" in text
+    if failure == "another_runs_folder":
+        assert "another run (run other" in text
+    assert sorted(p.relative_to(run) for p in run.rglob("*")
+                  if p.is_file()) == before  # nothing written, nothing half-written
+    with pytest.raises(profiler.ProfilerError):
+        _profiled_run(run, monkeypatch, strict=True)

@@ -142,3 +142,44 @@ def test_histogram_of_a_dtensor_is_its_local_shard(tmp_path, free_port):
     subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, env=env, timeout=120)
     h = read_histograms(tmp_path, tag="weights/w")
     assert h.counts[0].sum() == 12 and h.edges[0][0] == 0 and h.edges[0][-1] == 11
+
+
+@pytest.mark.parametrize("failure", ["full_disk", "unwritable_folder"])
+def test_a_summary_that_cannot_be_written_goes_off_and_the_run_goes_on(tmp_path, monkeypatch,
+                                                                      failure):
+    """A full disk while the summary flushes, or a folder it cannot make: one `sleuth:`
+    warning, later records dropped, no error into the training loop; SLEUTH_STRICT=1 raises
+    ProfilerError instead."""
+    import errno
+    import os
+    import warnings
+
+    import h5py
+
+    from profiler import ProfilerError, SummaryWriter
+    from tracer import SleuthWarning
+
+    if failure == "unwritable_folder":
+        (tmp_path / "summary").write_text("a file where the summary folder goes")
+    else:
+        def full(*args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(h5py.Dataset, "resize", full)
+
+    def log() -> list[str]:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            w = SummaryWriter(tmp_path, rank=0, flush_every=1)
+            for step in range(3):
+                w.add_scalar("train/loss", 1.0 / (step + 1), step)
+            w.close()
+        return [str(x.message) for x in seen if issubclass(x.category, SleuthWarning)]
+
+    monkeypatch.delenv("SLEUTH_STRICT", raising=False)
+    said = log()
+    assert len(said) == 1 and said[0].startswith("the summary is off"), said
+    assert "SLEUTH_STRICT=1" in said[0]
+    monkeypatch.setenv("SLEUTH_STRICT", "1")
+    with pytest.raises(ProfilerError, match="summary: "):
+        log()

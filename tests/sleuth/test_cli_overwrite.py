@@ -173,6 +173,18 @@ def test_sleuth_run_refuses_a_folder_holding_another_runs_profile(tmp_path, caps
     assert not (tmp_path / "run.json").exists()
 
 
+def test_sleuth_run_names_a_damaged_run_json_before_starting(tmp_path, capsys):
+    (tmp_path / "run.json").write_text('{"run_id": "old-r')  # cut short
+    marker = tmp_path / "started"
+    cmd = ["run", "--run-dir", str(tmp_path), "--", "python", "-c",
+           f"open({str(marker)!r}, 'w').close()"]
+    assert main(cmd) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"{tmp_path / 'run.json'} is damaged (not JSON" in line and "--overwrite" in line
+    assert "before run ids" not in line and not marker.exists()
+    assert (tmp_path / "run.json").read_text() == '{"run_id": "old-r'
+
+
 def test_a_command_that_cannot_start_leaves_no_run_behind(tmp_path, sleuth_cli):
     run = tmp_path / "y"
     proc = sleuth_cli("run", "--run-dir", str(run), "--", "no_such_command_here", cwd=tmp_path)

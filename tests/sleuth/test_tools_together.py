@@ -213,3 +213,32 @@ def test_trainer_dump_is_the_same_with_other_tools(trainer_runs, combo):
     assert len(base) >= 4 and sum(map(len, base.values())) > 1000
     assert_same_records(base, record_lists(trainer_runs[combo]), _name(combo))
     assert_tool_output(trainer_runs[combo], combo)
+
+
+@pytest.mark.parametrize("strict", ["0", "1"])
+def test_train_goes_on_when_its_tools_cannot_write(tmp_path, capsys, monkeypatch, recwarn,
+                                                   strict):
+    """`sleuth train --profile --save-graphs` where neither the profile nor the graphs can be
+    written (a file stands where each folder goes): each tool says so in one `sleuth:` line and
+    goes off, and the training ends normally; SLEUTH_STRICT=1 stops it with exit 2."""
+    from sleuth.cli import main
+
+    monkeypatch.setenv("SLEUTH_STRICT", strict)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "profile").write_text("not a folder")
+    (run / "ir").write_text("not a folder")
+    code = main(["train", "--preset", "tiny", "--set", "steps=3", "--set", "eval_every=0",
+                 "--run-dir", str(run), "--profile", "--save-graphs"])
+    out = capsys.readouterr()
+    if strict == "1":
+        assert code == 2 and "Traceback" not in out.err, out.err
+        return
+    assert code == 0, out.err
+    from tracer import SleuthWarning
+
+    said = [str(w.message) for w in recwarn if issubclass(w.category, SleuthWarning)]
+    assert len(said) == 2, said
+    assert any("the IR graphs are not saved" in line for line in said), said
+    assert any("the profiler is off" in line for line in said), said
+    assert [m["step"] for m in __import__("trainer").read_metrics(run)] == [0, 1, 2]

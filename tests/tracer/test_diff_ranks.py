@@ -179,3 +179,85 @@ def test_streamed_diff_says_what_the_whole_diff_says(pair, tmp_path):
         assert streamed.records.empty and len(whole.records)
         assert streamed.to_dict(records=False) == whole.to_dict(records=False), rank
     assert tracer.diff(a, b, rank=2, keep_records=False).first_divergence["step"] == 2
+
+
+DDP_BATCHES = """
+import sys
+import torch, torch.distributed as dist
+import tracer
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+    torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.Generator().manual_seed(100 + rank)  # each rank its own shard of the data
+with tracer.Dumper(model, {"path": sys.argv[1], "level": "mix", "mode": "full",
+                           "writer": "sync"}):
+    for step in range(2):
+        x = torch.randn(4, 8, generator=data)
+        y = torch.randn(4, 1, generator=data)
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_two_ddp_ranks_fed_different_batches_differ_in_the_data(tmp_path, capsys):
+    """torchrun, gloo, DDP, each rank its own batch (torch.randn outside the model): diffing
+    rank 0 with rank 1 says the data differs (the op that made the batch, where), never that
+    aten.randn diverged in compute; explain says the inputs differ."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_BATCHES)
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("SLEUTH_RUN_ID", None)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", str(script), str(run)], capture_output=True,
+                         text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert main(["diff", str(run), str(run), "--rank", "0", "--b-rank", "1", "--step", "0",
+                 "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    fd = doc["first_divergence"]
+    assert fd["name"] == "<none>::aten.randn.forward.0.output.0" and fd["kind"] == "data", fd
+    assert doc["changes"] == [{"kind": "data", "name": fd["name"], "dtype": "float32",
+                               "shape": "4,8", "source": fd["source"], "step": 0,
+                               "made_by": "aten.randn"}]
+    assert fd["source"].endswith("ddp.py:16")  # x = torch.randn(...)
+    assert main(["diff", str(run), str(run), "--rank", "0", "--b-rank", "1", "--step", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "the two runs were fed different data: <none>::aten.randn" in out
+    assert "made by aten.randn at" in out and "first divergence (data)" in out
+    assert "(compute)" not in out
+    # the same batches on both sides: the ranks agree (DDP keeps the weights in step)
+    same = tracer.diff(run, run, step=0)
+    assert same.status == "same"
+
+
+def test_explain_says_inputs_differ_when_the_batch_made_outside_the_model_does(tmp_path):
+    """Two runs whose batches differ (drawn by torch.randn outside the model, seeds apart):
+    explain's verdict is "inputs", naming the op that made the batch, not a replay of it."""
+    from models import MLP, train_and_dump
+
+    def batches(seed):
+        g = torch.Generator().manual_seed(seed)
+        return lambda: (torch.randn(4, 8, generator=g),)
+
+    for name, seed in (("a", 1), ("b", 2)):
+        train_and_dump(MLP, batches(seed), tmp_path / name, level="mix", mode="full",
+                       writer="sync")
+    res = tracer.diff(tmp_path / "a", tmp_path / "b", step=0)
+    assert res.first_divergence["kind"] == "data"
+    verdict = tracer.analysis.explain(tmp_path / "a", tmp_path / "b", step=0)
+    assert verdict.status == "inputs", verdict.verdict
+    assert "made by aten.randn" in verdict.verdict and "outside the model" in verdict.verdict

@@ -16,7 +16,7 @@ EXPECTED = [
     "TracerError", "UntrustedFileError", "WatchConfig", "WatchpointHit", "attach_from_env", "check",
     "diff", "diff_ranks",
     "export_parquet", "first_nan_origin", "headroom_trend", "map_modules", "open_dump",
-    "read_export",
+    "read_export", "strict",
 ]
 
 
@@ -31,7 +31,8 @@ FACES = {
                 "difference_sketch", "difference_stats", "disarm_flight_recorder", "element_size",
                 "export_parquet", "file_rows", "install_flight_recorder", "install_watch",
                 "is_export", "load_bounded", "loads_bounded", "make_writer", "op_capture_of",
-                "open_dump", "open_h5", "parse_shape", "read_export", "read_flight_recorder",
+                "open_dump", "open_h5", "parse_shape", "path_problem", "read_export",
+                "read_flight_recorder",
                 "read_sketches", "read_text_bounded", "resolve_run_id", "sketch_positions",
                 "sketch_row", "step_path", "step_status", "stored_extent"],
     "analysis": ["AuditResult", "Coverage", "DiffResult", "Explanation", "HeadroomReport",

@@ -9,10 +9,11 @@ import trainer
 EXPECTED = [
     "ByteTokenizer", "Callback", "CheckpointError", "ConfigError", "DataConfig", "DataError", "GPT",
     "LoRAConfig", "LoRALinear", "ModelConfig", "OptimConfig", "OtherRunError", "RunDir",
-    "TrainConfig", "TrainState", "TrainerError", "apply_lora", "claim_run_dir", "evaluate",
+    "TrainConfig", "TrainState", "TrainerError", "apply_lora", "check_run_dir", "claim_run_dir",
+    "evaluate",
     "exit_worker", "generate", "load_config",
     "load_lora", "load_model", "lora_state_dict", "merge_lora", "new_run_id", "read_metrics",
-    "read_run_id", "remove_run_files", "save_lora", "scan_run_dir",
+    "read_run_id", "remove_run_files", "report_refusal", "save_lora", "scan_run_dir",
     "small", "stream_generate", "tiny", "train", "write_run_json",
 ]
 

@@ -197,7 +197,15 @@ def test_torchrun_ranks_refuse_together_and_overwrite_between_barriers(tmp_path,
     old = _run_id(run)
     before = _snapshot(run)
     refused = torchrun()  # both ranks refuse (none waits at a barrier for the other)
-    assert refused.returncode != 0 and refused.stderr.count(f"another run (run {old}") == 2
+    assert refused.returncode != 0
+    # the refusal is printed once (local rank 0), and each rank exits 2 with it as the root
+    # cause of torchrun's own report, not torchrun's pointer to @record
+    said = [line for line in refused.stderr.splitlines()
+            if line.startswith("trainer: error:")]
+    assert len(said) == 1 and f"another run (run {old}" in said[0], refused.stderr[-3000:]
+    assert refused.stderr.count("exitcode  : 2 ") == 2, refused.stderr[-3000:]
+    assert refused.stderr.count(f"traceback : {said[0]}") == 2, refused.stderr[-3000:]
+    assert "To enable traceback" not in refused.stderr and "SIGTERM" not in refused.stderr
     assert _snapshot(run) == before
     replaced = torchrun("--overwrite")
     assert replaced.returncode == 0, replaced.stderr[-2000:]
@@ -218,3 +226,49 @@ def test_two_runs_started_into_one_new_dir_one_wins(tmp_path):
         write_run_json(tmp_path, run_id="second", **kw)
     assert json.loads((tmp_path / "run.json").read_text())["run_id"] == "first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+_DAMAGED_RUN_JSON = {
+    "truncated": b'{"run_id": "20261205T085733Z-8700d3c5cf07", "na',
+    "not_json": b"hello\n",
+    "deep": b"[" * 200_000 + b"]" * 200_000,
+    "array": b'["run_id", "x"]',
+    "empty": b"",
+    "run_id_not_text": b'{"run_id": 7}',
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGED_RUN_JSON))
+def test_a_damaged_run_json_is_named_damaged_not_taken_for_an_old_run(tmp_path, capsys, damage):
+    """A run.json that cannot be read names no run: which run wrote the folder is unknown, so
+    the refusal says the file is damaged, with the fixes, instead of guessing "a run written
+    before run ids"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_bytes(_DAMAGED_RUN_JSON[damage])
+    (run / "metrics.jsonl").write_text('{"format_version": "1.0"}\n{"step": 0, "loss": 1.0}\n')
+    before = _snapshot(run)
+    found = trainer.scan_run_dir(run)
+    assert found.damaged and found.owner == ""
+    for extra in ([], ["--resume", "latest"]):
+        code = main(["train", "--set", "steps=1", "--run-dir", str(run), *extra])
+        err = capsys.readouterr().err
+        assert code == 2
+        [line] = err.strip().splitlines()
+        assert f"{run / 'run.json'}" in line and "damaged" in line, line
+        assert "--overwrite" in line and "--run-dir" in line and "before run ids" not in line
+        assert _snapshot(run) == before
+    with pytest.raises(trainer.OtherRunError, match="run.json is damaged"):
+        trainer.claim_run_dir(run, "new")
+    # --overwrite replaces it as it would any old run's files
+    assert trainer.claim_run_dir(run, "new", overwrite=True).damaged
+    trainer.remove_run_files(run)
+    assert not (run / "run.json").exists() and trainer.scan_run_dir(run).empty
+
+
+def test_a_sound_run_json_without_run_id_is_an_old_run(tmp_path):
+    (tmp_path / "run.json").write_text('{"name": "old", "argv": []}')
+    found = trainer.scan_run_dir(tmp_path)
+    assert found.owner == "" and not found.damaged
+    with pytest.raises(trainer.OtherRunError, match="a run written before run ids"):
+        trainer.claim_run_dir(tmp_path, "new")

@@ -9,6 +9,7 @@ from typing import Any
 
 _DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
 _INTEGER = ("int", "uint", "bool")
+_OUTSIDE = ("<none>", "")  # the module of an op run outside every module
 
 
 def kind(row: dict[str, Any]) -> str:
@@ -22,13 +23,26 @@ def kind(row: dict[str, Any]) -> str:
 
 
 def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
-    """Mark `fed` the divergent forward inputs of integer dtype (token ids, labels, masks) that
-    no earlier record of A's step holds (same dtype, element count and checksum): no recorded
-    op made them, so they came from the data. A float input without a maker may be a weight
-    (an op-level dump records no parameters), which is why only integers are marked.
+    """Mark `fed` what the step's data is, in its divergent records:
+
+    - the ops run outside every module before the model's first module call of the step
+      (loading, sampling, `torch.randn` of a synthetic batch, augmentation): the batch being
+      made, so two runs (two DDP ranks) fed different batches differ there as data, not as
+      a compute divergence of the op that made it;
+    - forward inputs of integer dtype (token ids, labels, masks) that no earlier record of A's
+      step holds (same dtype, element count and checksum): no recorded op made them, so they
+      came from the data. A float input without a maker may be a weight (an op-level dump
+      records no parameters), which is why only integers are marked.
 
     `rows`: one step's compared rows (dicts of the diff's columns); `recs_a`: A's records of
     that step (dicts of the /records columns)."""
+    model_from = min((int(rec["seq"]) for rec in recs_a if rec["phase"] == "forward"
+                      and str(rec["module"]) not in _OUTSIDE), default=None)
+    if model_from is not None:
+        for r in rows:
+            if r["verdict"] == "diverged" and r["phase"] == "forward" and r["op"] \
+                    and str(r["module"]) in _OUTSIDE and 0 <= int(r["seq"]) < model_from:
+                r["fed"] = True
     wanted = [r for r in rows if r["verdict"] == "diverged" and r["phase"] == "forward"
               and r["direction"] == "input" and str(r["dtype"]).startswith(_INTEGER)]
     if not wanted:
@@ -64,5 +78,8 @@ def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any]
     if first is not None and first["kind"] in ("data", "parameter"):
         out.append({"kind": first["kind"], "name": first["name"], "dtype": first["dtype"],
                     "shape": first.get("shape", ""), "source": first["source"],
-                    "step": first["step"]})
+                    "step": first["step"],
+                    # the op that made the batch outside the model, "" for a recorded input
+                    "made_by": first.get("op", "") if first.get("direction") == "output"
+                    else ""})
     return out

@@ -118,6 +118,14 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         return Explanation("inputs", f"inputs differ from the start: {what} already at "
                            f"{fd['name']} (data, seed or weights), before any op ran",
                            first_divergence=fd, notes=notes)
+    if fd["kind"] == "data" and fd["direction"] == "output":
+        # the batch, made outside the model before its first call (a sampler, torch.randn):
+        # its op is no computation of the model's to judge, and cannot be re-run alike
+        return Explanation("inputs", f"inputs differ from the start: the batch differs already "
+                           f"at {fd['name']}, made by {fd['op']} at "
+                           f"{fd['source'] or 'an unknown line'} outside the model before its "
+                           f"first call (data or seed), before any op of the model ran",
+                           first_divergence=fd, notes=notes)
     da, db = open_dump(a), open_dump(b)
     try:
         _need_op_records(da, db, fd)

@@ -14,17 +14,22 @@ What is left reads within the file's own size. Soft links are let be: HDF5 resol
 inside the file, and the only way out of it, an external link, is refused wherever it is.
 Every reader of a step file opens it here (`Dump`, the diff's tensor reader, the flight
 recorder's reader).
+
+The path itself is checked first (`path_problem`): a step file that is a soft link looping
+back on itself, or pointing at nothing, would otherwise come back as HDF5's own error text.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
+import stat
 from pathlib import Path
 
 import h5py
 from h5py import h5d, h5g, h5l, h5o
 
-from tracer._errors import UntrustedFileError
+from tracer._errors import DumpFormatError, UntrustedFileError
 
 MAX_LINKS = 4096
 """The most links a file may hold; a step file holds a handful."""
@@ -36,8 +41,12 @@ strongest filter HDF5 ships, reaches about 1032 on zeros."""
 def open_h5(path: str | os.PathLike) -> h5py.File:
     """`h5py.File(path, "r")` once every link and dataset of the file is checked (see the
     module's docstring). Raises UntrustedFileError for a file that points outside itself or
-    claims more than it stores, OSError when HDF5 cannot open it."""
+    claims more than it stores, DumpFormatError when the path is a soft link that loops or
+    leads nowhere (`path_problem`), OSError when HDF5 cannot open it."""
     path = Path(path)
+    problem = path_problem(path)
+    if problem:
+        raise DumpFormatError(f"{path}: {problem}")
     f = h5py.File(path, "r")
     try:
         check_file(f, path)
@@ -45,6 +54,43 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
         f.close()
         raise
     return f
+
+
+def path_problem(path: str | os.PathLike) -> str | None:
+    """Why the file at `path` cannot be opened as a file, in words, with the fix; None when
+    it can: a soft link that loops (to itself, or through others back to itself), a soft link
+    to nothing, a folder or a device. Reads no byte of the file."""
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return (f"a soft link that loops ({_chain(path)}), so it leads to no file; "
+                    f"remove it, or point it at a step file")
+        if e.errno == errno.ENOENT and path.is_symlink():
+            return (f"a soft link to nothing ({_chain(path)}, which does not exist); remove "
+                    f"it, or point it at a step file")
+        return None  # HDF5 reports anything else (a missing file, no permission) by name
+    if not stat.S_ISREG(mode):
+        return "not a regular file (a folder or a device); a step file is a regular file"
+    return None
+
+
+def _chain(path: Path, most: int = 8) -> str:
+    """`a -> b -> a`: a soft-link chain as the links spell it, up to its first repeat."""
+    seen = [str(path)]
+    visited = {os.path.abspath(path)}
+    for _ in range(most):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return " -> ".join(seen)
+        seen.append(target)
+        path = path.parent / target
+        if os.path.abspath(path) in visited:
+            return " -> ".join(seen)
+        visited.add(os.path.abspath(path))
+    return " -> ".join(seen) + " -> ..."
 
 
 def check_file(f: h5py.File, path: Path) -> None:

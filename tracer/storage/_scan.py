@@ -15,6 +15,7 @@ from typing import NamedTuple
 import h5py
 
 from tracer._errors import DumpFormatError
+from tracer.storage._h5open import path_problem
 from tracer.storage._lock import DUMP_JSON, one_run
 from tracer.storage._step_reader import NewerFormat, check_version
 
@@ -82,7 +83,9 @@ def scan_dump(path: str | Path) -> DumpScan:
     format version than this release reads."""
     p = Path(path)
     if not p.exists():
-        raise DumpFormatError(f"no dump at {p}: the path does not exist")
+        problem = path_problem(p)
+        raise DumpFormatError(f"{p}: {problem}" if problem else
+                              f"no dump at {p}: the path does not exist")
     files: dict[tuple[int, int], Path] = {}
     states: list[FileState] = []
     if p.is_file():
@@ -179,7 +182,11 @@ class _Unreadable(Exception):
 
 
 def _open_error(path: Path, e: OSError) -> _Unreadable:
-    """An h5py open error in words: "truncated" when the file is shorter than HDF5 expects."""
+    """An h5py open error in words: "truncated" when the file is shorter than HDF5 expects;
+    a soft link that loops or leads nowhere named as such, not by HDF5's text."""
+    problem = path_problem(path)
+    if problem:
+        return _Unreadable(f"unreadable: {problem}")
     m = _TRUNCATED_RE.search(str(e))
     if m:
         return _Unreadable(f"truncated: the file has {m.group(1)} bytes but its HDF5 superblock "
