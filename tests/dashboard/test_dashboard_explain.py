@@ -17,7 +17,7 @@ def test_the_explain_panel_names_the_bug_and_draws_the_chain(browser, tmp_path):
 
     import dashboard
     pytest.importorskip("transformers")
-    from tests.tracer.test_explain import _dump_llama
+    from tests.tracer.analysis.test_explain import _dump_llama
 
     a, b = _dump_llama(tmp_path / "ref"), _dump_llama(tmp_path / "eps", eps=1e-2)
     handle = dashboard.serve(dashboard.create_app([a, b], refresh_s=1.0), port=free_port(),

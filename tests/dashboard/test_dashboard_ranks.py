@@ -12,7 +12,7 @@ from dashboard._page_diff import body, cell_of
 from dashboard._runs import load_runs
 from dashboard_helpers import free_port, wait_idle
 from tests.dashboard.test_dashboard_diff import _texts
-from tests.tracer.test_diff_ranks import write_run
+from tests.tracer.analysis.test_diff_ranks import write_run
 
 
 @pytest.fixture(scope="module")

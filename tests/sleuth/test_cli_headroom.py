@@ -121,7 +121,7 @@ def test_conditions_offline_name_the_records(runs, capsys):
 
 
 def test_several_ranks_get_a_rank_column(tmp_path, capsys):
-    from tests.tracer.test_check_headroom import write_ranks
+    from tests.tracer.analysis.test_check_headroom import write_ranks
 
     run = write_ranks(tmp_path / "run")
     assert main(["check", "--headroom", str(run)]) == 1

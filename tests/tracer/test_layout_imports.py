@@ -269,3 +269,17 @@ def test_only_storage_reads_step_files():
         for line in _h5_opens(ast.parse(path.read_text())):
             offenders.append(f"{path.relative_to(ROOT)}:{line}")
     assert offenders == []
+
+
+def test_the_tracer_tests_sit_in_folders_like_the_code():
+    """docs/architecture.md, "Tests": tests/tracer/<folder>/ for each folder of tracer/, and no
+    test of one of them left at the top."""
+    tests = ROOT / "tests" / "tracer"
+    folders = sorted(p.name for p in (ROOT / "tracer").iterdir()
+                     if p.is_dir() and (p / "__init__.py").exists())
+    assert folders == ["analysis", "capture", "storage"]
+    for folder in folders:
+        assert sorted((tests / folder).glob("test_*.py")), f"tests/tracer/{folder}/ has no tests"
+    prefixes = ("test_capture_", "test_storage_", "test_check_", "test_diff_", "test_explain")
+    stray = [p.name for p in tests.glob("test_*.py") if p.name.startswith(prefixes)]
+    assert not stray, f"move these into tests/tracer/<folder>/ beside their code's tests: {stray}"

@@ -91,7 +91,7 @@ def test_cli_checks_every_rank_as_tasks(run, capsys):
 
 
 def test_a_damaged_rank_is_named_never_clean(run, capsys):
-    from tests.tracer.test_dump_cli import damage_records
+    from tests.tracer.storage.test_dump_cli import damage_records
 
     clean = write_run(run.parent / "clean", 3)
     assert main(["check", str(clean), "--workers", "2"]) == 0
@@ -144,7 +144,7 @@ def test_a_pool_started_from_an_unguarded_script_says_how_to_fix_it(run, tmp_pat
         pytest.skip("one core: no pool")
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     res = subprocess.run([sys.executable, str(script), str(run)], capture_output=True,
                          text=True, env=env, timeout=180)
     assert res.returncode == 1

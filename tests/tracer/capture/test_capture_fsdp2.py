@@ -15,7 +15,7 @@ import torch
 
 import tracer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _run_one_rank(script: str, port: int, *args: str) -> None:

@@ -18,10 +18,10 @@ from test_diff_synthetic import rec, write_step
 
 
 def _line(marker: str) -> str:
-    """'tests/tracer/test_check_first_nan.py:N' of the line of this file holding `marker`."""
+    """'tests/tracer/analysis/test_check_first_nan.py:N' of the line of this file holding `marker`."""
     lines = open(__file__).read().splitlines()
     n = next(i for i, text in enumerate(lines, 1) if marker in text and "_line(" not in text)
-    return f"tests/tracer/test_check_first_nan.py:{n}"
+    return f"tests/tracer/analysis/test_check_first_nan.py:{n}"
 
 
 def _mlp_with_weight_write(path, level):

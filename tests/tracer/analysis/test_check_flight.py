@@ -12,7 +12,7 @@ import pytest
 
 from tracer.storage import FlightRecorder, read_flight_recorder
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent("""
     import os, signal, sys

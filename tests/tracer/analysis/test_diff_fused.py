@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import tracer
-from tests.tracer.test_diff_map import D, HEADS, LAYERS, Port, _gpt2, _port_of, _train
+from tests.tracer.analysis.test_diff_map import D, HEADS, LAYERS, Port, _gpt2, _port_of, _train
 from tracer.analysis import map_modules, read_module_map
 from tracer.analysis._fused import combine, group_name, wrap
 

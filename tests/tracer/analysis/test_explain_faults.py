@@ -18,7 +18,7 @@ import tracer
 from sleuth.cli import main
 from tracer.analysis import explain, map_modules
 
-HERE = "tests/tracer/test_explain_faults.py"
+HERE = "tests/tracer/analysis/test_explain_faults.py"
 
 
 def _line(text: str) -> str:

@@ -508,7 +508,7 @@ def test_a_full_disk_while_the_tables_are_written_is_a_warning_not_a_crash(tmp_p
     import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
     env["PYTHONPATH"] = str(repo)
     proc = subprocess.run([sys.executable, "-c", _FULL_DISK, writer, helper], cwd=tmp_path,

@@ -16,7 +16,7 @@ from torch import nn
 import tracer
 from tracer.capture._naming import module_names
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 _SCRIPT = textwrap.dedent("""
     import os

@@ -21,7 +21,7 @@ import torch
 import tracer
 from sleuth.cli import main
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 from models import MLP, train_and_dump  # noqa: E402
 from test_diff_synthetic import rec, write_step  # noqa: E402
 

@@ -22,8 +22,8 @@ import tracer
 from tracer.storage._format import FORMAT_VERSION
 from tracer.storage import RecordMeta, make_writer
 
-REPO = Path(__file__).resolve().parents[2]
-GOLDEN_3_0 = Path(__file__).parent / "data" / "dump_format_3_0_rank0_step5.h5"
+REPO = Path(__file__).resolve().parents[3]
+GOLDEN_3_0 = Path(__file__).parents[1] / "data" / "dump_format_3_0_rank0_step5.h5"
 
 
 def _loop_until_failure(run, config, fail_at, error):

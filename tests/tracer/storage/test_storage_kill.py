@@ -15,7 +15,7 @@ import pytest
 
 from tracer.storage._reader import open_dump
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RECORDS = 12
 
 WRITER = f"""

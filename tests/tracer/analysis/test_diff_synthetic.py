@@ -12,7 +12,7 @@ import pytest
 
 from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _stats(t: np.ndarray, dtype: str) -> dict:

@@ -233,7 +233,7 @@ def test_a_gpu_run_against_a_cpu_run_is_re_run_on_the_gpu(tmp_path):
         sources.append(dict(zip(stats["name"], stats["source"])))
     assert sources[0] == sources[1]
     backward = {s for n, s in sources[1].items() if ".backward." in n}
-    assert backward == {f"tests/tracer/test_explain.py:{_line('# THE BACKWARD LINE')}"}
+    assert backward == {f"tests/tracer/analysis/test_explain.py:{_line('# THE BACKWARD LINE')}"}
 
 
 @pytest.mark.cuda

@@ -174,7 +174,7 @@ print(os.waitstatus_to_exitcode(status), helper.wait_ready(), shared_file_proces
 def test_a_forked_child_neither_shares_nor_ends_the_parents_helper():
     """A child forked from a training process (a DataLoader worker, say) gets its own helper,
     and its normal exit does not end the parent's (the exit handler is the parent's only)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True,
                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=120)
     assert out.returncode == 0, out.stderr

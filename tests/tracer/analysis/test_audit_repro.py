@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sleuth.cli import main
-from tests.tracer.test_explain import _dump_llama
+from tests.tracer.analysis.test_explain import _dump_llama
 from tracer.analysis import audit
 
 pytest.importorskip("transformers")
@@ -77,7 +77,7 @@ def test_no_repro_for_precision(runs, tmp_path, capsys):
 def test_no_repro_when_the_op_is_blamed_for_its_input(tmp_path, capsys):
     """Operands swapped: the op computes right on what it gets; the repro would show nothing,
     so none is written and the line is named instead."""
-    from tests.tracer.test_explain import _dump_cnn
+    from tests.tracer.analysis.test_explain import _dump_cnn
 
     a, b = _dump_cnn(tmp_path / "a"), _dump_cnn(tmp_path / "swap", swap=True)
     assert main(["explain", str(a), str(b), "--repro", str(tmp_path / "r")]) == 1

@@ -16,7 +16,7 @@ from tracer._errors import DumpFormatError, RecordNotFoundError
 from tracer.storage import decode_bits, open_dump
 from tracer.storage import RecordMeta, make_writer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def make_run(run: Path, ranks=(0,), steps=(0, 2), mode="full") -> None:

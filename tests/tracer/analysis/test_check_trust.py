@@ -13,7 +13,7 @@ import torch.nn as nn
 
 import tracer
 from sleuth.cli import main
-from test_dump_cli import damage_records
+from tests.tracer.storage.test_dump_cli import damage_records
 
 
 def _mlp_run(path: Path, nan_step: int | None = 2, steps: int = 3) -> Path:

@@ -149,7 +149,7 @@ def test_a_real_two_rank_run_names_the_rank_that_sent_the_nan(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
            "OMP_NUM_THREADS": "1"}
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc_per_node=2", str(script), str(run)], capture_output=True,

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_map
 import tracer
 from models import MLP, train_and_dump
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_mix_rows_keep_execution_order_with_module_records(tmp_path):

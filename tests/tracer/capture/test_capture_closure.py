@@ -14,10 +14,10 @@ from tracer.analysis._check import first_nan_origin
 
 
 def _line(marker: str) -> str:
-    """'tests/tracer/test_capture_closure.py:N' of the line of this file holding `marker`."""
+    """'tests/tracer/capture/test_capture_closure.py:N' of the line of this file holding `marker`."""
     lines = open(__file__).read().splitlines()
     n = next(i for i, text in enumerate(lines, 1) if marker in text and "_line(" not in text)
-    return f"tests/tracer/test_capture_closure.py:{n}"
+    return f"tests/tracer/capture/test_capture_closure.py:{n}"
 
 
 class Shifted(nn.Module):
@@ -190,7 +190,7 @@ def test_lightning_automatic_optimization_records_the_model(tmp_path):
     if importlib.util.find_spec("lightning") is None:
         pytest.skip("lightning is not installed")
     (tmp_path / "fit.py").write_text(LIGHTNING_SCRIPT)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run([sys.executable, str(tmp_path / "fit.py"), str(tmp_path / "run")],
                          capture_output=True, text=True, timeout=300, cwd=root,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)})

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def train(run_dir, n: int = 3, **config) -> tracer.Dumper:
     """A plain nn.Module loop of `steps` optimizer steps under a Dumper (closed). The dump's
     refusals are raised ("on_error": "raise"), as SLEUTH_STRICT=1 does; by default they only
-    warn and switch the dump off (tests/tracer/test_capture_hooks.py)."""
+    warn and switch the dump off (tests/tracer/capture/test_capture_hooks.py)."""
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -10,7 +10,7 @@ import pytest
 
 from tracer._errors import DumpFormatError
 from tracer.storage._reader import open_dump
-from test_diff_synthetic import rec, write_step
+from tests.tracer.analysis.test_diff_synthetic import rec, write_step
 
 
 def _run(tmp_path, steps=(0, 1, 2, 3, 4, 5)):

@@ -17,7 +17,7 @@ import torch
 
 from tracer.storage._reader import open_dump
 
-GOLDEN = Path(__file__).parent / "data" / "dump_format_1_0_rank1_step7.h5"
+GOLDEN = Path(__file__).parents[1] / "data" / "dump_format_1_0_rank1_step7.h5"
 
 
 def test_golden_1_0_file_reads(tmp_path):
@@ -52,7 +52,7 @@ def test_golden_1_0_file_reads(tmp_path):
                                             condition="nan_inf", value=1.0, source="golden.py:3")]
 
 
-GOLDEN_2_0 = Path(__file__).parent / "data" / "dump_format_2_0_rank0_step3.h5"
+GOLDEN_2_0 = Path(__file__).parents[1] / "data" / "dump_format_2_0_rank0_step3.h5"
 
 
 def _golden_2_0_tensors() -> dict[str, torch.Tensor]:
@@ -78,7 +78,7 @@ def test_golden_2_0_file_reads():
         assert got.is_contiguous()
 
 
-GOLDEN_3_0 = Path(__file__).parent / "data" / "dump_format_3_0_rank0_step5.h5"
+GOLDEN_3_0 = Path(__file__).parents[1] / "data" / "dump_format_3_0_rank0_step5.h5"
 
 
 def _golden_3_0_tensors() -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 import tracer
 from sleuth.cli import main
-from tests.tracer.test_dump_cli import damage_records
+from tests.tracer.storage.test_dump_cli import damage_records
 from tracer._config import DumpConfig
 from tracer.storage import RecordMeta, make_writer
 

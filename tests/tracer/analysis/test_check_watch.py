@@ -99,7 +99,7 @@ def test_first_nan_names_forward_sqrt_where_detect_anomaly_blames_backward(tmp_p
     origin = first_nan_origin(tmp_path / "run")
     assert origin["op"] == "aten.sqrt" and origin["phase"] == "forward"
     assert origin["name"] == "<root>::aten.sqrt.forward.0.output.0"
-    assert origin["source"].startswith("tests/tracer/test_check_watch.py:")
+    assert origin["source"].startswith("tests/tracer/analysis/test_check_watch.py:")
     line = int(origin["source"].rsplit(":", 1)[1])
     assert "torch.sqrt" in open(__file__).read().splitlines()[line - 1]
     with pytest.raises(RuntimeError, match="MulBackward0"):
