@@ -104,7 +104,9 @@ def _ls(args: argparse.Namespace) -> int:
                                                 r["step"] is None, r["step"] or 0))
     bad = [r for r in rows if r["status"] != "complete"]
     # a path that leads to no file is an error in the input, not a step the run left unfinished
-    code = 2 if any(path_problem(r["path"]) for r in bad if r["path"]) else 1 if bad else 0
+    # (an empty rank folder is a folder by right: only step files are judged as files here)
+    code = 2 if any(path_problem(r["path"]) for r in bad
+                    if r["path"] and r["step"] is not None) else 1 if bad else 0
     if args.json:
         out = {"root": str(d.root), "ranks": d.ranks, "files": rows,
                "skipped": [{"path": p, "reason": r} for p, r in d.skipped],

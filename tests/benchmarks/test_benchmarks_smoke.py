@@ -38,6 +38,7 @@ def _last_json(text: str) -> dict:
     return json.loads(text[start:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_benchmark_runs_at_its_smallest_size(name, tmp_path):
     args, keys = CASES[name]

@@ -12,6 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "diff_memory.py"
 
 
+@pytest.mark.slow
 def test_smallest_size_names_the_perturbed_record(tmp_path):
     pytest.importorskip("psutil")
     out = subprocess.run([sys.executable, str(BENCH), "--records", "8000", "--per-step", "1000",

@@ -2,6 +2,7 @@
 and the verdict (precision: B runs in bf16)."""
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "explain_speed.py"
 
 
+@pytest.mark.slow
 def test_smallest_size_runs_and_says_precision(tmp_path):
     out = subprocess.run([sys.executable, str(BENCH), "--model", "tiny", "--repeat", "1",
                           "--limit", "3"], capture_output=True, text=True, timeout=600,

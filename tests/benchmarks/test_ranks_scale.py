@@ -13,6 +13,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "ranks_scale.py"
 
 
+@pytest.mark.slow
 def test_smallest_size_names_the_perturbed_rank(tmp_path):
     pytest.importorskip("distributed")
     out = subprocess.run([sys.executable, str(BENCH), "--ranks", "4", "--model", "tiny",

@@ -1,6 +1,7 @@
 """benchmarks/sketch_cost.py at its smallest size: its JSON and its arithmetic."""
 from __future__ import annotations
 
+import pytest
 import importlib.util
 import json
 import sys
@@ -21,6 +22,7 @@ def _load():
     return module
 
 
+@pytest.mark.slow
 def test_smallest_run_reports_cost_and_accuracy(capsys):
     bench = _load()
     assert bench.main(["--rounds", "1", "--steps", "1", "--workloads", "gpt"]) == 0

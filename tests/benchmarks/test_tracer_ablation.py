@@ -30,6 +30,7 @@ def _run(bench, capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _stats.kernel_available(),
                     reason="the ablation of the kernel needs it built")
 def test_smallest_run_reports_each_device_on_the_gpt_preset(capsys):
@@ -48,6 +49,7 @@ def test_smallest_run_reports_each_device_on_the_gpt_preset(capsys):
         assert device["earns_its_place"] == (device["best_gain_pct"] >= 5.0)
 
 
+@pytest.mark.slow
 def test_the_llama_workload_is_built_from_a_config_and_trains(capsys):
     pytest.importorskip("transformers")
     bench = _load()
@@ -99,6 +101,7 @@ def test_each_variant_is_divided_by_the_reference_blocks_around_it():
     assert "no_c_kernel" in groups["shipped"]
 
 
+@pytest.mark.slow
 def test_op_tensors_are_measured_against_the_disk_floor(capsys):
     bench = _load()
     out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "op_tensor_async",
@@ -111,6 +114,7 @@ def test_op_tensors_are_measured_against_the_disk_floor(capsys):
     assert abs(row["over_floor"] - row["sustained"] / row["disk_floor"]) < 0.01
 
 
+@pytest.mark.slow
 def test_features_report_what_their_records_cost(capsys):
     """With `--features`, the parameter records and the update record are each measured
     against the tracer without them; without an update record the step has no update rows."""
@@ -143,6 +147,7 @@ def test_without_the_pre_step_copy_a_step_has_no_update_records(tmp_path):
     assert tracer.capture.ParamRecords._snapshot is not bench._no_snapshot
 
 
+@pytest.mark.slow
 def test_statistics_rows_report_the_in_run_floor(capsys):
     """Beside each statistics ratio: one pass of the kernel over the tensors a dumped step
     records, no hooks, as a ratio to the step, and the overhead over it."""

@@ -15,7 +15,7 @@ import torch
 
 from compat_kit import NAN_STEP, Framework, first_nan, nan_line, records, script_report, weights
 
-pytestmark = pytest.mark.compat
+pytestmark = [pytest.mark.compat, pytest.mark.slow]
 
 FRAMEWORKS = [
     Framework("nanogpt", "nanogpt.py"),

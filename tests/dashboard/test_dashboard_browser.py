@@ -58,6 +58,7 @@ def open_page(browser, server, path: str):
     return browser
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", PAGES)
 def test_page_loads_without_errors(browser, server, path):
     severe_logs(browser)  # drop what earlier tests left
@@ -345,6 +346,7 @@ def test_dumps_page_reads_a_parquet_export(browser, runs_dir, tools):
         handle.close()
 
 
+@pytest.mark.slow
 def test_dumps_table_pages_on_the_server(browser, tmp_path):
     """A step of 100,000 records: the page receives one page of rows at a time (it received the
     whole step, tens of MB, before), the pager counts the step's pages, and the next page, the

@@ -2,6 +2,7 @@
 answers on loopback and stops on Ctrl-C."""
 from __future__ import annotations
 
+import pytest
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ def test_help_names_the_options(capsys):
         assert opt in out
 
 
+@pytest.mark.slow
 def test_serves_and_stops_on_ctrl_c(tmp_path):
     run = write_run(tmp_path / "r", name="r", steps=10)
     port = free_port()

@@ -12,6 +12,7 @@ from test_dashboard_browser import open_page, text_of, wait_for
 pytestmark = pytest.mark.browser
 
 
+@pytest.mark.slow
 def test_the_explain_panel_names_the_bug_and_draws_the_chain(browser, tmp_path):
     from selenium.webdriver.common.by import By
 
@@ -39,6 +40,7 @@ def test_the_explain_panel_names_the_bug_and_draws_the_chain(browser, tmp_path):
         handle.close()
 
 
+@pytest.mark.slow
 def test_a_diff_at_a_module_record_has_no_explain_button():
     from dashboard._explain_panel import panel
 

@@ -77,6 +77,7 @@ def test_host_names_and_urls():
     assert urls[0] == "http://127.0.0.1:8050/" and f"http://{socket.gethostname()}:8050/" in urls
 
 
+@pytest.mark.slow
 def test_cli_warns_and_prints_real_urls_beyond_loopback(tmp_path):
     run = write_run(tmp_path / "r", name="r", steps=3)
     port = free_port()
@@ -269,6 +270,7 @@ def _scalar_tags(client, runs: list[int]) -> tuple[int, dict | None]:
     return status, out
 
 
+@pytest.mark.slow
 def test_deep_run_json_and_deep_metrics_line_do_not_stop_the_dashboard(tmp_path):
     """A 200k-deep run.json killed `sleuth dashboard` at start (RecursionError), and a deeply
     nested metrics line crashes pyarrow's parser (the server process dies). Now the run's card

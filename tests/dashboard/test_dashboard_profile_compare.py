@@ -77,6 +77,7 @@ def test_compare_two_ranks_names_the_straggler(tmp_path):
     assert "profile-compare-gpu-ranks" in ids and "profile-compare-rank-lines" in ids
 
 
+@pytest.mark.slow
 def test_cpu_profiles_compare_without_gpu_figures(tmp_path):
     from dashboard import _data
     from dashboard._profile_compare import compare_data, compare_panel
@@ -154,6 +155,7 @@ def _open(browser, url: str) -> None:
         assert bad not in body
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_choose_run_b_and_read_why_it_is_slower(browser, compare_server):
     import urllib.request
@@ -194,6 +196,7 @@ def test_browser_choose_run_b_and_read_why_it_is_slower(browser, compare_server)
     assert severe_logs(browser) == []
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_browser_compare_cpu_profiles_from_the_url(browser, compare_server):
     from selenium.webdriver.common.by import By

@@ -67,6 +67,7 @@ def test_a_click_opens_that_rank_and_step():
         cell_of(None)
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_grid_in_the_browser(browser, runs):
     import dashboard

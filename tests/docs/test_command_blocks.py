@@ -64,6 +64,7 @@ def test_sleuth_on_path_is_this_checkout(tmp_path):
     assert (tmp_path / "c" / "where.txt").read_text().startswith(str(REPO / "sleuth"))
 
 
+@pytest.mark.slow
 def test_a_dashboard_is_served_on_a_free_port_and_stopped(tmp_path):
     run = tmp_path / "c" / "runs" / "a"
     run.mkdir(parents=True)

@@ -55,6 +55,7 @@ def _assert_named_refusal(code: int, text: str, damaged: Path, argv: list[str]) 
 DUMP_CASES = damage.truncations() + [f"flip@{r}" for r in DUMP_REGIONS]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", sorted(DUMP_COMMANDS))
 @pytest.mark.parametrize("case", DUMP_CASES)
 def test_damaged_step_file(runs, case, command, capsys):

@@ -77,6 +77,7 @@ def test_env_trigger_is_byte_stable_and_does_not_disturb_training(tmp_path):
     assert "# tests/irdump/irdump_models.py:" in eager
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", ["0", "1"])
 def test_graphs_that_cannot_be_written_turn_the_saver_off_and_training_goes_on(tmp_path, strict):
     """A folder the graphs cannot go to (a file where it should be): one `sleuth:` line, the

@@ -76,6 +76,7 @@ def test_export_after_trace_handler(labelled, tmp_path):
         Collector(tmp_path, config=CollectorConfig(**CFG)).export_chrome_trace(tmp_path / "x.json")
 
 
+@pytest.mark.slow
 def test_inferred_breakdown_tables_written_and_stacks(tmp_path):
     cfg = CollectorConfig(**{**CFG, "write_tables": True, "with_stack": True, "count_flops": False})
     with Collector(tmp_path, config=cfg) as c:
@@ -101,6 +102,7 @@ def test_inferred_breakdown_tables_written_and_stacks(tmp_path):
     assert cached.summary["mfu"] != cached.summary["mfu"]  # NaN: no FLOP count asked for
 
 
+@pytest.mark.slow
 def test_repeating_windows_and_cut_short_window(tmp_path):
     cfg = CollectorConfig(wait=1, warmup=0, active=2, repeat=0, activities=("cpu",),
                           with_modules=False, profile_memory=False)

@@ -74,6 +74,7 @@ def pair(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_time_outside_ops_is_named_first(pair):
     d = profiler.diff_profiles(pair / "run_a", pair / "run_b")
     assert d.verdict == "slower", d.headline()
@@ -90,6 +91,7 @@ def test_time_outside_ops_is_named_first(pair):
     assert amount.endswith(" ms") and float(amount[:-3]) > 10, first  # most of the 20 ms sleep
 
 
+@pytest.mark.slow
 def test_ops_pair_across_script_paths(pair):
     d = profiler.diff_profiles(pair / "run_a", pair / "run_b")
     ops = d.ops
@@ -103,6 +105,7 @@ def test_ops_pair_across_script_paths(pair):
     assert "in B only" not in " ".join(d.causes)
 
 
+@pytest.mark.slow
 def test_cli_names_outside_time_first(pair):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "sleuth", "profile", "diff", str(pair / "run_a"),

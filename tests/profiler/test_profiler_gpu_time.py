@@ -166,6 +166,7 @@ def test_diff_puts_gpu_figures_side_by_side(tmp_path):
     assert math.isnan(one.gpu.set_index("key").loc["gpu_idle_us", "b"])
 
 
+@pytest.mark.slow
 def test_cli_diff_prints_gpu_time_or_says_cpu_trace(tmp_path):
     a = _run(tmp_path / "a", gpu_trace())
     b = _run(tmp_path / "b", gpu_trace(idle_gap=1000))

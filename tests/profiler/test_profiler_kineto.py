@@ -38,6 +38,7 @@ def _sleuth_run(tmp_path: Path, run_dir: Path) -> subprocess.CompletedProcess:
                           text=True, env=env, cwd=tmp_path, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_profiled_run_prints_no_profiler_noise(tmp_path):
     r = _sleuth_run(tmp_path, tmp_path / "run")
     assert r.returncode == 0, r.stderr
@@ -48,6 +49,7 @@ def test_a_profiled_run_prints_no_profiler_noise(tmp_path):
     assert list((tmp_path / "run" / "profile" / "rank0").glob("window0.trace.json.gz"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ['quo"te', "back\\slash"])
 def test_a_run_dir_with_a_quote_or_backslash_keeps_its_trace(tmp_path, name):
     run = tmp_path / name

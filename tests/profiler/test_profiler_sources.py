@@ -1,6 +1,7 @@
 """profiler._sources: the user's line of a call, found in the function's parsed source."""
 from __future__ import annotations
 
+import pytest
 from profiler._sources import LineFinder, is_library
 
 
@@ -97,6 +98,7 @@ with profiler.Collector(sys.argv[1], config=cfg) as c:
 '''
 
 
+@pytest.mark.slow
 def test_profiled_operator_line_and_edited_script(tmp_path):
     """An op made by the first line of a forward (`x @ w`, no call) is given that line, not the
     `def`; once the script is edited, its lines are read from the new text and say so."""

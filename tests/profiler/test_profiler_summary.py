@@ -130,6 +130,7 @@ _DTENSOR_HISTOGRAM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch.distributed, "init_process_group"),
                     reason="torch built without distributed")
 def test_histogram_of_a_dtensor_is_its_local_shard(tmp_path, free_port):

@@ -127,6 +127,7 @@ def test_every_parser_refuses_abbreviations():
     assert [p.prog for p in parsers if p.allow_abbrev] == []
 
 
+@pytest.mark.slow
 def test_python_m_trainer_refuses_abbreviations(tmp_path):
     r = subprocess.run([sys.executable, "-m", "trainer", "--res", "latest", "--run-dir",
                         str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120)

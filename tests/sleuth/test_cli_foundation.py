@@ -55,6 +55,7 @@ def test_readme_holds_the_ci_test_command():
     assert "bash scripts/install.sh && sleuth demo" in readme
 
 
+@pytest.mark.slow
 def test_sleuth_run_and_train_end_with_one_line_of_their_own(tmp_path, sleuth_cli):
     """`sleuth run` printed nothing of its own on success; now one line says what is where."""
     script = tmp_path / "loop.py"

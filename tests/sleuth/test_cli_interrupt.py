@@ -53,6 +53,7 @@ def _interrupt(args: list[str], ready: str, *, group: bool, cwd: Path) -> tuple[
     return p.returncode, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", [True, False], ids=["group", "pid"])
 def test_sleuth_run_exits_130(tmp_path, group):
     script = tmp_path / "loop.py"
@@ -66,6 +67,7 @@ def test_sleuth_run_exits_130(tmp_path, group):
     assert f"KeyboardInterrupt at {script}:" in err, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group", [True, False], ids=["group", "pid"])
 def test_sleuth_train_exits_130(tmp_path, group):
     code, err = _interrupt(["train", "--run-dir", str(tmp_path / "run"), "--set", "steps=100000"],

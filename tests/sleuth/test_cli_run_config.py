@@ -63,6 +63,7 @@ _NON_REGULAR = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "folder"])
 @pytest.mark.parametrize("case", sorted(_NON_REGULAR))
 def test_a_config_that_is_not_a_regular_file_is_refused(tmp_path, sleuth_cli, case, kind):
@@ -86,6 +87,7 @@ _STEPS = ("import torch\nm = torch.nn.Linear(2, 2)\nopt = torch.optim.SGD(m.para
           "for _ in range(3):\n    m(torch.ones(1, 2)).sum().backward(); opt.step()\n")
 
 
+@pytest.mark.slow
 def test_run_dump_takes_inline_json(tmp_path, sleuth_cli):
     script = tmp_path / "loop.py"
     script.write_text(_STEPS)
@@ -96,6 +98,7 @@ def test_run_dump_takes_inline_json(tmp_path, sleuth_cli):
     assert sorted(p.name for p in (run / "dump" / "rank0").glob("step*.h5")) == ["step1.h5"]
 
 
+@pytest.mark.slow
 def test_train_dump_takes_inline_json(tmp_path, sleuth_cli):
     run = tmp_path / "run"
     r = sleuth_cli("train", "--run-dir", str(run), "--set", "steps=2", "--dump",

@@ -70,6 +70,7 @@ def test_demo_leaves_a_folder_that_is_not_a_run_alone(tmp_path, sleuth_cli):
     assert mine.read_text() == "mine"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["demo", "dashboard"])
 def test_a_busy_port_is_one_line_before_any_work(tmp_path, sleuth_cli, command):
     """The demo trained for 30-60 s before finding its port taken, then printed Werkzeug's

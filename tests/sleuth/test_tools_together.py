@@ -132,6 +132,7 @@ def loop_runs(tmp_path_factory, sleuth_cli):
     return script, runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("combo", OTHERS, ids=_name)
 def test_plain_loop_dump_is_the_same_with_other_tools(loop_runs, combo):
     _, runs = loop_runs
@@ -147,6 +148,7 @@ def test_plain_loop_dump_is_the_same_with_other_tools(loop_runs, combo):
             dump.close()
 
 
+@pytest.mark.slow
 def test_profile_changes_no_weight_and_still_counts_flops(loop_runs, tmp_path, sleuth_cli):
     script, runs = loop_runs
     plain = tmp_path / "plain.pt"
@@ -170,6 +172,7 @@ def test_profile_changes_no_weight_and_still_counts_flops(loop_runs, tmp_path, s
     assert not summary["dump_on"] and summary["clamped_events"] == 0
 
 
+@pytest.mark.slow
 def test_profile_with_dump_says_so(loop_runs, capsys):
     _, runs = loop_runs
     run = runs[("--profile",)]
@@ -207,6 +210,7 @@ def trainer_runs(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("combo", OTHERS, ids=_name)
 def test_trainer_dump_is_the_same_with_other_tools(trainer_runs, combo):
     base = record_lists(trainer_runs[()])
@@ -215,6 +219,7 @@ def test_trainer_dump_is_the_same_with_other_tools(trainer_runs, combo):
     assert_tool_output(trainer_runs[combo], combo)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", ["0", "1"])
 def test_train_goes_on_when_its_tools_cannot_write(tmp_path, capsys, monkeypatch, recwarn,
                                                    strict):

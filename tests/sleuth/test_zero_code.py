@@ -70,6 +70,7 @@ def _installed_pth() -> Path | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_installed_pth() is None,
                     reason="sleuth is not installed (bash scripts/install.sh installs the .pth)")
 def test_installed_pth_dumps_a_plain_python_script(tmp_path):
@@ -139,6 +140,7 @@ def _lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_attach_into_another_runs_dump_warns_once_and_trains_on(tmp_path):
     """docs/tracer.md's first example run twice into one run directory: the second run trains
     to its end with one `sleuth:` line, and the first run's folder is left as it was (no
@@ -167,6 +169,7 @@ def test_attach_into_another_runs_dump_warns_once_and_trains_on(tmp_path):
     assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_no_tool_writes_into_a_trainer_runs_folder(tmp_path, sleuth_cli):
     """Zero-code attach of every tool into a run directory the trainer wrote (no dump there):
     one line, the script trains on, and the trainer's run is left as it was (no dump, profile,
@@ -184,6 +187,7 @@ def test_no_tool_writes_into_a_trainer_runs_folder(tmp_path, sleuth_cli):
     assert _snapshot(run) == before
 
 
+@pytest.mark.slow
 def test_every_tool_of_one_process_writes_one_run_id(tmp_path):
     from tracer.storage import DUMP_JSON
 
@@ -195,6 +199,7 @@ def test_every_tool_of_one_process_writes_one_run_id(tmp_path):
     assert windows and {json.loads(w.read_text())["run_id"] for w in windows} == {dump_id}
 
 
+@pytest.mark.slow
 def test_a_config_typo_is_one_line_and_the_run_goes_on(tmp_path):
     proc = _train(tmp_path / "run", '{"levle": "op"}', steps=2)
     assert _trained(proc, 2), proc.stderr[-3000:]
@@ -208,6 +213,7 @@ def test_a_config_typo_is_one_line_and_the_run_goes_on(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_rank_another_live_writer_holds_is_left_alone(tmp_path):
     """A writer of this host that is alive (here: the test's own process) holds rank 0."""
     from tracer.storage._lock import LOCK_NAME, _start_time
@@ -237,6 +243,7 @@ def _file_size_limit(limit: int):
     return apply
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", ["sync", "async"])
 def test_a_disk_that_fails_turns_the_dump_off_under_sleuth_run(tmp_path, sleuth_cli, writer):
     """`sleuth run` with a dump config that says nothing of on_error: the first step file

@@ -23,6 +23,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
             "bf16": _dump_llama(root / "bf16", bf16=True)}
 
 
+@pytest.mark.slow
 def test_audit_ranks_ops_by_their_error_against_float64(runs):
     full = audit(runs["a"])
     assert full.calls > 100 and len(full.table) > 100
@@ -36,6 +37,7 @@ def test_audit_ranks_ops_by_their_error_against_float64(runs):
     assert (top["dtype"] == "bfloat16").all()
 
 
+@pytest.mark.slow
 def test_audit_command_line(runs, capsys, tmp_path):
     assert main(["audit", str(runs["bf16"]), "--top", "3"]) == 0
     out = capsys.readouterr().out
@@ -48,6 +50,7 @@ def test_audit_command_line(runs, capsys, tmp_path):
     assert "has no step 7" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_repro_runs_without_sleuth_and_shows_the_bug(runs, tmp_path, capsys):
     out = tmp_path / "repro"
     assert main(["explain", str(runs["a"]), str(runs["eps"]), "--repro", str(out)]) == 1

@@ -3,6 +3,7 @@ whose NaN comes first in execution order is blamed (the one that made it), not t
 number; the ranks that received it are listed after it."""
 from __future__ import annotations
 
+import pytest
 import json
 from pathlib import Path
 
@@ -137,6 +138,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_a_real_two_rank_run_names_the_rank_that_sent_the_nan(tmp_path):
     """torchrun, gloo, DDP: rank 1 makes an Inf after ops rank 0 does not run and all-reduces
     it. Rank 0's first non-finite record (the first op that reads the all-reduce's result) has

@@ -65,6 +65,7 @@ def test_flight_recorder_runs_without_watchpoints(tmp_path):
     assert {"forward", "backward", "optimizer"} <= set(df["phase"])
 
 
+@pytest.mark.slow
 def test_a_clean_close_disarms_the_flight_recorder(tmp_path):
     """A process that goes on after its dump closed cleanly (a notebook, a dashboard served
     from it) writes no flight recorder into the finished run when it later dies."""

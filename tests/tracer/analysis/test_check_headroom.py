@@ -114,6 +114,7 @@ def test_bad_thresholds_say_the_fix(cond, message):
 
 
 # -- live and offline, on the faults ---------------------------------------------------------------
+@pytest.mark.slow
 def test_overflow_headroom_watch_raises_live_at_the_growing_layer(tmp_path, runs):
     watch = [{"condition": "overflow_headroom_lt", "threshold": 13, "on_hit": "raise"}]
     with pytest.raises(WatchpointHit) as e:

@@ -67,6 +67,7 @@ def test_each_engine_says_what_one_check_says(run):
     _same(pool, whole)
 
 
+@pytest.mark.slow
 def test_on_a_real_dask_cluster(run):
     distributed = pytest.importorskip("distributed")
     watch = [{"condition": "nan_inf"}]

@@ -1,6 +1,7 @@
 """`sleuth diff` and `sleuth check` on synthetic dumps: exit codes, table, --json, --csv."""
 from __future__ import annotations
 
+import pytest
 import json
 import os
 
@@ -95,6 +96,7 @@ def test_check_cli(tmp_path, capsys):
     assert main(["check", str(tmp_path / "clean")]) == 0
 
 
+@pytest.mark.slow
 def test_cli_subprocess_exit_codes(tmp_path, sleuth_cli):
     a, b = _pair(tmp_path, eps=0.5)
     res = sleuth_cli("diff", a, b, "--json")

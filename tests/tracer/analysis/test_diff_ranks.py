@@ -63,6 +63,7 @@ def test_local_pool_equals_in_process(pair):
     assert pool == one
 
 
+@pytest.mark.slow
 def test_dask_cluster_equals_local(pair):
     distributed = pytest.importorskip("distributed")
     local = tracer.diff_ranks(*pair, workers=1).to_dict()
@@ -107,6 +108,7 @@ def test_a_rank_on_one_side_or_unreadable_is_never_same(tmp_path, capsys):
     assert [r["status"] for r in res.ranks if r["rank"] != 1] == ["same", "same"]
 
 
+@pytest.mark.slow
 def test_a_scheduler_that_is_not_there_is_a_clear_error(pair, capsys):
     pytest.importorskip("distributed")
     assert main(["diff", str(pair[0]), str(pair[1]), "--scheduler", "tcp://127.0.0.1:9"]) == 2
@@ -123,6 +125,7 @@ def test_a_scheduler_address_that_does_not_read_is_one_line(pair, address, capsy
     assert f"Dask scheduler address {address!r}" in err and "tcp://127.0.0.1:8786" in err
 
 
+@pytest.mark.slow
 def test_workers_that_keep_dying_are_one_clear_error(tmp_path):
     """A task whose worker dies (killed for memory, say) until the scheduler gives up
     (KilledWorker) is a TracerError naming the rank and the likely cause."""
@@ -207,6 +210,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_two_ddp_ranks_fed_different_batches_differ_in_the_data(tmp_path, capsys):
     """torchrun, gloo, DDP, each rank its own batch (torch.randn outside the model): diffing
     rank 0 with rank 1 says the data differs (the op that made the batch, where), never that

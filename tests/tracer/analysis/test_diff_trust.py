@@ -122,6 +122,7 @@ def _expected_code(case: str) -> int:
     return 1 if case == "missing" else 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("side", ["A", "B"])
 def test_fault_matrix(dumps, tmp_path, capsys, side):
     ref = dumps / "a" / "dump" / "rank0" / "step1.h5"

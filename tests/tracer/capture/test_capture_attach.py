@@ -48,6 +48,7 @@ def test_attach_from_env_unset_returns_none(monkeypatch):
     assert tracer.attach_from_env() is None
 
 
+@pytest.mark.slow
 def test_attach_from_env_before_torch_is_imported(tmp_path):
     """A script that calls `attach_from_env()` itself before importing torch, with the start-up
     hook installed: importing torch inside the call runs the hook's attach, which must leave

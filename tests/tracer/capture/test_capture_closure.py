@@ -179,6 +179,7 @@ print(trainer.global_step)
 """
 
 
+@pytest.mark.slow
 def test_lightning_automatic_optimization_records_the_model(tmp_path):
     """In its own process: importing Lightning changes process-wide state that changes the
     float results of later tests in the same process (the tracer is not involved)."""

@@ -48,6 +48,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch.distributed, "init_process_group"),
                     reason="torch built without distributed")
 @pytest.mark.parametrize("level", ["module", "op", "mix"])
@@ -97,6 +98,7 @@ TP_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch.distributed, "init_process_group"),
                     reason="torch built without distributed")
 @pytest.mark.parametrize("level", ["op", "mix"])
@@ -143,6 +145,7 @@ OFFSET_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch.distributed, "init_process_group"),
                     reason="torch built without distributed")
 @pytest.mark.parametrize("level", ["op", "mix"])

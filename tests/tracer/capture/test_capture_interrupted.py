@@ -277,6 +277,7 @@ _SIGTERM_INSIDE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["op handler", "writer"])
 def test_sigterm_inside_the_tracer_exits_clean(tmp_path, where):
     """A SIGTERM that lands while the op mode's handler runs (torch has the mode off its stack
@@ -317,6 +318,7 @@ _SIGTERM_AT_STEP_3 = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps", ["three", "0"])
 def test_sigterm_writes_the_open_step_whatever_the_flight_recorder(tmp_path, steps):
     """The crash hooks that write the open step do not depend on the flight recorder: a bad

@@ -110,6 +110,7 @@ def test_op_level_hard_cases_in_one_step(tmp_path):
         assert list(a[column]) == list(b[column]), column
 
 
+@pytest.mark.slow
 def test_op_level_through_the_zero_code_attach(tmp_path):
     """`SLEUTH_DUMP_CONFIG` at level op dumps a script nobody edited, each record at the
     script's line."""

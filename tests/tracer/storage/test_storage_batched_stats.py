@@ -83,6 +83,7 @@ def _every_dtype_case(device: str) -> None:
         assert_same(got, reference(t), (t.dtype, t.numel()))
 
 
+@pytest.mark.slow
 def test_every_dtype_and_size_in_one_launch_equals_the_torch_ops(interpreted):
     """Floats (with NaN, infinities and zeros), float8, integers and bool, from one element to
     several chunks, in one batch: one partials launch per dtype, one combine."""
@@ -111,6 +112,7 @@ def test_views_slices_expansions_and_storage_offsets_are_read_through_their_stri
     assert kernel.layout((2, 3, 2, 2, 2), (100, 20, 7, 3, 1)) is None
 
 
+@pytest.mark.slow
 def test_results_are_identical_run_to_run_and_for_any_split_into_programs(interpreted):
     """Partials combine in a fixed order: the bits are the same each run; a record spread over
     more programs than another layout gives (for counts, min, max, checksum, sketch) the same."""
@@ -199,6 +201,7 @@ def _same_tables(a, b) -> None:
         np.testing.assert_allclose(a[col].to_numpy(), b[col].to_numpy(), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer", ["sync", "async"])
 @pytest.mark.parametrize("level", ["module", "op"])
 def test_a_dump_of_batched_records_equals_one_of_records_made_one_by_one(

@@ -54,6 +54,7 @@ def test_statistics_files_go_through_the_helper_and_match_sync(tmp_path):
     again.close()
 
 
+@pytest.mark.slow
 def test_a_dead_helper_falls_back_without_losing_a_step(tmp_path):
     w = make_writer(DumpConfig(path=str(tmp_path), writer="async", mode="statistics"), rank=0,
                     world_size=1)

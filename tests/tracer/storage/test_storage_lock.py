@@ -82,6 +82,7 @@ _SECOND_WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_second_process_on_the_same_rank_is_refused_and_the_first_keeps_its_files(tmp_path):
     torch.manual_seed(0)
     model = MLP()

@@ -625,6 +625,7 @@ def test_slices_in_a_spilled_step_diff_the_same(tmp_path):
         assert diff(kept, spilled).status == "same", writer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", range(8), ids=[m[0] for m in stranger_models()])
 def test_statistics_do_not_depend_on_the_mode_or_the_steps_dumped(tmp_path, index):
     """The same seeded run gives the same records and statistics whether tensors are kept

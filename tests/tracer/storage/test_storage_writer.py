@@ -497,6 +497,7 @@ print("closed")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("writer,helper", [("sync", "0"), ("async", "0"), ("async", "1")])
 def test_a_full_disk_while_the_tables_are_written_is_a_warning_not_a_crash(tmp_path, writer,
                                                                             helper):
