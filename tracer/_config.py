@@ -130,6 +130,13 @@ class DumpConfig:
         ranges = self._step_ranges
         return ranges is None or any(lo <= step <= hi for lo, hi in ranges)
 
+    def steps_from(self, first: int) -> list[str]:
+        """The asked-for steps at `first` or later, as ranges ("9", "12-15"); [] for "all"."""
+        if self._step_ranges is None:
+            return []
+        return [f"{max(lo, first)}" + (f"-{hi}" if hi > max(lo, first) else "")
+                for lo, hi in self._step_ranges if hi >= first]
+
     def wants_rank(self, rank: int) -> bool:
         """True when rank `rank` dumps."""
         ranges = self._rank_ranges

@@ -272,6 +272,8 @@ class Dumper:
         if interrupted is not None:
             reason = (interrupted if isinstance(interrupted, str)
                       else describe_exception(interrupted)) or "interrupted"
+        if reason is None and was in LIVE:
+            self._warn_steps_never_run()
         try:
             if was is Lifecycle.FAILED:
                 self._uninstall()
@@ -565,6 +567,19 @@ class Dumper:
         finally:
             self._write_step(how, reason)
 
+    def _warn_steps_never_run(self) -> None:
+        """Steps the config asks for that the run ended before beginning (`"steps": "9"` in a
+        run of two steps): one line, since the dump then lacks them without a trace. The step
+        the run was in at its end is not among them: its records are written or noted."""
+        # the open step, if any, is written or dropped with a note
+        never = self.config.steps_from(self.current_step + 1)
+        if not never or self._writer is None:
+            return
+        last = f"after step {self.current_step - 1}" if self.current_step > 0 else \
+            "before its first optimizer step"
+        warn(f"step(s) {', '.join(never)} of the dump config never ran: the run ended {last}, "
+             f"so the dump holds none of them", stacklevel=3)
+
     def _write_step(self, how: LastStep, reason: str | None) -> None:
         """Take the hooks off and have the writer write the open step (`how`), if it has one."""
         was_open, self._open = self._open, False
@@ -605,9 +620,15 @@ class Dumper:
                 f.write(json.dumps(note) + "\n")
         except OSError as e:
             where = f"not noted in {path}: {e}"
-        warn(f"{records} record(s) made after the run's last optimizer.step() were not "
-             f"written as step {step} ({where}); call Dumper.step() yourself to choose where "
-             f"steps end", stacklevel=5)  # the user's close (or with block)
+        if step > 0:  # a step asked for past the run's end is the usual way here
+            why = (f"belong to no step: a run's steps are its optimizer steps, and its last was "
+                   f"step {step - 1}, so there is no step {step} to write ({where}); in a loop "
+                   f"of your own, Dumper.step() ends a step where you choose")
+        else:
+            why = (f"were not written as step {step} ({where}); call Dumper.step() yourself to "
+                   f"choose where steps end")
+        warn(f"{records} record(s) made after the run's last optimizer.step() {why}",
+             stacklevel=5)  # the user's close (or with block)
 
     def _crashed(self, reason: str) -> None:
         """The process is dying (an uncaught exception, SIGTERM; tracer._crash):

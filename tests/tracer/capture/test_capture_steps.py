@@ -167,3 +167,25 @@ def test_a_step_cut_short_before_its_optimizer_step_is_kept_and_marked(tmp_path)
     assert d.status(0, 1) == ("complete", "")
     assert d.status(0, 2) == ("interrupted", "the run ended before this step's optimizer.step()")
     assert {"forward", "backward"} <= set(d.stats(0, 2).phase)
+
+
+def test_steps_asked_for_past_the_runs_end_are_named(tmp_path):
+    """"steps": "0|2|9-12" in a run of two optimizer steps: step 2 holds only what followed the
+    last optimizer step (dropped, with the run's last step named), and steps 9-12 never began:
+    one line says so, since the dump would otherwise lack them without a trace."""
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with tracer.Dumper(model, {"path": str(tmp_path), "steps": "0|2|9-12",
+                                   "level": "module"}):
+            for _ in range(2):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            model(torch.randn(2, 4)).sum().item()
+    messages = [str(w.message) for w in caught]
+    assert any("step(s) 9-12 of the dump config never ran: the run ended after step 1" in m
+               for m in messages), messages
+    assert any("its last was step 1, so there is no step 2 to write" in m for m in messages)
+    assert tracer.open_dump(tmp_path).steps(0) == [0]
