@@ -43,10 +43,8 @@ def attach() -> None:
         refusal = None
         _warn(f"could not read the run directory ({type(e).__name__}: {e})")
     if refusal:
-        if os.environ.get("SLEUTH_STRICT", "").strip() == "1":
-            from trainer import OtherRunError
-
-            raise OtherRunError(refusal)
+        if _strict():
+            _stop(refusal)
         _warn(f"{refusal}; the tools are off for this run, which goes on (SLEUTH_STRICT=1 stops "
               "it instead)")
         return
@@ -54,13 +52,26 @@ def attach() -> None:
         try:
             handle = getattr(importlib.import_module(package), function)()
         except Exception as e:  # a broken config must not kill the user's run silently or loudly
-            if os.environ.get("SLEUTH_STRICT", "").strip() == "1":
-                raise
+            if _strict():
+                _stop(f"could not attach {package} ({type(e).__name__}: {e})")
             _warn(f"could not attach {package} ({type(e).__name__}: {e}); the run goes on "
                   f"without it (SLEUTH_STRICT=1 stops it instead)")
             continue
         if handle is not None:
             _handles.append(handle)
+
+
+def _strict() -> bool:
+    return os.environ.get("SLEUTH_STRICT", "").strip() == "1"
+
+
+def _stop(message: str) -> None:
+    """SLEUTH_STRICT=1: stop the run before its first line after `import torch`, with one line
+    and exit 2, as `sleuth train` stops; an exception here would print a traceback through the
+    user's `import torch`, which is no fault of theirs."""
+    print(f"sleuth: {message} (SLEUTH_STRICT=1: the run stops here)", file=sys.stderr,
+          flush=True)
+    raise SystemExit(2)
 
 
 def _warn(message: str) -> None:

@@ -165,7 +165,10 @@ def test_attach_into_another_runs_dump_warns_once_and_trains_on(tmp_path):
     assert _snapshot(run) == before
 
     strict = _train(run, SLEUTH_RUN_ID="third", SLEUTH_STRICT="1")
-    assert strict.returncode != 0 and "OtherRunError" in strict.stderr
+    assert strict.returncode == 2 and "Traceback" not in strict.stderr, strict.stderr
+    [line] = _lines(strict.stderr)
+    assert line.startswith(f"sleuth: {run} holds the files of another run") and \
+        line.endswith("(SLEUTH_STRICT=1: the run stops here)")
     assert _snapshot(run) == before
 
 
