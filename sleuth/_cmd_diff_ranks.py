@@ -58,7 +58,7 @@ def run_ranks(args: argparse.Namespace, tol: Any) -> int:
 def format_rank_report(result: Any, a: str = "A", b: str = "B") -> str:
     """Status, what changed on the rank that diverged first (and the `sleuth explain` command
     for it), the earliest divergence across ranks, each rank's line, then the grid."""
-    from sleuth._cmd_diff import explain_command, headline
+    from sleuth._cmd_diff import diff_command, explain_command, headline
 
     ranks = result.ranks
     diverged = [r for r in ranks if r["status"] == "diverged"]
@@ -80,7 +80,7 @@ def format_rank_report(result: Any, a: str = "A", b: str = "B") -> str:
         lines += ["", f"earliest divergence ({fd['kind']}): rank {fd['rank']} step {fd['step']}: "
                   f"{fd['name']}", f"  module {fd['module']}{op}   phase {fd['phase']}",
                   f"  source {fd['source'] or '-'}", f"  {fd['reason']}",
-                  f"  all of it: sleuth diff A B --rank {fd['rank']} --step {fd['step']}"]
+                  f"  all of it: {diff_command(a, b, fd['step'], fd['rank'])}"]
     lines += ["", "per rank:"]
     for r in ranks:
         first = r["first_divergence"]
