@@ -15,7 +15,9 @@ damaged, ...) is "?"."""
 
 
 def wants_ranks(args: argparse.Namespace) -> bool:
-    """True when no rank was chosen and either side has more than one rank."""
+    """True when no rank was chosen and either side has more than one rank. Two dumps of one
+    rank each (two rank folders of one run, RUN/dump/rank0 and RUN/dump/rank1) are one pair:
+    the one-pair diff compares them, whatever their ranks."""
     from pathlib import Path
 
     from tracer.analysis import dump_ranks
@@ -25,9 +27,10 @@ def wants_ranks(args: argparse.Namespace) -> bool:
     if not (Path(args.a).is_dir() and Path(args.b).is_dir()):
         return False
     try:
-        return len(set(dump_ranks(args.a)) | set(dump_ranks(args.b))) > 1
+        ra, rb = dump_ranks(args.a), dump_ranks(args.b)
     except Exception:  # noqa: BLE001 - the one-rank diff reports what is wrong with the path
         return False
+    return len(set(ra) | set(rb)) > 1 and not (len(ra) == 1 and len(rb) == 1)
 
 
 def run_ranks(args: argparse.Namespace, tol: Any) -> int:
