@@ -321,8 +321,12 @@ def _run_headroom(args: argparse.Namespace) -> int:
                ranks)
         _more(len(report.underflow), args.limit)
     if len(report.nonfinite):
+        import shlex
+
+        again = ["sleuth", "check", "--first-nan", args.path,
+                 *(["--rank", str(args.rank)] if args.rank is not None else [])]
         print(f"already non-finite: {len(report.nonfinite)} record(s), not projected; where "
-              f"the first came from: sleuth check --first-nan {args.path}")
+              f"the first came from: {' '.join(shlex.quote(w) for w in again)}")
         rows = [(f"{r['first_step']}", f"{r['nan']}", f"{r['posinf']}", f"{r['neginf']}",
                  r["module"], r["name"], r["rank"])
                 for r in report.nonfinite.head(args.limit).to_dict("records")]

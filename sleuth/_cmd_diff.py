@@ -107,15 +107,28 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
 
 
 def explain_command(a: str, b: str, step: int | None = None, rank: int | None = None,
-                    module_map: str | None = None) -> str:
-    """The `sleuth explain` command line for the runs a diff compared (through the same map)."""
+                    module_map: str | None = None, b_step: int | None = None,
+                    b_rank: int | None = None) -> str:
+    """The `sleuth explain` command line for the runs a diff compared (through the same map),
+    with the diff's rank and step selection, so that running it compares the same pair."""
+    return _command("explain", a, b, step, rank, module_map, b_step, b_rank)
+
+
+def diff_command(a: str, b: str, step: int | None = None, rank: int | None = None,
+                 b_step: int | None = None, b_rank: int | None = None) -> str:
+    """The `sleuth diff` command line for one rank and step pair of A and B."""
+    return _command("diff", a, b, step, rank, None, b_step, b_rank)
+
+
+def _command(verb: str, a: str, b: str, step: int | None, rank: int | None,
+             module_map: str | None, b_step: int | None, b_rank: int | None) -> str:
     import shlex
 
-    words = ["sleuth", "explain", *(["--map", module_map] if module_map else []), a, b]
-    if step is not None:
-        words += ["--step", str(step)]
-    if rank:
-        words += ["--rank", str(rank)]
+    words = ["sleuth", verb, *(["--map", module_map] if module_map else []), a, b]
+    for flag, value in (("--rank", rank), ("--b-rank", b_rank), ("--step", step),
+                        ("--b-step", b_step)):
+        if value is not None:
+            words += [flag, str(value)]
     return " ".join(shlex.quote(w) for w in words)
 
 
@@ -347,5 +360,5 @@ def _run(args: argparse.Namespace) -> int:
     if not args.json:
         print(format_report(result, args.top,
                             explain_command(args.a, args.b, args.step, args.rank,
-                                            args.map)))
+                                            args.map, args.b_step, args.b_rank)))
     return result.exit_code

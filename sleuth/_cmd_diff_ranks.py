@@ -15,7 +15,9 @@ damaged, ...) is "?"."""
 
 
 def wants_ranks(args: argparse.Namespace) -> bool:
-    """True when no rank was chosen and either side has more than one rank."""
+    """True when no rank was chosen and either side has more than one rank. Two dumps of one
+    rank each (two rank folders of one run, RUN/dump/rank0 and RUN/dump/rank1) are one pair:
+    the one-pair diff compares them, whatever their ranks."""
     from pathlib import Path
 
     from tracer.analysis import dump_ranks
@@ -25,9 +27,10 @@ def wants_ranks(args: argparse.Namespace) -> bool:
     if not (Path(args.a).is_dir() and Path(args.b).is_dir()):
         return False
     try:
-        return len(set(dump_ranks(args.a)) | set(dump_ranks(args.b))) > 1
+        ra, rb = dump_ranks(args.a), dump_ranks(args.b)
     except Exception:  # noqa: BLE001 - the one-rank diff reports what is wrong with the path
         return False
+    return len(set(ra) | set(rb)) > 1 and not (len(ra) == 1 and len(rb) == 1)
 
 
 def run_ranks(args: argparse.Namespace, tol: Any) -> int:
@@ -58,7 +61,7 @@ def run_ranks(args: argparse.Namespace, tol: Any) -> int:
 def format_rank_report(result: Any, a: str = "A", b: str = "B") -> str:
     """Status, what changed on the rank that diverged first (and the `sleuth explain` command
     for it), the earliest divergence across ranks, each rank's line, then the grid."""
-    from sleuth._cmd_diff import explain_command, headline
+    from sleuth._cmd_diff import diff_command, explain_command, headline
 
     ranks = result.ranks
     diverged = [r for r in ranks if r["status"] == "diverged"]
@@ -80,7 +83,7 @@ def format_rank_report(result: Any, a: str = "A", b: str = "B") -> str:
         lines += ["", f"earliest divergence ({fd['kind']}): rank {fd['rank']} step {fd['step']}: "
                   f"{fd['name']}", f"  module {fd['module']}{op}   phase {fd['phase']}",
                   f"  source {fd['source'] or '-'}", f"  {fd['reason']}",
-                  f"  all of it: sleuth diff A B --rank {fd['rank']} --step {fd['step']}"]
+                  f"  all of it: {diff_command(a, b, fd['step'], fd['rank'])}"]
     lines += ["", "per rank:"]
     for r in ranks:
         first = r["first_divergence"]

@@ -27,8 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "made). Needs both runs dumped at level op (or mix) with mode tensor (or full).")
     p.add_argument("a", metavar="A", help="the reference run (run, dump directory or step file)")
     p.add_argument("b", metavar="B", help="the run to explain")
-    p.add_argument("--step", type=int, help="step (default: every step; the first divergence's)")
-    p.add_argument("--rank", type=int, default=0, help="rank (default 0)")
+    p.add_argument("--step", type=int, help="step of A (default: every step; the first "
+                   "divergence's)")
+    p.add_argument("--rank", type=int, default=0, help="rank of A (default 0)")
+    p.add_argument("--b-step", type=int, help="step of B when it differs from --step")
+    p.add_argument("--b-rank", type=int, help="rank of B when it differs from --rank (two "
+                   "ranks of one run: A A --rank 0 --b-rank 1)")
     p.add_argument("--limit", type=int, default=20,
                    help="op calls to follow along the chain (default 20)")
     p.add_argument("--factor", type=float, default=4.0,
@@ -56,8 +60,9 @@ def _run(args: argparse.Namespace) -> int:
             from tracer.analysis import read_module_map
 
             module_map = read_module_map(args.map)
-        result = explain(args.a, args.b, step=args.step, rank=args.rank, limit=args.limit,
-                         factor=args.factor, module_map=module_map)
+        result = explain(args.a, args.b, step=args.step, rank=args.rank, b_step=args.b_step,
+                         b_rank=args.b_rank, limit=args.limit, factor=args.factor,
+                         module_map=module_map)
     except TracerError as e:
         raise CliError(str(e)) from e
     repro = _repro(args, result) if args.repro else None

@@ -79,19 +79,23 @@ class Explanation:
 
 
 def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
-            rank: int = 0, limit: int = 20, factor: float = 4.0,
+            rank: int = 0, b_step: int | None = None, b_rank: int | None = None,
+            limit: int = 20, factor: float = 4.0,
             tolerance: Tolerance | None = None,
             module_map: ModuleMap | dict[str, str] | None = None) -> Explanation:
     """Explain the first divergence between dumps A (the reference) and B (module doc).
 
     Both must be op-level dumps (level op or mix); re-running ops needs mode tensor or full,
-    which keep each op's inputs and /calls. `limit`: op calls followed along the chain;
+    which keep each op's inputs and /calls. `step`, `rank`, `b_step`, `b_rank` select the
+    records as `diff` does: B's step and rank default to A's, and differ to explain two ranks
+    or two steps of one run (DDP ranks that drift apart). `limit`: op calls followed along the chain;
     `factor`: how many times its measured rounding an op's error on identical inputs may be
     before it is a bug; `module_map`: for dumps of two codebases, as `diff` takes it
     (`map_modules`, `read_module_map`).
     Raises TracerError (a DiffError) as `diff` does, or when the dumps cannot be replayed.
     """
-    res = diff(a, b, step=step, rank=rank, tolerance=tolerance, module_map=module_map)
+    res = diff(a, b, step=step, rank=rank, b_step=b_step, b_rank=b_rank, tolerance=tolerance,
+               module_map=module_map)
     fd = res.first_divergence
     notes = list(res.notes)
     if res.exit_code == 2:

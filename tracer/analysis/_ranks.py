@@ -113,6 +113,8 @@ def diff_ranks(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None =
             environment variable SLEUTH_DASK_SCHEDULER, else `workers`. Every worker must
             see the dumps at the same absolute paths.
         progress: called with (ranks done, ranks in all).
+
+    Raises DiffError when no chosen rank is on both sides (nothing would be compared).
     """
     a, b = str(Path(a).resolve()), str(Path(b).resolve())
     ra, rb = dump_ranks(a), dump_ranks(b)
@@ -124,6 +126,12 @@ def diff_ranks(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None =
     both = [r for r in chosen if r in ra and r in rb]
     only_a = [r for r in chosen if r in ra and r not in rb]
     only_b = [r for r in chosen if r in rb and r not in ra]
+    if not both:
+        # every rank on one side only: nothing would be read, and no verdict stands on that
+        pick = (f"--rank {ra[0]} --b-rank {rb[0]}" if ra and rb else "another dump")
+        raise DiffError(f"no rank is on both sides (A ranks {_span(ra)}, B ranks {_span(rb)}"
+                        f"{'' if ranks is None else f', chosen {_span(chosen)}'}), so nothing "
+                        f"was compared; compare one pair with {pick}")
     tol = tolerance or Tolerance()
     args = dict(a=a, b=b, step=step, tol=tol, allow_missing=allow_missing)
     summaries, engine = run_per_rank(diff_one_rank, both, args, workers=workers,

@@ -151,3 +151,20 @@ def test_a_pool_started_from_an_unguarded_script_says_how_to_fix_it(run, tmp_pat
     assert res.returncode == 1
     assert "TracerError" in res.stderr and 'if __name__ == "__main__":' in res.stderr
     assert "workers=1" in res.stderr
+
+
+def test_the_first_nan_command_headroom_suggests_keeps_the_rank(tmp_path, capsys):
+    """`check --headroom RUN --rank 1` on a rank with non-finite records points to
+    `check --first-nan` for that same rank, and that command, run as printed, finds it."""
+    import shlex
+
+    run = write_run(tmp_path / "run", 2, put={(1, 2, 1): math.inf})
+    main(["check", "--headroom", str(run), "--rank", "1"])
+    out = capsys.readouterr().out
+    command = out.split("where the first came from: ", 1)[1].splitlines()[0]
+    assert command.endswith("--rank 1"), command
+    words = shlex.split(command)
+    assert words[:2] == ["sleuth", "check"]
+    assert main(words[1:]) == 1
+    assert "first +Inf: layers.1.forward.0.output.0 (module layers.1, forward, step 2, " \
+           "rank 1)" in capsys.readouterr().out

@@ -184,6 +184,26 @@ def test_streamed_diff_says_what_the_whole_diff_says(pair, tmp_path):
     assert tracer.diff(a, b, rank=2, keep_records=False).first_divergence["step"] == 2
 
 
+def torchrun_ddp(source: str, folder: Path, ranks: int = 2) -> Path:
+    """Run script `source` (given the run directory as its argument) under torchrun with
+    `ranks` processes; the run directory it dumped to (folder/run)."""
+    import os
+    import subprocess
+    import sys
+
+    script = folder / "ddp.py"
+    script.write_text(source)
+    run = folder / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("SLEUTH_RUN_ID", None)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc_per_node={ranks}", str(script), str(run)],
+                         capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run
+
+
 DDP_BATCHES = """
 import sys
 import torch, torch.distributed as dist
@@ -215,20 +235,7 @@ def test_two_ddp_ranks_fed_different_batches_differ_in_the_data(tmp_path, capsys
     """torchrun, gloo, DDP, each rank its own batch (torch.randn outside the model): diffing
     rank 0 with rank 1 says the data differs (the op that made the batch, where), never that
     aten.randn diverged in compute; explain says the inputs differ."""
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "ddp.py"
-    script.write_text(DDP_BATCHES)
-    run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-           "OMP_NUM_THREADS": "1"}
-    env.pop("SLEUTH_RUN_ID", None)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node=2", str(script), str(run)], capture_output=True,
-                         text=True, env=env, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
+    run = torchrun_ddp(DDP_BATCHES, tmp_path)
     assert main(["diff", str(run), str(run), "--rank", "0", "--b-rank", "1", "--step", "0",
                  "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
