@@ -88,8 +88,9 @@ class ProfileDiff:
     """rank, module, type, kernel_a_us, kernel_b_us, delta_us: `kernels` of each rank."""
     host: Any = None
     """name, source, source_a, source_b, calls_a, calls_b, time_a_us, time_b_us, delta_us: the
-    user's calls of builtins that made no op (`time.sleep`, a blocking read; with_stack
-    traces), per step, paired by name; largest change first."""
+    user's calls of builtins (`time.sleep`, a blocking read, `.tolist()`; with_stack traces),
+    their time outside the ops they made, per step, paired by name without the object's
+    address; largest change first."""
 
     @property
     def verdict(self) -> str:
@@ -386,9 +387,11 @@ def _line_diff(ops: Any, descending: bool) -> Any:
 
 
 def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
-    """Builtin calls that made no op, per step on each side, paired by name (module docstring
-    of profiler._tables._host_rows); each side's busiest line kept."""
+    """The user's builtin calls, their time outside the ops they made, per step on each side,
+    paired by name without the object's address (profiler._tables._host_rows); each side's
+    busiest line kept."""
     import pandas as pd
+    from profiler._sources import builtin_name
     cols = ["name", "source", "source_a", "source_b", "calls_a", "calls_b", "time_a_us",
             "time_b_us", "delta_us"]
     frames, lines = [], []
@@ -398,6 +401,8 @@ def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
             frames.append(pd.DataFrame(columns=["name", "calls", "time"]))
             lines.append({})
             continue
+        # a profile written before addresses were stripped: the same call pairs by its name
+        h = h.assign(name=h["name"].astype(str).map(builtin_name))
         frames.append(_per_step(h, ["name"], {"calls": "calls", "time_us": "time"}, n))
         top = h.groupby(["name", "source"])["time_us"].sum().reset_index()
         top = top.sort_values("time_us", ascending=False).drop_duplicates("name")
@@ -520,7 +525,8 @@ def _causes(d: ProfileDiff) -> list[str]:
 
 def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]:
     """Where the time outside ops was spent, as far as the trace can say: the user's line
-    whose builtin call (a sleep, a blocking read) grew the most, or why no line is named; and
+    whose builtin call (a sleep, a blocking read, a `.tolist()`) spent the most more time
+    outside the ops it made, or why no line is named; and
     whether the traces, with stacks, place none of it (Python work between ops)."""
     if not (d.sides["a"]["stacks"] and d.sides["b"]["stacks"]):
         return ("no source line: time between ops has none without stacks; profile both runs "
@@ -528,17 +534,16 @@ def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]
     h = d.host
     if h is not None and not h.empty:
         top = h.loc[(sign * h["delta_us"]).idxmax()]
-        # a call that made no op holds the time only when it holds most of it, or is new: a
+        # a builtin's time outside ops holds the time only when it holds most of it, or is new: a
         # print() that took 30 us more in a busy run is noise, not the cause
         grew = sign * (float(top["calls_b"]) - float(top["calls_a"])) > 0
         if sign * top["delta_us"] > 0.5 * abs(outside) or (
                 grew and sign * top["delta_us"] > 0.1 * abs(outside)):
-            import re
-            m = re.match(r"^<built-in (?:method|function) (\w+)", str(top["name"]))
-            name = m.group(1) if m else str(top["name"])
-            return (f"at {_short(top['source'])}: a call of {name}() that made no op, "
-                    f"{_dur(top['delta_us'])} a step (calls {_n(top['calls_a'])} -> "
-                    f"{_n(top['calls_b'])})"), False
+            from profiler._sources import builtin_token
+            name = builtin_token(str(top["name"])) or str(top["name"])
+            return (f"at {_short(top['source'])}: a call of {name}(), "
+                    f"{_dur(top['delta_us'])} a step outside the ops it made (calls "
+                    f"{_n(top['calls_a'])} -> {_n(top['calls_b'])})"), False
     return ("the trace names no source line for it: no builtin call (a sleep, a blocking read) "
             "explains it, so it is Python work between ops; open the trace at a step's gap"), True
 
