@@ -42,7 +42,9 @@ class ProfileDiff:
     step_a, step_b: step-time spread of each run (n, median, q1, q3, mean).
     breakdown: phase, a_us, b_us, delta_us (mean per step; phases, then step, comm, tools).
     ops: name, input_shapes, module (ops pair across runs by these three, the module only where
-        both profiles name it, never by file path), source
+        both profiles name it, never by file path; an op in one run only pairs with one whose
+        shapes alone differ, called from the same lines: `_pair_reshaped`), input_shapes_a,
+        input_shapes_b (each side's; `input_shapes` is B's, A's for an op in A only), source
         (B's line, A's for an op in A only), source_a, source_b, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
         device_a_us, device_b_us, delta_us (the contribution), ranked by contribution.
     modules: module, type, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us,
@@ -231,7 +233,8 @@ def _breakdown(a: Any, b: Any) -> Any:
 
 
 # ---- ops and modules -----------------------------------------------------------------------------
-_OP_COLS = ["name", "input_shapes", "module", "source", "source_a", "source_b", "side",
+_OP_COLS = ["name", "input_shapes", "input_shapes_a", "input_shapes_b", "module", "source",
+            "source_a", "source_b", "side",
             "calls_a", "calls_b", "self_a_us", "self_b_us", "total_a_us", "total_b_us",
             "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
 _MOD_COLS = ["module", "type", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
@@ -305,8 +308,34 @@ def _op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
     at = list(zip(m["name"], m["input_shapes"], m["module"]))
     m["source_a"] = [lines[0].get(k, "") for k in at]
     m["source_b"] = [lines[1].get(k, "") for k in at]
+    m["input_shapes_a"] = m["input_shapes"].where(m["side"] != "B only", "")
+    m["input_shapes_b"] = m["input_shapes"].where(m["side"] != "A only", "")
+    m = _pair_reshaped(m)
     m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
     return _rename_sides(_contribution(m))[_OP_COLS]
+
+
+def _pair_reshaped(m: Any) -> Any:
+    """One row for an op whose input shapes alone changed (a hidden size of 128 against 1024):
+    an op in A only and one in B only with the same name and module, called from the same user
+    lines, are the same call of the same op, and as two rows each would be blamed for all of
+    its time. Paired only where exactly one such row is on each side; several (a loop over
+    layers of different sizes at one line) cannot be told apart and stay as they are, as does
+    every op without a line (no stacks), which nothing ties to its partner."""
+    a_only = m[(m["side"] == "A only") & (m["source_a"] != "")]
+    b_only = m[(m["side"] == "B only") & (m["source_b"] != "")]
+    if a_only.empty or b_only.empty:
+        return m
+    key_a = list(zip(a_only["name"], a_only["module"], a_only["source_a"]))
+    key_b = list(zip(b_only["name"], b_only["module"], b_only["source_b"]))
+    drop = []
+    for k in {k for k in key_a if key_a.count(k) == 1 and key_b.count(k) == 1}:
+        ia, ib = a_only.index[key_a.index(k)], b_only.index[key_b.index(k)]
+        for col in ("calls_a", "self_a", "total_a", "device_a", "source_a", "input_shapes_a"):
+            m.at[ib, col] = m.at[ia, col]
+        m.at[ib, "side"] = "both"
+        drop.append(ia)
+    return m.drop(index=drop).reset_index(drop=True)
 
 
 SOURCE_SEP = "; "
@@ -484,8 +513,12 @@ def _causes(d: ProfileDiff) -> list[str]:
         op_delta = abs(op["delta_us"])
         where = f" at {_short(op['source'])}" if op["source"] else ""
         inside = f" in {op['module']}" if op.get("module") else ""
+        shapes = (f", input shapes {op['input_shapes_a']} -> {op['input_shapes_b']}"
+                  if op["side"] == "both" and op["input_shapes_a"] != op["input_shapes_b"]
+                  else "")
         out.append(f"op {op['name']}{inside}{where}: {_us(op['delta_us'])} a step, calls "
-                   f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{_side_words(op['side'])}")
+                   f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{shapes}"
+                   f"{_side_words(op['side'])}")
         weights.append(op_delta)
     mod = _pick(d.modules, sign, floor_us)
     if mod is not None:
@@ -541,9 +574,16 @@ def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]
                 grew and sign * top["delta_us"] > 0.1 * abs(outside)):
             from profiler._sources import builtin_token
             name = builtin_token(str(top["name"])) or str(top["name"])
-            return (f"at {_short(top['source'])}: a call of {name}(), "
+            text = (f"at {_short(top['source'])}: a call of {name}(), "
                     f"{_dur(top['delta_us'])} a step outside the ops it made (calls "
-                    f"{_n(top['calls_a'])} -> {_n(top['calls_b'])})"), False
+                    f"{_n(top['calls_a'])} -> {_n(top['calls_b'])})")
+            rest = outside - float(top["delta_us"])
+            if sign * rest <= 0.5 * abs(outside):
+                return text, False
+            # new calls of a builtin that makes ops (a loop of `.item()`) hold only their
+            # wrappers' microseconds: the rest is the Python around them, which no line holds
+            return (f"{text}; the other {_dur(rest)} a step is Python work between ops that "
+                    "the trace names no line for"), True
     return ("the trace names no source line for it: no builtin call (a sleep, a blocking read) "
             "explains it, so it is Python work between ops; open the trace at a step's gap"), True
 

@@ -148,3 +148,25 @@ def test_cli_names_outside_time_first(pair):
     assert "1. time outside any op:" in text, text
     # each side's line in the ops table: the scripts sit at different paths
     assert "train.py:" in text and "| B " in text and "train_sleep.py:" in text, text
+
+
+def test_new_calls_holding_a_little_of_the_outside_time_leave_the_rest_unplaced():
+    """Six new `.item()` calls a step hold only their wrappers' 18 us of 170 us outside ops:
+    their line is named with that much, and the rest is said to be Python work no line holds,
+    not explained by them."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from profiler._diff import _outside_line
+    host = pd.DataFrame([{"name": "<built-in method item of Tensor object>",
+                          "source": "train.py:124", "calls_a": 0.0, "calls_b": 6.0,
+                          "time_a_us": 0.0, "time_b_us": 18.0, "delta_us": 18.0}])
+    d = SimpleNamespace(sides={"a": {"stacks": True}, "b": {"stacks": True}}, host=host)
+    text, unplaced = _outside_line(d, 1, 170.0)
+    assert text.startswith("at train.py:124: a call of item(), +18 us a step"), text
+    assert "the other +152 us a step is Python work between ops" in text and unplaced, text
+    host.loc[0, ["time_b_us", "delta_us"]] = 150.0  # most of it: the call holds it
+    text, unplaced = _outside_line(d, 1, 170.0)
+    assert "+150 us a step outside the ops it made" in text and "other" not in text
+    assert not unplaced
