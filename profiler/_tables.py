@@ -151,7 +151,8 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
     (`tolist` makes `aten::resolve_conj`, then builds its Python list outside any op) keeps the
     rest of its time here, which no op holds; a builtin that is mostly its op (`torch.relu`)
     keeps only its wrapper's time, so nothing is counted both here and in the ops. Python work
-    of the user's own code is no such call and stays unplaced."""
+    of the user's own code is no such call and stays unplaced, also where a builtin called it
+    back (a generator that `list()` drains), so no time is counted in two rows."""
     from profiler._sources import builtin_name, builtin_token, frame_of, is_library
     spans = [(st.ts, st.end) for st in steps]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
@@ -169,7 +170,10 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
         made, stack = [], list(ev.children)
         while stack:  # the outermost ops below it: an op's own children are inside its time
             c = stack.pop()
-            if c.cat == "cpu_op":
+            inner = frame_of(c.name) if c.cat == PYTHON_EVENT else None
+            # the user's code it called back (`list(x.tolist() for x in xs)`): its builtins
+            # are rows of their own, and its Python work is no call of this one
+            if c.cat == "cpu_op" or inner is not None and not is_library(inner[0]):
                 made.append((max(c.ts, ev.ts), min(c.end, ev.end)))
             else:
                 stack.extend(c.children)
