@@ -22,8 +22,10 @@ from dashboard._widgets import data_table, table_records
 TOP = 25
 """Rows shown of each ranked table (the rest are in `sleuth profile diff --csv`)."""
 
-OP_COLS = ["name", "module", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
-           "device_a_us", "device_b_us", "delta_us"]
+# each side's shapes: ops pair by them, so without them one op's rows of two shapes read as the
+# same row twice
+OP_COLS = ["name", "input_shapes_a", "input_shapes_b", "module", "source", "side", "calls_a",
+           "calls_b", "self_a_us", "self_b_us", "device_a_us", "device_b_us", "delta_us"]
 MOD_COLS = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
             "device_a_us", "device_b_us", "delta_us"]
 LINE_COLS = ["source", "side", "ops", "delta_us"]

@@ -42,7 +42,9 @@ class ProfileDiff:
     step_a, step_b: step-time spread of each run (n, median, q1, q3, mean).
     breakdown: phase, a_us, b_us, delta_us (mean per step; phases, then step, comm, tools).
     ops: name, input_shapes, module (ops pair across runs by these three, the module only where
-        both profiles name it, never by file path), source
+        both profiles name it, never by file path; an op in one run only pairs with one whose
+        shapes alone differ, called from the same lines: `_pair_reshaped`), input_shapes_a,
+        input_shapes_b (each side's; `input_shapes` is B's, A's for an op in A only), source
         (B's line, A's for an op in A only), source_a, source_b, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us, total_b_us,
         device_a_us, device_b_us, delta_us (the contribution), ranked by contribution.
     modules: module, type, source, side, calls_a, calls_b, self_a_us, self_b_us, total_a_us,
@@ -88,8 +90,9 @@ class ProfileDiff:
     """rank, module, type, kernel_a_us, kernel_b_us, delta_us: `kernels` of each rank."""
     host: Any = None
     """name, source, source_a, source_b, calls_a, calls_b, time_a_us, time_b_us, delta_us: the
-    user's calls of builtins that made no op (`time.sleep`, a blocking read; with_stack
-    traces), per step, paired by name; largest change first."""
+    user's calls of builtins (`time.sleep`, a blocking read, `.tolist()`; with_stack traces),
+    their time outside the ops they made, per step, paired by name without the object's
+    address; largest change first."""
 
     @property
     def verdict(self) -> str:
@@ -230,7 +233,8 @@ def _breakdown(a: Any, b: Any) -> Any:
 
 
 # ---- ops and modules -----------------------------------------------------------------------------
-_OP_COLS = ["name", "input_shapes", "module", "source", "source_a", "source_b", "side",
+_OP_COLS = ["name", "input_shapes", "input_shapes_a", "input_shapes_b", "module", "source",
+            "source_a", "source_b", "side",
             "calls_a", "calls_b", "self_a_us", "self_b_us", "total_a_us", "total_b_us",
             "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
 _MOD_COLS = ["module", "type", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
@@ -304,8 +308,34 @@ def _op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
     at = list(zip(m["name"], m["input_shapes"], m["module"]))
     m["source_a"] = [lines[0].get(k, "") for k in at]
     m["source_b"] = [lines[1].get(k, "") for k in at]
+    m["input_shapes_a"] = m["input_shapes"].where(m["side"] != "B only", "")
+    m["input_shapes_b"] = m["input_shapes"].where(m["side"] != "A only", "")
+    m = _pair_reshaped(m)
     m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
     return _rename_sides(_contribution(m))[_OP_COLS]
+
+
+def _pair_reshaped(m: Any) -> Any:
+    """One row for an op whose input shapes alone changed (a hidden size of 128 against 1024):
+    an op in A only and one in B only with the same name and module, called from the same user
+    lines, are the same call of the same op, and as two rows each would be blamed for all of
+    its time. Paired only where exactly one such row is on each side; several (a loop over
+    layers of different sizes at one line) cannot be told apart and stay as they are, as does
+    every op without a line (no stacks), which nothing ties to its partner."""
+    a_only = m[(m["side"] == "A only") & (m["source_a"] != "")]
+    b_only = m[(m["side"] == "B only") & (m["source_b"] != "")]
+    if a_only.empty or b_only.empty:
+        return m
+    key_a = list(zip(a_only["name"], a_only["module"], a_only["source_a"]))
+    key_b = list(zip(b_only["name"], b_only["module"], b_only["source_b"]))
+    drop = []
+    for k in {k for k in key_a if key_a.count(k) == 1 and key_b.count(k) == 1}:
+        ia, ib = a_only.index[key_a.index(k)], b_only.index[key_b.index(k)]
+        for col in ("calls_a", "self_a", "total_a", "device_a", "source_a", "input_shapes_a"):
+            m.at[ib, col] = m.at[ia, col]
+        m.at[ib, "side"] = "both"
+        drop.append(ia)
+    return m.drop(index=drop).reset_index(drop=True)
 
 
 SOURCE_SEP = "; "
@@ -386,9 +416,11 @@ def _line_diff(ops: Any, descending: bool) -> Any:
 
 
 def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
-    """Builtin calls that made no op, per step on each side, paired by name (module docstring
-    of profiler._tables._host_rows); each side's busiest line kept."""
+    """The user's builtin calls, their time outside the ops they made, per step on each side,
+    paired by name without the object's address (profiler._tables._host_rows); each side's
+    busiest line kept."""
     import pandas as pd
+    from profiler._sources import builtin_name
     cols = ["name", "source", "source_a", "source_b", "calls_a", "calls_b", "time_a_us",
             "time_b_us", "delta_us"]
     frames, lines = [], []
@@ -398,6 +430,8 @@ def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
             frames.append(pd.DataFrame(columns=["name", "calls", "time"]))
             lines.append({})
             continue
+        # a profile written before addresses were stripped: the same call pairs by its name
+        h = h.assign(name=h["name"].astype(str).map(builtin_name))
         frames.append(_per_step(h, ["name"], {"calls": "calls", "time_us": "time"}, n))
         top = h.groupby(["name", "source"])["time_us"].sum().reset_index()
         top = top.sort_values("time_us", ascending=False).drop_duplicates("name")
@@ -479,8 +513,12 @@ def _causes(d: ProfileDiff) -> list[str]:
         op_delta = abs(op["delta_us"])
         where = f" at {_short(op['source'])}" if op["source"] else ""
         inside = f" in {op['module']}" if op.get("module") else ""
+        shapes = (f", input shapes {op['input_shapes_a']} -> {op['input_shapes_b']}"
+                  if op["side"] == "both" and op["input_shapes_a"] != op["input_shapes_b"]
+                  else "")
         out.append(f"op {op['name']}{inside}{where}: {_us(op['delta_us'])} a step, calls "
-                   f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{_side_words(op['side'])}")
+                   f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{shapes}"
+                   f"{_side_words(op['side'])}")
         weights.append(op_delta)
     mod = _pick(d.modules, sign, floor_us)
     if mod is not None:
@@ -520,7 +558,8 @@ def _causes(d: ProfileDiff) -> list[str]:
 
 def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]:
     """Where the time outside ops was spent, as far as the trace can say: the user's line
-    whose builtin call (a sleep, a blocking read) grew the most, or why no line is named; and
+    whose builtin call (a sleep, a blocking read, a `.tolist()`) spent the most more time
+    outside the ops it made, or why no line is named; and
     whether the traces, with stacks, place none of it (Python work between ops)."""
     if not (d.sides["a"]["stacks"] and d.sides["b"]["stacks"]):
         return ("no source line: time between ops has none without stacks; profile both runs "
@@ -528,17 +567,23 @@ def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]
     h = d.host
     if h is not None and not h.empty:
         top = h.loc[(sign * h["delta_us"]).idxmax()]
-        # a call that made no op holds the time only when it holds most of it, or is new: a
+        # a builtin's time outside ops holds the time only when it holds most of it, or is new: a
         # print() that took 30 us more in a busy run is noise, not the cause
         grew = sign * (float(top["calls_b"]) - float(top["calls_a"])) > 0
         if sign * top["delta_us"] > 0.5 * abs(outside) or (
                 grew and sign * top["delta_us"] > 0.1 * abs(outside)):
-            import re
-            m = re.match(r"^<built-in (?:method|function) (\w+)", str(top["name"]))
-            name = m.group(1) if m else str(top["name"])
-            return (f"at {_short(top['source'])}: a call of {name}() that made no op, "
-                    f"{_dur(top['delta_us'])} a step (calls {_n(top['calls_a'])} -> "
-                    f"{_n(top['calls_b'])})"), False
+            from profiler._sources import builtin_token
+            name = builtin_token(str(top["name"])) or str(top["name"])
+            text = (f"at {_short(top['source'])}: a call of {name}(), "
+                    f"{_dur(top['delta_us'])} a step outside the ops it made (calls "
+                    f"{_n(top['calls_a'])} -> {_n(top['calls_b'])})")
+            rest = outside - float(top["delta_us"])
+            if sign * rest <= 0.5 * abs(outside):
+                return text, False
+            # new calls of a builtin that makes ops (a loop of `.item()`) hold only their
+            # wrappers' microseconds: the rest is the Python around them, which no line holds
+            return (f"{text}; the other {_dur(rest)} a step is Python work between ops that "
+                    "the trace names no line for"), True
     return ("the trace names no source line for it: no builtin call (a sleep, a blocking read) "
             "explains it, so it is Python work between ops; open the trace at a step's gap"), True
 

@@ -65,8 +65,9 @@ class Profile:
     gpu_ranks: Any = None
     kernels: Any = None
     host: Any = None
-    """rank, window, name, source, calls, time_us: the user's calls of builtins that made no op
-    (`time.sleep`, a blocking read), by the calling line; with_stack traces only."""
+    """rank, window, name, source, calls, time_us: the user's calls of builtins (`time.sleep`,
+    a blocking read, `.tolist()`), by the calling line, each call's time less the ops it made;
+    with_stack traces only."""
 
 
 def _check_meta(meta: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -126,6 +126,21 @@ _MODULE_CALL = "<module call>"
 """Before a top-level module's name: the token of its call, found by the call sites the
 collector recorded (`module_call_lines`), since `model(x)` names no attribute to look up."""
 _BUILTIN_RE = re.compile(r"^<built-in (?:method|function) (\w+)")
+_ADDRESS_RE = re.compile(r" at 0x[0-9a-fA-F]+>$")
+
+
+def builtin_name(name: str) -> str:
+    """A builtin call's `python_function` name without the object's address
+    (`<built-in method tolist of Tensor object at 0x7f..>` -> `<built-in method tolist of Tensor
+    object>`): the address differs between runs and between steps, so with it the same call
+    pairs with nothing."""
+    return _ADDRESS_RE.sub(">", name)
+
+
+def builtin_token(name: str) -> str | None:
+    """The called name of a builtin call's event (`tolist`, `sleep`), or None."""
+    m = _BUILTIN_RE.match(name)
+    return m.group(1) if m else None
 
 
 def _callees(chain: list[Any]):

@@ -146,9 +146,14 @@ def _shapes(args: dict[str, Any]) -> str:
 def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
                finder: LineFinder | None) -> list[dict[str, Any]]:
     """Time outside every op that a with_stack trace can still place: the user's calls of
-    builtins that made no op (`time.sleep`, a socket read, a lock's wait), by the user line
-    that called them. Python work of the user's own code is no such call and stays unplaced."""
-    from profiler._sources import frame_of, is_library
+    builtins (`time.sleep`, a socket read, `tensor.tolist()`), by the user line that called
+    them, each call's time less the ops it made. A builtin that makes an op only to start with
+    (`tolist` makes `aten::resolve_conj`, then builds its Python list outside any op) keeps the
+    rest of its time here, which no op holds; a builtin that is mostly its op (`torch.relu`)
+    keeps only its wrapper's time, so nothing is counted both here and in the ops. Python work
+    of the user's own code is no such call and stays unplaced, also where a builtin called it
+    back (a generator that `list()` drains), so no time is counted in two rows."""
+    from profiler._sources import builtin_name, builtin_token, frame_of, is_library
     spans = [(st.ts, st.end) for st in steps]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for ev in host:
@@ -162,21 +167,24 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
         frame = frame_of(p.name) if p is not None else None
         if frame is None or is_library(frame[0]):
             continue
-        stack, made_op = list(ev.children), False
-        while stack and not made_op:
+        made, stack = [], list(ev.children)
+        while stack:  # the outermost ops below it: an op's own children are inside its time
             c = stack.pop()
-            made_op = c.cat == "cpu_op"
-            stack.extend(c.children)
-        if made_op:  # its time is the op's
-            continue
-        m = re.match(r"^<built-in (?:method|function) (\w+)", ev.name)
-        token = m.group(1) if m else None
+            inner = frame_of(c.name) if c.cat == PYTHON_EVENT else None
+            # the user's code it called back (`list(x.tolist() for x in xs)`): its builtins
+            # are rows of their own, and its Python work is no call of this one
+            if c.cat == "cpu_op" or inner is not None and not is_library(inner[0]):
+                made.append((max(c.ts, ev.ts), min(c.end, ev.end)))
+            else:
+                stack.extend(c.children)
+        token = builtin_token(ev.name)
         line = (finder.find(frame, token, strict=True) if finder and token else "") or (
             finder.find(frame, None) if finder else f"{frame[0]}:{frame[1]}")
-        row = rows.setdefault((ev.name, line), {"name": ev.name, "source": line, "calls": 0,
-                                                "time_us": 0.0})
+        name = builtin_name(ev.name)
+        row = rows.setdefault((name, line), {"name": name, "source": line, "calls": 0,
+                                             "time_us": 0.0})
         row["calls"] += 1
-        row["time_us"] += ev.dur
+        row["time_us"] += max(0.0, ev.dur - _union_us(made))
     return list(rows.values())
 
 

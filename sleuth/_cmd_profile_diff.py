@@ -12,7 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-_OP_SHOW = ["name", "module", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
+# the shapes are shown: ops pair by them, so without them one op's rows of two shapes read as
+# the same row twice
+_OP_SHOW = ["name", "shapes", "module", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
             "total_a_us", "total_b_us", "delta_us", "from_calls_us"]
 _MOD_SHOW = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
              "total_a_us", "total_b_us", "delta_us", "from_calls_us"]
@@ -53,7 +55,9 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     print(_table(d.breakdown))
     ops = d.ops.head(top)
     ops = ops.assign(source=[_both_lines(x, y, _short) for x, y in
-                             zip(ops["source_a"], ops["source_b"])])[_OP_SHOW]
+                             zip(ops["source_a"], ops["source_b"])],
+                     shapes=[_both_lines(x, y, str) for x, y in
+                             zip(ops["input_shapes_a"], ops["input_shapes_b"])])[_OP_SHOW]
     print(f"\nops by contribution to the difference (top {top}; us and calls per step):")
     print(_table(ops) if not ops.empty else "  (none)")
     only = d.ops[d.ops["side"] != "both"]
@@ -64,7 +68,8 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
                            calls=only["calls_b"].where(only["side"] == "B only", only["calls_a"]),
                            source=only["source"].map(_short))
         show = show.reindex(show["time_us"].abs().sort_values(ascending=False).index)
-        print(_table(show[["name", "module", "side", "calls", "time_us", "source"]].head(top)))
+        print(_table(show[["name", "input_shapes", "module", "side", "calls", "time_us",
+                           "source"]].head(top).rename(columns={"input_shapes": "shapes"})))
     mods = d.modules.head(top)[_MOD_SHOW]
     print(f"\nmodules by contribution (top {top}; self = forward + backward self time):")
     print(_table(mods) if not mods.empty else
@@ -149,9 +154,10 @@ def _sides_frame(d: Any) -> Any:
 
 
 def _both_lines(a: str, b: str, short: Any) -> str:
-    """An op's source line as each run has it: one line when the two agree (or one side has
-    none), else `A x | B y` (ops pair by name and shapes, so a script run from another path,
-    or edited, has its line per side)."""
+    """An op's source line (or input shapes) as each run has it: one when the two agree (or one
+    side has none), else `A x | B y` (ops pair by name and shapes, so a script run from another
+    path, or edited, has its line per side; an op whose shapes alone changed pairs by its
+    line, and has its shapes per side)."""
     a, b = short(a) if a else "", short(b) if b else ""
     if not a or not b or a == b:
         return b or a

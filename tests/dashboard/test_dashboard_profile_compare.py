@@ -37,6 +37,7 @@ def test_compare_data_ranks_the_sync_and_shows_gpu_time(gpu_runs):
     assert d["headline"].startswith("B is slower: step time 1 ms -> 1.4 ms")
     top = d["ops"][0]
     assert top["name"] == "aten::item" and top["side"] == "B only" and top["delta_us"] == 500
+    assert {"input_shapes_a", "input_shapes_b"} <= set(top)  # rows of two shapes tell apart
     assert d["causes"][0].startswith("op aten::item in fc: +500 us a step, calls 0 -> 1 a step; "
                                     "in B only")
     phases = {r["phase"]: r for r in d["breakdown"]}

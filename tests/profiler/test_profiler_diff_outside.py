@@ -3,7 +3,9 @@
 Run B is a copy of run A's script under another name (`train_sleep.py` beside `train.py`) that
 sleeps 20 ms a step after the optimizer: the change is outside every op. The diff must name
 that first (not an op that moved by noise) and pair every op of the two scripts, whose paths
-differ, as one op found in both."""
+differ, as one op found in both. Run C is A's script pulling a tensor into Python with
+`.tolist()` each step: a builtin that makes a tiny op and then works outside any op, named at
+its line as the sleep is."""
 from __future__ import annotations
 
 import json
@@ -35,11 +37,12 @@ class Net(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
-def main(run_dir, sleep_s):
+def main(run_dir, sleep_s, pull):
     torch.manual_seed(0)
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(16, 32)
+    held = torch.randn(400, 400)
     cfg = profiler.CollectorConfig(wait=1, warmup=1, active=8, with_stack=True)
     with profiler.Collector(run_dir, config=cfg) as c:
         for _ in range(10):
@@ -49,17 +52,20 @@ def main(run_dir, sleep_s):
             opt.zero_grad()
             if sleep_s:
                 time.sleep(sleep_s)
+            if pull:
+                held.tolist()
             c.step()
 
 
-main(sys.argv[1], float(sys.argv[2]))
+main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))
 '''
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """A: train.py; B: the same loop as train_sleep.py in another folder, sleeping 20 ms a
-    step (large against the ~1 ms step, so a busy machine cannot hide it)."""
+    step (large against the ~1 ms step, so a busy machine cannot hide it); C: train.py calling
+    `.tolist()` on 160,000 floats a step (over 10 ms, most of it outside its op)."""
     root = tmp_path_factory.mktemp("outside")
     (root / "a").mkdir()
     (root / "b").mkdir()
@@ -67,8 +73,10 @@ def pair(tmp_path_factory):
     for s in scripts:
         s.write_text(LOOP)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    for script, run, sleep in zip(scripts, ("run_a", "run_b"), ("0", "0.02")):
-        out = subprocess.run([sys.executable, str(script), str(root / run), sleep], env=env,
+    for script, run, sleep, pull in ((scripts[0], "run_a", "0", "0"),
+                                     (scripts[1], "run_b", "0.02", "0"),
+                                     (scripts[0], "run_c", "0", "1")):
+        out = subprocess.run([sys.executable, str(script), str(root / run), sleep, pull], env=env,
                              cwd=script.parent, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
     return root
@@ -89,6 +97,26 @@ def test_time_outside_ops_is_named_first(pair):
     assert f"train_sleep.py:{sleep_line}: a call of sleep()" in first, first
     amount = first.split("time outside any op: ")[1].split(" a step")[0]
     assert amount.endswith(" ms") and float(amount[:-3]) > 10, first  # most of the 20 ms sleep
+
+
+@pytest.mark.slow
+def test_a_builtin_that_makes_an_op_is_named_for_its_time_outside_it(pair):
+    """`.tolist()` makes `aten::resolve_conj` and then builds its list outside any op: the
+    time is named at its line, and the host table pairs its calls though each step's tensor
+    object (and so the event's name) has its own address."""
+    d = profiler.diff_profiles(pair / "run_a", pair / "run_c")
+    assert d.verdict == "slower", d.headline()
+    first = d.causes[0]
+    assert first.startswith("time outside any op:"), d.causes
+    pull_line = LOOP.splitlines().index("                held.tolist()") + 1
+    assert f"train.py:{pull_line}: a call of tolist()" in first, first
+    amount = first.split(": a call of tolist(), ")[1].split(" a step")[0]
+    assert amount.endswith(" ms") and float(amount[:-3]) > 2, first
+    tolist = d.host[d.host["name"] == "<built-in method tolist of Tensor object>"]
+    assert len(tolist) == 1 and tolist.iloc[0]["calls_b"] == 1, d.host
+    # its op is an op, not host time: the ops' change stays small beside the list's building
+    ops_change = float(d.ops["self_b_us"].sum() - d.ops["self_a_us"].sum())
+    assert ops_change < 0.5 * float(tolist.iloc[0]["delta_us"]), (ops_change, d.host)
 
 
 @pytest.mark.slow
@@ -120,3 +148,25 @@ def test_cli_names_outside_time_first(pair):
     assert "1. time outside any op:" in text, text
     # each side's line in the ops table: the scripts sit at different paths
     assert "train.py:" in text and "| B " in text and "train_sleep.py:" in text, text
+
+
+def test_new_calls_holding_a_little_of_the_outside_time_leave_the_rest_unplaced():
+    """Six new `.item()` calls a step hold only their wrappers' 18 us of 170 us outside ops:
+    their line is named with that much, and the rest is said to be Python work no line holds,
+    not explained by them."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from profiler._diff import _outside_line
+    host = pd.DataFrame([{"name": "<built-in method item of Tensor object>",
+                          "source": "train.py:124", "calls_a": 0.0, "calls_b": 6.0,
+                          "time_a_us": 0.0, "time_b_us": 18.0, "delta_us": 18.0}])
+    d = SimpleNamespace(sides={"a": {"stacks": True}, "b": {"stacks": True}}, host=host)
+    text, unplaced = _outside_line(d, 1, 170.0)
+    assert text.startswith("at train.py:124: a call of item(), +18 us a step"), text
+    assert "the other +152 us a step is Python work between ops" in text and unplaced, text
+    host.loc[0, ["time_b_us", "delta_us"]] = 150.0  # most of it: the call holds it
+    text, unplaced = _outside_line(d, 1, 170.0)
+    assert "+150 us a step outside the ops it made" in text and "other" not in text
+    assert not unplaced

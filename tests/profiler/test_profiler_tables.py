@@ -134,3 +134,51 @@ def test_load_trace_gz_and_errors(tmp_path):
     from profiler import ProfileFormatError
     with pytest.raises(ProfileFormatError, match="cannot read trace"):
         load_trace(bad)
+
+
+def test_host_table_keeps_a_builtins_time_outside_the_ops_it_made(tmp_path):
+    """`.tolist()` makes a tiny `aten::resolve_conj`, then builds its list outside any op: that
+    time is the host's, at the line, paired across steps whatever the tensor's address; a
+    builtin that is mostly its op (`torch.relu`) keeps only its wrapper's time, so nothing is
+    counted in the ops and here both; a sleep makes no op and keeps all of its time; `list()`
+    draining the user's generator keeps only its own time, not the generator's calls."""
+    (tmp_path / "loop.py").write_text("import time, torch\n"            # 1
+                                      "def main(w, x):\n"               # 2
+                                      "    y = torch.relu(x)\n"         # 3
+                                      "    w.tolist()\n"                # 4
+                                      "    time.sleep(0.01)\n"          # 5
+                                      "    list(v.numpy() for v in w)\n")  # 6
+    events = []
+    for step, (t0, address) in enumerate(((0, "0x7f01"), (1000, "0x7fab"))):
+        events += [
+            X(f"ProfilerStep#{step}", t0, 1000, cat="user_annotation"),
+            X("loop.py(2): main", t0 + 1, 990, "python_function"),
+            X("<built-in method relu of type object at 0x7e00>", t0 + 10, 50, "python_function"),
+            X("aten::relu", t0 + 12, 46),
+            X("aten::clamp_min", t0 + 14, 40),
+            X(f"<built-in method tolist of Tensor object at {address}>", t0 + 100, 300,
+              "python_function"),
+            X("aten::resolve_conj", t0 + 101, 2),
+            X("aten::resolve_neg", t0 + 104, 1),
+            X("<built-in function sleep>", t0 + 500, 400, "python_function"),
+            # list() drains a generator of the user's, which calls numpy() (line 6): the
+            # generator's time is not list()'s, nor is the numpy() counted twice
+            X("<built-in method list of type object at 0x7e01>", t0 + 910, 80,
+              "python_function"),
+            X("loop.py(6): <genexpr>", t0 + 915, 60, "python_function"),
+            X(f"<built-in method numpy of Tensor object at {address}>", t0 + 920, 50,
+              "python_function")]
+    host = {r["name"]: r for r in
+            build_tables({"traceEvents": events}, {"python_path": [str(tmp_path)]})["host"]}
+    loop = tmp_path / "loop.py"
+    tolist = host["<built-in method tolist of Tensor object>"]
+    assert (tolist["calls"], tolist["time_us"], tolist["source"]) == (2, 2 * 297.0, f"{loop}:4")
+    drained = host["<built-in method numpy of Tensor object>"]
+    assert (drained["calls"], drained["time_us"], drained["source"]) == (2, 2 * 50.0, f"{loop}:6")
+    listed = host["<built-in method list of type object>"]
+    assert (listed["calls"], listed["time_us"], listed["source"]) == (2, 2 * 20.0, f"{loop}:6")
+    relu = host["<built-in method relu of type object>"]
+    assert (relu["calls"], relu["time_us"], relu["source"]) == (2, 2 * 4.0, f"{loop}:3")
+    sleep = host["<built-in function sleep>"]
+    assert (sleep["calls"], sleep["time_us"], sleep["source"]) == (2, 2 * 400.0, f"{loop}:5")
+    assert len(host) == 5

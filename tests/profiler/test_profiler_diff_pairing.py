@@ -1,0 +1,44 @@
+"""profiler._diff pairs an op across runs whose input shapes alone changed (a hidden size of 128
+against 1024): one row, its contribution the change in its time, not two rows each blamed for
+all of one side's time."""
+from __future__ import annotations
+
+import pandas as pd
+
+from profiler._diff import _op_diff
+
+COLS = ["name", "input_shapes", "source", "module", "calls", "cpu_total_us", "cpu_self_us",
+        "device_us"]
+
+
+def _ops(*rows):
+    return pd.DataFrame([dict(zip(COLS, r)) for r in rows], columns=COLS)
+
+
+def test_an_op_whose_shapes_alone_changed_is_one_row():
+    a = _ops(("aten::addmm", "[[16,128]]", "net.py:14", "fc1", 8, 80.0, 80.0, 0.0),
+             ("aten::relu", "[[16,128]]", "net.py:14", "", 8, 8.0, 8.0, 0.0),
+             ("aten::mm", "[[4,4]]", "net.py:20", "", 8, 8.0, 8.0, 0.0),
+             ("aten::mm", "[[5,5]]", "net.py:20", "", 8, 8.0, 8.0, 0.0))
+    b = _ops(("aten::addmm", "[[16,1024]]", "net.py:14", "fc1", 8, 800.0, 800.0, 0.0),
+             ("aten::relu", "[[16,1024]]", "other.py:3", "", 8, 16.0, 16.0, 0.0),
+             ("aten::mm", "[[6,6]]", "net.py:20", "", 8, 8.0, 8.0, 0.0),
+             ("aten::mm", "[[7,7]]", "net.py:20", "", 8, 8.0, 8.0, 0.0))
+    d = _op_diff(a, b, 8, 8, stacks=True)
+    mm = d[d["name"] == "aten::addmm"]
+    assert len(mm) == 1, d
+    row = mm.iloc[0]
+    assert row["side"] == "both"
+    assert (row["input_shapes_a"], row["input_shapes_b"]) == ("[[16,128]]", "[[16,1024]]")
+    assert row["delta_us"] == 90.0 and row["from_calls_us"] == 0.0  # 10 -> 100 us a step
+    # another line: another call, not this one's new shape
+    assert sorted(d[d["name"] == "aten::relu"]["side"]) == ["A only", "B only"]
+    # two shapes on each side at one line cannot be told apart: left as they are
+    assert sorted(d[d["name"] == "aten::mm"]["side"]) == ["A only", "A only", "B only", "B only"]
+
+
+def test_without_lines_nothing_ties_the_shapes():
+    a = _ops(("aten::addmm", "[[16,128]]", "", "", 8, 80.0, 80.0, 0.0))
+    b = _ops(("aten::addmm", "[[16,1024]]", "", "", 8, 800.0, 800.0, 0.0))
+    d = _op_diff(a, b, 8, 8, stacks=False)
+    assert sorted(d["side"]) == ["A only", "B only"]
