@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import h5py
 import pytest
@@ -23,7 +24,7 @@ from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._lock import LOCK_NAME, DUMP_JSON, _release_at_exit
 from tracer.storage._reader import open_dump
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(Path(__file__).resolve().parents[3])
 
 
 def train(run_dir, n: int = 3, **config) -> tracer.Dumper:
