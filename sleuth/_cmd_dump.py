@@ -70,18 +70,9 @@ def _open(path: str):
 
 def _damaged(path: str) -> str:
     """Which step files under `path` fail to open or to show their root attributes."""
-    from pathlib import Path
+    from tracer.storage import damaged_files
 
-    import h5py
-
-    p = Path(path)
-    bad = []
-    for f in ([p] if p.is_file() else sorted(p.rglob("step*.h5"))):
-        try:
-            with h5py.File(f, "r") as h:
-                dict(h.attrs)
-        except (OSError, KeyError, ValueError):
-            bad.append(str(f))
+    bad = damaged_files(path)
     return ("damaged: " + ", ".join(bad)) if bad else "a file is damaged"
 
 

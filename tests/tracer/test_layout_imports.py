@@ -259,12 +259,13 @@ def _h5_opens(tree: ast.AST) -> list[int]:
 
 
 def test_only_storage_reads_step_files():
-    """One reader of the step file: outside tracer/storage/ no tracer or dashboard module opens
-    an HDF5 file to read it (the diff reads tensor bytes through storage's TensorReader, `dump
-    ls` lists files through storage's file_rows)."""
+    """One reader of the step file: outside tracer/storage/ no tracer, dashboard or CLI module
+    opens an HDF5 file to read it (the diff reads tensor bytes through storage's TensorReader,
+    `dump ls` lists files through storage's file_rows and names damaged ones with its
+    damaged_files)."""
     offenders = []
     paths = [p for p in sorted(TRACER.rglob("*.py")) if "storage" not in p.parts]
-    paths += sorted((ROOT / "dashboard").rglob("*.py"))
+    paths += sorted((ROOT / "dashboard").rglob("*.py")) + sorted((ROOT / "sleuth").rglob("*.py"))
     for path in paths:
         for line in _h5_opens(ast.parse(path.read_text())):
             offenders.append(f"{path.relative_to(ROOT)}:{line}")

@@ -40,6 +40,7 @@ _EXPORTS: dict[str, str] = {
     "Dump": "tracer.storage._dump",
     "UNREAD_STATES": "tracer.storage._scan",
     "file_rows": "tracer.storage._listing",
+    "damaged_files": "tracer.storage._listing",
     "READ_ERRORS": "tracer.storage._step_reader",
     "config_of": "tracer.storage._step_reader",
     "op_capture_of": "tracer.storage._step_reader",

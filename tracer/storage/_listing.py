@@ -49,3 +49,23 @@ def file_rows(dump: Dump) -> list[dict[str, Any]]:
                      "file_bytes": size, "status": status, "reason": st.reason,
                      "path": st.path})
     return rows
+
+
+def damaged_files(path: str | os.PathLike) -> list[str]:
+    """The step files under `path` (a dump, a rank folder or one file) that do not open, or do
+    not show their root attributes, through the trusted opener: what to name when `open_dump`
+    itself fails on HDF5 metadata, so that the user knows which file to move aside."""
+    from pathlib import Path
+
+    from tracer._errors import TracerError
+    from tracer.storage._h5open import open_h5
+
+    p = Path(path)
+    bad = []
+    for f in ([p] if p.is_file() else sorted(p.rglob("step*.h5"))):
+        try:
+            with open_h5(f) as h:
+                dict(h.attrs)
+        except (OSError, KeyError, ValueError, TracerError):
+            bad.append(str(f))
+    return bad
