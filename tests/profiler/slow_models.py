@@ -70,10 +70,10 @@ def main(kind: str, variant: str, run_dir: str) -> None:
         return resnet(variant == "slow", run_dir)
     model, batch = build(kind, variant == "slow")
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    cfg = profiler.CollectorConfig(wait=1, warmup=2, active=12, with_stack=True,
+    cfg = profiler.CollectorConfig(wait=1, warmup=1, active=8, with_stack=True,
                                    count_flops=False)
     with profiler.Collector(run_dir, config=cfg) as collector:
-        for _ in range(15):
+        for _ in range(10):
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             opt.step()

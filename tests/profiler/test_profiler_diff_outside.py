@@ -111,7 +111,7 @@ def test_a_builtin_that_makes_an_op_is_named_for_its_time_outside_it(pair):
     pull_line = LOOP.splitlines().index("                held.tolist()") + 1
     assert f"train.py:{pull_line}: a call of tolist()" in first, first
     amount = first.split(": a call of tolist(), ")[1].split(" a step")[0]
-    assert amount.endswith(" ms") and float(amount[:-3]) > 2, first
+    assert amount.endswith(" ms") and float(amount[:-3]) > 1, first  # 160,000 floats a step
     tolist = d.host[d.host["name"] == "<built-in method tolist of Tensor object>"]
     assert len(tolist) == 1 and tolist.iloc[0]["calls_b"] == 1, d.host
     # its op is an op, not host time: the ops' change stays small beside the list's building
