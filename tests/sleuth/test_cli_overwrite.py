@@ -83,16 +83,6 @@ def test_sleuth_run_gives_its_processes_one_run_id_and_passes_overwrite_on(tmp_p
     assert child_env(args("overwrite"), base={})["SLEUTH_DUMP_OVERWRITE"] == "1"
 
 
-@pytest.mark.slow
-def test_demo_runs_again_into_its_own_folder(tmp_path, capsys):
-    out = tmp_path / "demo"
-    for _ in range(2):
-        assert main(["demo", "--out", str(out), "--steps", "1", "--no-serve"]) == 0
-    for name in ("baseline", "bf16"):
-        ids = _ids(out / name)
-        assert "step0.h5" in ids and len(set(ids.values())) == 1
-
-
 def test_sleuth_run_refuses_before_starting_when_the_dump_holds_another_run(tmp_path, capsys):
     import torch
 

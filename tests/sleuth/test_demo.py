@@ -1,6 +1,7 @@
-"""`sleuth demo`: a re-run replaces its own earlier runs, its diff says first that B ran in
-bfloat16, it ends with `sleuth explain`'s verdict before the dashboard, and stopping the
-dashboard writes nothing into the runs it serves (they finished cleanly before it started)."""
+"""`sleuth demo`: a re-run replaces its own earlier runs (without --overwrite, each run's files
+then carry its one new id), its diff says first that B ran in bfloat16, it ends with `sleuth
+explain`'s verdict before the dashboard, and stopping the dashboard writes nothing into the runs
+it serves (they finished cleanly before it started)."""
 from __future__ import annotations
 
 import os
@@ -57,6 +58,28 @@ def test_demo_starts_clean_and_stopping_it_writes_nothing(tmp_path):
     assert not [p for p in files if p.name == "flight_recorder.h5"], text
     late = [p for p in files if p.stat().st_mtime > served]
     assert not late, f"written after the dashboard started: {late}"
+    # run again into the same folder: the demo replaces its own runs (no --overwrite asked),
+    # and each run's step files carry that run's one new id
+    before = {name: _ids(out / name) for name in ("baseline", "bf16")}
+    again = subprocess.run([sys.executable, "-m", "sleuth", "demo", "--steps", "1", "--out",
+                            str(out), "--no-serve"], cwd=tmp_path, env=env, text=True,
+                           capture_output=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    for name in ("baseline", "bf16"):
+        ids = _ids(out / name)
+        assert "step0.h5" in ids and len(set(ids.values())) == 1
+        assert set(ids.values()).isdisjoint(before[name].values())
+
+
+def _ids(run: Path) -> dict[str, str]:
+    """{step file name: the run id it carries} of rank 0's dump in `run`."""
+    import h5py
+
+    out = {}
+    for p in sorted((run / "dump" / "rank0").glob("step*.h5")):
+        with h5py.File(p, "r") as f:
+            out[p.name] = f.attrs["run_id"]
+    return out
 
 
 def test_demo_leaves_a_folder_that_is_not_a_run_alone(tmp_path, sleuth_cli):
