@@ -50,7 +50,10 @@ def runs(tmp_path_factory):
     for _attempt in range(2):
         _profile(root, ("a", []))
         _profile(root, ("b", ["--check-finite"]))
-        if profiler.diff_profiles(root / "a", root / "b").judgement.noise <= 0.1:
+        d = profiler.diff_profiles(root / "a", root / "b")
+        # B is slower by construction: a verdict of "faster" is the machine's speed drifting
+        # between the two runs (one profile a side cannot see that; issue 41)
+        if d.judgement.noise <= 0.1 and d.verdict == "slower":
             break
     for _attempt in range(2):  # the same config: a busy spell may favour one process
         _profile(root, ("c1", []), ("c2", []))
