@@ -2,11 +2,12 @@
 and the verdict (precision: B runs in bf16)."""
 from __future__ import annotations
 
-import pytest
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "explain_speed.py"
 

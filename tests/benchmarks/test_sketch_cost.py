@@ -1,11 +1,12 @@
 """benchmarks/sketch_cost.py at its smallest size: its JSON and its arithmetic."""
 from __future__ import annotations
 
-import pytest
 import importlib.util
 import json
 import sys
 from pathlib import Path
+
+import pytest
 
 WHERE = Path(__file__).resolve().parents[2] / "benchmarks"
 

@@ -2,13 +2,14 @@
 answers on loopback and stops on Ctrl-C."""
 from __future__ import annotations
 
-import pytest
 import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
+
+import pytest
 
 from dashboard_helpers import REPO, free_port, write_run
 from sleuth.cli import main

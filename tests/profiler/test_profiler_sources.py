@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+
 from profiler._sources import LineFinder, is_library
 
 

@@ -8,6 +8,7 @@ with a custom autograd Function, and one with activation checkpointing.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -307,3 +308,23 @@ def stranger_models() -> list[tuple[str, Any, Any]]:
         ("shared_layer", SharedLayer, lambda: (torch.randn(3, 4),)),
         ("inplace", InplaceModel, lambda: (torch.randn(3, 4),)),
     ]
+
+
+def torchrun_ddp(source: str, folder: Path, ranks: int = 2) -> Path:
+    """Run script `source` (given the run directory as its argument) under torchrun with
+    `ranks` processes; the run directory it dumped to (folder/run)."""
+    import os
+    import subprocess
+    import sys
+
+    script = folder / "ddp.py"
+    script.write_text(source)
+    run = folder / "run"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "OMP_NUM_THREADS": "1"}
+    env.pop("SLEUTH_RUN_ID", None)
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc_per_node={ranks}", str(script), str(run)],
+                         capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run

@@ -3,13 +3,14 @@ whose NaN comes first in execution order is blamed (the one that made it), not t
 number; the ranks that received it are listed after it."""
 from __future__ import annotations
 
-import pytest
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import tracer
+from models import torchrun_ddp
 from sleuth.cli import main
 from tracer.storage import RecordMeta, make_writer
 from tracer._config import DumpConfig
@@ -144,19 +145,7 @@ def test_a_real_two_rank_run_names_the_rank_that_sent_the_nan(tmp_path):
     it. Rank 0's first non-finite record (the first op that reads the all-reduce's result) has
     the smaller seq; the collective count names rank 1, and rank 0 is listed as having
     received it."""
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "ranks.py"
-    script.write_text(RANK_SCRIPT)
-    run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
-           "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node=2", str(script), str(run)], capture_output=True,
-                         text=True, env=env, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
+    run = torchrun_ddp(RANK_SCRIPT, tmp_path)
     origin = tracer.first_nan_origin(run)
     assert (origin["rank"], origin["step"]) == (1, 1)
     assert origin["op"] == "aten.div" and origin["collective"] == 0

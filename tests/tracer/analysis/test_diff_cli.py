@@ -1,10 +1,10 @@
 """`sleuth diff` and `sleuth check` on synthetic dumps: exit codes, table, --json, --csv."""
 from __future__ import annotations
 
-import pytest
 import json
 import os
 
+import pytest
 import numpy as np
 
 from sleuth.cli import main

@@ -10,6 +10,7 @@ import torch
 
 import tracer
 from sleuth.cli import main
+from models import torchrun_ddp
 from tests.tracer.storage.test_dump_cli import damage_records
 from tracer._config import DumpConfig
 from tracer.storage import RecordMeta, make_writer
@@ -182,26 +183,6 @@ def test_streamed_diff_says_what_the_whole_diff_says(pair, tmp_path):
         assert streamed.records.empty and len(whole.records)
         assert streamed.to_dict(records=False) == whole.to_dict(records=False), rank
     assert tracer.diff(a, b, rank=2, keep_records=False).first_divergence["step"] == 2
-
-
-def torchrun_ddp(source: str, folder: Path, ranks: int = 2) -> Path:
-    """Run script `source` (given the run directory as its argument) under torchrun with
-    `ranks` processes; the run directory it dumped to (folder/run)."""
-    import os
-    import subprocess
-    import sys
-
-    script = folder / "ddp.py"
-    script.write_text(source)
-    run = folder / "run"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
-           "OMP_NUM_THREADS": "1"}
-    env.pop("SLEUTH_RUN_ID", None)
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          f"--nproc_per_node={ranks}", str(script), str(run)],
-                         capture_output=True, text=True, env=env, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return run
 
 
 DDP_BATCHES = """

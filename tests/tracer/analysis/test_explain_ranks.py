@@ -13,7 +13,8 @@ import pytest
 
 import tracer
 from sleuth.cli import main
-from tests.tracer.analysis.test_diff_ranks import torchrun_ddp, write_run
+from models import torchrun_ddp
+from tests.tracer.analysis.test_diff_ranks import write_run
 
 DDP_MUL = """
 import sys
