@@ -23,23 +23,24 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
-from profiler._diff_gpu import gpu_cause, gpu_diff, gpu_rank_diff
-from profiler._noise import Judgement, Spread, judge, spread
-
-PHASES = ("data", "forward", "backward", "optimizer", "other")
-"""The step breakdown's parts; they sum to the step time."""
+from profiler._diff_causes import PHASES, causes
+from profiler._diff_gpu import gpu_diff, gpu_rank_diff
+from profiler._diff_pairs import empty_lines, host_diff, line_diff, module_diff, op_diff, rank
+from profiler._noise import Judgement, Spread, between_runs, judge, spread
 
 
 @dataclass
 class ProfileDiff:
     """The comparison of two profiles, B against A (times in microseconds per step).
 
-    judgement: the verdict on step time (`verdict`, `change`, p-values, noise floor).
-    step_a, step_b: step-time spread of each run (n, median, q1, q3, mean).
+    judgement: the verdict on step time (`verdict`, `change`, p-values, noise floor and what
+        set it, the variation between runs where repeats measured it).
+    step_a, step_b: step-time spread of each side (n, median, q1, q3, mean), over its repeats
+        too.
     breakdown: phase, a_us, b_us, delta_us (mean per step; phases, then step, comm, tools).
     ops: name, input_shapes, module (ops pair across runs by these three, the module only where
         both profiles name it, never by file path; an op in one run only pairs with one whose
@@ -88,6 +89,8 @@ class ProfileDiff:
     """rank, figure, key, a, b, delta: the `gpu` figures of each rank, A's rank beside B's."""
     kernels_ranks: Any = None
     """rank, module, type, kernel_a_us, kernel_b_us, delta_us: `kernels` of each rank."""
+    repeats: dict[str, list[str]] = field(default_factory=dict)
+    """The further runs of each side's config (`a`, `b`) whose steps the verdict pooled."""
     host: Any = None
     """name, source, source_a, source_b, calls_a, calls_b, time_a_us, time_b_us, delta_us: the
     user's calls of builtins (`time.sleep`, a blocking read, `.tolist()`; with_stack traces),
@@ -108,12 +111,16 @@ class ProfileDiff:
         j, a, b = self.judgement, self.step_a, self.step_b
         base = (f"step time {_ms(a.median)} -> {_ms(b.median)} (median of {a.n} and {b.n} "
                 f"steps, {_pct(j.change)})")
-        floor = f"noise floor {j.noise * 100:.3g} %"
+        floor = f"noise floor {j.noise * 100:.3g} %" + {
+            "spread": " (the steps' spread)",
+            "between runs": " (the variation between runs)"}.get(j.floor_from, "")
         if j.tested:
             p = j.p_slower if j.verdict != "faster" else j.p_faster
             floor += f", Mann-Whitney p = {p:.3g}"
         else:
             floor += ", too few steps for a test"
+        if math.isnan(j.between) and j.verdict != "no change":
+            floor += "; variation between runs not measured (one profile a side)"
         if j.verdict == "slower":
             return f"B is slower: {base}; {floor}"
         if j.verdict == "faster":
@@ -140,7 +147,9 @@ class ProfileDiff:
             "a": self.a, "b": self.b, "verdict": j.verdict, "exit_code": self.exit_code,
             "headline": self.headline(), "causes": self.causes, "notes": self.notes,
             "step_time": {"change": j.change, "p_slower": j.p_slower, "p_faster": j.p_faster,
-                          "noise_floor": j.noise, "tested": j.tested,
+                          "noise_floor": j.noise, "floor_from": j.floor_from,
+                          "between_runs": j.between, "tested": j.tested,
+                          "repeats": self.repeats,
                           "a": vars(self.step_a) | {"quartile_deviation": self.step_a.quartile_deviation},
                           "b": vars(self.step_b) | {"quartile_deviation": self.step_b.quartile_deviation}},
             "breakdown": records(self.breakdown), "ops": records(self.ops),
@@ -154,11 +163,16 @@ class ProfileDiff:
         })
 
 
-def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.05) -> ProfileDiff:
+def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Sequence[Any] = (),
+                  threshold: float = 0.05, alpha: float = 0.05) -> ProfileDiff:
     """Compare the profiles of two runs: why is B slower than A, or is it not.
 
     Args:
         a, b: run directories (holding profile/rank*/) or `profiler.Profile` objects.
+        repeat_a, repeat_b: more runs of A's (B's) config. The verdict then pools each side's
+            steps and its floor includes the variation between runs of one config (the
+            machine's speed drifting from run to run, which one profile a side cannot see);
+            the tables compare `a` and `b`.
         threshold: the smallest relative change of the median step called a change (0.05).
         alpha: the Mann-Whitney significance level (0.05).
 
@@ -166,21 +180,37 @@ def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.0
     ProfilerError for a threshold or alpha out of range.
     """
     from profiler._errors import ProfilerError
-    from profiler._reader import read_profile
 
     if not (0 <= threshold < 10 and 0 < alpha < 1):
         raise ProfilerError(f"threshold must be in [0, 10) and alpha in (0, 1), got "
                             f"{threshold!r} and {alpha!r}")
-    names = [str(x) if isinstance(x, (str, os.PathLike)) else getattr(x, "name", "profile")
-             for x in (a, b)]
-    pa, pb = (read_profile(x) if isinstance(x, (str, os.PathLike)) else x for x in (a, b))
-    ta, tb = _step_times(pa.steps), _step_times(pb.steps)
-    j = judge(ta, tb, threshold=threshold, alpha=alpha)
+    names = [_name(x) for x in (a, b)]
+    pa, pb = _read(a), _read(b)
+    runs_a = [_step_times(pa.steps)] + [_step_times(_read(x).steps) for x in repeat_a]
+    runs_b = [_step_times(pb.steps)] + [_step_times(_read(x).steps) for x in repeat_b]
+    ta, tb = [t for r in runs_a for t in r], [t for r in runs_b for t in r]
+    between = [between_runs([spread(r).median for r in runs if r]) for runs in (runs_a, runs_b)]
+    measured = [v for v in between if not math.isnan(v)]
+    j = judge(ta, tb, threshold=threshold, alpha=alpha,
+              between=max(measured) if measured else math.nan)
     notes: list[str] = []
+    if not measured:
+        notes.append("one profile a side: the machine's speed can drift between two runs (another "
+                     "job, a clock change) and move every step of one run alike, which the steps' "
+                     "spread cannot show; profile A again and pass it with --repeat-a (repeat_a=) "
+                     "to measure the variation between runs into the noise floor")
+    else:
+        moved = "; ".join(f"{side} {v * 100:.3g} % over {len(runs)} runs" for side, v, runs in
+                          (("A", between[0], runs_a), ("B", between[1], runs_b))
+                          if not math.isnan(v))
+        busy = ("; as much as that is a busy machine: profile on a quiet one for a finer "
+                "answer" if max(measured) > 2 * threshold else "")
+        notes.append(f"between runs of one config the median step moved by {moved}: the noise "
+                     f"floor includes it{busy}")
     if not j.tested:
         notes.append(f"fewer than 3 profiled steps on a side ({len(ta)} and {len(tb)}): the "
                      "noise floor alone decided; profile more steps (active=) for a test")
-    if j.noise > 2 * threshold:
+    if j.noise > 2 * threshold and j.floor_from == "spread":
         notes.append(f"the steps' own spread sets the noise floor at {j.noise * 100:.3g} % "
                      f"(above the {threshold * 100:.3g} % threshold): a busy machine or uneven "
                      "steps; profile again on a quiet machine, or more steps, for a finer answer")
@@ -196,10 +226,12 @@ def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.0
     if sa["dump_on"] != sb["dump_on"]:
         notes.append(f"the dump was on in {'A' if sa['dump_on'] else 'B'} only: Sleuth's own work "
                      "is inside its phases (the `tools` row)")
+    raw_ops = op_diff(pa.ops, pb.ops, na, nb, stacks)
+    j = _against_calls(j, raw_ops, min(spread(ta).median, spread(tb).median), notes)
     descending = j.verdict != "faster"
-    ops = _rank(_op_diff(pa.ops, pb.ops, na, nb, stacks), descending)
-    mods = _rank(_module_diff(pa.modules, pb.modules, na, nb), descending)
-    lines = _line_diff(ops, descending) if stacks else _empty_lines()
+    ops = rank(raw_ops, descending)
+    mods = rank(module_diff(pa.modules, pb.modules, na, nb), descending)
+    lines = line_diff(ops, descending) if stacks else empty_lines()
     ranks, slower_rank = _rank_diff(pa, pb)
     gpu, kernels = gpu_diff(pa, pb, na, nb, notes, descending)
     gpu_ranks, kernels_ranks = gpu_rank_diff(pa, pb, descending)
@@ -208,9 +240,39 @@ def diff_profiles(a: Any, b: Any, *, threshold: float = 0.05, alpha: float = 0.0
                       lines=lines, ranks=ranks, sides={"a": sa, "b": sb}, notes=notes,
                       slower_rank=slower_rank, gpu=gpu, kernels=kernels,
                       gpu_ranks=gpu_ranks, kernels_ranks=kernels_ranks,
-                      host=_host_diff(pa, pb, na, nb, descending))
-    out.causes = _causes(out)
+                      host=host_diff(pa, pb, na, nb, descending))
+    out.repeats = {"a": [_name(x) for x in repeat_a], "b": [_name(x) for x in repeat_b]}
+    out.causes = causes(out)
     return out
+
+
+def _name(x: Any) -> str:
+    return str(x) if isinstance(x, (str, os.PathLike)) else getattr(x, "name", "profile")
+
+
+def _read(x: Any) -> Any:
+    from profiler._reader import read_profile
+    return read_profile(x) if isinstance(x, (str, os.PathLike)) else x
+
+
+def _against_calls(j: Judgement, ops: Any, step_us: float, notes: list[str]) -> Judgement:
+    """The verdict kept, or "no change" when its direction is against the calls and nothing
+    measured the variation between runs: B judged faster by less than twice the floor while it
+    makes calls A does not (or slower while it makes fewer). Calls do not move with the
+    machine's load; a whole run's steps do, when the machine's speed drifts between runs, and
+    one profile a side cannot tell that from a change of the program."""
+    if j.verdict == "no change" or not math.isnan(j.between) or ops.empty:
+        return j
+    sign = 1 if j.verdict == "slower" else -1
+    calls_us = float(ops["from_calls_us"].sum())
+    if sign * calls_us >= 0 or abs(calls_us) <= 0.01 * step_us or abs(j.change) >= 2 * j.noise:
+        return j
+    more = "more" if calls_us > 0 else "fewer"
+    notes.append(f"the steps say B is {j.verdict} ({j.change * 100:+.3g} %), against its calls: "
+                 f"B makes {more} calls than A, {calls_us:+.4g} us a step at A's time per call; "
+                 "the machine's speed likely changed between the two runs, so no verdict is "
+                 "given: profile A again and pass it with --repeat-a, or profile both at once")
+    return replace(j, verdict="no change")
 
 
 # ---- step times ----------------------------------------------------------------------------------
@@ -230,221 +292,6 @@ def _breakdown(a: Any, b: Any) -> Any:
         vb = float(b[col].mean()) if col in b and not b.empty else math.nan
         rows.append({"phase": name, "a_us": va, "b_us": vb, "delta_us": vb - va})
     return pd.DataFrame(rows)
-
-
-# ---- ops and modules -----------------------------------------------------------------------------
-_OP_COLS = ["name", "input_shapes", "input_shapes_a", "input_shapes_b", "module", "source",
-            "source_a", "source_b", "side",
-            "calls_a", "calls_b", "self_a_us", "self_b_us", "total_a_us", "total_b_us",
-            "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
-_MOD_COLS = ["module", "type", "source", "side", "calls_a", "calls_b", "self_a_us", "self_b_us",
-             "total_a_us", "total_b_us", "device_a_us", "device_b_us", "delta_us", "from_calls_us"]
-
-
-def _per_step(df: Any, keys: list[str], cols: dict[str, str], n: int) -> Any:
-    """Sum `cols` (source column -> output name) by `keys`, divided by n steps."""
-    import pandas as pd
-    if df.empty:
-        return pd.DataFrame(columns=[*keys, *cols.values()])
-    g = df.groupby(keys, dropna=False)[list(cols)].sum().reset_index()
-    for c in cols:
-        g[c] = g[c].astype(float) / n
-    return g.rename(columns=cols)
-
-
-def _merge(a: Any, b: Any, keys: list[str]) -> Any:
-    m = a.merge(b, on=keys, how="outer", suffixes=("_a", "_b"), indicator=True)
-    m["side"] = m.pop("_merge").map({"both": "both", "left_only": "A only", "right_only": "B only"})
-    num = [c for c in m.columns if c.endswith(("_a", "_b"))]
-    m[num] = m[num].fillna(0.0)
-    return m
-
-
-def _contribution(m: Any) -> Any:
-    """Sets `delta_us`, the change in self time (or in kernel time where that is larger: GPU
-    traces), and `from_calls_us`, the part of it that more or fewer calls explain at the
-    cheaper side's time per call. Calls do not change with the machine's load, time per call
-    does: the causes prefer the part from calls (module docstring of profiler._diff)."""
-    cpu = m["self_b"] - m["self_a"]
-    dev = m["device_b"] - m["device_a"]
-    use_dev = cpu.abs() < dev.abs()
-    m["delta_us"] = cpu.where(~use_dev, dev)
-    a = m["self_a"].where(~use_dev, m["device_a"])
-    b = m["self_b"].where(~use_dev, m["device_b"])
-    per_a = a / m["calls_a"].where(m["calls_a"] > 0)
-    per_b = b / m["calls_b"].where(m["calls_b"] > 0)
-    per_call = per_a.where(per_b.isna() | (per_a <= per_b), per_b).fillna(0.0)
-    m["from_calls_us"] = (m["calls_b"] - m["calls_a"]) * per_call
-    return m
-
-
-def _has_modules(df: Any) -> bool:
-    return "module" in df and bool((df["module"].fillna("") != "").any())
-
-
-def _op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
-    """Ops paired across the runs by name, input shapes and, where both profiles name it, the
-    module they ran in (the same op in two modules is two rows); never by source line: the
-    same op of a script copied elsewhere (train.py, train_sleep.py) is one op. Each side's
-    lines are kept as `source_a` / `source_b`; `source` is B's (A's for an op in A only)."""
-    import pandas as pd
-    cols = {"calls": "calls", "cpu_self_us": "self", "cpu_total_us": "total",
-            "device_us": "device"}
-    by_module = _has_modules(a) and _has_modules(b)
-    keys = ["name", "input_shapes", "module"]
-    frames, lines = [], []
-    for df, n in ((a, na), (b, nb)):
-        for col in ("source", "input_shapes", "module"):
-            df = df if col in df or df.empty else df.assign(**{col: ""})
-        if not df.empty:
-            df = df.assign(input_shapes=df["input_shapes"].fillna("").astype(str),
-                           source=df["source"].fillna("").astype(str),
-                           module=df["module"].fillna("").astype(str) if by_module else "")
-        frames.append(_per_step(df, keys, cols, n))
-        lines.append(_sources_by(df, keys) if stacks and not df.empty else {})
-    if frames[0].empty and frames[1].empty:
-        return pd.DataFrame(columns=_OP_COLS)
-    m = _merge(frames[0], frames[1], keys)
-    at = list(zip(m["name"], m["input_shapes"], m["module"]))
-    m["source_a"] = [lines[0].get(k, "") for k in at]
-    m["source_b"] = [lines[1].get(k, "") for k in at]
-    m["input_shapes_a"] = m["input_shapes"].where(m["side"] != "B only", "")
-    m["input_shapes_b"] = m["input_shapes"].where(m["side"] != "A only", "")
-    m = _pair_reshaped(m)
-    m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
-    return _rename_sides(_contribution(m))[_OP_COLS]
-
-
-def _pair_reshaped(m: Any) -> Any:
-    """One row for an op whose input shapes alone changed (a hidden size of 128 against 1024):
-    an op in A only and one in B only with the same name and module, called from the same user
-    lines, are the same call of the same op, and as two rows each would be blamed for all of
-    its time. Paired only where exactly one such row is on each side; several (a loop over
-    layers of different sizes at one line) cannot be told apart and stay as they are, as does
-    every op without a line (no stacks), which nothing ties to its partner."""
-    a_only = m[(m["side"] == "A only") & (m["source_a"] != "")]
-    b_only = m[(m["side"] == "B only") & (m["source_b"] != "")]
-    if a_only.empty or b_only.empty:
-        return m
-    key_a = list(zip(a_only["name"], a_only["module"], a_only["source_a"]))
-    key_b = list(zip(b_only["name"], b_only["module"], b_only["source_b"]))
-    drop = []
-    for k in {k for k in key_a if key_a.count(k) == 1 and key_b.count(k) == 1}:
-        ia, ib = a_only.index[key_a.index(k)], b_only.index[key_b.index(k)]
-        for col in ("calls_a", "self_a", "total_a", "device_a", "source_a", "input_shapes_a"):
-            m.at[ib, col] = m.at[ia, col]
-        m.at[ib, "side"] = "both"
-        drop.append(ia)
-    return m.drop(index=drop).reset_index(drop=True)
-
-
-SOURCE_SEP = "; "
-"""Between the lines of one op called from several places (`_short` splits on it)."""
-
-
-def _sources_by(df: Any, keys: list[str]) -> dict[tuple[str, ...], str]:
-    """Each op's source lines on one side, the busiest first, joined by SOURCE_SEP."""
-    out: dict[tuple[str, ...], str] = {}
-    known = df[df["source"] != ""]
-    for key, g in known.groupby(keys, dropna=False):
-        order = g.groupby("source")["cpu_self_us"].sum().sort_values(ascending=False)
-        out[tuple(key)] = SOURCE_SEP.join(order.index)
-    return out
-
-
-def _module_diff(a: Any, b: Any, na: int, nb: int) -> Any:
-    import pandas as pd
-    frames = []
-    for df, n in ((a, na), (b, nb)):
-        if df.empty:
-            frames.append(pd.DataFrame(columns=["module", "calls", "self", "total", "device"]))
-            continue
-        df = df.assign(self_us=df["forward_self_us"] + df["backward_self_us"],
-                       tot_us=df["forward_total_us"] + df["backward_total_us"],
-                       dev_us=df["forward_device_us"] + df["backward_device_us"])
-        frames.append(_per_step(df, ["module"], {"calls": "calls", "self_us": "self",
-                                                 "tot_us": "total", "dev_us": "device"}, n))
-    if frames[0].empty and frames[1].empty:
-        return pd.DataFrame(columns=_MOD_COLS)
-    m = _merge(frames[0], frames[1], ["module"])
-    info = pd.concat([x for x in (b, a) if not x.empty])
-    first = info.drop_duplicates("module").set_index("module")
-    m["type"] = m["module"].map(first["type"]).fillna("")
-    m["source"] = (m["module"].map(first["source"]).fillna("") if "source" in first
-                   else "")
-    return _rename_sides(_contribution(m))[_MOD_COLS]
-
-
-def _rename_sides(m: Any) -> Any:
-    ren = {}
-    for base in ("calls", "self", "total", "device"):
-        for s in ("a", "b"):
-            ren[f"{base}_{s}"] = f"{base}_{s}" if base == "calls" else f"{base}_{s}_us"
-    return m.rename(columns=ren)
-
-
-def _rank(df: Any, descending: bool) -> Any:
-    if df.empty:
-        return df.reset_index(drop=True)
-    return df.sort_values("delta_us", ascending=not descending, kind="stable").reset_index(drop=True)
-
-
-def _empty_lines() -> Any:
-    import pandas as pd
-    return pd.DataFrame(columns=["source", "delta_us", "from_calls_us", "ops", "side"])
-
-
-def _line_diff(ops: Any, descending: bool) -> Any:
-    """Contributions summed per user line; ops without a line are left out."""
-    import pandas as pd
-    known = ops[ops["source"] != ""]
-    if known.empty:
-        return _empty_lines()
-    rows = []
-    for src, g in known.groupby("source"):
-        sides = set(g["side"])
-        # one name per op: its rows of each shape and module summed
-        delta, from_calls = float(g["delta_us"].sum()), float(g["from_calls_us"].sum())
-        g = (g.groupby("name")[["calls_a", "calls_b", "delta_us"]].sum().reset_index()
-             .sort_values("delta_us", ascending=not descending))
-        named = [f"{r.name} (calls {r.calls_a:.3g} -> {r.calls_b:.3g})"
-                 if abs(r.calls_b - r.calls_a) >= 0.5 else r.name for r in g.head(4).itertuples()]
-        rows.append({"source": src, "delta_us": delta, "from_calls_us": from_calls,
-                     "ops": ", ".join(named),
-                     "side": sides.pop() if len(sides) == 1 else "both"})
-    return _rank(pd.DataFrame(rows), descending)
-
-
-def _host_diff(pa: Any, pb: Any, na: int, nb: int, descending: bool) -> Any:
-    """The user's builtin calls, their time outside the ops they made, per step on each side,
-    paired by name without the object's address (profiler._tables._host_rows); each side's
-    busiest line kept."""
-    import pandas as pd
-    from profiler._sources import builtin_name
-    cols = ["name", "source", "source_a", "source_b", "calls_a", "calls_b", "time_a_us",
-            "time_b_us", "delta_us"]
-    frames, lines = [], []
-    for p, n in ((pa, na), (pb, nb)):
-        h = getattr(p, "host", None)
-        if h is None or h.empty:
-            frames.append(pd.DataFrame(columns=["name", "calls", "time"]))
-            lines.append({})
-            continue
-        # a profile written before addresses were stripped: the same call pairs by its name
-        h = h.assign(name=h["name"].astype(str).map(builtin_name))
-        frames.append(_per_step(h, ["name"], {"calls": "calls", "time_us": "time"}, n))
-        top = h.groupby(["name", "source"])["time_us"].sum().reset_index()
-        top = top.sort_values("time_us", ascending=False).drop_duplicates("name")
-        lines.append(dict(zip(top["name"], top["source"].astype(str))))
-    if frames[0].empty and frames[1].empty:
-        return pd.DataFrame(columns=cols)
-    m = _merge(frames[0], frames[1], ["name"])
-    m["source_a"] = [lines[0].get(k, "") for k in m["name"]]
-    m["source_b"] = [lines[1].get(k, "") for k in m["name"]]
-    m["source"] = m["source_b"].where(m["source_b"] != "", m["source_a"])
-    m = m.rename(columns={"time_a": "time_a_us", "time_b": "time_b_us"})
-    m["delta_us"] = m["time_b_us"] - m["time_a_us"]
-    return _rank(m[cols], descending)
 
 
 # ---- one side's figures, ranks -------------------------------------------------------------------
@@ -478,186 +325,8 @@ def _rank_diff(pa: Any, pb: Any) -> tuple[Any, int | None]:
     return r, slower
 
 
+
 # ---- words ---------------------------------------------------------------------------------------
-def _pick(df: Any, sign: int, floor_us: float) -> Any:
-    """The row to name: the one whose change in calls adds the most time in the verdict's
-    direction, when that is over `floor_us` (calls do not move with the machine's load, so
-    such a change is the program's); else the largest contribution. None when nothing points
-    that way."""
-    if df.empty:
-        return None
-    calls = df[sign * df["from_calls_us"] > floor_us]
-    if not calls.empty:
-        return calls.loc[(sign * calls["from_calls_us"]).idxmax()]
-    top = df.iloc[0]
-    return top if sign * top["delta_us"] > 0 else None
-
-
-def _causes(d: ProfileDiff) -> list[str]:
-    """The likeliest causes first: the user line (with stacks), then the op, then the module;
-    Sleuth's own work first when it accounts for more than the op."""
-    if d.judgement.verdict == "no change":
-        return []
-    sign = 1 if d.judgement.verdict == "slower" else -1
-    floor_us = 0.01 * min(d.step_a.median, d.step_b.median)  # 1 % of a step
-    out: list[str] = []
-    weights: list[float] = []  # each cause's microseconds a step, for ranking the outside time
-    line = _pick(d.lines, sign, floor_us)
-    if line is not None:
-        out.append(f"{_short(line['source'])}: {_us(line['delta_us'])} a step "
-                   f"({line['ops']}{_side_words(line['side'])})")
-        weights.append(abs(line["delta_us"]))
-    op = _pick(d.ops, sign, floor_us)
-    op_delta = 0.0
-    if op is not None:
-        op_delta = abs(op["delta_us"])
-        where = f" at {_short(op['source'])}" if op["source"] else ""
-        inside = f" in {op['module']}" if op.get("module") else ""
-        shapes = (f", input shapes {op['input_shapes_a']} -> {op['input_shapes_b']}"
-                  if op["side"] == "both" and op["input_shapes_a"] != op["input_shapes_b"]
-                  else "")
-        out.append(f"op {op['name']}{inside}{where}: {_us(op['delta_us'])} a step, calls "
-                   f"{_n(op['calls_a'])} -> {_n(op['calls_b'])} a step{shapes}"
-                   f"{_side_words(op['side'])}")
-        weights.append(op_delta)
-    mod = _pick(d.modules, sign, floor_us)
-    if mod is not None:
-        src = f", forward at {_short(mod['source'])}" if mod["source"] else ""
-        kind = f" ({mod['type']}{src})" if mod["type"] else ""
-        out.append(f"module {mod['module']}{kind}: {_us(mod['delta_us'])} a step (self time), "
-                   f"calls {_n(mod['calls_a'])} -> {_n(mod['calls_b'])}"
-                   f"{_side_words(mod['side'])}")
-        weights.append(abs(mod["delta_us"]))
-    idle = gpu_cause(d.gpu, d.gpu_ranks, d.slower_rank, sign, floor_us)
-    if idle:
-        out.append(idle[1])
-        weights.append(idle[0])
-    tools = d.breakdown.set_index("phase")["delta_us"].get("tools", 0.0)
-    if isinstance(tools, float) and not math.isnan(tools) and sign * tools > 0:
-        text = (f"Sleuth's own work inside the steps: {_us(tools)} a step (the dump or summary "
-                f"ran in {'B' if sign > 0 else 'A'}: compare runs profiled alike)")
-        at = 0 if abs(tools) > op_delta else len(out)
-        out.insert(at, text)
-        weights.insert(at, abs(tools))
-    outside = _outside_ops(d, sign, floor_us)
-    if outside is not None:
-        weight, text, unplaced = outside
-        # ranked by share of the change: before every cause that explains less; except where
-        # the trace places none of it and a line made new calls: the Python that makes new
-        # calls (a loop of .item() checks) runs between them, so that line stays first
-        at = next((i for i, w in enumerate(weights) if w < weight), len(out))
-        new_calls = line is not None and sign * float(line.get("from_calls_us", 0.0)) > floor_us
-        if new_calls and unplaced:
-            at = max(at, 1)
-            text += (f"; {_short(line['source'])} made new calls, and the Python around them "
-                     "runs between ops: likely most of this time")
-        out.insert(at, text)
-    return out
-
-
-
-def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]:
-    """Where the time outside ops was spent, as far as the trace can say: the user's line
-    whose builtin call (a sleep, a blocking read, a `.tolist()`) spent the most more time
-    outside the ops it made, or why no line is named; and
-    whether the traces, with stacks, place none of it (Python work between ops)."""
-    if not (d.sides["a"]["stacks"] and d.sides["b"]["stacks"]):
-        return ("no source line: time between ops has none without stacks; profile both runs "
-                "with with_stack=true to name a sleep's or a blocking call's line"), False
-    h = d.host
-    if h is not None and not h.empty:
-        top = h.loc[(sign * h["delta_us"]).idxmax()]
-        # a builtin's time outside ops holds the time only when it holds most of it, or is new: a
-        # print() that took 30 us more in a busy run is noise, not the cause
-        grew = sign * (float(top["calls_b"]) - float(top["calls_a"])) > 0
-        if sign * top["delta_us"] > 0.5 * abs(outside) or (
-                grew and sign * top["delta_us"] > 0.1 * abs(outside)):
-            from profiler._sources import builtin_token
-            name = builtin_token(str(top["name"])) or str(top["name"])
-            text = (f"at {_short(top['source'])}: a call of {name}(), "
-                    f"{_dur(top['delta_us'])} a step outside the ops it made (calls "
-                    f"{_n(top['calls_a'])} -> {_n(top['calls_b'])})")
-            rest = outside - float(top["delta_us"])
-            if sign * rest <= 0.5 * abs(outside):
-                return text, False
-            # new calls of a builtin that makes ops (a loop of `.item()`) hold only their
-            # wrappers' microseconds: the rest is the Python around them, which no line holds
-            return (f"{text}; the other {_dur(rest)} a step is Python work between ops that "
-                    "the trace names no line for"), True
-    return ("the trace names no source line for it: no builtin call (a sleep, a blocking read) "
-            "explains it, so it is Python work between ops; open the trace at a step's gap"), True
-
-
-def _outside_ops(d: ProfileDiff, sign: int, floor_us: float
-                 ) -> tuple[float, str, bool] | None:
-    """The change in step time that no op holds: the step's change less the change in the ops'
-    self time (which sums the time inside ops once). A sleep, Python work, a host sync or data
-    loading between ops lands here, and in the breakdown's phase around it (`other` when it is
-    outside every phase). (weight in us, sentence, whether no line holds it: `_outside_line`)
-    when it is over `floor_us` and at least a quarter of the change; else None."""
-    bd = d.breakdown.set_index("phase")["delta_us"]
-    step = float(bd.get("step", math.nan))
-    if math.isnan(step) or sign * step <= 0:
-        return None
-    ops = 0.0
-    if not d.ops.empty:
-        ops = float(d.ops["self_b_us"].sum() - d.ops["self_a_us"].sum())
-    outside = step - ops
-    if sign * outside <= floor_us or sign * outside < 0.25 * sign * step:
-        return None
-    phases = {p: float(bd.get(p, math.nan)) for p in PHASES}
-    phases = {p: v for p, v in phases.items() if not math.isnan(v)}
-    phase = max(phases, key=lambda p: sign * phases[p]) if phases else "other"
-    where = ("in 'other' (the host between ops: Python work, a sleep, a sync, data loading)"
-             if phase == "other" else f"mostly in '{phase}' ({_dur(phases[phase])} a step "
-             "there in the breakdown: Python work or waiting between its ops)")
-    share = abs(outside / step) * 100
-    line, unplaced = _outside_line(d, sign, outside)
-    ops_words = (f"the ops' own time changed by {_us(ops)} a step" if abs(ops) >= 0.05 else
-                 "the ops' own time did not change")
-    return abs(outside), (f"time outside any op: {_dur(outside)} a step {where}, not in any "
-                          f"op ({share:.3g} % of the change); "
-                          f"{ops_words}; {line}"), unplaced
-
-
-def _side_words(side: str) -> str:
-    return {"A only": "; in A only", "B only": "; in B only"}.get(side, "")
-
-
-def _short(source: str) -> str:
-    """A source line as a user reads it: a path inside the working folder made relative (each
-    of several lines joined by SOURCE_SEP)."""
-    if SOURCE_SEP in source:
-        return SOURCE_SEP.join(_short(s) for s in source.split(SOURCE_SEP))
-    try:
-        path, line = source.rsplit(":", 1)
-        for d in ("site-packages/", "dist-packages/"):
-            if d in path:
-                return f"{path.split(d, 1)[1]}:{line}"
-        p = Path(path)
-        if p.is_absolute():
-            try:
-                return f"{p.relative_to(Path.cwd())}:{line}"
-            except ValueError:
-                return source
-    except ValueError:
-        pass
-    return source
-
-
-def _us(v: float) -> str:
-    return f"{v:+.4g} us"
-
-
-def _dur(us: float) -> str:
-    """A signed time in us, or in ms from 1 ms up."""
-    return f"{us / 1e3:+.4g} ms" if abs(us) >= 1e3 else _us(us)
-
-
-def _n(v: float) -> str:
-    return f"{v:.3g}"
-
-
 def _ms(us: float) -> str:
     return "n/a" if us is None or math.isnan(us) else f"{us / 1e3:.4g} ms"
 

@@ -8,9 +8,12 @@ of its steps at once, which no test on steps can tell from a real change. So B i
 only when both hold:
 
 1. the one-sided Mann-Whitney p-value that B's steps are longer is at most `alpha` (0.05);
-2. B's median step is longer than A's by more than the noise floor: the larger of `threshold`
-   (5 %) and each run's quartile deviation ((q3 - q1) / 2) relative to its median, so a change
-   smaller than the steps' own spread is not called a change.
+2. B's median step is longer than A's by more than the noise floor: the largest of
+   `threshold` (5 %), each run's quartile deviation ((q3 - q1) / 2) relative to its median, so
+   a change smaller than the steps' own spread is not called a change, and, where a config was
+   profiled more than once, the variation between its runs (`between_runs`): the machine's
+   speed drifting from one run to the next moves every step of a run at once, which the steps'
+   spread cannot show and only a second run of the same config measures.
 
 With fewer than 3 steps on a side there is no test (3 against 3 fully apart is p = 0.05, the
 least the test can say) and rule 2 decides alone; the verdict says so. Pure functions of two
@@ -58,6 +61,18 @@ class Judgement:
     """The noise floor applied: the relative change a verdict needs."""
     tested: bool
     """False when a side had fewer than MIN_STEPS steps: the floor alone decided."""
+    between: float = math.nan
+    """The variation between runs of one config that the floor includes (nan: not measured,
+    one profile a side)."""
+    floor_from: str = "threshold"
+    """What set the floor: "threshold", "spread" (the steps' own) or "between runs"."""
+
+
+def between_runs(medians: list[float]) -> float:
+    """The variation between runs of one config: the largest median step over the smallest,
+    minus 1 (0.06: one run's steps were 6 % longer); nan with fewer than two runs."""
+    ms = [m for m in medians if m > 0]
+    return max(ms) / min(ms) - 1 if len(ms) >= 2 else math.nan
 
 
 def spread(values: list[float]) -> Spread:
@@ -77,12 +92,17 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def judge(a: list[float], b: list[float], *, threshold: float = 0.05,
-          alpha: float = 0.05) -> Judgement:
-    """Whether B's step times are slower, faster or no change beyond noise (module docstring)."""
+          alpha: float = 0.05, between: float = math.nan) -> Judgement:
+    """Whether B's step times are slower, faster or no change beyond noise (module docstring).
+    `between`: the variation between runs of one config (`between_runs`), nan if unmeasured."""
     sa, sb = spread(a), spread(b)
     if sa.n == 0 or sb.n == 0 or not sa.median > 0:
-        return Judgement("no change", math.nan, math.nan, math.nan, threshold, False)
-    noise = max(threshold, sa.quartile_deviation, sb.quartile_deviation)
+        return Judgement("no change", math.nan, math.nan, math.nan, threshold, False, between)
+    floors = {"threshold": threshold,
+              "spread": max(sa.quartile_deviation, sb.quartile_deviation),
+              "between runs": 0.0 if math.isnan(between) else between}
+    floor_from = max(floors, key=floors.__getitem__)
+    noise = floors[floor_from]
     change = sb.median / sa.median - 1
     tested = min(sa.n, sb.n) >= MIN_STEPS
     p_slower = mann_whitney_greater(b, a) if tested else math.nan
@@ -92,7 +112,7 @@ def judge(a: list[float], b: list[float], *, threshold: float = 0.05,
         verdict = "slower"
     elif sb.median > 0 and sa.median / sb.median - 1 > noise and (not tested or p_faster <= alpha):
         verdict = "faster"
-    return Judgement(verdict, change, p_slower, p_faster, noise, tested)
+    return Judgement(verdict, change, p_slower, p_faster, noise, tested, between, floor_from)
 
 
 def mann_whitney_greater(x: list[float], y: list[float]) -> float:

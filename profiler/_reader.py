@@ -5,7 +5,6 @@ are built here from the saved traces (the default: training pays only for the tr
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re

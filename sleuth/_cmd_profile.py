@@ -30,6 +30,12 @@ def register(subparsers: Any) -> None:
                    "breakdown, ops, modules, lines, ranks, sides, gpu, gpu_ranks, kernels, "
                    "kernels_ranks, host)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--repeat-a", type=Path, action="append", default=[], metavar="RUN",
+                   help="diff: another run of A's config (repeatable): the verdict pools its "
+                   "steps and its noise floor includes the variation between runs, which one "
+                   "profile a side cannot see")
+    p.add_argument("--repeat-b", type=Path, action="append", default=[], metavar="RUN",
+                   help="diff: another run of B's config (repeatable), as --repeat-a")
     p.add_argument("--threshold", type=float, default=0.05, metavar="F",
                    help="diff: the smallest relative change of the median step called a "
                    "change (0.05); the steps' own spread can raise it")
@@ -69,6 +75,9 @@ def _run(args: argparse.Namespace) -> int:
                            "(sleuth profile diff A B)")
         raise CliError(f"one run directory expected, got {len(targets)}; to compare two runs: "
                        "sleuth profile diff A B")
+    if args.repeat_a or args.repeat_b:
+        raise CliError("--repeat-a and --repeat-b are for comparing two runs: sleuth profile "
+                       "diff A B --repeat-a A2")
     args.run_dir = targets[0]
     try:
         prof = profiler.read_profile(args.run_dir)

@@ -22,15 +22,18 @@ _MOD_SHOW = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_
 
 def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     import profiler
-    from profiler._diff import _short
+    from profiler._diff_causes import short_source
     from sleuth.cli import CliError
 
-    for side, path in (("A", a), ("B", b)):
+    repeat_a, repeat_b = args.repeat_a, args.repeat_b
+    for side, path in (("A", a), ("B", b), *(("--repeat-a", r) for r in repeat_a),
+                       *(("--repeat-b", r) for r in repeat_b)):
         if not path.is_dir():
-            raise CliError(f"{side} ({path}) is not a run directory: give two run directories "
+            raise CliError(f"{side} ({path}) is not a run directory: give run directories "
                            "that hold profile/rank*/")
     try:
-        d = profiler.diff_profiles(a, b, threshold=args.threshold)
+        d = profiler.diff_profiles(a, b, repeat_a=repeat_a, repeat_b=repeat_b,
+                                   threshold=args.threshold)
     except profiler.ProfilerError as e:
         raise CliError(str(e)) from e
     top = args.top
@@ -44,6 +47,9 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
         print(json.dumps(d.to_dict(), indent=1))
         return d.exit_code
     print(f"profile diff: A = {a}, B = {b}")
+    for label, more in (("A", repeat_a), ("B", repeat_b)):
+        if more:
+            print(f"  repeats of {label}: {', '.join(map(str, more))}")
     print(d.headline())
     if d.causes:
         print("\nwhat accounts for it, the likeliest first:")
@@ -54,7 +60,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     print("\nstep breakdown (mean us per step):")
     print(_table(d.breakdown))
     ops = d.ops.head(top)
-    ops = ops.assign(source=[_both_lines(x, y, _short) for x, y in
+    ops = ops.assign(source=[_both_lines(x, y, short_source) for x, y in
                              zip(ops["source_a"], ops["source_b"])],
                      shapes=[_both_lines(x, y, str) for x, y in
                              zip(ops["input_shapes_a"], ops["input_shapes_b"])])[_OP_SHOW]
@@ -66,7 +72,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
         show = only.assign(time_us=only["self_b_us"].where(only["side"] == "B only",
                                                            only["self_a_us"]),
                            calls=only["calls_b"].where(only["side"] == "B only", only["calls_a"]),
-                           source=only["source"].map(_short))
+                           source=only["source"].map(short_source))
         show = show.reindex(show["time_us"].abs().sort_values(ascending=False).index)
         print(_table(show[["name", "input_shapes", "module", "side", "calls", "time_us",
                            "source"]].head(top).rename(columns={"input_shapes": "shapes"})))
@@ -76,7 +82,7 @@ def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
           "  (no module ranges: profile with with_modules=True)")
     if not d.lines.empty:
         print(f"\nsource lines by contribution (top {top}):")
-        print(_table(d.lines.head(top).assign(source=lambda f: f["source"].map(_short))))
+        print(_table(d.lines.head(top).assign(source=lambda f: f["source"].map(short_source))))
     _print_gpu(d, top)
     print("\nside by side:")
     for label, key in (("A", "a"), ("B", "b")):

@@ -158,7 +158,7 @@ def test_new_calls_holding_a_little_of_the_outside_time_leave_the_rest_unplaced(
 
     import pandas as pd
 
-    from profiler._diff import _outside_line
+    from profiler._diff_causes import _outside_line
     host = pd.DataFrame([{"name": "<built-in method item of Tensor object>",
                           "source": "train.py:124", "calls_a": 0.0, "calls_b": 6.0,
                           "time_a_us": 0.0, "time_b_us": 18.0, "delta_us": 18.0}])

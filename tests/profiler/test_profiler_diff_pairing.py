@@ -1,11 +1,11 @@
-"""profiler._diff pairs an op across runs whose input shapes alone changed (a hidden size of 128
+"""profiler._diff_pairs pairs an op across runs whose input shapes alone changed (a hidden size of 128
 against 1024): one row, its contribution the change in its time, not two rows each blamed for
 all of one side's time."""
 from __future__ import annotations
 
 import pandas as pd
 
-from profiler._diff import _op_diff
+from profiler._diff_pairs import op_diff
 
 COLS = ["name", "input_shapes", "source", "module", "calls", "cpu_total_us", "cpu_self_us",
         "device_us"]
@@ -24,7 +24,7 @@ def test_an_op_whose_shapes_alone_changed_is_one_row():
              ("aten::relu", "[[16,1024]]", "other.py:3", "", 8, 16.0, 16.0, 0.0),
              ("aten::mm", "[[6,6]]", "net.py:20", "", 8, 8.0, 8.0, 0.0),
              ("aten::mm", "[[7,7]]", "net.py:20", "", 8, 8.0, 8.0, 0.0))
-    d = _op_diff(a, b, 8, 8, stacks=True)
+    d = op_diff(a, b, 8, 8, stacks=True)
     mm = d[d["name"] == "aten::addmm"]
     assert len(mm) == 1, d
     row = mm.iloc[0]
@@ -40,5 +40,5 @@ def test_an_op_whose_shapes_alone_changed_is_one_row():
 def test_without_lines_nothing_ties_the_shapes():
     a = _ops(("aten::addmm", "[[16,128]]", "", "", 8, 80.0, 80.0, 0.0))
     b = _ops(("aten::addmm", "[[16,1024]]", "", "", 8, 800.0, 800.0, 0.0))
-    d = _op_diff(a, b, 8, 8, stacks=False)
+    d = op_diff(a, b, 8, 8, stacks=False)
     assert sorted(d["side"]) == ["A only", "B only"]

@@ -43,3 +43,27 @@ def test_spread():
     s = spread([4.0, 1.0, 3.0, 2.0])
     assert (s.n, s.median, s.q1, s.q3) == (4, 2.5, 1.75, 3.25)
     assert s.quartile_deviation == pytest.approx(0.3)
+
+
+def test_between_runs():
+    from profiler._noise import between_runs
+    assert math.isnan(between_runs([1000.0]))
+    assert between_runs([1000.0, 1100.0, 1050.0]) == pytest.approx(0.1)
+    assert math.isnan(between_runs([]))
+
+
+def test_the_variation_between_runs_raises_the_floor():
+    """Every step of B 12 % longer, tight steps: a change, until two runs of A's own config are
+    seen to differ by 20 % (the machine drifting between runs); then it is noise."""
+    a = [1000, 1010, 990, 1005, 995, 1002]
+    b = [v * 1.12 for v in a]
+    j = judge(a, b)
+    assert j.verdict == "slower" and j.floor_from == "threshold" and math.isnan(j.between)
+    j = judge(a, b, between=0.2)
+    assert j.verdict == "no change" and j.noise == pytest.approx(0.2)
+    assert j.floor_from == "between runs" and j.between == pytest.approx(0.2)
+    # a small variation between runs leaves the threshold as the floor
+    j = judge(a, b, between=0.01)
+    assert j.verdict == "slower" and j.floor_from == "threshold"
+    wide = [500, 1500, 700, 1300, 1000, 900, 1100]
+    assert judge(wide, wide).floor_from == "spread"

@@ -1,0 +1,100 @@
+"""`profiler.diff_profiles` and the machine's speed drifting between two runs: with one profile a
+side a verdict against the calls is withheld (B judged faster, by less than twice the floor,
+while it makes calls A does not); with repeats of a config the floor includes the variation
+between its runs, and the verdict pools the steps. Hand-made profiles: the rule, not a machine's
+mood, is under test."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+import profiler
+from profiler._diff import _against_calls
+from profiler._noise import judge
+
+
+class _Profile:
+    """The parts of `profiler.Profile` the diff reads: one rank, one op table, no modules."""
+
+    def __init__(self, name: str, steps_us: list[float], ops: list[tuple[str, int, float]]):
+        self.name = name
+        self.steps = pd.DataFrame({"rank": 0, "window": 0, "step": range(len(steps_us)),
+                                   "step_us": steps_us, "data_us": 0.0, "forward_us": 0.0,
+                                   "backward_us": 0.0, "optimizer_us": 0.0,
+                                   "other_us": steps_us, "comm_us": 0.0, "tools_us": 0.0})
+        n = len(steps_us)
+        self.ops = pd.DataFrame([{"name": op, "input_shapes": "[[8]]", "module": "",
+                                  "source": "", "calls": calls * n, "cpu_self_us": us * n,
+                                  "cpu_total_us": us * n, "device_us": 0.0}
+                                 for op, calls, us in ops])
+        self.modules = pd.DataFrame(columns=["module", "type", "source", "calls",
+                                             "forward_self_us", "backward_self_us",
+                                             "forward_total_us", "backward_total_us",
+                                             "forward_device_us", "backward_device_us"])
+        self.memory = pd.DataFrame(columns=["device", "allocated_bytes"])
+        self.gpu = pd.DataFrame()
+        self.host = pd.DataFrame()
+        self.summary = {"ranks": 1}
+        self.traces = []
+
+
+def _steps(median: float) -> list[float]:
+    return [median * f for f in (0.99, 1.0, 1.01, 0.995, 1.005, 1.0, 0.998, 1.002)]
+
+
+BASE = [("aten::addmm", 3, 300.0), ("aten::relu", 1, 50.0)]
+CHECK = BASE + [("aten::isfinite", 6, 60.0), ("aten::all", 6, 40.0)]
+
+
+def test_faster_against_new_calls_is_withheld_with_one_profile_a_side():
+    a = _Profile("a", _steps(2000), BASE)
+    b = _Profile("b", _steps(1830), CHECK)  # 8.5 % faster steps, yet 12 new calls a step
+    d = profiler.diff_profiles(a, b)
+    assert d.verdict == "no change" and d.exit_code == 0
+    assert any("against its calls" in n and "--repeat-a" in n for n in d.notes), d.notes
+    assert d.causes == []
+
+
+def test_a_clear_change_stands_against_the_calls():
+    """Twice the floor and more: a real speed-up that adds a cheap cast (bf16) is kept."""
+    a = _Profile("a", _steps(2000), BASE)
+    b = _Profile("b", _steps(1200), CHECK)
+    d = profiler.diff_profiles(a, b)
+    assert d.verdict == "faster"
+    assert "variation between runs not measured" in d.headline()
+
+
+def test_repeats_put_the_drift_into_the_floor():
+    a, a2 = _Profile("a", _steps(2000), BASE), _Profile("a2", _steps(2300), BASE)
+    b = _Profile("b", _steps(2200), BASE)
+    # alone, B's 10 % over A is a change
+    assert profiler.diff_profiles(a, b).verdict == "slower"
+    d = profiler.diff_profiles(a, b, repeat_a=[a2])
+    assert d.verdict == "no change", d.headline()
+    assert d.judgement.floor_from == "between runs"
+    assert d.judgement.between == pytest.approx(0.15)
+    assert d.step_a.n == 16 and d.repeats == {"a": ["a2"], "b": []}
+    assert "(the variation between runs)" in d.headline()
+    assert any("between runs of one config" in n and "A 15 %" in n for n in d.notes), d.notes
+    assert not any("one profile a side" in n for n in d.notes)
+    # a change larger than the drift is still a change
+    b3 = _Profile("b3", _steps(3000), CHECK)
+    d = profiler.diff_profiles(a, b3, repeat_a=[a2])
+    assert d.verdict == "slower" and d.to_dict()["step_time"]["floor_from"] == "between runs"
+
+
+def test_against_calls_leaves_measured_or_agreeing_verdicts():
+    ops = pd.DataFrame({"from_calls_us": [100.0]})
+    a = [1000.0] * 6
+    faster = judge(a, [900.0] * 6)
+    assert faster.verdict == "faster"
+    assert _against_calls(faster, ops, 900.0, []).verdict == "no change"
+    measured = judge(a, [900.0] * 6, between=0.02)
+    assert _against_calls(measured, ops, 900.0, []).verdict == "faster"
+    slower = judge(a, [1100.0] * 6)
+    assert _against_calls(slower, ops, 1000.0, []).verdict == "slower"  # calls agree
+    tiny = pd.DataFrame({"from_calls_us": [5.0]})  # under 1 % of a step: no evidence
+    assert _against_calls(faster, tiny, 900.0, []).verdict == "faster"
+    assert not math.isnan(faster.change)
