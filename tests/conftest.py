@@ -42,20 +42,41 @@ def free_port():
     return _free_port
 
 
+# the files that took the most CPU in the suite, longest first (an order, never a skip: a
+# file missing here only runs later)
+_LONG_FILES = ("docs/test_command_blocks.py", "compat/test_frameworks.py",
+               "tracer/analysis/test_fault_zoo.py", "profiler/test_profiler_diff_models.py",
+               "sleuth/test_tools_together.py", "sleuth/test_zero_code.py",
+               "profiler/test_profiler_diff.py", "trainer/test_trainer_rundir.py",
+               "faults/test_fault_files.py")
+
+
+def pytest_configure(config):
+    # xdist orders whole files by their number of tests unless told not to, which puts the
+    # docs' one long test last, alone, at the end of the run
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Files that hold long tests run first, the docs' one-clone walk first of all.
 
     CI runs the suite in two processes that take whole files (`-n 2 --dist loadfile`) in
-    collection order; a long file taken last runs alone at the end and sets the wall time.
-    Starting the longest files first lets the short ones fill in beside them. The order inside
-    a file is kept."""
+    collection order (`pytest_configure` keeps xdist from reordering them); a long file taken
+    last runs alone at the end and sets the wall time. Starting the longest files first lets
+    the short ones fill in beside them. The order inside a file is kept."""
+    tests = Path(__file__).resolve().parent
+
     def weight(item) -> int:
-        path = str(item.path)
-        if path.endswith(os.path.join("docs", "test_command_blocks.py")):
-            return 0
-        return 1 if item.get_closest_marker("slow") else 2
+        try:
+            rel = item.path.resolve().relative_to(tests).as_posix()
+        except ValueError:
+            rel = ""
+        if rel in _LONG_FILES:
+            return _LONG_FILES.index(rel)
+        return len(_LONG_FILES) + (0 if item.get_closest_marker("slow") else 1)
 
     first = {}
     for item in items:
-        first[item.path] = min(first.get(item.path, 2), weight(item))
+        first[item.path] = min(first.get(item.path, 10**6), weight(item))
     items.sort(key=lambda item: first[item.path])  # stable: the order inside a file is kept

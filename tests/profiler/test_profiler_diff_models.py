@@ -36,13 +36,14 @@ def profile_pair(kind: str, tmp_path: Path) -> tuple[Path, Path]:
 
 
 def judged_pair(kind: str, tmp_path: Path):
-    """The diff of a profiled pair; profiled again, once, when a busy machine spread the steps
-    past telling (the diff then rightly says "no change beyond noise"), and skipped if still so:
-    the causes are named only for a change the steps can show."""
+    """The diff of a profiled pair (B slowed on purpose); profiled again, once, when it is not
+    judged slower: two processes on a shared machine do not always get equal shares of it. A
+    second "no change beyond noise" is skipped (the diff rightly says it cannot tell: the
+    causes are named only for a change the steps show); a verdict of "faster" fails."""
     d = profiler.diff_profiles(*profile_pair(kind, tmp_path / "first"))
-    if d.verdict == "no change" and d.judgement.noise > 0.2:
+    if d.verdict != "slower":
         d = profiler.diff_profiles(*profile_pair(kind, tmp_path / "again"))
-        if d.verdict == "no change" and d.judgement.noise > 0.2:
+        if d.verdict == "no change":
             pytest.skip(f"the machine was too busy to time the steps: {d.headline()}")
     return d
 

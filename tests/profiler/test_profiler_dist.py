@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -37,6 +36,9 @@ DIST = textwrap.dedent("""
             opt.zero_grad()
             c.step()
     dist.destroy_process_group()
+    # torch's gloo threads abort a rank now and then as the interpreter finalizes
+    # (docs/frameworks.md, "An abort at exit"): exit handlers, then no C++ teardown
+    import atexit, os, sys; atexit._run_exitfuncs(); sys.stdout.flush(); os._exit(0)
 """)
 
 
@@ -58,18 +60,10 @@ def test_two_rank_cluster_table(tmp_path, capsys):
     script = tmp_path / "dist.py"
     script.write_text(DIST)
     run = tmp_path / "run"
-    for attempt in range(2):
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-                            "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                            f"--master_port={_free_port()}", str(script), str(run)],
-                           capture_output=True, text=True, env=_env(), timeout=120)
-        # Seen once in ~10 runs: a rank aborts in torch's own teardown after the profiler has
-        # stopped ("terminate called without an active exception", SIGABRT). Only that exact
-        # failure is run again, once, from scratch; any other failure fails the test.
-        if r.returncode == 0 or "terminate called without an active exception" not in r.stderr \
-                or attempt:
-            break
-        shutil.rmtree(run, ignore_errors=True)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+                        "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                        f"--master_port={_free_port()}", str(script), str(run)],
+                       capture_output=True, text=True, env=_env(), timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     prof = profiler.read_profile(run)
     assert sorted(prof.cluster["rank"]) == [0, 1]

@@ -31,6 +31,9 @@ _DDP_SCRIPT = textwrap.dedent("""
         loss.backward()
         opt.step()
     dist.destroy_process_group()
+    # torch's gloo threads abort a rank now and then as the interpreter finalizes
+    # (docs/frameworks.md, "An abort at exit"): exit handlers, then no C++ teardown
+    import atexit, os, sys; atexit._run_exitfuncs(); sys.stdout.flush(); os._exit(0)
 """)
 
 

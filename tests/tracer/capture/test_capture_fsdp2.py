@@ -45,6 +45,9 @@ SCRIPT = textwrap.dedent("""
             opt.zero_grad()
     torch.save({k: v.full_tensor() for k, v in model.state_dict().items()}, sys.argv[3])
     dist.destroy_process_group()
+    # torch's gloo threads abort a rank now and then as the interpreter finalizes
+    # (docs/frameworks.md, "An abort at exit"): exit handlers, then no C++ teardown
+    import atexit, os, sys; atexit._run_exitfuncs(); sys.stdout.flush(); os._exit(0)
 """)
 
 
@@ -95,6 +98,9 @@ TP_SCRIPT = textwrap.dedent("""
             opt.step()
             opt.zero_grad()
     dist.destroy_process_group()
+    # torch's gloo threads abort a rank now and then as the interpreter finalizes
+    # (docs/frameworks.md, "An abort at exit"): exit handlers, then no C++ teardown
+    import atexit, os, sys; atexit._run_exitfuncs(); sys.stdout.flush(); os._exit(0)
 """)
 
 
@@ -142,6 +148,9 @@ OFFSET_SCRIPT = textwrap.dedent("""
         d.step()
     json.dump({"norm": float(flat[1024:].norm())}, open(sys.argv[3], "w"))
     dist.destroy_process_group()
+    # torch's gloo threads abort a rank now and then as the interpreter finalizes
+    # (docs/frameworks.md, "An abort at exit"): exit handlers, then no C++ teardown
+    import atexit, os, sys; atexit._run_exitfuncs(); sys.stdout.flush(); os._exit(0)
 """)
 
 

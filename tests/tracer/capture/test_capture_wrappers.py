@@ -40,6 +40,9 @@ _SCRIPT = textwrap.dedent("""
         opt.step()
     if ddp:
         dist.destroy_process_group()
+        # torch's gloo threads abort a rank now and then as the interpreter finalizes
+        # (docs/frameworks.md, "An abort at exit"): exit handlers, then no C++ teardown
+        import atexit, os, sys; atexit._run_exitfuncs(); sys.stdout.flush(); os._exit(0)
 """)
 
 
