@@ -61,6 +61,9 @@ def _run(args: argparse.Namespace) -> int:
     from sleuth.cli import CliError
     if args.top < 1:
         raise CliError("--top must be >= 1")
+    if args.csv is not None and args.csv.exists() and not args.csv.is_dir():
+        raise CliError(f"--csv {args.csv}: that is a file; --csv takes a folder for the tables "
+                       "(made if missing), e.g. --csv profile_tables")
     targets = args.run_dir
     if str(targets[0]) == "diff" and not (len(targets) == 1 and targets[0].is_dir()):
         if len(targets) != 3:

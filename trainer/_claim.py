@@ -35,6 +35,7 @@ _DUMP_TOP = re.compile(r"^dump\.json(\..+\.partial)?$")
 _SUMMARY = re.compile(r"^rank\d+(\.seg\d+)?\.h5$")
 _PROFILE = re.compile(r"^\.?window\d+\..+$")
 _WINDOW_META = re.compile(r"^window\d+\.json$")
+_CORPUS = re.compile(r"^demo_\w+_(train\.jsonl|val\.parquet)(\.\d+\.partial)?$")
 _IR = re.compile(r"^\d{2}_\w+?(\.sorted\.ir|\.ir|\.dot|\.svg)(\.partial)?$")
 
 
@@ -250,7 +251,12 @@ def claim_run_dir(run_dir: str | os.PathLike[str], run_id: str, *, overwrite: bo
     """
     found = scan_run_dir(run_dir)
     if found.damaged and not overwrite:
-        raise OtherRunError(f"{found.run_dir / 'run.json'} is damaged ({found.damaged}), so which "
+        record = found.run_dir / "run.json"
+        if _full_folder(record):  # --overwrite removes only Sleuth's files, never a user's folder
+            raise OtherRunError(f"{record} is a folder holding files, where Sleuth writes its run "
+                                f"record, so which run wrote {found.run_dir} cannot be told; "
+                                "move that folder away, or pick another --run-dir")
+        raise OtherRunError(f"{record} is damaged ({found.damaged}), so which "
                             f"run wrote {found.run_dir} cannot be told; "
                             + (damaged_fixes or "pass --overwrite to replace that run's "
                                "files, or another --run-dir"))
@@ -272,6 +278,13 @@ def claim_run_dir(run_dir: str | os.PathLike[str], run_id: str, *, overwrite: bo
     return found
 
 
+def _full_folder(p: Path) -> bool:
+    try:
+        return p.is_dir() and not p.is_symlink() and any(p.iterdir())
+    except OSError:
+        return False
+
+
 def remove_run_files(run_dir: str | os.PathLike[str]) -> list[Path]:
     """Remove the files Sleuth writes in `run_dir` (run.json, metrics, checkpoints, dump,
     summary, profile, IR graphs), by name; folders left empty go too. A file of any other
@@ -284,10 +297,17 @@ def remove_run_files(run_dir: str | os.PathLike[str]) -> list[Path]:
 
     def unlink(p: Path) -> None:
         try:
-            p.unlink()
+            if p.is_dir() and not p.is_symlink():  # a folder where Sleuth writes a file
+                p.rmdir()
+            else:
+                p.unlink()
         except FileNotFoundError:
             return
         except OSError as e:
+            if p.is_dir() and not p.is_symlink():
+                raise OtherRunError(f"{p} is a folder holding files, where Sleuth writes a file; "
+                                    "--overwrite removes only Sleuth's own files: move it "
+                                    "away, or pick another --run-dir") from e
             raise OtherRunError(f"cannot remove {p} of the old run: {e.strerror or e}; remove "
                                 f"it by hand, or pick another --run-dir") from e
         removed.append(p)
@@ -320,6 +340,10 @@ def remove_run_files(run_dir: str | os.PathLike[str]) -> list[Path]:
         rmdir(rank)
     for p in _children(root / "ir", _IR):
         unlink(p)
-    for folder in ("checkpoints", "dump", "summary", "profile", "ir"):
+    for rank in _children(root / "data", _RANK):  # the demo corpus, written per rank
+        for p in _children(rank, _CORPUS):
+            unlink(p)
+        rmdir(rank)
+    for folder in ("checkpoints", "dump", "summary", "profile", "ir", "data"):
         rmdir(root / folder)
     return removed

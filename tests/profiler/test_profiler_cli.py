@@ -45,6 +45,16 @@ def test_profile_errors(tmp_path, capsys):
     assert main(["profile", str(tmp_path), "--top", "0"]) == 2
 
 
+def test_csv_into_a_file_names_the_folder_it_takes(run, tmp_path, capsys):
+    taken = tmp_path / "tables.csv"
+    taken.write_text("mine")
+    for argv in (["profile", str(run)], ["profile", "diff", str(run), str(run)]):
+        assert main([*argv, "--csv", str(taken)]) == 2
+        err = capsys.readouterr().err
+        assert "that is a file; --csv takes a folder" in err and "File exists" not in err, err
+    assert taken.read_text() == "mine"
+
+
 def test_profile_subprocess(run, sleuth_cli):
     r = sleuth_cli("profile", str(run), "--top", "2")
     assert r.returncode == 0, r.stderr

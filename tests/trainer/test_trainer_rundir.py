@@ -272,3 +272,36 @@ def test_a_sound_run_json_without_run_id_is_an_old_run(tmp_path):
     assert found.owner == "" and not found.damaged
     with pytest.raises(trainer.OtherRunError, match="a run written before run ids"):
         trainer.claim_run_dir(tmp_path, "new")
+
+
+def test_run_json_as_a_folder(tmp_path):
+    """An empty folder where run.json goes is damaged: --overwrite removes it. One holding files
+    is a user's, which --overwrite never removes: both refusals say to move it away."""
+    run = tmp_path / "run"
+    (run / "run.json").mkdir(parents=True)
+    with pytest.raises(trainer.OtherRunError, match="--overwrite"):
+        trainer.claim_run_dir(run, "new")
+    trainer.remove_run_files(run)
+    assert not (run / "run.json").exists()
+    (run / "run.json").mkdir()
+    (run / "run.json" / "notes.txt").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(trainer.OtherRunError, match="a folder holding files.*move") as e:
+            trainer.claim_run_dir(run, "new", overwrite=overwrite)
+            trainer.remove_run_files(run)
+        assert "pass --overwrite" not in str(e.value)
+    assert (run / "run.json" / "notes.txt").read_text() == "mine"
+
+
+def test_overwrite_removes_every_ranks_demo_corpus(tmp_path):
+    """A two-rank run's corpus (data/rank1) does not outlive an --overwrite by a one-rank run;
+    a user's file beside it stays."""
+    for rank in (0, 1):
+        d = tmp_path / "data" / f"rank{rank}"
+        d.mkdir(parents=True)
+        (d / "demo_pretrain_train.jsonl").write_text("{}\n")
+        (d / "demo_pretrain_val.parquet").write_bytes(b"PAR1")
+    (tmp_path / "data" / "mine.txt").write_text("mine")
+    removed = trainer.remove_run_files(tmp_path)
+    assert len(removed) == 4 and not (tmp_path / "data" / "rank1").exists()
+    assert (tmp_path / "data" / "mine.txt").read_text() == "mine"
