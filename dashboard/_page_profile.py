@@ -1,5 +1,6 @@
-"""The Profile page: top ops and modules by time, the step-time breakdown, the memory timeline
-and the per-rank cluster view of one run's `profiler.Profile`, plus links to its traces. With a
+"""The Profile page: top ops and modules by time, the step-time breakdown, the memory timeline,
+each rank's GPU time (busy, and idle by cause; a CUDA trace only) and the per-rank cluster view
+of one run's `profiler.Profile`, plus links to its traces. With a
 second run chosen ("compare with", or `?run=A&b=B` in the URL), the page shows first why B is
 slower than A, or that it is not (dashboard._profile_compare)."""
 from __future__ import annotations
@@ -100,6 +101,7 @@ def profile_figures(prof: Any, *, rank: int | None = None) -> dict[str, Any]:
                                group="window" if "window" in mem and mem["window"].nunique() > 1 else None)
     else:
         figs["memory"] = empty_figure("no memory timeline in this profile (profile_memory off)")
+    figs["gpu"] = _gpu_ranks_figure(_frame(prof, "gpu_ranks"))
     clu = _frame(prof, "cluster")
     if "rank" in clu and "step_time_s" in clu and len(clu) > 1:
         c = clu.assign(rank=clu["rank"].map(lambda r: f"rank {r}"))
@@ -107,6 +109,26 @@ def profile_figures(prof: Any, *, rank: int | None = None) -> dict[str, Any]:
     else:
         figs["cluster"] = empty_figure("one rank only: the cluster view compares the ranks of a multi-process run")
     return figs
+
+
+_GPU_PARTS = {"gpu_busy_us": "busy", "host_wait_us": "idle: host-bound",
+              "data_wait_us": "idle: data-bound", "comm_wait_us": "idle: waiting on communication"}
+
+
+def _gpu_ranks_figure(gpu: pd.DataFrame) -> Any:
+    """Each rank's GPU time a step as stacked bars: busy, and the idle time split into
+    host-bound, data-bound and waiting on communication (`Profile.gpu_ranks`), the slowest rank
+    marked; one line for a CPU trace, which has no GPU figures."""
+    parts = [c for c in _GPU_PARTS if c in gpu]
+    if gpu.empty or "rank" not in gpu or not parts:
+        return empty_figure("CPU trace: no GPU figures (GPU idle, overlap and kernel time need "
+                            "a trace of a CUDA run)")
+    slowest = gpu["slowest"].astype(bool) if "slowest" in gpu else pd.Series(False, gpu.index)
+    shown = gpu.assign(rank=[f"rank {r}" + (" (slowest)" if s else "")
+                             for r, s in zip(gpu["rank"], slowest)])
+    shown = shown.rename(columns=_GPU_PARTS)
+    return stacked_steps(shown, "rank", [_GPU_PARTS[c] for c in parts],
+                         title="GPU time a step per rank (us): busy, and idle by cause")
 
 
 def _only(df: pd.DataFrame, rank: int | None) -> pd.DataFrame:

@@ -120,6 +120,31 @@ def test_profile_figures_from_profile_tables():
     assert max(figs["memory"].data[0].y) == 1.0  # MiB
     assert len(figs["cluster"].data[0].x) == 2
     assert list(figs["modules"].data[0].y) == ["a", "b"]
+    # a CPU trace: no GPU figures, said in one line
+    assert not figs["gpu"].data and "CPU trace: no GPU figures" in str(figs["gpu"].layout)
+
+
+def test_profile_page_shows_each_ranks_gpu_time(tmp_path):
+    """Two DDP ranks of a torch-shaped CUDA trace (tests/profiler/data), rank 1 a straggler
+    with an .item() sync: each rank's GPU time a step, busy and idle by cause, the slowest
+    rank marked (the figures hand-computed in tests/profiler/test_profiler_gpu_time.py)."""
+    from pathlib import Path
+
+    import profiler
+    from dashboard._page_profile import profile_figures
+
+    data = Path(__file__).resolve().parents[1] / "profiler" / "data"
+    for rank, name in ((0, "base_rank0"), (1, "slow_rank1")):
+        d = tmp_path / "profile" / f"rank{rank}"
+        d.mkdir(parents=True)
+        (d / "window0.trace.json").write_text((data / f"{name}.trace.json").read_text())
+    fig = profile_figures(profiler.read_profile(tmp_path))["gpu"]
+    bars = {bar.name: dict(zip(bar.x, bar.y)) for bar in fig.data}
+    assert set(bars) == {"busy", "idle: host-bound", "idle: data-bound",
+                         "idle: waiting on communication"}
+    assert bars["idle: host-bound"] == {"rank 0": 270, "rank 1 (slowest)": 495}
+    assert bars["idle: waiting on communication"]["rank 1 (slowest)"] == 170
+    assert fig.layout.barmode == "stack"
 
 
 def test_scalars_relayout_parsing():
