@@ -279,7 +279,7 @@ class Collector:
             return {}
         from profiler._flops import count_flops
         from profiler._own import own_work
-        from profiler._tables import load_trace
+        from profiler._trace import load_trace
 
         try:
             with own_work("profiler"):  # its meta-tensor ops are no op of the user's step

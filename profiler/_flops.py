@@ -105,7 +105,7 @@ def count_flops(trace: dict[str, Any], steps: list[int]) -> dict[str, Any]:
     "flops_unpriced" (calls of matmul-like ops that could not be priced), "flop_source"}, or
     {} when the trace recorded no input shapes (the collector's `record_shapes=False`).
     """
-    from profiler._tables import _STEP_RE, _Ev, _nest
+    from profiler._trace import _STEP_RE, _Ev, _nest
 
     host = [_Ev(e) for e in trace.get("traceEvents", [])
             if isinstance(e, dict) and e.get("ph") == "X"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from profiler._tables import MODULE_PREFIX
+from profiler._attribution import MODULE_PREFIX
 
 
 class ModuleRanges:

@@ -44,7 +44,7 @@ nested inside it, under the op's own outer event."""
 
 
 def tool_work(host: list[Any]) -> tuple[set[int], list[tuple[float, float, str]]]:
-    """Split tool time from the model's in one thread-nested event list (profiler._tables._Ev).
+    """Split tool time from the model's in one thread-nested event list (profiler._trace._Ev).
 
     Tool work is (1) a `sleuth.tool::NAME` range with everything inside it, and (2) around each
     op that a Python dispatch mode intercepts, everything but the op itself: the mode's handler

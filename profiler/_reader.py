@@ -15,7 +15,8 @@ from typing import Any
 from profiler._errors import ProfileFormatError
 from profiler._gpu_time import STEP_COLUMNS, kernels_by_rank, summarize, summarize_ranks
 from profiler._io import write_frame_atomic
-from profiler._tables import build_tables, load_trace
+from profiler._tables import build_tables
+from profiler._trace import load_trace
 
 _TABLES = ("ops", "modules", "steps", "memory", "gpu", "host")
 _WINDOW_RE = re.compile(r"^window(\d+)\.trace\.json(\.gz)?$")

@@ -146,7 +146,7 @@ def builtin_token(name: str) -> str | None:
 def _callees(chain: list[Any]):
     """(index in `chain`, name) of what the user's frame may have called, nearest that frame
     (the end of `chain`) first: builtins, module attributes, library functions."""
-    from profiler._tables import MODULE_PREFIX
+    from profiler._attribution import MODULE_PREFIX
     for i in range(len(chain) - 1, -1, -1):
         name = chain[i].name
         m = _BUILTIN_RE.match(name)

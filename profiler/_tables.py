@@ -2,138 +2,31 @@
 
 Pure functions over the trace's event list (and the window's metadata), so they run after
 training (`read_profile`, `sleuth profile`) instead of in the training loop, and are tested on
-hand-made traces. Times in the tables are microseconds, as in the trace.
+hand-made traces. Times in the tables are microseconds, as in the trace. The trace is read and
+its events nested in profiler._trace (with the torch.profiler defects that nesting handles); an
+op's and an autograd node's module, and the module table, come from profiler._attribution.
 
-torch.profiler defects handled here:
-- ranges overlap without nesting: a `record_function` range (category `user_annotation`)
-  opened by an op that a Python dispatch mode intercepts begins inside that mode's
-  `PythonDispatchMode` event and outlives it. Such a range is nested in the innermost event
-  that holds all of it, not in the one it crosses, and self time subtracts the union of the
-  children, so that event's self time does not come out negative;
-- self time can still come out negative when a child's clock reading overlaps its parent's end
-  (pytorch/pytorch#101861, #128479): durations and self times are clamped at 0 and the number
-  of clamped events is reported as `clamped_events`;
-- CPU-only traces have no device events: device columns are 0, not missing.
+A defect handled here: CPU-only traces have no device events: device columns are 0, not
+missing.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import sys
-import zlib
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from profiler import _gpu_time
-from profiler._errors import ProfileFormatError
+from profiler._attribution import (_BACKWARD_EVAL, MODULE_PREFIX, _module_rows, _node_seq,
+                                   _op_module, _sleuth_module_name, _stack_module_name)
 from profiler._own import tool_work
 from profiler._sources import PYTHON_EVENT, LineFinder, user_line
+from profiler._trace import _STEP_RE, _ancestors, _Ev, _nest, _union_us
 
-MODULE_PREFIX = "sleuth.module::"
 PHASE_LABELS = ("data", "forward", "backward", "optimizer")
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _COMM_RE = re.compile(r"^(c10d::|gloo:|nccl:|nccl|ProcessGroup|record_param_comms)", re.I)
 _DEVICE_CATS = _gpu_time.DEVICE_CATS
-_BACKWARD_EVAL = "autograd::engine::evaluate_function: "
-
-
-MAX_TRACE_BYTES = 2 * 1024 ** 3
-"""The largest trace read, after decompression: a gzip of a few MB can claim many GB."""
-
-
-def load_trace(path: str | Path) -> dict[str, Any]:
-    """Read a Chrome trace (`.json` or `.json.gz`); raise ProfileFormatError when unreadable,
-    larger than MAX_TRACE_BYTES once decompressed, or nested past the JSON reader's depth."""
-    path = Path(path)
-    try:
-        if not path.is_file():
-            raise OSError("not a regular file")
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            raw = f.read(MAX_TRACE_BYTES + 1)
-        if len(raw) > MAX_TRACE_BYTES:
-            raise ProfileFormatError(f"{path}: more than {MAX_TRACE_BYTES:,} bytes of trace "
-                                     "once decompressed; this is not a trace sleuth wrote")
-        data = json.loads(raw.decode("utf-8"))
-    except RecursionError as e:
-        raise ProfileFormatError(f"cannot read trace {path}: JSON nested too deep") from e
-    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProfileFormatError(f"cannot read trace {path}: {e}") from e
-    if isinstance(data, list):  # the bare-array Chrome format is valid too
-        data = {"traceEvents": data}
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise ProfileFormatError(f"{path} is not a Chrome trace (no traceEvents list)")
-    return data
-
-
-class _Ev:
-    """One complete ("X") event with its nesting on its thread."""
-
-    __slots__ = ("name", "cat", "ts", "end", "dur", "tid", "args", "children", "parent", "self_us")
-
-    def __init__(self, e: dict[str, Any]) -> None:
-        self.name = str(e.get("name", ""))
-        self.cat = str(e.get("cat", ""))
-        self.ts = float(e.get("ts", 0.0))
-        self.dur = max(0.0, float(e.get("dur", 0.0) or 0.0))
-        self.end = self.ts + self.dur
-        self.tid = (e.get("pid"), e.get("tid"))
-        self.args = e.get("args") or {}
-        self.children: list[_Ev] = []
-        self.parent: _Ev | None = None
-        self.self_us = self.dur
-
-
-def _nest(events: list[_Ev]) -> int:
-    """Link each host event to its innermost enclosing event on the same thread; fill self_us.
-
-    Returns how many self times had to be clamped at 0.
-    """
-    by_thread: dict[Any, list[_Ev]] = defaultdict(list)
-    for ev in events:
-        by_thread[ev.tid].append(ev)
-    clamped = 0
-    for evs in by_thread.values():
-        evs.sort(key=lambda x: (x.ts, -x.dur))
-        stack: list[_Ev] = []
-        for ev in evs:
-            while stack and stack[-1].end <= ev.ts:
-                stack.pop()
-            if ev.cat == "user_annotation":
-                # a range: nested in the innermost open event that holds it whole; one it only
-                # crosses stays open below it (later events start after it ended)
-                parent = next((p for p in reversed(stack) if p.end >= ev.end), None)
-            else:  # an op running past its parent's end is clock skew: still its child
-                parent = stack[-1] if stack else None
-            if parent is not None:
-                ev.parent = parent
-                parent.children.append(ev)
-            stack.append(ev)
-        for ev in evs:
-            # a union: a crossing range and the event it crossed are siblings that overlap
-            child = _union_us([(c.ts, min(c.end, ev.end)) for c in ev.children])
-            self_us = ev.dur - child
-            if self_us < 0:
-                clamped += 1
-                self_us = 0.0
-            ev.self_us = self_us
-    return clamped
-
-
-def _union_us(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 def _shapes(args: dict[str, Any]) -> str:
@@ -196,19 +89,6 @@ def _profiled_at(meta: dict[str, Any]) -> float | None:
         return datetime.fromisoformat(str(meta["created"])).timestamp()
     except (KeyError, ValueError, TypeError, OverflowError):
         return None
-
-
-def _sleuth_module_name(ev: _Ev) -> str | None:
-    if ev.name.startswith(MODULE_PREFIX):
-        return ev.name[len(MODULE_PREFIX):]
-    return None
-
-
-def _stack_module_name(ev: _Ev) -> str | None:
-    # with_stack's Python tracer marks module calls as "nn.Module: Linear_0" (class names only)
-    if ev.cat == "python_function" and ev.name.startswith("nn.Module: "):
-        return ev.name[len("nn.Module: "):]
-    return None
 
 
 def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -286,70 +166,11 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
             by_ext[id(owner)] += k.dur
 
     # ---- modules --------------------------------------------------------------------------
-    module_types: dict[str, str] = meta.get("module_types") or {}
-    module_sources: dict[str, str] = meta.get("module_sources") or {}
-    mods: dict[str, dict[str, Any]] = {}
-
-    def mod_row(name: str) -> dict[str, Any]:
-        row = mods.get(name)
-        if row is None:
-            row = mods[name] = {"module": name, "type": module_types.get(name, ""),
-                                "source": str(module_sources.get(name, "")), "calls": 0,
-                                "forward_total_us": 0.0, "forward_self_us": 0.0,
-                                "backward_self_us": 0.0, "backward_total_us": 0.0,
-                                "forward_device_us": 0.0, "backward_device_us": 0.0}
-        return row
-
-    seq_to_module: dict[Any, str] = {}
     # sleuth's own ranges carry dotted names; with_stack's events are the fallback, never both
     _module_name = (_sleuth_module_name
                     if any(ev.name.startswith(MODULE_PREFIX) for ev in host)
                     else _stack_module_name)
-    module_ranges = [ev for ev in host if _module_name(ev) is not None]
-    for ev in module_ranges:
-        name = _module_name(ev)
-        row = mod_row(name)
-        row["calls"] += 1
-        row["forward_total_us"] += ev.dur
-        inner = 0.0
-        stack = list(ev.children)
-        while stack:  # the self time excludes nested module ranges, at any depth of ops
-            c = stack.pop()
-            if _module_name(c) is not None:
-                inner += c.dur
-            else:
-                stack.extend(c.children)
-        row["forward_self_us"] += max(0.0, ev.dur - inner)
-        if by_ext:
-            row["forward_device_us"] += _subtree_device(ev, by_ext)
-    if module_ranges:
-        # A forward op belongs to the innermost module range around it; its Sequence number
-        # ties it to the autograd node that runs its backward.
-        for ev in host:
-            if ev.cat != "cpu_op" or "Sequence number" not in ev.args:
-                continue
-            if ev.name.startswith(_BACKWARD_EVAL) or ev.name.endswith(("Backward0", "Backward1")):
-                continue
-            p = ev.parent
-            while p is not None and _module_name(p) is None:
-                p = p.parent
-            if p is not None:
-                seq_to_module.setdefault(ev.args["Sequence number"], _module_name(p))
-        has_eval = any(ev.name.startswith(_BACKWARD_EVAL) for ev in host)
-        for ev in host:
-            if has_eval:
-                if not ev.name.startswith(_BACKWARD_EVAL):
-                    continue
-            elif not ev.name.endswith(("Backward0", "Backward1")):
-                continue
-            owner = seq_to_module.get(ev.args.get("Sequence number"))
-            if owner is not None:
-                mods[owner]["backward_self_us"] += ev.dur
-                if by_ext:
-                    mods[owner]["backward_device_us"] += _subtree_device(ev, by_ext)
-        for name, row in mods.items():
-            row["backward_total_us"] = sum(r["backward_self_us"] for n, r in mods.items()
-                                           if _is_within(n, name))
+    mods, seq_to_module, module_ranges = _module_rows(host, _module_name, by_ext, meta)
 
     # ---- ops ----------------------------------------------------------------------------
     flop_counts: dict[str, float] = meta.get("flop_counts") or {}
@@ -512,79 +333,3 @@ def _tool_summary(pieces: list[tuple[float, float, str]], step_rows: list[dict[s
     return {"tools": per_tool,
             "tool_share": sum(r["tools_us"] for r in step_rows) / total_step if total_step else 0.0,
             "dump_on": "tracer" in per_tool}
-
-
-def _is_node(ev: _Ev) -> bool:
-    return ev.name.startswith(_BACKWARD_EVAL) or ev.name.endswith(("Backward0", "Backward1"))
-
-
-def _node_seq(ev: _Ev, memo: dict[int, Any] | None = None) -> Any:
-    """The Sequence number of the autograd node an op runs in (itself or an enclosing
-    `evaluate_function: XBackward0` / `XBackward0` event), None for a forward op: also one
-    that a node runs (a checkpoint's recompute), which makes nodes of its own and so carries
-    a Sequence number itself."""
-    chain, p, found = [], ev, None
-    while p is not None:
-        if memo is not None and id(p) in memo:
-            found = memo[id(p)]
-            break
-        if "Sequence number" in p.args:
-            found = p.args["Sequence number"] if _is_node(p) else None
-            break
-        chain.append(p)
-        p = p.parent
-    if memo is not None:
-        for e in chain:
-            memo[id(e)] = found
-    return found
-
-
-def _op_module(ev: _Ev, module_name: Any, seq_to_module: dict[Any, str],
-               memo: dict[int, str]) -> str:
-    """The module an op ran in: the innermost module range around it (forward), or the module
-    of the forward op whose autograd node it runs in (backward: the node's Sequence number);
-    "" outside every module (the optimizer, the loop's own ops)."""
-    chain, p, found = [], ev, ""
-    while p is not None:
-        if id(p) in memo:
-            found = memo[id(p)]
-            break
-        name = module_name(p)
-        if name is not None:
-            found = name
-            break
-        if ((p.name.startswith(_BACKWARD_EVAL) or p.name.endswith(("Backward0", "Backward1")))
-                and "Sequence number" in p.args):
-            found = seq_to_module.get(p.args["Sequence number"], "")
-            break
-        chain.append(p)
-        p = p.parent
-    for e in chain:
-        memo[id(e)] = found
-    return found
-
-
-def _ancestors(ev: _Ev):
-    p = ev.parent
-    while p is not None:
-        yield p
-        p = p.parent
-
-
-def _is_within(name: str, scope: str) -> bool:
-    """Whether module `name` is `scope` or inside it (the root's children carry no prefix)."""
-    if name == scope:
-        return True
-    if scope == "<root>":
-        return not name.startswith("<")
-    return name.startswith(scope + ".")
-
-
-def _subtree_device(ev: _Ev, by_ext: dict[int, float]) -> float:
-    """Device time of the kernels launched by `ev` or any host event nested in it."""
-    total, stack = 0.0, [ev]
-    while stack:
-        e = stack.pop()
-        total += by_ext.get(id(e), 0.0)
-        stack.extend(e.children)
-    return total

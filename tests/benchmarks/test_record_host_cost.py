@@ -29,4 +29,7 @@ def test_smallest_run_reports_microseconds_a_record_per_level(capsys):
     assert out["batch_add_us"] > 0
     for level in ("module", "op"):  # where the time goes, by source file
         shares = out["profile_percent"][level]
-        assert 0 < sum(shares.values()) <= 100.5 and "tracer/_dumper.py" in shares
+        # named by the file under the repository; the Dumper's own share is split over its
+        # parts (tracer/_dumper*.py), each too small to be sure of a place in the top 12
+        assert 0 < sum(shares.values()) <= 100.5
+        assert any(name.startswith("tracer/storage/") for name in shares)

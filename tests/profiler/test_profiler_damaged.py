@@ -34,7 +34,7 @@ def test_an_intact_window_reads(tmp_path):
                                   "trace_bytes", "trace_deep", "trace_gz_garbage",
                                   "trace_gz_truncated", "trace_gz_bomb", "event_garbage"])
 def test_damaged_window_names_the_file(tmp_path, capsys, monkeypatch, case):
-    monkeypatch.setattr("profiler._tables.MAX_TRACE_BYTES", 64 * 1024, raising=False)  # the bomb, scaled down
+    monkeypatch.setattr("profiler._trace.MAX_TRACE_BYTES", 64 * 1024, raising=False)  # the bomb, scaled down
     good = json.dumps({"traceEvents": [_EVENT]}).encode()
     kw = {
         "meta_bytes": {"meta": b"\xff\xfe\x00garbage"},

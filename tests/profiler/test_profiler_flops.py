@@ -7,7 +7,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from profiler._flops import count_flops
-from profiler._tables import load_trace
+from profiler._trace import load_trace
 
 
 class Mixed(nn.Module):

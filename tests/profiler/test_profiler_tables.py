@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from profiler._tables import build_tables, load_trace
+from profiler._tables import build_tables
+from profiler._trace import load_trace
 
 
 def X(name, ts, dur, cat="cpu_op", tid=1, **args):

@@ -29,7 +29,7 @@ FACES = {
                 "RecordRow", "SKETCH_SIZE", "TensorReader", "UNREAD_STATES", "Watcher", "Writer",
                 "c_order_bytes", "config_of", "copy_stats", "damaged_files", "decode_bits",
                 "dense_strides", "difference_sketch", "difference_stats",
-                "disarm_flight_recorder", "element_size",
+                "disarm_flight_recorder", "dump_folder", "element_size",
                 "export_parquet", "file_rows", "install_flight_recorder", "install_watch",
                 "is_export", "load_bounded", "loads_bounded", "make_writer", "op_capture_of",
                 "open_dump", "open_h5", "parse_shape", "path_problem", "read_export",

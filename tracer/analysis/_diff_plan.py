@@ -9,7 +9,6 @@ the steps both sides hold complete and readable, and names what it left out.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +95,7 @@ class Side:
 def open_side(path: str | os.PathLike, label: str) -> Side:
     import warnings
 
-    from tracer.storage import open_dump
+    from tracer.storage import dump_folder, open_dump
 
     p = Path(path)
     if not p.exists():
@@ -110,11 +109,9 @@ def open_side(path: str | os.PathLike, label: str) -> Side:
         raise DiffError(f"{label}: {e}") from e
     if p.is_file():
         return Side(label, dump, None, p)
-    dump_dir = p / "dump" if (p / "dump").is_dir() else p
-    if re.match(r"^rank\d+$", dump_dir.name) and not any(
-            re.match(r"^rank\d+$", c.name) for c in dump_dir.iterdir()):
-        dump_dir = dump_dir.parent  # one rank's folder: the dump holds it
-    return Side(label, dump, dump_dir, None)
+    # the reader's rule, so that the diff and the reader take the same folder for the dump; a
+    # folder of loose step files stands for its own
+    return Side(label, dump, dump_folder(dump.root) or dump.root, None)
 
 
 def _no_readable(side: Side, rank: int | None) -> DiffError:

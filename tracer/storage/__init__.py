@@ -39,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "open_dump": "tracer.storage._reader",
     "Dump": "tracer.storage._dump",
     "UNREAD_STATES": "tracer.storage._scan",
+    "dump_folder": "tracer.storage._scan",
     "file_rows": "tracer.storage._listing",
     "damaged_files": "tracer.storage._listing",
     "READ_ERRORS": "tracer.storage._step_reader",

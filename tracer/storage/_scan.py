@@ -115,7 +115,7 @@ def scan_dump(path: str | Path) -> DumpScan:
         root = p
         for rank, d in sorted(rank_dirs):
             _scan_rank(rank, d, files, states)
-        files, states = _one_run(files, states, _dump_dir(p))
+        files, states = _one_run(files, states, dump_folder(p))
     return DumpScan(files, states, root)
 
 def _one_run(files: dict[tuple[int, int], Path], states: list[FileState],
@@ -230,8 +230,9 @@ def _probe(path: Path, rank: int, step: int) -> FileState:
             from e
 
 
-def _dump_dir(p: Path) -> Path | None:
-    """The dump folder (holding rank{R}/ and dump.json) of a dump or rank folder."""
+def dump_folder(p: Path) -> Path | None:
+    """The dump folder (holding rank{R}/ and dump.json) of a dump or rank folder; None for a
+    folder of step files that is neither."""
     if (p / DUMP_JSON).is_file() or any(_RANK_RE.match(c.name) for c in p.iterdir()):
         return p
     return p.parent if _RANK_RE.match(p.name) else None
