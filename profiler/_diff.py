@@ -30,7 +30,9 @@ from typing import Any, Sequence
 from profiler._diff_causes import PHASES, causes
 from profiler._diff_gpu import gpu_diff, gpu_rank_diff
 from profiler._diff_pairs import empty_lines, host_diff, line_diff, module_diff, op_diff, rank
+from profiler._errors import ProfileFormatError
 from profiler._noise import Judgement, Spread, between_runs, judge, spread
+from profiler._repeats import as_list, identity, name, read_repeats
 
 
 @dataclass
@@ -115,12 +117,15 @@ class ProfileDiff:
             "spread": " (the steps' spread)",
             "between runs": " (the variation between runs)"}.get(j.floor_from, "")
         if j.tested:
-            p = j.p_slower if j.verdict != "faster" else j.p_faster
+            said = j.withheld or j.verdict
+            p = j.p_faster if said == "faster" else j.p_slower
             floor += f", Mann-Whitney p = {p:.3g}"
         else:
             floor += ", too few steps for a test"
         if math.isnan(j.between) and j.verdict != "no change":
             floor += "; variation between runs not measured (one profile a side)"
+        if j.withheld:
+            floor += f"; the steps alone say {j.withheld}, against the calls (see the note)"
         if j.verdict == "slower":
             return f"B is slower: {base}; {floor}"
         if j.verdict == "faster":
@@ -176,18 +181,29 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
         threshold: the smallest relative change of the median step called a change (0.05).
         alpha: the Mann-Whitney significance level (0.05).
 
-    Returns a ProfileDiff. Raises ProfileFormatError when a profile cannot be read, and
-    ProfilerError for a threshold or alpha out of range.
+    Returns a ProfileDiff. Raises ProfileFormatError when a profile cannot be read or holds no
+    profiled steps, and ProfilerError for a threshold or alpha out of range, or a repeat that is
+    no other run of its side's config (profiler._repeats).
     """
     from profiler._errors import ProfilerError
 
     if not (0 <= threshold < 10 and 0 < alpha < 1):
         raise ProfilerError(f"threshold must be in [0, 10) and alpha in (0, 1), got "
                             f"{threshold!r} and {alpha!r}")
-    names = [_name(x) for x in (a, b)]
+    names = [name(x) for x in (a, b)]
     pa, pb = _read(a), _read(b)
-    runs_a = [_step_times(pa.steps)] + [_step_times(_read(x).steps) for x in repeat_a]
-    runs_b = [_step_times(pb.steps)] + [_step_times(_read(x).steps) for x in repeat_b]
+    for side, x, p in (("A", a, pa), ("B", b, pb)):
+        if p.steps.empty:
+            raise ProfileFormatError(f"{side} ({name(x)}) has no profiled steps, so no step "
+                                     "time to compare (a trace without step ranges: a loop "
+                                     "that never called the Collector's step(), or an empty "
+                                     "trace); profile it again with steps recorded")
+    repeat_a, repeat_b = as_list(repeat_a), as_list(repeat_b)
+    taken = {identity(a), identity(b)}
+    more_a = read_repeats("--repeat-a", "A", pa, repeat_a, taken)
+    more_b = read_repeats("--repeat-b", "B", pb, repeat_b, taken)
+    runs_a = [_step_times(p.steps) for p in (pa, *more_a)]
+    runs_b = [_step_times(p.steps) for p in (pb, *more_b)]
     ta, tb = [t for r in runs_a for t in r], [t for r in runs_b for t in r]
     between = [between_runs([spread(r).median for r in runs if r]) for runs in (runs_a, runs_b)]
     measured = [v for v in between if not math.isnan(v)]
@@ -206,7 +222,8 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
         busy = ("; as much as that is a busy machine: profile on a quiet one for a finer "
                 "answer" if max(measured) > 2 * threshold else "")
         notes.append(f"between runs of one config the median step moved by {moved}: the noise "
-                     f"floor includes it{busy}")
+                     f"floor includes it{busy}; the verdict pools the steps of every run, the "
+                     "tables below compare A and B alone")
     if not j.tested:
         notes.append(f"fewer than 3 profiled steps on a side ({len(ta)} and {len(tb)}): the "
                      "noise floor alone decided; profile more steps (active=) for a test")
@@ -232,6 +249,8 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     ops = rank(raw_ops, descending)
     mods = rank(module_diff(pa.modules, pb.modules, na, nb), descending)
     lines = line_diff(ops, descending) if stacks else empty_lines()
+    if j.verdict == "no change" and not j.withheld:
+        _unjudged_calls(raw_ops, lines, min(spread(ta).median, spread(tb).median), notes)
     ranks, slower_rank = _rank_diff(pa, pb)
     gpu, kernels = gpu_diff(pa, pb, na, nb, notes, descending)
     gpu_ranks, kernels_ranks = gpu_rank_diff(pa, pb, descending)
@@ -241,13 +260,9 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
                       slower_rank=slower_rank, gpu=gpu, kernels=kernels,
                       gpu_ranks=gpu_ranks, kernels_ranks=kernels_ranks,
                       host=host_diff(pa, pb, na, nb, descending))
-    out.repeats = {"a": [_name(x) for x in repeat_a], "b": [_name(x) for x in repeat_b]}
+    out.repeats = {"a": [name(x) for x in repeat_a], "b": [name(x) for x in repeat_b]}
     out.causes = causes(out)
     return out
-
-
-def _name(x: Any) -> str:
-    return str(x) if isinstance(x, (str, os.PathLike)) else getattr(x, "name", "profile")
 
 
 def _read(x: Any) -> Any:
@@ -272,7 +287,29 @@ def _against_calls(j: Judgement, ops: Any, step_us: float, notes: list[str]) -> 
                  f"B makes {more} calls than A, {calls_us:+.4g} us a step at A's time per call; "
                  "the machine's speed likely changed between the two runs, so no verdict is "
                  "given: profile A again and pass it with --repeat-a, or profile both at once")
-    return replace(j, verdict="no change")
+    return replace(j, verdict="no change", withheld=j.verdict)
+
+
+def _unjudged_calls(ops: Any, lines: Any, step_us: float, notes: list[str]) -> None:
+    """With no change beyond noise, a change in calls that would cost time (new calls, a
+    recompute) is still named in a note: the steps were too noisy to judge it, not the program
+    unchanged."""
+    if ops.empty:
+        return
+    calls_us = float(ops["from_calls_us"].sum())
+    if abs(calls_us) <= 0.01 * step_us:
+        return
+    sign = 1 if calls_us > 0 else -1
+    where = ""
+    if not lines.empty:
+        top = lines.loc[(sign * lines["from_calls_us"]).idxmax()]
+        if sign * float(top["from_calls_us"]) > 0:
+            from profiler._diff_causes import short_source
+            where = f", the most at {short_source(str(top['source']))} ({top['ops']})"
+    notes.append(f"B makes {'more' if sign > 0 else 'fewer'} calls than A, {calls_us:+.4g} us a "
+                 f"step at A's time per call{where}: within the noise of these step times, so "
+                 "not judged; profile on a quieter machine, more steps, or with repeats "
+                 "(--repeat-a) to judge it")
 
 
 # ---- step times ----------------------------------------------------------------------------------
@@ -286,11 +323,11 @@ def _step_times(steps: Any) -> list[float]:
 def _breakdown(a: Any, b: Any) -> Any:
     import pandas as pd
     rows = []
-    for name in (*PHASES, "step", "comm", "tools"):
-        col = f"{name}_us"
+    for phase in (*PHASES, "step", "comm", "tools"):
+        col = f"{phase}_us"
         va = float(a[col].mean()) if col in a and not a.empty else math.nan
         vb = float(b[col].mean()) if col in b and not b.empty else math.nan
-        rows.append({"phase": name, "a_us": va, "b_us": vb, "delta_us": vb - va})
+        rows.append({"phase": phase, "a_us": va, "b_us": vb, "delta_us": vb - va})
     return pd.DataFrame(rows)
 
 

@@ -188,7 +188,8 @@ def short_source(source: str) -> str:
 
 
 def _us(v: float) -> str:
-    return f"{v:+.4g} us"
+    """A signed time in us, or in ms from 10 ms up (never as 1.933e+04 us)."""
+    return f"{v / 1e3:+.4g} ms" if abs(v) >= 1e4 else f"{v:+.4g} us"
 
 
 def _dur(us: float) -> str:

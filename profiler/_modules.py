@@ -117,6 +117,14 @@ def _not_users(path: str) -> bool:
 
 
 def _forward_line(module: Any) -> str:
-    """`file:line` where the module's class defines `forward` ("" when it has no Python code)."""
-    code = getattr(getattr(type(module), "forward", None), "__code__", None)
+    """`file:line` where the module's class defines `forward` ("" when it has no Python code);
+    through decorators that wrap it (`functools.wraps`: a library's deprecation or
+    output-capturing wrapper), whose own code is not the model's."""
+    import inspect
+    forward = getattr(type(module), "forward", None)
+    try:
+        forward = inspect.unwrap(forward) if forward is not None else None
+    except ValueError:  # a cycle of __wrapped__
+        pass
+    code = getattr(forward, "__code__", None)
     return f"{code.co_filename}:{code.co_firstlineno}" if code is not None else ""

@@ -66,6 +66,9 @@ class Judgement:
     one profile a side)."""
     floor_from: str = "threshold"
     """What set the floor: "threshold", "spread" (the steps' own) or "between runs"."""
+    withheld: str = ""
+    """The steps' verdict ("slower", "faster") when it was withheld for going against the
+    calls (profiler._diff); "" when none was."""
 
 
 def between_runs(medians: list[float]) -> float:

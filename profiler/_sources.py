@@ -109,7 +109,11 @@ _OPERATORS = {"matmul": "MatMult", "mm": "MatMult", "bmm": "MatMult", "add": "Ad
               "sub": "Sub", "rsub": "Sub", "mul": "Mult", "div": "Div", "pow": "Pow",
               "remainder": "Mod", "floor_divide": "FloorDiv", "neg": "USub",
               "bitwise_and": "BitAnd", "bitwise_or": "BitOr", "bitwise_xor": "BitXor",
-              "gt": "Gt", "lt": "Lt", "ge": "GtE", "le": "LtE", "eq": "Eq", "ne": "NotEq"}
+              "gt": "Gt", "lt": "Lt", "ge": "GtE", "le": "LtE", "eq": "Eq", "ne": "NotEq",
+              # `x[i]`, `x[:, 1:]`, `x[mask]`; and a tensor's truth (`if t:`, `while t`, `a and
+              # b`, `not t`), which makes `is_nonzero` and the `.item()` under it
+              "select": "Subscript", "slice": "Subscript", "index": "Subscript",
+              "is_nonzero": "Truth"}
 _OP_PREFIX = "<operator "
 
 
@@ -277,9 +281,14 @@ class LineFinder:
             return f"{path}:{line}{mark}", False
         if token is not None and token.startswith(_OP_PREFIX):
             kind = token[len(_OP_PREFIX):-1]
-            lines = sorted({n.lineno for n in _walk_operators(scope)
-                            if type(_operator(n)).__name__ == kind or
-                            any(type(o).__name__ == kind for o in getattr(n, "ops", ()))})
+            if kind == "Subscript":
+                lines = sorted({n.lineno for n in _walk(scope, (ast.Subscript,))})
+            elif kind == "Truth":
+                lines = sorted(_truth_lines(scope))
+            else:
+                lines = sorted({n.lineno for n in _walk_operators(scope)
+                                if type(_operator(n)).__name__ == kind or
+                                any(type(o).__name__ == kind for o in getattr(n, "ops", ()))})
         else:
             lines = sorted({n.lineno for n in _walk_calls(scope) if _call_name(n) == token})
         if not lines:  # the def: torch's line for a frame running when profiling began is stale
@@ -324,6 +333,21 @@ def _walk_calls(scope: ast.AST):
 def _walk_operators(scope: ast.AST):
     """The operator expressions in `scope`: binary, augmented, unary, comparisons."""
     return _walk(scope, (ast.BinOp, ast.AugAssign, ast.UnaryOp, ast.Compare))
+
+
+def _truth_lines(scope: ast.AST) -> set[int]:
+    """The lines where Python asks a value's truth: the tests of `if`, `while`, `x if c else
+    y` and `assert`, and `and`, `or`, `not`."""
+    lines = set()
+    for n in _walk(scope, (ast.If, ast.While, ast.IfExp, ast.Assert, ast.BoolOp, ast.UnaryOp)):
+        if isinstance(n, ast.UnaryOp):
+            if isinstance(n.op, ast.Not):
+                lines.add(n.lineno)
+        elif isinstance(n, ast.BoolOp):
+            lines.add(n.lineno)
+        else:
+            lines.add(n.test.lineno)
+    return lines
 
 
 def _operator(node: ast.AST) -> ast.AST | None:

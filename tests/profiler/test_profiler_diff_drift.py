@@ -98,3 +98,52 @@ def test_against_calls_leaves_measured_or_agreeing_verdicts():
     tiny = pd.DataFrame({"from_calls_us": [5.0]})  # under 1 % of a step: no evidence
     assert _against_calls(faster, tiny, 900.0, []).verdict == "faster"
     assert not math.isnan(faster.change)
+
+
+def test_withheld_verdict_says_so_in_the_headline():
+    d = profiler.diff_profiles(_Profile("a", _steps(2000), BASE), _Profile("b", _steps(1830), CHECK))
+    assert d.judgement.withheld == "faster"
+    assert "the steps alone say faster, against the calls" in d.headline()
+    # the p-value shown is the one of what the steps said
+    assert f"p = {d.judgement.p_faster:.3g}" in d.headline()
+
+
+def test_new_calls_within_noise_are_noted_not_judged():
+    """Steps too noisy to judge (a 30 % spread), and B makes 12 new calls a step: no verdict,
+    and a note that names the calls, so a noisy machine does not hide them."""
+    wide = [2000 * f for f in (0.6, 1.4, 0.8, 1.2, 1.0, 0.7, 1.3, 1.0)]
+    d = profiler.diff_profiles(_Profile("a", wide, BASE), _Profile("b", wide, CHECK))
+    assert d.verdict == "no change" and not d.judgement.withheld
+    assert any(n.startswith("B makes more calls than A, +100 us a step") and "not judged" in n
+               for n in d.notes), d.notes
+    same = profiler.diff_profiles(_Profile("a", wide, BASE), _Profile("b", wide, BASE))
+    assert not any("calls than A" in n for n in same.notes)
+
+
+def test_a_repeat_must_be_another_run_of_the_same_config():
+    from profiler import ProfileFormatError, ProfilerError
+    a, b = _Profile("a", _steps(2000), BASE), _Profile("b", _steps(2200), CHECK)
+    with pytest.raises(ProfilerError, match=r"--repeat-a a: that run is already in this diff"):
+        profiler.diff_profiles(a, b, repeat_a=[a])
+    a2 = _Profile("a2", _steps(2100), BASE)
+    with pytest.raises(ProfilerError, match=r"--repeat-b a2: that run is already"):
+        profiler.diff_profiles(a, b, repeat_a=[a2], repeat_b=[a2])
+    other = _Profile("bert", _steps(2000), [("aten::bmm", 12, 900.0), ("aten::softmax", 4, 80.0)])
+    with pytest.raises(ProfilerError, match=r"--repeat-a bert is not a run of A's config: its op "
+                                            r"calls a step differ by 100 % .*aten::bmm 0 -> 12"):
+        profiler.diff_profiles(a, b, repeat_a=[other])
+    with pytest.raises(ProfileFormatError, match=r"--repeat-b empty: no profiled steps"):
+        profiler.diff_profiles(a, b, repeat_b=[_Profile("empty", [], CHECK)])
+    with pytest.raises(ProfileFormatError, match=r"A \(empty\) has no profiled steps"):
+        profiler.diff_profiles(_Profile("empty", [], BASE), b)
+    # the same config with a few calls more (a data-dependent branch) is one
+    near = _Profile("a3", _steps(2050), BASE + [("aten::clone", 0.2, 1.0)])
+    assert profiler.diff_profiles(a, b, repeat_a=[near]).repeats["a"] == ["a3"]
+
+
+def test_a_run_directory_given_alone_is_one_repeat(tmp_path):
+    from profiler._repeats import as_list, identity
+    assert as_list(str(tmp_path)) == [str(tmp_path)] and as_list(tmp_path) == [tmp_path]
+    assert as_list(None) == [] and as_list([tmp_path, tmp_path]) == [tmp_path, tmp_path]
+    # one run however it is spelled
+    assert identity(str(tmp_path) + "/") == identity(tmp_path / "." ) == identity(tmp_path)

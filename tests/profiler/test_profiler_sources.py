@@ -205,3 +205,67 @@ def test_a_backward_op_takes_its_forward_ops_line(tmp_path):
     cast = f"{tmp_path / 'loop.py'}:2"
     assert lines == {"aten::_to_copy": cast, "ToCopyBackward0": cast, "aten::to": cast,
                      "autograd::engine::evaluate_function: ToCopyBackward0": cast}
+
+
+def test_subscripts_and_truth_tests_are_given_their_lines(tmp_path):
+    """`pred[i]` makes aten::select and `if t:` makes aten::is_nonzero without a Python call:
+    each is given the line that subscripts or tests, not the `def`."""
+    (tmp_path / "acc.py").write_text(
+        "def accuracy(pred, y):\n"                       # 1
+        "    hits = 0\n"                                 # 2
+        "    for i in range(len(y)):\n"                  # 3
+        "        if pred[i] == y[i]:\n"                  # 4
+        "            hits += 1\n"                        # 5
+        "    head = pred[:, :2]\n"                       # 6
+        "    ok = not (head.sum() > 0)\n"                # 7
+        "    return hits, ok\n")                         # 8
+    from profiler._sources import operator_token
+    path = tmp_path / "acc.py"
+    finder = LineFinder([str(tmp_path)])
+    frame = ("acc.py", 1, "accuracy")
+    assert finder.find(frame, operator_token("aten::select")) == f"{path}:4,6"
+    assert finder.find(frame, operator_token("aten::slice")) == f"{path}:4,6"
+    assert finder.find(frame, operator_token("aten::is_nonzero")) == f"{path}:4,7"
+
+
+LOOP_ACC = '''import sys, torch
+import profiler
+
+
+def accuracy(pred, y):
+    hits = 0
+    for i in range(len(y)):
+        if pred[i] == y[i]:
+            hits += 1
+    return hits
+
+
+pred, y = torch.randint(0, 3, (16,)), torch.randint(0, 3, (16,))
+cfg = profiler.CollectorConfig(wait=0, warmup=1, active=2, with_stack=True)
+with profiler.Collector(sys.argv[1], config=cfg) as c:
+    for _ in range(3):
+        accuracy(pred, y)
+        c.step()
+'''
+
+
+@pytest.mark.slow
+def test_a_python_loop_over_a_tensor_is_given_its_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import profiler
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / "acc.py"
+    script.write_text(LOOP_ACC)
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    want = f"{script}:{LOOP_ACC.splitlines().index('        if pred[i] == y[i]:') + 1}"
+    ops = profiler.read_profile(tmp_path / "run").ops
+    for name in ("aten::select", "aten::eq", "aten::is_nonzero"):
+        rows = ops[ops["name"] == name]
+        assert len(rows) and set(rows["source"]) == {want}, (name, rows[["name", "source"]])
