@@ -78,16 +78,20 @@ def _register_exit(fn) -> None:
     concurrent.futures pools the async writer uses) run before it, and h5py's own atexit handler,
     registered on first import, closes the HDF5 library before later-registered handlers run.
     threading's hooks run last-registered first, before either, once both modules are loaded.
+    `fn` is registered with atexit too (it runs once; the second call finds nothing to close):
+    a script that leaves with `atexit._run_exitfuncs()` and `os._exit()`, as a torchrun worker
+    does to step past torch's gloo abort at exit (docs/frameworks.md), never runs threading's
+    hooks, and its dump's last step would be lost. There atexit's handler, registered after
+    h5py's, runs before it, while the writer's pools still run.
     """
     import concurrent.futures.thread  # noqa: F401  (registers its hook first)
     import threading
 
     import h5py  # noqa: F401
     register = getattr(threading, "_register_atexit", None)
-    if register is None:  # not CPython >= 3.9: plain atexit, h5py imported first
-        atexit.register(fn)
-    else:
+    if register is not None:
         register(fn)
+    atexit.register(fn)
 
 
 def _close_at_exit() -> None:

@@ -69,6 +69,30 @@ def test_attach_from_env_before_torch_is_imported(tmp_path):
     assert "attached Dumper" in proc.stdout and "could not attach" not in proc.stderr
 
 
+@pytest.mark.parametrize("writer", ["sync", "async"])
+def test_leaving_by_exit_handlers_and_os_exit_keeps_the_last_step(tmp_path, writer):
+    """A torchrun worker steps past torch's gloo abort at exit with `atexit._run_exitfuncs()`
+    then `os._exit(0)` (docs/frameworks.md), which skips threading's exit hooks: the dump's
+    last step, written when the dump closes, must be written all the same."""
+    script = tmp_path / "script.py"
+    # tensors of some megabytes: the last step's write is still going when the script ends
+    script.write_text(SCRIPT.replace("16", "1024").replace("(4, 8)", "(256, 8)")
+                      + "import atexit, os, sys\natexit._run_exitfuncs()\n"
+                      "sys.stdout.flush()\nos._exit(0)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLEUTH_")}
+    env.update({"SLEUTH_DUMP_CONFIG": json.dumps({"level": "module", "writer": writer,
+                                                  "mode": "full"}),
+                "PYTHONPATH": str(REPO), "SLEUTH_RUN_DIR": str(tmp_path / "run")})
+    code = ("import tracer; tracer.attach_from_env(); import runpy; "
+            "runpy.run_path('script.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr
+    files = sorted(p.name for p in (tmp_path / "run" / "dump" / "rank0").iterdir()
+                   if p.name.startswith("step"))
+    assert files == ["step0.h5", "step1.h5", "step2.h5"], proc.stderr  # no step2.h5.partial
+
+
 @pytest.mark.slow
 def test_unmodified_script_is_dumped(tmp_path):
     config = tmp_path / "dump.json"
