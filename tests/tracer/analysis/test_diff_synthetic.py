@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+from tracer.storage._format import RECORD_FIELDS, root_attrs, step_path
+from tracer.storage._step_file import StepFile
 
 REPO = Path(__file__).resolve().parents[3]
 
