@@ -250,7 +250,7 @@ def test_chunked_reads_bound_memory_and_match(tmp_path, monkeypatch):
     import tracemalloc
 
     import tracer
-    import tracer.analysis._diff as d
+    import tracer.analysis._diff_record as d
 
     rng = np.random.default_rng(7)
     big = rng.standard_normal(1 << 22).astype(np.float32)  # 16 MiB

@@ -656,7 +656,7 @@ def test_diff_reads_a_large_slice_in_bounded_chunks(tmp_path, monkeypatch):
     """A slice pointing into its base's bytes is compared a few rows at a time, never read
     whole (its extent can be nearly the whole base: q of an attention split); it still
     compares equal to a C-order copy and finds one changed element."""
-    import tracer.analysis._diff as diff_module
+    import tracer.analysis._diff_record as diff_module
 
     write_slice_runs(tmp_path, torch.randn(40, 30, generator=torch.Generator().manual_seed(10)),
                      (31, 4))
@@ -680,7 +680,7 @@ def test_diff_reads_a_permutation_by_rows_of_its_first_dimension(tmp_path, monke
     """A permutation that keeps its first dimension outermost (heads moved in front of the
     sequence, say) is stored in memory order and compared in chunks of rows against its
     C-order copy; a change is found in either layout."""
-    import tracer.analysis._diff as diff_module
+    import tracer.analysis._diff_record as diff_module
 
     z = torch.randn(6, 5, 7, generator=torch.Generator().manual_seed(11))
     p = z.permute(0, 2, 1)  # strides (35, 1, 7): the first dimension is still outermost
