@@ -34,7 +34,8 @@ if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure
 
 
 def write_dump(run: Path, tensors: list[np.ndarray], mode: str = "tensor") -> Path:
-    from tracer.storage._format import RECORD_COLUMNS, StepFile, root_attrs, step_path
+    from tracer.storage._format import RECORD_COLUMNS, root_attrs, step_path
+    from tracer.storage._step_file import StepFile
 
     sf = StepFile(step_path(run, 0, 0), root_attrs(rank=0, world_size=1, step=0, level="module",
                                                    mode=mode, config={}),

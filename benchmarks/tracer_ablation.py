@@ -71,7 +71,7 @@ import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo pa
 
 import tracer  # noqa: E402
 from tracer.capture import ParamRecords  # noqa: E402
-from tracer.storage import _cuda_stats, _format, _stats  # noqa: E402
+from tracer.storage import _cuda_stats, _h5_objects, _stats  # noqa: E402
 
 CONDITIONS = {
     "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
@@ -149,17 +149,17 @@ class switched:
         self.off = off
 
     def __enter__(self) -> None:
-        self.saved = (_stats._kernel, _format._pack_rows, _cuda_stats._kernels,
+        self.saved = (_stats._kernel, _h5_objects._pack_rows, _cuda_stats._kernels,
                       ParamRecords._snapshot)
         if "c_kernel" in self.off:
-            _stats._kernel, _format._pack_rows = None, None
+            _stats._kernel, _h5_objects._pack_rows = None, None
         if "triton_stats" in self.off:
             _cuda_stats._kernels = False
         if "update_record" in self.off:
             ParamRecords._snapshot = _no_snapshot
 
     def __exit__(self, *exc) -> None:
-        (_stats._kernel, _format._pack_rows, _cuda_stats._kernels,
+        (_stats._kernel, _h5_objects._pack_rows, _cuda_stats._kernels,
          ParamRecords._snapshot) = self.saved
 
 

@@ -216,7 +216,7 @@ def step_files():
     Dumper. Yields the folder."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    from tracer.storage._format import PendingFile
+    from tracer.storage._file_io import PendingFile
 
     folder = Path(tempfile.mkdtemp(prefix="sleuth_floor_"))
     payload = os.urandom(FLOOR_FILE_BYTES)

@@ -71,10 +71,10 @@ def test_a_device_that_acts_only_on_another_device_is_named_not_measured(capsys)
 
 def test_switches_turn_devices_off_and_restore_them():
     bench = _load()
-    before = (_stats._kernel, bench._format._pack_rows)
+    before = (_stats._kernel, bench._h5_objects._pack_rows)
     with bench.switched(frozenset({"c_kernel"})):
-        assert _stats._kernel is None and bench._format._pack_rows is None
-    assert (_stats._kernel, bench._format._pack_rows) == before
+        assert _stats._kernel is None and bench._h5_objects._pack_rows is None
+    assert (_stats._kernel, bench._h5_objects._pack_rows) == before
     kernels = bench._cuda_stats._kernels
     with bench.switched(frozenset({"triton_stats"})):
         assert bench._cuda_stats._kernels is False and _stats._kernel is before[0]

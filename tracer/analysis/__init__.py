@@ -12,7 +12,7 @@ from tracer._lazy import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # diff
-    "DiffResult": "tracer.analysis._diff",
+    "DiffResult": "tracer.analysis._diff_result",
     "diff": "tracer.analysis._diff",
     "Tolerance": "tracer.analysis._compare",
     "RankDiffResult": "tracer.analysis._ranks",

@@ -32,7 +32,8 @@ from typing import Any, Literal
 
 from tracer._errors import TracerError
 from tracer.analysis._compare import Tolerance
-from tracer.analysis._diff import _jsonable, diff
+from tracer.analysis._diff import diff
+from tracer.analysis._diff_result import _jsonable
 from tracer.analysis._explain_lead import Finding, Lead, Step
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._map import ModuleMap

@@ -52,10 +52,11 @@ from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._batcher import record_batch
 from tracer.storage._file_process import shared_file_process
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
-from tracer.storage._format import RecordMeta, StepFile
+from tracer.storage._format import RecordMeta
 from tracer.storage._row_buffer import RowBuffer
 from tracer.storage._staging import ThreadStager, take_now
 from tracer.storage._stats import decode_packed, element_bits, kernel_available
+from tracer.storage._step_file import StepFile
 from tracer.storage._writer import Writer
 
 _STOP = ("stop",)

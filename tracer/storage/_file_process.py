@@ -40,7 +40,7 @@ from typing import IO, Any
 import numpy as np
 
 from tracer._errors import warn
-from tracer.storage._format import StepFile
+from tracer.storage._step_file import StepFile
 
 _LEN = struct.Struct("<Q")
 _READY = b'{"ready": true}'

@@ -21,7 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tracer.storage._format import PendingFile, StepFile
+from tracer.storage._file_io import PendingFile
+from tracer.storage._step_file import StepFile
 
 MAX_UNSYNCED = 4  # written step files waiting for fsync (each holds an open descriptor)
 

@@ -19,13 +19,14 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError, warn
 from tracer.storage._batcher import make_deferred, record_batch
-from tracer.storage._format import RecordMeta, RecordRow, StepFile, root_attrs, step_path
+from tracer.storage._format import RecordMeta, RecordRow, root_attrs, step_path
 from tracer.storage._lock import claim_rank
 from tracer.storage._reuse import SAME_LAYOUT, ReuseIndex, Within
 from tracer.storage._sampling import sketch_of
 from tracer.storage._snapshot import StagingPool, StoredBytes, stored_bytes
 from tracer.storage._staging import Pending, sketch_layout, take_now
 from tracer.storage._stats import dtype_name, empty_stats, host_stats, shape_str
+from tracer.storage._step_file import StepFile
 
 
 class Writer:

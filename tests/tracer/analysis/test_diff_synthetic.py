@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+from tracer.storage._format import RECORD_FIELDS, root_attrs, step_path
+from tracer.storage._step_file import StepFile
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -249,7 +250,7 @@ def test_chunked_reads_bound_memory_and_match(tmp_path, monkeypatch):
     import tracemalloc
 
     import tracer
-    import tracer.analysis._diff as d
+    import tracer.analysis._diff_record as d
 
     rng = np.random.default_rng(7)
     big = rng.standard_normal(1 << 22).astype(np.float32)  # 16 MiB

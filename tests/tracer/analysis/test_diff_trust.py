@@ -309,7 +309,7 @@ def test_table_has_steps_and_unpartnered_rows_last(tmp_path, capsys):
 
 def test_checksums_are_summed_chunk_by_chunk(dumps, tmp_path, monkeypatch, capsys):
     """Tensors read in many chunks: equal dumps stay SAME, one flipped byte is still found."""
-    import tracer.analysis._diff as diff_module
+    import tracer.analysis._diff_record as diff_module
 
     monkeypatch.setattr(diff_module, "CHUNK_ELEMENTS", 5)
     assert main(["diff", str(dumps / "a"), str(dumps / "b")]) == 0

@@ -19,7 +19,7 @@ import torch.nn as nn
 
 import tracer
 from tests.tracer.models import MLP
-from tracer.storage import _format
+from tracer.storage import _file_io
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._lock import LOCK_NAME, DUMP_JSON, _release_at_exit
 from tracer.storage._reader import open_dump
@@ -223,7 +223,7 @@ def test_the_run_id_comes_from_the_environment_under_torchrun(tmp_path, monkeypa
 
 def _disk_full_at(monkeypatch, step_file: str) -> None:
     """Make the fsync-and-rename of `step_file` fail as a full disk does."""
-    commit = _format.PendingFile.commit
+    commit = _file_io.PendingFile.commit
 
     def full_disk(self):
         if self.path.name == step_file:
@@ -231,7 +231,7 @@ def _disk_full_at(monkeypatch, step_file: str) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return commit(self)
 
-    monkeypatch.setattr(_format.PendingFile, "commit", full_disk)
+    monkeypatch.setattr(_file_io.PendingFile, "commit", full_disk)
 
 
 def _train_until_error(dumper: tracer.Dumper, model: nn.Module, steps: int):

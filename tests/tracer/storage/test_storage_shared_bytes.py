@@ -14,7 +14,7 @@ import torch.nn as nn
 
 import tracer
 import tracer._dumper as dumper_module
-from tracer.storage import _format
+from tracer.storage import _step_file
 from tracer._config import DumpConfig
 from tracer.analysis._diff import diff
 from tracer.storage._reader import open_dump
@@ -249,12 +249,12 @@ def test_spilled_bytes_are_written_in_place(tmp_path, writer):
     d = open_dump(tmp_path)
     for name, ref in spill_items().items():
         assert same(d.tensor_torch(0, 0, f"{name}.forward.0.output.0"), ref), name
-    assert tensors_offset(tmp_path) == _format.SPILL_OFFSET
+    assert tensors_offset(tmp_path) == _step_file.SPILL_OFFSET
     assert sorted(p.name for p in (tmp_path / "dump" / "rank0").iterdir()) == ["step0.h5"]
 
 
 def test_spilled_bytes_are_copied_when_the_metadata_does_not_fit(tmp_path, monkeypatch):
-    monkeypatch.setattr(_format, "SPILL_OFFSET", 4096)  # the records table alone is larger
+    monkeypatch.setattr(_step_file, "SPILL_OFFSET", 4096)  # the records table alone is larger
     write_spilled(tmp_path, "sync")
     d = open_dump(tmp_path)
     for name, ref in spill_items().items():
@@ -324,7 +324,8 @@ def test_diff_compares_a_permutation_with_its_c_order_copy(tmp_path):
 def test_strides_that_reach_past_the_bytes_are_refused(tmp_path):
     """A damaged `strides` cell is a clear format error, not a read out of bounds."""
     from tracer._errors import DumpFormatError
-    from tracer.storage._format import RECORD_FIELDS, StepFile, root_attrs, step_path
+    from tracer.storage._format import RECORD_FIELDS, root_attrs, step_path
+    from tracer.storage._step_file import StepFile
 
     f = StepFile(step_path(tmp_path, 0, 0), root_attrs(rank=0, world_size=1, step=0,
                                                        level="module", mode="tensor", config={}),
@@ -655,7 +656,7 @@ def test_diff_reads_a_large_slice_in_bounded_chunks(tmp_path, monkeypatch):
     """A slice pointing into its base's bytes is compared a few rows at a time, never read
     whole (its extent can be nearly the whole base: q of an attention split); it still
     compares equal to a C-order copy and finds one changed element."""
-    import tracer.analysis._diff as diff_module
+    import tracer.analysis._diff_record as diff_module
 
     write_slice_runs(tmp_path, torch.randn(40, 30, generator=torch.Generator().manual_seed(10)),
                      (31, 4))
@@ -679,7 +680,7 @@ def test_diff_reads_a_permutation_by_rows_of_its_first_dimension(tmp_path, monke
     """A permutation that keeps its first dimension outermost (heads moved in front of the
     sequence, say) is stored in memory order and compared in chunks of rows against its
     C-order copy; a change is found in either layout."""
-    import tracer.analysis._diff as diff_module
+    import tracer.analysis._diff_record as diff_module
 
     z = torch.randn(6, 5, 7, generator=torch.Generator().manual_seed(11))
     p = z.permute(0, 2, 1)  # strides (35, 1, 7): the first dimension is still outermost

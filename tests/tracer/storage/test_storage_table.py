@@ -10,18 +10,20 @@ import h5py
 import numpy as np
 import pytest
 
-from tracer.storage import _format
-from tracer.storage._format import HIT_COLUMNS, RECORD_COLUMNS, table_array
+from tracer.storage import _h5_objects
+from tracer.storage._format import HIT_COLUMNS, RECORD_COLUMNS
+from tracer.storage._h5_objects import table_array
+from tracer.storage._step_file import StepFile
 
-pytestmark = pytest.mark.skipif(_format._pack_rows is None, reason="C kernel not built")
+pytestmark = pytest.mark.skipif(_h5_objects._pack_rows is None, reason="C kernel not built")
 
 
 def _numpy_table(rows, columns):
-    packer, _format._pack_rows = _format._pack_rows, None
+    packer, _h5_objects._pack_rows = _h5_objects._pack_rows, None
     try:
         return table_array(rows, columns)
     finally:
-        _format._pack_rows = packer
+        _h5_objects._pack_rows = packer
 
 
 def _row(i: int, **changes):
@@ -75,7 +77,7 @@ def test_all_empty_strings_and_hits():
 ])
 def test_what_numpy_converts_is_left_to_numpy(changes):
     rows = [_row(0), _row(1, **changes)]
-    assert _format._pack_rows(rows, _format._column_kinds(RECORD_COLUMNS)) is None
+    assert _h5_objects._pack_rows(rows, _h5_objects._column_kinds(RECORD_COLUMNS)) is None
     try:
         expected = _numpy_table(rows, RECORD_COLUMNS)
     except (OverflowError, UnicodeEncodeError) as e:
@@ -87,15 +89,15 @@ def test_what_numpy_converts_is_left_to_numpy(changes):
 
 def test_rows_of_the_wrong_shape_are_left_to_numpy():
     rows = [_row(0), _row(1)[:-1]]
-    assert _format._pack_rows(rows, _format._column_kinds(RECORD_COLUMNS)) is None
-    assert _format._pack_rows([list(_row(0))], _format._column_kinds(RECORD_COLUMNS)) is None
+    assert _h5_objects._pack_rows(rows, _h5_objects._column_kinds(RECORD_COLUMNS)) is None
+    assert _h5_objects._pack_rows([list(_row(0))], _h5_objects._column_kinds(RECORD_COLUMNS)) is None
     with pytest.raises(ValueError, match="unknown column kind"):
-        _format._pack_rows([(1,)], b"x")
+        _h5_objects._pack_rows([(1,)], b"x")
 
 
 def test_a_packed_table_round_trips_through_a_step_file(tmp_path):
     rows = [_row(i) for i in range(5)] + [_row(5, name="ü.forward.0.output.0")]
-    file = _format.StepFile(tmp_path / "step0.h5", {"step": 0}, spill_bytes=1 << 20)
+    file = StepFile(tmp_path / "step0.h5", {"step": 0}, spill_bytes=1 << 20)
     for row in rows:
         file.add_row(row)
     path = file.finish()

@@ -359,7 +359,9 @@ def test_step_file_layout(tmp_path):
 def test_step_file_objects_are_those_h5py_would_make(tmp_path):
     """StepFile writes through h5py's low-level API; a reader must see what h5py's File,
     attrs and create_dataset make of the same values."""
-    from tracer.storage._format import RECORD_COLUMNS, StepFile, records_crc32, table_array
+    from tracer.storage._format import RECORD_COLUMNS, records_crc32
+    from tracer.storage._h5_objects import table_array
+    from tracer.storage._step_file import StepFile
 
     row = (0, "a.forward.0.output.0", "a", "", "forward", "output", 0, 0, "float32", "4", 4,
            -1.0, 1.0, 0.5, 2.0, 0, 0, 0, 1, 7, "model.py:7", -1, 0, "")
