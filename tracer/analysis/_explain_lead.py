@@ -330,8 +330,8 @@ class Lead:
             entitled = sum(self.sides.own_rounding(side, call_stem(r))
                            for side, recs in (("a", gone), ("b", new)) for r in recs)
         except NotReplayable as e:
-            cause = (f"the dumps hold no tensors (mode statistics): dump both runs with mode "
-                     f"tensor or full to measure it" if "statistics" in self.step.modes
+            cause = ("the dumps hold no tensors (mode statistics): dump both runs with mode "
+                     "tensor or full to measure it" if "statistics" in self.step.modes
                      else str(e))
             why = (f"{what}; that is where the runs part ({where} differs), but the rounding of "
                    f"those ops could not be measured ({cause}), so whether it is a bug is not "
