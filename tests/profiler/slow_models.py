@@ -1,14 +1,16 @@
 """Profile a few steps of a model we did not write, with or without a slowdown injected.
 
-Run as a script (`python slow_models.py KIND VARIANT RUN_DIR`) so that two runs can be profiled
-at the same time, sharing one machine's load; test_profiler_diff_models.py compares them.
+Run as a script (`python slow_models.py KIND RUN_A RUN_B`): the base run into RUN_A, then the
+slowed one into RUN_B, in one process, so the two are timed under the same load one after the
+other (two processes at once on a busy machine get unequal shares of it) and the interpreter,
+torch and transformers start once; test_profiler_diff_models.py compares them.
 
 KIND: `llama` (Hugging Face Llama built from a config; the slowdown: gradient checkpointing
 turned on, so backward recomputes each layer's forward), `gpt2` (Hugging Face GPT-2 from a
 config; the slowdown: the logits upcast to float64 for a log-softmax by a forward hook, a new
 cast) or `resnet` (Hugging Face ResNet, a torchvision-style CNN, from a config; the slowdown:
 a smaller batch, 2 images instead of 8, accumulated over 4 micro-batches to the same 8 a step,
-as one does to fit memory). VARIANT: `base` or `slow`.
+as one does to fit memory).
 """
 from __future__ import annotations
 
@@ -64,16 +66,23 @@ def resnet(slow: bool, run_dir: str) -> None:
             collector.step()
 
 
-def main(kind: str, variant: str, run_dir: str) -> None:
-    torch.set_num_threads(1)  # two runs share the machine: one thread each
-    if kind == "resnet":
-        return resnet(variant == "slow", run_dir)
-    model, batch = build(kind, variant == "slow")
+def main(kind: str, run_a: str, run_b: str) -> None:
+    torch.set_num_threads(1)  # the suite runs beside: one thread
+    for slow, run_dir in ((False, run_a), (True, run_b)):
+        if kind == "resnet":
+            resnet(slow, run_dir)
+        else:
+            train(kind, slow, run_dir)
+
+
+def train(kind: str, slow: bool, run_dir: str) -> None:
+    model, batch = build(kind, slow)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    cfg = profiler.CollectorConfig(wait=1, warmup=1, active=8, with_stack=True,
+    # five profiled steps a run: a rank test of 5 against 5 steps fully apart has p = 0.004
+    cfg = profiler.CollectorConfig(wait=0, warmup=1, active=5, with_stack=True,
                                    count_flops=False)
     with profiler.Collector(run_dir, config=cfg) as collector:
-        for _ in range(10):
+        for _ in range(6):
             loss = model(input_ids=batch, labels=batch).loss
             loss.backward()
             opt.step()

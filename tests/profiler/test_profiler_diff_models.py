@@ -2,8 +2,8 @@
 Hugging Face Llama with gradient checkpointing turned on (a recompute), a Hugging Face GPT-2
 whose logits a hook upcasts to float64 (a new cast), and a Hugging Face ResNet (a
 torchvision-style CNN) trained on a smaller batch accumulated to the same size (more, smaller
-calls). Each pair of runs is profiled at the same
-time, in two processes, so that the machine's load falls on both alike."""
+calls). Each pair of runs is profiled one after the other in one process
+(tests/profiler/slow_models.py)."""
 from __future__ import annotations
 
 import os
@@ -23,21 +23,20 @@ REPO = HERE.parents[1]
 
 
 def profile_pair(kind: str, tmp_path: Path) -> tuple[Path, Path]:
+    """The base run and the slowed one, profiled one after the other in one process."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)]),
            "OMP_NUM_THREADS": "1"}
     dirs = (tmp_path / "a", tmp_path / "b")
-    procs = [subprocess.Popen([sys.executable, str(HERE / "slow_models.py"), kind, variant,
-                               str(d)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for variant, d in zip(("base", "slow"), dirs)]
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, out
+    out = subprocess.run([sys.executable, str(HERE / "slow_models.py"), kind, *map(str, dirs)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout
     return dirs
 
 
 def judged_pair(kind: str, tmp_path: Path):
     """The diff of a profiled pair (B slowed on purpose); profiled again, once, when it is not
-    judged slower: two processes on a shared machine do not always get equal shares of it. A
+    judged slower: a shared machine's load can change between the two runs. A
     second "no change beyond noise" is skipped (the diff rightly says it cannot tell: the
     causes are named only for a change the steps show); a verdict of "faster" fails."""
     d = profiler.diff_profiles(*profile_pair(kind, tmp_path / "first"))
