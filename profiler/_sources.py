@@ -217,17 +217,23 @@ class LineFinder:
 
     def __init__(self, search_path: list[str], profiled_at: float | None = None,
                  hashes: dict[str, str] | None = None,
-                 call_lines: dict[str, list[str]] | None = None) -> None:
+                 call_lines: dict[str, list[str]] | None = None,
+                 own_lines: list[str] | None = None) -> None:
         """`hashes`: the content hash of each source file when the trace was taken
         (`source_hashes`); a file whose content now differs has its lines marked CHANGED.
         `profiled_at`: when the trace was taken (seconds since the epoch), the fallback for a
         file without a stored hash (profiles written before hashes): a file modified after it
-        is marked CHANGED."""
+        is marked CHANGED. `own_lines`: the `file:line`s where the collector's own step() was
+        called (`collector_call_lines`), never the call that made an op of the user's
+        `.step()` (an optimizer's) when another call of that name is there."""
         self._path = [p for p in search_path if isinstance(p, str)]
         self._at = profiled_at
         self._hashes = hashes if isinstance(hashes, dict) else {}
         # a top-level module's name -> the `file:line`s that called it (the collector's)
         self._calls = call_lines if isinstance(call_lines, dict) else {}
+        self._own = {os.path.abspath(x.rpartition(":")[0]) + ":" + x.rpartition(":")[2]
+                     for x in (own_lines if isinstance(own_lines, list) else [])
+                     if isinstance(x, str) and ":" in x}
         self._files: dict[str, tuple[str, ast.Module, bool] | None] = {}
         self._found: dict[tuple[str, int, str, str | None], tuple[str, bool]] = {}
 
@@ -291,6 +297,8 @@ class LineFinder:
                                 any(type(o).__name__ == kind for o in getattr(n, "ops", ()))})
         else:
             lines = sorted({n.lineno for n in _walk_calls(scope) if _call_name(n) == token})
+            theirs = [n for n in lines if f"{path}:{n}" not in self._own]
+            lines = theirs or lines  # the collector's own `.step()` is not the optimizer's
         if not lines:  # the def: torch's line for a frame running when profiling began is stale
             return (f"{path}:{getattr(scope, 'lineno', line) if scope is not tree else line}"
                     f"{mark}", False)

@@ -183,7 +183,8 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     frames: dict[int, str] = {}
     finder = (LineFinder([*(meta.get("python_path") or []), *sys.path, ""],
                          profiled_at=_profiled_at(meta), hashes=meta.get("source_hashes"),
-                         call_lines=meta.get("module_call_lines"))
+                         call_lines=meta.get("module_call_lines"),
+                         own_lines=meta.get("collector_call_lines"))
               if stacks else None)
     # a backward op's line is its forward op's (by its autograd node's Sequence number): the
     # user wrote that line; `loss.backward()` only ran it (a new cast's backward is the cast's)

@@ -269,3 +269,46 @@ def test_a_python_loop_over_a_tensor_is_given_its_line(tmp_path):
     for name in ("aten::select", "aten::eq", "aten::is_nonzero"):
         rows = ops[ops["name"] == name]
         assert len(rows) and set(rows["source"]) == {want}, (name, rows[["name", "source"]])
+
+
+LOOP_OPT = '''import sys, torch
+import profiler
+
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+cfg = profiler.CollectorConfig(wait=0, warmup=1, active=2, with_stack=True)
+with profiler.Collector(sys.argv[1], config=cfg) as collector:
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        collector.step()
+'''
+
+
+@pytest.mark.slow
+def test_the_optimizers_step_is_not_the_collectors(tmp_path):
+    """`opt.step()` and `collector.step()` in one loop: the optimizer's ops are given the
+    optimizer's line alone, never Sleuth's own call of the same name."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import profiler
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP_OPT)
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = LOOP_OPT.splitlines()
+    want = f"{script}:{lines.index('        opt.step()') + 1}"
+    own = f"{script}:{lines.index('        collector.step()') + 1}"
+    meta = json.loads((tmp_path / "run" / "profile" / "rank0" / "window0.json").read_text())
+    assert own in meta["collector_call_lines"]
+    ops = profiler.read_profile(tmp_path / "run").ops
+    adam = ops[ops["name"].isin(["aten::addcmul_", "aten::lerp_", "aten::sqrt"])]
+    assert len(adam) and set(adam["source"]) == {want}, adam[["name", "source"]]
