@@ -91,6 +91,9 @@ class ProfileDiff:
     """rank, figure, key, a, b, delta: the `gpu` figures of each rank, A's rank beside B's."""
     kernels_ranks: Any = None
     """rank, module, type, kernel_a_us, kernel_b_us, delta_us: `kernels` of each rank."""
+    new_call_sites: list[tuple[str, str]] = field(default_factory=list)
+    """(module, file:line): a top-level module call B makes from a line of a script it shares
+    with A where A makes none (an extra forward, a second model call)."""
     repeats: dict[str, list[str]] = field(default_factory=dict)
     """The further runs of each side's config (`a`, `b`) whose steps the verdict pooled."""
     host: Any = None
@@ -261,6 +264,7 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
                       gpu_ranks=gpu_ranks, kernels_ranks=kernels_ranks,
                       host=host_diff(pa, pb, na, nb, descending))
     out.repeats = {"a": [name(x) for x in repeat_a], "b": [name(x) for x in repeat_b]}
+    out.new_call_sites = _new_call_sites(pa, pb)
     out.causes = causes(out)
     return out
 
@@ -310,6 +314,33 @@ def _unjudged_calls(ops: Any, lines: Any, step_us: float, notes: list[str]) -> N
                  f"step at A's time per call{where}: within the noise of these step times, so "
                  "not judged; profile on a quieter machine, more steps, or with repeats "
                  "(--repeat-a) to judge it")
+
+
+def _call_sites(p: Any) -> dict[str, set[str]]:
+    """Top-level module name -> the `file:line`s that called it, over a profile's windows."""
+    out: dict[str, set[str]] = {}
+    w = getattr(p, "windows", None)
+    if w is None or getattr(w, "empty", True) or "module_call_lines" not in w:
+        return out
+    for sites in w["module_call_lines"]:
+        if isinstance(sites, dict):
+            for mod, lines in sites.items():
+                out.setdefault(str(mod), set()).update(str(x) for x in lines or ())
+    return out
+
+
+def _new_call_sites(pa: Any, pb: Any) -> list[tuple[str, str]]:
+    """(module, file:line) of each top-level module call B makes from a line A never calls it
+    from, in a file A's calls come from too: the same script, so the line is a new call and
+    not the same call moved to another copy of it."""
+    a, b = _call_sites(pa), _call_sites(pb)
+    out = []
+    for mod, lines in sorted(b.items()):
+        files_a = {x.rpartition(":")[0] for x in a.get(mod, ())}
+        for site in sorted(lines - a.get(mod, set())):
+            if site.rpartition(":")[0] in files_a:
+                out.append((mod, site))
+    return out
 
 
 # ---- step times ----------------------------------------------------------------------------------

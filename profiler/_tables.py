@@ -312,6 +312,11 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
         "clamped_events": clamped,
         "window_us": win1 - win0,
         "gpu": bool(device),
+        # where each top-level module was called from (the collector's record), so a diff can
+        # name a call site one run has and the other has not
+        "module_call_lines": {str(k): [str(x) for x in v] for k, v in
+                              (meta.get("module_call_lines") or {}).items()
+                              if isinstance(v, list)},
         **_tool_summary(tool_pieces, step_rows, [(st.ts, st.end) for st in steps]),
     }
     return {"ops": op_rows, "modules": list(mods.values()), "steps": step_rows,
