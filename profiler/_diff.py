@@ -166,6 +166,7 @@ class ProfileDiff:
             "gpu": records(self.gpu), "kernels": records(self.kernels),
             "gpu_ranks": records(self.gpu_ranks), "kernels_ranks": records(self.kernels_ranks),
             "host": records(self.host),
+            "new_call_sites": [{"module": m, "source": s} for m, s in self.new_call_sites],
             "sides": {k: {kk: (str(vv) if isinstance(vv, Path) else vv) for kk, vv in v.items()}
                       for k, v in self.sides.items()},
         })
