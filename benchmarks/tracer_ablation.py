@@ -71,7 +71,7 @@ import tracer_overhead as overhead  # noqa: E402  (its model, blocks and repo pa
 
 import tracer  # noqa: E402
 from tracer.capture import ParamRecords  # noqa: E402
-from tracer.storage import _cuda_stats, _h5_objects, _stats  # noqa: E402
+from tracer.storage import _cuda_stats, _device_stats, _h5_objects, _stats  # noqa: E402
 
 CONDITIONS = {
     "module_statistics": {"level": "module", "mode": "statistics", "writer": "sync"},
@@ -258,7 +258,7 @@ def stats_pass_s(tensors: list[torch.Tensor]) -> float:
         if t.is_cpu:
             _stats.host_stats(t)
         else:
-            _stats.device_stats(t)
+            _device_stats.device_stats(t)
     for i in range(0, len(on_device), 512):
         _batched_stats.launch(on_device[i:i + 512], torch.device("cuda"), True)
     if on_device:

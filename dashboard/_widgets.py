@@ -30,7 +30,7 @@ def error_panel(message: str) -> html.Div:
 def notice(e: Exception) -> html.Div:
     """The panel for a `NoData` a page caught: an error panel for a damaged file, else the
     empty state that says how to get the data."""
-    from dashboard._data import ReadError
+    from dashboard._cache import ReadError
 
     return error_panel(str(e)) if isinstance(e, ReadError) else empty_state(str(e))
 

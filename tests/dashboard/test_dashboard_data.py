@@ -8,7 +8,7 @@ import math
 import pytest
 
 from dashboard_helpers import write_run
-from dashboard import _data
+from dashboard import _cache, _data
 
 
 def test_metrics_series_and_incremental_tail(tmp_path):
@@ -70,7 +70,7 @@ def test_missing_reader_is_an_empty_state(tmp_path, monkeypatch):
             raise ImportError("No module named 'profiler'")
         return real(name, *a, **k)
 
-    monkeypatch.setattr(_data.importlib, "import_module", fake)
+    monkeypatch.setattr(_cache.importlib, "import_module", fake)
     with pytest.raises(_data.NoData, match="needs `profiler.read_profile`"):
         _data.profile(run)
 

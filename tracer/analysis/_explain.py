@@ -34,8 +34,9 @@ from tracer._errors import TracerError
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff import diff
 from tracer.analysis._diff_result import _jsonable
-from tracer.analysis._explain_lead import Finding, Lead, Step
+from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
+from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
 from tracer.storage import open_dump
 

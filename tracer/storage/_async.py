@@ -50,12 +50,13 @@ import torch
 from tracer._config import DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._batcher import record_batch
+from tracer.storage._device_stats import decode_packed, element_bits
 from tracer.storage._file_process import shared_file_process
 from tracer.storage._pipeline import Barrier, FileFailure, FilePipeline
 from tracer.storage._format import RecordMeta
 from tracer.storage._row_buffer import RowBuffer
 from tracer.storage._staging import ThreadStager, take_now
-from tracer.storage._stats import decode_packed, element_bits, kernel_available
+from tracer.storage._stats import kernel_available
 from tracer.storage._step_file import StepFile
 from tracer.storage._writer import Writer
 

@@ -283,7 +283,7 @@ def _wrap(values: np.ndarray, bits: np.ndarray) -> np.ndarray:
 def decode(slab: np.ndarray, dtypes: list[torch.dtype]) -> list[dict]:
     """The statistics dicts (`decode_packed`'s: STAT_FIELDS, and "sketch" where the slab has
     one) of an output slab copied to the host, one per row; `dtypes` are the records'."""
-    from tracer.storage._stats import STAT_FIELDS
+    from tracer.storage._stat_fields import STAT_FIELDS
 
     slab = np.ascontiguousarray(slab, dtype=np.int64)
     floats = slab[:, :4].view(np.float64).tolist()

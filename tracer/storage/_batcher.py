@@ -32,7 +32,7 @@ import torch
 from tracer._errors import TracerError
 from tracer.storage import _batched_stats as kernel
 from tracer.storage._staging import Pending
-from tracer.storage._stats import empty_stats
+from tracer.storage._stat_fields import empty_stats
 
 MAX_RECORDS = 512
 """Records a batch holds before it is flushed."""

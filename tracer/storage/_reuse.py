@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from tracer.storage._elements import dense_span, memory_span
 from tracer.storage._layout import stored_extent
-from tracer.storage._stats import dense_span, memory_span, shape_str
+from tracer.storage._stat_fields import shape_str
 
 _STRIDED = torch.strided
 
@@ -33,7 +34,7 @@ def reuse_key(t: torch.Tensor, version: int | None = None) -> tuple[tuple, tuple
     """(where, state): records whose `where` and `state` are equal hold the same statistics.
 
     A tensor that the statistics read as one dense span of memory (contiguous, or on CPU a
-    transpose/permutation of a dense block, read in memory order: see `_stats._flat`) is found
+    transpose/permutation of a dense block, read in memory order: see `_elements._flat`) is found
     by its span, so a view (`aten.view`, `aten.t`, ...) of a tensor recorded earlier reuses its
     statistics; any other by its identity. `state` is the version counter, shared by a tensor
     and all its views and bumped by every in-place op, plus shape and strides for identity

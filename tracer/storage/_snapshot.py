@@ -12,7 +12,9 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
-from tracer.storage._stats import copy_stats_into, dense_span, memory_span, shape_str
+from tracer.storage._elements import dense_span, memory_span
+from tracer.storage._stat_fields import shape_str
+from tracer.storage._stats import copy_stats_into
 
 
 class StagingPool:

@@ -10,13 +10,14 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
+from tracer.storage._device_stats import decode_packed, device_stats, element_bits
 from tracer.storage._format import RecordMeta
 from tracer.storage._reuse import Within
 from tracer.storage._sampling import with_sketch
 from tracer.storage._snapshot import (StagingPool, StoredBytes, snapshot, snapshot_bytes,
                                       snapshot_stats)
-from tracer.storage._stats import (decode_packed, device_stats, element_bits, empty_stats,
-                                   host_stats)
+from tracer.storage._stat_fields import empty_stats
+from tracer.storage._stats import host_stats
 
 
 class Pending(NamedTuple):

@@ -21,9 +21,9 @@
  * Each returns exactly what stats() returns for the resulting tensor. sample() reads a record's
  * sketch: a few elements at given offsets, as float64.
  *
- * The numpy/torch path in _stats.py makes five passes and ~10 torch calls per chunk; this one
- * pass runs near memory speed. The build is optional (setup.py): without a C compiler the
- * tracer uses that path.
+ * The numpy/torch path in _numpy_stats.py makes five passes and ~10 torch calls per chunk;
+ * this one pass runs near memory speed. The build is optional (setup.py): without a C compiler
+ * the tracer uses that path.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

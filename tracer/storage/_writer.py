@@ -25,7 +25,8 @@ from tracer.storage._reuse import SAME_LAYOUT, ReuseIndex, Within
 from tracer.storage._sampling import sketch_of
 from tracer.storage._snapshot import StagingPool, StoredBytes, stored_bytes
 from tracer.storage._staging import Pending, sketch_layout, take_now
-from tracer.storage._stats import dtype_name, empty_stats, host_stats, shape_str
+from tracer.storage._stat_fields import dtype_name, empty_stats, shape_str
+from tracer.storage._stats import host_stats
 from tracer.storage._step_file import StepFile
 
 

@@ -54,7 +54,8 @@ def test_parameter_records_match_the_tensors_they_describe(tmp_path, writer, mon
     on CPU) are exactly the statistics of the tensors, and the stored update is exactly the
     parameter after the step minus the one before."""
     import tracer._dumper as dumper_module
-    from tracer.storage._stats import STAT_FIELDS, kernel_available, host_stats
+    from tracer.storage._stat_fields import STAT_FIELDS
+    from tracer.storage._stats import host_stats, kernel_available
 
     fused = []
     for name in ("copy_stats", "difference_stats"):

@@ -11,8 +11,8 @@ import torch
 
 from tracer.storage import _batched_stats as kernel
 from tracer.storage._batcher import Deferred
+from tracer.storage._device_stats import decode_packed, device_stats, element_bits
 from tracer.storage._sampling import with_sketch
-from tracer.storage._stats import decode_packed, device_stats, element_bits
 
 triton = pytest.importorskip("triton")
 

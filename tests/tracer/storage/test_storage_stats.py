@@ -9,8 +9,9 @@ import torch
 
 import shutil
 
-from tracer.storage._stats import (decode_packed, device_stats, element_bits, kernel_available,
-                                   host_stats, numpy_host_stats)
+from tracer.storage._device_stats import decode_packed, device_stats, element_bits
+from tracer.storage._numpy_stats import numpy_host_stats
+from tracer.storage._stats import host_stats, kernel_available
 
 INF, NAN = math.inf, math.nan
 
@@ -51,7 +52,7 @@ def test_transposed_tensors_are_read_without_a_copy_and_agree():
     x = torch.randn(64, 3, 96)
     for t in (x.permute(2, 0, 1), x.transpose(0, 2), x[:, 1].t()):
         check(t)
-    from tracer.storage._stats import dense_span
+    from tracer.storage._elements import dense_span
 
     assert dense_span(x.permute(2, 0, 1)) and not dense_span(x[:, 1].t())
     assert not dense_span(torch.randn(3, 1).expand(3, 4))
@@ -524,7 +525,7 @@ def test_snapshot_takes_statistics_in_the_copy(dtype):
     """snapshot_stats: the snapshot is the tensor bit for bit (a transpose keeps its strides,
     copied in memory order), its statistics are exactly host_stats of the snapshot where the
     kernel copies the dtype, and None (measured later) where it does not; pooled buffers too."""
-    from tracer.storage._stats import shape_str
+    from tracer.storage._stat_fields import shape_str
     from tracer.storage._snapshot import StagingPool, StoredBytes, snapshot_stats
 
     g = torch.Generator().manual_seed(9)
