@@ -251,19 +251,8 @@ with profiler.Collector(sys.argv[1], config=cfg) as c:
 
 @pytest.mark.slow
 def test_a_python_loop_over_a_tensor_is_given_its_line(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     import profiler
-    repo = Path(__file__).resolve().parents[2]
-    script = tmp_path / "acc.py"
-    script.write_text(LOOP_ACC)
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    script = _profile_script(tmp_path, LOOP_ACC, "acc.py")
     want = f"{script}:{LOOP_ACC.splitlines().index('        if pred[i] == y[i]:') + 1}"
     ops = profiler.read_profile(tmp_path / "run").ops
     for name in ("aten::select", "aten::eq", "aten::is_nonzero"):
@@ -291,19 +280,9 @@ def test_the_optimizers_step_is_not_the_collectors(tmp_path):
     """`opt.step()` and `collector.step()` in one loop: the optimizer's ops are given the
     optimizer's line alone, never Sleuth's own call of the same name."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     import profiler
-    repo = Path(__file__).resolve().parents[2]
-    script = tmp_path / "loop.py"
-    script.write_text(LOOP_OPT)
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
+    script = _profile_script(tmp_path, LOOP_OPT, "loop.py")
     lines = LOOP_OPT.splitlines()
     want = f"{script}:{lines.index('        opt.step()') + 1}"
     own = f"{script}:{lines.index('        collector.step()') + 1}"
@@ -312,3 +291,20 @@ def test_the_optimizers_step_is_not_the_collectors(tmp_path):
     ops = profiler.read_profile(tmp_path / "run").ops
     adam = ops[ops["name"].isin(["aten::addcmul_", "aten::lerp_", "aten::sqrt"])]
     assert len(adam) and set(adam["source"]) == {want}, adam[["name", "source"]]
+
+
+def _profile_script(tmp_path, text: str, name: str):
+    """Write `text` to tmp_path/name and run it (it profiles into tmp_path/run); its path."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / name
+    script.write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "run")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return script
