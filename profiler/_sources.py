@@ -113,7 +113,10 @@ _OPERATORS = {"matmul": "MatMult", "mm": "MatMult", "bmm": "MatMult", "add": "Ad
               # `x[i]`, `x[:, 1:]`, `x[mask]`; and a tensor's truth (`if t:`, `while t`, `a and
               # b`, `not t`), which makes `is_nonzero` and the `.item()` under it
               "select": "Subscript", "slice": "Subscript", "index": "Subscript",
-              "is_nonzero": "Truth"}
+              "is_nonzero": "Truth",
+              # `for v in t` (iterating a tensor unbinds it) and `float(v)`, `int(v)` (a
+              # tensor's Python number: its `.item()`)
+              "unbind": "Iter", "item": "Scalar", "_local_scalar_dense": "Scalar"}
 _OP_PREFIX = "<operator "
 
 
@@ -291,6 +294,14 @@ class LineFinder:
                 lines = sorted({n.lineno for n in _walk(scope, (ast.Subscript,))})
             elif kind == "Truth":
                 lines = sorted(_truth_lines(scope))
+            elif kind == "Iter":  # a loop over range() iterates no tensor
+                lines = sorted({n.iter.lineno for n in _walk(scope, (ast.For, ast.AsyncFor,
+                                                                     ast.comprehension))
+                                if not (isinstance(n.iter, ast.Call)
+                                        and _call_name(n.iter) == "range")})
+            elif kind == "Scalar":
+                lines = sorted({n.lineno for n in _walk_calls(scope)
+                                if _call_name(n) in ("float", "int", "bool", "complex")})
             else:
                 lines = sorted({n.lineno for n in _walk_operators(scope)
                                 if type(_operator(n)).__name__ == kind or

@@ -130,7 +130,7 @@ def test_a_repeat_must_be_another_run_of_the_same_config():
         profiler.diff_profiles(a, b, repeat_a=[a2], repeat_b=[a2])
     other = _Profile("bert", _steps(2000), [("aten::bmm", 12, 900.0), ("aten::softmax", 4, 80.0)])
     with pytest.raises(ProfilerError, match=r"--repeat-a bert is not a run of A's config: its op "
-                                            r"calls a step differ by 100 % .*aten::bmm 0 -> 12"):
+                                            r"calls a step differ from its side.s by 500 % .*aten::bmm 0 -> 12"):
         profiler.diff_profiles(a, b, repeat_a=[other])
     with pytest.raises(ProfileFormatError, match=r"--repeat-b empty: no profiled steps"):
         profiler.diff_profiles(a, b, repeat_b=[_Profile("empty", [], CHECK)])
@@ -147,3 +147,13 @@ def test_a_run_directory_given_alone_is_one_repeat(tmp_path):
     assert as_list(None) == [] and as_list([tmp_path, tmp_path]) == [tmp_path, tmp_path]
     # one run however it is spelled
     assert identity(str(tmp_path) + "/") == identity(tmp_path / "." ) == identity(tmp_path)
+
+
+def test_an_extra_forward_is_another_config():
+    """A sixth more calls of the same ops (an extra no_grad forward) is not a repeat."""
+    from profiler import ProfilerError
+    a, b = _Profile("a", _steps(2000), BASE), _Profile("b", _steps(2400), CHECK)
+    extra = _Profile("xfwd", _steps(2300), [("aten::addmm", 3.6, 360.0), ("aten::relu", 1.2, 60.0)])
+    with pytest.raises(ProfilerError, match=r"--repeat-a xfwd is not a run of A's config: its "
+                                            r"op calls a step differ from its side's by 20 %"):
+        profiler.diff_profiles(a, b, repeat_a=[extra])

@@ -293,6 +293,36 @@ def test_the_optimizers_step_is_not_the_collectors(tmp_path):
     assert len(adam) and set(adam["source"]) == {want}, adam[["name", "source"]]
 
 
+LOOP_ITER = '''import sys, torch
+import profiler
+
+w = torch.randn(40)
+cfg = profiler.CollectorConfig(wait=0, warmup=1, active=2, with_stack=True)
+with profiler.Collector(sys.argv[1], config=cfg) as c:
+    for _ in range(3):
+        s = 0.0
+        for v in w[:20]:
+            s += float(v)
+        c.step()
+'''
+
+
+@pytest.mark.slow
+def test_iterating_a_tensor_and_taking_its_numbers_are_given_their_lines(tmp_path):
+    """`for v in t` makes aten::unbind and `float(v)` aten::item, neither a call of that name:
+    each is given its line, in a loop at a script's top level too (where the frame's own line
+    is where the loop was when profiling began)."""
+    import profiler
+    script = _profile_script(tmp_path, LOOP_ITER, "it.py")
+    lines = LOOP_ITER.splitlines()
+    ops = profiler.read_profile(tmp_path / "run").ops
+    for name, text in (("aten::unbind", "        for v in w[:20]:"),
+                       ("aten::item", "            s += float(v)")):
+        rows = ops[ops["name"] == name]
+        want = f"{script}:{lines.index(text) + 1}"
+        assert len(rows) and set(rows["source"]) == {want}, (name, rows[["name", "source"]])
+
+
 def _profile_script(tmp_path, text: str, name: str):
     """Write `text` to tmp_path/name and run it (it profiles into tmp_path/run); its path."""
     import os
