@@ -281,6 +281,18 @@ def _verdict(chain: list[dict[str, Any]], found: Finding | None, start: dict[str
             + f" (B computes in {', '.join(dtypes) or '?'})") if worst else \
         "none of them adds error on identical inputs"
     mixed = next((n for n in notes if "differ in dtype" in n), "")
+    received = float(chain[0].get("received") or 0.0) if chain else 0.0
+    if found is None and not worst and not mixed and received > 0:
+        # no op re-run on the chain adds any error and no dtype differs: rounding made none of
+        # it, so the chain's first op received a difference made before it (in records the
+        # diff judged within tolerance), which calling it precision would hide
+        first = chain[0]
+        return Explanation(
+            "unexplained", f"the chain's first op, {_where(first)}, already receives inputs "
+            f"that differ by {received:.3g} (relative), and no op re-run on the chain adds any "
+            "error, with no dtype differing between the runs: the difference was made before "
+            "it, in records the diff judged within tolerance; diff again with tighter "
+            "tolerances (--rtol, --atol) to see where it begins", None, chain, fd, notes)
     cast = (f". B's precision first differs at {mixed.split(', the first at ', 1)[1]}"
             if ", the first at " in mixed else "")
     if found is not None and found.judged == "rounding":

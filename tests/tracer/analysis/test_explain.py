@@ -289,3 +289,27 @@ def test_an_op_that_cannot_be_re_run_where_the_runs_part_is_never_called_roundin
     e = explain(run(tmp_path / "a", 1), run(tmp_path / "b", 2))
     assert e.status == "unexplained" and e.exit_code == 1, e.verdict
     assert "could not be re-run" in e.verdict and "aten.bernoulli_" in e.verdict
+
+
+def _link(name: str, received: float, introduced: float) -> dict:
+    return {"name": name, "op": "aten.add", "source": "model.py:9", "received": received,
+            "introduced": introduced, "entitled": 1e-8, "judged": "rounding",
+            "b_dtype": "bfloat16", "changes": [], "why": ""}
+
+
+def test_no_error_added_on_the_chain_and_no_dtype_differing_is_not_precision():
+    """Two bf16 runs, a bug upstream of the chain in records the diff judged within tolerance:
+    the chain's first op receives a 50 % difference and no op re-run adds any error. Rounding
+    made none of it, so the verdict is not "precision"; with a dtype that differs, or an op
+    that adds error, it is."""
+    from tracer.analysis._explain import _verdict
+
+    chain = [_link("layers.0::aten.add.forward.1", 0.5, 0.0),
+             _link("layers.1::aten.pow.forward.0", 0.06, 0.0)]
+    e = _verdict(chain, None, chain[0], {}, [])
+    assert e.status == "unexplained", e.verdict
+    assert "already receives inputs that differ by 0.5" in e.verdict and "--rtol" in e.verdict
+    mixed = ["records differ in dtype, the first at x.input.0 (float32 vs bfloat16, m.py:3)"]
+    assert _verdict(chain, None, chain[0], {}, mixed).status == "precision"
+    lossy = [_link("layers.0::aten.add.forward.1", 0.5, 0.004)]
+    assert _verdict(lossy, None, lossy[0], {}, []).status == "precision"
