@@ -64,7 +64,7 @@ class Collector:
         self._step_wall: dict[int, float] = {}
         # where the user's code calls this collector's step(): a `.step()` the source lookup
         # must not take for the optimizer's (`opt.step()` and `collector.step()` in one loop)
-        self._own_lines: set[str] = set()
+        self._own_lines: set[tuple[str, int]] = set()
         self._window = 0
         self._modules: Any = None
         self._closed = False
@@ -130,7 +130,7 @@ class Collector:
             return
         now = time.perf_counter()
         caller = sys._getframe(1)
-        self._own_lines.add(f"{os.path.abspath(caller.f_code.co_filename)}:{caller.f_lineno}")
+        self._own_lines.add((caller.f_code.co_filename, caller.f_lineno))
         action = self.config.schedule_action(self._step)
         if action != "none":
             self._step_wall[self._step] = now - self._t0
@@ -265,7 +265,8 @@ class Collector:
             "module_call_lines": ({k: sorted(v, key=v.get, reverse=True)
                                    for k, v in self._modules.call_lines.items()}
                                   if self._modules is not None else {}),
-            "collector_call_lines": sorted(self._own_lines),
+            "collector_call_lines": sorted({f"{os.path.abspath(f)}:{n}"
+                                            for f, n in self._own_lines}),
             "config": cfg.to_dict(), "torch_version": _torch_version(),
             # where the trace's shortened frame paths resolve (source lines, with_stack)
             "python_path": [os.getcwd(), *(p for p in sys.path if isinstance(p, str))],

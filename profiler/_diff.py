@@ -22,17 +22,16 @@ a floor from their spread); the rest explains it:
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from profiler._diff_causes import PHASES, causes
+from profiler._diff_causes import PHASES, causes, short_source
 from profiler._diff_gpu import gpu_diff, gpu_rank_diff
 from profiler._diff_pairs import empty_lines, host_diff, line_diff, module_diff, op_diff, rank
 from profiler._errors import ProfileFormatError
 from profiler._noise import Judgement, Spread, between_runs, judge, spread
-from profiler._repeats import as_list, identity, name, read_repeats
+from profiler._repeats import as_list, identity, name, read, read_repeats
 
 
 @dataclass
@@ -195,7 +194,7 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
         raise ProfilerError(f"threshold must be in [0, 10) and alpha in (0, 1), got "
                             f"{threshold!r} and {alpha!r}")
     names = [name(x) for x in (a, b)]
-    pa, pb = _read(a), _read(b)
+    pa, pb = read(a), read(b)
     for side, x, p in (("A", a, pa), ("B", b, pb)):
         if p.steps.empty:
             raise ProfileFormatError(f"{side} ({name(x)}) has no profiled steps, so no step "
@@ -213,6 +212,8 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     measured = [v for v in between if not math.isnan(v)]
     j = judge(ta, tb, threshold=threshold, alpha=alpha,
               between=max(measured) if measured else math.nan)
+    step_a, step_b = spread(ta), spread(tb)
+    step_us = min(step_a.median, step_b.median)
     notes: list[str] = []
     if not measured:
         notes.append("one profile a side: the machine's speed can drift between two runs (another "
@@ -248,17 +249,19 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
         notes.append(f"the dump was on in {'A' if sa['dump_on'] else 'B'} only: Sleuth's own work "
                      "is inside its phases (the `tools` row)")
     raw_ops = op_diff(pa.ops, pb.ops, na, nb, stacks)
-    j = _against_calls(j, raw_ops, min(spread(ta).median, spread(tb).median), notes)
+    # what B's change in calls costs a step at A's time per call: calls do not move with load
+    calls_us = float(raw_ops["from_calls_us"].sum()) if not raw_ops.empty else 0.0
+    j = _against_calls(j, calls_us, step_us, notes)
     descending = j.verdict != "faster"
     ops = rank(raw_ops, descending)
     mods = rank(module_diff(pa.modules, pb.modules, na, nb), descending)
     lines = line_diff(ops, descending) if stacks else empty_lines()
     if j.verdict == "no change" and not j.withheld:
-        _unjudged_calls(raw_ops, lines, min(spread(ta).median, spread(tb).median), notes)
+        _unjudged_calls(calls_us, lines, step_us, notes)
     ranks, slower_rank = _rank_diff(pa, pb)
     gpu, kernels = gpu_diff(pa, pb, na, nb, notes, descending)
     gpu_ranks, kernels_ranks = gpu_rank_diff(pa, pb, descending)
-    out = ProfileDiff(a=names[0], b=names[1], judgement=j, step_a=spread(ta), step_b=spread(tb),
+    out = ProfileDiff(a=names[0], b=names[1], judgement=j, step_a=step_a, step_b=step_b,
                       breakdown=_breakdown(pa.steps, pb.steps), ops=ops, modules=mods,
                       lines=lines, ranks=ranks, sides={"a": sa, "b": sb}, notes=notes,
                       slower_rank=slower_rank, gpu=gpu, kernels=kernels,
@@ -270,21 +273,15 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     return out
 
 
-def _read(x: Any) -> Any:
-    from profiler._reader import read_profile
-    return read_profile(x) if isinstance(x, (str, os.PathLike)) else x
-
-
-def _against_calls(j: Judgement, ops: Any, step_us: float, notes: list[str]) -> Judgement:
+def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[str]) -> Judgement:
     """The verdict kept, or "no change" when its direction is against the calls and nothing
     measured the variation between runs: B judged faster by less than twice the floor while it
     makes calls A does not (or slower while it makes fewer). Calls do not move with the
     machine's load; a whole run's steps do, when the machine's speed drifts between runs, and
     one profile a side cannot tell that from a change of the program."""
-    if j.verdict == "no change" or not math.isnan(j.between) or ops.empty:
+    if j.verdict == "no change" or not math.isnan(j.between):
         return j
     sign = 1 if j.verdict == "slower" else -1
-    calls_us = float(ops["from_calls_us"].sum())
     if sign * calls_us >= 0 or abs(calls_us) <= 0.01 * step_us or abs(j.change) >= 2 * j.noise:
         return j
     more = "more" if calls_us > 0 else "fewer"
@@ -295,13 +292,10 @@ def _against_calls(j: Judgement, ops: Any, step_us: float, notes: list[str]) -> 
     return replace(j, verdict="no change", withheld=j.verdict)
 
 
-def _unjudged_calls(ops: Any, lines: Any, step_us: float, notes: list[str]) -> None:
+def _unjudged_calls(calls_us: float, lines: Any, step_us: float, notes: list[str]) -> None:
     """With no change beyond noise, a change in calls that would cost time (new calls, a
     recompute) is still named in a note: the steps were too noisy to judge it, not the program
     unchanged."""
-    if ops.empty:
-        return
-    calls_us = float(ops["from_calls_us"].sum())
     if abs(calls_us) <= 0.01 * step_us:
         return
     sign = 1 if calls_us > 0 else -1
@@ -309,7 +303,6 @@ def _unjudged_calls(ops: Any, lines: Any, step_us: float, notes: list[str]) -> N
     if not lines.empty:
         top = lines.loc[(sign * lines["from_calls_us"]).idxmax()]
         if sign * float(top["from_calls_us"]) > 0:
-            from profiler._diff_causes import short_source
             where = f", the most at {short_source(str(top['source']))} ({top['ops']})"
     notes.append(f"B makes {'more' if sign > 0 else 'fewer'} calls than A, {calls_us:+.4g} us a "
                  f"step at A's time per call{where}: within the noise of these step times, so "

@@ -8,13 +8,12 @@ their share of the change.
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler._diff_gpu import gpu_cause
 from profiler._diff_pairs import SOURCE_SEP
-from profiler._sources import CHANGED
+from profiler._sources import CHANGED, site_key
 
 if TYPE_CHECKING:
     from profiler._diff import ProfileDiff
@@ -51,14 +50,14 @@ def causes(d: ProfileDiff) -> list[str]:
         out.append(f"{short_source(line['source'])}: {_us(line['delta_us'])} a step "
                    f"({line['ops']}{_side_words(line['side'])})")
         weights.append(abs(line["delta_us"]))
-    if line is not None and sign > 0:
-        named = _sites(str(line["source"]))
+        named = _sites(str(line["source"])) if sign > 0 else set()
         for mod, site in d.new_call_sites:
-            if _site(site) in named:
-                row = d.modules[d.modules["module"] == mod]
-                calls = (f" (calls {_n(row.iloc[0]['calls_a'])} -> {_n(row.iloc[0]['calls_b'])} "
-                         "a step)" if not row.empty else "")
-                out[-1] += f"; of its lines, {short_source(site)} calls {mod} in B only{calls}"
+            if site_key(site) not in named:
+                continue
+            row = d.modules[d.modules["module"] == mod]
+            calls = (f" (calls {_n(row.iloc[0]['calls_a'])} -> {_n(row.iloc[0]['calls_b'])} "
+                     "a step)" if not row.empty else "")
+            out[-1] += f"; of its lines, {short_source(site)} calls {mod} in B only{calls}"
     op = _pick(d.ops, sign, floor_us)
     op_delta = 0.0
     if op is not None:
@@ -172,17 +171,12 @@ def _outside_ops(d: ProfileDiff, sign: int, floor_us: float
                           f"{ops_words}; {line}"), unplaced
 
 
-def _site(site: str) -> str:
-    path, _, line = site.rpartition(":")
-    return f"{os.path.abspath(path)}:{line}"
-
-
 def _sites(source: str) -> set[str]:
     """The `file:line`s a source cell names (`a.py:21,27; b.py:5`, a CHANGED mark dropped)."""
     out = set()
     for part in source.replace(CHANGED, "").split(SOURCE_SEP):
         path, _, lines = part.strip().rpartition(":")
-        out.update(_site(f"{path}:{n}") for n in lines.split(",") if path and n.isdigit())
+        out.update(site_key(f"{path}:{n}") for n in lines.split(",") if path and n.isdigit())
     return out
 
 

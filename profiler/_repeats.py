@@ -50,6 +50,12 @@ def name(x: Any) -> str:
     return str(x) if isinstance(x, (str, os.PathLike)) else getattr(x, "name", "profile")
 
 
+def read(x: Any) -> Any:
+    """The Profile of a run directory, or `x` itself when it is one."""
+    from profiler._reader import read_profile
+    return read_profile(x) if isinstance(x, (str, os.PathLike)) else x
+
+
 def read_repeats(option: str, side: str, base: Any, repeats: Sequence[Any],
                  taken: set[Any]) -> list[Any]:
     """The Profiles of `repeats` of side `side` ("A" or "B", whose profile is `base`), each
@@ -57,8 +63,6 @@ def read_repeats(option: str, side: str, base: Any, repeats: Sequence[Any],
 
     Raises ProfilerError (ProfileFormatError for one that cannot be read) naming `option`
     (`--repeat-a`) and the run."""
-    from profiler._reader import read_profile
-
     out = []
     for x in repeats:
         label = f"{option} {name(x)}"
@@ -69,7 +73,7 @@ def read_repeats(option: str, side: str, base: Any, repeats: Sequence[Any],
                                 f"config of {side} profiled again, in another run directory")
         taken.add(key)
         try:
-            p = read_profile(x) if isinstance(x, (str, os.PathLike)) else x
+            p = read(x)
         except ProfilerError as e:
             raise type(e)(f"{label}: {e}") from e
         if p.steps.empty:

@@ -120,6 +120,13 @@ _OPERATORS = {"matmul": "MatMult", "mm": "MatMult", "bmm": "MatMult", "add": "Ad
 _OP_PREFIX = "<operator "
 
 
+def site_key(site: str) -> str:
+    """`file:line` with the file made absolute: one key for a line however its path was
+    spelled (a trace's, the collector's record, a relative co_filename)."""
+    path, _, line = site.rpartition(":")
+    return f"{os.path.abspath(path)}:{line}"
+
+
 def operator_token(op: str) -> str | None:
     """The token `LineFinder.find` looks up for an aten op a Python operator makes
     (`aten::matmul` -> `x @ w`, `aten::add_` -> `x += y`), or None."""
@@ -234,8 +241,7 @@ class LineFinder:
         self._hashes = hashes if isinstance(hashes, dict) else {}
         # a top-level module's name -> the `file:line`s that called it (the collector's)
         self._calls = call_lines if isinstance(call_lines, dict) else {}
-        self._own = {os.path.abspath(x.rpartition(":")[0]) + ":" + x.rpartition(":")[2]
-                     for x in (own_lines if isinstance(own_lines, list) else [])
+        self._own = {site_key(x) for x in (own_lines if isinstance(own_lines, list) else [])
                      if isinstance(x, str) and ":" in x}
         self._files: dict[str, tuple[str, ast.Module, bool] | None] = {}
         self._found: dict[tuple[str, int, str, str | None], tuple[str, bool]] = {}

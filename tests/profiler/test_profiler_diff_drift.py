@@ -86,7 +86,7 @@ def test_repeats_put_the_drift_into_the_floor():
 
 
 def test_against_calls_leaves_measured_or_agreeing_verdicts():
-    ops = pd.DataFrame({"from_calls_us": [100.0]})
+    ops = 100.0  # B's new calls, us a step at A's time per call
     a = [1000.0] * 6
     faster = judge(a, [900.0] * 6)
     assert faster.verdict == "faster"
@@ -95,7 +95,7 @@ def test_against_calls_leaves_measured_or_agreeing_verdicts():
     assert _against_calls(measured, ops, 900.0, []).verdict == "faster"
     slower = judge(a, [1100.0] * 6)
     assert _against_calls(slower, ops, 1000.0, []).verdict == "slower"  # calls agree
-    tiny = pd.DataFrame({"from_calls_us": [5.0]})  # under 1 % of a step: no evidence
+    tiny = 5.0  # under 1 % of a step: no evidence
     assert _against_calls(faster, tiny, 900.0, []).verdict == "faster"
     assert not math.isnan(faster.change)
 
