@@ -97,6 +97,9 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
             lines.append(f"the two runs were fed different data: {ch['name']} ({ch['dtype']}"
                          f"{' ' + ch['shape'] if ch['shape'] else ''}) differs before any "
                          f"recorded op made or changed it; everything after it follows from it")
+        elif ch["kind"] == "written":
+            lines.append(written_line(ch) + "; the runs began the step with the same weights, "
+                         "and everything after the write follows from it")
         elif ch["kind"] == "parameter":
             lines.append(f"the runs began step {ch['step']} with different weights: {ch['name']} "
                          f"differs before any op ran; everything after it follows from it")
@@ -104,6 +107,17 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
         ask = "that change alone, or a bug too?" if changes else "a bug, or rounding?"
         lines.append(f"{ask} the verdict: {explain}")
     return lines
+
+
+def written_line(ch: dict[str, Any]) -> str:
+    """A weight written in place during the step (`changes` kind "written"), in words: which
+    run wrote it, with which op, where."""
+    who = {"A": "A wrote {} in place during step {}, B did not",
+           "B": "B wrote {} in place during step {}, A did not",
+           "both": "both runs wrote {} in place during step {}, to different values"}
+    called = f", called from {ch['caller']}" if ch.get("caller") else ""
+    return (who[ch["written_by"]].format(ch["param"], ch["step"]) + f": {ch['op']} at "
+            f"{ch['source'] or 'an unknown line'}{called} (module {ch['module']}, {ch['name']})")
 
 
 def explain_command(a: str, b: str, step: int | None = None, rank: int | None = None,
@@ -147,7 +161,7 @@ def format_report(result: Any, top: int = 10, explain: str | None = None) -> str
              f"{result.compared}   records: {sum(c.values())} ({c['same']} same, "
              f"{c['diverged']} diverged, {c['only_a']} only in A, {c['only_b']} only in B)"]
     fd = result.first_divergence
-    if explain and fd and fd["kind"] not in ("data", "parameter") and (
+    if explain and fd and fd["kind"] not in ("data", "parameter", "written") and (
             result.compared != "tensor" or not fd["op"]):
         explain += " (it re-runs ops: dump both runs at level op or mix, mode tensor or full)"
     lines += headline(getattr(result, "changes", []), explain if fd else None)

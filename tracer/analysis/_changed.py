@@ -1,6 +1,7 @@
 """What changed between two runs, where a diff can tell: the dtypes their matched records were
-computed in, and a first divergence that lies before any computation (the data fed to the
-model, or the weights a step began with). A report says these first, since everything that
+computed in, a first divergence that lies before any computation (the data fed to the
+model, or the weights a step began with), and a weight written in place during the step
+(tracer.analysis._written). A report says these first, since everything that
 diverges after them follows from them."""
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ _OUTSIDE = ("<none>", "")  # the module of an op run outside every module
 
 def kind(row: dict[str, Any]) -> str:
     """What a divergent record is: "data" (the model's input, or an input marked `fed`),
+    "written" (a weight an in-place op wrote during the step, or a value that write made),
     "parameter" (a weight before the optimizer step) or "compute"."""
     if _DATA_INPUT.match(str(row["name"])) or row.get("fed"):
         return "data"
+    if row.get("written"):
+        return "written"
     if row["phase"] == "optimizer" and row["direction"] == "param":
         return "parameter"
     return "compute"
@@ -82,4 +86,9 @@ def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any]
                     # the op that made the batch outside the model, "" for a recorded input
                     "made_by": first.get("op", "") if first.get("direction") == "output"
                     else ""})
+    if first is not None and first["kind"] == "written":
+        # the parameter written, by which op at which line, in which run
+        out.append({"kind": "written", **first["written"], "record": first["name"],
+                    "dtype": first["dtype"], "shape": first.get("shape", ""),
+                    "step": first["step"]})
     return out

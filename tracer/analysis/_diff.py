@@ -25,6 +25,7 @@ from tracer.analysis._fused import combine
 from tracer.analysis._map_file import (UNVOUCHED_NOTE, ModuleMap, same_op_modules,
                                        set_aside, unmatched_pair, vouched)
 from tracer.analysis._origin import param_name
+from tracer.analysis._written import mark_written
 from tracer.storage import READ_ERRORS, ReadError, TensorReader, op_capture_of
 
 Progress = Callable[[int, int], None]
@@ -306,6 +307,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
                 kinds.add(row["compared"])
             rows.append(row)
         mark_fed(rows[len(rows) - len(pairs):], recs_a)
+        mark_written(rows[len(rows) - len(pairs):], recs_a, recs_b)
         if matched == 0 and (len(ta) or len(tb)):
             raise DiffError(f"no record of A (rank {pl[0]} step {pl[1]}, level {la}) "
                             f"matches a record of B (rank {pl[2]} step {pl[3]}, "

@@ -137,10 +137,13 @@ def severity(row: dict) -> tuple:
     return (not measured, -(float(e) if measured else 0.0), -nonfinite)
 
 
-def _priority(phase: str, direction: str) -> int:
+def _priority(row: dict) -> int:
     # a parameter's value before the optimizer step was in force during forward and backward:
-    # if weights differ, that is where the divergence starts, not at the first op that used them
-    return 0 if (phase == "optimizer" and direction == "param") else 1
+    # if weights differ, that is where the divergence starts, not at the first op that used them;
+    # unless the step wrote it in place (tracer.analysis._written), where its record holds the
+    # value written, which was not in force before the write
+    return 0 if (row["phase"] == "optimizer" and row["direction"] == "param"
+                 and not row.get("written")) else 1
 
 
 def _ordered(rows: list[dict]) -> list[dict]:
@@ -158,7 +161,7 @@ def _ordered(rows: list[dict]) -> list[dict]:
     for r in rows:
         if r["seq"] >= 0:
             r["_pos"] = float(r["seq"])
-    rows.sort(key=lambda r: (r["step"], _priority(r["phase"], r["direction"]), r["_pos"]))
+    rows.sort(key=lambda r: (r["step"], _priority(r), r["_pos"]))
     for i, r in enumerate(rows):
         r["order"] = i
         del r["_pos"]
@@ -173,6 +176,8 @@ def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
                     "shape", "b_shape", "compared", "reason") + _METRICS
             fd = _jsonable({k: r[k] for k in keys})
             fd["kind"] = kind(r)
+            if r.get("written"):
+                fd["written"] = dict(r["written"])
             fd["unpaired_before"] = _unpaired_before(rows, i)
             return fd
     return None

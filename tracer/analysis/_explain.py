@@ -38,6 +38,7 @@ from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
+from tracer.analysis._written import written_verdict
 from tracer.storage import open_dump
 
 Status = Literal["same", "bug", "precision", "inputs", "unexplained", "incomplete"]
@@ -56,7 +57,8 @@ class Explanation:
     fault: "computes" (other results on identical inputs), "arguments" (called with other
     arguments), "swapped", "argument" (one of A's inputs passed in place of another), "passed"
     (another value passed), "added", "removed" or "replaced" (ops only one run runs; their
-    names in `added` and `removed`). A re-run call adds the chain entry's fields."""
+    names in `added` and `removed`), "written" (an in-place op wrote a weight during the step:
+    `param` names it, `written_by` the run that wrote it, A, B or both). A re-run call adds the chain entry's fields."""
     chain: list[dict[str, Any]] = field(default_factory=list)
     """One entry per op call on the divergence chain, in execution order: name, b_name, op,
     module, phase, step, source (B's line), a_source, received, introduced, entitled,
@@ -117,6 +119,11 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         return Explanation("unexplained", "no record diverged, but the runs' steps differ: a "
                            "step one run dumped is missing in the other (see `sleuth diff`)",
                            notes=notes)
+    if fd["kind"] == "written":
+        # a weight written in place during the step: named, never "inputs differ"; nothing to
+        # re-run, so any mode and level op or mix will do
+        text, blamed = written_verdict(fd)
+        return Explanation("bug", text, blamed, [], fd, notes)
     if fd["kind"] in ("data", "parameter") and not fd["op"]:
         # an op's input the diff marks as data (token ids) goes on to the lead, which says
         # which op it enters and that no recorded op made it
