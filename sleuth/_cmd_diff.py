@@ -100,6 +100,16 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
         elif ch["kind"] == "written":
             lines.append(written_line(ch) + "; the runs began the step with the same weights, "
                          "and everything after the write follows from it")
+        elif ch["kind"] == "parameter" and ch.get("when") == "in_step":
+            lines.append(f"{ch['name']} differs when optimizer.step() reads it, while its "
+                         f"module {ch['module']}'s forward outputs agree: the weight changed "
+                         f"during step {ch['step']} after that forward read it (an in-place "
+                         f"write module hooks do not see; level op or mix names it)")
+        elif ch["kind"] == "parameter" and ch.get("when") == "unknown":
+            lines.append(f"{ch['name']} differs when optimizer.step() reads it at step "
+                         f"{ch['step']}: a module-level dump cannot tell whether the runs began "
+                         f"the step with different weights or one wrote it in place during the "
+                         f"step (level op or mix names any write)")
         elif ch["kind"] == "parameter":
             lines.append(f"the runs began step {ch['step']} with different weights: {ch['name']} "
                          f"differs before any op ran; everything after it follows from it")

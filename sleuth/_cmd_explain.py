@@ -111,6 +111,9 @@ def _repro(args: argparse.Namespace, result: Any) -> str:
         return (f"no repro: the ops are blamed for being {blamed['fault']} (one run runs them, "
                 "the other does not), not for what they compute; their lines are the place to "
                 "look")
+    if blamed.get("fault") == "written":
+        return (f"no repro: {blamed['op']} is blamed for writing {blamed['param']} in place "
+                "during the step, not for what it computes; its line is the place to look")
     if not blamed.get("op"):
         return (f"no repro: module {blamed.get('module')} is blamed for the value it passes on, "
                 "not for what an op computes; its line is the place to look")

@@ -85,7 +85,10 @@ def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any]
                     "step": first["step"],
                     # the op that made the batch outside the model, "" for a recorded input
                     "made_by": first.get("op", "") if first.get("direction") == "output"
-                    else ""})
+                    else "",
+                    # a weight: whether the step's records date the difference (`param_when`)
+                    **({"when": first["when"], "module": first["module"]}
+                       if "when" in first else {})})
     if first is not None and first["kind"] == "written":
         # the parameter written, by which op at which line, in which run
         out.append({"kind": "written", **first["written"], "record": first["name"],

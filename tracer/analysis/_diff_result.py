@@ -14,6 +14,7 @@ import numpy as np
 
 from tracer.analysis._changed import changes, kind
 from tracer.analysis._diff_plan import EXIT_OF_STATE, Plan, Problem
+from tracer.analysis._written import param_when
 
 _METRICS = ("error", "cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within",
             "nan_diff", "inf_diff", "min_rdiff", "max_rdiff", "mean_rdiff", "norm_rdiff",
@@ -178,6 +179,8 @@ def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
             fd["kind"] = kind(r)
             if r.get("written"):
                 fd["written"] = dict(r["written"])
+            elif fd["kind"] == "parameter":
+                fd["when"] = param_when(rows, i)
             fd["unpaired_before"] = _unpaired_before(rows, i)
             return fd
     return None

@@ -119,11 +119,11 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         return Explanation("unexplained", "no record diverged, but the runs' steps differ: a "
                            "step one run dumped is missing in the other (see `sleuth diff`)",
                            notes=notes)
-    if fd["kind"] == "written":
-        # a weight written in place during the step: named, never "inputs differ"; nothing to
-        # re-run, so any mode and level op or mix will do
-        text, blamed = written_verdict(fd)
-        return Explanation("bug", text, blamed, [], fd, notes)
+    weight = written_verdict(fd)
+    if weight is not None:
+        # a weight written in place during the step (named, never "inputs differ"), or one a
+        # module dump cannot date: nothing to re-run, so any mode will do
+        return Explanation(*weight, [], fd, notes)
     if fd["kind"] in ("data", "parameter") and not fd["op"]:
         # an op's input the diff marks as data (token ids) goes on to the lead, which says
         # which op it enters and that no recorded op made it

@@ -114,9 +114,31 @@ def mark_written(rows: list[dict], recs_a: list[dict], recs_b: list[dict]) -> No
                 break
 
 
-def written_verdict(fd: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """`explain`'s verdict on a first divergence a write explains (kind "written"): its text and
-    the blamed call (fault "written"), the first write of B (of A when only A writes)."""
+def param_when(rows: list[dict], i: int) -> str:
+    """When the parameter of `rows[i]` (a divergent `param` record no recorded write explains)
+    came to differ, as far as its step's records tell: "before" (op records show every op of
+    the step and none wrote it: the runs began the step with different weights), "in_step"
+    (no op records, but its module's forward outputs agree, so the weight they read did: it
+    changed after them) or "unknown" (no op records: a module dump cannot tell a weight the
+    step began with from one written in place before its module read it)."""
+    row = rows[i]
+    step = [r for r in rows if r["step"] == row["step"]]
+    if any(r["op"] for r in step):
+        return "before"
+    outs = [r for r in step if r["module"] == row["module"] and r["phase"] == "forward"
+            and r["direction"] == "output" and not r["op"]]
+    return "in_step" if outs and all(r["verdict"] == "same" for r in outs) else "unknown"
+
+
+def written_verdict(fd: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None] | None:
+    """`explain`'s verdict (status, text, blamed) on a first divergence in a weight that was
+    written in place during the step (kind "written": a bug, fault "written", blaming the first
+    write of B, of A when only A writes) or that a module dump cannot date (kind "parameter",
+    `when` other than "before": unexplained); None for any other."""
+    if fd["kind"] == "parameter" and fd.get("when", "before") != "before":
+        return "unexplained", param_text(fd["name"], fd["module"], fd["step"], fd["when"]), None
+    if fd["kind"] != "written":
+        return None
     w = fd["written"]
     who = {"A": "A writes it and B does not", "B": "B writes it and A does not",
            "both": "both runs write it, to different values"}[w["written_by"]]
@@ -130,8 +152,21 @@ def written_verdict(fd: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     one = {"side": w["written_by"]} if w["written_by"] != "both" else {}
     blamed = {"fault": "written", "param": w["param"], "written_by": w["written_by"], **one,
               "name": w["name"], "b_name": w["name"] if w["written_by"] != "A" else "",
-              "op": w["op"],
-              "module": w["module"], "phase": fd["phase"] if fd["op"] else "",
+              "op": w["op"], "module": w["module"], "phase": fd["phase"] if fd["op"] else "",
               "step": fd["step"], "source": w["source"], "caller": w.get("caller", ""),
               "judged": "bug", "why": who}
-    return text, blamed
+    return "bug", text, blamed
+
+
+def param_text(name: str, module: str, step: int, when: str) -> str:
+    """A parameter record that differs, in words, by what its step's records tell of when
+    (`param_when`)."""
+    if when == "in_step":
+        return (f"{name} differs when optimizer.step() reads it at step {step}, while the "
+                f"outputs of its module {module}'s forward agree: the weight changed during the "
+                f"step, after that forward read it, by something module hooks do not see (an "
+                f"in-place write); dump at level op or mix for the op and line")
+    return (f"{name} differs when optimizer.step() reads it at step {step}: a module-level dump "
+            f"cannot tell whether the runs began the step with different weights or one wrote "
+            f"it in place during the step before {module} read it; dump at level op or mix to "
+            f"see the op and line of any write")
