@@ -1,0 +1,188 @@
+"""A weight written in place during a step (a forward pre-hook's `weight.mul_`, a manual update,
+a `copy_` into it) is named by `sleuth diff` and `sleuth explain` as the op and line that wrote
+it (kind "written", fault "written"), never as weights the step began with ("began step 0 with
+different weights", "inputs differ"): the optimizer's param records are taken when
+`optimizer.step()` begins, after the write (tracer.analysis._written)."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tracer
+from sleuth.cli import main
+from tracer.analysis import diff, explain
+
+HERE = "tests/tracer/analysis/test_diff_written.py"
+
+
+def _line(text: str) -> str:
+    lines = Path(__file__).read_text().splitlines()
+    return f"{HERE}:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x))
+        # reads fc2's weight before its pre-hook writes it: those records must agree
+        penalty = self.fc2.weight.sum()
+        return self.fc2(h).square().mean() + 1e-3 * penalty
+
+
+def _scale(factor: float):
+    def hook(module: nn.Module, args: tuple) -> None:
+        with torch.no_grad():
+            module.weight.mul_(factor)  # THE WRITE
+    return hook
+
+
+def _train(model: nn.Module, path: Path, level: str, mode: str, optimizer: str, loss,
+           after_backward=None, steps: int = 2) -> Path:
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    with tracer.Dumper(model, {"path": str(path), "level": level, "mode": mode, "steps": "all"}):
+        for _ in range(steps):
+            loss(model).backward()
+            if after_backward is not None:
+                after_backward(model)
+            opt.step()
+            opt.zero_grad()
+    return path
+
+
+def _mlp(path: Path, level: str, mode: str, optimizer: str = "adamw", factor: float | None = None,
+         after_backward=None) -> Path:
+    torch.manual_seed(0)
+    model = Net()
+    if factor is not None:
+        model.fc2.register_forward_pre_hook(_scale(factor))
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    return _train(model, path, level, mode, optimizer, lambda m: m(x), after_backward)
+
+
+def _nudge(model: nn.Module) -> None:
+    with torch.no_grad():
+        model.fc1.bias.add_(1e-3)  # THE MANUAL UPDATE
+
+
+def _llama(path: Path, level: str, mode: str, hook: bool) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=32, attn_implementation="eager")
+    model = LlamaForCausalLM(config)
+    if hook:
+        def scale(module: nn.Module, args: tuple) -> None:
+            module.weight.data.mul_(1.001)  # THE LLAMA WRITE
+        model.model.layers[1].mlp.up_proj.register_forward_pre_hook(scale)
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(1))
+    return _train(model, path, level, mode, "adamw",
+                  lambda m: m(input_ids=ids, labels=ids).loss, steps=1)
+
+
+def _assert_named(a: Path, b: Path, param: str, op: str, module: str, line: str,
+                  written_by: str, capsys) -> None:
+    """diff's changes, first divergence, headline and --json, and explain's verdict and JSON,
+    all name the write."""
+    res = diff(a, b)
+    fd = res.first_divergence
+    assert fd["kind"] == "written" and fd["step"] == 0, fd
+    assert fd["written"]["param"] == param and fd["written"]["op"] == op
+    assert fd["written"]["module"] == module and fd["written"]["source"] == line
+    assert fd["written"]["written_by"] == written_by
+    (ch,) = [c for c in res.changes if c["kind"] == "written"]
+    assert (ch["param"], ch["op"], ch["source"], ch["step"]) == (param, op, line, 0)
+    assert not any(c["kind"] == "parameter" for c in res.changes)
+    # every record before the first divergence agrees: the weight as read before the write too
+    rows = res.records
+    first = rows.index[rows["name"] == fd["name"]][0]
+    before = rows[rows["order"] < rows.loc[first, "order"]]
+    assert (before["verdict"] != "diverged").all()
+
+    assert main(["diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "different weights" not in out and "first divergence (written)" in out
+    assert f"wrote {param} in place during step 0" in out and f"{op} at {line}" in out
+    assert main(["diff", str(a), str(b), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["first_divergence"]["kind"] == "written"
+    assert [c["kind"] for c in doc["changes"]] == ["written"]
+
+    e = explain(a, b)
+    assert e.status == "bug" and e.exit_code == 1, e.verdict
+    assert e.blamed["fault"] == "written" and e.blamed["op"] == op
+    assert e.blamed["module"] == module and e.blamed["source"] == line
+    assert e.blamed["param"] == param
+    assert e.verdict.startswith(f"bug: written in place: {op} at {line}")
+    assert module in e.verdict and param in e.verdict and "inputs differ" not in e.verdict
+    assert main(["explain", str(a), str(b), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["blamed"]["fault"] == "written"
+
+
+@pytest.mark.parametrize("level,mode,optimizer", [
+    ("op", "tensor", "adamw"), ("op", "statistics", "sgd"), ("mix", "tensor", "sgd"),
+    ("mix", "statistics", "adamw")])
+def test_a_pre_hook_that_scales_a_weight_is_named_with_its_line(tmp_path, capsys, level, mode,
+                                                                 optimizer):
+    a = _mlp(tmp_path / "a", level, mode, optimizer)
+    b = _mlp(tmp_path / "b", level, mode, optimizer, factor=1.001)
+    _assert_named(a, b, "fc2.weight", "aten.mul_", "fc2", _line("# THE WRITE"), "B", capsys)
+    # the step after: the weights differ when it begins (step 0 wrote them), written or not
+    later = diff(a, b, step=1).first_divergence
+    assert later["kind"] == "parameter" and later["direction"] == "param", later
+
+
+def test_both_runs_writing_other_values_name_the_write_itself(tmp_path, capsys):
+    a = _mlp(tmp_path / "a", "op", "statistics", factor=1.002)
+    b = _mlp(tmp_path / "b", "op", "statistics", factor=1.001)
+    _assert_named(a, b, "fc2.weight", "aten.mul_", "fc2", _line("# THE WRITE"), "both", capsys)
+    assert diff(a, b).first_divergence["name"] == "fc2::aten.mul_.forward.0.output.0"
+
+
+def test_a_manual_update_between_backward_and_step_is_named(tmp_path, capsys):
+    a = _mlp(tmp_path / "a", "op", "statistics", "sgd")
+    b = _mlp(tmp_path / "b", "op", "statistics", "sgd", after_backward=_nudge)
+    _assert_named(a, b, "fc1.bias", "aten.add_", "<none>", _line("# THE MANUAL UPDATE"), "B",
+                  capsys)
+
+
+def test_a_module_dump_does_not_claim_the_step_began_with_other_weights(tmp_path, capsys):
+    a = _mlp(tmp_path / "a", "module", "statistics")
+    b = _mlp(tmp_path / "b", "module", "statistics", factor=1.001)
+    fd = diff(a, b).first_divergence
+    assert fd["kind"] == "parameter" and fd["when"] == "unknown"
+    assert main(["diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "began step" not in out and "cannot tell" in out
+    e = explain(a, b)
+    assert e.status == "unexplained" and "cannot tell" in e.verdict
+    assert "inputs differ" not in e.verdict
+
+    # written after its module's forward read it: the module records date it to the step
+    c = _mlp(tmp_path / "c", "module", "statistics", after_backward=_nudge)
+    fd = diff(a, c).first_divergence
+    assert fd["name"] == "fc1.bias.optimizer.0.param.0" and fd["when"] == "in_step"
+    assert main(["diff", str(a), str(c)]) == 1
+    assert "changed during step 0 after that forward read it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("level,mode", [("op", "statistics"), ("mix", "tensor")])
+def test_a_llama_whose_mlp_weight_a_pre_hook_scales(tmp_path, capsys, level, mode):
+    pytest.importorskip("transformers")
+    a = _llama(tmp_path / "a", level, mode, hook=False)
+    b = _llama(tmp_path / "b", level, mode, hook=True)
+    up = "model.layers.1.mlp.up_proj"
+    _assert_named(a, b, f"{up}.weight", "aten.mul_", up, _line("# THE LLAMA WRITE"), "B", capsys)
