@@ -11,6 +11,7 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
     python examples/train.py --norm-eps 1e-2          # a bug: the LayerNorm's epsilon misread
     python examples/train.py --no-act                 # a bug: the activation left out
     python examples/train.py --bf16                   # not a bug: the forward in bf16 autocast
+    python examples/train.py --scale-hook 1.001       # a bug: a pre-hook scales fc2's weight
     python examples/train.py --check-finite           # slower: a host sync per gradient a step
     python examples/train.py --recompute              # slower: the forward recomputed in backward
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
@@ -74,6 +75,9 @@ def main() -> None:
                         "to find: an op one run runs and the other does not)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the forward pass under bfloat16 autocast (rounding, not a bug)")
+    parser.add_argument("--scale-hook", type=float, metavar="FACTOR",
+                        help="a forward pre-hook on fc2 that multiplies its weight by FACTOR in "
+                        "place at every call (a bug to find: a weight written during the step)")
     parser.add_argument("--check-finite", action="store_true",
                         help="check every gradient for NaN/Inf with .item() each step: a host "
                         "sync per parameter (a slowdown to find)")
@@ -101,6 +105,12 @@ def main() -> None:
         with torch.no_grad():
             for p in (fc1.weight, fc1.bias):
                 p.copy_(p.roll(32, dims=0))
+    if args.scale_hook is not None:
+        def scale(module: nn.Module, inputs: tuple) -> None:
+            with torch.no_grad():
+                module.weight.mul_(args.scale_hook)
+
+        (net.head if args.port else net.fc2).register_forward_pre_hook(scale)
     model = nn.parallel.DistributedDataParallel(net) if distributed else net
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     data = torch.Generator().manual_seed(1 + rank)  # each rank its own batches

@@ -85,6 +85,10 @@ def mark_written(rows: list[dict], recs_a: list[dict], recs_b: list[dict]) -> No
         if pa is None or pb is None:
             continue
         chains = {"A": _chain(pa, writes[0]), "B": _chain(pb, writes[1])}
+        # writes both runs made alike (a weight's initialisation, where the step built the
+        # model) are not where the runs part
+        alike = {_value(w[1]) for w in chains["A"]} & {_value(w[1]) for w in chains["B"]}
+        chains = {k: [w for w in c if _value(w[1]) not in alike] for k, c in chains.items()}
         if not (chains["A"] or chains["B"]):
             continue
         # the value before each run's first write; an unwritten run's is its param record

@@ -44,13 +44,18 @@ def _scale(factor: float):
     return hook
 
 
-def _train(model: nn.Module, path: Path, level: str, mode: str, optimizer: str, loss,
+def _train(model, path: Path, level: str, mode: str, optimizer: str, loss,
            after_backward=None, steps: int = 2) -> Path:
-    if optimizer == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
-    with tracer.Dumper(model, {"path": str(path), "level": level, "mode": mode, "steps": "all"}):
+    """`model` (or what it returns, called inside the dump: the model built in its first step,
+    as under `sleuth run`) trained `steps` steps, each step dumped."""
+    with tracer.Dumper(model if isinstance(model, nn.Module) else None,
+                       {"path": str(path), "level": level, "mode": mode, "steps": "all"}):
+        if not isinstance(model, nn.Module):
+            model = model()
+        if optimizer == "adamw":
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
         for _ in range(steps):
             loss(model).backward()
             if after_backward is not None:
@@ -61,13 +66,17 @@ def _train(model: nn.Module, path: Path, level: str, mode: str, optimizer: str, 
 
 
 def _mlp(path: Path, level: str, mode: str, optimizer: str = "adamw", factor: float | None = None,
-         after_backward=None) -> Path:
-    torch.manual_seed(0)
-    model = Net()
-    if factor is not None:
-        model.fc2.register_forward_pre_hook(_scale(factor))
+         after_backward=None, built_in_step: bool = False) -> Path:
+    def build() -> Net:
+        torch.manual_seed(0)
+        model = Net()
+        if factor is not None:
+            model.fc2.register_forward_pre_hook(_scale(factor))
+        return model
+
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
-    return _train(model, path, level, mode, optimizer, lambda m: m(x), after_backward)
+    return _train(build if built_in_step else build(), path, level, mode, optimizer,
+                  lambda m: m(x), after_backward)
 
 
 def _nudge(model: nn.Module) -> None:
@@ -143,6 +152,14 @@ def test_a_pre_hook_that_scales_a_weight_is_named_with_its_line(tmp_path, capsys
     # the step after: the weights differ when it begins (step 0 wrote them), written or not
     later = diff(a, b, step=1).first_divergence
     assert later["kind"] == "parameter" and later["direction"] == "param", later
+
+
+def test_a_model_built_in_the_dumped_step_is_no_write_of_its_weights(tmp_path, capsys):
+    """Under `sleuth run` the first step builds the model: both runs' initialisations write
+    every weight (`aten.uniform_`), alike, before the write that differs."""
+    a = _mlp(tmp_path / "a", "op", "statistics", built_in_step=True)
+    b = _mlp(tmp_path / "b", "op", "statistics", factor=1.001, built_in_step=True)
+    _assert_named(a, b, "fc2.weight", "aten.mul_", "fc2", _line("# THE WRITE"), "B", capsys)
 
 
 def test_both_runs_writing_other_values_name_the_write_itself(tmp_path, capsys):
