@@ -105,6 +105,14 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
                          f"module {ch['module']}'s forward outputs agree: the weight changed "
                          f"during step {ch['step']} after that forward read it (an in-place "
                          f"write module hooks do not see; level op or mix names it)")
+        elif ch["kind"] == "parameter" and ch.get("when") == "unmatched":
+            w = ch["write"]
+            lines.append(f"{ch['name']} differs when optimizer.step() reads it at step "
+                         f"{ch['step']}, and before anything else differed the runs wrote in "
+                         f"place differently: {w['op']} at {w['source'] or 'an unknown line'} "
+                         f"({w['name']}), into values that are not the weight's (a part of "
+                         f"it?); whether the runs began the step with different weights is not "
+                         f"known")
         elif ch["kind"] == "parameter" and ch.get("when") == "unknown":
             lines.append(f"{ch['name']} differs when optimizer.step() reads it at step "
                          f"{ch['step']}: a module-level dump cannot tell whether the runs began "

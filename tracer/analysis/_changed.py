@@ -87,7 +87,7 @@ def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any]
                     "made_by": first.get("op", "") if first.get("direction") == "output"
                     else "",
                     # a weight: whether the step's records date the difference (`param_when`)
-                    **({"when": first["when"], "module": first["module"]}
+                    **({k: first[k] for k in ("when", "write", "module") if k in first}
                        if "when" in first else {})})
     if first is not None and first["kind"] == "written":
         # the parameter written, by which op at which line, in which run

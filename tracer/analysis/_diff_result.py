@@ -180,7 +180,7 @@ def _first_divergence(rows: list[dict]) -> dict[str, Any] | None:
             if r.get("written"):
                 fd["written"] = dict(r["written"])
             elif fd["kind"] == "parameter":
-                fd["when"] = param_when(rows, i)
+                fd.update(param_when(rows, i))
             fd["unpaired_before"] = _unpaired_before(rows, i)
             return fd
     return None

@@ -118,20 +118,36 @@ def mark_written(rows: list[dict], recs_a: list[dict], recs_b: list[dict]) -> No
                 break
 
 
-def param_when(rows: list[dict], i: int) -> str:
-    """When the parameter of `rows[i]` (a divergent `param` record no recorded write explains)
-    came to differ, as far as its step's records tell: "before" (op records show every op of
-    the step and none wrote it: the runs began the step with different weights), "in_step"
-    (no op records, but its module's forward outputs agree, so the weight they read did: it
-    changed after them) or "unknown" (no op records: a module dump cannot tell a weight the
-    step began with from one written in place before its module read it)."""
+def param_when(rows: list[dict], i: int) -> dict[str, Any]:
+    """When the parameter of `rows[i]` (a divergent `param` record no write was found for) came
+    to differ, as far as its step's rows (in diff order) tell: {"when": ...}
+
+    - "before": op records show every op of the step up to the first record that differs, and
+      none of them is an in-place write the runs made differently: the runs began the step
+      with different weights;
+    - "unmatched", with `write` (op, source, name of the first such write): the runs wrote in
+      place differently before anything else differed, into a tensor whose values are not the
+      weight's (a slice of it, `w[0, 0] = nan`), so the weight may have been written there;
+    - "in_step": no op records, but the outputs of its module's forward agree, so the weight
+      they read did: it changed after them;
+    - "unknown": no op records: a module dump cannot tell a weight the step began with from
+      one written in place before its module read it."""
     row = rows[i]
     step = [r for r in rows if r["step"] == row["step"]]
     if any(r["op"] for r in step):
-        return "before"
+        rest = [r for r in step if not (r["phase"] == "optimizer" and r["direction"] == "param")]
+        first = next((k for k, r in enumerate(rest) if r["verdict"] == "diverged"), len(rest))
+        writes = [r for r in rest[:first + 1] if r["op"] and _in_place(str(r["op"]))
+                  and r["direction"] == "output" and r["verdict"] != "same"]
+        if not writes:
+            return {"when": "before"}
+        w = writes[0]
+        return {"when": "unmatched", "write": {"op": str(w["op"]), "source": str(w["source"]),
+                                               "name": call_stem(w)}}
     outs = [r for r in step if r["module"] == row["module"] and r["phase"] == "forward"
             and r["direction"] == "output" and not r["op"]]
-    return "in_step" if outs and all(r["verdict"] == "same" for r in outs) else "unknown"
+    return {"when": "in_step" if outs and all(r["verdict"] == "same" for r in outs)
+            else "unknown"}
 
 
 def written_verdict(fd: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None] | None:
@@ -140,7 +156,7 @@ def written_verdict(fd: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None
     write of B, of A when only A writes) or that a module dump cannot date (kind "parameter",
     `when` other than "before": unexplained); None for any other."""
     if fd["kind"] == "parameter" and fd.get("when", "before") != "before":
-        return "unexplained", param_text(fd["name"], fd["module"], fd["step"], fd["when"]), None
+        return "unexplained", param_text(fd), None
     if fd["kind"] != "written":
         return None
     w = fd["written"]
@@ -162,14 +178,22 @@ def written_verdict(fd: dict[str, Any]) -> tuple[str, str, dict[str, Any] | None
     return "bug", text, blamed
 
 
-def param_text(name: str, module: str, step: int, when: str) -> str:
+def param_text(fd: dict[str, Any]) -> str:
     """A parameter record that differs, in words, by what its step's records tell of when
     (`param_when`)."""
-    if when == "in_step":
+    name, module, step = fd["name"], fd["module"], fd["step"]
+    if fd["when"] == "in_step":
         return (f"{name} differs when optimizer.step() reads it at step {step}, while the "
                 f"outputs of its module {module}'s forward agree: the weight changed during the "
                 f"step, after that forward read it, by something module hooks do not see (an "
                 f"in-place write); dump at level op or mix for the op and line")
+    if fd["when"] == "unmatched":
+        w = fd["write"]
+        return (f"{name} differs when optimizer.step() reads it at step {step}, and before "
+                f"anything else differed the runs wrote in place differently: {w['op']} at "
+                f"{w['source'] or 'an unknown line'} ({w['name']}), into values that are not "
+                f"the weight's (a part of it?): whether the runs began the step with different "
+                f"weights or that write changed it is not known")
     return (f"{name} differs when optimizer.step() reads it at step {step}: a module-level dump "
             f"cannot tell whether the runs began the step with different weights or one wrote "
             f"it in place during the step before {module} read it; dump at level op or mix to "

@@ -176,6 +176,33 @@ def test_a_manual_update_between_backward_and_step_is_named(tmp_path, capsys):
                   capsys)
 
 
+def test_a_write_into_part_of_a_weight_is_no_claim_of_other_weights(tmp_path, capsys):
+    """A slice's values are not the weight's, so the write is not tied to it by values; but a
+    write the runs made differently comes before anything else differs: never "began step 0
+    with different weights" nor "inputs differ"."""
+    def row(module: nn.Module, args: tuple) -> None:
+        with torch.no_grad():
+            module.weight[0].mul_(1.5)  # THE SLICE WRITE
+
+    def build() -> Net:
+        torch.manual_seed(0)
+        return Net()
+
+    a = _mlp(tmp_path / "a", "op", "statistics")
+    model = build()
+    model.fc1.register_forward_pre_hook(row)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    b = _train(model, tmp_path / "b", "op", "statistics", "adamw", lambda m: m(x))
+    fd = diff(a, b).first_divergence
+    assert fd["kind"] == "parameter" and fd["when"] == "unmatched", fd
+    assert fd["write"]["op"] == "aten.mul_" and fd["write"]["source"] == _line("# THE SLICE")
+    assert main(["diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "began step" not in out and "wrote in place differently: aten.mul_" in out
+    e = explain(a, b)
+    assert e.status == "unexplained" and "aten.mul_" in e.verdict, e.verdict
+
+
 def test_a_module_dump_does_not_claim_the_step_began_with_other_weights(tmp_path, capsys):
     a = _mlp(tmp_path / "a", "module", "statistics")
     b = _mlp(tmp_path / "b", "module", "statistics", factor=1.001)
