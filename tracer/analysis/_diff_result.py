@@ -66,7 +66,10 @@ class DiffResult:
     changes), "name", "source", "step" (the first such record)} when matched records differ in
     dtype; {"kind": "data" or "parameter", "name", "dtype", "shape", "source", "step"} when
     the first divergence is the model's input (or an integer input no recorded op made: token
-    ids, labels) or a weight before the step."""
+    ids, labels) or a weight before the step (a parameter with "when": "before", "in_step",
+    "unknown" or "unmatched", see tracer.analysis._written.param_when); {"kind": "written",
+    "param", "written_by", "op", "module", "source", "caller", "name", "record", "dtype",
+    "shape", "step"} when it is a weight an in-place op wrote during the step."""
 
     @property
     def exit_code(self) -> int:
