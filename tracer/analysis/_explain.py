@@ -58,7 +58,8 @@ class Explanation:
     arguments), "swapped", "argument" (one of A's inputs passed in place of another), "passed"
     (another value passed), "added", "removed" or "replaced" (ops only one run runs; their
     names in `added` and `removed`), "written" (an in-place op wrote a weight during the step:
-    `param` names it, `written_by` the run that wrote it, A, B or both). A re-run call adds the chain entry's fields."""
+    `param` names it, `written_by` the run that wrote it, A, B or both). A re-run call adds
+    the chain entry's fields."""
     chain: list[dict[str, Any]] = field(default_factory=list)
     """One entry per op call on the divergence chain, in execution order: name, b_name, op,
     module, phase, step, source (B's line), a_source, received, introduced, entitled,

@@ -1,5 +1,7 @@
 """Parameters written in place during a step: which op and line wrote them, read from the two
-runs' records of one step.
+runs' records of one step (`mark_written`, for the diff); when a parameter that no write explains
+came to differ, as far as the step's records tell (`param_when`); and what explain says of both
+(`written_verdict`).
 
 The optimizer's `param` records are taken when `optimizer.step()` begins, after anything the
 step wrote into a weight (a forward pre-hook's `weight.mul_(1.001)` under `no_grad`, a manual
@@ -59,15 +61,16 @@ def _entry(param: str, chains: dict[str, list], side: str) -> dict[str, Any]:
     """What a report says of a written parameter: the first write of B's chain (A's when only
     A writes), and which run wrote it."""
     first = chains["B" if chains["B"] else "A"][0][1]
-    return {"param": param, "written_by": side, "op": str(first["op"]), "module": str(first["module"]),
-            "source": str(first["source"]), "caller": str(first.get("caller") or ""),
-            "name": call_stem(first)}
+    return {"param": param, "written_by": side, "op": str(first["op"]),
+            "module": str(first["module"]), "source": str(first["source"]),
+            "caller": str(first.get("caller") or ""), "name": call_stem(first)}
 
 
 def mark_written(rows: list[dict], recs_a: list[dict], recs_b: list[dict]) -> None:
     """Mark `written` (a dict: param, written_by "A", "B" or "both", op, module, source, caller,
-    name of the first write's call) on the divergent rows a write explains: the parameter's `param`
-    record, the write's own records, and every record that holds a value the write made.
+    name of the first write's call) on the divergent rows a write explains: the parameter's
+    `param` record, the write's own records, and every record that holds a value the write
+    made.
 
     `rows`: one step's compared rows (dicts of the diff's columns); `recs_a`, `recs_b`: each
     side's records of that step (dicts of the /records columns)."""
