@@ -110,9 +110,9 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
             lines.append(f"{ch['name']} differs when optimizer.step() reads it at step "
                          f"{ch['step']}, and before anything else differed the runs wrote in "
                          f"place differently: {w['op']} at {w['source'] or 'an unknown line'} "
-                         f"({w['name']}), into values that are not the weight's (a part of "
-                         f"it?); whether the runs began the step with different weights is not "
-                         f"known")
+                         f"({w['name']}), a write the records do not tie to the weight (into a "
+                         f"part of it, or its input not dumped); whether the runs began the "
+                         f"step with different weights is not known")
         elif ch["kind"] == "parameter" and ch.get("when") == "unknown":
             lines.append(f"{ch['name']} differs when optimizer.step() reads it at step "
                          f"{ch['step']}: a module-level dump cannot tell whether the runs began "

@@ -129,8 +129,9 @@ def param_when(rows: list[dict], i: int) -> dict[str, Any]:
       none of them is an in-place write the runs made differently: the runs began the step
       with different weights;
     - "unmatched", with `write` (op, source, name of the first such write): the runs wrote in
-      place differently before anything else differed, into a tensor whose values are not the
-      weight's (a slice of it, `w[0, 0] = nan`), so the weight may have been written there;
+      place differently before anything else differed, but the records do not tie the write
+      to the weight (a write into a slice of it, `w[0, 0] = nan`, or one whose input was not
+      dumped, `io: output`), so the weight may have been written there;
     - "in_step": no op records, but the outputs of its module's forward agree, so the weight
       they read did: it changed after them;
     - "unknown": no op records: a module dump cannot tell a weight the step began with from
@@ -140,8 +141,9 @@ def param_when(rows: list[dict], i: int) -> dict[str, Any]:
     if any(r["op"] for r in step):
         rest = [r for r in step if not (r["phase"] == "optimizer" and r["direction"] == "param")]
         first = next((k for k, r in enumerate(rest) if r["verdict"] == "diverged"), len(rest))
+        # an input record too: a dump of inputs only (`io: input`) has no output of a write
         writes = [r for r in rest[:first + 1] if r["op"] and _in_place(str(r["op"]))
-                  and r["direction"] == "output" and r["verdict"] != "same"]
+                  and r["verdict"] != "same"]
         if not writes:
             return {"when": "before"}
         w = writes[0]
@@ -194,9 +196,10 @@ def param_text(fd: dict[str, Any]) -> str:
         w = fd["write"]
         return (f"{name} differs when optimizer.step() reads it at step {step}, and before "
                 f"anything else differed the runs wrote in place differently: {w['op']} at "
-                f"{w['source'] or 'an unknown line'} ({w['name']}), into values that are not "
-                f"the weight's (a part of it?): whether the runs began the step with different "
-                f"weights or that write changed it is not known")
+                f"{w['source'] or 'an unknown line'} ({w['name']}). The records do not tie that "
+                f"write to the weight (a write into a part of it, or one whose input was not "
+                f"dumped), so whether the runs began the step with different weights or that "
+                f"write changed it is not known")
     return (f"{name} differs when optimizer.step() reads it at step {step}: a module-level dump "
             f"cannot tell whether the runs began the step with different weights or one wrote "
             f"it in place during the step before {module} read it; dump at level op or mix to "

@@ -201,6 +201,29 @@ def test_a_write_into_part_of_a_weight_is_no_claim_of_other_weights(tmp_path, ca
     assert e.status == "unexplained" and "aten.mul_" in e.verdict, e.verdict
 
 
+@pytest.mark.parametrize("io", ["input", "output"])
+def test_a_write_whose_other_side_was_not_dumped_is_no_claim_of_other_weights(tmp_path, io):
+    """With one side of each call dumped (`io`), a write cannot be followed back to the weight
+    it wrote; it is named as a write the runs made differently, never "began with other
+    weights"."""
+    def dump(path: Path, factor: float | None) -> Path:
+        torch.manual_seed(0)
+        model = Net()
+        if factor is not None:
+            model.fc2.register_forward_pre_hook(_scale(factor))
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        with tracer.Dumper(model, {"path": str(path), "level": "op", "mode": "statistics",
+                                   "io": io}):
+            model(x).backward()
+            opt.step()
+        return path
+
+    fd = diff(dump(tmp_path / "a", None), dump(tmp_path / "b", 1.001)).first_divergence
+    assert fd["kind"] == "parameter" and fd["when"] == "unmatched", fd
+    assert fd["write"]["op"] == "aten.mul_" and fd["write"]["source"] == _line("# THE WRITE")
+
+
 def test_a_module_dump_does_not_claim_the_step_began_with_other_weights(tmp_path, capsys):
     a = _mlp(tmp_path / "a", "module", "statistics")
     b = _mlp(tmp_path / "b", "module", "statistics", factor=1.001)
