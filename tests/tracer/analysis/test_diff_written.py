@@ -46,11 +46,12 @@ def _scale(factor: float):
 
 
 def _train(model, path: Path, level: str, mode: str, optimizer: str, loss,
-           after_backward=None, steps: int = 2) -> Path:
+           after_backward=None, steps: int = 2, config: dict | None = None) -> Path:
     """`model` (or what it returns, called inside the dump: the model built in its first step,
-    as under `sleuth run`) trained `steps` steps, each step dumped."""
+    as under `sleuth run`) trained `steps` steps, each step dumped (`config`: more keys)."""
     with tracer.Dumper(model if isinstance(model, nn.Module) else None,
-                       {"path": str(path), "level": level, "mode": mode, "steps": "all"}):
+                       {"path": str(path), "level": level, "mode": mode, "steps": "all",
+                        **(config or {})}):
         if not isinstance(model, nn.Module):
             model = model()
         if optimizer == "adamw":
@@ -67,7 +68,7 @@ def _train(model, path: Path, level: str, mode: str, optimizer: str, loss,
 
 
 def _mlp(path: Path, level: str, mode: str, optimizer: str = "adamw", factor: float | None = None,
-         after_backward=None, built_in_step: bool = False) -> Path:
+         after_backward=None, built_in_step: bool = False, config: dict | None = None) -> Path:
     def build() -> Net:
         torch.manual_seed(0)
         model = Net()
@@ -77,7 +78,7 @@ def _mlp(path: Path, level: str, mode: str, optimizer: str = "adamw", factor: fl
 
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     return _train(build if built_in_step else build(), path, level, mode, optimizer,
-                  lambda m: m(x), after_backward)
+                  lambda m: m(x), after_backward, config=config)
 
 
 def _nudge(model: nn.Module) -> None:
@@ -206,20 +207,9 @@ def test_a_write_whose_other_side_was_not_dumped_is_no_claim_of_other_weights(tm
     """With one side of each call dumped (`io`), a write cannot be followed back to the weight
     it wrote; it is named as a write the runs made differently, never "began with other
     weights"."""
-    def dump(path: Path, factor: float | None) -> Path:
-        torch.manual_seed(0)
-        model = Net()
-        if factor is not None:
-            model.fc2.register_forward_pre_hook(_scale(factor))
-        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
-        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-        with tracer.Dumper(model, {"path": str(path), "level": "op", "mode": "statistics",
-                                   "io": io}):
-            model(x).backward()
-            opt.step()
-        return path
-
-    fd = diff(dump(tmp_path / "a", None), dump(tmp_path / "b", 1.001)).first_divergence
+    a = _mlp(tmp_path / "a", "op", "statistics", "sgd", config={"io": io})
+    b = _mlp(tmp_path / "b", "op", "statistics", "sgd", factor=1.001, config={"io": io})
+    fd = diff(a, b).first_divergence
     assert fd["kind"] == "parameter" and fd["when"] == "unmatched", fd
     assert fd["write"]["op"] == "aten.mul_" and fd["write"]["source"] == _line("# THE WRITE")
 
