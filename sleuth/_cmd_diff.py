@@ -75,12 +75,27 @@ _STATUS_LINE = {
 }
 
 
+def setup_lines(change: dict[str, Any], most: int = 6) -> list[str]:
+    """A setup change (`DiffResult.changes`, kind "setup") in words: one line a difference,
+    likeliest cause first, at most `most` of them."""
+    found = change["differences"]
+    where = f"step {change['step']}" if change["step"] == change["b_step"] else \
+        f"A's step {change['step']}, B's step {change['b_step']}"
+    lines = [f"the runs were set up differently ({where}; likeliest cause first):"]
+    lines += [f"  {d['text']}" for d in found[:most]]
+    if len(found) > most:
+        lines.append(f"  and {len(found) - most} more setup difference(s) (--json: changes)")
+    return lines
+
+
 def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[str]:
     """What changed between the runs, in words (`DiffResult.changes`), and the command whose
     verdict says whether that explains the divergence: the report's first lines."""
     lines = []
     for ch in changes:
-        if ch["kind"] == "dtype":
+        if ch["kind"] == "setup":
+            lines += setup_lines(ch)
+        elif ch["kind"] == "dtype":
             others = "".join(f"; {k.replace('->', ' to ')} in {n}"
                              for k, n in list(ch["others"].items())[:3])
             lines.append(f"B ran in {ch['b']} where A ran in {ch['a']}: {ch['records']} of "

@@ -215,6 +215,7 @@ class FakeWriter:
         self.records: list = []
         self.steps: list[int] = []
         self.ended: list = []
+        self.attrs: dict = {}  # (step, key) -> value, as `set_attr` got them
         self.step = None
         self.closed = False
         self.observers: list = []
@@ -247,6 +248,9 @@ class FakeWriter:
 
     def same_bytes(self, snapshot, source):
         pass
+
+    def set_attr(self, key, value):
+        self.attrs[(self.step, key)] = value
 
     def end_step(self, status_reason=None, *, drop=False):
         assert self.step is not None

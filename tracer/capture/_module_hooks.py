@@ -212,6 +212,13 @@ class ModuleTracker:
         self._param_cache = (len(self.roots), out)  # parameters are registered once, in __init__
         return out
 
+    def named_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        """(record name, module) of every module under the roots, in `named_modules()` order."""
+        out = []
+        for k, root in enumerate(self.roots):
+            out += [(name, module) for module, name in module_names(root, root_name(k)).items()]
+        return out
+
     # -- install / remove -----------------------------------------------------------------------
     def install(self) -> None:
         if self._handles:
