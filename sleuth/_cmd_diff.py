@@ -162,10 +162,12 @@ def format_report(result: Any, top: int = 10, explain: str | None = None) -> str
              f"{result.compared}   records: {sum(c.values())} ({c['same']} same, "
              f"{c['diverged']} diverged, {c['only_a']} only in A, {c['only_b']} only in B)"]
     fd = result.first_divergence
+    changes = getattr(result, "changes", [])
     if explain and fd and fd["kind"] not in ("data", "parameter") and (
-            result.compared != "tensor" or not fd["op"]):
+            result.compared != "tensor" or not fd["op"]) and \
+            not any(c["kind"] == "setup" for c in changes):
         explain += " (it re-runs ops: dump both runs at level op or mix, mode tensor or full)"
-    lines += headline(getattr(result, "changes", []), explain if fd else None)
+    lines += headline(changes, explain if fd else None)
     if problems:
         lines += ["", f"problems ({len(problems)}): steps not fully read, or on one side only"]
         lines += [f"  {p.line()}" for p in problems]

@@ -266,17 +266,18 @@ class FakeWriter:
         return [m.name for s, m, _ in self.records if step is None or s == step]
 
 
-def train_and_dump(model_fn, batch_fn, path, steps=2, micro=1, dump_steps=None, **config):
-    """Train `steps` SGD steps of `micro` backward passes each under a Dumper writing to `path`
-    with `config` (and, as its `steps`, the selection `dump_steps` when given); returns
-    `tracer.open_dump(path)`."""
+def train_and_dump(model_fn, batch_fn, path, steps=2, micro=1, dump_steps=None, lr=0.05,
+                   **config):
+    """Train `steps` SGD steps (learning rate `lr`) of `micro` backward passes each under a
+    Dumper writing to `path` with `config` (and, as its `steps`, the selection `dump_steps`
+    when given); returns `tracer.open_dump(path)`."""
     import tracer
 
     if dump_steps is not None:
         config = {**config, "steps": dump_steps}
     torch.manual_seed(0)
     model = model_fn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     with tracer.Dumper(model, {"path": str(path), **config}):
         for _ in range(steps):
             for _ in range(micro):

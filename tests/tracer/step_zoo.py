@@ -69,7 +69,7 @@ DROPOUT = {"mlp": {"dropout": 0.2}, "llama": {"attention_dropout": 0.2},
            "gpt2": {"attn_pdrop": 0.2}}
 OPTIMIZERS = ("adamw", "sgd")
 # hyperparameters the generator may change, and B's value
-HYPER = {"adamw": {"eps": 1e-3, "betas": (0.8, 0.9), "amsgrad": True},
+HYPER = {"adamw": {"eps": 1e-3, "betas": (0.8, 0.9)},
          "sgd": {"momentum": 0.5, "dampening": 0.3, "nesterov": True}}
 
 
@@ -148,7 +148,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     names = [n for n, _ in model.named_parameters()]
     no_decay = [n for n in names if n.endswith("bias") or "norm" in n or "ln_" in n]
     if case.fault == "group_moved":
-        picked["site"] = _pick(no_decay, case)
+        # weight decay does nothing to a parameter that is all zeros (a fresh bias)
+        picked["site"] = _pick([n for n in no_decay if model.get_parameter(n).any()], case)
         if fault:
             no_decay.remove(picked["site"])  # FAULT: group_moved
     if case.fault == "frozen":
@@ -157,8 +158,9 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
         if fault:
             model.get_parameter(picked["site"]).requires_grad_(False)  # FAULT: frozen
     if case.fault == "buffer":
-        picked["site"] = _pick([n for n, b in model.named_buffers() if b.is_floating_point()],
-                               case)
+        # a buffer the forward reads (transformers keeps an unread copy of the rotary one)
+        picked["site"] = _pick([n for n, b in model.named_buffers() if b.is_floating_point()
+                                and "original" not in n], case)
         if fault:
             with torch.no_grad():
                 model.get_buffer(picked["site"]).mul_(1.05)  # FAULT: buffer
@@ -179,12 +181,16 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     if fault == "scheduler":
         sched.step()  # FAULT: scheduler
     torch.manual_seed(1 if fault == "seed" else 0)  # FAULT: seed
-    batches = [torch.randint(0, VOCAB, (BATCH, SEQ)) for _ in range(4)]
+    # a changed beta, momentum or dampening leaves the first update as it was (bias correction,
+    # the first momentum buffer): it shows from the second step's update, in the third's
+    # forward at level op
+    steps = 3 if case.fault == "hyper" else 2
+    batches = [torch.randint(0, VOCAB, (BATCH, SEQ)) for _ in range(2 * steps)]
     if fault == "data_order":
         batches = batches[2:] + batches[:2]  # FAULT: data_order
     with tracer.Dumper(model, {"path": str(path), "level": case.level, "mode": "tensor",
-                               "steps": "0-1"}):
-        for step in range(2):
+                               "steps": f"0-{steps - 1}"}):
+        for step in range(steps):
             for micro in batches[2 * step:2 * step + 2]:
                 logits = _logits(model, micro)
                 if fault == "labels":

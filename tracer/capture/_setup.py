@@ -176,15 +176,24 @@ def numerics_env() -> dict[str, str]:
             if k in _NUMERICS_ENV or (k.startswith(_ENV_PREFIXES) and not k.endswith("_DIR"))}
 
 
-def versions() -> dict[str, str]:
-    """Python's and the numerics libraries' versions that this process has imported."""
-    out = {"python": sys.version.split()[0], "torch": str(torch.__version__)}
+@functools.lru_cache(maxsize=1)
+def _installed() -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
+    out = []
     for name in ("numpy", "transformers", "accelerate", "triton", "lightning"):
-        module = sys.modules.get(name)
-        version = getattr(module, "__version__", None)
-        if isinstance(version, str):
-            out[name] = version
-    return out
+        try:
+            out.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            continue
+    return tuple(out)
+
+
+def versions() -> dict[str, str]:
+    """Python's, torch's and the installed numerics libraries' versions (installed, whether
+    or not this process imported them: two runs of one environment say the same)."""
+    return {"python": sys.version.split()[0], "torch": str(torch.__version__),
+            **dict(_installed())}
 
 
 def rng() -> dict[str, Any]:
