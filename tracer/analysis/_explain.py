@@ -104,14 +104,16 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     res = diff(a, b, step=step, rank=rank, b_step=b_step, b_rank=b_rank, tolerance=tolerance,
                module_map=module_map)
     setup = setup_of(res.changes)
+    fd = res.first_divergence
     try:
         found = _explain(a, b, res, limit, factor, module_map)
     except TracerError as e:
-        if not setup or res.first_divergence is None:
+        if not setup or fd is None or fd["phase"] != "optimizer":
             raise
-        # a dump explain cannot follow (level module, no tensors) still has its setup
-        found = Explanation("unexplained", str(e), first_divergence=res.first_divergence,
-                            notes=list(res.notes))
+        # the optimizer step's records need no op records to be judged by the setup
+        found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
+    if _apart(res.counts(), module_map is not None):
+        return found  # records that do not pair say nothing a setup could explain
     return with_setup(found, setup)
 
 
