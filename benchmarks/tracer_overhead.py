@@ -266,6 +266,7 @@ class _NullWriter:
     def forget(self, tensors): pass
     def launch_pending(self): pass
     def same_bytes(self, snapshot, source): pass
+    def set_attr(self, key, value): pass
     def end_step(self, status_reason=None, *, drop=False): pass
     def close(self): pass
 

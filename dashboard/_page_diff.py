@@ -137,6 +137,21 @@ def problems_panel(result: Any) -> html.Div | None:
     return html.Div(parts, id="diff-problems", className="sleuth-error", style=_ERROR_STYLE)
 
 
+def setup_panel(changes: list[dict[str, Any]], most: int = 8) -> html.Div | None:
+    """How the runs were set up differently (a diff's setup change), likeliest cause first:
+    what the records cannot show, and what the divergence may follow from."""
+    setup = next((c for c in changes if c.get("kind") == "setup"), None)
+    if setup is None:
+        return None
+    found = setup["differences"]
+    items = [html.Li(d["text"]) for d in found[:most]]
+    if len(found) > most:
+        items.append(html.Li(f"and {len(found) - most} more (sleuth diff --json)"))
+    return html.Div([html.P(f"the runs were set up differently (step {setup['step']}; "
+                            "likeliest cause first):"), html.Ul(items)],
+                    id="diff-setup", className="sleuth-note")
+
+
 def _error_panel(message: str) -> html.Div:
     return html.Div(message, id="diff-problems", className="sleuth-error", style=_ERROR_STYLE)
 
@@ -247,7 +262,7 @@ def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_ran
     head = [html.Span(f"status: {status}", id="diff-status",
                       className="sleuth-badge " + ("on" if status == "same" else "off")),
             html.Span(" · ".join(f"{k} {v}" for k, v in counts.items()), className="sleuth-note"),
-            problems_panel(result)]
+            problems_panel(result), setup_panel(getattr(result, "changes", None) or [])]
     for st in getattr(result, "steps", None) or []:
         if st.get("status") == "interrupted":
             head.append(html.P(f"step {st['step']} interrupted: {st['reason']}", className="sleuth-note"))

@@ -73,6 +73,12 @@ def main() -> None:
     parser.add_argument("--no-act", action="store_true",
                         help="leave the activation out, as a port that forgets it does (a bug "
                         "to find: an op one run runs and the other does not)")
+    parser.add_argument("--adam-eps", type=float, default=1e-8, metavar="EPS",
+                        help="AdamW's epsilon (default 1e-8; another value is a setup "
+                        "difference to find)")
+    parser.add_argument("--clip", type=float, metavar="MAX_NORM",
+                        help="clip the gradients' norm to MAX_NORM before each optimizer step "
+                        "(in one run only, a setup difference to find)")
     parser.add_argument("--bf16", action="store_true",
                         help="run the forward pass under bfloat16 autocast (rounding, not a bug)")
     parser.add_argument("--scale-hook", type=float, metavar="FACTOR",
@@ -112,7 +118,7 @@ def main() -> None:
 
         (net.head if args.port else net.fc2).register_forward_pre_hook(scale)
     model = nn.parallel.DistributedDataParallel(net) if distributed else net
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, eps=args.adam_eps)
     data = torch.Generator().manual_seed(1 + rank)  # each rank its own batches
 
     for step in range(args.steps):
@@ -133,6 +139,8 @@ def main() -> None:
             for p in model.parameters():
                 if not torch.isfinite(p.grad).all().item():
                     raise FloatingPointError("a gradient is not finite")
+        if args.clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
         if args.grow is not None:
             with torch.no_grad():

@@ -75,12 +75,27 @@ _STATUS_LINE = {
 }
 
 
+def setup_lines(change: dict[str, Any], most: int = 6) -> list[str]:
+    """A setup change (`DiffResult.changes`, kind "setup") in words: one line a difference,
+    likeliest cause first, at most `most` of them."""
+    found = change["differences"]
+    where = f"step {change['step']}" if change["step"] == change["b_step"] else \
+        f"A's step {change['step']}, B's step {change['b_step']}"
+    lines = [f"the runs were set up differently ({where}; likeliest cause first):"]
+    lines += [f"  {d['text']}" for d in found[:most]]
+    if len(found) > most:
+        lines.append(f"  and {len(found) - most} more setup difference(s) (--json: changes)")
+    return lines
+
+
 def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[str]:
     """What changed between the runs, in words (`DiffResult.changes`), and the command whose
     verdict says whether that explains the divergence: the report's first lines."""
     lines = []
     for ch in changes:
-        if ch["kind"] == "dtype":
+        if ch["kind"] == "setup":
+            lines += setup_lines(ch)
+        elif ch["kind"] == "dtype":
             others = "".join(f"; {k.replace('->', ' to ')} in {n}"
                              for k, n in list(ch["others"].items())[:3])
             lines.append(f"B ran in {ch['b']} where A ran in {ch['a']}: {ch['records']} of "
@@ -179,10 +194,12 @@ def format_report(result: Any, top: int = 10, explain: str | None = None) -> str
              f"{result.compared}   records: {sum(c.values())} ({c['same']} same, "
              f"{c['diverged']} diverged, {c['only_a']} only in A, {c['only_b']} only in B)"]
     fd = result.first_divergence
+    changes = getattr(result, "changes", [])
     if explain and fd and fd["kind"] not in ("data", "parameter", "written") and (
-            result.compared != "tensor" or not fd["op"]):
+            result.compared != "tensor" or not fd["op"]) and \
+            not any(c["kind"] == "setup" for c in changes):
         explain += " (it re-runs ops: dump both runs at level op or mix, mode tensor or full)"
-    lines += headline(getattr(result, "changes", []), explain if fd else None)
+    lines += headline(changes, explain if fd else None)
     if problems:
         lines += ["", f"problems ({len(problems)}): steps not fully read, or on one side only"]
         lines += [f"  {p.line()}" for p in problems]

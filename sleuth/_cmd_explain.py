@@ -73,6 +73,10 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps(out, allow_nan=False))
         return result.exit_code
     print(result.verdict)
+    if result.setup and result.status != "setup":
+        print("\nthe runs were also set up differently (`sleuth diff` lists each):")
+        for d in result.setup[:5]:
+            print(f"  {d['text']}")
     if result.chain:
         print("\nthe chain, in execution order (relative errors; received: the inputs', "
               "introduced: B's call on A's inputs, entitled: its measured rounding):")

@@ -42,7 +42,7 @@ from tracer._errors import ConfigError, DumpWriteError, WatchpointHit, describe_
 from tracer._lifecycle import LIVE, Lifecycle
 from tracer._step_rule import StepRule
 from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords,
-                            on_scaler_update)
+                            SetupRecorder, on_clip, on_scaler_update, tool_range)
 from tracer.storage import copy_stats, difference_sketch, difference_stats
 
 
@@ -124,6 +124,7 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
         self._handles: list[Any] = []
         self._mode: Any = None
         self._params: ParamRecords | None = None
+        self._setup: SetupRecorder | None = None
         self._eager = EagerWhileDumped()
         if self._state is Lifecycle.OFF:
             return
@@ -131,6 +132,7 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
         self._tracker = ModuleTracker(self, model)
         self._params = ParamRecords(self._tracker, Kernels(copy_stats, difference_stats,
                                                            difference_sketch))
+        self._setup = SetupRecorder(self._tracker.param_names, self._tracker.named_modules)
         if self.config.level in ("op", "mix"):
             from tracer.capture import OpMode
 
@@ -138,6 +140,7 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
         self._handles = [_optim.register_optimizer_step_pre_hook(self._optimizer_pre),
                          _optim.register_optimizer_step_post_hook(self._optimizer_post),
                          on_scaler_update(self._scaler_update),
+                         on_clip(self._clipped),
                          on_crash(self._crashed)]
         try:
             self._begin()
@@ -296,6 +299,22 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
         else:
             self._writer.begin_step(self.current_step)
         self._open = True
+        self._take_setup(self._setup.take_model)
+
+    def _take_setup(self, work: Any, *args: Any) -> None:
+        """Take part of the step's setup (tracer.capture._setup) as the dump's own work; what
+        fails is noted in the setup (the diff says it is incomplete), never raised into the
+        run."""
+        try:
+            with torch.no_grad(), tool_range():
+                work(*args)
+        except Exception as e:  # noqa: BLE001 - the setup is an extra of the step's records
+            self._setup.failed(describe_error(e))
+
+    def _clipped(self, fn: str, args: dict, params: list, source: str) -> None:
+        """A gradient-clipping call of the open step (tracer.capture._setup.on_clip)."""
+        if self.capturing and not self._busy:
+            self._take_setup(self._setup.clip, fn, args, params, source)
 
     def _leave_process(self, pop_mode: bool = False) -> None:
         """Stop for good in this process, touching neither the dump nor the writer.

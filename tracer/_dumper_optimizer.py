@@ -68,6 +68,7 @@ class OptimizerHooks:
                           ) -> tuple[tuple, dict] | None:
         if self._mode is not None:
             self._mode.pop()  # the optimizer's own ops are not records
+        self._take_setup(self._setup.optimizer, optimizer)
         if self._open:
             # batched device records are measured before the optimizer writes the weights
             # and gradients they read (tracer.storage._batcher)

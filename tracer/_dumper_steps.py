@@ -40,6 +40,7 @@ class StepBoundaries:
         if self._mode is not None:
             self._mode.push()
         self._to(Lifecycle.CAPTURING)
+        self._setup.begin()
         self._eager.enter(self.current_step)
 
     def _uninstall(self) -> None:
@@ -108,10 +109,17 @@ class StepBoundaries:
         if self._state is Lifecycle.CAPTURING:
             self._to(Lifecycle.IDLE)
         self._uninstall()
+        setup = None
+        if was_open and how is not LastStep.DROP:
+            self._take_setup(self._setup.finish)
+            setup = self._setup.taken
+        self._setup.end()
         if not was_open:
             return
         self._busy = True
         try:
+            if setup is not None:
+                self._writer.set_attr("setup", json.dumps(setup, sort_keys=True))
             if how is LastStep.DROP:
                 self._drop_step()
             elif how is LastStep.INTERRUPTED:

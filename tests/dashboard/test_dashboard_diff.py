@@ -80,6 +80,18 @@ def test_unreadable_everywhere_is_an_error_panel(runs, tmp_path):
     assert "step0.h5.partial" in panel and "no readable complete step file" in panel, texts
 
 
+def test_a_setup_difference_heads_the_page(runs, tmp_path):
+    """Run B's optimizer had another learning rate: the page names it above the records."""
+    train_and_dump(MLP, lambda: (torch.randn(4, 8),), tmp_path / "lr", steps=3,
+                   level="module", mode="tensor", writer="sync", lr=0.07)
+    ctx = Context(runs=load_runs([runs / "a", tmp_path / "lr"]))
+    texts = _texts(body(ctx, 0, 1, 0, None, None, None))
+    panel = " ".join(t for i, t in texts if i == "diff-setup")
+    assert "SGD lr 0.05 in A, 0.07 in B (every parameter)" in panel, texts
+    ctx = Context(runs=load_runs([runs / "a", runs / "b"]))
+    assert not [t for i, t in _texts(body(ctx, 0, 1, 0, None, None, None)) if i == "diff-setup"]
+
+
 def test_worst_puts_unpartnered_rows_after_divergences():
     nan = float("nan")
     rec = pd.DataFrame({

@@ -215,6 +215,7 @@ class FakeWriter:
         self.records: list = []
         self.steps: list[int] = []
         self.ended: list = []
+        self.attrs: dict = {}  # (step, key) -> value, as `set_attr` got them
         self.step = None
         self.closed = False
         self.observers: list = []
@@ -248,6 +249,9 @@ class FakeWriter:
     def same_bytes(self, snapshot, source):
         pass
 
+    def set_attr(self, key, value):
+        self.attrs[(self.step, key)] = value
+
     def end_step(self, status_reason=None, *, drop=False):
         assert self.step is not None
         self.ended.append((self.step, status_reason, drop))
@@ -262,17 +266,18 @@ class FakeWriter:
         return [m.name for s, m, _ in self.records if step is None or s == step]
 
 
-def train_and_dump(model_fn, batch_fn, path, steps=2, micro=1, dump_steps=None, **config):
-    """Train `steps` SGD steps of `micro` backward passes each under a Dumper writing to `path`
-    with `config` (and, as its `steps`, the selection `dump_steps` when given); returns
-    `tracer.open_dump(path)`."""
+def train_and_dump(model_fn, batch_fn, path, steps=2, micro=1, dump_steps=None, lr=0.05,
+                   **config):
+    """Train `steps` SGD steps (learning rate `lr`) of `micro` backward passes each under a
+    Dumper writing to `path` with `config` (and, as its `steps`, the selection `dump_steps`
+    when given); returns `tracer.open_dump(path)`."""
     import tracer
 
     if dump_steps is not None:
         config = {**config, "steps": dump_steps}
     torch.manual_seed(0)
     model = model_fn()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     with tracer.Dumper(model, {"path": str(path), **config}):
         for _ in range(steps):
             for _ in range(micro):

@@ -22,8 +22,9 @@ EXPECTED = [
 
 FACES = {
     "capture": ["CallNames", "EagerWhileDumped", "Kernels", "ModuleTracker", "OpMode",
-                "ParamRecords", "Site", "encode_call", "in_graph_capture", "local_shard",
-                "on_scaler_update", "recording_closure", "rewrap", "tool_range", "user_source"],
+                "ParamRecords", "SetupRecorder", "Site", "encode_call", "in_graph_capture",
+                "local_shard", "on_clip", "on_scaler_update", "recording_closure", "rewrap",
+                "tool_range", "user_source"],
     "storage": ["DUMP_JSON", "Dump", "ExportedDump", "FlightRecorder", "JsonLimitError",
                 "READ_ERRORS", "RECORD_FIELDS", "RawTensor", "ReadError", "RecordMeta",
                 "RecordRow", "SKETCH_SIZE", "TensorReader", "UNREAD_STATES", "Watcher", "Writer",

@@ -1,4 +1,5 @@
-"""What changed between two runs, where a diff can tell: the dtypes their matched records were
+"""What changed between two runs, where a diff can tell: how they were set up (optimizer,
+clipping, config, buffers, flags: tracer.analysis._setup), the dtypes their matched records were
 computed in, a first divergence that lies before any computation (the data fed to the
 model, or the weights a step began with), and a weight written in place during the step
 (tracer.analysis._written). A report says these first, since everything that
@@ -26,6 +27,11 @@ def kind(row: dict[str, Any]) -> str:
     return "compute"
 
 
+def _stem(name: Any) -> str:
+    """A record's call: its name without `.{direction}.{index}`."""
+    return str(name).rsplit(".", 2)[0]
+
+
 def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
     """Mark `fed` what the step's data is, in its divergent records:
 
@@ -43,10 +49,18 @@ def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
     model_from = min((int(rec["seq"]) for rec in recs_a if rec["phase"] == "forward"
                       and str(rec["module"]) not in _OUTSIDE), default=None)
     if model_from is not None:
+        # an op whose recorded inputs agree and whose output differs was called otherwise (a
+        # constant from a config as its argument): computed, not fed
+        inputs: dict[str, list[str]] = {}
+        for r in rows:
+            if r["direction"] == "input" and r["op"]:
+                inputs.setdefault(_stem(r["name"]), []).append(r["verdict"])
         for r in rows:
             if r["verdict"] == "diverged" and r["phase"] == "forward" and r["op"] \
                     and str(r["module"]) in _OUTSIDE and 0 <= int(r["seq"]) < model_from:
-                r["fed"] = True
+                given = inputs.get(_stem(r["name"]))
+                r["fed"] = r["direction"] == "input" or not given \
+                    or any(v != "same" for v in given)
     wanted = [r for r in rows if r["verdict"] == "diverged" and r["phase"] == "forward"
               and r["direction"] == "input" and str(r["dtype"]).startswith(_INTEGER)]
     if not wanted:
@@ -66,11 +80,18 @@ def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
 
 
 def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any] | None,
-            first: dict[str, Any] | None, paired: int) -> list[dict[str, Any]]:
-    """`DiffResult.changes` from what the diff gathered: matched records per (A dtype, B dtype)
-    pair that differ, the first such record, the first divergence, and the matched records in
-    all."""
+            first: dict[str, Any] | None, paired: int,
+            setup: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """`DiffResult.changes` from what the diff gathered: how the runs were set up differently
+    (`setup`, the earliest step pair whose setups differ: tracer.analysis._setup), matched
+    records per (A dtype, B dtype) pair that differ, the first such record, the first
+    divergence, and the matched records in all. The setup comes first: it was there before
+    any record."""
     out: list[dict[str, Any]] = []
+    if setup is not None:
+        out.append({"kind": "setup", "rank": setup["rank"], "step": setup["step"],
+                    "b_rank": setup["b_rank"], "b_step": setup["b_step"],
+                    "differences": setup["differences"]})
     if dtype_pairs:
         ranked = sorted(dtype_pairs.items(), key=lambda kv: -kv[1])
         (a, b), n = ranked[0]

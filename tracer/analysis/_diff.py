@@ -25,6 +25,7 @@ from tracer.analysis._fused import combine
 from tracer.analysis._map_file import (UNVOUCHED_NOTE, ModuleMap, same_op_modules,
                                        set_aside, unmatched_pair, vouched)
 from tracer.analysis._origin import param_name
+from tracer.analysis._setup import compare_setups, first_setup
 from tracer.analysis._written import mark_written
 from tracer.storage import READ_ERRORS, ReadError, TensorReader, op_capture_of
 
@@ -150,6 +151,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
                          on_rows, keep_worst, fused)
     tables = []
     total = 0
+    setups: list[dict[str, Any]] = []
     for pl in sel.plans:
         read = _step_tables(sa, sb, pl, problems, module_map, fused)
         if read is None:
@@ -169,7 +171,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
             done = len(rows)
             try:
                 _compare_step(sa, sb, pl, ta, tb, pairs, tol, bar, rows, kinds, notes,
-                              layouts)
+                              layouts, setups)
             except ReadError as e:
                 problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
                                         str(e)))
@@ -179,7 +181,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     finally:
         bar.close()
     return _result(rows, kinds, notes, problems, sel.left_out, steps, pd,
-                   _Summary(keep_worst), keep_records=True)
+                   _Summary(keep_worst), keep_records=True, setup=first_setup(setups, notes))
 
 
 def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem],
@@ -213,6 +215,7 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
     kinds: set[str] = set()
     bar = _StderrProgress(0, 1, progress, steps=len(sel.plans))
     order = 0
+    setups: list[dict[str, Any]] = []
     try:
         for pl in sel.plans:
             read = _step_tables(sa, sb, pl, problems, module_map, fused)
@@ -223,7 +226,7 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
             rows: list[dict] = []
             try:
                 _compare_step(sa, sb, pl, ta, tb, align(ta, tb, layouts=layouts is not None),
-                              tol, bar, rows, kinds, notes, layouts)
+                              tol, bar, rows, kinds, notes, layouts, setups)
             except ReadError as e:
                 problems.append(Problem(e.side, *_rank_step(e.side, pl), str(e.path), e.state,
                                         str(e)))
@@ -239,7 +242,8 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
                 on_rows(rows)
     finally:
         bar.close()
-    return _result([], kinds, notes, problems, sel.left_out, steps, pd, summary)
+    return _result([], kinds, notes, problems, sel.left_out, steps, pd, summary,
+                   setup=first_setup(setups, notes))
 
 
 def _stats(side: Side, rank: int, step: int) -> Any:
@@ -259,9 +263,10 @@ def _rank_step(side: str, pl: Plan) -> tuple[int, int]:
 
 def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, tol: Tolerance,
                   bar: _StderrProgress, rows: list[dict], kinds: set[str],
-                  notes: list[str], layouts: frozenset[str] | None = None) -> None:
+                  notes: list[str], layouts: frozenset[str] | None = None,
+                  setups: list[dict[str, Any]] | None = None) -> None:
     """Compare the records of one step pair into `rows` (`layouts`: two codebases, see
-    `_compare_pair`)."""
+    `_compare_pair`), and the setups the two steps were taken with into `setups`."""
     fa = TensorReader(sa.step_file(pl[0], pl[1]), "A")
     try:
         fb = TensorReader(sb.step_file(pl[2], pl[3]), "B")
@@ -280,6 +285,9 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
                 f"so compare runs captured the same way")
         if ca != cb and {la, lb} & {"op", "mix"} and note not in notes:
             notes.append(note)
+        if setups is not None:
+            setups.append(compare_setups(fa.attrs.get("setup"), fb.attrs.get("setup"), pl,
+                                         named=layouts is None))
         recs_a, recs_b = _rows(ta), _rows(tb)
         moved = frozenset((str(r["dtype"]), int(r["numel"]), int(r["checksum"])) for r in recs_a
                           if r["phase"] == "optimizer" and r["direction"] == "param"

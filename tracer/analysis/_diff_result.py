@@ -264,8 +264,10 @@ def _step_summary(pl: Plan, rows: list[dict], problems: list[Problem]) -> dict[s
 
 def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[Problem],
             left_out: list[Problem], steps: list[dict[str, Any]], pd: Any,
-            summary: _Summary, keep_records: bool = False) -> DiffResult:
-    """The result from every row (`keep_records`) or from a summary gathered step by step."""
+            summary: _Summary, keep_records: bool = False,
+            setup: dict[str, Any] | None = None) -> DiffResult:
+    """The result from every row (`keep_records`) or from a summary gathered step by step;
+    `setup`: the earliest step pair whose setups differ (tracer.analysis._setup)."""
     rows = _ordered(rows)
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     if keep_records:
@@ -315,4 +317,5 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
                       record_counts=counts,
                       shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)),
-                      changes=changes(summary.dtype_pairs, summary.first_mixed, first, paired))
+                      changes=changes(summary.dtype_pairs, summary.first_mixed, first, paired,
+                                      setup))

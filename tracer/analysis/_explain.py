@@ -38,10 +38,11 @@ from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
+from tracer.analysis._setup import setup_of, with_setup
 from tracer.analysis._written import written_verdict
 from tracer.storage import open_dump
 
-Status = Literal["same", "bug", "precision", "inputs", "unexplained", "incomplete"]
+Status = Literal["same", "bug", "precision", "inputs", "setup", "unexplained", "incomplete"]
 
 
 @dataclass
@@ -69,6 +70,9 @@ class Explanation:
     "rounding", "not replayed"), why."""
     first_divergence: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    setup: list[dict[str, Any]] = field(default_factory=list)
+    """How the runs were set up differently (tracer.analysis._setup.differences), the ones
+    that can change what a step computes, likeliest cause of this divergence first."""
 
     @property
     def exit_code(self) -> int:
@@ -80,7 +84,8 @@ class Explanation:
         return {"status": self.status, "exit_code": self.exit_code, "verdict": self.verdict,
                 "blamed": _jsonable(self.blamed) if self.blamed else None,
                 "chain": [_jsonable(e) for e in self.chain],
-                "first_divergence": self.first_divergence, "notes": self.notes}
+                "first_divergence": self.first_divergence, "notes": self.notes,
+                "setup": [_jsonable(d) for d in self.setup]}
 
 
 def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
@@ -101,6 +106,23 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     """
     res = diff(a, b, step=step, rank=rank, b_step=b_step, b_rank=b_rank, tolerance=tolerance,
                module_map=module_map)
+    setup = setup_of(res.changes)
+    fd = res.first_divergence
+    try:
+        found = _explain(a, b, res, limit, factor, module_map)
+    except TracerError as e:
+        if not setup or fd is None or fd["phase"] != "optimizer":
+            raise
+        # the optimizer step's records need no op records to be judged by the setup
+        found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
+    if _apart(res.counts(), module_map is not None):
+        return found  # records that do not pair say nothing a setup could explain
+    return with_setup(found, setup)
+
+
+def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, factor: float,
+             module_map: Any) -> Explanation:
+    """`explain`'s verdict from the records alone."""
     fd = res.first_divergence
     notes = list(res.notes)
     if res.exit_code == 2:

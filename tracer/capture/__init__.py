@@ -1,7 +1,8 @@
 """Where a record is made: module hooks and the module stack, the op dispatch mode, record names
 (`CallNames`, which the profiler and the IR exporter use too, so all three name a module call
 alike), the user's source line, each optimizer step's parameter, gradient and update records,
-and the gradient scaler's skipped steps.
+the gradient scaler's skipped steps, and the setup around the model (optimizer, clipping,
+config, module constants, buffers, flags) taken with each dumped step.
 
 `tracer.Dumper` drives these and hands each record to `tracer.storage`; nothing here writes a
 file. Names load lazily (tracer._lazy); a test pins this list.
@@ -20,10 +21,12 @@ _EXPORTS: dict[str, str] = {
     "ModuleTracker": "tracer.capture._module_hooks",
     "tool_range": "tracer.capture._module_hooks",
     "OpMode": "tracer.capture._op_mode",
+    "on_clip": "tracer.capture._setup",
     "on_scaler_update": "tracer.capture._scaler",
     "ParamRecords": "tracer.capture._param_records",
     "recording_closure": "tracer.capture._closure",
     "rewrap": "tracer.capture._scaler",
+    "SetupRecorder": "tracer.capture._setup",
     "Site": "tracer.capture._source",
     "user_source": "tracer.capture._source",
 }

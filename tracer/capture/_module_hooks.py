@@ -160,6 +160,7 @@ class ModuleTracker:
         self._handles: list[Any] = []
         self._inner_code = _call_impl_inner_code()
         self._param_cache: tuple[int, list] | None = None
+        self._module_cache: tuple[tuple[int, int], list] | None = None
         if model is not None:
             self.add_root(model)
 
@@ -210,6 +211,20 @@ class ModuleTracker:
                     seen.add(id(p))
                     out.append((p_name if owner == ROOT else f"{owner}.{p_name}", owner, p))
         self._param_cache = (len(self.roots), out)  # parameters are registered once, in __init__
+        return out
+
+    def named_modules(self) -> list[tuple[str, torch.nn.Module]]:
+        """(record name, module) of every module under the roots, in `named_modules()` order
+        (kept while the roots and their number of modules stay: a model's modules are built
+        once, in __init__)."""
+        count = sum(1 for root in self.roots for _ in root.modules())
+        cached = self._module_cache
+        if cached is not None and cached[0] == (len(self.roots), count):
+            return cached[1]
+        out = []
+        for k, root in enumerate(self.roots):
+            out += [(name, module) for module, name in module_names(root, root_name(k)).items()]
+        self._module_cache = ((len(self.roots), count), out)
         return out
 
     # -- install / remove -----------------------------------------------------------------------

@@ -222,6 +222,10 @@ class AsyncWriter(Writer):
         if self.enabled and self._in_step:
             self._put(("call", seq, name, spec), 0)
 
+    def set_attr(self, key: str, value: str) -> None:
+        if self.enabled and self._in_step:
+            self._put(("attr", key, value), 0)
+
     def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         self._raise_pending()
         if self.enabled and self._in_step:
@@ -403,6 +407,9 @@ class AsyncWriter(Writer):
         elif kind == "hit":
             if self._wfile is not None:
                 self._wfile.add_hit(item[1])
+        elif kind == "attr":
+            if self._wfile is not None:
+                self._wfile.attrs[item[1]] = item[2]
         elif kind == "call":
             if self._wfile is not None:
                 self._wfile.add_call(item[1], item[2], item[3])

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 
-FORMAT_VERSION = "3.4"
+FORMAT_VERSION = "3.5"
 FORMAT_MAJOR = 3
 
 _STR = h5py.string_dtype("utf-8")

@@ -132,6 +132,11 @@ class Writer:
         of its first record, the JSON `spec`) in the current step's file."""
         raise NotImplementedError
 
+    def set_attr(self, key: str, value: str) -> None:
+        """Set a root attribute of the current step's file (the step's `setup`), written with
+        it."""
+        raise NotImplementedError
+
     def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         """Finish the current step: sync, the file exists on return; async, it is queued.
 
@@ -354,6 +359,10 @@ class SyncWriter(Writer):
     def add_call(self, seq: int, name: str, spec: str) -> None:
         if self.enabled and self._file is not None:
             self._file.add_call(seq, name, spec)
+
+    def set_attr(self, key: str, value: str) -> None:
+        if self.enabled and self._file is not None:
+            self._file.attrs[key] = value
 
     def end_step(self, status_reason: str | None = None, *, drop: bool = False) -> None:
         if self.enabled and self._file is not None:

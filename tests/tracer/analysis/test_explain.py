@@ -273,22 +273,34 @@ def test_a_seeded_op_that_draws_nothing_re_runs_and_one_that_draws_is_named():
         replay(noisy, [x])
 
 
-def test_an_op_that_cannot_be_re_run_where_the_runs_part_is_never_called_rounding(tmp_path):
-    """B's dropout draws another mask (another seed): the first divergence is a random op,
-    which cannot be re-run. The ops after it stay within their rounding, but the verdict does
-    not say precision: whether the random op made the difference is not known."""
-    def run(path: Path, seed: int) -> Path:
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.2), nn.Linear(32, 4))
-        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(4))
-        torch.manual_seed(seed)
-        with tracer.Dumper(model, {"path": str(path), **TENSOR_OP}):
-            model(x).sum().backward()
-        return path
+def _dropout_run(path: Path, seed: int, draws: int = 0) -> Path:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Dropout(0.2), nn.Linear(32, 4))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(seed)
+    torch.rand(draws)
+    with tracer.Dumper(model, {"path": str(path), **TENSOR_OP}):
+        model(x).sum().backward()
+    return path
 
-    e = explain(run(tmp_path / "a", 1), run(tmp_path / "b", 2))
+
+def test_an_op_that_cannot_be_re_run_where_the_runs_part_is_never_called_rounding(tmp_path):
+    """B's dropout draws another mask (the same seed, drawn from once more before): the first
+    divergence is a random op, which cannot be re-run. The ops after it stay within their
+    rounding, but the verdict does not say precision: whether the random op made the
+    difference is not known."""
+    e = explain(_dropout_run(tmp_path / "a", 1), _dropout_run(tmp_path / "b", 1, draws=1))
     assert e.status == "unexplained" and e.exit_code == 1, e.verdict
     assert "could not be re-run" in e.verdict and "aten.bernoulli_" in e.verdict
+
+
+def test_another_seed_is_named_where_a_random_op_parts_the_runs(tmp_path):
+    """Another seed: the step's setup names it, and the verdict is "setup", never precision
+    nor a bug at the random op."""
+    e = explain(_dropout_run(tmp_path / "a", 1), _dropout_run(tmp_path / "b", 2))
+    assert e.status == "setup" and e.exit_code == 1, e.verdict
+    assert "seed 1 in A, 2 in B" in e.verdict and "aten.bernoulli_" in e.verdict
+    assert [d["kind"] for d in e.setup] == ["rng"]
 
 
 def _link(name: str, received: float, introduced: float) -> dict:

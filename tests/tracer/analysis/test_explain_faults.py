@@ -118,25 +118,25 @@ class Net(nn.Module):
         super().__init__()
         self.fc1, self.fc2, self.head = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
         self.norm = nn.LayerNorm(16)
-        self.fault = fault
+        self._fault = fault  # private: a code difference, which no setup record shows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.fc1(x))
         y = self.fc2(h)
-        if self.fault == "lost":
+        if self._fault == "lost":
             z = torch.sub(y, y)  # THE LOST ARGUMENT
-        elif self.fault == "swap":
+        elif self._fault == "swap":
             z = torch.sub(h, y)  # THE SWAP
-        elif self.fault == "alpha":
+        elif self._fault == "alpha":
             z = y.sub(h, alpha=2)  # THE ALPHA
         else:
             z = torch.sub(y, h)
-        z = Twice.apply(z, self.fault == "extra")
-        if self.fault == "no_bias":
+        z = Twice.apply(z, self._fault == "extra")
+        if self._fault == "no_bias":
             z = F.layer_norm(z, (16,), self.norm.weight)  # THE NORM WITHOUT BIAS
         else:
             z = F.layer_norm(z, (16,), self.norm.weight, self.norm.bias)
-        if self.fault == "linear":
+        if self._fault == "linear":
             return F.linear(z, self.head.weight)  # THE LINEAR WITHOUT BIAS
         return self.head(z)
 

@@ -111,7 +111,7 @@ def test_bit_exact_round_trip(tmp_path, writer):
     assert row["source"] == "model.py:7" and row["data_nbytes"] == 60
     assert df.set_index("name").loc["scalar.forward.0.output.0", "shape"] == ""
     attrs = d.attrs(0, 0)
-    assert attrs["format_version"] == "3.4" and attrs["mode"] == "full"
+    assert attrs["format_version"] == "3.5" and attrs["mode"] == "full"
     assert attrs["complete"] == 1 and attrs["step"] == 0 and attrs["world_size"] == 1
     assert (attrs["status"], attrs["status_reason"]) == ("complete", "")
 

@@ -1,0 +1,124 @@
+"""The training-step zoo (step_zoo.py): a bug around the model in run B must be named as what it
+is: the setup difference first in `sleuth diff` (and no setup difference where there is
+none), and `sleuth explain`'s verdict naming the hyperparameter, group, clipping call, frozen
+parameter, buffer, constant or seed, or the op and line of a bug in the loop. The fast lane
+(`-m "not slow"`) runs each class once, at level op on one family; the `slow` sweep, which CI
+runs, that family at level mix too and every other family at one level."""
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+
+import pytest
+
+from step_zoo import CONSTANT, DROPOUT, FAULTS, Case, fault_line, families_for, train
+
+pytest.importorskip("transformers")
+
+ALL = [Case(f, fault, level) for fault in FAULTS for f in families_for(fault)
+       for level in ("op", "mix")]
+
+
+def _home(fault: str) -> str:
+    """The family a fault class runs on in the fast lane (and at both levels)."""
+    families = families_for(fault)
+    return families[zlib.crc32(fault.encode()) % len(families)]
+
+
+def _fast(case: Case) -> bool:
+    return case.level == "op" and case.family == _home(case.fault)
+
+
+def _swept(case: Case) -> bool:
+    """Each class at both levels on its home family; the other families at one level each,
+    picked by the generator (both levels of every family cost twice the time and find the
+    same: the level changes what is recorded, the family what is computed)."""
+    if case.family == _home(case.fault):
+        return True
+    return case.level == ("op", "mix")[zlib.crc32(f"{case.family}/{case.fault}".encode()) % 2]
+
+
+CASES = [pytest.param(c, id=c.id, marks=() if _fast(c) else pytest.mark.slow)
+         for c in ALL if _swept(c)]
+_REFERENCES: dict[tuple, Path] = {}
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Run A of each (family, optimizer, level, clips, steps), made once for the cases that
+    share it."""
+    root = tmp_path_factory.mktemp("step_zoo")
+
+    def get(case: Case) -> Path:
+        key = (case.family, case.optimizer, case.level, case.fault == "clip_norm",
+               case.fault == "hyper")
+        if key not in _REFERENCES:
+            path = root / "-".join(map(str, key))
+            train(case, False, path)
+            _REFERENCES[key] = path
+        return _REFERENCES[key]
+
+    return get
+
+
+def _pattern(name: str) -> str:
+    """A parameter's name as the setup words it among others alike (block numbers as `*`)."""
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", name)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path) -> None:
+    from tracer.analysis import diff, explain
+
+    a = references(case)
+    b = tmp_path / "b"
+    picked = train(case, True, b)
+    expect = FAULTS[case.fault]
+    res = diff(a, b)
+    assert res.status == "diverged", res.status
+    kinds = [c["kind"] for c in res.changes]
+    e = explain(a, b)
+    setup = [d["text"] for c in res.changes if c["kind"] == "setup" for d in c["differences"]]
+    where = f"{case.id} {picked}: diff {kinds} {setup} {res.first_divergence['name']}; {e.verdict}"
+    assert (kinds[:1] == ["setup"]) == expect.setup, where
+    assert e.status == expect.status, where
+    v = e.verdict
+    f = case.fault
+    if f == "hyper":
+        assert f"{picked['key']} " in v and " in A, " in v, where
+    elif f == "group_decay":
+        assert "weight_decay 0 in A, 0.2 in B" in v, where
+    elif f == "group_moved":
+        assert "weight_decay 0 in A, 0.1 in B" in v and \
+            (picked["site"] in v or _pattern(picked["site"]) in v), where
+    elif f == "scheduler":
+        assert " lr 0.01 in A, 0.005 in B (every parameter)" in v, where
+    elif f == "clip_only_b":
+        assert "B clips gradients (clip_grad_norm_, max_norm 0.5" in v, where
+        assert f"step_zoo.py:{fault_line('clip_only_b')}" in v, where
+    elif f == "clip_norm":
+        assert "max_norm 0.5 in A, 0.05 in B" in v, where
+    elif f == "frozen":
+        assert "B freezes" in v and (picked["site"] in v or _pattern(picked["site"]) in v), \
+            where
+    elif f == "buffer":
+        assert "buffer" in v and (picked["site"] in v or _pattern(picked["site"]) in v), where
+    elif f == "dropout":
+        key = next(iter(DROPOUT[case.family]))
+        assert any(d["kind"] in ("config", "module") for d in e.setup), where
+        assert key in v or " p 0 in A, 0.2 in B" in v, where
+    elif f == "seed":
+        assert "seed 0 in A, 1 in B" in v, where
+    elif f == "constant":
+        key = next(iter(CONSTANT[case.family]))
+        texts = " ".join(d["text"] for d in e.setup)
+        assert key in texts or "eps" in texts, where
+        assert e.blamed is not None and "arguments" in v, where
+    if expect.op_line:
+        line = f"step_zoo.py:{fault_line(case.fault)}"
+        blamed = e.blamed or {}
+        assert str(blamed.get("source", "")).endswith(line) or \
+            str(blamed.get("caller", "")).endswith(line) or line in v, where
+    if not expect.setup:
+        assert not e.setup, where

@@ -1,0 +1,222 @@
+"""The training-step zoo: the bugs people ship around the model (optimizer settings, parameter
+groups, a scheduler one step off, clipping, frozen parameters, buffers, config constants,
+dropout, seeds, accumulation, labels, data order, gradients edited by hand), one in run B, at
+a site and value a seeded generator picks, on three model families (a plain token MLP, and a
+Llama and a GPT-2 built from configs at the installed transformers release) with AdamW or SGD
+with momentum.
+
+`train` is one training run written out as a user writes it: build, optimizer with a decay and
+a no-decay group, a scheduler, two steps of two micro-batches, clipping, the optimizer step;
+each fault is a marked line (`# FAULT: name`) or an argument B builds with. `Expect` says what
+`sleuth explain` must answer and what its verdict must name.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+VOCAB, BATCH, SEQ = 64, 2, 8
+
+
+class TokenMLP(nn.Module):
+    """A plain PyTorch language model: embedding, MLP block with a norm and dropout, head, and
+    a buffer its forward reads."""
+
+    def __init__(self, eps: float = 1e-5, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        self.block = nn.ModuleDict({"fc": nn.Linear(32, 64), "norm": nn.LayerNorm(64, eps=eps),
+                                    "drop": nn.Dropout(dropout), "out": nn.Linear(64, 32)})
+        self.head = nn.Linear(32, VOCAB)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 32))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids) * self.scale
+        b = self.block
+        h = h + b["out"](b["drop"](F.gelu(b["norm"](b["fc"](h)))))
+        return self.head(h)
+
+
+def _llama(**over: Any) -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        attn_implementation="eager", **over))
+
+
+def _gpt2(**over: Any) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    cfg = {"vocab_size": VOCAB, "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32,
+           "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0,
+           "eos_token_id": 0, "attn_implementation": "eager", **over}
+    return GPT2LMHeadModel(GPT2Config(**cfg))
+
+
+FAMILIES = {"mlp": TokenMLP, "llama": _llama, "gpt2": _gpt2}
+# the config constant and the dropout probability each family's config (or constructor) takes
+CONSTANT = {"mlp": {"eps": 1e-2}, "llama": {"rms_norm_eps": 1e-2},
+            "gpt2": {"layer_norm_epsilon": 1e-2}}
+DROPOUT = {"mlp": {"dropout": 0.2}, "llama": {"attention_dropout": 0.2},
+           "gpt2": {"attn_pdrop": 0.2}}
+OPTIMIZERS = ("adamw", "sgd")
+# hyperparameters the generator may change, and B's value
+HYPER = {"adamw": {"eps": 1e-3, "betas": (0.8, 0.9)},
+         "sgd": {"momentum": 0.5, "dampening": 0.3, "nesterov": True}}
+
+
+@dataclass(frozen=True)
+class Expect:
+    status: str
+    """explain's status."""
+    setup: bool
+    """diff's changes begin with a setup difference (and only then)."""
+    op_line: bool = False
+    """a bug blamed at the fault's marked line (an op B adds or lacks there)."""
+
+
+FAULTS: dict[str, Expect] = {
+    "hyper": Expect("setup", True),
+    "group_decay": Expect("setup", True),
+    "group_moved": Expect("setup", True),
+    "scheduler": Expect("setup", True),
+    "clip_only_b": Expect("setup", True),
+    "clip_norm": Expect("setup", True),
+    "frozen": Expect("setup", True),
+    "buffer": Expect("setup", True),
+    "dropout": Expect("setup", True),
+    "seed": Expect("setup", True),
+    "constant": Expect("bug", True),
+    "accumulation": Expect("bug", False, op_line=True),
+    "labels": Expect("bug", False, op_line=True),
+    "grad_edit": Expect("bug", False, op_line=True),
+    "data_order": Expect("inputs", False),
+}
+NEEDS_BUFFER = {"buffer"}
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    fault: str
+    level: str  # "op" or "mix"
+
+    @property
+    def optimizer(self) -> str:
+        return OPTIMIZERS[zlib.crc32(f"{self.family}/{self.fault}".encode()) % 2]
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}-{self.fault}-{self.optimizer}-{self.level}"
+
+
+def _pick(names: list[str], case: Case) -> str:
+    return random.Random(zlib.crc32(case.id.encode())).choice(sorted(names))
+
+
+def fault_line(fault: str) -> int:
+    """The line of this file marked `# FAULT: fault`."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.endswith(f"# FAULT: {fault}"))
+
+
+def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    out = model(input_ids=ids)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
+    """Two dumped training steps of `case.family` (B: `faulty`, with `case.fault`); returns
+    what the generator picked (`site`, `key`, `value`)."""
+    import tracer
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    fault = case.fault if faulty else ""
+    torch.manual_seed(0)
+    over = {**(CONSTANT[case.family] if fault == "constant" else {}),
+            **(DROPOUT[case.family] if fault == "dropout" else {})}
+    model = FAMILIES[case.family](**over)
+    picked: dict[str, Any] = {}
+    names = [n for n, _ in model.named_parameters()]
+    no_decay = [n for n in names if n.endswith("bias") or "norm" in n or "ln_" in n]
+    if case.fault == "group_moved":
+        # weight decay does nothing to a parameter that is all zeros (a fresh bias)
+        picked["site"] = _pick([n for n in no_decay if model.get_parameter(n).any()], case)
+        if fault:
+            no_decay.remove(picked["site"])  # FAULT: group_moved
+    if case.fault == "frozen":
+        picked["site"] = _pick([n for n in names if any(c.isdigit() for c in n.split("."))]
+                               or names, case)
+        if fault:
+            model.get_parameter(picked["site"]).requires_grad_(False)  # FAULT: frozen
+    if case.fault == "buffer":
+        # a buffer the forward reads (transformers keeps an unread copy of the rotary one)
+        picked["site"] = _pick([n for n, b in model.named_buffers() if b.is_floating_point()
+                                and "original" not in n], case)
+        if fault:
+            with torch.no_grad():
+                model.get_buffer(picked["site"]).mul_(1.05)  # FAULT: buffer
+    params = dict(model.named_parameters())
+    groups = [{"params": [params[n] for n in names if n not in no_decay], "weight_decay": 0.1},
+              {"params": [params[n] for n in no_decay],
+               "weight_decay": 0.2 if fault == "group_decay" else 0.0}]  # FAULT: group_decay
+    hyper = {}
+    if case.fault == "hyper":
+        picked["key"] = _pick(sorted(HYPER[case.optimizer]), case)
+        if fault:
+            hyper[picked["key"]] = HYPER[case.optimizer][picked["key"]]
+    if case.optimizer == "adamw":
+        opt = torch.optim.AdamW(groups, **{"lr": 1e-2, **hyper})
+    else:
+        opt = torch.optim.SGD(groups, **{"lr": 1e-2, "momentum": 0.9, **hyper})
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    if fault == "scheduler":
+        sched.step()  # FAULT: scheduler
+    torch.manual_seed(1 if fault == "seed" else 0)  # FAULT: seed
+    # a changed beta, momentum or dampening leaves the first update as it was (bias correction,
+    # the first momentum buffer): it shows from the second step's update, in the third's
+    # forward at level op
+    steps = 3 if case.fault == "hyper" else 2
+    batches = [torch.randint(0, VOCAB, (BATCH, SEQ)) for _ in range(2 * steps)]
+    if fault == "data_order":
+        batches = batches[2:] + batches[:2]  # FAULT: data_order
+    with tracer.Dumper(model, {"path": str(path), "level": case.level, "mode": "tensor",
+                               "steps": f"0-{steps - 1}"}):
+        for step in range(steps):
+            for micro in batches[2 * step:2 * step + 2]:
+                logits = _logits(model, micro)
+                if fault == "labels":
+                    loss = F.cross_entropy(logits.reshape(-1, VOCAB), micro.reshape(-1))  # FAULT: labels
+                else:
+                    loss = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB),
+                                           micro[:, 1:].reshape(-1))
+                if fault != "accumulation":
+                    loss = loss / 2  # FAULT: accumulation
+                loss.backward()
+            if fault == "grad_edit":
+                for p in model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(0.5)  # FAULT: grad_edit
+            if fault == "clip_norm":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # FAULT: clip_norm
+            elif case.fault == "clip_norm" or fault == "clip_only_b":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # FAULT: clip_only_b
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+    return picked
+
+
+def families_for(fault: str) -> list[str]:
+    """The families a fault class applies to (a buffer needs a model that has one)."""
+    if fault in NEEDS_BUFFER:
+        return ["mlp", "llama"]
+    return list(FAMILIES)

@@ -1,0 +1,416 @@
+"""How two runs were set up differently: the setup a dump keeps with each step, compared.
+
+A step file's root attribute `setup` (tracer.capture._setup, docs/dump-format.md) holds what
+the records cannot show: the optimizers with each group's hyperparameters and parameters, the
+gradient-clipping calls, the model's config, its modules' constant attributes, its buffers as
+the step began, frozen parameters, torch's numerics flags, numerics environment variables,
+seeds and versions. `differences` compares two of them and returns each difference as data,
+likeliest cause of a divergence first; `describe` words one. The diff reports them before any
+record (they come first in a run: whatever diverges afterwards may follow from them), and
+explain names them where no recorded op made the difference.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tracer.storage import JsonLimitError, loads_bounded
+
+# the order differences are reported in: what most often makes two runs part, first
+KINDS = ("optimizer", "hyperparameter", "group", "clipping", "frozen", "config", "module",
+         "buffer", "flag", "env", "rng", "version")
+_RANK = {k: i for i, k in enumerate(KINDS)}
+_DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)")
+
+
+def read(text: Any, source: str) -> tuple[dict[str, Any] | None, str]:
+    """A step file's `setup` attribute as a dict, or (None, why) when it has none or it does
+    not read."""
+    if text is None:
+        return None, "no setup recorded"
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        setup = loads_bounded(str(text), f"{source}: setup")
+    except JsonLimitError as e:
+        return None, str(e)
+    if not isinstance(setup, dict):
+        return None, f"{source}: setup is not a JSON object"
+    return setup, ""
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "(" + ", ".join(_fmt(v) for v in value) + ")"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def names_in_words(names: list[str], total: int | None = None, limit: int = 2) -> str:
+    """A list of parameter or module names, short: the pattern they share (block numbers as
+    `*`), the first `limit` patterns and how many more; "every parameter" when they are all
+    `total` of them."""
+    if total is not None and len(names) == total and total > 1:
+        return "every parameter"
+    patterns: dict[str, int] = {}
+    for n in names:
+        p = _DIGITS.sub("*", n)
+        patterns[p] = patterns.get(p, 0) + 1
+    shown = list(patterns)[:limit]
+    rest = len(names) - sum(patterns[p] for p in shown)
+    text = " and ".join(f"{p} ({patterns[p]})" if patterns[p] > 1 else p for p in shown)
+    return text + (f" and {rest} more" if rest else "")
+
+
+def _diff(kind: str, key: str, a: Any, b: Any, text: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": kind, "key": key, "a": a, "b": b, "text": text, **extra}
+
+
+def _per_param(opt: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for i, group in enumerate(opt.get("groups") or []):
+        for name in group.get("params") or []:
+            out[str(name)] = {"group": i, **(group.get("hyper") or {})}
+    return out
+
+
+def _optimizers(a: list, b: list, named: bool) -> list[dict[str, Any]]:
+    out = []
+    for i in range(max(len(a), len(b))):
+        oa = a[i] if i < len(a) else None
+        ob = b[i] if i < len(b) else None
+        if oa is None or ob is None:
+            has, side = ("B", ob) if oa is None else ("A", oa)
+            out.append(_diff("optimizer", f"optimizer.{i}", oa and oa.get("class"),
+                             ob and ob.get("class"),
+                             f"only {has} steps a {side.get('class')} optimizer (its optimizer "
+                             f"{i})"))
+            continue
+        ca, cb = oa.get("class"), ob.get("class")
+        if ca != cb:
+            out.append(_diff("optimizer", f"optimizer.{i}", ca, cb,
+                             f"optimizer {ca} in A, {cb} in B"))
+            continue
+        label = ca if len(a) == 1 else f"{ca} (optimizer {i})"
+        if named:
+            out += _hyper_by_param(label, i, oa, ob)
+        else:
+            out += _hyper_by_group(label, i, oa, ob)
+    return out
+
+
+def _hyper_by_param(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, Any]]:
+    """Each hyperparameter as each parameter sees it (its group's), so a parameter moved to
+    another group is named with the hyperparameter that changed for it."""
+    pa, pb = _per_param(oa), _per_param(ob)
+    out = []
+    both = [n for n in pa if n in pb]
+    only_a = [n for n in pa if n not in pb]
+    only_b = [n for n in pb if n not in pa]
+    if only_a:
+        out.append(_diff("group", f"optimizer.{i}.params", len(only_a), 0,
+                         f"{label} steps {names_in_words(only_a)} in A, not in B",
+                         params=only_a))
+    if only_b:
+        out.append(_diff("group", f"optimizer.{i}.params", 0, len(only_b),
+                         f"{label} steps {names_in_words(only_b)} in B, not in A",
+                         params=only_b))
+    keys = list(dict.fromkeys([k for n in both for k in (*pa[n], *pb[n]) if k != "group"]))
+    for key in keys:
+        by_values: dict[tuple[str, str], list[str]] = {}
+        values: dict[tuple[str, str], tuple[Any, Any]] = {}
+        for n in both:
+            va, vb = pa[n].get(key), pb[n].get(key)
+            if va != vb:
+                k = (repr(va), repr(vb))
+                by_values.setdefault(k, []).append(n)
+                values[k] = (va, vb)
+        for k, names in by_values.items():
+            va, vb = values[k]
+            where = names_in_words(names, len(both))
+            out.append(_diff("hyperparameter", f"optimizer.{i}.{key}", va, vb,
+                             f"{label} {key} {_fmt(va)} in A, {_fmt(vb)} in B "
+                             f"({where if where == 'every parameter' else 'for ' + where})",
+                             params=names))
+    return out
+
+
+def _hyper_by_group(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, Any]]:
+    """Hyperparameters group by group: two codebases name their parameters differently."""
+    out = []
+    ga, gb = oa.get("groups") or [], ob.get("groups") or []
+    if len(ga) != len(gb):
+        out.append(_diff("group", f"optimizer.{i}.groups", len(ga), len(gb),
+                         f"{label} has {len(ga)} parameter group(s) in A, {len(gb)} in B"))
+    for g, (xa, xb) in enumerate(zip(ga, gb)):
+        ha, hb = xa.get("hyper") or {}, xb.get("hyper") or {}
+        for key in dict.fromkeys([*ha, *hb]):
+            if ha.get(key) != hb.get(key):
+                out.append(_diff("hyperparameter", f"optimizer.{i}.{key}", ha.get(key),
+                                 hb.get(key), f"{label} {key} {_fmt(ha.get(key))} in A, "
+                                 f"{_fmt(hb.get(key))} in B (group {g})"))
+    return out
+
+
+def _clip_words(c: dict[str, Any]) -> str:
+    args = ", ".join(f"{k} {_fmt(v)}" for k, v in (c.get("args") or {}).items())
+    return f"{c.get('fn')}, {args}, at {c.get('source') or 'an unknown line'}"
+
+
+def _clips(a: list, b: list, named: bool) -> list[dict[str, Any]]:
+    out = []
+    for i in range(max(len(a), len(b))):
+        ca = a[i] if i < len(a) else None
+        cb = b[i] if i < len(b) else None
+        if ca is None or cb is None:
+            side, c, other = ("B", cb, "A") if ca is None else ("A", ca, "B")
+            out.append(_diff("clipping", f"clip.{i}", ca and ca.get("args"),
+                             cb and cb.get("args"),
+                             f"{side} clips gradients ({_clip_words(c)}); {other} does not"
+                             + ("" if i == 0 else f" a {i + 1}th time"),
+                             source=c.get("source", "")))
+            continue
+        if ca.get("fn") != cb.get("fn"):
+            out.append(_diff("clipping", f"clip.{i}", ca.get("fn"), cb.get("fn"),
+                             f"A clips gradients with {_clip_words(ca)}, B with "
+                             f"{_clip_words(cb)}", source=cb.get("source", "")))
+            continue
+        aa, ab = ca.get("args") or {}, cb.get("args") or {}
+        for key in dict.fromkeys([*aa, *ab]):
+            if aa.get(key) != ab.get(key):
+                out.append(_diff("clipping", f"clip.{i}.{key}", aa.get(key), ab.get(key),
+                                 f"{ca.get('fn')} {key} {_fmt(aa.get(key))} in A, "
+                                 f"{_fmt(ab.get(key))} in B (at {cb.get('source') or '?'})",
+                                 source=cb.get("source", "")))
+        na, nb = ca.get("params") or [], cb.get("params") or []
+        if named and set(na) != set(nb):
+            out.append(_diff("clipping", f"clip.{i}.params", len(na), len(nb),
+                             f"{ca.get('fn')} clips {len(na)} parameter gradient(s) in A, "
+                             f"{len(nb)} in B (at {cb.get('source') or '?'})",
+                             source=cb.get("source", "")))
+    return out
+
+
+def _keyed(kind: str, what: str, a: dict, b: dict) -> list[dict[str, Any]]:
+    out = []
+    for key in dict.fromkeys([*a, *b]):
+        if key not in a:
+            out.append(_diff(kind, key, None, b[key], f"{what} {key} only in B "
+                             f"({_fmt(b[key])})"))
+        elif key not in b:
+            out.append(_diff(kind, key, a[key], None, f"{what} {key} only in A "
+                             f"({_fmt(a[key])})"))
+        elif a[key] != b[key]:
+            out.append(_diff(kind, key, a[key], b[key], f"{what} {key} {_fmt(a[key])} in A, "
+                             f"{_fmt(b[key])} in B"))
+    return out
+
+
+def _modules(a: dict, b: dict) -> list[dict[str, Any]]:
+    """Module attributes that differ, modules alike in one line (`eps 1e-05 in A, 0.01 in
+    B at layers.*.norm (4)`)."""
+    grouped: dict[tuple, list[str]] = {}
+    values: dict[tuple, tuple[Any, Any]] = {}
+    for module in a:
+        if module not in b:
+            continue
+        ma, mb = a[module] or {}, b[module] or {}
+        for key in dict.fromkeys([*ma, *mb]):
+            if ma.get(key) != mb.get(key):
+                k = (key, repr(ma.get(key)), repr(mb.get(key)))
+                grouped.setdefault(k, []).append(module)
+                values[k] = (ma.get(key), mb.get(key))
+    out = []
+    for k, modules in grouped.items():
+        va, vb = values[k]
+        out.append(_diff("module", k[0], va, vb, f"module attribute {k[0]} {_fmt(va)} in A, "
+                         f"{_fmt(vb)} in B at {names_in_words(modules)}", modules=modules))
+    return out
+
+
+def _buffers(a: dict, b: dict) -> list[dict[str, Any]]:
+    differ = [n for n in a if n in b and a[n] != b[n]]
+    if not differ:
+        return []
+    shapes = [n for n in differ if list(a[n][:2]) != list(b[n][:2])]
+    how = "dtype or shape" if shapes else "values"
+    which = f"buffers {names_in_words(differ)} hold" if len(differ) > 1 else \
+        f"buffer {differ[0]} holds"
+    return [_diff("buffer", differ[0], a[differ[0]], b[differ[0]],
+                  f"{which} other {how} as the step begins", buffers=differ)]
+
+
+def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
+                ) -> list[dict[str, Any]]:
+    """What differs between two steps' setups (`read`), likeliest cause first: each a dict of
+    kind (`KINDS`), key, a, b, text (in words) and, where they apply, params, modules, buffers
+    or source. `named` False (two codebases, whose names differ) compares only what has no
+    parameter or module name in it."""
+    out: list[dict[str, Any]] = []
+    out += _optimizers(a.get("optimizers") or [], b.get("optimizers") or [], named)
+    out += _clips(a.get("clips") or [], b.get("clips") or [], named)
+    ma, mb = a.get("model") or {}, b.get("model") or {}
+    if named:
+        fa, fb = ma.get("frozen"), mb.get("frozen")
+        if fa is not None and fb is not None and set(fa) != set(fb):
+            for side, names in (("B", [n for n in fb if n not in fa]),
+                                ("A", [n for n in fa if n not in fb])):
+                if names:
+                    out.append(_diff("frozen", "requires_grad", side == "A", side == "B",
+                                     f"{side} freezes {names_in_words(names)} "
+                                     f"(requires_grad False)", params=names))
+    out += _keyed("config", "config", ma.get("config") or {}, mb.get("config") or {})
+    if named:
+        out += _modules(ma.get("modules") or {}, mb.get("modules") or {})
+        if "buffers" in a and "buffers" in b:
+            out += _buffers(a["buffers"] or {}, b["buffers"] or {})
+    out += _keyed("flag", "torch flag", a.get("flags") or {}, b.get("flags") or {})
+    out += _keyed("env", "environment variable", a.get("env") or {}, b.get("env") or {})
+    if "rng" in a and "rng" in b:
+        ra, rb = a["rng"] or {}, b["rng"] or {}
+        if ra.get("seed") != rb.get("seed"):
+            out.append(_diff("rng", "seed", ra.get("seed"), rb.get("seed"),
+                             f"seed {ra.get('seed')} in A, {rb.get('seed')} in B"))
+    out += _keyed("version", "version of", a.get("versions") or {}, b.get("versions") or {})
+    out.sort(key=lambda d: _RANK.get(d["kind"], len(KINDS)))
+    return out
+
+
+def numerics_differences(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of `differences`, those that can change what the step computes: all but versions,
+    whose effect is the library's to say."""
+    return [d for d in found if d["kind"] != "version"]
+
+
+def compare_setups(text_a: Any, text_b: Any, pl: tuple[int, int, int, int], *,
+                   named: bool = True) -> dict[str, Any]:
+    """One compared step pair's setups (each side's `setup` attribute as stored): its rank
+    and step on each side, the `differences`, and `missing`, why a side's setup could not be
+    compared (none recorded, it does not read, a part failed to be taken)."""
+    a, why_a = read(text_a, "A")
+    b, why_b = read(text_b, "B")
+    # neither side keeping one (a dump written by the writer alone) is nothing to compare
+    missing = [f"{side}: {why}" for side, why in (("A", why_a), ("B", why_b))
+               if why and (a is not None or b is not None or text_a or text_b)]
+    for side, s in (("A", a), ("B", b)):
+        missing += [f"{side}: {e}" for e in (s or {}).get("errors") or []]
+    found = differences(a, b, named=named) if a is not None and b is not None else []
+    return {"rank": pl[0], "step": pl[1], "b_rank": pl[2], "b_step": pl[3],
+            "differences": found, "missing": missing}
+
+
+def first_setup(setups: list[dict[str, Any]], notes: list[str]) -> dict[str, Any] | None:
+    """Of the compared step pairs' setups (`compare_setups`, in plan order), the earliest step
+    pair whose setups differ, or None; a side whose setup could not be compared is said in
+    `notes`."""
+    missing = sorted({m for s in setups for m in s["missing"]})
+    if missing:
+        notes.append("the setup around the model (optimizer, clipping, config, buffers, flags) "
+                     "was not compared for every step: " + "; ".join(missing[:3]))
+    found = [s for s in setups if s["differences"]]
+    return min(found, key=lambda s: (s["step"], s["rank"])) if found else None
+
+
+# which setup differences can make a first divergence of each kind, likeliest first
+_OPTIMIZER_KINDS = ("hyperparameter", "optimizer", "group", "clipping", "frozen")
+_MAKES = {
+    # the optimizer's gradient records: clipping (and unscaling) edits them before the step
+    "grad": ("clipping", "frozen", "hyperparameter", "optimizer", "group"),
+    "update": _OPTIMIZER_KINDS,
+    # the model's input: how it was drawn or built
+    "data": ("rng", "config", "buffer"),
+    # the weights as a step begins: the steps before it (their optimizer), or the initial ones
+    "parameter": (*_OPTIMIZER_KINDS, "rng", "config", "module"),
+    # a forward or backward op: the model's constants and state, the numerics switches
+    "compute": ("config", "module", "buffer", "frozen", "rng", "flag", "env"),
+}
+
+
+def setup_of(changes: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The setup change of a diff's `changes` (kind "setup"), or None."""
+    return next((c for c in changes if c.get("kind") == "setup"), None)
+
+
+def _relevant(found: list[dict[str, Any]], fd: dict[str, Any]) -> list[dict[str, Any]]:
+    """The differences that can make first divergence `fd`, likeliest first."""
+    if fd["phase"] == "optimizer":
+        kinds = _MAKES["grad" if fd.get("direction") == "grad" else "update"]
+        if fd.get("direction") == "param":
+            kinds = _MAKES["parameter"]
+    else:
+        kinds = _MAKES["data" if fd.get("kind") == "data" else "compute"]
+        if int(fd.get("step") or 0) > 0 or int(fd.get("b_step") or 0) > 0:
+            # the weights of a later step are what the optimizer made of the earlier ones
+            kinds = (*kinds, *_OPTIMIZER_KINDS)
+    rank = {k: i for i, k in enumerate(kinds)}
+    return sorted((d for d in found if d["kind"] in rank), key=lambda d: rank[d["kind"]])
+
+
+def _words(found: list[dict[str, Any]], most: int = 3) -> str:
+    text = "; ".join(d["text"] for d in found[:most])
+    return text + (f"; and {len(found) - most} more (see `sleuth diff`)"
+                   if len(found) > most else "")
+
+
+def _held_by(found: list[dict[str, Any]], module: str | None) -> list[dict[str, Any]]:
+    """The module-attribute differences of `module` or a module above it."""
+    if not module:
+        return []
+    return [d for d in found if d["kind"] == "module" and any(
+        module == m or module.startswith(m + ".") for m in d.get("modules") or [])]
+
+
+def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
+    """An explain verdict (`Explanation`) with the runs' setup differences (`change`, a diff's
+    setup change) taken into account: where the records alone say the inputs differ, or
+    cannot tell, or the first divergence is the optimizer's, and a setup difference can make
+    that divergence, the verdict is "setup", naming it; a bug or precision verdict keeps its
+    word and says the setup differs too."""
+    import dataclasses
+
+    if change is None:
+        return found
+    every = numerics_differences(change["differences"])
+    fd = found.first_divergence
+    if not every:
+        return found
+    if fd is None:
+        found.notes.insert(0, f"the runs were set up differently, yet every record compared "
+                              f"agrees: {_words(every)}")
+        return dataclasses.replace(found, setup=every)
+    blamed = found.blamed or {}
+    at_line = [d for d in every if d.get("source") and found.status == "bug"
+               and d["source"] in (blamed.get("source"), blamed.get("caller"))]
+    if at_line:
+        # the op blamed is the setup's own call (a clipping call with other arguments)
+        verdict = (f"setup: the runs were set up differently: {_words(at_line)}, where the "
+                   f"records say: {found.verdict}")
+        return dataclasses.replace(found, status="setup", verdict=verdict,
+                                   setup=[*at_line, *[d for d in every if d not in at_line]])
+    ranked = _relevant(every, fd)
+    held = _held_by(ranked, (found.blamed or {}).get("module")) if found.status == "bug" else []
+    if held:
+        # the op blamed runs in a module whose constants differ (an epsilon, a dropout
+        # probability): the op and its line stay the verdict, the constant says where it
+        # was set
+        ranked = [*held, *[d for d in ranked if d not in held]]
+        verdict = (f"{found.verdict}; {found.blamed['module']} was set up with other "
+                   f"constants: {_words(held)}")
+        return dataclasses.replace(found, verdict=verdict, setup=ranked)
+    if ranked and (found.status in ("inputs", "unexplained") or fd["phase"] == "optimizer"):
+        direction = fd.get("direction")
+        if fd["phase"] == "optimizer" and direction in ("grad", "update"):
+            follows = (f"is the optimizer step's {'gradient' if direction == 'grad' else 'update'}"
+                       ", which these settings make (the forward and backward agree before "
+                       "it)" if found.status != "bug" or direction == "update" else
+                       f"is the optimizer step's gradient: {found.verdict}")
+        else:
+            follows = f"follows from it (the records alone: {found.verdict})"
+        verdict = (f"setup: the runs were set up differently: "
+                   f"{_words(ranked)}. The first divergence, {fd['name']} (step {fd['step']}), "
+                   f"{follows}")
+        return dataclasses.replace(found, status="setup", verdict=verdict, setup=ranked,
+                                   blamed=None)
+    found.notes.insert(0, f"the runs were also set up differently: {_words(ranked or every)}")
+    return dataclasses.replace(found, setup=ranked or every)
