@@ -157,3 +157,29 @@ def test_an_extra_forward_is_another_config():
     with pytest.raises(ProfilerError, match=r"--repeat-a xfwd is not a run of A's config: its "
                                             r"op calls a step differ from its side's by 20 %"):
         profiler.diff_profiles(a, b, repeat_a=[extra])
+
+
+NEW_CALLS = BASE + [("aten::mul", 4, 240.0), ("aten::add", 4, 160.0)]  # +400 us a step
+
+
+def test_calls_above_the_floor_decide_where_the_steps_cannot():
+    """The steps move +7.5 % against a 13.5 % floor (the variation between two runs of A), but
+    B makes calls A does not worth 20 % of A's step: calls do not drift with load, so B is
+    slower (+18.7 % of A's pooled median step), and the headline says the calls decided."""
+    a, a2 = _Profile("a", _steps(2000), BASE), _Profile("a2", _steps(2270), BASE)
+    b = _Profile("b", _steps(2150), NEW_CALLS)
+    d = profiler.diff_profiles(a, b, repeat_a=[a2])
+    assert d.verdict == "slower" and d.exit_code == 1, d.headline()
+    assert d.headline().startswith("B is slower, by its calls: B makes more calls than A, +18.7 %")
+    assert d.to_dict()["step_time"]["decided_by"] == "calls"
+    # the same calls on both sides: the steps alone judge, and they cannot
+    same = profiler.diff_profiles(a, _Profile("b", _steps(2150), BASE), repeat_a=[a2])
+    assert same.verdict == "no change", same.headline()
+    assert same.to_dict()["step_time"]["decided_by"] == "steps"
+
+
+def test_calls_within_the_floor_decide_nothing():
+    a, a2 = _Profile("a", _steps(2000), BASE), _Profile("a2", _steps(2270), BASE)
+    few = BASE + [("aten::mul", 1, 40.0)]  # +2 % a step
+    d = profiler.diff_profiles(a, _Profile("b", _steps(2150), few), repeat_a=[a2])
+    assert d.verdict == "no change", d.headline()
