@@ -183,3 +183,32 @@ def test_calls_within_the_floor_decide_nothing():
     few = BASE + [("aten::mul", 1, 40.0)]  # +2 % a step
     d = profiler.diff_profiles(a, _Profile("b", _steps(2150), few), repeat_a=[a2])
     assert d.verdict == "no change", d.headline()
+
+
+def _with_sites(p: _Profile, rows: list[tuple[str, str, str, int, float]]) -> _Profile:
+    """`p` with an op table of (name, input shapes, source, calls a step, us a step) rows."""
+    n = len(p.steps)
+    p.ops = pd.DataFrame([{"name": op, "input_shapes": shapes, "module": "", "source": src,
+                           "calls": calls * n, "cpu_self_us": us * n, "cpu_total_us": us * n,
+                           "device_us": 0.0} for op, shapes, src, calls, us in rows])
+    return p
+
+
+def test_a_longer_sequence_is_the_same_ops_on_larger_inputs():
+    """Attention's two matmuls at one line, on a sequence twice as long: the same ops at the
+    same site on other shapes, paired by size, never "in B only", and said first."""
+    a = _with_sites(_Profile("a", _steps(2000), []), [
+        ("aten::bmm", "[[16, 128, 32], [16, 32, 128]]", "train.py:30", 2, 600.0),
+        ("aten::bmm", "[[16, 128, 128], [16, 128, 32]]", "train.py:30", 2, 600.0),
+        ("aten::addmm", "[[64], [512, 64], [64, 64]]", "train.py:28", 4, 800.0)])
+    b = _with_sites(_Profile("b", _steps(3600), []), [
+        ("aten::bmm", "[[16, 256, 32], [16, 32, 256]]", "train.py:30", 2, 1200.0),
+        ("aten::bmm", "[[16, 256, 256], [16, 256, 32]]", "train.py:30", 2, 1600.0),
+        ("aten::addmm", "[[64], [1024, 64], [64, 64]]", "train.py:28", 4, 1600.0)])
+    d = profiler.diff_profiles(a, b)
+    assert d.verdict == "slower", d.headline()
+    assert (d.ops["side"] == "both").all(), d.ops[["name", "side", "input_shapes_a"]]
+    assert d.causes[0].startswith("the same ops on larger inputs: +2400 us a step from 3 op(s)")
+    assert "aten::bmm at train.py:30 [[16, 128, 128], [16, 128, 32]] -> " \
+           "[[16, 256, 256], [16, 256, 32]] (+1000 us)" in d.causes[0], d.causes
+    assert not any("in B only" in c for c in d.causes), d.causes
