@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fault_zoo import marked_line
 from torch import nn
 from torch.nn import functional as F
 
@@ -124,8 +125,7 @@ def _pick(names: list[str], case: Case) -> str:
 
 def fault_line(fault: str) -> int:
     """The line of this file marked `# FAULT: fault`."""
-    lines = Path(__file__).read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if line.endswith(f"# FAULT: {fault}"))
+    return marked_line(__file__, fault)
 
 
 def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
