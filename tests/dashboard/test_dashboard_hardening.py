@@ -428,3 +428,30 @@ def test_odd_rank_and_step_in_the_url_are_ignored(tmp_path):
                                   [("dumps-run", "value", 0), ("data-version", "data", "x")],
                                   [("dumps-rank", "value", None), ("dumps-want", "data", want)])
         assert status == 200 and out["dumps-rank"]["value"] == 0, want
+
+
+def test_fifo_as_a_summary_file_is_named_not_waited_on(tmp_path):
+    """A FIFO as summary/rank0.h5 blocked every page that read the summary (and, holding h5py's
+    lock, the others) in HDF5's open. Only regular files are opened: Histograms names the FIFO,
+    Scalars still shows metrics.jsonl. In a real process with a timeout, so a hang fails."""
+    from dashboard_helpers import write_summary
+
+    run = write_run(tmp_path / "r", name="r", steps=3)
+    if not write_summary(run):
+        pytest.skip("the summary writer is not available")
+    fifo = run / "summary" / "rank0.h5"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    script = ("import sys\nfrom pathlib import Path\nfrom dashboard import _data\n"
+              "run = Path(sys.argv[1])\nprint(sorted(_data.scalars(run)))\n"
+              "try:\n    _data.histograms(run)\nexcept _data.ReadError as e:\n    print(e)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(run)], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked reader go
+        pytest.fail("the dashboard waited on a FIFO named summary/rank0.h5")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "'loss'" in done.stdout and "FIFO" in done.stdout and str(fifo) in done.stdout, \
+        done.stdout
