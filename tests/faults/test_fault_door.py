@@ -116,3 +116,38 @@ def test_fifo_as_a_profile_trace_is_refused(runs, capsys):
     os.mkfifo(fifo)
     code, text = _run_cli(["profile", str(bad)], capsys)
     assert code == 2 and "FIFO" in text and str(fifo) in text, text
+
+
+EVIL = "evil\x1b[31mRED\x07\x9b2J"
+
+
+@pytest.mark.parametrize("command", ["dump-ls", "check", "train"])
+def test_control_characters_in_a_run_id_are_escaped(runs, tmp_path, command, capsys):
+    """A run id with control characters (run.json, dump/dump.json) was printed raw to the
+    terminal by `train`, `run`, `dump ls` and `check` (an escape sequence drives the terminal).
+    Printed through tracer.storage.printable: the controls are shown as `\\x1b`, `\\x07`."""
+    _, bad = runs
+    for name in ("run.json", "dump/dump.json"):
+        data = json.loads((bad / name).read_text())
+        data["run_id"] = EVIL
+        (bad / name).write_text(json.dumps(data))
+    argv = (["train", "--preset", "tiny", "--set", "steps=1", "--run-dir", str(bad)]
+            if command == "train" else DUMP_COMMANDS[command](bad, bad))
+    code, text = _run_cli(argv, capsys)
+    assert code != 0 and "evil" in text, text
+    assert not any(c in text for c in "\x1b\x07\x9b"), repr(text)
+    assert "evil\\x1b[31mRED\\x07\\x9b2J" in text, text
+
+
+def test_run_folder_named_with_undecodable_bytes_reads(runs, tmp_path, capsys):
+    """In a run folder whose name holds bytes that are not UTF-8, `dump ls` called both
+    complete steps damaged (UnicodeEncodeError: pandas' Arrow strings refuse the path's
+    surrogate escapes); they read, and the path is printed with the byte escaped."""
+    good, _ = runs
+    odd = tmp_path / os.fsdecode(b"run\xff")
+    shutil.copytree(good, odd)
+    code, text = _run_cli(["dump", "ls", str(odd)], capsys)
+    assert code == 0 and "damaged" not in text, text
+    assert "run\\xff" in text and "\udcff" not in text, text
+    code, text = _run_cli(["diff", str(good), str(odd)], capsys)
+    assert code == 0 and "SAME" in text, text
