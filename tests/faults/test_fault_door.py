@@ -151,3 +151,52 @@ def test_run_folder_named_with_undecodable_bytes_reads(runs, tmp_path, capsys):
     assert "run\\xff" in text and "\udcff" not in text, text
     code, text = _run_cli(["diff", str(good), str(odd)], capsys)
     assert code == 0 and "SAME" in text, text
+
+
+def _cli_with_file_size_limit(argv: list[str], limit: int) -> subprocess.CompletedProcess:
+    """`sleuth argv` in a process that may write no file past `limit` bytes (RLIMIT_FSIZE,
+    SIGXFSZ ignored): every write past it fails as on a full disk."""
+    import resource
+    import signal
+
+    def limit_writes() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run([sys.executable, "-m", "sleuth", *argv], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=120, preexec_fn=limit_writes)
+
+
+def test_profile_csv_on_a_full_disk_leaves_no_truncated_table(runs, tmp_path):
+    """`profile --csv` on a full disk left a truncated ops.csv beside the whole tables. Each
+    table is written whole or not at all: exit 2, one line naming the table, and every table
+    left in the folder is the one written without the limit."""
+    good, _ = runs
+    whole, full = tmp_path / "whole", tmp_path / "full"
+    assert subprocess.run([sys.executable, "-m", "sleuth", "profile", str(good), "--csv",
+                           str(whole)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, timeout=120).returncode == 0
+    sizes = sorted(p.stat().st_size for p in whole.glob("*.csv"))
+    done = _cli_with_file_size_limit(["profile", str(good), "--csv", str(full)],
+                                     limit=sizes[-1] - 1)
+    left = sorted(p.name for p in full.iterdir())
+    assert not [n for n in left if not n.endswith(".csv")], left
+    for name in left:
+        assert (full / name).read_bytes() == (whole / name).read_bytes(), name
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot write" in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr
+
+
+def test_diff_csv_on_a_full_disk_leaves_no_temporary_file(runs, tmp_path):
+    """`diff --csv` on a full disk left its temporary file beside the target. Removed: exit 2,
+    one line naming the file, nothing left in the folder."""
+    good, _ = runs
+    out = tmp_path / "out" / "rows.csv"
+    out.parent.mkdir()
+    done = _cli_with_file_size_limit(["diff", str(good), str(good), "--csv", str(out)],
+                                     limit=16 << 10)
+    assert list(out.parent.iterdir()) == []
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert str(out) in done.stderr, done.stderr

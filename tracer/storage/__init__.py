@@ -60,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     # the one door to a run's files: strict names, paths kept inside the run, regular files,
     # names printed escaped
     "STEP_FILE": "tracer.storage._door",
+    "atomic_file": "tracer.storage._door",
     "RANK_DIR": "tracer.storage._door",
     "inside_run": "tracer.storage._door",
     "kind_problem": "tracer.storage._door",

@@ -14,18 +14,23 @@ A run directory is written by sleuth, but whatever sits in it is read as untrust
   device reads without end, a folder fails later with a stranger error (`kind_problem`,
   `open_regular`, which opens without blocking and checks the opened descriptor, so a file
   swapped for a FIFO between the check and the open is refused all the same).
+- **Outputs.** A file a command writes appears whole or not at all (`atomic_file`): on a full
+  disk no truncated table and no temporary file stays behind.
 - **Printing.** A run id, a path or a name taken from disk may hold control characters (which
   drive the terminal) or bytes that are not UTF-8 (surrogate escapes, which crash `print`);
   `printable` shows both escaped.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
 import stat
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, Any, BinaryIO
 
 from tracer._errors import UntrustedFileError
 
@@ -109,6 +114,33 @@ def inside_run(run_dir: str | os.PathLike, source: str | os.PathLike, name: obje
     if root not in target.parents:
         raise refuse(f"which leads out of the run {printable(root)} (to {printable(target)})")
     return target
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w", **open_args: Any) -> Iterator[IO]:
+    """A file open for writing whose content appears at `path` only whole: written under a
+    unique temporary name beside it, fsync'd and renamed over `path` when the block ends
+    without an error. On any error (a full disk at a write, at the flush or at the rename) the
+    temporary file is removed and the error raised, and a file already at `path` stays as it
+    was. The file gets the permissions a plain `open` would give."""
+    path = Path(path)
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)  # mkstemp's 0600 would outlive the rename
+        with os.fdopen(fd, mode, **open_args) as f:
+            fd = -1
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")

@@ -63,3 +63,25 @@ def test_printable_escapes_controls_and_undecodable_bytes():
     assert printable(os.fsdecode(b"run\xff")) == "run\\xff"
     assert printable(b"x\x9by") == "x\\x9by"
     assert printable("\u2028") == "\\u2028"
+
+
+def test_atomic_file_appears_whole_or_not_at_all(tmp_path):
+    from tracer.storage import atomic_file
+
+    target = tmp_path / "t.csv"
+    target.write_text("old")
+    with pytest.raises(OSError):
+        with atomic_file(target) as f:
+            f.write("half")
+            raise OSError(28, "No space left on device")
+    assert target.read_text() == "old" and sorted(tmp_path.iterdir()) == [target]
+    with atomic_file(target) as f:
+        f.write("new")
+    assert target.read_text() == "new" and sorted(tmp_path.iterdir()) == [target]
+    assert target.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
