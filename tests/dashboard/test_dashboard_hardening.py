@@ -455,3 +455,24 @@ def test_fifo_as_a_summary_file_is_named_not_waited_on(tmp_path):
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "'loss'" in done.stdout and "FIFO" in done.stdout and str(fifo) in done.stdout, \
         done.stdout
+
+
+def test_one_loss_written_as_text_keeps_the_loss_series(tmp_path):
+    """One `"loss": "nan"` (text, not a number) in metrics.jsonl made the loss column text, and
+    the whole loss series vanished from Scalars without a word. The series stays, the value is
+    read as the number it spells (a gap when it spells none), and a note says so."""
+    import dashboard
+    from dashboard import _data
+
+    run = write_run(tmp_path / "r", name="r", steps=5)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 5, "loss": "nan"}) + "\n")
+        f.write(json.dumps({"step": 6, "loss": "high"}) + "\n")
+    loss = _data.scalars(run)["loss"]
+    assert len(loss) == 7 and loss["value"].iloc[:5].notna().all()
+    assert loss["value"].iloc[5:].isna().all()
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    status, out = _scalar_tags(client, [0])
+    assert status == 200
+    note = json.dumps(out["scalars-empty"])
+    assert "loss: 2 value(s) written as text" in note and "'nan' at step 5" in note, note
