@@ -32,7 +32,7 @@ _metric_notes: dict[Path, list[str]] = {}
 
 
 def _metrics_frame(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    if not path.is_file():
+    if not path.exists():  # anything else there (a FIFO, a folder) is named by the opener
         return pd.DataFrame(), pd.DataFrame()
     with _lock:
         tail = _tails.get(path)

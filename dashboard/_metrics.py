@@ -48,8 +48,15 @@ class JsonlTail:
 
     def update(self, path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Parse the complete lines appended since the last call (up to `MAX_BYTES` in all)."""
+        from tracer import UntrustedFileError
+        from tracer.storage import open_regular
+
         self._new: list[tuple[pd.DataFrame, pd.DataFrame]] = []
-        with open(path, "rb") as f:
+        try:
+            file = open_regular(path)  # a FIFO would hold the page forever
+        except UntrustedFileError as e:
+            raise OSError(str(e)) from e
+        with file as f:
             while self.offset < MAX_BYTES:
                 f.seek(self.offset)
                 want = min(CHUNK_BYTES, MAX_BYTES - self.offset)

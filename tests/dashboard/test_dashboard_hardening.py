@@ -476,3 +476,45 @@ def test_one_loss_written_as_text_keeps_the_loss_series(tmp_path):
     assert status == 200
     note = json.dumps(out["scalars-empty"])
     assert "loss: 2 value(s) written as text" in note and "'nan' at step 5" in note, note
+
+
+def test_fifo_as_a_run_file_is_refused_by_the_file_routes_and_scalars(tmp_path):
+    """A FIFO as an IR text held the graph reader forever at open; as metrics.jsonl it made the
+    metrics vanish without a word. Refused before any byte is read: a note on Scalars,
+    IrFormatError for the graph reader; the file routes open without blocking too (404)."""
+    import dashboard
+    from dashboard import _data
+    from irdump import IrFormatError, read_ir
+
+    run = write_run(tmp_path / "r", name="r", steps=3)
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")
+    (run / "ir").mkdir()
+    os.mkfifo(run / "ir" / "00_forward.ir")
+    os.mkfifo(run / "ir" / "00_forward.svg")
+    done: dict = {}
+
+    def go():
+        client = dashboard.create_app([run], refresh_s=0).server.test_client()
+        done["file"] = client.get("/_sleuth/file/0/ir/00_forward.ir")
+        done["svg"] = client.get("/_sleuth/svg/0/ir/00_forward.svg")
+        done["scalars"] = _data.scalars(run)
+        done["notes"] = _data.scalar_notes(run)
+        try:
+            read_ir(run / "ir" / "00_forward.ir")
+        except IrFormatError as e:
+            done["ir"] = str(e)
+
+    worker = threading.Thread(target=go, daemon=True)
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():
+        for name in ("metrics.jsonl", "ir/00_forward.ir", "ir/00_forward.svg"):
+            try:
+                os.close(os.open(run / name, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        pytest.fail(f"a FIFO in the run held the dashboard (done: {sorted(done)})")
+    assert done["file"].status_code in (403, 404) and done["svg"].status_code in (403, 404)
+    assert done["scalars"] == {} and any("FIFO" in n for n in done["notes"]), done["notes"]
+    assert "FIFO" in done["ir"] and "00_forward.ir" in done["ir"]
