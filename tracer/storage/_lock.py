@@ -26,8 +26,8 @@ import socket
 import uuid
 from pathlib import Path
 
-from tracer._errors import DumpWriteError, TracerError, warn
-from tracer.storage._door import STEP_FILE, kind_problem, numbered
+from tracer._errors import DumpWriteError, TracerError, UntrustedFileError, warn
+from tracer.storage._door import STEP_FILE, kind_problem, numbered, open_regular
 
 LOCK_NAME = ".lock"
 DUMP_JSON = "dump.json"
@@ -224,10 +224,11 @@ def _release_at_exit() -> None:
 
 def _read_lock(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as f:  # a FIFO as the lock would stop the writer at its start
+            data = json.loads(f.read(1 << 20).decode("utf-8"))
     except (FileNotFoundError, NotADirectoryError):  # no lock (a file where a folder goes is
         return None                                  # the writer's error to report)
-    except (OSError, ValueError):
+    except (OSError, ValueError, UntrustedFileError):
         return {}
     return data if isinstance(data, dict) else {}
 

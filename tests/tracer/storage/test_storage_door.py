@@ -85,3 +85,39 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_fifo_as_a_rank_lock_is_refused_not_waited_on(tmp_path):
+    """A FIFO as `dump/rank0/.lock` held the writer at its start (the lock was read with a
+    plain open); it is not a lock this sleuth reads: DumpLockedError naming it, at once."""
+    import threading
+
+    from tracer import TracerError
+    from tracer._config import DumpConfig
+    from tracer.storage import make_writer
+    from tracer.storage._lock import LOCK_NAME
+
+    lock = tmp_path / "dump" / "rank0" / LOCK_NAME
+    lock.parent.mkdir(parents=True)
+    os.mkfifo(lock)
+    raised: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            w = make_writer(DumpConfig(path=str(tmp_path), writer="sync"), rank=0,
+                            world_size=1)
+            try:
+                w.begin_step(0)  # the lock is taken with the first step
+                w.end_step()
+            finally:
+                w.close()
+        except TracerError as e:
+            raised.append(e)
+
+    worker = threading.Thread(target=start, daemon=True)
+    worker.start()
+    worker.join(20)
+    if worker.is_alive():
+        os.close(os.open(lock, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("the writer waited on a FIFO as its rank lock")
+    assert raised and str(lock) in str(raised[0]) and "not a lock" in str(raised[0]), raised
