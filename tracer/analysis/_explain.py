@@ -108,9 +108,13 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     try:
         found = _explain(a, b, res, limit, factor, module_map)
     except TracerError as e:
-        if not setup or fd is None or fd["phase"] != "optimizer":
+        at_line = fd is not None and bool(fd.get("source")) and any(
+            fd["source"] in (d.get("source"), d.get("a_source"))
+            for d in (setup or {}).get("differences", []))
+        if not setup or fd is None or not (fd["phase"] == "optimizer" or at_line):
             raise
-        # the optimizer step's records need no op records to be judged by the setup
+        # the optimizer step's records, or the ops of a setup call (a clipping call with other
+        # arguments), need no re-run to be judged by the setup
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
     if _apart(res.counts(), module_map is not None):
         return found  # records that do not pair say nothing a setup could explain
