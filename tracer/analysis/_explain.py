@@ -34,6 +34,7 @@ from tracer._errors import TracerError
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff import diff
 from tracer.analysis._diff_result import _jsonable
+from tracer.analysis._explain_hidden import Hidden, Search, lower_dtypes
 from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
@@ -177,10 +178,20 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
             return _verdict([], found, start, fd, notes)
         chain = [sides.entry(r, rows.source("b", str(r["b_name"] or r["name"])))
                  for r in _chain(res.records, start, limit)]
+        out = _verdict(chain, found, start, fd, notes)
+        lows = lower_dtypes(res.records, fd)
+        if out.status == "precision":
+            # the diff's tolerance for B's precision may hide where a bug begins
+            hidden = Search(rows, res.records, sides, lead, fd, factor).find(
+                {e["name"] for e in chain}, limit)
+            if hidden is not None:
+                out = _under_rounding(hidden, lows, out)
+        elif out.status == "bug" and lows:
+            out.verdict += f" (B also computes in {', '.join(lows)}: rounding is present too)"
     finally:
         da.close()
         db.close()
-    return _verdict(chain, found, start, fd, notes)
+    return out
 
 
 def _apart(counts: dict[str, int], mapped: bool) -> str | None:
@@ -328,4 +339,19 @@ def _verdict(chain: list[dict[str, Any]], found: Finding | None, start: dict[str
     unjudged = (f"; {len(skipped)} op(s) on the chain could not be re-run and are not judged: "
                 + ", ".join(f"{e['op']} ({e['why']})" for e in skipped[:3])) if skipped else ""
     return Explanation("precision", f"{begin}, {lose}{unjudged}{cast}", None, chain, fd,
+                       notes)
+
+
+def _under_rounding(hidden: Hidden, lows: list[str], precision: Explanation) -> Explanation:
+    """The bug a precision verdict would have hidden, with the rounding said to be there too."""
+    dtypes = ", ".join(lows) or "another precision"
+    fd = precision.first_divergence or {}
+    told = ("judged it within its tolerance" if hidden.verdict == "same" else
+            "names a divergence before it")
+    text = (f"bug: {hidden.why} (B also computes in {dtypes}: rounding is present too, and "
+            f"the diff, whose first divergence is {fd.get('name', '?')}, {told}: "
+            f"{hidden.record} differs by {hidden.error:.3g})")
+    notes = [*precision.notes, "without this bug the chain would read: "
+             + precision.verdict.split(",", 1)[0]]
+    return Explanation("bug", text, hidden.blamed, precision.chain, precision.first_divergence,
                        notes)
