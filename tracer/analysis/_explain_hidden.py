@@ -32,6 +32,7 @@ from tracer.analysis._origin import call_stem
 from tracer.analysis._replay import NotReplayable, rel_error
 
 _LOW = ("float8_e4m3fn", "float8_e5m2", "float16", "bfloat16")
+_CASTS = ("aten._to_copy", "aten.to", "aten.type_as")
 
 
 @dataclass
@@ -88,19 +89,21 @@ class Search:
 
     def find(self, skip: set[str], limit: int) -> Hidden | None:
         """The earliest bug under rounding among at most `limit` candidates (calls in `skip`,
-        A's stems already re-run on the chain, are not re-run again), or None."""
+        A's stems already re-run on the chain, are only judged by their inputs' values), or
+        None."""
         tried = 0
-        for kind, row in self._candidates(skip):
+        for kind, row in self._candidates():
             if tried >= limit:
                 break
             tried += 1
-            found = self._call(row) if kind == "call" else self._input(row)
+            found = self._call(row, stem(str(row["name"])) not in skip) if kind == "call" \
+                else self._input(row)
             if found is not None:
                 return found
         return None
 
     # -- candidates, from the diff's errors --------------------------------------------------------
-    def _candidates(self, skip: set[str]) -> list[tuple[str, dict]]:
+    def _candidates(self) -> list[tuple[str, dict]]:
         calls: dict[str, dict[str, list[dict]]] = {}
         for r in self.rows:
             if r["op"] and r["verdict"] in ("same", "diverged"):
@@ -111,7 +114,7 @@ class Search:
             ins, outs = recs.get("input", []), recs.get("output", [])
             e_in = max((_err(r) for r in ins), default=0.0)
             e_out = max((_err(r) for r in outs), default=0.0)
-            if outs and key not in skip and e_out > self.factor * e_in + self.slack:
+            if outs and e_out > self.factor * e_in + self.slack:
                 out.append((int(outs[0]["order"]), "call", outs[0]))
             for r in ins:
                 e = _err(r)
@@ -154,10 +157,13 @@ class Search:
         return None
 
     # -- confirmed on the tensors ------------------------------------------------------------------
-    def _call(self, row: dict) -> Hidden | None:
-        e = self.sides.entry(row, self.step.source("b", str(row["b_name"] or row["name"])))
+    def _call(self, row: dict, rerun: bool) -> Hidden | None:
+        e = self.sides.entry(row, self.step.source("b", str(row["b_name"] or row["name"]))) \
+            if rerun else {"judged": "rounding"}
         if e["judged"] != "bug":
-            return None
+            # re-run on A's tensors argument by argument, operands of two shapes swapped look
+            # like A's call: an input without a partner is judged by its value
+            return self._judged(self._as_fd(row, "output"), str(row["name"]), _err(row))
         e["fault"] = "arguments" if e.get("changes") else "computes"
         how = (f"is called with other arguments in B ({'; '.join(e['changes'])}), which "
                "change the result" if e["changes"] else "changes the result on identical "
@@ -185,16 +191,41 @@ class Search:
         err = rel_error(x_b, x_a)
         if not err > self.factor * (received + entitled) + 2 * roundoff(x_b):
             return None
-        fd = {**self.fd, "name": a, "b_name": b, "op": row["op"], "module": row["module"],
-              "phase": row["phase"], "direction": "input", "index": int(row["index"]),
-              "source": row["source"], "dtype": row["dtype"], "b_dtype": row["b_dtype"],
-              "seq": row["seq"], "unpaired_before": []}
+        found = self._judged(self._as_fd(row, "input"), a, _err(row))
+        if found is not None and ops:
+            found.why += f"; what reaches it differs by {received:.3g} only"
+        return found
+
+    def _as_fd(self, row: dict, direction: str) -> dict[str, Any]:
+        return {**self.fd, "name": str(row["name"]), "b_name": str(row["b_name"] or row["name"]),
+                "op": row["op"], "module": row["module"], "phase": row["phase"],
+                "direction": direction, "index": int(row["index"]), "source": row["source"],
+                "dtype": row["dtype"], "b_dtype": row["b_dtype"], "seq": row["seq"],
+                "unpaired_before": []}
+
+    def _judged(self, fd: dict[str, Any], record: str, error: float) -> Hidden | None:
+        """The first divergence's judgement of `fd`, when it is a bug."""
         found: Finding | None = self.lead.judge(fd)
         if found is None or found.judged != "bug" or not found.blamed:
             return None
-        why = (f"{found.why}; what reaches it differs by {received:.3g} only" if ops else
-               found.why)
-        return Hidden(found.blamed, why, a, _err(row), self.verdicts.get(a, "?"))
+        blamed = self._past_casts(found.blamed)
+        return Hidden(blamed, found.why, record, error, self.verdicts.get(record, "?"))
+
+    def _past_casts(self, blamed: dict[str, Any]) -> dict[str, Any]:
+        """Among the ops only one run runs, the first that is not a cast: B's autocast casts
+        its gradients too, so an op added in a backward comes with casts only B makes."""
+        side = "b" if blamed.get("side") == "B" else "a"
+        stems = blamed.get("added" if side == "b" else "removed") or []
+        if blamed.get("op") not in _CASTS or len(stems) < 2:
+            return blamed
+        for key in stems:
+            recs = self.step.calls[side].get(key, [])
+            rec = next((r for r in recs if r["direction"] == "output"), recs[0] if recs else None)
+            if rec is not None and rec["op"] not in _CASTS:
+                return {**blamed, "name": key, "b_name": key if side == "b" else "",
+                        "op": rec["op"], "module": rec["module"], "source": rec["source"],
+                        "caller": rec.get("caller") or "", "phase": rec["phase"]}
+        return blamed
 
 
 def lower_dtypes(records: Any, fd: dict[str, Any]) -> list[str]:

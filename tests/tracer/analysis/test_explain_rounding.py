@@ -53,12 +53,26 @@ def _scaled(mlp: nn.Module) -> None:
     mlp.forward = forward
 
 
+def _centred(mlp: nn.Module, swapped: bool) -> None:
+    """The MLP's output less its mean; B's bug: the operands of the subtraction swapped."""
+    inner = mlp.forward
+
+    def forward(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        mean = out.mean(-1, keepdim=True)
+        return torch.sub(mean, out) if swapped else torch.sub(out, mean)  # THE SWAP
+
+    mlp.forward = forward
+
+
 def _dump(path: Path, family: str, bug: str = "", bf16: bool = False) -> Path:
     torch.manual_seed(0)
     model = _qwen2() if family == "qwen2" else TinyCausalLM(TinyConfig())
     layer = _layers(model)[0]
     if bug == "scale":
         _scaled(layer.mlp)
+    elif bug in ("centred", "swap"):
+        _centred(layer.mlp, swapped=bug == "swap")
     elif bug == "eps":
         norm = layer.post_attention_layernorm
         setattr(norm, "eps" if hasattr(norm, "eps") else "variance_epsilon", 0.1)
@@ -113,3 +127,13 @@ def test_the_same_bugs_in_float32_are_bugs_without_rounding_named(runs, bug):
     e = explain(runs["a"], runs[bug])
     assert e.status == "bug", e.verdict
     assert "rounding is present" not in e.verdict
+
+
+def test_swapped_operands_under_bf16_are_a_bug_at_the_call(tmp_path):
+    """Operands of two shapes swapped pair with nothing: re-run on A's tensors argument by
+    argument B's call looks like A's, so the call is judged by its inputs' values."""
+    a = _dump(tmp_path / "a", "tiny", "centred")
+    e = explain(a, _dump(tmp_path / "b", "tiny", "swap", bf16=True))
+    assert e.status == "bug", e.verdict
+    assert e.blamed["op"] == "aten.sub" and e.blamed["source"] == _line("# THE SWAP")
+    assert "rounding is present too" in e.verdict
