@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, roundoff, stem
@@ -103,24 +103,27 @@ class Search:
         return None
 
     # -- candidates, from the diff's errors --------------------------------------------------------
-    def _candidates(self) -> list[tuple[str, dict]]:
+    def _candidates(self) -> Iterator[tuple[str, dict]]:
+        """("call", its first output row) or ("input", the row), in execution order, made as
+        they are asked for: the search stops at the first bug."""
         calls: dict[str, dict[str, list[dict]]] = {}
         for r in self.rows:
             if r["op"] and r["verdict"] in ("same", "diverged"):
                 calls.setdefault(stem(str(r["name"])), {"input": [], "output": []}) \
                     .setdefault(str(r["direction"]), []).append(r)
-        out: list[tuple[int, str, dict]] = []
-        for key, recs in calls.items():
-            ins, outs = recs.get("input", []), recs.get("output", [])
-            e_in = max((_err(r) for r in ins), default=0.0)
-            e_out = max((_err(r) for r in outs), default=0.0)
-            if outs and e_out > self.factor * e_in + self.slack:
-                out.append((int(outs[0]["order"]), "call", outs[0]))
-            for r in ins:
+        for r in self.rows:
+            if not r["op"] or r["verdict"] not in ("same", "diverged"):
+                continue
+            recs = calls[stem(str(r["name"]))]
+            if r["direction"] == "input":
                 e = _err(r)
                 if e > self.slack and e > self.factor * self._received(r) + self.slack:
-                    out.append((int(r["order"]), "input", r))
-        return [(kind, r) for _, kind, r in sorted(out, key=lambda x: x[0])]
+                    yield "input", r
+            elif recs["output"] and r is recs["output"][0]:
+                e_in = max((_err(x) for x in recs["input"]), default=0.0)
+                e_out = max(_err(x) for x in recs["output"])
+                if e_out > self.factor * e_in + self.slack:
+                    yield "call", r
 
     def _received(self, row: dict) -> float:
         """The largest diff error of the paired records an input's value was made from, in
