@@ -180,8 +180,9 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
                  for r in _chain(res.records, start, limit)]
         out = _verdict(chain, found, start, fd, notes)
         lows = lower_dtypes(res.records, fd)
-        if out.status == "precision":
-            # the diff's tolerance for B's precision may hide where a bug begins
+        if out.status == "precision" or (out.status == "unexplained" and found is None):
+            # the diff's tolerance for B's precision may hide where a bug begins, or where the
+            # difference the chain's first op receives was made
             hidden = Search(rows, res.records, sides, lead, fd, factor).find(
                 {e["name"] for e in chain}, limit)
             if hidden is not None:
@@ -342,16 +343,16 @@ def _verdict(chain: list[dict[str, Any]], found: Finding | None, start: dict[str
                        notes)
 
 
-def _under_rounding(hidden: Hidden, lows: list[str], precision: Explanation) -> Explanation:
-    """The bug a precision verdict would have hidden, with the rounding said to be there too."""
-    dtypes = ", ".join(lows) or "another precision"
-    fd = precision.first_divergence or {}
+def _under_rounding(hidden: Hidden, lows: list[str], before: Explanation) -> Explanation:
+    """The bug a precision (or unexplained) verdict would have hidden, saying the rounding is
+    there too where B computes in a lower precision than A."""
+    fd = before.first_divergence or {}
     told = ("judged it within its tolerance" if hidden.verdict == "same" else
             "names a divergence before it")
-    text = (f"bug: {hidden.why} (B also computes in {dtypes}: rounding is present too, and "
-            f"the diff, whose first divergence is {fd.get('name', '?')}, {told}: "
-            f"{hidden.record} differs by {hidden.error:.3g})")
-    notes = [*precision.notes, "without this bug the chain would read: "
-             + precision.verdict.split(",", 1)[0]]
-    return Explanation("bug", text, hidden.blamed, precision.chain, precision.first_divergence,
-                       notes)
+    where = (f"the diff, whose first divergence is {fd.get('name', '?')}, {told}: "
+             f"{hidden.record} differs by {hidden.error:.3g}")
+    also = f"B also computes in {', '.join(lows)}: rounding is present too, and " if lows else ""
+    notes = [*before.notes, "without this bug the chain would read: "
+             + before.verdict.split(",", 1)[0]]
+    return Explanation("bug", f"bug: {hidden.why} ({also}{where})", hidden.blamed, before.chain,
+                       before.first_divergence, notes)

@@ -232,9 +232,11 @@ class Search:
 
 
 def lower_dtypes(records: Any, fd: dict[str, Any]) -> list[str]:
-    """The floating dtypes below float32 that B computes in where A does not, at the
-    divergence's step: where rounding is present on top of anything else."""
-    rows = records[(records["step"] == fd["step"]) & (records["rank"] == fd["rank"])]
+    """The floating dtypes below float32 that B computes in where A does not (in records
+    both runs make), at the divergence's step: where rounding is present on top of anything
+    else."""
+    rows = records[(records["step"] == fd["step"]) & (records["rank"] == fd["rank"])
+                   & records["verdict"].isin(("same", "diverged"))]
     low = rows["b_dtype"].isin(_LOW) & (rows["b_dtype"] != rows["dtype"])
     return sorted(set(rows.loc[low, "b_dtype"]))
 

@@ -123,6 +123,15 @@ def test_bf16_alone_is_still_precision(runs):
     assert "bfloat16" in e.verdict
 
 
+def test_two_bf16_runs_one_with_a_bug_name_it_where_the_diff_saw_none(runs):
+    """No dtype differs: the difference the chain's first op receives was made upstream, in
+    records the diff judged within bf16's tolerance, and the search finds where."""
+    e = explain(runs["bf16"], runs["bf16_scale"])
+    assert e.status == "bug", e.verdict
+    assert e.blamed["op"] == "aten.mul" and e.blamed["source"] == _line("# THE SCALE")
+    assert "rounding is present" not in e.verdict
+
+
 @pytest.mark.parametrize("bug", ["scale", "eps"])
 def test_the_same_bugs_in_float32_are_bugs_without_rounding_named(runs, bug):
     e = explain(runs["a"], runs[bug])
