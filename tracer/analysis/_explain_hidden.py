@@ -1,11 +1,13 @@
-"""A bug under rounding: where a precision verdict would hide one (tracer.analysis._explain).
+"""A bug under rounding: where a precision or unexplained verdict would hide one
+(tracer.analysis._explain).
 
 When B computes in a lower precision (bf16 autocast), the diff judges every record with that
 precision's tolerance, and a small tensor can differ by a third and still be "same" (within the
 absolute tolerance). The record where a bug begins is then not a divergence at all, the chain
 `explain` follows starts later (or the bug lies past `--limit`), at ops that stay within their
-rounding, and the difference they receive looks like rounding too. So before a verdict says
-precision, the step is searched for where an error is made that rounding cannot account for:
+rounding, and the difference they receive looks like rounding too (or, where no dtype differs,
+comes from nowhere). So before a verdict says precision, or that the difference was made
+upstream, the step is searched for where an error is made that rounding cannot account for:
 
 - a paired op call whose outputs differ far more than its inputs (`factor` times, plus two units
   of roundoff of the lowest precision either run computes in): re-run as the chain's ops are
