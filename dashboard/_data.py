@@ -32,7 +32,7 @@ _metric_notes: dict[Path, list[str]] = {}
 
 
 def _metrics_frame(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    if not path.is_file():
+    if not path.exists():  # anything else there (a FIFO, a folder) is named by the opener
         return pd.DataFrame(), pd.DataFrame()
     with _lock:
         tail = _tails.get(path)
@@ -50,6 +50,12 @@ def _metrics_series(root: Path, path: Path, notes: list[str]) -> dict[str, pd.Da
     except (OSError, ValueError) as e:  # a link out of the run, an unreadable file
         notes.append(str(e) if isinstance(e, UnsafePathError) else f"{path}: cannot be read ({e})")
         return {}
+    for tag, frame in m.items():
+        if "text_values" in frame.attrs:
+            count, first, step = frame.attrs["text_values"]
+            notes.append(f"{path}: {tag}: {count:,} value(s) written as text, not as numbers "
+                         f"(first {first} at step {step:g}); read as the number they spell, "
+                         f"else shown as gaps")
     tail = _tails.get(path)
     if tail is not None and tail.skipped:
         notes.append(f"{path}: {tail.skipped:,} malformed line(s) skipped ({tail.first_bad}); "

@@ -48,8 +48,15 @@ class JsonlTail:
 
     def update(self, path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Parse the complete lines appended since the last call (up to `MAX_BYTES` in all)."""
+        from tracer import UntrustedFileError
+        from tracer.storage import open_regular
+
         self._new: list[tuple[pd.DataFrame, pd.DataFrame]] = []
-        with open(path, "rb") as f:
+        try:
+            file = open_regular(path)  # a FIFO would hold the page forever
+        except UntrustedFileError as e:
+            raise OSError(str(e)) from e
+        with file as f:
             while self.offset < MAX_BYTES:
                 f.seek(self.offset)
                 want = min(CHUNK_BYTES, MAX_BYTES - self.offset)
@@ -193,9 +200,41 @@ def series_from_wide(df: pd.DataFrame, present: pd.DataFrame | None = None) -> d
         wall = np.full(len(df), np.nan)
     out = {}
     for col in df.columns:
-        if col in _NOT_SERIES or not pd.api.types.is_numeric_dtype(df[col]):
+        if col in _NOT_SERIES:
             continue
+        texts: list[int] = []
+        if pd.api.types.is_numeric_dtype(df[col]):
+            values = df[col].to_numpy(dtype=np.float64)
+        else:  # one value written as text ("nan") must not make the whole series vanish
+            values, texts = _numbers(df[col])
+            if values is None:
+                continue  # no number at all: a text column (a phase, a name)
         rows = present[col].to_numpy(bool) if present is not None and col in present else slice(None)
-        out[str(col)] = pd.DataFrame({"step": steps[rows], "wall_time": wall[rows],
-                                      "value": df[col].to_numpy(dtype=np.float64)[rows]})
+        frame = pd.DataFrame({"step": steps[rows], "wall_time": wall[rows], "value": values[rows]})
+        if texts:
+            first = df[col].iloc[texts[0]]
+            frame.attrs["text_values"] = (len(texts), repr(first)[:40], float(steps[texts[0]]))
+        out[str(col)] = frame
     return out
+
+
+def _numbers(column: pd.Series) -> tuple[np.ndarray | None, list[int]]:
+    """A column of mixed values as float64: numbers as they are, text as the number it spells
+    ("nan", "1e-3") or NaN (a gap); the positions of the values that were not numbers. None
+    when the column holds no number at all."""
+    values = np.full(len(column), np.nan)
+    texts: list[int] = []
+    found = False
+    for i, v in enumerate(column.to_numpy(dtype=object)):
+        if v is None or (isinstance(v, float) and v != v):
+            continue  # missing: the row does not carry this key
+        if isinstance(v, (bool, int, float, np.number)):
+            values[i], found = float(v), True
+            continue
+        texts.append(i)
+        if isinstance(v, str):
+            try:
+                values[i], found = float(v), True
+            except ValueError:
+                pass
+    return (values if found else None), texts

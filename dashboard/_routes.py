@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import mimetypes
+import os
 import re
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
@@ -104,10 +105,8 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
     def sleuth_file(run: str, rel: str) -> Response:
         path = resolve(run, rel)
         mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-        try:
-            size, f = path.stat().st_size, open(path, "rb")
-        except OSError:
-            abort(404)
+        f = _open_regular(path)
+        size = os.fstat(f.fileno()).st_size
         resp = Response(file_chunks(f), mimetype=mime, direct_passthrough=True)
         resp.headers["Content-Length"] = str(size)
         # A run's files are data, never pages of this site: no sniffing, no scripts.
@@ -124,10 +123,8 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
         if len(highlight) > HIGHLIGHT_MAX_CHARS:
             abort(400, f"highlight is {len(highlight):,} characters; no node name is longer than "
                        f"{HIGHLIGHT_MAX_CHARS}")
-        try:
-            size, f = path.stat().st_size, open(path, "rb")
-        except OSError:
-            abort(404)
+        f = _open_regular(path)
+        size = os.fstat(f.fileno()).st_size
         if size > SVG_HIGHLIGHT_MAX_BYTES:
             resp = Response(file_chunks(f), mimetype="image/svg+xml", direct_passthrough=True)
             resp.headers["Content-Length"] = str(size)
@@ -138,6 +135,20 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
         resp.headers["X-Content-Type-Options"] = "nosniff"
         resp.headers["Content-Security-Policy"] = "default-src 'none'; style-src 'unsafe-inline'"
         return resp
+
+
+def _open_regular(path: os.PathLike) -> BinaryIO:
+    """The run's file at `path`, open for reading, or the request aborted: 404 when it cannot be
+    opened, 403 naming it when it is no regular file (a FIFO would hold the request forever)."""
+    from tracer import UntrustedFileError
+    from tracer.storage import open_regular
+
+    try:
+        return open_regular(path)
+    except UntrustedFileError as e:
+        abort(403, str(e))
+    except OSError:
+        abort(404)
 
 
 def file_chunks(f: BinaryIO, size: int = CHUNK_BYTES) -> Iterator[bytes]:

@@ -64,9 +64,15 @@ def read_ir(path: str | os.PathLike) -> Any:
     """
     import pandas as pd
 
+    from tracer import UntrustedFileError
+    from tracer.storage import open_regular
+
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        with open_regular(p) as f:  # a FIFO or a device is refused, never waited on
+            lines = f.read().decode("utf-8").splitlines()
+    except UntrustedFileError as e:
+        raise IrFormatError(f"cannot read {e}") from e
     except OSError as e:
         raise IrFormatError(f"cannot read {p}: {e}") from e
     except UnicodeDecodeError as e:

@@ -128,6 +128,13 @@ class ProfileDiff:
             floor += "; variation between runs not measured (one profile a side)"
         if j.withheld:
             floor += f"; the steps alone say {j.withheld}, against the calls (see the note)"
+        if not math.isnan(j.calls_share):
+            more = "more" if j.calls_share > 0 else "fewer"
+            word = "slower" if j.calls_share > 0 else "faster"
+            return (f"B is {word}, by its calls: B makes {more} calls than A, "
+                    f"{j.calls_share * 100:+.3g} % of A's step, above the {floor}, which the "
+                    f"step times alone ({base}) do not clear; calls do not move with the "
+                    "machine's load")
         if j.verdict == "slower":
             return f"B is slower: {base}; {floor}"
         if j.verdict == "faster":
@@ -156,6 +163,8 @@ class ProfileDiff:
             "step_time": {"change": j.change, "p_slower": j.p_slower, "p_faster": j.p_faster,
                           "noise_floor": j.noise, "floor_from": j.floor_from,
                           "between_runs": j.between, "tested": j.tested,
+                          "decided_by": "steps" if math.isnan(j.calls_share) else "calls",
+                          "calls_share": j.calls_share,
                           "repeats": self.repeats,
                           "a": vars(self.step_a) | {"quartile_deviation": self.step_a.quartile_deviation},
                           "b": vars(self.step_b) | {"quartile_deviation": self.step_b.quartile_deviation}},
@@ -252,6 +261,7 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     # what B's change in calls costs a step at A's time per call: calls do not move with load
     calls_us = float(raw_ops["from_calls_us"].sum()) if not raw_ops.empty else 0.0
     j = _against_calls(j, calls_us, step_us, notes)
+    j = _decided_by_calls(j, calls_us, step_a.median)
     descending = j.verdict != "faster"
     ops = rank(raw_ops, descending)
     mods = rank(module_diff(pa.modules, pb.modules, na, nb), descending)
@@ -290,6 +300,20 @@ def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[st
                  "the machine's speed likely changed between the two runs, so no verdict is "
                  "given: profile A again and pass it with --repeat-a, or profile both at once")
     return replace(j, verdict="no change", withheld=j.verdict)
+
+
+def _decided_by_calls(j: Judgement, calls_us: float, step_us: float) -> Judgement:
+    """Where the step times cannot judge ("no change", the steps not against the calls), a
+    change in calls that costs more than the noise floor decides: the calls B makes that A
+    does not (at B's time per call) or that A makes and B drops (at A's) and the calls both
+    make more or fewer times are counted on each side alone, so the machine's load, which
+    moves a whole run's steps, does not move them."""
+    if j.verdict != "no change" or j.withheld or not step_us > 0:
+        return j
+    share = calls_us / step_us
+    if abs(share) <= max(j.noise, 0.01):
+        return j
+    return replace(j, verdict="slower" if share > 0 else "faster", calls_share=share)
 
 
 def _unjudged_calls(calls_us: float, lines: Any, step_us: float, notes: list[str]) -> None:

@@ -45,6 +45,10 @@ def causes(d: ProfileDiff) -> list[str]:
     floor_us = 0.01 * min(d.step_a.median, d.step_b.median)  # 1 % of a step
     out: list[str] = []
     weights: list[float] = []  # each cause's microseconds a step, for ranking the outside time
+    reshaped = _reshaped(d.ops, sign, floor_us)
+    if reshaped:
+        out.append(reshaped[1])
+        weights.append(reshaped[0])
     line = _pick(d.lines, sign, floor_us)
     if line is not None:
         out.append(f"{short_source(line['source'])}: {_us(line['delta_us'])} a step "
@@ -105,6 +109,33 @@ def causes(d: ProfileDiff) -> list[str]:
         out.insert(at, text)
     return out
 
+
+
+def _reshaped(ops: Any, sign: int, floor_us: float) -> tuple[float, str] | None:
+    """(microseconds a step, words) for the same ops run on other input shapes, where they
+    account for more of the change than every op whose calls changed: the inputs grew (a
+    longer sequence, a larger batch), which the same op at the same site says better than a
+    list of ops with more time."""
+    if ops.empty or "input_shapes_a" not in ops:
+        return None
+    both = ops[(ops["side"] == "both") & (ops["input_shapes_a"] != ops["input_shapes_b"])
+               & (ops["input_shapes_a"] != "") & (ops["input_shapes_b"] != "")]
+    moved = both[sign * both["delta_us"] > 0]
+    total = float(moved["delta_us"].sum()) if not moved.empty else 0.0
+    calls = float(ops["from_calls_us"].sum())
+    if sign * total <= floor_us or sign * total <= sign * calls:
+        return None
+    top = moved.reindex((sign * moved["delta_us"]).sort_values(ascending=False).index)
+    shown = []
+    for _, r in top.head(3).iterrows():
+        where = f" at {short_source(str(r['source']))}" if r["source"] else ""
+        shown.append(f"{r['name']}{where} {r['input_shapes_a']} -> {r['input_shapes_b']} "
+                     f"({_us(r['delta_us'])})")
+    more = f"; and {len(top) - 3} more" if len(top) > 3 else ""
+    word = "larger" if sign > 0 else "smaller"
+    return abs(total), (f"the same ops on {word} inputs: {_us(total)} a step from {len(top)} "
+                        f"op(s) at the same sites with other input shapes: "
+                        f"{'; '.join(shown)}{more}")
 
 
 def _outside_line(d: ProfileDiff, sign: int, outside: float) -> tuple[str, bool]:

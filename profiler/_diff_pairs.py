@@ -92,26 +92,52 @@ def op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
     return _rename_sides(_contribution(m))[_OP_COLS]
 
 
+def _size(shapes: str) -> int:
+    """The elements an op's input shapes hold together ("[[16, 128], [128]]": 2176), for
+    ordering calls of one site by size; 0 where the text is no list of shapes."""
+    total = 0
+    for part in shapes.replace(" ", "").split("],["):
+        dims = [int(x) for x in part.strip("[]").split(",") if x.lstrip("-").isdigit()]
+        if dims:
+            n = 1
+            for d in dims:
+                n *= d
+            total += n
+    return total
+
+
 def _pair_reshaped(m: Any) -> Any:
-    """One row for an op whose input shapes alone changed (a hidden size of 128 against 1024):
-    an op in A only and one in B only with the same name and module, called from the same user
-    lines, are the same call of the same op, and as two rows each would be blamed for all of
-    its time. Paired only where exactly one such row is on each side; several (a loop over
-    layers of different sizes at one line) cannot be told apart and stay as they are, as does
-    every op without a line (no stacks), which nothing ties to its partner."""
+    """One row for an op whose input shapes alone changed (a hidden size of 128 against 1024,
+    a sequence twice as long): ops in A only and in B only with the same name and module,
+    called from the same user lines, are the same calls of the same op, and as two rows each
+    would be blamed for all of its time ("in B only"). Where such a site has the same number
+    of rows on each side (a loop over layers, attention's two matmuls at one line), they pair
+    in order of their inputs' size, smallest with smallest; a site with more rows on one side
+    cannot be told apart and stays as it is, as does every op without a line (no stacks),
+    which nothing ties to its partner."""
     a_only = m[(m["side"] == "A only") & (m["source_a"] != "")]
     b_only = m[(m["side"] == "B only") & (m["source_b"] != "")]
     if a_only.empty or b_only.empty:
         return m
-    key_a = list(zip(a_only["name"], a_only["module"], a_only["source_a"]))
-    key_b = list(zip(b_only["name"], b_only["module"], b_only["source_b"]))
+    groups_a: dict[tuple, list] = {}
+    groups_b: dict[tuple, list] = {}
+    for idx, key in zip(a_only.index, zip(a_only["name"], a_only["module"], a_only["source_a"])):
+        groups_a.setdefault(key, []).append(idx)
+    for idx, key in zip(b_only.index, zip(b_only["name"], b_only["module"], b_only["source_b"])):
+        groups_b.setdefault(key, []).append(idx)
     drop = []
-    for k in {k for k in key_a if key_a.count(k) == 1 and key_b.count(k) == 1}:
-        ia, ib = a_only.index[key_a.index(k)], b_only.index[key_b.index(k)]
-        for col in ("calls_a", "self_a", "total_a", "device_a", "source_a", "input_shapes_a"):
-            m.at[ib, col] = m.at[ia, col]
-        m.at[ib, "side"] = "both"
-        drop.append(ia)
+    for key, rows_a in groups_a.items():
+        rows_b = groups_b.get(key, [])
+        if len(rows_a) != len(rows_b):
+            continue
+        rows_a = sorted(rows_a, key=lambda i: _size(str(m.at[i, "input_shapes_a"])))
+        rows_b = sorted(rows_b, key=lambda i: _size(str(m.at[i, "input_shapes_b"])))
+        for ia, ib in zip(rows_a, rows_b):
+            for col in ("calls_a", "self_a", "total_a", "device_a", "source_a",
+                        "input_shapes_a"):
+                m.at[ib, col] = m.at[ia, col]
+            m.at[ib, "side"] = "both"
+            drop.append(ia)
     return m.drop(index=drop).reset_index(drop=True)
 
 

@@ -69,6 +69,9 @@ class Judgement:
     withheld: str = ""
     """The steps' verdict ("slower", "faster") when it was withheld for going against the
     calls (profiler._diff); "" when none was."""
+    calls_share: float = math.nan
+    """Where the calls decided (the steps alone could not): what B's change in calls costs a
+    step, over A's median step (0.16: B's calls add 16 %); nan where the steps decided."""
 
 
 def between_runs(medians: list[float]) -> float:

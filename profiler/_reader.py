@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,13 @@ from profiler._tables import build_tables
 from profiler._trace import load_trace
 
 _TABLES = ("ops", "modules", "steps", "memory", "gpu", "host")
-_WINDOW_RE = re.compile(r"^window(\d+)\.trace\.json(\.gz)?$")
-_RANK_RE = re.compile(r"^rank(\d+)$")
+
+
+def _names() -> tuple[Any, Any]:
+    """The strict names of a window's trace and of a rank folder (tracer.storage.numbered)."""
+    from tracer.storage import RANK_DIR, numbered
+
+    return numbered(r"window{n}\.trace\.json(?:\.gz)?"), RANK_DIR
 
 
 @dataclass
@@ -113,7 +117,7 @@ def window_tables(d: Path, k: int) -> dict[str, Any]:
             return out
         except Exception:  # noqa: BLE001 - a damaged cache: the trace below is the source of truth
             pass
-    trace_path = d / (meta.get("trace") or f"window{k}.trace.json.gz")
+    trace_path = _named_trace(d / f"window{k}.json", meta.get("trace") or f"window{k}.trace.json.gz")
     if not trace_path.exists():
         trace_path = d / f"window{k}.trace.json"
     trace = load_trace(trace_path)
@@ -126,6 +130,18 @@ def window_tables(d: Path, k: int) -> dict[str, Any]:
     out = {t: pd.DataFrame(built[t], columns=_COLUMNS[t]) for t in _TABLES}
     out["summary"] = built["summary"]
     return out
+
+
+def _named_trace(meta_path: Path, name: Any) -> Path:
+    """The trace a window's metadata names, kept inside the run (`tracer.storage.inside_run`):
+    a name that leads out of it is another file, never read as this run's."""
+    from tracer import UntrustedFileError
+    from tracer.storage import inside_run
+
+    try:
+        return inside_run(meta_path.parent.parent.parent, meta_path, name)
+    except UntrustedFileError as e:
+        raise ProfileFormatError(str(e)) from e
 
 
 def write_window_tables(d: Path, k: int, fmt: str = "parquet") -> None:
@@ -165,9 +181,10 @@ def read_profile(run_dir: str | os.PathLike[str]) -> Profile:
     frames: dict[str, list[Any]] = {t: [] for t in _TABLES}
     traces: list[Path] = []
     win_rows = []
-    ranks = [(int(_RANK_RE.match(d.name).group(1)), d, sorted(
-        {int(m.group(1)) for p in d.iterdir() if (m := _WINDOW_RE.match(p.name))}))
-        for d in root.iterdir() if _RANK_RE.match(d.name)]
+    window_re, rank_re = _names()
+    ranks = [(int(rank_re.fullmatch(d.name).group(1)), d, sorted(
+        {int(m.group(1)) for p in d.iterdir() if (m := window_re.fullmatch(p.name))}))
+        for d in root.iterdir() if rank_re.fullmatch(d.name)]
     ranks.sort(key=lambda r: r[0])
     _one_run(root, [(d, k) for _, d, windows in ranks for k in windows])
     for rank, d, windows in ranks:

@@ -6,13 +6,17 @@ Files left by a crash are opened in SWMR read mode (see _summary.py); segments
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Iterator
 
 from profiler._errors import ProfileFormatError
 
-_FILE_RE = re.compile(r"^rank(\d+)(?:\.seg(\d+))?\.h5$")
+
+
+def _file_re() -> Any:
+    from tracer.storage import numbered  # strict names: one rule for every reader
+
+    return numbered(r"rank{n}(?:\.seg{n})?\.h5")
 
 
 def _files(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
@@ -21,8 +25,9 @@ def _files(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
         raise ProfileFormatError(f"no summaries in {run_dir}: expected {folder}/rank*.h5 "
                                  "(write them with profiler.SummaryWriter or SLEUTH_SUMMARY=1)")
     found = []
+    names = _file_re()
     for p in folder.iterdir():
-        m = _FILE_RE.match(p.name)
+        m = names.fullmatch(p.name)
         if m:
             found.append((int(m.group(1)), int(m.group(2) or 0), p))
     return [(rank, p) for rank, _, p in sorted(found)]
@@ -30,6 +35,12 @@ def _files(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
 
 def _open(path: Path) -> Any:
     import h5py
+
+    from tracer.storage import kind_problem
+
+    problem = kind_problem(path)  # before h5py opens it: a FIFO would block the open forever
+    if problem:
+        raise ProfileFormatError(f"cannot read summary {path}: {problem}")
     try:
         return h5py.File(path, "r")
     except OSError as e:

@@ -39,10 +39,14 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     larger than MAX_TRACE_BYTES once decompressed, or nested past the JSON reader's depth."""
     path = Path(path)
     try:
-        if not path.is_file():
-            raise OSError("not a regular file")
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
+        from tracer import UntrustedFileError
+        from tracer.storage import open_regular
+
+        try:
+            file = open_regular(path)  # a FIFO or a device is refused, never waited on
+        except UntrustedFileError as e:
+            raise ProfileFormatError(f"cannot read trace {e}") from e
+        with file, (gzip.GzipFile(fileobj=file) if path.name.endswith(".gz") else file) as f:
             raw = f.read(MAX_TRACE_BYTES + 1)
         if len(raw) > MAX_TRACE_BYTES:
             raise ProfileFormatError(f"{path}: more than {MAX_TRACE_BYTES:,} bytes of trace "

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sleuth.cli import CliError
+from tracer.storage import printable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -226,9 +227,9 @@ def _close(cov: dict[str, Any], code: int, verdict: str, interrupted_use: str) -
     used), the files not read, and on stderr why the answer is incomplete; returns `code`."""
     for i in cov["interrupted"]:
         print(f"step {i['step']} rank {i['rank']} is {i['status']} "
-              f"({i['reason'] or 'no reason recorded'}): {interrupted_use}")
-    for u in cov["unread"]:
-        print(f"not read: {u['path']}: {u['reason']}")
+              f"({printable(i['reason'] or 'no reason recorded')}): {interrupted_use}")
+    for u in cov["unread"]:  # paths and reasons (run ids) from disk: controls escaped
+        print(f"not read: {printable(u['path'])}: {printable(u['reason'])}")
     if code == 2:
         print(f"sleuth check: {verdict}", file=sys.stderr)
     return code

@@ -295,12 +295,6 @@ def _counts(r: dict) -> str:
     return f"{side('')} | {side('b_')}"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 class _RowSinks:
     """Where a streamed diff's rows go, step by step, so that memory holds one step's rows
     whatever the dump's size: the --csv file, and for --json a temporary file spliced into the
@@ -309,7 +303,7 @@ class _RowSinks:
     def __init__(self, csv_path: str | None, json_rows: bool) -> None:
         self.csv_path, self.json_rows = csv_path, json_rows
         self.csv = self.tmp = None
-        self.csv_tmp = ""
+        self.csv_file: Any = None  # tracer.storage.atomic_file: the rows appear whole or not
         self.header = True
         self.first = True
 
@@ -321,11 +315,11 @@ class _RowSinks:
             if not os.path.isdir(folder):
                 raise CliError(f"cannot write {self.csv_path}: the folder {folder} does not "
                                "exist")
+            from tracer.storage import atomic_file
+
             try:
-                fd, self.csv_tmp = tempfile.mkstemp(prefix=".sleuth-diff-", suffix=".csv",
-                                                    dir=folder)
-                os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would outlive the rename
-                self.csv = os.fdopen(fd, "w", newline="")
+                self.csv_file = atomic_file(self.csv_path, "w", newline="")
+                self.csv = self.csv_file.__enter__()
             except OSError as e:
                 raise CliError(f"cannot write {self.csv_path}: {e}") from e
         if self.json_rows:
@@ -358,20 +352,21 @@ class _RowSinks:
 
     def __exit__(self, kind: Any, *exc: Any) -> None:
         if self.csv is not None:
-            if self.header:  # no step compared: the header alone, as an empty table writes
-                from tracer import DiffResult
+            try:
+                if self.header and kind is None:  # no step compared: the header alone
+                    from tracer import DiffResult
 
-                DiffResult.frame([]).to_csv(self.csv, index=False)
-            self.csv.close()
+                    DiffResult.frame([]).to_csv(self.csv, index=False)
+            except BaseException as e:
+                self.csv_file.__exit__(type(e), e, e.__traceback__)  # removes the partial
+                raise CliError(f"cannot write {self.csv_path}: {e}") from e
+            try:  # renamed into place, or (after an error, or a full disk now) removed
+                self.csv_file.__exit__(kind, *exc)
+            except OSError as e:
+                raise CliError(f"cannot write {self.csv_path}: {e}") from e
             if kind is None:
-                try:
-                    os.replace(self.csv_tmp, self.csv_path)
-                except OSError as e:
-                    raise CliError(f"cannot write {self.csv_path}: {e}") from e
                 print(f"sleuth diff: the records' rows written to {self.csv_path}",
                       file=sys.stderr)
-            else:
-                os.unlink(self.csv_tmp)
         if self.tmp is not None:
             self.tmp.close()
 

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from sleuth.cli import CliError
+from tracer.storage import printable
 
 _SHOW_COLUMNS = ["seq", "name", "dtype", "shape", "min", "max", "mean", "norm", "nan", "posinf",
                  "neginf", "zeros", "source"]
@@ -108,7 +109,9 @@ def _ls(args: argparse.Namespace) -> int:
     readable = [r for r in rows if r["records"] is not None]
     # before the first line: a config that is refused is the command's one line
     captured = _captured(d, readable[0]["rank"], readable[0]["step"]) if readable else None
-    print(f"dump {d.root}: {len(d.ranks)} rank(s), {len(rows)} step file(s), {_human(total)}")
+    # paths, reasons and run ids come from disk: printed with control characters escaped
+    print(f"dump {printable(d.root)}: {len(d.ranks)} rank(s), {len(rows)} step file(s), "
+          f"{_human(total)}")
     if captured:
         print(captured)
     if rows:
@@ -117,10 +120,10 @@ def _ls(args: argparse.Namespace) -> int:
         reason = r["reason"] or "no reason recorded"
         if not reason.startswith(r["status"]):
             reason = f"{r['status']}: {reason}"
-        print(f"{r['path']}: {reason}")
+        print(f"{printable(r['path'])}: {printable(reason)}")
     for note in _notes(rows):
-        print(f"not written: step {note.get('step')} of rank {note.get('rank')}, "
-              f"{note.get('dropped_records')} record(s): {note.get('reason')}")
+        print(printable(f"not written: step {note.get('step')} of rank {note.get('rank')}, "
+                        f"{note.get('dropped_records')} record(s): {note.get('reason')}"))
     if bad:
         print(f"{len(bad)} of {len(rows)} step file(s) not complete", file=sys.stderr)
     return code

@@ -59,6 +59,7 @@ def _clean(value: Any) -> Any:
 def _run(args: argparse.Namespace) -> int:
     import profiler
     from sleuth.cli import CliError
+    from tracer.storage import atomic_file
     if args.top < 1:
         raise CliError("--top must be >= 1")
     if args.csv is not None and args.csv.exists() and not args.csv.is_dir():
@@ -102,7 +103,13 @@ def _run(args: argparse.Namespace) -> int:
                   ("ops", "modules", "steps", "memory", "cluster", "gpu", "gpu_ranks",
                    "kernels", "host")}
         for name, df in {**tables, "breakdown": breakdown}.items():
-            df.to_csv(args.csv / f"{name}.csv", index=False)
+            try:  # whole or not at all: a full disk leaves no truncated table behind
+                with atomic_file(args.csv / f"{name}.csv", "w", newline="") as f:
+                    df.to_csv(f, index=False)
+            except OSError as e:
+                raise CliError(f"cannot write {args.csv / f'{name}.csv'}: "
+                               f"{e.strerror or e}; free space or pick another --csv "
+                               f"folder") from e
     if args.json:
         out = {"summary": {k: _clean(v) for k, v in prof.summary.items()},
                "top_ops": json.loads(ops.to_json(orient="records")),

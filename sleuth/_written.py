@@ -7,10 +7,9 @@ is there, not what was asked for.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-_STEP = re.compile(r"step(\d+)\.h5$")
+from tracer.storage import RANK_DIR, STEP_FILE, printable
 
 
 def _plural(n: int, word: str) -> str:
@@ -22,9 +21,10 @@ def dump_part(dump: Path, run_dir: Path) -> str | None:
     directory's), or a note that it holds no step; None when there is no dump folder."""
     if not dump.is_dir():
         return None
-    ranks = [r for r in dump.glob("rank*") if r.is_dir()]
-    steps = {int(m.group(1)) for r in ranks for f in r.iterdir() if (m := _STEP.match(f.name))}
-    where = "" if dump == run_dir / "dump" else f" in {dump}"
+    ranks = [r for r in dump.glob("rank*") if r.is_dir() and RANK_DIR.fullmatch(r.name)]
+    steps = {int(m.group(1)) for r in ranks for f in r.iterdir()
+             if (m := STEP_FILE.fullmatch(f.name))}
+    where = "" if dump == run_dir / "dump" else f" in {printable(dump)}"
     if not steps:
         return (f"no dump step{where} (the dump config's steps were never reached, or the "
                 "script never called optimizer.step())")
@@ -49,7 +49,8 @@ def written_line(command: str, run_dir: Path, *, dump: Path | None = None,
     graphs = graphs if graphs is not None else run_dir / "ir"
     irs = list(graphs.glob("*.ir")) if graphs.is_dir() else []
     if irs:
-        where = "" if graphs == run_dir / "ir" else f" in {graphs}"
+        where = "" if graphs == run_dir / "ir" else f" in {printable(graphs)}"
         parts.append(f"graphs ({_plural(len(irs), 'stage')}){where}")
     held = f": {', '.join(parts)}" if parts else ""
-    return f"sleuth {command}: run written to {run_dir}{held}; next: sleuth dashboard {run_dir}"
+    shown = printable(run_dir)
+    return f"sleuth {command}: run written to {shown}{held}; next: sleuth dashboard {shown}"

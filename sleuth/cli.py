@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CliError as e:
         if debug:
             raise
-        print(f"sleuth {args.command}: error: {e}", file=sys.stderr)
+        print(f"sleuth {args.command}: error: {_printable(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"sleuth {args.command}: interrupted", file=sys.stderr)
@@ -165,8 +165,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = None if debug else user_error_message(e)
         if message is None:
             raise
-        print(f"sleuth {args.command}: error: {message}", file=sys.stderr)
+        print(f"sleuth {args.command}: error: {_printable(message)}", file=sys.stderr)
         return 2
+
+
+def _printable(message: object) -> str:
+    """An error's text as the terminal may show it: run ids, paths and names from disk carry
+    control characters and undecodable bytes (tracer.storage.printable)."""
+    from tracer.storage import printable
+
+    return printable(message)
 
 
 def user_error_message(e: BaseException) -> str | None:

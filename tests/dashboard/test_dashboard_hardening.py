@@ -428,3 +428,93 @@ def test_odd_rank_and_step_in_the_url_are_ignored(tmp_path):
                                   [("dumps-run", "value", 0), ("data-version", "data", "x")],
                                   [("dumps-rank", "value", None), ("dumps-want", "data", want)])
         assert status == 200 and out["dumps-rank"]["value"] == 0, want
+
+
+def test_fifo_as_a_summary_file_is_named_not_waited_on(tmp_path):
+    """A FIFO as summary/rank0.h5 blocked every page that read the summary (and, holding h5py's
+    lock, the others) in HDF5's open. Only regular files are opened: Histograms names the FIFO,
+    Scalars still shows metrics.jsonl. In a real process with a timeout, so a hang fails."""
+    from dashboard_helpers import write_summary
+
+    run = write_run(tmp_path / "r", name="r", steps=3)
+    if not write_summary(run):
+        pytest.skip("the summary writer is not available")
+    fifo = run / "summary" / "rank0.h5"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    script = ("import sys\nfrom pathlib import Path\nfrom dashboard import _data\n"
+              "run = Path(sys.argv[1])\nprint(sorted(_data.scalars(run)))\n"
+              "try:\n    _data.histograms(run)\nexcept _data.ReadError as e:\n    print(e)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(run)], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked reader go
+        pytest.fail("the dashboard waited on a FIFO named summary/rank0.h5")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "'loss'" in done.stdout and "FIFO" in done.stdout and str(fifo) in done.stdout, \
+        done.stdout
+
+
+def test_one_loss_written_as_text_keeps_the_loss_series(tmp_path):
+    """One `"loss": "nan"` (text, not a number) in metrics.jsonl made the loss column text, and
+    the whole loss series vanished from Scalars without a word. The series stays, the value is
+    read as the number it spells (a gap when it spells none), and a note says so."""
+    import dashboard
+    from dashboard import _data
+
+    run = write_run(tmp_path / "r", name="r", steps=5)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 5, "loss": "nan"}) + "\n")
+        f.write(json.dumps({"step": 6, "loss": "high"}) + "\n")
+    loss = _data.scalars(run)["loss"]
+    assert len(loss) == 7 and loss["value"].iloc[:5].notna().all()
+    assert loss["value"].iloc[5:].isna().all()
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    status, out = _scalar_tags(client, [0])
+    assert status == 200
+    note = json.dumps(out["scalars-empty"])
+    assert "loss: 2 value(s) written as text" in note and "'nan' at step 5" in note, note
+
+
+def test_fifo_as_a_run_file_is_refused_by_the_file_routes_and_scalars(tmp_path):
+    """A FIFO as an IR text held the graph reader forever at open; as metrics.jsonl it made the
+    metrics vanish without a word. Refused before any byte is read: a note on Scalars,
+    IrFormatError for the graph reader; the file routes open without blocking too (404)."""
+    import dashboard
+    from dashboard import _data
+    from irdump import IrFormatError, read_ir
+
+    run = write_run(tmp_path / "r", name="r", steps=3)
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")
+    (run / "ir").mkdir()
+    os.mkfifo(run / "ir" / "00_forward.ir")
+    os.mkfifo(run / "ir" / "00_forward.svg")
+    done: dict = {}
+
+    def go():
+        client = dashboard.create_app([run], refresh_s=0).server.test_client()
+        done["file"] = client.get("/_sleuth/file/0/ir/00_forward.ir")
+        done["svg"] = client.get("/_sleuth/svg/0/ir/00_forward.svg")
+        done["scalars"] = _data.scalars(run)
+        done["notes"] = _data.scalar_notes(run)
+        try:
+            read_ir(run / "ir" / "00_forward.ir")
+        except IrFormatError as e:
+            done["ir"] = str(e)
+
+    worker = threading.Thread(target=go, daemon=True)
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():
+        for name in ("metrics.jsonl", "ir/00_forward.ir", "ir/00_forward.svg"):
+            try:
+                os.close(os.open(run / name, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        pytest.fail(f"a FIFO in the run held the dashboard (done: {sorted(done)})")
+    assert done["file"].status_code in (403, 404) and done["svg"].status_code in (403, 404)
+    assert done["scalars"] == {} and any("FIFO" in n for n in done["notes"]), done["notes"]
+    assert "FIFO" in done["ir"] and "00_forward.ir" in done["ir"]

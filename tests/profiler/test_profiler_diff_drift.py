@@ -157,3 +157,58 @@ def test_an_extra_forward_is_another_config():
     with pytest.raises(ProfilerError, match=r"--repeat-a xfwd is not a run of A's config: its "
                                             r"op calls a step differ from its side's by 20 %"):
         profiler.diff_profiles(a, b, repeat_a=[extra])
+
+
+NEW_CALLS = BASE + [("aten::mul", 4, 240.0), ("aten::add", 4, 160.0)]  # +400 us a step
+
+
+def test_calls_above_the_floor_decide_where_the_steps_cannot():
+    """The steps move +7.5 % against a 13.5 % floor (the variation between two runs of A), but
+    B makes calls A does not worth 20 % of A's step: calls do not drift with load, so B is
+    slower (+18.7 % of A's pooled median step), and the headline says the calls decided."""
+    a, a2 = _Profile("a", _steps(2000), BASE), _Profile("a2", _steps(2270), BASE)
+    b = _Profile("b", _steps(2150), NEW_CALLS)
+    d = profiler.diff_profiles(a, b, repeat_a=[a2])
+    assert d.verdict == "slower" and d.exit_code == 1, d.headline()
+    assert d.headline().startswith("B is slower, by its calls: B makes more calls than A, +18.7 %")
+    assert d.to_dict()["step_time"]["decided_by"] == "calls"
+    # the same calls on both sides: the steps alone judge, and they cannot
+    same = profiler.diff_profiles(a, _Profile("b", _steps(2150), BASE), repeat_a=[a2])
+    assert same.verdict == "no change", same.headline()
+    assert same.to_dict()["step_time"]["decided_by"] == "steps"
+
+
+def test_calls_within_the_floor_decide_nothing():
+    a, a2 = _Profile("a", _steps(2000), BASE), _Profile("a2", _steps(2270), BASE)
+    few = BASE + [("aten::mul", 1, 40.0)]  # +2 % a step
+    d = profiler.diff_profiles(a, _Profile("b", _steps(2150), few), repeat_a=[a2])
+    assert d.verdict == "no change", d.headline()
+
+
+def _with_sites(p: _Profile, rows: list[tuple[str, str, str, int, float]]) -> _Profile:
+    """`p` with an op table of (name, input shapes, source, calls a step, us a step) rows."""
+    n = len(p.steps)
+    p.ops = pd.DataFrame([{"name": op, "input_shapes": shapes, "module": "", "source": src,
+                           "calls": calls * n, "cpu_self_us": us * n, "cpu_total_us": us * n,
+                           "device_us": 0.0} for op, shapes, src, calls, us in rows])
+    return p
+
+
+def test_a_longer_sequence_is_the_same_ops_on_larger_inputs():
+    """Attention's two matmuls at one line, on a sequence twice as long: the same ops at the
+    same site on other shapes, paired by size, never "in B only", and said first."""
+    a = _with_sites(_Profile("a", _steps(2000), []), [
+        ("aten::bmm", "[[16, 128, 32], [16, 32, 128]]", "train.py:30", 2, 600.0),
+        ("aten::bmm", "[[16, 128, 128], [16, 128, 32]]", "train.py:30", 2, 600.0),
+        ("aten::addmm", "[[64], [512, 64], [64, 64]]", "train.py:28", 4, 800.0)])
+    b = _with_sites(_Profile("b", _steps(3600), []), [
+        ("aten::bmm", "[[16, 256, 32], [16, 32, 256]]", "train.py:30", 2, 1200.0),
+        ("aten::bmm", "[[16, 256, 256], [16, 256, 32]]", "train.py:30", 2, 1600.0),
+        ("aten::addmm", "[[64], [1024, 64], [64, 64]]", "train.py:28", 4, 1600.0)])
+    d = profiler.diff_profiles(a, b)
+    assert d.verdict == "slower", d.headline()
+    assert (d.ops["side"] == "both").all(), d.ops[["name", "side", "input_shapes_a"]]
+    assert d.causes[0].startswith("the same ops on larger inputs: +2400 us a step from 3 op(s)")
+    assert "aten::bmm at train.py:30 [[16, 128, 128], [16, 128, 32]] -> " \
+           "[[16, 256, 256], [16, 256, 32]] (+1000 us)" in d.causes[0], d.causes
+    assert not any("in B only" in c for c in d.causes), d.causes

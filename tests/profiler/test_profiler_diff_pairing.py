@@ -33,8 +33,16 @@ def test_an_op_whose_shapes_alone_changed_is_one_row():
     assert row["delta_us"] == 90.0 and row["from_calls_us"] == 0.0  # 10 -> 100 us a step
     # another line: another call, not this one's new shape
     assert sorted(d[d["name"] == "aten::relu"]["side"]) == ["A only", "B only"]
-    # two shapes on each side at one line cannot be told apart: left as they are
-    assert sorted(d[d["name"] == "aten::mm"]["side"]) == ["A only", "A only", "B only", "B only"]
+    # two shapes on each side at one line: the same two calls, paired smallest with smallest,
+    # never "in A only" and "in B only"
+    mm = d[d["name"] == "aten::mm"].sort_values("input_shapes_a")
+    assert list(mm["side"]) == ["both", "both"]
+    assert list(zip(mm["input_shapes_a"], mm["input_shapes_b"])) == [("[[4,4]]", "[[6,6]]"),
+                                                                     ("[[5,5]]", "[[7,7]]")]
+    # three shapes in B against two in A at one line cannot be told apart: left as they are
+    c = op_diff(a, _ops(*[("aten::mm", f"[[{k},{k}]]", "net.py:20", "", 8, 8.0, 8.0, 0.0)
+                          for k in (6, 7, 8)]), 8, 8, stacks=True)
+    assert sorted(c[c["name"] == "aten::mm"]["side"]) == ["A only"] * 2 + ["B only"] * 3
 
 
 def test_without_lines_nothing_ties_the_shapes():

@@ -190,10 +190,15 @@ def _twin(site: str) -> str:
     return ".".join(parts)
 
 
+def marked_line(path: str | Path, fault: str) -> int:
+    """The line of file `path` marked `# FAULT: fault`."""
+    lines = Path(path).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.endswith(f"# FAULT: {fault}"))
+
+
 def fault_line(fault: str) -> int:
     """The line of this file that holds `fault`'s faulty op (its `# FAULT:` mark)."""
-    lines = Path(__file__).read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if line.endswith(f"# FAULT: {fault}"))
+    return marked_line(__file__, fault)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The training-step zoo: the bugs people ship around the model (optimizer settings, parameter
 groups, a scheduler one step off, clipping, frozen parameters, buffers, config constants,
-dropout, seeds, accumulation, labels, data order, gradients edited by hand), one in run B, at
+dropout, seeds, accumulation, labels, token ids edited in place, data order, gradients edited
+by hand), one in run B, at
 a site and value a seeded generator picks, on three model families (a plain token MLP, and a
 Llama and a GPT-2 built from configs at the installed transformers release) with AdamW or SGD
 with momentum.
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fault_zoo import marked_line
 from torch import nn
 from torch.nn import functional as F
 
@@ -97,6 +99,8 @@ FAULTS: dict[str, Expect] = {
     "constant": Expect("bug", True),
     "accumulation": Expect("bug", False, op_line=True),
     "labels": Expect("bug", False, op_line=True),
+    # token ids remapped in place before the forward (an ignore index mapped to a real token)
+    "ids_edited": Expect("bug", False, op_line=True),
     "grad_edit": Expect("bug", False, op_line=True),
     "data_order": Expect("inputs", False),
 }
@@ -124,8 +128,7 @@ def _pick(names: list[str], case: Case) -> str:
 
 def fault_line(fault: str) -> int:
     """The line of this file marked `# FAULT: fault`."""
-    lines = Path(__file__).read_text().splitlines()
-    return next(i for i, line in enumerate(lines, 1) if line.endswith(f"# FAULT: {fault}"))
+    return marked_line(__file__, fault)
 
 
 def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -192,6 +195,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
                                "steps": f"0-{steps - 1}"}):
         for step in range(steps):
             for micro in batches[2 * step:2 * step + 2]:
+                if fault == "ids_edited":
+                    micro[micro < 8] = 0  # FAULT: ids_edited
                 logits = _logits(model, micro)
                 if fault == "labels":
                     loss = F.cross_entropy(logits.reshape(-1, VOCAB), micro.reshape(-1))  # FAULT: labels

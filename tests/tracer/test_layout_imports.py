@@ -284,3 +284,23 @@ def test_the_tracer_tests_sit_in_folders_like_the_code():
     prefixes = ("test_capture_", "test_storage_", "test_check_", "test_diff_", "test_explain")
     stray = [p.name for p in tests.glob("test_*.py") if p.name.startswith(prefixes)]
     assert not stray, f"move these into tests/tracer/<folder>/ beside their code's tests: {stray}"
+
+
+def test_run_file_names_are_parsed_in_one_place():
+    """Step, rank and window numbers in file names are read with tracer.storage._door's strict
+    patterns only: a `\\d` elsewhere matches Unicode digits and leading zeros, and a file named
+    `step00.h5` or `step٠.h5` then replaces step 0 in one reader but not in another. (trainer/
+    is left out: it never reads the tools' files, and imports none of them.)"""
+    import re
+
+    loose = re.compile(r"(step|rank|window|seg)\(?\\d")
+    offenders = []
+    for package in ("tracer", "profiler", "dashboard", "sleuth", "irdump"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name == "_door.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                        and loose.search(node.value):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []

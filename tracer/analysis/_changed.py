@@ -18,6 +18,8 @@ def kind(row: dict[str, Any]) -> str:
     """What a divergent record is: "data" (the model's input, or an input marked `fed`),
     "written" (a weight an in-place op wrote during the step, or a value that write made),
     "parameter" (a weight before the optimizer step) or "compute"."""
+    if row.get("made_in_b"):  # `mark_fed` found the op of B's that made it
+        return "compute"
     if _DATA_INPUT.match(str(row["name"])) or row.get("fed"):
         return "data"
     if row.get("written"):
@@ -27,12 +29,22 @@ def kind(row: dict[str, Any]) -> str:
     return "compute"
 
 
+def _made(recs: list[dict]) -> dict[tuple, int]:
+    """(dtype, element count, checksum) of each integer op output -> the first seq holding it."""
+    made: dict[tuple, int] = {}
+    for rec in recs:
+        if rec["direction"] == "output" and str(rec["dtype"]).startswith(_INTEGER):
+            key = (rec["dtype"], int(rec["numel"]), int(rec["checksum"]))
+            made[key] = min(made.get(key, int(rec["seq"])), int(rec["seq"]))
+    return made
+
+
 def _stem(name: Any) -> str:
     """A record's call: its name without `.{direction}.{index}`."""
     return str(name).rsplit(".", 2)[0]
 
 
-def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
+def mark_fed(rows: list[dict], recs_a: list[dict], recs_b: list[dict] | None = None) -> None:
     """Mark `fed` what the step's data is, in its divergent records:
 
     - the ops run outside every module before the model's first module call of the step
@@ -44,8 +56,9 @@ def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
       came from the data. A float input without a maker may be a weight (an op-level dump
       records no parameters), which is why only integers are marked.
 
-    `rows`: one step's compared rows (dicts of the diff's columns); `recs_a`: A's records of
-    that step (dicts of the /records columns)."""
+    `rows`: one step's compared rows (dicts of the diff's columns); `recs_a`, `recs_b`: each
+    side's records of that step (dicts of the /records columns). An integer input is not fed
+    where an op of B's made B's value (B edits its labels in the loop)."""
     model_from = min((int(rec["seq"]) for rec in recs_a if rec["phase"] == "forward"
                       and str(rec["module"]) not in _OUTSIDE), default=None)
     if model_from is not None:
@@ -65,18 +78,22 @@ def mark_fed(rows: list[dict], recs_a: list[dict]) -> None:
               and r["direction"] == "input" and str(r["dtype"]).startswith(_INTEGER)]
     if not wanted:
         return
-    made: dict[tuple, int] = {}
-    for rec in recs_a:
-        if rec["direction"] == "output" and str(rec["dtype"]).startswith(_INTEGER):
-            key = (rec["dtype"], int(rec["numel"]), int(rec["checksum"]))
-            made[key] = min(made.get(key, int(rec["seq"])), int(rec["seq"]))
+    made_a, made_b = _made(recs_a), _made(recs_b or [])
     by_seq = {int(rec["seq"]): rec for rec in recs_a}
+    by_seq_b = {int(rec["seq"]): rec for rec in recs_b or []}
     for r in wanted:
         rec = by_seq.get(int(r["seq"]))
         if rec is None:
             continue
-        maker = made.get((rec["dtype"], int(rec["numel"]), int(rec["checksum"])))
+        maker = made_a.get((rec["dtype"], int(rec["numel"]), int(rec["checksum"])))
         r["fed"] = maker is None or maker > int(r["seq"])
+        rec_b = by_seq_b.get(int(r.get("b_seq", -1)))
+        if r["fed"] and rec_b is not None:
+            # B's value made by a recorded op of B's (labels edited in place in the loop, an
+            # index_put_ B runs and A does not): computed, not fed
+            maker_b = made_b.get((rec_b["dtype"], int(rec_b["numel"]), int(rec_b["checksum"])))
+            if maker_b is not None and maker_b < int(rec_b["seq"]):
+                r["fed"], r["made_in_b"] = False, True
 
 
 def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any] | None,

@@ -316,9 +316,14 @@ def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[
                        + abs(int(a["neginf"]) - int(b["neginf"])))
     if out["nan_diff"] or out["inf_diff"]:
         reasons.insert(0, nonfinite_differ(a, b))
-    if checksum_equal:
-        reasons = []  # the same bits: differences above can only be NaN-vs-NaN artefacts
-    out["error"] = 0.0 if checksum_equal else (
+    if checksum_equal and reasons:
+        # the same bits give the same statistics (within a reduction's rounding, far inside
+        # the tolerance): statistics beyond it beside an equal checksum are a record that was
+        # damaged or forged, never "same"
+        reasons = [f"checksums equal, yet {'; '.join(reasons)}: statistics the same bits "
+                   f"cannot have, so one side's record is damaged or forged; dump the step "
+                   f"again"]
+    out["error"] = 0.0 if checksum_equal and not reasons else (
         math.inf if out["nan_diff"] or out["inf_diff"]
         else max(out[f"{key}_rdiff"] for key in ("min", "max", "mean", "norm")))
     out["verdict"] = "diverged" if reasons else "same"

@@ -314,7 +314,7 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
             if row["compared"] in ("tensor", "statistics", "sketch"):
                 kinds.add(row["compared"])
             rows.append(row)
-        mark_fed(rows[len(rows) - len(pairs):], recs_a)
+        mark_fed(rows[len(rows) - len(pairs):], recs_a, recs_b)
         mark_written(rows[len(rows) - len(pairs):], recs_a, recs_b)
         if matched == 0 and (len(ta) or len(tb)):
             raise DiffError(f"no record of A (rank {pl[0]} step {pl[1]}, level {la}) "

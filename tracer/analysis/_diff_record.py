@@ -122,7 +122,10 @@ def _compare_sketches(row: dict, ra: dict, rb: dict, sketch_a: tuple, sketch_b: 
     for key in ("cosine", "max_abs_err", "max_rel_err", "mean_abs_err", "rmse", "within"):
         row[key] = m[key]
     if not math.isinf(row["error"]):  # else NaN/Inf counts differ: no estimate says more
-        row["error"] = m["error"]
+        # statistics beyond tolerance keep their error: sampled elements that agree never
+        # make a record's statistics agree (docs/diff.md, "Sketches")
+        row["error"] = (max(row["error"], m["error"]) if row["verdict"] == "diverged"
+                        else m["error"])
     if m["verdict"] != "diverged":
         return
     if row["verdict"] == "diverged":

@@ -34,6 +34,7 @@ from tracer._errors import TracerError
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff import diff
 from tracer.analysis._diff_result import _jsonable
+from tracer.analysis._explain_hidden import Hidden, Search, lower_dtypes
 from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
@@ -111,9 +112,13 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     try:
         found = _explain(a, b, res, limit, factor, module_map)
     except TracerError as e:
-        if not setup or fd is None or fd["phase"] != "optimizer":
+        at_line = fd is not None and bool(fd.get("source")) and any(
+            fd["source"] in (d.get("source"), d.get("a_source"))
+            for d in (setup or {}).get("differences", []))
+        if not setup or fd is None or not (fd["phase"] == "optimizer" or at_line):
             raise
-        # the optimizer step's records need no op records to be judged by the setup
+        # the optimizer step's records, or the ops of a setup call (a clipping call with other
+        # arguments), need no re-run to be judged by the setup
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
     if _apart(res.counts(), module_map is not None):
         return found  # records that do not pair say nothing a setup could explain
@@ -185,10 +190,21 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
             return _verdict([], found, start, fd, notes)
         chain = [sides.entry(r, rows.source("b", str(r["b_name"] or r["name"])))
                  for r in _chain(res.records, start, limit)]
+        out = _verdict(chain, found, start, fd, notes)
+        lows = lower_dtypes(res.records, fd)
+        if out.status == "precision" or (out.status == "unexplained" and found is None):
+            # the diff's tolerance for B's precision may hide where a bug begins, or where the
+            # difference the chain's first op receives was made
+            hidden = Search(rows, res.records, sides, lead, fd, factor).find(
+                {e["name"] for e in chain}, limit)
+            if hidden is not None:
+                out = _under_rounding(hidden, lows, out)
+        elif out.status == "bug" and lows:
+            out.verdict += f" (B also computes in {', '.join(lows)}: rounding is present too)"
     finally:
         da.close()
         db.close()
-    return _verdict(chain, found, start, fd, notes)
+    return out
 
 
 def _apart(counts: dict[str, int], mapped: bool) -> str | None:
@@ -337,3 +353,18 @@ def _verdict(chain: list[dict[str, Any]], found: Finding | None, start: dict[str
                 + ", ".join(f"{e['op']} ({e['why']})" for e in skipped[:3])) if skipped else ""
     return Explanation("precision", f"{begin}, {lose}{unjudged}{cast}", None, chain, fd,
                        notes)
+
+
+def _under_rounding(hidden: Hidden, lows: list[str], before: Explanation) -> Explanation:
+    """The bug a precision (or unexplained) verdict would have hidden, saying the rounding is
+    there too where B computes in a lower precision than A."""
+    fd = before.first_divergence or {}
+    told = ("judged it within its tolerance" if hidden.verdict == "same" else
+            "names a divergence before it")
+    where = (f"the diff, whose first divergence is {fd.get('name', '?')}, {told}: "
+             f"{hidden.record} differs by {hidden.error:.3g}")
+    also = f"B also computes in {', '.join(lows)}: rounding is present too, and " if lows else ""
+    notes = [*before.notes, "without this bug the chain would read: "
+             + before.verdict.split(",", 1)[0]]
+    return Explanation("bug", f"bug: {hidden.why} ({also}{where})", hidden.blamed, before.chain,
+                       before.first_divergence, notes)

@@ -212,8 +212,11 @@ class Lead:
             return Finding("rounding", f"B makes {where} with other ops than A ({what}), "
                            f"within their rounding: off by {err:.3g}, their rounding "
                            f"{entitled:.3g}")
-        why = (f"{what}; {where} differs by {err:.3g} (relative), more than the rounding of "
-               f"the ops that differ ({entitled:.3g}){self._skipped(gone, x_b)}")
+        how = (f"differs by {err:.3g} (relative), more than the rounding of the ops that "
+               f"differ ({entitled:.3g})" if err == err else
+               f"holds another shape ({list(getattr(x_a, 'shape', []))} in A, "
+               f"{list(getattr(x_b, 'shape', []))} in B)")
+        why = f"{what}; {where} {how}{self._skipped(gone, x_b)}"
         blamed["why"] = why
         return Finding("bug", why, blamed)
 

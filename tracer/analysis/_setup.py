@@ -53,13 +53,14 @@ def names_in_words(names: list[str], total: int | None = None, limit: int = 2) -
     `total` of them."""
     if total is not None and len(names) == total and total > 1:
         return "every parameter"
-    patterns: dict[str, int] = {}
+    patterns: dict[str, list[str]] = {}
     for n in names:
-        p = _DIGITS.sub("*", n)
-        patterns[p] = patterns.get(p, 0) + 1
+        patterns.setdefault(_DIGITS.sub("*", n), []).append(n)
     shown = list(patterns)[:limit]
-    rest = len(names) - sum(patterns[p] for p in shown)
-    text = " and ".join(f"{p} ({patterns[p]})" if patterns[p] > 1 else p for p in shown)
+    rest = len(names) - sum(len(patterns[p]) for p in shown)
+    # a pattern only where several names share it: one layer's parameter keeps its number
+    text = " and ".join(f"{p} ({len(patterns[p])})" if len(patterns[p]) > 1 else patterns[p][0]
+                        for p in shown)
     return text + (f" and {rest} more" if rest else "")
 
 
@@ -158,6 +159,12 @@ def _clip_words(c: dict[str, Any]) -> str:
     return f"{c.get('fn')}, {args}, at {c.get('source') or 'an unknown line'}"
 
 
+def _lines(ca: dict[str, Any], cb: dict[str, Any]) -> str:
+    """Where two paired clipping calls run: one line, or each side's."""
+    la, lb = ca.get("source") or "?", cb.get("source") or "?"
+    return f"at {lb}" if la == lb else f"at {la} in A, {lb} in B"
+
+
 def _clips(a: list, b: list, named: bool) -> list[dict[str, Any]]:
     out = []
     for i in range(max(len(a), len(b))):
@@ -174,21 +181,23 @@ def _clips(a: list, b: list, named: bool) -> list[dict[str, Any]]:
         if ca.get("fn") != cb.get("fn"):
             out.append(_diff("clipping", f"clip.{i}", ca.get("fn"), cb.get("fn"),
                              f"A clips gradients with {_clip_words(ca)}, B with "
-                             f"{_clip_words(cb)}", source=cb.get("source", "")))
+                             f"{_clip_words(cb)}", source=cb.get("source", ""),
+                             a_source=ca.get("source", "")))
             continue
         aa, ab = ca.get("args") or {}, cb.get("args") or {}
+        at = _lines(ca, cb)
         for key in dict.fromkeys([*aa, *ab]):
             if aa.get(key) != ab.get(key):
                 out.append(_diff("clipping", f"clip.{i}.{key}", aa.get(key), ab.get(key),
                                  f"{ca.get('fn')} {key} {_fmt(aa.get(key))} in A, "
-                                 f"{_fmt(ab.get(key))} in B (at {cb.get('source') or '?'})",
-                                 source=cb.get("source", "")))
+                                 f"{_fmt(ab.get(key))} in B ({at})",
+                                 source=cb.get("source", ""), a_source=ca.get("source", "")))
         na, nb = ca.get("params") or [], cb.get("params") or []
         if named and set(na) != set(nb):
             out.append(_diff("clipping", f"clip.{i}.params", len(na), len(nb),
                              f"{ca.get('fn')} clips {len(na)} parameter gradient(s) in A, "
-                             f"{len(nb)} in B (at {cb.get('source') or '?'})",
-                             source=cb.get("source", "")))
+                             f"{len(nb)} in B ({at})", source=cb.get("source", ""),
+                             a_source=ca.get("source", "")))
     return out
 
 
@@ -257,7 +266,8 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
             for side, names in (("B", [n for n in fb if n not in fa]),
                                 ("A", [n for n in fa if n not in fb])):
                 if names:
-                    out.append(_diff("frozen", "requires_grad", side == "A", side == "B",
+                    # requires_grad on each side: the side that freezes has it False
+                    out.append(_diff("frozen", "requires_grad", side == "B", side == "A",
                                      f"{side} freezes {names_in_words(names)} "
                                      f"(requires_grad False)", params=names))
     out += _keyed("config", "config", ma.get("config") or {}, mb.get("config") or {})
@@ -332,8 +342,14 @@ def setup_of(changes: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((c for c in changes if c.get("kind") == "setup"), None)
 
 
-def _relevant(found: list[dict[str, Any]], fd: dict[str, Any]) -> list[dict[str, Any]]:
-    """The differences that can make first divergence `fd`, likeliest first."""
+_STRUCTURAL = ("added", "removed", "replaced", "swapped", "argument", "passed")
+"""Faults explain names where the two runs ran other ops, or passed other values."""
+
+
+def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool = False
+              ) -> list[dict[str, Any]]:
+    """The differences that can make first divergence `fd`, likeliest first; `structural`:
+    the records say the runs ran other ops there."""
     if fd["phase"] == "optimizer":
         kinds = _MAKES["grad" if fd.get("direction") == "grad" else "update"]
         if fd.get("direction") == "param":
@@ -343,6 +359,14 @@ def _relevant(found: list[dict[str, Any]], fd: dict[str, Any]) -> list[dict[str,
         if int(fd.get("step") or 0) > 0 or int(fd.get("b_step") or 0) > 0:
             # the weights of a later step are what the optimizer made of the earlier ones
             kinds = (*kinds, *_OPTIMIZER_KINDS)
+    if fd.get("kind") == "parameter" and not (int(fd.get("step") or 0) > 0
+                                              or int(fd.get("b_step") or 0) > 0):
+        # weights that differ as step 0 ends were made before any optimizer step
+        kinds = tuple(k for k in kinds if k not in _OPTIMIZER_KINDS)
+    if structural:
+        # ops one run runs and the other does not: a config or a module's constant picks the
+        # code path (an activation, a dropout); a flag, a seed or a hyperparameter does not
+        kinds = tuple(k for k in kinds if k in ("config", "module"))
     rank = {k: i for i, k in enumerate(kinds)}
     return sorted((d for d in found if d["kind"] in rank), key=lambda d: rank[d["kind"]])
 
@@ -380,15 +404,22 @@ def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
                               f"agrees: {_words(every)}")
         return dataclasses.replace(found, setup=every)
     blamed = found.blamed or {}
-    at_line = [d for d in every if d.get("source") and found.status == "bug"
-               and d["source"] in (blamed.get("source"), blamed.get("caller"))]
+    sites = {blamed.get("source"), blamed.get("caller"), fd.get("source")} - {None, ""}
+    at_line = [d for d in every if {d.get("source"), d.get("a_source")} & sites
+               and found.status in ("bug", "unexplained")]
     if at_line:
         # the op blamed is the setup's own call (a clipping call with other arguments)
-        verdict = (f"setup: the runs were set up differently: {_words(at_line)}, where the "
-                   f"records say: {found.verdict}")
+        verdict = (f"setup: the runs were set up differently: {_words(at_line)}. The first "
+                   f"divergence, {fd['name']} (step {fd['step']}), is made at that line"
+                   + (f": {found.verdict}" if found.blamed else ""))
         return dataclasses.replace(found, status="setup", verdict=verdict,
                                    setup=[*at_line, *[d for d in every if d not in at_line]])
-    ranked = _relevant(every, fd)
+    if fd.get("step") != fd.get("b_step"):
+        # two steps of a run: what changed between them (a learning rate the scheduler
+        # moved) is expected, and the records' verdict stands
+        found.notes.insert(0, f"the two steps were set up differently: {_words(every)}")
+        return dataclasses.replace(found, setup=every)
+    ranked = _relevant(every, fd, blamed.get("fault") in _STRUCTURAL)
     held = _held_by(ranked, (found.blamed or {}).get("module")) if found.status == "bug" else []
     if held:
         # the op blamed runs in a module whose constants differ (an epsilon, a dropout

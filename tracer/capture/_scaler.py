@@ -18,43 +18,40 @@ import functools
 import threading
 from typing import Any, Callable
 
-_lock = threading.Lock()
-_listeners: dict[int, Callable[[Any], None]] = {}
+from tracer.capture._listeners import Listeners
+
 _originals: dict[type, Callable[..., Any]] = {}
-_next_key = 0
 _inside = threading.local()  # a subclass's update calling its parent's: one notification
 
 
-class _Handle:
-    """Removes one listener; the last removal restores every wrapped ``update``."""
-
-    def __init__(self, key: int) -> None:
-        self._key = key
-
-    def remove(self) -> None:
-        with _lock:
-            _listeners.pop(self._key, None)
-            if not _listeners:
-                for cls, original in _originals.items():
-                    cls.update = original  # type: ignore[attr-defined]
-                _originals.clear()
+def _unwrap() -> None:
+    for cls, original in _originals.items():
+        cls.update = original  # type: ignore[attr-defined]
+    _originals.clear()
 
 
-def on_scaler_update(callback: Callable[[Any], None]) -> _Handle:
+def _wrap_classes() -> None:
+    for cls in _scaler_classes():
+        if cls in _originals:
+            continue
+        original = cls.__dict__["update"]
+        _originals[cls] = original
+        cls.update = _wrapped(original)  # type: ignore[attr-defined]
+
+
+_listeners = Listeners(_wrap_classes, _unwrap)
+
+
+def on_scaler_update(callback: Callable[[Any], None]) -> Any:
     """Call ``callback(scaler)`` at the start of every ``GradScaler.update()``; returns a handle
     whose ``remove()`` stops it. Scaler classes defined later are wrapped by `rewrap()`."""
-    global _next_key
-    with _lock:
-        _next_key += 1
-        _listeners[_next_key] = callback
-        _wrap_classes()
-        return _Handle(_next_key)
+    return _listeners.add(callback)
 
 
 def rewrap() -> None:
     """Wrap scaler classes defined since the listeners came (a module imported later)."""
     if _listeners:
-        with _lock:
+        with _listeners.lock:
             _wrap_classes()
 
 
@@ -72,15 +69,6 @@ def _scaler_classes() -> list[type]:
     return found
 
 
-def _wrap_classes() -> None:
-    for cls in _scaler_classes():
-        if cls in _originals:
-            continue
-        original = cls.__dict__["update"]
-        _originals[cls] = original
-        cls.update = _wrapped(original)  # type: ignore[attr-defined]
-
-
 def _wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def update(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -88,7 +76,7 @@ def _wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         _inside.active = True
         try:
-            for callback in tuple(_listeners.values()):
+            for callback in _listeners.callbacks():
                 callback(self)
             return original(self, *args, **kwargs)
         finally:

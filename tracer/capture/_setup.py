@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 
+from tracer.capture._listeners import Listeners
 from tracer.capture._source import user_source
 
 SETUP_VERSION = 1
@@ -319,36 +320,23 @@ class SetupRecorder:
 # torch.nn.utils are wrapped, where both the module's own calls (clip_grad_norm_ calls
 # _get_total_norm and _clip_grads_with_norm_ through the module's globals) and a user's
 # `torch.nn.utils.clip_grad_norm_(...)` find them
-_lock = threading.Lock()
-_listeners: dict[int, Callable[..., None]] = {}
 _originals: dict[tuple[Any, str], Any] = {}
-_next_key = 0
 _state = threading.local()  # norm_type of the running clip_grad_norm_; one report per call
 
 
-class _Handle:
-    def __init__(self, key: int) -> None:
-        self._key = key
-
-    def remove(self) -> None:
-        with _lock:
-            _listeners.pop(self._key, None)
-            if not _listeners:
-                for (owner, attr), original in _originals.items():
-                    setattr(owner, attr, original)
-                _originals.clear()
+def _unwrap() -> None:
+    for (owner, attr), original in _originals.items():
+        setattr(owner, attr, original)
+    _originals.clear()
 
 
-def on_clip(callback: Callable[[str, dict, list, str], None]) -> _Handle:
+_listeners = Listeners(lambda: _originals or _wrap(), _unwrap)
+
+
+def on_clip(callback: Callable[[str, dict, list, str], None]) -> Any:
     """Call ``callback(fn, args, params, source)`` at every gradient-clipping call of
     torch.nn.utils; returns a handle whose ``remove()`` stops it."""
-    global _next_key
-    with _lock:
-        _next_key += 1
-        _listeners[_next_key] = callback
-        if not _originals:
-            _wrap()
-        return _Handle(_next_key)
+    return _listeners.add(callback)
 
 
 def _notify(fn: str, args: dict[str, Any], params: Any) -> None:
@@ -356,7 +344,7 @@ def _notify(fn: str, args: dict[str, Any], params: Any) -> None:
         return
     params = [params] if isinstance(params, torch.Tensor) else list(params)
     source = user_source(2)
-    for callback in tuple(_listeners.values()):
+    for callback in _listeners.callbacks():
         callback(fn, args, params, source)
 
 

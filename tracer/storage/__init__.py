@@ -57,6 +57,17 @@ _EXPORTS: dict[str, str] = {
     "sketch_positions": "tracer.storage._sketch",
     "sketch_row": "tracer.storage._sketch",
     "SKETCH_SIZE": "tracer.storage._sketch",
+    # the one door to a run's files: strict names, paths kept inside the run, regular files,
+    # names printed escaped
+    "STEP_FILE": "tracer.storage._door",
+    "atomic_file": "tracer.storage._door",
+    "RANK_DIR": "tracer.storage._door",
+    "inside_run": "tracer.storage._door",
+    "kind_problem": "tracer.storage._door",
+    "number_of": "tracer.storage._door",
+    "numbered": "tracer.storage._door",
+    "open_regular": "tracer.storage._door",
+    "printable": "tracer.storage._door",
     # JSON files a run wrote, read within size and depth limits
     "JsonLimitError": "tracer.storage._bounded_json",
     "load_bounded": "tracer.storage._bounded_json",

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tracer._errors import DumpFormatError
+from tracer._errors import DumpFormatError, UntrustedFileError
+from tracer.storage._door import open_regular
 
 MAX_BYTES = 16 * 1024 * 1024
 """The largest JSON file (or inline text) the tools parse; a run's own files are kilobytes."""
@@ -72,18 +73,16 @@ def read_text_bounded(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) ->
     the same bound, so a file that grows meanwhile is still cut off); JsonLimitError otherwise."""
     path = Path(path)
     try:
-        st = os.stat(path)
+        f = open_regular(path)
+    except UntrustedFileError as e:
+        raise JsonLimitError(f"{e}; give the path of a JSON file") from e
     except OSError as e:
         raise JsonLimitError(f"{path}: cannot read ({e.strerror or e})") from e
-    import stat as _stat
-
-    if not _stat.S_ISREG(st.st_mode):
-        raise JsonLimitError(f"{path}: not a regular file (a device, FIFO or folder); "
-                             "give the path of a JSON file")
-    if st.st_size > max_bytes:
-        raise JsonLimitError(f"{path}: {st.st_size:,} bytes, more than the {max_bytes:,} sleuth "
-                             "reads for this file; this is not a file sleuth wrote")
-    with open(path, "rb") as f:
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise JsonLimitError(f"{path}: {size:,} bytes, more than the {max_bytes:,} sleuth "
+                                 "reads for this file; this is not a file sleuth wrote")
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise JsonLimitError(f"{path}: grew past {max_bytes:,} bytes while being read")

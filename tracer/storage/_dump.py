@@ -90,9 +90,14 @@ class Dump:
                              tensor_bytes=int(f["tensors"].shape[0]) if "tensors" in f else 0,
                              file_bytes=path.stat().st_size,
                              complete=bool(f.attrs.get("complete", 1)),
-                             status=step_status(f.attrs)[0], path=str(path)))
-        return pd.DataFrame(rows, columns=["rank", "step", "records", "tensor_bytes",
-                                           "file_bytes", "complete", "status", "path"])
+                             status=step_status(f.attrs)[0]))
+        frame = pd.DataFrame(rows, columns=["rank", "step", "records", "tensor_bytes",
+                                            "file_bytes", "complete", "status"])
+        # object, not pandas' inferred (Arrow) strings: a path from a folder named with bytes
+        # that are not UTF-8 holds surrogate escapes, which Arrow refuses
+        frame["path"] = pd.Series([str(p) for p in self._files.values()], dtype=object,
+                                  index=frame.index)
+        return frame
 
     def status(self, rank: int = 0, step: int | None = None) -> tuple[str, str]:
         """(status, reason) of a step: ("complete", "") for a step that ended at its optimizer

@@ -30,6 +30,7 @@ import h5py
 from h5py import h5d, h5g, h5l, h5o
 
 from tracer._errors import DumpFormatError, UntrustedFileError
+from tracer.storage._door import kind_problem
 
 MAX_LINKS = 4096
 """The most links a file may hold; a step file holds a handful."""
@@ -59,7 +60,8 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
 def path_problem(path: str | os.PathLike) -> str | None:
     """Why the file at `path` cannot be opened as a file, in words, with the fix; None when
     it can: a soft link that loops (to itself, or through others back to itself), a soft link
-    to nothing, a folder or a device. Reads no byte of the file."""
+    to nothing, or anything but a regular file (`tracer.storage._door.kind_problem`: a FIFO, a
+    device, a folder). Reads no byte of the file."""
     path = Path(path)
     try:
         mode = path.stat().st_mode
@@ -71,9 +73,7 @@ def path_problem(path: str | os.PathLike) -> str | None:
             return (f"a soft link to nothing ({_chain(path)}, which does not exist); remove "
                     f"it, or point it at a step file")
         return None  # HDF5 reports anything else (a missing file, no permission) by name
-    if not stat.S_ISREG(mode):
-        return "not a regular file (a folder or a device); a step file is a regular file"
-    return None
+    return kind_problem(path) if not stat.S_ISREG(mode) else None
 
 
 def _chain(path: Path, most: int = 8) -> str:

@@ -62,7 +62,10 @@ def damaged_files(path: str | os.PathLike) -> list[str]:
 
     p = Path(path)
     bad = []
-    for f in ([p] if p.is_file() else sorted(p.rglob("step*.h5"))):
+    from tracer.storage._door import STEP_FILE
+
+    for f in ([p] if p.is_file() else
+              sorted(f for f in p.rglob("step*.h5") if STEP_FILE.fullmatch(f.name))):
         try:
             with open_h5(f) as h:
                 dict(h.attrs)

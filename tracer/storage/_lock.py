@@ -22,21 +22,20 @@ import datetime as _dt
 import fcntl
 import json
 import os
-import re
 import socket
 import uuid
 from pathlib import Path
 
-from tracer._errors import DumpWriteError, TracerError, warn
+from tracer._errors import DumpWriteError, TracerError, UntrustedFileError, warn
+from tracer.storage._door import STEP_FILE, kind_problem, numbered, open_regular
 
 LOCK_NAME = ".lock"
 DUMP_JSON = "dump.json"
 DUMP_JSON_VERSION = "1.0"
 RUN_ID_ENV = "SLEUTH_RUN_ID"
 OVERWRITE_ENV = "SLEUTH_DUMP_OVERWRITE"
-_STEP_FILE = re.compile(r"^step\d+\.h5$")
 # what a step file of another run leaves besides itself: a crash's partials, the flight recorder
-_DUMP_LEFTOVER = re.compile(r"^(step\d+\.h5(\.data)?\.partial|flight_recorder\.h5(\.partial)?)$")
+_DUMP_LEFTOVER = numbered(r"step{n}\.h5(?:\.data)?\.partial|flight_recorder\.h5(?:\.partial)?")
 
 
 class DumpLockedError(TracerError):
@@ -104,6 +103,9 @@ def file_run_id(path: Path) -> str:
     """The `run_id` root attribute of a step file; "" for a file written before run ids."""
     import h5py
 
+    problem = kind_problem(path)  # a FIFO would block h5py's open forever
+    if problem:
+        raise OSError(f"{path}: {problem}")
     with h5py.File(path, "r") as f:
         value = f.attrs.get("run_id", "")
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -222,10 +224,11 @@ def _release_at_exit() -> None:
 
 def _read_lock(path: Path) -> dict | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as f:  # a FIFO as the lock would stop the writer at its start
+            data = json.loads(f.read(1 << 20).decode("utf-8"))
     except (FileNotFoundError, NotADirectoryError):  # no lock (a file where a folder goes is
         return None                                  # the writer's error to report)
-    except (OSError, ValueError):
+    except (OSError, ValueError, UntrustedFileError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -316,7 +319,7 @@ def claim_rank(run_dir: Path, rank: int, world_size: int, *, overwrite: bool = F
 
 def _claim(dump_dir: Path, rank_dir: Path, run_id: str, world_size: int,
            overwrite: bool) -> None:
-    steps = [p for p in rank_dir.iterdir() if _STEP_FILE.match(p.name)]
+    steps = [p for p in rank_dir.iterdir() if STEP_FILE.fullmatch(p.name)]
     named = read_run_file(dump_dir)
     other = None
     if named is not None and named != run_id:
@@ -367,7 +370,7 @@ def _remove_other_run(rank_dir: Path, steps: list[Path], run_id: str) -> None:
         _unlink(p)
         removed += 1
     for p in rank_dir.iterdir():
-        if _DUMP_LEFTOVER.match(p.name):
+        if _DUMP_LEFTOVER.fullmatch(p.name):
             _unlink(p)
     if removed:
         warn(f"overwrite: removed {removed} step file(s) of another run from {rank_dir}",

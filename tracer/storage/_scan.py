@@ -15,14 +15,13 @@ from typing import NamedTuple
 import h5py
 
 from tracer._errors import DumpFormatError
+from tracer.storage._door import RANK_DIR, STEP_FILE, STEP_PARTIAL
 from tracer.storage._h5open import path_problem
 from tracer.storage._lock import DUMP_JSON, one_run
 from tracer.storage._step_reader import NewerFormat, check_version
 
-_STEP_RE = re.compile(r"^step(\d+)\.h5$")
-_PARTIAL_RE = re.compile(r"^step(\d+)\.h5(?:\.data)?\.partial$")
+_STEP_RE, _PARTIAL_RE, _RANK_RE = STEP_FILE, STEP_PARTIAL, RANK_DIR  # strict names (_door)
 _TRUNCATED_RE = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
-_RANK_RE = re.compile(r"^rank(\d+)$")
 SKIPPED_STATES = ("partial", "partial_only", "truncated", "unreadable", "other_run")
 """FileState.state values of files left out of the readable steps (`Dump.skipped`)."""
 
@@ -103,10 +102,10 @@ def scan_dump(path: str | Path) -> DumpScan:
         if (p / "dump").is_dir():
             p = p / "dump"
         rank_dirs = [(int(m.group(1)), d) for d in p.iterdir()
-                     if d.is_dir() and (m := _RANK_RE.match(d.name))]
-        if not rank_dirs and any(_STEP_RE.match(c.name) or _PARTIAL_RE.match(c.name)
+                     if d.is_dir() and (m := _RANK_RE.fullmatch(d.name))]
+        if not rank_dirs and any(_STEP_RE.fullmatch(c.name) or _PARTIAL_RE.fullmatch(c.name)
                                  for c in p.iterdir()):
-            m = _RANK_RE.match(p.name)
+            m = _RANK_RE.fullmatch(p.name)
             rank_dirs = [(int(m.group(1)) if m else -1, p)]
         if not rank_dirs:
             raise DumpFormatError(f"no dump at {path}: expected RUN/dump/rank{{R}}/step{{S}}.h5 "
@@ -142,8 +141,8 @@ def _scan_rank(rank: int, d: Path, files: dict[tuple[int, int], Path],
     partials: list[tuple[Path, int | None]] = []
     found = False
     for child in sorted(d.iterdir()):
-        m = _STEP_RE.match(child.name)
-        pm = _PARTIAL_RE.match(child.name)
+        m = _STEP_RE.fullmatch(child.name)
+        pm = _PARTIAL_RE.fullmatch(child.name)
         if pm:
             partials.append((child, int(pm.group(1))))
             found = True
@@ -216,6 +215,9 @@ def _state_of(f: h5py.File, path: Path, rank: int, step: int) -> FileState:
 
 def _probe(path: Path, rank: int, step: int) -> FileState:
     """Check that `path` opens and has a version this release reads; its FileState."""
+    problem = path_problem(path)  # before h5py opens it: a FIFO would block the open forever
+    if problem:
+        raise _Unreadable(f"unreadable: {problem}")
     try:
         with h5py.File(path, "r") as f:
             check_version(f, path)
@@ -233,13 +235,16 @@ def _probe(path: Path, rank: int, step: int) -> FileState:
 def dump_folder(p: Path) -> Path | None:
     """The dump folder (holding rank{R}/ and dump.json) of a dump or rank folder; None for a
     folder of step files that is neither."""
-    if (p / DUMP_JSON).is_file() or any(_RANK_RE.match(c.name) for c in p.iterdir()):
+    if (p / DUMP_JSON).is_file() or any(_RANK_RE.fullmatch(c.name) for c in p.iterdir()):
         return p
-    return p.parent if _RANK_RE.match(p.name) else None
+    return p.parent if _RANK_RE.fullmatch(p.name) else None
 
 
 def _identify(path: Path) -> tuple[int, int, FileState]:
     """(rank, step, FileState) of one step file, from its attributes."""
+    problem = path_problem(path)
+    if problem:
+        raise _Unreadable(f"unreadable: {problem}")
     try:
         with h5py.File(path, "r") as f:
             check_version(f, path)

@@ -1,0 +1,99 @@
+"""The setup comparison's rules on setups and verdicts written by hand (tracer.analysis._setup):
+what a difference says, and when it may stand for explain's verdict and when it may not."""
+from __future__ import annotations
+
+from tracer.analysis._explain import Explanation
+from tracer.analysis._setup import differences, names_in_words, with_setup
+
+
+def _setup(**parts):
+    base = {"version": 1, "optimizers": [], "clips": [],
+            "model": {"config": {}, "modules": {}, "frozen": []}, "flags": {}, "env": {},
+            "versions": {"torch": "2.13.0"}}
+    return {**base, **parts}
+
+
+def _opt(**hyper):
+    return [{"class": "AdamW", "groups": [{"hyper": {"lr": 0.01, "eps": 1e-8, **hyper},
+                                           "params": ["a.weight", "b.0.weight", "b.1.weight"]}]}]
+
+
+def _change(a, b, step=0, b_step=0):
+    return {"kind": "setup", "rank": 0, "step": step, "b_rank": 0, "b_step": b_step,
+            "differences": differences(a, b)}
+
+
+def _fd(name, phase, direction, kind="compute", step=0, b_step=0, source=""):
+    return {"name": name, "phase": phase, "direction": direction, "kind": kind, "step": step,
+            "b_step": b_step, "source": source, "op": ""}
+
+
+def test_one_parameter_keeps_its_name_and_requires_grad_reads_per_side():
+    a = _setup()
+    b = _setup(model={"config": {}, "modules": {}, "frozen": ["b.1.weight"]})
+    (d,) = differences(a, b)
+    assert d["text"] == "B freezes b.1.weight (requires_grad False)"
+    assert (d["a"], d["b"]) == (True, False)  # requires_grad in A, in B
+    assert names_in_words(["b.0.weight", "b.1.weight", "c"]) == "b.*.weight (2) and c"
+
+
+def test_weights_that_differ_as_step_0_ends_are_never_the_optimizer_setting():
+    """An optimizer setting cannot change the weights before the first optimizer step (a hook
+    that wrote into them during step 0 can): the records' verdict stands."""
+    change = _change(_setup(optimizers=_opt()), _setup(optimizers=_opt(eps=1e-3)))
+    fd = _fd("a.weight.optimizer.0.param.0", "optimizer", "param", kind="parameter")
+    found = with_setup(Explanation("inputs", "inputs differ from the start", first_divergence=fd),
+                       change)
+    assert found.status == "inputs" and "eps" in found.notes[0]
+    later = dict(fd, step=1, b_step=1)
+    found = with_setup(Explanation("inputs", "inputs differ", first_divergence=later),
+                       _change(_setup(optimizers=_opt()), _setup(optimizers=_opt(eps=1e-3)), 1, 1))
+    assert found.status == "setup" and "AdamW eps 1e-08 in A, 0.001 in B" in found.verdict
+
+
+def test_a_flag_never_stands_for_ops_one_run_does_not_run():
+    change = _change(_setup(flags={"deterministic_algorithms": False}),
+                     _setup(flags={"deterministic_algorithms": True}))
+    fd = _fd("<none>::aten.nll_loss_forward.forward.0.input.0", "forward", "input")
+    found = Explanation("unexplained", "ops replaced: ...", {"fault": "replaced", "module": ""},
+                        first_divergence=fd)
+    out = with_setup(found, change)
+    assert out.status == "unexplained" and "deterministic_algorithms" in out.notes[0]
+    # a config constant does pick the code path
+    change = _change(_setup(model={"config": {"hidden_act": "silu"}, "modules": {},
+                                   "frozen": []}),
+                     _setup(model={"config": {"hidden_act": "gelu"}, "modules": {},
+                                   "frozen": []}))
+    out = with_setup(Explanation("unexplained", "ops replaced: ...",
+                                 {"fault": "replaced", "module": ""}, first_divergence=fd), change)
+    assert out.status == "setup" and "config hidden_act 'silu' in A, 'gelu' in B" in out.verdict
+
+
+def test_two_steps_of_one_run_keep_the_records_verdict():
+    change = _change(_setup(optimizers=_opt()), _setup(optimizers=_opt(lr=0.005)), 0, 1)
+    fd = _fd("a.weight.optimizer.0.param.0", "optimizer", "param", kind="parameter", b_step=1)
+    out = with_setup(Explanation("inputs", "inputs differ", first_divergence=fd), change)
+    assert out.status == "inputs" and "the two steps were set up differently" in out.notes[0]
+
+
+def test_the_ops_of_a_clipping_call_are_that_call():
+    """A clipping call with another max_norm: its ops are the first divergence, at its line
+    (A's line here: the two scripts put the call on other lines)."""
+    clip = {"fn": "clip_grad_norm_", "params": ["a.weight"]}
+    a = _setup(clips=[{**clip, "args": {"max_norm": 1.0}, "source": "train.py:148"}])
+    b = _setup(clips=[{**clip, "args": {"max_norm": 0.01}, "source": "train.py:150"}])
+    fd = _fd("<none>::aten.mul.forward.0.output.0", "forward", "output", source="train.py:148")
+    out = with_setup(Explanation("unexplained", "no /calls", first_divergence=fd),
+                     _change(a, b))
+    assert out.status == "setup", out.verdict
+    assert out.verdict.startswith("setup: the runs were set up differently: clip_grad_norm_ "
+                                  "max_norm 1 in A, 0.01 in B (at train.py:148 in A, "
+                                  "train.py:150 in B)")
+
+
+def test_versions_alone_never_change_a_verdict():
+    change = _change(_setup(), _setup(versions={"torch": "2.12.0"}))
+    fd = _fd("x.forward.0.output.0", "forward", "output")
+    out = with_setup(Explanation("unexplained", "?", first_divergence=fd), change)
+    assert out.status == "unexplained" and not out.setup
+    assert change["differences"][0]["text"] == "version of torch '2.13.0' in A, '2.12.0' in B"
