@@ -103,6 +103,11 @@ FAULTS: dict[str, Expect] = {
     "ids_edited": Expect("bug", False, op_line=True),
     "grad_edit": Expect("bug", False, op_line=True),
     "data_order": Expect("inputs", False),
+    # a forward pre-hook that scales a projection's weight in place
+    "inplace_hook": Expect("bug", False, op_line=True),
+    # B's forward under bfloat16 autocast: rounding alone, then with a bug inside it
+    "bf16": Expect("precision", False),
+    "bf16_bug": Expect("bug", False, op_line=True),
 }
 NEEDS_BUFFER = {"buffer"}
 
@@ -136,6 +141,15 @@ def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
+def _scale_weight(module: nn.Module, args: Any) -> None:
+    with torch.no_grad():
+        module.weight.mul_(1.05)  # FAULT: inplace_hook
+
+
+def _scale_output(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+    return out * 1.5  # FAULT: bf16_bug
+
+
 def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     """Two dumped training steps of `case.family` (B: `faulty`, with `case.fault`); returns
     what the generator picked (`site`, `key`, `value`)."""
@@ -167,6 +181,15 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
         if fault:
             with torch.no_grad():
                 model.get_buffer(picked["site"]).mul_(1.05)  # FAULT: buffer
+    if case.fault in ("inplace_hook", "bf16_bug"):
+        linear = [n for n, m in model.named_modules()
+                  if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
+        picked["site"] = _pick([n for n in linear if any(c.isdigit() for c in n.split("."))]
+                               or linear, case)
+        if fault == "inplace_hook":
+            model.get_submodule(picked["site"]).register_forward_pre_hook(_scale_weight)
+        elif fault == "bf16_bug":
+            model.get_submodule(picked["site"]).register_forward_hook(_scale_output)
     params = dict(model.named_parameters())
     groups = [{"params": [params[n] for n in names if n not in no_decay], "weight_decay": 0.1},
               {"params": [params[n] for n in no_decay],
@@ -197,7 +220,9 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
             for micro in batches[2 * step:2 * step + 2]:
                 if fault == "ids_edited":
                     micro[micro < 8] = 0  # FAULT: ids_edited
-                logits = _logits(model, micro)
+                with torch.autocast("cpu", dtype=torch.bfloat16,
+                                    enabled=fault in ("bf16", "bf16_bug")):
+                    logits = _logits(model, micro).float()
                 if fault == "labels":
                     loss = F.cross_entropy(logits.reshape(-1, VOCAB), micro.reshape(-1))  # FAULT: labels
                 else:

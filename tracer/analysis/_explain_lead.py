@@ -168,7 +168,12 @@ class Lead:
             return Finding("bug", why, self._blamed(fd, "argument", why))
         why = (f"B's input {index} is none of A's inputs of this call: {origins}; the value "
                "passed at this call is not the one A passes")
-        return Finding("bug", why, self._blamed(fd, "passed", why))
+        blamed = self._blamed(fd, "passed", why)
+        # which op made each run's value: the same op at the same module and line on both
+        # sides is one call seen twice, which only exact values tell apart
+        blamed["makers"] = {side: [rec["op"], rec["module"], rec["source"]]
+                            for side, rec in (("a", pa), ("b", pb)) if rec is not None}
+        return Finding("bug", why, blamed)
 
     # -- ops only one run runs ------------------------------------------------------------------
     def _changed(self, fd: dict[str, Any], gone: list[dict], new: list[dict]) -> Finding:

@@ -115,6 +115,13 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
         texts = " ".join(d["text"] for d in e.setup)
         assert key in texts or "eps" in texts, where
         assert e.blamed is not None and "arguments" in v, where
+    elif f == "bf16":
+        assert "bfloat16" in v, where
+    elif f == "bf16_bug":
+        assert "rounding is present too" in v, where
+    elif f == "inplace_hook":
+        assert e.blamed is not None and e.blamed.get("fault") == "written", where
+        assert picked["site"] in v, where
     if expect.op_line:
         line = f"step_zoo.py:{fault_line(case.fault)}"
         blamed = e.blamed or {}
