@@ -28,9 +28,10 @@ from typing import Any
 from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA, Action,
                               CollectorConfig)
 from profiler._errors import ProfilerError
+from sleuth_common import inherited_run_id
 from tracer import SleuthWarning, strict  # one line, `sleuth: ...`; the switch that raises
 from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
-                          run_id_from_env, world_size_from_env, write_json_atomic)
+                          world_size_from_env, write_json_atomic)
 from profiler._kineto import safe_export_path, window_edge
 
 
@@ -41,8 +42,11 @@ class Collector:
         run_dir: the run directory; files go to `run_dir/profile/rank{R}/`.
         config: a CollectorConfig (default: wait 1, warmup 1, active 3, one window).
         rank: this process's rank (default: $RANK or 0).
-        run_id: the run its files belong to (default $SLEUTH_RUN_ID, which the trainer and
-            `sleuth run` set); readers refuse to combine windows of different runs.
+        run_id: the run its files belong to (default: the one this process inherits, by the
+            rule the dump follows too, `sleuth_common.inherited_run_id`: $SLEUTH_RUN_ID, which
+            the trainer and `sleuth run` set, torchrun's rendezvous, the parent of several
+            ranks; none for one process started alone); readers refuse to combine windows of
+            different runs.
 
     `step()` must be called once at the end of every training step (after the optimizer).
     Window K produces `window{K}.trace.json.gz` and `window{K}.json` when its last step ends.
@@ -55,7 +59,7 @@ class Collector:
             raise ProfilerError(f"config must be a CollectorConfig, got {type(self.config).__name__}")
         self.run_dir = Path(run_dir)
         self.rank = rank_from_env(rank)
-        self.run_id = run_id_from_env() if run_id is None else str(run_id)
+        self.run_id = inherited_run_id() if run_id is None else str(run_id)
         self.dir = profile_dir(self.run_dir, self.rank)
         self.traces: list[Path] = []
         self._prof: Any = None

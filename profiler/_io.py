@@ -20,17 +20,6 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def run_id_from_env() -> str:
-    """The run id this process's files carry: $SLEUTH_RUN_ID (set by the trainer and by
-    `sleuth run`), else torchrun's $TORCHELASTIC_RUN_ID as the tracer names it, else "" (a
-    run without an id: its files are not checked against other runs')."""
-    run_id = os.environ.get("SLEUTH_RUN_ID", "").strip()
-    if run_id:
-        return run_id
-    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
-    return f"torchelastic-{elastic}" if elastic and elastic.lower() != "none" else ""
-
-
 def profile_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / "profile" / f"rank{rank}"
 

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from profiler._errors import ConfigError, ProfilerError
-from profiler._io import rank_from_env, run_id_from_env
+from profiler._io import rank_from_env
 from profiler._own import own_work
+from sleuth_common import inherited_run_id
 from tracer import SleuthWarning, strict
 
 FORMAT_VERSION = "1.0"
@@ -65,8 +66,8 @@ class SummaryWriter:
         max_bytes: size cap of the file; when reached, a SummaryCapReached warning is given
             once and later records are dropped.
         frequency: keep a scalar / histogram only at steps divisible by this number.
-        run_id: the run the file belongs to (default $SLEUTH_RUN_ID, which the trainer and
-            `sleuth run` set).
+        run_id: the run the file belongs to (default: the one this process inherits, as the
+            Collector's, `sleuth_common.inherited_run_id`).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None,
@@ -91,7 +92,7 @@ class SummaryWriter:
         self.flush_secs = flush_secs
         self.max_bytes = max_bytes
         self.rank = rank_from_env(rank)
-        self.run_id = run_id_from_env() if run_id is None else str(run_id)
+        self.run_id = inherited_run_id() if run_id is None else str(run_id)
         self.path = Path(run_dir) / "summary" / f"rank{self.rank}.h5"
         self.stopped = False
         self._closed = False

@@ -66,10 +66,10 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
         env["SLEUTH_DUMP_OVERWRITE"] = "1"
     # every process of the command (each torchrun worker) writes one run: one id for all; a
     # caller's own id (a run continuing) is kept
-    if not env.get("SLEUTH_RUN_ID", "").strip():
-        from trainer import new_run_id
+    from sleuth_common import RUN_ID_ENV, new_run_id
 
-        env["SLEUTH_RUN_ID"] = new_run_id()
+    if not env.get(RUN_ID_ENV, "").strip():
+        env[RUN_ID_ENV] = new_run_id()
     paths = [str(_BOOT_DIR), str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env

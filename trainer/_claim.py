@@ -21,6 +21,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sleuth_common import process_start_time
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids
@@ -217,12 +218,8 @@ def _live_lock(path: Path) -> str:
         return ""
     except PermissionError:
         return who
-    try:  # a pid reused by another process since: compare the start time the lock recorded
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        started = fields[19].decode() if len(fields) > 19 else None
-    except OSError:
-        started = None
+    # a pid reused by another process since: compare the start time the lock recorded
+    started = process_start_time(pid)
     recorded = owner.get("started")
     return "" if recorded and started and str(recorded) != started else who
 

@@ -1,7 +1,8 @@
 """The run directory as the trainer sees it: run.json, metrics files, checkpoint paths, atomic writes.
 
-`write_run_json` and `new_run_id` are public because the CLI also records runs of other people's
-scripts (`sleuth run`) with them.
+`write_run_json` is public because the CLI also records runs of other people's scripts
+(`sleuth run`) with it. A run's id is made and read back by the rule every tool shares
+(`sleuth_common`: `new_run_id`, `read_run_id`), which the trainer's face re-exports.
 """
 from __future__ import annotations
 
@@ -14,15 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from sleuth_common import new_run_id, read_run_id
+
 FORMAT_VERSION = "1.0"
-
-
-def new_run_id() -> str:
-    """A fresh run id (UTC start time, then a random part): every file of one run carries it, so
-    the tools never mix two runs' files in one run directory (docs/dump-format.md, "Run id")."""
-    import uuid
-
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:12]
 
 
 def atomic_write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
@@ -185,17 +180,6 @@ def _drop_steps_from(path: Path, step: int) -> None:
                 kept.append(line if line.endswith("\n") else line + "\n")
     if dropped:
         atomic_write_text(path, "".join(kept))
-
-
-def read_run_id(run_dir: str | Path) -> str | None:
-    """The run id `RUN/run.json` names: None without a readable run.json, "" for one written
-    before run ids."""
-    try:
-        data = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return None
-    run_id = data.get("run_id", "") if isinstance(data, dict) else None
-    return run_id if isinstance(run_id, str) else None
 
 
 def _header_id(path: Path) -> str:

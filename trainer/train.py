@@ -19,19 +19,19 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
+from sleuth_common import RUN_ID_ENV, new_run_id, read_run_id
 from trainer import _distributed
 from trainer._callbacks import Callback, TrainState, _CallbackList
 from trainer._checkpoint import (load_model_into, load_trainer_state, read_meta,
                                  resolve_checkpoint, save_checkpoint, set_rng_state)
 from trainer._claim import claim_run_dir, remove_run_files, scan_run_dir
 from trainer._errors import CheckpointError, ConfigError, DataError, OtherRunError
-from trainer._rundir import RunDir, new_run_id, read_run_id, write_run_json
+from trainer._rundir import RunDir, write_run_json
 from trainer.config import OptimConfig, TrainConfig
 from trainer.data import Sampler, TokenDataset, build_datasets
 from trainer.lora import adapter_blob, apply_lora
 from trainer.model import GPT, IGNORE_INDEX
 
-RUN_ID_ENV = "SLEUTH_RUN_ID"
 
 
 def lr_at(step: int, optim: OptimConfig, total_steps: int) -> float:

@@ -222,12 +222,13 @@ def test_a_config_typo_is_one_line_and_the_run_goes_on(tmp_path):
 @pytest.mark.slow
 def test_a_rank_another_live_writer_holds_is_left_alone(tmp_path):
     """A writer of this host that is alive (here: the test's own process) holds rank 0."""
-    from tracer.storage._lock import LOCK_NAME, _start_time
+    from sleuth_common import process_start_time
+    from tracer.storage._lock import LOCK_NAME
 
     rank_dir = tmp_path / "run" / "dump" / "rank0"
     rank_dir.mkdir(parents=True)
     (rank_dir / LOCK_NAME).write_text(json.dumps({
-        "pid": os.getpid(), "host": socket.gethostname(), "started": _start_time(os.getpid()),
+        "pid": os.getpid(), "host": socket.gethostname(), "started": process_start_time(os.getpid()),
         "run_id": "the-other", "since": "2026-01-01T00:00:00+00:00"}))
     before = _snapshot(tmp_path / "run")
     proc = _train(tmp_path / "run", steps=3)

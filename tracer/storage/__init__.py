@@ -33,7 +33,6 @@ _EXPORTS: dict[str, str] = {
     "read_flight_recorder": "tracer.storage._flight_reader",
     # reading
     "DUMP_JSON": "tracer.storage._lock",
-    "resolve_run_id": "tracer.storage._lock",
     "open_h5": "tracer.storage._h5open",
     "path_problem": "tracer.storage._h5open",
     "open_dump": "tracer.storage._reader",

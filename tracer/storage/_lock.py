@@ -7,10 +7,11 @@ whose owner is gone (same host, no process with that pid and start time) is stal
 over with a warning; a lock of another host cannot be checked from here and is never taken.
 
 Every step file carries the run id of the run that wrote it (root attribute `run_id`) and
-`RUN/dump/dump.json` names the run the dump belongs to. All ranks of one run must find the same
-id without talking to each other (`resolve_run_id`). A writer whose rank folder or run file
-belongs to another run is refused unless the config says `"overwrite": true`; then, holding the
-lock, it removes the other run's step files of its rank (never anything else) before it writes.
+`RUN/dump/dump.json` names the run the dump belongs to. All ranks of one run find the same id
+without talking to each other, by the rule every tool shares (`sleuth_common.resolve_run_id`).
+A writer whose rank folder or run file belongs to another run is refused unless the config
+says `"overwrite": true`; then, holding the lock, it removes the other run's step files of its
+rank (never anything else) before it writes.
 Readers keep the files of one run only (`one_run`).
 
 This module must not import torch: the reader uses it.
@@ -26,13 +27,13 @@ import socket
 import uuid
 from pathlib import Path
 
+from sleuth_common import RUN_ID_ENV, process_start_time, resolve_run_id
 from tracer._errors import DumpWriteError, TracerError, UntrustedFileError, warn
 from tracer.storage._door import STEP_FILE, kind_problem, numbered, open_regular
 
 LOCK_NAME = ".lock"
 DUMP_JSON = "dump.json"
 DUMP_JSON_VERSION = "1.0"
-RUN_ID_ENV = "SLEUTH_RUN_ID"
 OVERWRITE_ENV = "SLEUTH_DUMP_OVERWRITE"
 # what a step file of another run leaves besides itself: a crash's partials, the flight recorder
 _DUMP_LEFTOVER = numbered(r"step{n}\.h5(?:\.data)?\.partial|flight_recorder\.h5(?:\.partial)?")
@@ -50,19 +51,6 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _start_time(pid: int) -> str | None:
-    """The start time of process `pid` in clock ticks since boot (Linux /proc), None where
-    unknown: with the pid it names a process, as a pid alone may be reused."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: count from its last ')'
-    fields = stat[stat.rfind(b")") + 2:].split()
-    return fields[19].decode() if len(fields) > 19 else None
-
-
 def _alive(pid: int, started: str | None) -> bool:
     """True when the process that took a lock on this host may still run."""
     try:
@@ -71,32 +59,8 @@ def _alive(pid: int, started: str | None) -> bool:
         return False
     except PermissionError:  # another user's process: it exists
         pass
-    now = _start_time(pid)
+    now = process_start_time(pid)
     return not (started and now and now != started)
-
-
-def resolve_run_id(world_size: int) -> str:
-    """The run id of this process's dump, the same in every rank of one run.
-
-    In order: $SLEUTH_RUN_ID (set by `sleuth run`, the trainer, or the user); torchrun's
-    $TORCHELASTIC_RUN_ID (its --rdzv-id; on one node a fresh one per launch); with more
-    than one rank, the parent process (the torchrun agent or the process that spawned the
-    ranks: one per node) by host, pid and start time; else a new id for this writer."""
-    value = os.environ.get(RUN_ID_ENV, "").strip()
-    if value:
-        return value
-    elastic = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
-    if elastic and elastic.lower() != "none":
-        return f"torchelastic-{elastic}"
-    if world_size > 1:
-        ppid = os.getppid()
-        return f"parent-{socket.gethostname()}-{ppid}-{_start_time(ppid) or 'unknown'}"
-    return new_run_id()
-
-
-def new_run_id() -> str:
-    """A fresh run id: UTC time (readable, sorts by start) and a random part."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:12]
 
 
 def file_run_id(path: Path) -> str:
@@ -152,7 +116,7 @@ class RankLock:
         live writer (or a writer of another host) holds it."""
         path = rank_dir / LOCK_NAME
         content = {"pid": os.getpid(), "host": socket.gethostname(),
-                   "started": _start_time(os.getpid()), "run_id": run_id, "since": _now()}
+                   "started": process_start_time(os.getpid()), "run_id": run_id, "since": _now()}
         body = (json.dumps(content, indent=2) + "\n").encode()
         for _ in range(3):
             try:

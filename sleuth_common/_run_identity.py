@@ -1,0 +1,82 @@
+"""Run identity: how a process finds the id of the run it belongs to.
+
+Every file a run writes carries its run id (run.json, the metrics, checkpoints, the dump, the
+summary and the profile), and readers never combine files of two runs. The processes of one run
+must find the same id without talking to each other, and every tool of one process must find
+the same one, so this is the only place that works it out:
+
+1. `$SLEUTH_RUN_ID`, set by `sleuth run`, the trainer (a resumed run: the run it continues),
+   zero-code attach, or the user;
+2. torchrun's `$TORCHELASTIC_RUN_ID` (its `--rdzv-id`; on one node a fresh one per launch),
+   unless it is torchrun's default "none";
+3. with more than one rank, the parent process (the torchrun agent, or the process that called
+   `mp.spawn`: one per node) by host, pid and start time;
+4. else none: `resolve_run_id` then makes a fresh one (`new_run_id`), and a tool that may go
+   without one (the profiler, whose windows are then not checked) takes "".
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+
+RUN_ID_ENV = "SLEUTH_RUN_ID"
+_ELASTIC_ENV = "TORCHELASTIC_RUN_ID"
+
+
+def process_start_time(pid: int) -> str | None:
+    """The start time of process `pid` in clock ticks since boot (Linux /proc), None where
+    unknown: with the pid it names a process, as a pid alone may be reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: count from its last ')'
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _world_size() -> int:
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    return int(world) if world.isdigit() else 1
+
+
+def inherited_run_id(world_size: int | None = None) -> str:
+    """The run id this process inherits from how it was launched (steps 1-3 of the module's
+    docstring), "" when it inherits none. `world_size`: the run's processes (default
+    $WORLD_SIZE)."""
+    value = os.environ.get(RUN_ID_ENV, "").strip()
+    if value:
+        return value
+    elastic = os.environ.get(_ELASTIC_ENV, "").strip()
+    if elastic and elastic.lower() != "none":
+        return f"torchelastic-{elastic}"
+    if (_world_size() if world_size is None else world_size) > 1:
+        ppid = os.getppid()
+        return f"parent-{socket.gethostname()}-{ppid}-{process_start_time(ppid) or 'unknown'}"
+    return ""
+
+
+def resolve_run_id(world_size: int | None = None) -> str:
+    """The run id of this process: the inherited one (`inherited_run_id`), else a new one."""
+    return inherited_run_id(world_size) or new_run_id()
+
+
+def new_run_id() -> str:
+    """A fresh run id: UTC start time (readable, sorts by start), then a random part."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:12]
+
+
+def read_run_id(run_dir: str | os.PathLike[str]) -> str | None:
+    """The run id `RUN/run.json` names: None without a readable run.json, "" for one written
+    before run ids."""
+    try:
+        data = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    run_id = data.get("run_id", "") if isinstance(data, dict) else None
+    return run_id if isinstance(run_id, str) else None
