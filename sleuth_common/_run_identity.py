@@ -9,8 +9,9 @@ the same one, so this is the only place that works it out:
    zero-code attach, or the user;
 2. torchrun's `$TORCHELASTIC_RUN_ID` (its `--rdzv-id`; on one node a fresh one per launch),
    unless it is torchrun's default "none";
-3. with more than one rank, the parent process (the torchrun agent, or the process that called
-   `mp.spawn`: one per node) by host, pid and start time;
+3. with more than one rank (as the caller says, $WORLD_SIZE, or an initialized process group),
+   the parent process (the torchrun agent, or the process that called `mp.spawn`: one per
+   node) by host, pid and start time;
 4. else none: `resolve_run_id` then makes a fresh one (`new_run_id`), and a tool that may go
    without one (the profiler, whose windows are then not checked) takes "".
 """
@@ -20,6 +21,7 @@ import datetime as _dt
 import json
 import os
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -40,22 +42,33 @@ def process_start_time(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else None
 
 
-def _world_size() -> int:
-    world = os.environ.get("WORLD_SIZE", "1").strip()
-    return int(world) if world.isdigit() else 1
+def _several_ranks(world_size: int | None) -> bool:
+    """Whether this process is one of several ranks: as its caller says, else as $WORLD_SIZE
+    says, else as an initialized process group says (`mp.spawn` sets no $WORLD_SIZE)."""
+    if world_size is not None and world_size > 1:
+        return True
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    if world.isdigit():
+        return int(world) > 1
+    dist = sys.modules.get("torch.distributed")  # never imported here: readers run without torch
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized()
+                    and dist.get_world_size() > 1)
+    except (RuntimeError, ValueError):
+        return False
 
 
 def inherited_run_id(world_size: int | None = None) -> str:
     """The run id this process inherits from how it was launched (steps 1-3 of the module's
-    docstring), "" when it inherits none. `world_size`: the run's processes (default
-    $WORLD_SIZE)."""
+    docstring), "" when it inherits none. `world_size`: the run's processes, where the caller
+    knows them."""
     value = os.environ.get(RUN_ID_ENV, "").strip()
     if value:
         return value
     elastic = os.environ.get(_ELASTIC_ENV, "").strip()
     if elastic and elastic.lower() != "none":
         return f"torchelastic-{elastic}"
-    if (_world_size() if world_size is None else world_size) > 1:
+    if _several_ranks(world_size):
         ppid = os.getppid()
         return f"parent-{socket.gethostname()}-{ppid}-{process_start_time(ppid) or 'unknown'}"
     return ""
