@@ -81,11 +81,10 @@ def _rank_rows(gpu_ranks: Any) -> list[dict[str, Any]]:
 
 
 def _short(source: str) -> str:
-    """A source line as a user reads it: an installed package's path from the package on."""
-    for d in ("site-packages/", "dist-packages/"):
-        if d in source:
-            return source.split(d, 1)[1]
-    return source
+    """A source line as a user reads it, its path printed as the dump prints one."""
+    from sleuth_common import short_path
+    path, sep, line = source.rpartition(":")
+    return f"{short_path(path)}:{line}" if sep and path else source
 
 
 def breakdown_figure(breakdown: list[dict[str, Any]], label_a: str, label_b: str) -> go.Figure:

@@ -1,61 +1,26 @@
-"""Source locations: which user line made a node, printed without machine-specific paths.
-
-A location is `path:LINE` of the innermost frame outside torch and irdump. The path is relative
-to the current directory when the file lies under it, else relative to the `site-packages` (or
-other `sys.path`) root that holds it, so the same code gives the same text on every machine.
+"""Source locations: which user line made a node, by the rule every Sleuth package shares
+(`sleuth_common`: the innermost frame outside torch, the standard library and Sleuth's tools,
+printed by `short_path`), so a node, the dump's record and the profile's op of one call name
+one line.
 """
 from __future__ import annotations
 
-import os
 import re
 import sys
 from functools import lru_cache
-from pathlib import Path
 
-_SKIP_DIRS: tuple[str, ...] | None = None
+from sleuth_common import INTERNAL, frame_kind, short_path
+
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def _skip_dirs() -> tuple[str, ...]:
-    global _SKIP_DIRS
-    if _SKIP_DIRS is None:
-        import torch
-
-        here = os.path.dirname(os.path.abspath(__file__))
-        dirs = [os.path.dirname(os.path.abspath(torch.__file__)), here]
-        # contextlib / functools wrappers are never "the user's line"
-        dirs.append(os.path.dirname(os.path.abspath(os.__file__)))
-        _SKIP_DIRS = tuple(d + os.sep for d in dirs)
-    return _SKIP_DIRS
-
-
 @lru_cache(maxsize=4096)
-def _is_user_file(filename: str) -> bool:
-    if filename.startswith("<"):
-        return False
-    path = os.path.abspath(filename)
-    stdlib = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
-    if path.startswith(stdlib) and "site-packages" not in path and "dist-packages" not in path:
-        return False
-    return not any(path.startswith(d) for d in _skip_dirs() if d != stdlib)
-
-
-@lru_cache(maxsize=4096)
-def relative_path(filename: str) -> str:
-    """`filename` relative to the cwd, else to the sys.path root holding it, else its name."""
-    path = os.path.abspath(filename)
-    cwd = os.getcwd() + os.sep
-    if path.startswith(cwd):
-        return Path(path[len(cwd):]).as_posix()
-    roots = sorted((os.path.abspath(p) + os.sep for p in sys.path if p), key=len, reverse=True)
-    for root in roots:
-        if path.startswith(root):
-            return Path(path[len(root):]).as_posix()
-    return Path(path).name
+def _is_line(filename: str) -> bool:
+    return frame_kind(filename) != INTERNAL
 
 
 def location(filename: str, line: int) -> str:
-    return f"{relative_path(filename)}:{line}"
+    return f"{short_path(filename)}:{line}"
 
 
 def user_frame_location(skip: int = 1) -> str:
@@ -63,7 +28,7 @@ def user_frame_location(skip: int = 1) -> str:
     frame = sys._getframe(skip)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if _is_user_file(filename):
+        if _is_line(filename):
             return location(filename, frame.f_lineno)
         frame = frame.f_back
     return ""
@@ -77,6 +42,6 @@ def stack_trace_location(stack_trace: str | None) -> str:
         return ""
     frames = _FRAME_RE.findall(stack_trace)
     for filename, line in reversed(frames):
-        if _is_user_file(filename):
+        if _is_line(filename):
             return location(filename, int(line))
     return location(frames[-1][0], int(frames[-1][1])) if frames else ""

@@ -8,12 +8,12 @@ their share of the change.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from profiler._diff_gpu import gpu_cause
 from profiler._diff_pairs import SOURCE_SEP
 from profiler._sources import CHANGED, site_key
+from sleuth_common import short_path
 
 if TYPE_CHECKING:
     from profiler._diff import ProfileDiff
@@ -216,24 +216,12 @@ def _side_words(side: str) -> str:
 
 
 def short_source(source: str) -> str:
-    """A source line as a user reads it: a path inside the working folder made relative (each
-    of several lines joined by SOURCE_SEP)."""
+    """A source line as a user reads it, its path printed as the dump prints one
+    (`sleuth_common.short_path`; each of several lines joined by SOURCE_SEP)."""
     if SOURCE_SEP in source:
         return SOURCE_SEP.join(short_source(s) for s in source.split(SOURCE_SEP))
-    try:
-        path, line = source.rsplit(":", 1)
-        for d in ("site-packages/", "dist-packages/"):
-            if d in path:
-                return f"{path.split(d, 1)[1]}:{line}"
-        p = Path(path)
-        if p.is_absolute():
-            try:
-                return f"{p.relative_to(Path.cwd())}:{line}"
-            except ValueError:
-                return source
-    except ValueError:
-        pass
-    return source
+    path, sep, line = source.rpartition(":")
+    return f"{short_path(path)}:{line}" if sep and path else source
 
 
 def _us(v: float) -> str:

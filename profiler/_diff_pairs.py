@@ -63,7 +63,8 @@ def op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
     """Ops paired across the runs by name, input shapes and, where both profiles name it, the
     module they ran in (the same op in two modules is two rows); never by source line: the
     same op of a script copied elsewhere (train.py, train_sleep.py) is one op. Each side's
-    lines are kept as `source_a` / `source_b`; `source` is B's (A's for an op in A only)."""
+    user lines (an op's `caller`, else its `source`) are kept as `source_a` / `source_b`;
+    `source` is B's (A's for an op in A only)."""
     import pandas as pd
     cols = {"calls": "calls", "cpu_self_us": "self", "cpu_total_us": "total",
             "device_us": "device"}
@@ -71,11 +72,14 @@ def op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
     keys = ["name", "input_shapes", "module"]
     frames, lines = [], []
     for df, n in ((a, na), (b, nb)):
-        for col in ("source", "input_shapes", "module"):
+        for col in ("source", "caller", "input_shapes", "module"):
             df = df if col in df or df.empty else df.assign(**{col: ""})
         if not df.empty:
+            # an op made inside an installed library (a Hugging Face model) is judged at the
+            # user's line that called it: the one a user can change
+            caller = df["caller"].fillna("").astype(str)
             df = df.assign(input_shapes=df["input_shapes"].fillna("").astype(str),
-                           source=df["source"].fillna("").astype(str),
+                           source=caller.where(caller != "", df["source"].fillna("").astype(str)),
                            module=df["module"].fillna("").astype(str) if by_module else "")
         frames.append(_per_step(df, keys, cols, n))
         lines.append(_sources_by(df, keys) if stacks and not df.empty else {})

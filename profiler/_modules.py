@@ -10,7 +10,6 @@ sequence number instead. Installed only while the profiler traces, so idle steps
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from profiler._attribution import MODULE_PREFIX
@@ -88,32 +87,19 @@ class ModuleRanges:
 
 
 def _caller_line() -> str:
-    """`file:line` of the innermost frame outside torch, the libraries and Sleuth's tools: the
-    user's call of a top-level module ("" when there is none)."""
+    """`file:line` of the user's line (`sleuth_common.frame_kind`: the innermost frame outside
+    torch, the standard library and Sleuth's tools) that called a top-level module ("" when
+    there is none), as the dump gives that call's records."""
     import sys
+
+    from sleuth_common import INTERNAL, frame_kind
     f = sys._getframe(2)
     while f is not None:
         path = f.f_code.co_filename
-        if not _not_users(path):
+        if frame_kind(path) != INTERNAL:
             return f"{path}:{f.f_lineno}"
         f = f.f_back
     return ""
-
-
-@lru_cache(maxsize=1024)
-def _not_users(path: str) -> bool:
-    """Whether a code object's (absolute) file is a library's, the standard library's or one
-    of Sleuth's tools' rather than the user's."""
-    import os
-    import sysconfig
-    if path.startswith("<") or any(d in path for d in ("site-packages", "dist-packages")):
-        return True
-    stdlib = sysconfig.get_paths().get("stdlib", "")
-    if stdlib and path.startswith(stdlib + os.sep):
-        return True
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    tools = ("profiler", "tracer", "sleuth", "irdump", "dashboard")
-    return any(path.startswith(os.path.join(here, t) + os.sep) for t in tools)
 
 
 def _forward_line(module: Any) -> str:

@@ -31,8 +31,10 @@ def _names() -> tuple[Any, Any]:
 class Profile:
     """Everything profiled in one run directory (all times in microseconds unless `_s`).
 
-    ops: rank, window, name, input_shapes, source (the user's file:line, from a with_stack
-        trace; "" without stacks), module (the module it ran in, by Sleuth's module ranges:
+    ops: rank, window, name, input_shapes, source (the op's line, from a with_stack trace,
+        by the rule the dump's records follow: an installed library's line, such as a Hugging
+        Face model's, counts; "" without stacks), caller (the user's line that called that
+        library, "" where source is the user's own), module (the module it ran in, by Sleuth's module ranges:
         forward ops by the range around them, backward ops by their autograd node's forward
         op; "" outside every module or without module ranges), calls, cpu_total_us, cpu_self_us, device_us, flops.
     modules: rank, window, module, type, source (file:line of the module class's forward),
@@ -156,7 +158,8 @@ def write_window_tables(d: Path, k: int, fmt: str = "parquet") -> None:
 
 
 _COLUMNS = {
-    "ops": ["name", "input_shapes", "source", "module", "calls", "cpu_total_us", "cpu_self_us", "device_us", "flops"],
+    "ops": ["name", "input_shapes", "source", "caller", "module", "calls", "cpu_total_us",
+            "cpu_self_us", "device_us", "flops"],
     "modules": ["module", "type", "source", "calls", "forward_total_us", "forward_self_us",
                 "backward_self_us", "backward_total_us", "forward_device_us",
                 "backward_device_us"],

@@ -2,25 +2,26 @@
 
 With `with_stack=True` torch.profiler writes each Python call as a `python_function` event
 named `path(line): function`, nested on the op's thread around the ops it made. An op's user
-line is the innermost such frame that is not a library's (torch, transformers, the standard
-library, Sleuth's own tools): for `aten::addmm` under `nn.Linear` that is the model's line that
-called the layer, for an `aten::item` in the loop the loop's line. Without stacks there are no
-frames and the source is "" (the module table still names each module's `forward`).
+line is the innermost such frame that is the user's line by the rule every Sleuth package
+shares (`sleuth_common`: not torch, the standard library or Sleuth's own tools; a Hugging Face
+model's installed code is, as in the dump): for `aten::addmm` under `nn.Linear` that is the
+model's line that called the layer, for an `aten::item` in the loop the loop's line. Without
+stacks there are no frames and the source is "" (the module table still names each module's
+`forward`).
 
 torch shortens a frame's path to what follows its `sys.path` entry (`torch/nn/modules/linear.py`,
 `train.py` for a script run as `python examples/train.py`), so a frame is judged by where its
-first path component imports from in this process.
+first path component imports from in this process (`short_frame_kind`).
 """
 from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 import os
 import re
-import sysconfig
-from functools import lru_cache
 from typing import Any
+
+from sleuth_common import INTERNAL, LIBRARY, USER, short_frame_kind
 
 PYTHON_EVENT = "python_function"
 CHANGED = " (file changed since profiling; line may be off)"
@@ -29,11 +30,6 @@ CHANGED = " (file changed since profiling; line may be off)"
 MAX_SOURCE_BYTES = 4 << 20
 """Source files larger than this are neither read for lines nor hashed."""
 _FRAME_RE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
-# Sleuth's own tools: their frames are never the user's line (the trainer's are: it is a model)
-_TOOLS = frozenset({"profiler", "tracer", "sleuth", "irdump", "dashboard"})
-_LIBRARY_DIRS = ("site-packages", "dist-packages")
-
-
 def frame_of(name: str) -> tuple[str, int, str] | None:
     """(file, line, function) of a `python_function` event's name, or None."""
     m = _FRAME_RE.match(name)
@@ -42,66 +38,64 @@ def frame_of(name: str) -> tuple[str, int, str] | None:
     return m.group("file"), int(m.group("line")), m.group("func")
 
 
-@lru_cache(maxsize=4096)
-def is_library(path: str) -> bool:
-    """Whether a frame's (shortened) path is a library's or a tool's rather than the user's."""
-    if path.startswith("<") or any(d in path for d in _LIBRARY_DIRS):
-        return True
-    head = path.replace("\\", "/").lstrip("./").split("/")[0]
-    module = head[:-3] if head.endswith(".py") else head
-    if not module.isidentifier():
-        return False
-    if module in _TOOLS:
-        return True
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return False
-    origin = (spec.origin or "") if spec is not None else ""
-    if not origin or origin in ("built-in", "frozen"):
-        return spec is not None
-    stdlib = sysconfig.get_paths().get("stdlib", "")
-    return any(d in origin for d in _LIBRARY_DIRS) or bool(stdlib) and origin.startswith(stdlib)
+def is_line(path: str) -> bool:
+    """Whether a frame's (shortened) path may be an op's line: not torch's, the standard
+    library's or a Sleuth tool's."""
+    return short_frame_kind(path) != INTERNAL
 
 
-def user_line(ev: Any, memo: dict[int, str], finder: LineFinder | None = None) -> str:
-    """`file:line` of the user's call that made op `ev` (a nested trace event: `.parent`, `.cat`,
-    `.name`), or "" when the trace holds no user frame around it.
+def user_line(ev: Any, memo: dict[tuple[int, bool], tuple[str, int]],
+              finder: LineFinder | None = None) -> tuple[str, str]:
+    """(line, caller) of op `ev` (a nested trace event: `.parent`, `.cat`, `.name`), as the dump
+    gives a record's `source` and `caller`: the line is that of the innermost frame around it
+    that may be an op's line (`is_line`), "" when the trace holds none; the caller is the
+    user's call that led there when that frame is an installed library's (a Hugging Face
+    model's), else "".
 
-    The innermost user frame names the function (torch writes its `def` line, or for a frame
-    already running when profiling began, the line it was at then); the call inside it is
-    found by the name of what it called (a builtin such as `isfinite`, a module attribute such
-    as `fc1`, a library function such as `checkpoint`), looked up in that function's source by
-    `finder`. `memo` caches the answer for the events below that call.
+    A frame names the function (torch writes its `def` line, or for a frame already running
+    when profiling began, the line it was at then); the call inside it is found by the name of
+    what it called (a builtin such as `isfinite`, a module attribute such as `fc1`, a library
+    function such as `checkpoint`), looked up in that function's source by `finder`. `memo`
+    caches the answers for the events below each call.
     """
+    line, kind = _line(ev, memo, finder, False)
+    return line, (_line(ev, memo, finder, True)[0] if kind == LIBRARY else "")
+
+
+def _line(ev: Any, memo: dict[tuple[int, bool], tuple[str, int]], finder: LineFinder | None,
+          users_only: bool) -> tuple[str, int]:
+    """The line of the innermost frame around `ev` that is the user's (`users_only`) or may
+    be an op's line, with that frame's kind; ("", INTERNAL) when there is none."""
     chain: list[Any] = []
     p = ev.parent
     while p is not None:
-        if id(p) in memo:
-            return memo[id(p)]
+        if (id(p), users_only) in memo:
+            return memo[(id(p), users_only)]
         if p.cat == PYTHON_EVENT:
             frame = frame_of(p.name)
-            if frame is not None and not is_library(frame[0]):
+            kind = short_frame_kind(frame[0]) if frame is not None else INTERNAL
+            if kind == USER or kind == LIBRARY and not users_only:
+                assert frame is not None
                 if finder is None:
-                    return f"{frame[0]}:{frame[1]}"
+                    return f"{frame[0]}:{frame[1]}", kind
                 # the first name below the frame that the function calls is the call (names
                 # nearer the frame may be wrappers: torch.optim's `wrapper` around `step`)
                 for i, token in _callees(chain):
                     found = finder.find(frame, token, strict=True)
                     if found:
                         for e in chain[:i + 1]:  # what lies below the call is its own
-                            memo[id(e)] = found
-                        return found
+                            memo[(id(e), users_only)] = (found, kind)
+                        return found, kind
                 # no call: an operator (`x @ w`, `a + b`) makes an op without a Python call
                 top = next((e for e in reversed(chain) if e.cat == "cpu_op"), ev)
                 token = operator_token(top.name)
                 found = finder.find(frame, token, strict=True) if token else ""
-                return found or finder.find(frame, None)
+                return found or finder.find(frame, None), kind
         chain.append(p)
         p = p.parent
     for e in chain:
-        memo[id(e)] = ""
-    return ""
+        memo[(id(e), users_only)] = ("", INTERNAL)
+    return "", INTERNAL
 
 
 # aten ops that Python operators make, by the ast node's operator class
@@ -207,7 +201,7 @@ def source_hashes(trace_text: str, search_path: list[str]) -> dict[str, str]:
     a checkout, a copy or an editor's save can move either way."""
     out: dict[str, str] = {}
     for short in {m.group(1) for m in _FRAME_NAME_RE.finditer(trace_text)}:
-        if is_library(short):
+        if short_frame_kind(short) != USER:  # an installed library's file is not edited
             continue
         path = _resolve(short, search_path)
         if path is None:

@@ -46,7 +46,7 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
     keeps only its wrapper's time, so nothing is counted both here and in the ops. Python work
     of the user's own code is no such call and stays unplaced, also where a builtin called it
     back (a generator that `list()` drains), so no time is counted in two rows."""
-    from profiler._sources import builtin_name, builtin_token, frame_of, is_library
+    from profiler._sources import builtin_name, builtin_token, frame_of, is_line
     spans = [(st.ts, st.end) for st in steps]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for ev in host:
@@ -58,7 +58,7 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
         while p is not None and p.cat != PYTHON_EVENT:  # a range (ProfilerStep#N) between
             p = p.parent
         frame = frame_of(p.name) if p is not None else None
-        if frame is None or is_library(frame[0]):
+        if frame is None or not is_line(frame[0]):
             continue
         made, stack = [], list(ev.children)
         while stack:  # the outermost ops below it: an op's own children are inside its time
@@ -66,7 +66,7 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
             inner = frame_of(c.name) if c.cat == PYTHON_EVENT else None
             # the user's code it called back (`list(x.tolist() for x in xs)`): its builtins
             # are rows of their own, and its Python work is no call of this one
-            if c.cat == "cpu_op" or inner is not None and not is_library(inner[0]):
+            if c.cat == "cpu_op" or inner is not None and is_line(inner[0]):
                 made.append((max(c.ts, ev.ts), min(c.end, ev.end)))
             else:
                 stack.extend(c.children)
@@ -175,12 +175,12 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
     # ---- ops ----------------------------------------------------------------------------
     flop_counts: dict[str, float] = meta.get("flop_counts") or {}
     n_steps = max(1, len(steps))
-    ops: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    ops: dict[tuple[str, str, str, str, str], dict[str, Any]] = {}
     # an op's module is named only from Sleuth's ranges (tracer.capture.CallNames' names), so
     # two profiles pair an op by the same module name; with_stack's class names are not those
     named, owners = _module_name is _sleuth_module_name and bool(module_ranges), {}
     stacks = any(ev.cat == PYTHON_EVENT for ev in host)
-    frames: dict[int, str] = {}
+    frames: dict[tuple[int, bool], tuple[str, int]] = {}
     finder = (LineFinder([*(meta.get("python_path") or []), *sys.path, ""],
                          profiled_at=_profiled_at(meta), hashes=meta.get("source_hashes"),
                          call_lines=meta.get("module_call_lines"),
@@ -188,29 +188,29 @@ def build_tables(trace: dict[str, Any], meta: dict[str, Any] | None = None) -> d
               if stacks else None)
     # a backward op's line is its forward op's (by its autograd node's Sequence number): the
     # user wrote that line; `loss.backward()` only ran it (a new cast's backward is the cast's)
-    fwd_lines: dict[Any, str] = {}
+    fwd_lines: dict[Any, tuple[str, str]] = {}
     if stacks:
         for ev in host:
             if (ev.cat == "cpu_op" and "Sequence number" in ev.args and id(ev) not in hidden
                     and _node_seq(ev) is None):
-                line = user_line(ev, frames, finder)
-                if line:
-                    fwd_lines.setdefault(ev.args["Sequence number"], line)
+                lines = user_line(ev, frames, finder)
+                if lines[0]:
+                    fwd_lines.setdefault(ev.args["Sequence number"], lines)
     nodes: dict[int, Any] = {}
     for ev in host:
         if ev.cat != "cpu_op" or id(ev) in hidden:  # tool work is not the model's
             continue
-        line = ""
+        line, caller = "", ""
         if stacks:
             seq = _node_seq(ev, nodes)
-            line = (fwd_lines.get(seq, "") if seq is not None else "") or user_line(
-                ev, frames, finder)
-        key = (ev.name, _shapes(ev.args), line,
+            line, caller = ((fwd_lines.get(seq) if seq is not None else None)
+                            or user_line(ev, frames, finder))
+        key = (ev.name, _shapes(ev.args), line, caller,
                _op_module(ev, _module_name, seq_to_module, owners) if named else "")
         row = ops.get(key)
         if row is None:
             row = ops[key] = {"name": ev.name, "input_shapes": key[1], "source": key[2],
-                              "module": key[3], "calls": 0, "cpu_total_us": 0.0,
+                              "caller": key[3], "module": key[4], "calls": 0, "cpu_total_us": 0.0,
                               "cpu_self_us": 0.0, "device_us": 0.0}
         row["calls"] += 1
         row["cpu_total_us"] += ev.dur

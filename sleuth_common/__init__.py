@@ -1,17 +1,13 @@
-"""The rules every Sleuth package shares, each in one module that the tracer, the profiler, the
-IR exporter, the trainer and the command line import, so that no two copies can drift:
-
-- `_run_identity`: how a process finds the id of the run it belongs to (the environment,
-  torchrun's rendezvous, the process that spawned the ranks, a fresh one) and how run.json
-  names it.
-
-This package imports no other package of the project and no torch (the readers run without it),
-so any package may import it. Its face is this module; a test pins `__all__`.
-"""
+"""The rules every Sleuth package shares, one module each, so that no two copies drift: run
+identity (`_run_identity`) and the user's line (`_user_line`). It imports no other package of
+the project and no torch, so any package may import it (docs/architecture.md)."""
 from __future__ import annotations
 
 from sleuth_common._run_identity import (RUN_ID_ENV, inherited_run_id, new_run_id,
                                          process_start_time, read_run_id, resolve_run_id)
+from sleuth_common._user_line import (INTERNAL, LIBRARY, USER, frame_kind, short_frame_kind,
+                                      short_path)
 
-__all__ = ["RUN_ID_ENV", "inherited_run_id", "new_run_id", "process_start_time", "read_run_id",
-           "resolve_run_id"]
+__all__ = ["INTERNAL", "LIBRARY", "RUN_ID_ENV", "USER", "frame_kind", "inherited_run_id",
+           "new_run_id", "process_start_time", "read_run_id", "resolve_run_id",
+           "short_frame_kind", "short_path"]

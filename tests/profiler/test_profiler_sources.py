@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler._sources import LineFinder, is_library
+from profiler._sources import LineFinder, is_line
 
 
 def test_call_found_in_the_function_not_in_strings(tmp_path):
@@ -26,11 +26,13 @@ def test_call_found_in_the_function_not_in_strings(tmp_path):
     assert finder.find(("gone.py", 9, "f"), "g") == "gone.py:9"  # file not found: as torch wrote
 
 
-def test_library_frames():
-    assert is_library("torch/nn/modules/linear.py")
-    assert is_library("threading.py") and is_library("<frozen runpy>")
-    assert is_library("profiler/_collector.py")  # Sleuth's own tools are never the user's line
-    assert not is_library("train.py") and not is_library("trainer/train.py")
+def test_which_frames_may_be_an_ops_line():
+    assert not is_line("torch/nn/modules/linear.py")
+    assert not is_line("threading.py") and not is_line("<frozen runpy>")
+    assert not is_line("profiler/_collector.py")  # Sleuth's own tools are never the user's line
+    assert is_line("train.py") and is_line("trainer/train.py")
+    # an installed model's code is the op's line, as in the dump (sleuth_common's rule)
+    assert is_line("transformers/models/llama/modeling_llama.py")
 
 
 def test_operator_lines_and_changed_file(tmp_path):

@@ -21,7 +21,8 @@ SHARED = {"tracer._config", "tracer._errors", "tracer._lazy", "tracer._validate"
 # the recording side: what runs inside a traced training run
 RECORDING = ("tracer.capture", "tracer.storage", "tracer._dumper", "tracer._config",
              "tracer._attach")
-OTHER_PACKAGES = ("sleuth", "dashboard", "profiler", "irdump", "trainer")
+OTHER_PACKAGES = ("sleuth", "dashboard", "profiler", "irdump", "trainer", "sleuth_common")
+PROJECT = ("tracer", *OTHER_PACKAGES)
 
 
 def _module_name(path: Path) -> str:
@@ -303,4 +304,42 @@ def test_run_file_names_are_parsed_in_one_place():
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) \
                         and loose.search(node.value):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_the_shared_rules_import_no_other_package_and_no_torch():
+    """sleuth_common sits below every package (docs/architecture.md): it imports none of them,
+    and no torch, so the readers that use it run without torch."""
+    offenders = []
+    for path in sorted((ROOT / "sleuth_common").rglob("*.py")):
+        for line, module, _ in _imports(path):
+            top = module.split(".")[0]
+            if top in {*PROJECT, "torch"} - {"sleuth_common"}:
+                offenders.append(f"{path.relative_to(ROOT)}:{line}: {module}")
+    assert offenders == []
+
+
+def _spelled(value: object) -> str | None:
+    """The shared rule a string constant re-spells, if any: the run id's launch variables, or
+    the library folders that decide whose line a frame is."""
+    if value == "TORCHELASTIC_RUN_ID":
+        return "run identity"
+    if isinstance(value, str) and value.strip("/\\") in ("site-packages", "dist-packages"):
+        return "the user's line"
+    return None
+
+
+def test_run_identity_and_the_users_line_are_spelled_in_one_module():
+    """Docs/architecture.md, "One rule, one place": how a process finds its run id and which
+    frame is the user's line live in sleuth_common alone; a second copy drifts (a profile
+    without the dump's run id, a profile naming another line than the dump for one op)."""
+    offenders = []
+    for package in PROJECT:
+        if package == "sleuth_common":
+            continue
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and _spelled(node.value):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: "
+                                     f"{_spelled(node.value)} ({node.value!r})")
     assert offenders == []

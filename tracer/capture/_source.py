@@ -1,13 +1,7 @@
-"""Source location of the code that made a record: ``path/to/file.py:LINE`` of the innermost
-frame that is not torch, the standard library or Sleuth's own tool packages.
-
-Code installed in site-packages counts: a Hugging Face model's forward lives there, and its own
-line says more than the ``trainer.train()`` line that led to it. Such paths print relative to
-the site-packages folder (``transformers/models/llama/modeling_llama.py:120``).
-
-When that frame is in an installed library, the user's call site is kept as well: the innermost
-frame outside site-packages (``train.py:40``, the ``trainer.train()`` line), as the `caller`
-of a `Site`, which is the source text itself (a str) with that second field.
+"""Source location of the code that made a record: ``path/to/file.py:LINE`` of the user's line,
+by the rule every Sleuth package shares (`sleuth_common`'s `frame_kind` and `short_path`).
+When that line is an installed library's (a Hugging Face model's), the user's call site is kept
+as well, as the `caller` of a `Site`, which is the source text itself (a str) with that field.
 
 Hooks run deep inside torch, so this walks ``sys._getframe`` outward. Whether a code object is
 "internal" is decided once per code object and cached, and formatted locations are cached per
@@ -27,21 +21,7 @@ import os
 import sys
 import types
 
-_TOOL_PACKAGES = ("tracer", "profiler", "irdump", "sleuth", "dashboard")
-# Sleuth's reference trainer is the user's code even when installed into site-packages; its
-# locations print relative to the folder holding the packages ("trainer/model.py:33").
-_PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_USER_PACKAGE_ROOTS = (os.path.join(_PACKAGES_ROOT, "trainer") + os.sep,)
-
-
-def _internal_prefixes() -> tuple[str, ...]:
-    import torch
-
-    repo = _PACKAGES_ROOT
-    prefixes = [os.path.dirname(os.path.abspath(torch.__file__)) + os.sep]
-    prefixes += [os.path.join(repo, pkg) + os.sep for pkg in _TOOL_PACKAGES]
-    return tuple(prefixes)
-
+from sleuth_common import INTERNAL, LIBRARY, frame_kind, short_path
 
 RECEIVED = "<received from another process>"
 """What `user_source` returns for code that runs while torch rebuilds a tensor another process
@@ -59,7 +39,7 @@ _WRAPPER_FUNCTIONS = frozenset({"__init__", "_pre_forward", "_post_forward"})
 # copy-in, the views onto the unsharded parameters, reduce-scatter and its chunk_cat, input
 # casts); the model's forward is called by the module, never from inside it
 _FSDP2_DIR = os.path.join("distributed", "fsdp", "_fully_shard") + os.sep
-_PREFIXES: tuple[str, ...] | None = None
+_TORCH: str | None = None  # torch's folder, once torch is loaded
 _RECEIVING: str | None = None  # the path of torch/multiprocessing/reductions.py
 # torch.autograd.graph._engine_run_backward's code: what lies above that frame is fixed while
 # its graph task runs (None: an older torch without it; every walk then goes to the top)
@@ -68,7 +48,7 @@ _graph_task_id = None
 _engine_cache: tuple[int, str] = (-1, "")  # (graph task id, its source)
 # code -> 0 user code, 1 internal, 2 torch rebuilding a received tensor (RECEIVED),
 # 4 DistributedDataParallel's or FSDP2's own work (WRAPPER)
-# 8 user code installed in a library (site-packages): the source, but not the call site
+# 8 code installed in a library (site-packages): the source, but not the call site
 _internal: dict[types.CodeType, int] = {}
 _formatted: dict[tuple[types.CodeType, int], str] = {}
 _sited: dict[tuple[str, str], Site] = {}
@@ -94,44 +74,34 @@ class Site(str):
 
 
 _relpath: dict[str, str] = {}
-_LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-_STDLIB = os.path.dirname(os.__file__) + os.sep
 
 
 def _setup() -> None:
-    global _PREFIXES, _ENGINE, _graph_task_id, _RECEIVING
+    global _TORCH, _ENGINE, _graph_task_id, _RECEIVING
     import torch
 
     engine = getattr(getattr(torch.autograd, "graph", None), "_engine_run_backward", None)
     _ENGINE = getattr(engine, "__code__", None)
     _graph_task_id = torch._C._current_graph_task_id
-    _PREFIXES = _internal_prefixes()
-    _RECEIVING = os.path.join(os.path.dirname(os.path.abspath(torch.__file__)),
-                              "multiprocessing", "reductions.py")
+    _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    _RECEIVING = os.path.join(_TORCH, "multiprocessing", "reductions.py")
 
 
 def _is_internal(code: types.CodeType) -> int:
-    if _PREFIXES is None:
+    if _TORCH is None:
         _setup()
-    assert _PREFIXES is not None
-    path = code.co_filename
-    internal = not path.startswith(_USER_PACKAGE_ROOTS) and (
-        path.startswith(_PREFIXES)
-        or path.startswith("<frozen")
-        # the standard library; site-packages may lie inside its folder (pyenv, python.org
-        # and conda installs), and a library there is code the user runs, not Python's
-        or (path.startswith(_STDLIB) and not any(d in path for d in _LIBRARY_DIRS))
-    )
-    flag = int(internal)
-    if internal:
-        absolute = os.path.abspath(path)
+    assert _TORCH is not None
+    kind = frame_kind(code.co_filename)
+    flag = int(kind == INTERNAL)
+    if kind == INTERNAL:
+        absolute = os.path.abspath(code.co_filename)
         if absolute == _RECEIVING:
             flag = 2
-        elif absolute.startswith(_PREFIXES[0]) and (  # torch's own copy
+        elif absolute.startswith(_TORCH) and (  # torch's own copy
                 (code.co_name in _WRAPPER_FUNCTIONS and absolute.endswith(_WRAPPER_FILE))
                 or _FSDP2_DIR in absolute):
             flag = 4
-    elif any(d in path for d in _LIBRARY_DIRS) and not path.startswith(_USER_PACKAGE_ROOTS):
+    elif kind == LIBRARY:
         flag = _LIBRARY
     _internal[code] = flag
     return flag
@@ -140,19 +110,7 @@ def _is_internal(code: types.CodeType) -> int:
 def _relative(path: str) -> str:
     rel = _relpath.get(path)
     if rel is None:
-        try:
-            cwd = os.getcwd()
-            absolute = os.path.abspath(path)
-            if absolute.startswith(_USER_PACKAGE_ROOTS):
-                rel = os.path.relpath(absolute, _PACKAGES_ROOT)
-            elif absolute.startswith(cwd + os.sep):
-                rel = os.path.relpath(absolute, cwd)
-            else:  # an installed package's code: from its site-packages folder on
-                library = [absolute.rpartition(d)[2] for d in _LIBRARY_DIRS if d in absolute]
-                rel = library[0] if library else path
-        except (OSError, ValueError):  # a deleted cwd or another drive: keep the path as given
-            rel = path
-        _relpath[path] = rel
+        rel = _relpath[path] = short_path(path)
     return rel
 
 
@@ -228,7 +186,7 @@ def _walk(frame: types.FrameType | None, shortcut: bool,
         return ""
     # no user frame in this thread: in a backward pass that autograd runs in a thread of its
     # own, the user's frame is in the thread that called backward()
-    if _PREFIXES is None:
+    if _TORCH is None:
         _setup()
     return _pass_source(None) if _ENGINE is not None else ""
 

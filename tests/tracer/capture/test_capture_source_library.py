@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tracer
+from sleuth_common import _user_line, short_path
 from tracer.capture import _source
 
 _MODEL = textwrap.dedent("""
@@ -103,7 +104,8 @@ def test_dump_show_and_diff_show_the_call_site(library, tmp_path, capsys):
     with open(__file__) as f:
         n = next(i for i, text in enumerate(f.read().splitlines(), 1)
                  if "# CALL SITE" in text and "next(" not in text)
-    call_site = f"{__file__}:{n}"  # absolute: the library fixture works in another folder
+    # the library fixture works in another folder: printed from the sys.path entry holding it
+    call_site = f"{short_path(__file__)}:{n}"
     assert main(["dump", "show", str(tmp_path / "a"), "--filter", "fc::aten.addmm.*"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[-2:] == ["source", "caller"]
@@ -121,7 +123,7 @@ def test_a_library_inside_the_standard_librarys_folder_is_still_the_models_code(
         library, tmp_path, monkeypatch):
     """pyenv, python.org and conda installs keep site-packages inside the standard library's
     folder (lib/python3.X/site-packages): a library there is the model's code, not Python's."""
-    monkeypatch.setattr(_source, "_STDLIB", str(tmp_path / "lib") + "/")
+    monkeypatch.setattr(_user_line, "_STDLIB", str(tmp_path / "lib") + "/")
     torch.manual_seed(0)
     model = library.LibraryNet()
     with tracer.Dumper(model, {"path": str(tmp_path / "run"), "level": "op"}):

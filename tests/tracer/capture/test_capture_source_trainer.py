@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import os
 
+from sleuth_common import _user_line
 from tracer.capture import _source
 
 
 def test_trainer_frames_are_user_code_and_print_package_relative(monkeypatch, tmp_path):
     # Pretend the packages live in site-packages, as after `pip install .`.
     root = str(tmp_path / "lib" / "site-packages")
-    monkeypatch.setattr(_source, "_PACKAGES_ROOT", root)
-    monkeypatch.setattr(_source, "_USER_PACKAGE_ROOTS", (os.path.join(root, "trainer") + os.sep,))
+    monkeypatch.setattr(_user_line, "_PACKAGES_ROOT", root)
     monkeypatch.setattr(_source, "_internal", {})
     monkeypatch.setattr(_source, "_formatted", {})
     monkeypatch.setattr(_source, "_relpath", {})

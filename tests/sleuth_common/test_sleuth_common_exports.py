@@ -1,0 +1,25 @@
+"""sleuth_common's public names, pinned: every package imports them."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import sleuth_common
+
+EXPECTED = ["INTERNAL", "LIBRARY", "RUN_ID_ENV", "USER", "frame_kind", "inherited_run_id",
+            "new_run_id", "process_start_time", "read_run_id", "resolve_run_id",
+            "short_frame_kind", "short_path"]
+
+
+def test_public_names():
+    assert sleuth_common.__all__ == sorted(EXPECTED)
+    for name in sleuth_common.__all__:
+        assert hasattr(sleuth_common, name)
+
+
+def test_importing_it_imports_no_torch():
+    code = "import sys, sleuth_common; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    assert out == "False"
