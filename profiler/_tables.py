@@ -46,7 +46,8 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
     keeps only its wrapper's time, so nothing is counted both here and in the ops. Python work
     of the user's own code is no such call and stays unplaced, also where a builtin called it
     back (a generator that `list()` drains), so no time is counted in two rows."""
-    from profiler._sources import builtin_name, builtin_token, frame_of, is_line
+    from profiler._sources import builtin_name, builtin_token, frame_of
+    from sleuth_common import USER, short_frame_kind
     spans = [(st.ts, st.end) for st in steps]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for ev in host:
@@ -58,7 +59,7 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
         while p is not None and p.cat != PYTHON_EVENT:  # a range (ProfilerStep#N) between
             p = p.parent
         frame = frame_of(p.name) if p is not None else None
-        if frame is None or not is_line(frame[0]):
+        if frame is None or short_frame_kind(frame[0]) != USER:  # the user's calls only
             continue
         made, stack = [], list(ev.children)
         while stack:  # the outermost ops below it: an op's own children are inside its time
@@ -66,7 +67,7 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
             inner = frame_of(c.name) if c.cat == PYTHON_EVENT else None
             # the user's code it called back (`list(x.tolist() for x in xs)`): its builtins
             # are rows of their own, and its Python work is no call of this one
-            if c.cat == "cpu_op" or inner is not None and is_line(inner[0]):
+            if c.cat == "cpu_op" or inner is not None and short_frame_kind(inner[0]) == USER:
                 made.append((max(c.ts, ev.ts), min(c.end, ev.end)))
             else:
                 stack.extend(c.children)
