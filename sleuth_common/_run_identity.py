@@ -42,6 +42,19 @@ def process_start_time(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else None
 
 
+def process_alive(pid: int, started: str | None) -> bool:
+    """Whether process `pid` of this host, which started at `started` (`process_start_time`;
+    None: unknown), may still run: the holder of a lock, checked before it is taken over."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    now = process_start_time(pid)
+    return not (started and now and now != started)
+
+
 def _several_ranks(world_size: int | None) -> bool:
     """Whether this process is one of several ranks: as its caller says, else as $WORLD_SIZE
     says, else as an initialized process group says (`mp.spawn` sets no $WORLD_SIZE)."""

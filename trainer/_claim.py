@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sleuth_common import process_start_time
+from sleuth_common import process_alive
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids
@@ -212,16 +212,8 @@ def _live_lock(path: Path) -> str:
     who = f"{path}: pid {pid} on host {host}, run {owner.get('run_id', '?')}"
     if host != socket.gethostname() or not isinstance(pid, int):
         return who  # another host's process cannot be checked from here
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return ""
-    except PermissionError:
-        return who
-    # a pid reused by another process since: compare the start time the lock recorded
-    started = process_start_time(pid)
-    recorded = owner.get("started")
-    return "" if recorded and started and str(recorded) != started else who
+    started = owner.get("started")
+    return who if process_alive(pid, str(started) if started else None) else ""
 
 
 def _describe(run_id: str) -> str:

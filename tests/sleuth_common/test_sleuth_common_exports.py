@@ -8,7 +8,7 @@ from pathlib import Path
 import sleuth_common
 
 EXPECTED = ["INTERNAL", "LIBRARY", "RUN_ID_ENV", "USER", "frame_kind", "inherited_run_id",
-            "new_run_id", "process_start_time", "read_run_id", "resolve_run_id",
+            "new_run_id", "process_alive", "process_start_time", "read_run_id", "resolve_run_id",
             "short_frame_kind", "short_path"]
 
 

@@ -27,7 +27,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from sleuth_common import RUN_ID_ENV, process_start_time, resolve_run_id
+from sleuth_common import RUN_ID_ENV, process_alive, process_start_time, resolve_run_id
 from tracer._errors import DumpWriteError, TracerError, UntrustedFileError, warn
 from tracer.storage._door import STEP_FILE, kind_problem, numbered, open_regular
 
@@ -49,18 +49,6 @@ class OtherRunError(TracerError):
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _alive(pid: int, started: str | None) -> bool:
-    """True when the process that took a lock on this host may still run."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        pass
-    now = process_start_time(pid)
-    return not (started and now and now != started)
 
 
 def file_run_id(path: Path) -> str:
@@ -216,7 +204,7 @@ def _refuse_live_owner(rank_dir: Path, path: Path, owner: dict) -> None:
                               f"({_describe(owner)}); {fix}. It runs on another host, so "
                               f"sleuth cannot tell whether it is still alive: if it is not, "
                               f"delete {path} and run again")
-    if _alive(pid, owner.get("started")):
+    if process_alive(pid, owner.get("started")):
         raise DumpLockedError(f"{rank_dir} is being written by another process "
                               f"({_describe(owner)}); {fix}")
 
