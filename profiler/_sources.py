@@ -38,17 +38,11 @@ def frame_of(name: str) -> tuple[str, int, str] | None:
     return m.group("file"), int(m.group("line")), m.group("func")
 
 
-def is_line(path: str) -> bool:
-    """Whether a frame's (shortened) path may be an op's line: not torch's, the standard
-    library's or a Sleuth tool's."""
-    return short_frame_kind(path) != INTERNAL
-
-
 def user_line(ev: Any, memo: dict[tuple[int, bool], tuple[str, int]],
               finder: LineFinder | None = None) -> tuple[str, str]:
     """(line, caller) of op `ev` (a nested trace event: `.parent`, `.cat`, `.name`), as the dump
     gives a record's `source` and `caller`: the line is that of the innermost frame around it
-    that may be an op's line (`is_line`), "" when the trace holds none; the caller is the
+    that may be an op's line (not `INTERNAL`), "" when the trace holds none; the caller is the
     user's call that led there when that frame is an installed library's (a Hugging Face
     model's), else "".
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from profiler._sources import LineFinder, is_line
+from profiler._sources import LineFinder
+from sleuth_common import INTERNAL, LIBRARY, USER, short_frame_kind
 
 
 def test_call_found_in_the_function_not_in_strings(tmp_path):
@@ -26,13 +27,14 @@ def test_call_found_in_the_function_not_in_strings(tmp_path):
     assert finder.find(("gone.py", 9, "f"), "g") == "gone.py:9"  # file not found: as torch wrote
 
 
-def test_which_frames_may_be_an_ops_line():
-    assert not is_line("torch/nn/modules/linear.py")
-    assert not is_line("threading.py") and not is_line("<frozen runpy>")
-    assert not is_line("profiler/_collector.py")  # Sleuth's own tools are never the user's line
-    assert is_line("train.py") and is_line("trainer/train.py")
-    # an installed model's code is the op's line, as in the dump (sleuth_common's rule)
-    assert is_line("transformers/models/llama/modeling_llama.py")
+def test_frames_as_torch_shortens_them():
+    assert short_frame_kind("torch/nn/modules/linear.py") == INTERNAL
+    assert short_frame_kind("threading.py") == INTERNAL == short_frame_kind("<frozen runpy>")
+    # Sleuth's own tools are never the user's line
+    assert short_frame_kind("profiler/_collector.py") == INTERNAL
+    assert short_frame_kind("train.py") == USER == short_frame_kind("trainer/train.py")
+    # an installed model's code is the op's line, as in the dump
+    assert short_frame_kind("transformers/models/llama/modeling_llama.py") == LIBRARY
 
 
 def test_operator_lines_and_changed_file(tmp_path):
