@@ -82,7 +82,7 @@ def _rank_rows(gpu_ranks: Any) -> list[dict[str, Any]]:
 
 def _short(source: str) -> str:
     """A source line as a user reads it, its path printed as the dump prints one."""
-    from sleuth_common import short_path
+    from sleuth.common import short_path
     path, sep, line = source.rpartition(":")
     return f"{short_path(path)}:{line}" if sep and path else source
 

@@ -1,5 +1,5 @@
 """Source locations: which user line made a node, by the rule every Sleuth package shares
-(`sleuth_common`: the innermost frame outside torch, the standard library and Sleuth's tools,
+(`sleuth.common`: the innermost frame outside torch, the standard library and Sleuth's tools,
 printed by `short_path`), so a node, the dump's record and the profile's op of one call name
 one line.
 """
@@ -9,7 +9,7 @@ import re
 import sys
 from functools import lru_cache
 
-from sleuth_common import INTERNAL, frame_kind, short_path
+from sleuth.common import INTERNAL, frame_kind, short_path
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
 

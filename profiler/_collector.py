@@ -28,7 +28,7 @@ from typing import Any
 from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA, Action,
                               CollectorConfig)
 from profiler._errors import ProfilerError
-from sleuth_common import inherited_run_id
+from sleuth.common import inherited_run_id
 from tracer import SleuthWarning, strict  # one line, `sleuth: ...`; the switch that raises
 from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
                           world_size_from_env, write_json_atomic)
@@ -43,7 +43,7 @@ class Collector:
         config: a CollectorConfig (default: wait 1, warmup 1, active 3, one window).
         rank: this process's rank (default: $RANK or 0).
         run_id: the run its files belong to (default: the one this process inherits, by the
-            rule the dump follows too, `sleuth_common.inherited_run_id`: $SLEUTH_RUN_ID, which
+            rule the dump follows too, `sleuth.common.inherited_run_id`: $SLEUTH_RUN_ID, which
             the trainer and `sleuth run` set, torchrun's rendezvous, the parent of several
             ranks; none for one process started alone); readers refuse to combine windows of
             different runs.

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from profiler._diff_gpu import gpu_cause
 from profiler._diff_pairs import SOURCE_SEP
 from profiler._sources import CHANGED, site_key
-from sleuth_common import short_path
+from sleuth.common import short_path
 
 if TYPE_CHECKING:
     from profiler._diff import ProfileDiff
@@ -217,7 +217,7 @@ def _side_words(side: str) -> str:
 
 def short_source(source: str) -> str:
     """A source line as a user reads it, its path printed as the dump prints one
-    (`sleuth_common.short_path`; each of several lines joined by SOURCE_SEP)."""
+    (`sleuth.common.short_path`; each of several lines joined by SOURCE_SEP)."""
     if SOURCE_SEP in source:
         return SOURCE_SEP.join(short_source(s) for s in source.split(SOURCE_SEP))
     path, sep, line = source.rpartition(":")

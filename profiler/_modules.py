@@ -87,12 +87,12 @@ class ModuleRanges:
 
 
 def _caller_line() -> str:
-    """`file:line` of the user's line (`sleuth_common.frame_kind`: the innermost frame outside
+    """`file:line` of the user's line (`sleuth.common.frame_kind`: the innermost frame outside
     torch, the standard library and Sleuth's tools) that called a top-level module ("" when
     there is none), as the dump gives that call's records."""
     import sys
 
-    from sleuth_common import INTERNAL, frame_kind
+    from sleuth.common import INTERNAL, frame_kind
     f = sys._getframe(2)
     while f is not None:
         path = f.f_code.co_filename

@@ -3,7 +3,7 @@
 With `with_stack=True` torch.profiler writes each Python call as a `python_function` event
 named `path(line): function`, nested on the op's thread around the ops it made. An op's user
 line is the innermost such frame that is the user's line by the rule every Sleuth package
-shares (`sleuth_common`: not torch, the standard library or Sleuth's own tools; a Hugging Face
+shares (`sleuth.common`: not torch, the standard library or Sleuth's own tools; a Hugging Face
 model's installed code is, as in the dump): for `aten::addmm` under `nn.Linear` that is the
 model's line that called the layer, for an `aten::item` in the loop the loop's line. Without
 stacks there are no frames and the source is "" (the module table still names each module's
@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any
 
-from sleuth_common import INTERNAL, LIBRARY, USER, short_frame_kind
+from sleuth.common import INTERNAL, LIBRARY, USER, short_frame_kind
 
 PYTHON_EVENT = "python_function"
 CHANGED = " (file changed since profiling; line may be off)"

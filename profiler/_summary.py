@@ -31,7 +31,7 @@ from typing import Any, Iterable
 from profiler._errors import ConfigError, ProfilerError
 from profiler._io import rank_from_env
 from profiler._own import own_work
-from sleuth_common import inherited_run_id
+from sleuth.common import inherited_run_id
 from tracer import SleuthWarning, strict
 
 FORMAT_VERSION = "1.0"
@@ -67,7 +67,7 @@ class SummaryWriter:
             once and later records are dropped.
         frequency: keep a scalar / histogram only at steps divisible by this number.
         run_id: the run the file belongs to (default: the one this process inherits, as the
-            Collector's, `sleuth_common.inherited_run_id`).
+            Collector's, `sleuth.common.inherited_run_id`).
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], *, rank: int | None = None,

@@ -47,7 +47,7 @@ def _host_rows(host: list[_Ev], hidden: set[int], steps: list[_Ev],
     of the user's own code is no such call and stays unplaced, also where a builtin called it
     back (a generator that `list()` drains), so no time is counted in two rows."""
     from profiler._sources import builtin_name, builtin_token, frame_of
-    from sleuth_common import USER, short_frame_kind
+    from sleuth.common import USER, short_frame_kind
     spans = [(st.ts, st.end) for st in steps]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for ev in host:

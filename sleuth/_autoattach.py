@@ -86,14 +86,14 @@ def _warn(message: str) -> None:
 def _another_runs_folder() -> str | None:
     """Why the tools must not write into $SLEUTH_RUN_DIR, or None.
 
-    Every tool of this process writes one run: the id `sleuth_common.resolve_run_id` gives
+    Every tool of this process writes one run: the id `sleuth.common.resolve_run_id` gives
     (the caller's $SLEUTH_RUN_ID, torchrun's, or a new one), set in the environment here so the
     dump, the profile and the summary all carry it. A run directory that holds files of another
     run (a trainer run, another script's dump, profile or graphs) is refused before anything is
     written there, as `sleuth run` and `sleuth train` refuse it: the dump's own check covers only
     the dump, and the profiler and the IR exporter would replace that run's files.
     $SLEUTH_DUMP_OVERWRITE=1 (`--overwrite`) lets the tools replace them."""
-    from sleuth_common import RUN_ID_ENV, resolve_run_id
+    from sleuth.common import RUN_ID_ENV, resolve_run_id
 
     run_id = resolve_run_id()
     os.environ[RUN_ID_ENV] = run_id

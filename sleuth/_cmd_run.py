@@ -66,7 +66,7 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
         env["SLEUTH_DUMP_OVERWRITE"] = "1"
     # every process of the command (each torchrun worker) writes one run: one id for all; a
     # caller's own id (a run continuing) is kept
-    from sleuth_common import RUN_ID_ENV, new_run_id
+    from sleuth.common import RUN_ID_ENV, new_run_id
 
     if not env.get(RUN_ID_ENV, "").strip():
         env[RUN_ID_ENV] = new_run_id()

@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sleuth_common import process_alive
+from sleuth.common import process_alive
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids

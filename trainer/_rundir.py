@@ -2,7 +2,7 @@
 
 `write_run_json` is public because the CLI also records runs of other people's scripts
 (`sleuth run`) with it. A run's id is made and read back by the rule every tool shares
-(`sleuth_common`: `new_run_id`, `read_run_id`), which the trainer's face re-exports.
+(`sleuth.common`: `new_run_id`, `read_run_id`), which the trainer's face re-exports.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from sleuth_common import new_run_id, read_run_id
+from sleuth.common import new_run_id, read_run_id
 
 FORMAT_VERSION = "1.0"
 

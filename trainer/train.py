@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from sleuth_common import RUN_ID_ENV, new_run_id, read_run_id
+from sleuth.common import RUN_ID_ENV, new_run_id, read_run_id
 from trainer import _distributed
 from trainer._callbacks import Callback, TrainState, _CallbackList
 from trainer._checkpoint import (load_model_into, load_trainer_state, read_meta,

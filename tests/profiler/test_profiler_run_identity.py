@@ -1,5 +1,5 @@
 """The profile carries the run id the dump carries, by the one rule every tool imports
-(`sleuth_common.inherited_run_id`), also where the launcher names no run: plain torchrun (its
+(`sleuth.common.inherited_run_id`), also where the launcher names no run: plain torchrun (its
 rendezvous id is "none") and `mp.spawn` without $SLEUTH_RUN_ID give every rank the parent's id,
 and the readers check the profile's windows against the dump's run."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 import profiler
 import trainer
-from sleuth_common import inherited_run_id, resolve_run_id
+from sleuth.common import inherited_run_id, resolve_run_id
 
 REPO = Path(__file__).resolve().parents[2]
 

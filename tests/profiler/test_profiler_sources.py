@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from profiler._sources import LineFinder
-from sleuth_common import INTERNAL, LIBRARY, USER, short_frame_kind
+from sleuth.common import INTERNAL, LIBRARY, USER, short_frame_kind
 
 
 def test_call_found_in_the_function_not_in_strings(tmp_path):

@@ -222,7 +222,7 @@ def test_a_config_typo_is_one_line_and_the_run_goes_on(tmp_path):
 @pytest.mark.slow
 def test_a_rank_another_live_writer_holds_is_left_alone(tmp_path):
     """A writer of this host that is alive (here: the test's own process) holds rank 0."""
-    from sleuth_common import process_start_time
+    from sleuth.common import process_start_time
     from tracer.storage._lock import LOCK_NAME
 
     rank_dir = tmp_path / "run" / "dump" / "rank0"

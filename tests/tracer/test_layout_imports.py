@@ -21,7 +21,7 @@ SHARED = {"tracer._config", "tracer._errors", "tracer._lazy", "tracer._validate"
 # the recording side: what runs inside a traced training run
 RECORDING = ("tracer.capture", "tracer.storage", "tracer._dumper", "tracer._config",
              "tracer._attach")
-OTHER_PACKAGES = ("sleuth", "dashboard", "profiler", "irdump", "trainer", "sleuth_common")
+OTHER_PACKAGES = ("sleuth", "dashboard", "profiler", "irdump", "trainer")
 PROJECT = ("tracer", *OTHER_PACKAGES)
 
 
@@ -308,13 +308,13 @@ def test_run_file_names_are_parsed_in_one_place():
 
 
 def test_the_shared_rules_import_no_other_package_and_no_torch():
-    """sleuth_common sits below every package (docs/architecture.md): it imports none of them,
+    """sleuth.common sits below every package (docs/architecture.md): it imports none of them,
     and no torch, so the readers that use it run without torch."""
     offenders = []
-    for path in sorted((ROOT / "sleuth_common").rglob("*.py")):
+    for path in sorted((ROOT / "sleuth" / "common").rglob("*.py")):
         for line, module, _ in _imports(path):
             top = module.split(".")[0]
-            if top in {*PROJECT, "torch"} - {"sleuth_common"}:
+            if top in {*PROJECT, "torch"} and not module.startswith("sleuth.common"):
                 offenders.append(f"{path.relative_to(ROOT)}:{line}: {module}")
     assert offenders == []
 
@@ -331,13 +331,13 @@ def _spelled(value: object) -> str | None:
 
 def test_run_identity_and_the_users_line_are_spelled_in_one_module():
     """Docs/architecture.md, "One rule, one place": how a process finds its run id and which
-    frame is the user's line live in sleuth_common alone; a second copy drifts (a profile
+    frame is the user's line live in sleuth.common alone; a second copy drifts (a profile
     without the dump's run id, a profile naming another line than the dump for one op)."""
     offenders = []
     for package in PROJECT:
-        if package == "sleuth_common":
-            continue
         for path in sorted((ROOT / package).rglob("*.py")):
+            if path.is_relative_to(ROOT / "sleuth" / "common"):
+                continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Constant) and _spelled(node.value):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: "

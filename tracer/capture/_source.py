@@ -1,5 +1,5 @@
 """Source location of the code that made a record: ``path/to/file.py:LINE`` of the user's line,
-by the rule every Sleuth package shares (`sleuth_common`'s `frame_kind` and `short_path`).
+by the rule every Sleuth package shares (`sleuth.common`'s `frame_kind` and `short_path`).
 When that line is an installed library's (a Hugging Face model's), the user's call site is kept
 as well, as the `caller` of a `Site`, which is the source text itself (a str) with that field.
 
@@ -21,7 +21,7 @@ import os
 import sys
 import types
 
-from sleuth_common import INTERNAL, LIBRARY, frame_kind, short_path
+from sleuth.common import INTERNAL, LIBRARY, frame_kind, short_path
 
 RECEIVED = "<received from another process>"
 """What `user_source` returns for code that runs while torch rebuilds a tensor another process

@@ -8,7 +8,7 @@ over with a warning; a lock of another host cannot be checked from here and is n
 
 Every step file carries the run id of the run that wrote it (root attribute `run_id`) and
 `RUN/dump/dump.json` names the run the dump belongs to. All ranks of one run find the same id
-without talking to each other, by the rule every tool shares (`sleuth_common.resolve_run_id`).
+without talking to each other, by the rule every tool shares (`sleuth.common.resolve_run_id`).
 A writer whose rank folder or run file belongs to another run is refused unless the config
 says `"overwrite": true`; then, holding the lock, it removes the other run's step files of its
 rank (never anything else) before it writes.
@@ -27,7 +27,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from sleuth_common import RUN_ID_ENV, process_alive, process_start_time, resolve_run_id
+from sleuth.common import RUN_ID_ENV, process_alive, process_start_time, resolve_run_id
 from tracer._errors import DumpWriteError, TracerError, UntrustedFileError, warn
 from tracer.storage._door import STEP_FILE, kind_problem, numbered, open_regular
 

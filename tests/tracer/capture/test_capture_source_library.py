@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tracer
-from sleuth_common import _user_line, short_path
+from sleuth.common import _user_line, short_path
 from tracer.capture import _source
 
 _MODEL = textwrap.dedent("""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from sleuth_common import _user_line
+from sleuth.common import _user_line
 from tracer.capture import _source
 
 

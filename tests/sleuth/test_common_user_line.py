@@ -1,4 +1,4 @@
-"""One rule for the user's line (`sleuth_common.frame_kind`, `short_path`): an op of a Hugging
+"""One rule for the user's line (`sleuth.common.frame_kind`, `short_path`): an op of a Hugging
 Face model gets the same line from a dump and from a profile, and no tool ever names a frame of
 Sleuth's own packages as the user's."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 import profiler
 import tracer
-from sleuth_common import INTERNAL, LIBRARY, USER, frame_kind, short_frame_kind, short_path
+from sleuth.common import INTERNAL, LIBRARY, USER, frame_kind, short_frame_kind, short_path
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ def _line(text: str) -> int:
 
 def test_frames_of_sleuths_tools_are_never_the_line():
     import transformers
-    for tool in ("tracer", "profiler", "irdump", "sleuth", "dashboard", "sleuth_common"):
+    for tool in ("tracer", "profiler", "irdump", "sleuth", "dashboard"):
         assert frame_kind(str(REPO / tool / "x.py")) == INTERNAL
         assert short_frame_kind(f"{tool}/x.py") == INTERNAL
     assert frame_kind(torch.__file__) == INTERNAL == frame_kind(os.__file__)

@@ -1,11 +1,11 @@
-"""sleuth_common's public names, pinned: every package imports them."""
+"""sleuth.common's public names, pinned: every package imports them."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
 
-import sleuth_common
+import sleuth.common
 
 EXPECTED = ["INTERNAL", "LIBRARY", "RUN_ID_ENV", "USER", "frame_kind", "inherited_run_id",
             "new_run_id", "process_alive", "process_start_time", "read_run_id", "resolve_run_id",
@@ -13,13 +13,13 @@ EXPECTED = ["INTERNAL", "LIBRARY", "RUN_ID_ENV", "USER", "frame_kind", "inherite
 
 
 def test_public_names():
-    assert sleuth_common.__all__ == sorted(EXPECTED)
-    for name in sleuth_common.__all__:
-        assert hasattr(sleuth_common, name)
+    assert sleuth.common.__all__ == sorted(EXPECTED)
+    for name in sleuth.common.__all__:
+        assert hasattr(sleuth.common, name)
 
 
 def test_importing_it_imports_no_torch():
-    code = "import sys, sleuth_common; print('torch' in sys.modules)"
+    code = "import sys, sleuth.common; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2]).stdout.strip()
     assert out == "False"

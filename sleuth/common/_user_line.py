@@ -28,10 +28,10 @@ from functools import lru_cache
 
 INTERNAL, LIBRARY, USER = 0, 1, 2
 
-_TOOLS = ("tracer", "profiler", "irdump", "sleuth", "dashboard", "sleuth_common")
+_TOOLS = ("tracer", "profiler", "irdump", "sleuth", "dashboard")
 _USER_PACKAGES = ("trainer",)
 # the folder holding Sleuth's packages: the checkout, or site-packages once installed
-_PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGES_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _STDLIB = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 _torch_dir: str | None = None
