@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fault_zoo
 import torch
 from fault_zoo import marked_line
 from torch import nn
@@ -112,11 +113,8 @@ FAULTS: dict[str, Expect] = {
 NEEDS_BUFFER = {"buffer"}
 
 
-@dataclass(frozen=True)
-class Case:
-    family: str
-    fault: str
-    level: str  # "op" or "mix"
+class Case(fault_zoo.Case):
+    """(family, fault class, level), as the fault zoo's, with the optimizer the generator picks."""
 
     @property
     def optimizer(self) -> str:
