@@ -55,7 +55,10 @@ def test_sleuth_train_subprocess(sleuth_cli, tmp_path, corpus):
 
 
 def test_trainer_imports_no_tool():
-    pattern = re.compile(r"^\s*(from|import)\s+(tracer|profiler|irdump|dashboard|sleuth)\b", re.M)
+    """The tools attach from outside; the rules every package shares (sleuth.common: run
+    identity) are no tool."""
+    pattern = re.compile(r"^\s*(from|import)\s+(tracer|profiler|irdump|dashboard|sleuth)\b"
+                         r"(?!\.common\b)", re.M)
     offenders = [p.name for p in TRAINER.glob("*.py") if pattern.search(p.read_text())]
     assert offenders == []
 
