@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tracer.analysis._origin import call_stem
+
 _DATA_INPUT = re.compile(r"^<root>\.forward\.0\.input\.")
 _INTEGER = ("int", "uint", "bool")
 _OUTSIDE = ("<none>", "")  # the module of an op run outside every module
@@ -39,11 +41,6 @@ def _made(recs: list[dict]) -> dict[tuple, int]:
     return made
 
 
-def _stem(name: Any) -> str:
-    """A record's call: its name without `.{direction}.{index}`."""
-    return str(name).rsplit(".", 2)[0]
-
-
 def mark_fed(rows: list[dict], recs_a: list[dict], recs_b: list[dict] | None = None) -> None:
     """Mark `fed` what the step's data is, in its divergent records:
 
@@ -67,11 +64,11 @@ def mark_fed(rows: list[dict], recs_a: list[dict], recs_b: list[dict] | None = N
         inputs: dict[str, list[str]] = {}
         for r in rows:
             if r["direction"] == "input" and r["op"]:
-                inputs.setdefault(_stem(r["name"]), []).append(r["verdict"])
+                inputs.setdefault(call_stem(r), []).append(r["verdict"])
         for r in rows:
             if r["verdict"] == "diverged" and r["phase"] == "forward" and r["op"] \
                     and str(r["module"]) in _OUTSIDE and 0 <= int(r["seq"]) < model_from:
-                given = inputs.get(_stem(r["name"]))
+                given = inputs.get(call_stem(r))
                 r["fed"] = r["direction"] == "input" or not given \
                     or any(v != "same" for v in given)
     wanted = [r for r in rows if r["verdict"] == "diverged" and r["phase"] == "forward"

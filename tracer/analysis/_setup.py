@@ -11,7 +11,9 @@ explain names them where no recorded op made the difference.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+from itertools import zip_longest
 from typing import Any
 
 from tracer.storage import JsonLimitError, loads_bounded
@@ -78,9 +80,7 @@ def _per_param(opt: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _optimizers(a: list, b: list, named: bool) -> list[dict[str, Any]]:
     out = []
-    for i in range(max(len(a), len(b))):
-        oa = a[i] if i < len(a) else None
-        ob = b[i] if i < len(b) else None
+    for i, (oa, ob) in enumerate(zip_longest(a, b)):
         if oa is None or ob is None:
             has, side = ("B", ob) if oa is None else ("A", oa)
             out.append(_diff("optimizer", f"optimizer.{i}", oa and oa.get("class"),
@@ -167,9 +167,7 @@ def _lines(ca: dict[str, Any], cb: dict[str, Any]) -> str:
 
 def _clips(a: list, b: list, named: bool) -> list[dict[str, Any]]:
     out = []
-    for i in range(max(len(a), len(b))):
-        ca = a[i] if i < len(a) else None
-        cb = b[i] if i < len(b) else None
+    for i, (ca, cb) in enumerate(zip_longest(a, b)):
         if ca is None or cb is None:
             side, c, other = ("B", cb, "A") if ca is None else ("A", ca, "B")
             out.append(_diff("clipping", f"clip.{i}", ca and ca.get("args"),
@@ -391,8 +389,6 @@ def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
     cannot tell, or the first divergence is the optimizer's, and a setup difference can make
     that divergence, the verdict is "setup", naming it; a bug or precision verdict keeps its
     word and says the setup differs too."""
-    import dataclasses
-
     if change is None:
         return found
     every = numerics_differences(change["differences"])
@@ -420,7 +416,7 @@ def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
         found.notes.insert(0, f"the two steps were set up differently: {_words(every)}")
         return dataclasses.replace(found, setup=every)
     ranked = _relevant(every, fd, blamed.get("fault") in _STRUCTURAL)
-    held = _held_by(ranked, (found.blamed or {}).get("module")) if found.status == "bug" else []
+    held = _held_by(ranked, blamed.get("module")) if found.status == "bug" else []
     if held:
         # the op blamed runs in a module whose constants differ (an epsilon, a dropout
         # probability): the op and its line stay the verdict, the constant says where it

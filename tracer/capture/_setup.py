@@ -339,13 +339,25 @@ def on_clip(callback: Callable[[str, dict, list, str], None]) -> Any:
     return _listeners.add(callback)
 
 
-def _notify(fn: str, args: dict[str, Any], params: Any) -> None:
+def _listed(parameters: Any) -> Any:
+    """The parameters a clipping function was given, as a list it can still iterate (a
+    generator would be spent by the report)."""
+    if isinstance(parameters, torch.Tensor):
+        return [parameters]
+    return parameters if isinstance(parameters, (list, tuple)) else list(parameters)
+
+
+def _report(fn: str, args: dict[str, Any], params: Any) -> None:
+    """Tell the listeners of one clipping call; nothing of it stops the user's clipping."""
     if not _listeners:
         return
-    params = [params] if isinstance(params, torch.Tensor) else list(params)
-    source = user_source(2)
-    for callback in _listeners.callbacks():
-        callback(fn, args, params, source)
+    try:
+        args = {k: plain(float(v)) for k, v in args.items()}
+        source = user_source(2)
+        for callback in _listeners.callbacks():
+            callback(fn, args, list(params), source)
+    except Exception:  # noqa: BLE001 - a setup record never stops the user's clipping
+        return
 
 
 def _wrap() -> None:
@@ -363,32 +375,20 @@ def _wrap() -> None:
 
     @functools.wraps(with_norm)
     def clip_grads_with_norm_(parameters: Any, max_norm: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(parameters, torch.Tensor):
-            parameters = [parameters]
-        elif not isinstance(parameters, (list, tuple)):
-            parameters = list(parameters)
+        parameters = _listed(parameters)
         norm_type = getattr(_state, "norm_type", None)
         _state.norm_type = None
-        args_out = {"max_norm": plain(float(max_norm))}
-        if norm_type is not None:
-            args_out["norm_type"] = plain(float(norm_type))
-        try:
-            _notify("clip_grad_norm_" if norm_type is not None else "clip_grads_with_norm_",
-                    args_out, parameters)
-        except Exception:  # noqa: BLE001 - a setup record never stops the user's clipping
-            pass
+        if norm_type is None:
+            _report("clip_grads_with_norm_", {"max_norm": max_norm}, parameters)
+        else:
+            _report("clip_grad_norm_", {"max_norm": max_norm, "norm_type": norm_type},
+                    parameters)
         return with_norm(parameters, max_norm, *args, **kwargs)
 
     @functools.wraps(by_value)
     def clip_grad_value_(parameters: Any, clip_value: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(parameters, torch.Tensor):
-            parameters = [parameters]
-        elif not isinstance(parameters, (list, tuple)):
-            parameters = list(parameters)
-        try:
-            _notify("clip_grad_value_", {"clip_value": plain(float(clip_value))}, parameters)
-        except Exception:  # noqa: BLE001 - a setup record never stops the user's clipping
-            pass
+        parameters = _listed(parameters)
+        _report("clip_grad_value_", {"clip_value": clip_value}, parameters)
         return by_value(parameters, clip_value, *args, **kwargs)
 
     for owner, attr, wrapped in ((clip_grad, "_get_total_norm", get_total_norm),
