@@ -42,7 +42,7 @@ from tracer._errors import ConfigError, DumpWriteError, WatchpointHit, describe_
 from tracer._lifecycle import LIVE, Lifecycle
 from tracer._step_rule import StepRule
 from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords,
-                            SetupRecorder, on_clip, on_scaler_update, tool_range)
+                            SetupRecorder, on_clip, on_region, on_scaler_update, tool_range)
 from tracer.storage import copy_stats, difference_sketch, difference_stats
 
 
@@ -142,6 +142,8 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
                          on_scaler_update(self._scaler_update),
                          on_clip(self._clipped),
                          on_crash(self._crashed)]
+        if self.config.compiled != "eager":
+            self._handles.append(on_region(self._tracker.region, self._tracker.compiling))
         try:
             self._begin()
         except BaseException:  # nothing of a Dumper that failed to start stays attached

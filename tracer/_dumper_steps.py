@@ -41,7 +41,8 @@ class StepBoundaries:
             self._mode.push()
         self._to(Lifecycle.CAPTURING)
         self._setup.begin()
-        self._eager.enter(self.current_step)
+        if self.config.compiled == "eager":
+            self._eager.enter(self.current_step)
 
     def _uninstall(self) -> None:
         self._eager.leave()
@@ -111,6 +112,8 @@ class StepBoundaries:
         self._uninstall()
         setup = None
         if was_open and how is not LastStep.DROP:
+            self._take_setup(self._setup.compiled, self.config.compiled,
+                             self._tracker.regions_run)
             self._take_setup(self._setup.finish)
             setup = self._setup.taken
         self._setup.end()

@@ -20,7 +20,7 @@ from tracer.storage import JsonLimitError, loads_bounded
 
 # the order differences are reported in: what most often makes two runs part, first
 KINDS = ("optimizer", "hyperparameter", "group", "clipping", "frozen", "config", "module",
-         "buffer", "flag", "env", "rng", "version")
+         "buffer", "compile", "flag", "env", "rng", "version")
 _RANK = {k: i for i, k in enumerate(KINDS)}
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
@@ -248,6 +248,34 @@ def _buffers(a: dict, b: dict) -> list[dict[str, Any]]:
                   f"{which} other {how} as the step begins", buffers=differ)]
 
 
+def _compile(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """How each side ran torch.compile'd code: compiled or eagerly (the dump config's
+    "compiled"), which compiled regions ran, and graph breaks and recompiles so far."""
+    if not a and not b:
+        return []
+    if not a or not b:
+        side, c = ("B", b) if b else ("A", a)
+        how = "eagerly" if c.get("mode") == "eager" else "compiled"
+        return [_diff("compile", "compiled", bool(a), bool(b),
+                      f"only {side} ran torch.compile'd code ({how} in the dumped step)")]
+    out = []
+    if a.get("mode") != b.get("mode"):
+        eager = "A" if a.get("mode") == "eager" else "B"
+        out.append(_diff("compile", "mode", a.get("mode"), b.get("mode"),
+                         f"{eager} ran torch.compile'd code eagerly in the dumped step "
+                         f"(dump config \"compiled\": \"eager\"), the other compiled"))
+    ra, rb = a.get("regions") or {}, b.get("regions") or {}
+    for side, names in (("A", [r for r in ra if r not in rb]), ("B", [r for r in rb if r not in ra])):
+        if names and a.get("mode") == b.get("mode"):
+            out.append(_diff("compile", "regions", sorted(ra), sorted(rb),
+                             f"compiled regions {names_in_words(names)} ran in {side} only"))
+    for key, what in (("breaks", "graph breaks"), ("recompiles", "recompiles")):
+        if (a.get(key) or 0) != (b.get(key) or 0):
+            out.append(_diff("compile", key, a.get(key), b.get(key),
+                             f"{what} so far: {a.get(key) or 0} in A, {b.get(key) or 0} in B"))
+    return out
+
+
 def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
                 ) -> list[dict[str, Any]]:
     """What differs between two steps' setups (`read`), likeliest cause first: each a dict of
@@ -273,6 +301,7 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
         out += _modules(ma.get("modules") or {}, mb.get("modules") or {})
         if "buffers" in a and "buffers" in b:
             out += _buffers(a["buffers"] or {}, b["buffers"] or {})
+    out += _compile(a.get("compile"), b.get("compile"))
     out += _keyed("flag", "torch flag", a.get("flags") or {}, b.get("flags") or {})
     out += _keyed("env", "environment variable", a.get("env") or {}, b.get("env") or {})
     if "rng" in a and "rng" in b:

@@ -32,9 +32,10 @@ from torch.nn.modules import module as _nn_module
 from tracer._errors import ConfigError
 from tracer.capture import _graphs
 from tracer.capture._compiled import compiled_module, tell_once
-from tracer.capture._naming import (ROOT, CallCounter, CallNames, module_names, root_name,
-                                    wrapper_inner)
+from tracer.capture._naming import (NONE, ROOT, CallCounter, CallNames, compiled_inner,
+                                    module_names, op_scope, root_name, wrapper_inner)
 from tracer.capture._recorder import Recorder
+from tracer.capture._regions import announce_compiles
 from tracer.capture._source import user_source
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -149,6 +150,14 @@ class ModuleTracker:
         self.want_out = cfg.io in ("output", "both")
         self.want_fw = cfg.phases in ("forward", "both")
         self.want_bw = cfg.phases in ("backward", "both")
+        # torch.compile's regions run compiled in a dumped step (tracer.capture._regions): a
+        # compiled module's wrapper takes the name of the module it runs, whose own hooks the
+        # compiled code never calls
+        self.compiled = cfg.compiled != "eager"
+        self.regions_run: dict[str, int] = {}
+        """Calls of each compiled region in this step (scope -> calls), for the setup."""
+        self._paused: list[Any] = []
+        self._in_region = 0  # module calls inside a compiled region are the backend's own
         self.calls = CallCounter()
         self._recompute_calls = CallCounter()
         # (module, direction, index, call) of the backward records made this step: a
@@ -233,6 +242,8 @@ class ModuleTracker:
             return
         if "torch._dynamo" in sys.modules:  # loaded: torch.compile may run the model
             keep_dynamo_out()
+            if self.compiled:
+                announce_compiles()
         self._handles = [
             _nn_module.register_module_forward_pre_hook(self._guarded_pre),
             _nn_module.register_module_forward_hook(self._guarded_post, with_kwargs=True,
@@ -243,9 +254,24 @@ class ModuleTracker:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self._paused = []
         self.stack.clear()
 
+    def compiling(self, starts: bool) -> None:
+        """torch.compile starts (True) or ends compiling a frame: the module hooks come off
+        meanwhile, so dynamo traces the model as an undumped step would have it traced (with
+        them on it would break the graph at every module); the module stack stays."""
+        if starts:
+            if self._handles:
+                for handle in self._handles:
+                    handle.remove()
+                self._paused, self._handles = self._handles, []
+        elif self._paused:
+            self._paused = []
+            self.install()
+
     def reset_step(self) -> None:
+        self.regions_run.clear()
         self.stack.clear()
         self.calls.reset()
         self._recompute_calls.reset()
@@ -282,11 +308,23 @@ class ModuleTracker:
         if self._dumper._busy or fake_mode_active() \
                 or _graphs.capturing() and _graphs.told():  # (tracer.capture._graphs)
             return
+        if self._in_region:
+            return  # a backend's graph module (backend "eager"), not one of the model's
+        stack = self.stack
+        if self.compiled and stack and stack[-1][0] is module:
+            return  # the module a compiled wrapper runs, run eagerly: the wrapper's call
         name = self._name_of(module)
         if name is None:
-            if compiled_module(module):
+            if not compiled_module(module):
+                return
+            if not self.compiled:
                 tell_once()  # its forward runs eagerly in this step (tracer.capture._compiled)
-            return
+                return
+            # the wrapper's call is the compiled module's: its inputs, outputs and gradients
+            module = compiled_inner(module)
+            name = self._name_of(module)
+            if name is None:
+                return
         recomputing = _graph_task_id() != -1 and _grad_enabled()
         counter = self._recompute_calls if recomputing else self.calls
         call = counter.next(name, "forward")
@@ -297,7 +335,6 @@ class ModuleTracker:
             frame = None
         # the call's source line (from _call_impl's inner up), which its records and the ops
         # inside it share: walked once a call, and only up to the running caller's frame
-        stack = self.stack
         if frame is None:
             source = user_source(3) if wanted and self.want_fw and not recomputing else None
         elif stack and stack[-1][6] is not None:
@@ -322,6 +359,8 @@ class ModuleTracker:
         stack = self.stack
         if not stack or self._dumper._busy or fake_mode_active():
             return
+        if self.compiled:
+            module = compiled_inner(module) or module
         for pos in range(len(stack) - 1, -1, -1):
             if stack[pos][0] is module:
                 break
@@ -355,25 +394,28 @@ class ModuleTracker:
         self._record(name, "output", outputs, call, recomputing, source)
 
     def _record(self, name: str, direction: str, tensors: list[torch.Tensor], call: int,
-                recomputing: bool, source: str | None) -> None:
+                recomputing: bool, source: str | None, scope: str | None = None,
+                op: str = "") -> None:
         """Emit a module call's forward inputs or outputs now (`source`: the call's line, None
-        when not walked yet), and hook their gradients."""
+        when not walked yet), and hook their gradients; a compiled region's (`scope`, `op`)
+        likewise."""
+        scope = scope or name
         if self.want_fw and not recomputing:
             if source is None:
                 source = user_source(4)  # above this, the hook, its guard, torch's _call_impl
             with tool_range():
-                self._dumper.emit_all(name, name, "", "forward", direction, call, source,
+                self._dumper.emit_all(scope, name, op, "forward", direction, call, source,
                                       tensors)
         if self.want_bw:
             for i, t in enumerate(tensors):
                 if t.requires_grad:
-                    t.register_hook(self._grad_hook(name, direction, i, call))
+                    t.register_hook(self._grad_hook(name, direction, i, call, scope, op))
 
-    def _grad_hook(self, name: str, direction: str, index: int,
-                   call: int) -> Callable[[torch.Tensor], None]:
+    def _grad_hook(self, name: str, direction: str, index: int, call: int,
+                   scope: str, op: str) -> Callable[[torch.Tensor], None]:
         dumper = self._dumper
         seen = self._grads_seen
-        key = (name, direction, index, call)
+        key = (scope, direction, index, call)
 
         def hook(grad: torch.Tensor) -> None:
             if dumper.capturing and grad is not None and key not in seen \
@@ -382,12 +424,74 @@ class ModuleTracker:
                     seen.add(key)
                     source = user_source(2)
                     with tool_range():
-                        dumper.emit(name, name, "", "backward", direction, index, call, source,
-                                    grad)
+                        dumper.emit(scope, name, op, "backward", direction, index, call,
+                                    source, grad)
                 except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
                     dumper._fail(e)
 
         return hook
+
+    # -- compiled regions (tracer.capture._regions) ---------------------------------------------
+    def region(self, region: Any, run: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run one call of a compiled region as it is, recording its inputs and outputs (and,
+        through tensor hooks, their gradients) as ``{module}::compiled.{function}`` records of
+        the module whose frame it compiles; ops it dispatches (Inductor's external calls, an
+        ``aot_eager`` graph's ops) are scoped to that module."""
+        dumper = self._dumper
+        if not dumper.capturing or dumper._busy or fake_mode_active() \
+                or _graph_task_id() != -1 or _graphs.capturing() and _graphs.told():
+            return run(*args, **kwargs)
+        try:
+            entry = self._region_enter(region, args)
+        except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
+            dumper._fail(e)
+            return run(*args, **kwargs)
+        stack = self.stack
+        stack.append(entry[0])
+        self._in_region += 1
+        try:
+            out = run(*args, **kwargs)
+        finally:
+            self._in_region -= 1
+            if stack and stack[-1] is entry[0]:
+                stack.pop()
+        try:
+            self._region_leave(entry, args, out)
+        except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
+            dumper._fail(e)
+        return out
+
+    def _region_enter(self, region: Any, args: tuple) -> tuple:
+        stack = self.stack
+        top = stack[-1] if stack else None
+        owner = region.owner_module()
+        name = None
+        if owner is not None:
+            name = top[1] if top is not None and top[0] is owner else self._name_of(owner)
+        if name is None:
+            name = top[1] if top is not None else NONE
+        scope = op_scope(name, region.op)
+        call = self.calls.next(scope, "forward")
+        self.regions_run[scope] = self.regions_run.get(scope, 0) + 1
+        self._seq += 1
+        source = region.source or (top[5] if top is not None and top[5] else "")
+        entry = (owner if owner is not None else (top[0] if top is not None else None),
+                 name, call, self._seq, False, source, None)
+        wanted = self.wants(name)
+        if wanted and self.want_in:
+            inputs = [args[i] for i in region.data if i < len(args)
+                      and isinstance(args[i], _Tensor)]
+            if inputs:
+                self._record(name, "input", inputs, call, False, source, scope, region.op)
+        return entry, scope, wanted, region.op
+
+    def _region_leave(self, entry: tuple, args: tuple, out: Any) -> None:
+        (_, name, call, seq, _, source, _), scope, wanted, op = entry
+        outputs = flatten_tensors(out, [])
+        if self.tag_graph and _grad_enabled():
+            self._tag(outputs, [a for a in args if isinstance(a, _Tensor)], name, seq)
+        if wanted and self.want_out and outputs:
+            self._record(name, "output", outputs, call, False, source, scope, op)
 
     @staticmethod
     def _tag(outputs: list[torch.Tensor], stop: list[torch.Tensor], name: str, seq: int) -> None:

@@ -50,7 +50,10 @@ UNINITIALISED_OUTPUTS: dict[str, tuple[int, ...]] = {
 _MAX_FRESH = 256
 
 
-def _flat(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+def _flat(args: tuple, kwargs: dict, written: bool = True) -> list[torch.Tensor]:
+    """The tensors of an op's arguments; `written` False leaves out an ``out=`` argument,
+    which the op only writes (what it held before is whatever its allocation found: Inductor
+    allocates its buffers without an op the mode sees)."""
     # aten schemas hold tensors directly or in one level of lists (aten.cat, _foreach_*)
     out = []
     for a in args:
@@ -58,7 +61,9 @@ def _flat(args: tuple, kwargs: dict) -> list[torch.Tensor]:
             out.append(a)
         elif isinstance(a, (list, tuple)):
             out += [b for b in a if isinstance(b, _Tensor)]
-    for a in kwargs.values():
+    for key, a in kwargs.items():
+        if not written and key == "out":
+            continue
         if isinstance(a, _Tensor):
             out.append(a)
         elif isinstance(a, (list, tuple)):
@@ -147,6 +152,13 @@ class OpMode(TorchDispatchMode):
         # (`_keep_dynamo_out`, at the first push), and while a compiled region runs the handler
         # switches frame evaluation off around its work, as the wrapper would.
         return not _OWN_DYNAMO_GUARD
+
+    def ignore_compile_internals(self) -> bool:  # type: ignore[override]
+        # True: torch.compile compiles with this mode on the stack (it takes the mode off
+        # while it compiles) and runs the compiled code under it, which then dispatches only
+        # the ops the compiled code calls (Inductor's external kernels); False would have
+        # dynamo skip every frame while the mode is pushed, running the model eagerly
+        return self._tracker.compiled
 
     def __init__(self, dumper: Recorder, tracker: ModuleTracker) -> None:
         super().__init__()
@@ -262,7 +274,7 @@ class OpMode(TorchDispatchMode):
         # an in-place op's tensors get their version bumped only after the op returned from
         # this mode: before and after it they carry the same version, so no reuse for them
         stable = not info[2]
-        inputs = _flat(args, kwargs) if self.want_in or self._fresh else None
+        inputs = _flat(args, kwargs, False) if self.want_in or self._fresh else None
         if self.want_specs:
             with tool_range():
                 dumper.emit_call(f"{scope}.{phase}.{call}", func, args, kwargs)

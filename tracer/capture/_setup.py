@@ -300,6 +300,18 @@ class SetupRecorder:
         names = [self._name(p) for p in params if getattr(p, "grad", None) is not None]
         setup["clips"].append({"fn": fn, "args": args, "params": names, "source": str(source)})
 
+    def compiled(self, mode: str, regions: dict[str, int]) -> None:
+        """How the step ran torch.compile'd code (`mode`, the dump config's "compiled"), the
+        compiled regions that ran (scope -> calls) and what the compiler did so far; nothing
+        where torch.compile never loaded."""
+        from tracer.capture._regions import compile_summary
+
+        setup = self._setup
+        summary = compile_summary()
+        if setup is None or summary is None and not regions:
+            return
+        setup["compile"] = {"mode": mode, "regions": dict(regions), **(summary or {})}
+
     def failed(self, reason: str) -> None:
         """Part of the step's setup could not be taken: said in it (`errors`)."""
         if self._setup is not None:

@@ -1,5 +1,5 @@
-"""torch.compile under a dump: every dumped step runs the compiled model eagerly and records what
-an eager run records, whenever torch.compile first traced it; steps not dumped run compiled,
+"""torch.compile under a dump with "compiled": "eager": every dumped step runs the compiled model
+eagerly and records what an eager run records, whenever torch.compile first traced it; steps not dumped run compiled,
 with no graph break of the tracer's; one warning line says so; the compiler's stance is the
 user's again once a dumped step ends."""
 from __future__ import annotations
@@ -36,7 +36,8 @@ def _train(run, level, steps_cfg, backend=None, steps=6):
     torch.manual_seed(1)
     batches = [torch.randn(4, 8) for _ in range(steps)]
     dumper = (tracer.Dumper(model, {"path": str(run), "level": level, "writer": "sync",
-                                    "steps": steps_cfg}) if level else None)
+                                    "steps": steps_cfg, "compiled": "eager"})
+                if level else None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for x in batches:

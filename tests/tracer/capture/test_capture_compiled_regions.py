@@ -1,0 +1,177 @@
+"""torch.compile under a dump, compiled: a dumped step runs the code an undumped step runs, and
+records each compiled region's inputs, outputs and gradients under the module whose forward it
+compiles, so a fault only the compiled code has is seen, where running the step eagerly says
+"same". The quick lane uses the aot_eager backend (AOTAutograd's graphs run by torch's own
+kernels); Inductor runs under `slow`."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import tracer
+from tracer.analysis import diff
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")
+
+
+class Net(nn.Module):
+    """LayerNorm between two linears; `fault` scales the normalised activations only where the
+    code runs compiled (a branch on torch.compiler.is_compiling(): a compile-only bug), and
+    `break_graph` breaks the graph between the two halves."""
+
+    def __init__(self, fault: bool = False, break_graph: bool = False) -> None:
+        super().__init__()
+        self.a, self.n, self.b = nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 1)
+        self.fault, self.break_graph = fault, break_graph
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.n(nn.functional.gelu(self.a(x)))
+        if self.fault and torch.compiler.is_compiling():
+            h = h * 1.1
+        if self.break_graph:
+            torch._dynamo.graph_break()
+        return self.b(h)
+
+
+def _train(run, *, dump=True, backend="aot_eager", how="module", steps=3, level="module",
+           selected="0|2", compiled="compiled", **net):
+    """A plain loop over a compiled Net (`how`: torch.compile(model), model.compile(), or a
+    compiled training function); returns (losses, counters of graphs and breaks, weights)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = Net(**net)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    if how == "module":
+        call = torch.compile(model, backend=backend)
+    elif how == "method":
+        model.compile(backend=backend)
+        call = model
+    else:
+        call = model
+    loss_of = torch.compile(lambda x: call(x).square().mean(), backend=backend) \
+        if how == "function" else (lambda x: call(x).square().mean())
+    dumper = tracer.Dumper(model, {"path": str(run), "level": level, "writer": "sync",
+                                   "steps": selected, "on_error": "raise",
+                                   "compiled": compiled}) if dump else None
+    torch.manual_seed(1)
+    losses = []
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            loss = loss_of(torch.randn(4, 8))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        if dumper is not None:
+            dumper.close()
+    seen = {"graphs": counters["stats"]["unique_graphs"],
+            "breaks": sum(counters["graph_break"].values())}
+    return losses, seen, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_a_dumped_step_runs_compiled_and_records_the_region(tmp_path):
+    plain, seen_plain, w_plain = _train(tmp_path / "plain", dump=False)
+    losses, seen, weights = _train(tmp_path / "run")
+    # the dump changed nothing of the run: same graphs, no break of its own, same numbers
+    assert losses == plain and seen == seen_plain and seen["breaks"] == 0
+    assert all(torch.equal(weights[k], w_plain[k]) for k in w_plain)
+    stats = tracer.open_dump(tmp_path / "run").stats(0, 2)
+    names = list(stats.name)
+    for name in ("<root>::compiled.forward.0.input.0", "<root>::compiled.forward.0.output.0",
+                 "<root>::compiled.backward.0.output.0", "<root>.forward.0.output.0"):
+        assert name in names, name
+    # the modules inside the region never ran as Python, so they have no records of their own
+    assert not any(n.startswith(("a.", "n.", "b.")) and ".optimizer." not in n for n in names)
+    row = stats[stats.name == "<root>::compiled.forward.0.output.0"].iloc[0]
+    assert (row.module, row.op, row.phase) == ("<root>", "compiled", "forward")
+
+
+def test_a_fault_only_the_compiled_code_has_is_named_at_its_region(tmp_path):
+    _train(tmp_path / "a")
+    _train(tmp_path / "b", fault=True)
+    res = diff(tmp_path / "a", tmp_path / "b")
+    fd = res.first_divergence
+    assert res.status == "diverged" and fd["name"] == "<root>::compiled.forward.0.output.0"
+    assert fd["step"] == 0 and fd["module"] == "<root>" and fd["op"] == "compiled"
+    # run eagerly, the dumped step cannot see it: the fault lives in the compiled code only
+    _train(tmp_path / "ea", compiled="eager")
+    _train(tmp_path / "eb", compiled="eager", fault=True)
+    eager = diff(tmp_path / "ea", tmp_path / "eb", step=0)
+    assert eager.status == "same"
+
+
+@pytest.mark.slow
+def test_the_setup_says_how_each_side_ran_compiled_code(tmp_path):
+    _train(tmp_path / "a")
+    _train(tmp_path / "b", compiled="eager")
+    res = diff(tmp_path / "a", tmp_path / "b", step=0)
+    setup = [c for c in res.changes if c["kind"] == "setup"]
+    texts = [d["text"] for c in setup for d in c["differences"]]
+    assert any("B ran torch.compile'd code eagerly" in t for t in texts), texts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["method", "function"])
+def test_module_compile_and_compiled_functions_are_regions_too(tmp_path, how):
+    plain, seen_plain, _ = _train(tmp_path / "plain", dump=False, how=how)
+    losses, seen, _ = _train(tmp_path / "run", how=how)
+    assert losses == plain and seen == seen_plain
+    names = set(tracer.open_dump(tmp_path / "run").stats(0, 0).name)
+    regions = {n.split(".forward.")[0] for n in names if "::compiled" in n and ".forward." in n}
+    assert regions, names
+    if how == "method":
+        # Module.compile() compiles the module's own call: named by that module
+        assert any(r.startswith("<root>::compiled") for r in regions), regions
+
+
+@pytest.mark.slow
+def test_a_graph_break_makes_two_regions_and_the_dump_adds_none(tmp_path):
+    plain, seen_plain, _ = _train(tmp_path / "plain", dump=False, break_graph=True)
+    losses, seen, _ = _train(tmp_path / "run", break_graph=True)
+    assert losses == plain and seen == seen_plain and seen["breaks"] >= 1
+    stats = tracer.open_dump(tmp_path / "run").stats(0, 0)
+    outputs = [n for n in stats.name if "::compiled" in n and ".forward." in n
+               and ".output." in n]
+    regions = {n.split(".forward.")[0] for n in outputs}
+    # the code after the break is dynamo's resume function, named by the line it resumes at
+    assert "<root>::compiled" in regions and any(
+        r.startswith("<root>::compiled.torch_dynamo_resume_in_forward_at_") for r in regions), \
+        regions
+
+
+@pytest.mark.slow
+def test_op_level_records_the_ops_the_compiled_code_dispatches(tmp_path):
+    plain, _, _ = _train(tmp_path / "plain", dump=False)
+    losses, seen, _ = _train(tmp_path / "run", level="mix")
+    assert losses == plain and seen["breaks"] == 0
+    stats = tracer.open_dump(tmp_path / "run").stats(0, 0)
+    ops = stats[(stats.module == "<root>") & stats.op.str.startswith("aten.")]
+    assert {"aten.addmm", "aten.native_layer_norm"} <= set(ops.op), set(ops.op)
+    assert set(ops.phase) == {"forward", "backward"}
+
+
+@pytest.mark.slow
+def test_inductor_steps_dumped_compiled_keep_the_runs_losses(tmp_path):
+    plain, seen_plain, w_plain = _train(tmp_path / "plain", dump=False, backend="inductor",
+                                        level="mix")
+    losses, seen, weights = _train(tmp_path / "run", backend="inductor", level="mix")
+    assert losses == plain and seen == seen_plain
+    assert all(torch.equal(weights[k], w_plain[k]) for k in w_plain)
+    stats = tracer.open_dump(tmp_path / "run").stats(0, 0)
+    # Inductor's external calls (the matrix products), scoped to the compiled module; the
+    # fused kernels around them are no ops the mode sees
+    externals = set(stats[stats.module == "<root>"].op)
+    assert "aten.addmm" in externals or "aten.mm" in externals, externals
+    assert "<root>::compiled.forward.0.output.0" in set(stats.name)
+    _train(tmp_path / "b", backend="inductor", fault=True)
+    _train(tmp_path / "a", backend="inductor")
+    assert diff(tmp_path / "a", tmp_path / "b").first_divergence["name"] == \
+        "<root>::compiled.forward.0.output.0"

@@ -1,0 +1,257 @@
+"""Compiled regions while a step is dumped: what each graph torch.compile made takes and gives.
+
+torch.compile turns a frame (a module's forward, a function) into one or more graphs, and the
+backend (Inductor, ``aot_eager``, ...) turns each graph into a function. The frame's rewritten
+bytecode calls that function as plain Python, so a thin `Region` put around it when the graph is
+compiled sees, while a dumped step runs compiled, the region's inputs and outputs, and, through
+tensor hooks on them, its gradients in backward. Nothing inside the region changes: its kernels
+are the ones an undumped step runs, so a fault only the compiled code has is in the records.
+
+torch has no hook for a compiled graph. `OutputGraph.call_user_compiler` (the one call through
+which dynamo hands a graph to any backend) is wrapped while a Dumper listens, from the moment
+``torch._dynamo`` is imported (`_AfterImport`, where it is not yet): graphs compiled before that
+run unwrapped and are not recorded, which `unwatched` tells. Graphs of ``torch.export`` are
+never wrapped. A `Region` outlives the Dumper that saw it compiled; with no listener it calls
+through at the cost of one Python call per region call.
+
+Compilation itself is announced to the listeners (`on_compile`): the module hooks must not be
+there while dynamo traces, or the graph would break at every module (tracer.capture._module_hooks).
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+from sleuth.common import INTERNAL, frame_kind, short_path
+from tracer.capture._listeners import Listeners
+
+_TARGET = "torch._dynamo.output_graph"
+_original: Callable[..., Any] | None = None
+_lock = threading.Lock()
+compiled_before: list[str] = []
+"""Frames dynamo compiled before the first Dumper listened (their graphs are not wrapped)."""
+
+
+class Region:
+    """One compiled graph's function, and what its records are named after.
+
+    `owner`: a weak reference to the module whose method the compiled frame is (None for a
+    plain function, and for the module a ``torch.compile(module)`` wrapper runs, which is the
+    running module then); `op`: ``compiled`` for a module's forward, else
+    ``compiled.{frame's function name}`` (a frame resumed after a graph break is dynamo's
+    ``torch_dynamo_resume_in_{function}_at_{line}``, stable across runs);
+    `source`: the frame's ``file:line``; `data`: positions of the graph's inputs that are not
+    the owner's parameters or buffers (those are the parameter records' and the setup's)."""
+
+    __slots__ = ("__weakref__", "compiled", "data", "op", "owner", "source")
+
+    def __init__(self, compiled: Callable[..., Any], owner: Any, op: str, source: str,
+                 data: tuple[int, ...]) -> None:
+        self.compiled = compiled
+        self.owner = owner
+        self.op = op
+        self.source = source
+        self.data = data
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not _listeners:
+            return self.compiled(*args, **kwargs)
+        hooks = _listeners.callbacks()
+        run = self.compiled
+        for hook in hooks:  # each listener wraps the call; the first listener is outermost
+            run = _bind(hook, self, run)
+        return run(*args, **kwargs)
+
+    def owner_module(self) -> Any:
+        return self.owner() if self.owner is not None else None
+
+
+def _bind(hook: Callable[..., Any], region: Region, run: Callable[..., Any]
+          ) -> Callable[..., Any]:
+    return lambda *args, **kwargs: hook(region, run, args, kwargs)
+
+
+def _data_positions(gm: Any) -> tuple[int, ...]:
+    """Positions of `gm`'s placeholders that are not a module's parameter or buffer."""
+    out = []
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        source = getattr(node, "_dynamo_source", None)
+        name = getattr(source, "name", "")
+        name = name() if callable(name) else str(name)  # a method in older torch
+        if "_parameters[" in name or "_buffers[" in name:
+            continue
+        out.append(i)
+    return tuple(out)
+
+
+def _region_of(output_graph: Any, gm: Any, compiled: Callable[..., Any]) -> Region:
+    import torch
+
+    tx = output_graph.root_tx
+    code = tx.f_code
+    if frame_kind(code.co_filename) == INTERNAL:
+        # torch.compile(module)'s own frame around the module's call (dynamo's `wrap_inline`):
+        # the region is the module's forward, run from the wrapper's call, whose module and
+        # line the module stack holds while it runs
+        return Region(compiled, None, "compiled", "", _data_positions(gm))
+    # a method's first argument, whatever it is called
+    first = code.co_varnames[0] if code.co_argcount else None
+    owner = tx.f_locals.get(first) if first and isinstance(tx.f_locals, dict) else None
+    ref = weakref.ref(owner) if isinstance(owner, torch.nn.Module) else None
+    source = f"{short_path(code.co_filename)}:{code.co_firstlineno}"
+    op = "compiled" if ref is not None and code.co_name == "forward" else f"compiled.{code.co_name}"
+    return Region(compiled, ref, op, source, _data_positions(gm))
+
+
+def _call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
+    compiled = _original(self, gm, example_inputs)  # type: ignore[misc]
+    if getattr(self, "export", False) or not callable(compiled):
+        return compiled
+    try:
+        return _region_of(self, gm, compiled)
+    except Exception:  # noqa: BLE001 - the user's compile must never fail for the dump
+        return compiled
+
+
+def _patch(module: Any) -> None:
+    global _original
+    with _lock:
+        cls = module.OutputGraph
+        if _original is None:
+            _original = cls.call_user_compiler
+            cls.call_user_compiler = _call_user_compiler
+    announce_compiles()
+
+
+def announce_compiles() -> None:
+    """Have dynamo tell the listeners when it compiles; again after ``torch._dynamo.reset()``,
+    which clears its callbacks. Called as each dumped step begins."""
+    callback = sys.modules.get("torch._dynamo.callback")
+    handler = getattr(callback, "callback_handler", None)
+    if handler is None or not _listeners:
+        return
+    with _lock:
+        if _compile_started not in handler.start_callbacks:
+            handler.register_start_callback(_compile_started)
+        if _compile_ended not in handler.end_callbacks:
+            handler.register_end_callback(_compile_ended)
+
+
+def _unpatch() -> None:
+    global _original
+    with _lock:
+        module = sys.modules.get(_TARGET)
+        if module is not None and _original is not None:
+            module.OutputGraph.call_user_compiler = _original
+            _original = None
+    _AfterImport.remove()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Wraps dynamo's compiler call the moment ``torch._dynamo.output_graph`` is imported."""
+
+    _installed: _AfterImport | None = None
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _TARGET:
+            return None
+        _AfterImport.remove()
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            if _listeners:
+                _patch(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed is None:
+            cls._installed = cls()
+            sys.meta_path.insert(0, cls._installed)
+
+    @classmethod
+    def remove(cls) -> None:
+        finder, cls._installed = cls._installed, None
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+
+def _wrap() -> None:
+    module = sys.modules.get(_TARGET)
+    if module is None:
+        _AfterImport.install()
+        return
+    if _original is None:
+        utils = sys.modules.get("torch._dynamo.utils")
+        counters = getattr(utils, "counters", None)
+        if counters and counters["stats"]["unique_graphs"] and not compiled_before:
+            compiled_before.append(f"{counters['stats']['unique_graphs']} graph(s)")
+    _patch(module)
+
+
+_listeners = Listeners(_wrap, _unpatch)
+_compile_listeners: list[Callable[[bool], None]] = []
+
+
+def _compile_started(_args: Any) -> None:
+    for listener in list(_compile_listeners):
+        listener(True)
+
+
+def _compile_ended(_args: Any) -> None:
+    for listener in list(_compile_listeners):
+        listener(False)
+
+
+class _Both:
+    """The handle of `on_region`: removes the region hook and the compile listener."""
+
+    def __init__(self, handle: Any, compiling: Callable[[bool], None]) -> None:
+        self._handle, self._compiling = handle, compiling
+
+    def remove(self) -> None:
+        self._handle.remove()
+        if self._compiling in _compile_listeners:
+            _compile_listeners.remove(self._compiling)
+
+
+def on_region(hook: Callable[[Region, Callable[..., Any], tuple, dict], Any],
+              compiling: Callable[[bool], None]) -> _Both:
+    """Have `hook(region, run, args, kwargs)` run each compiled region's call (it must call
+    ``run(*args, **kwargs)`` and return its result), and `compiling(True)`/`compiling(False)`
+    called as dynamo starts and ends compiling a frame. Returns a handle whose `remove` undoes
+    both."""
+    _compile_listeners.append(compiling)
+    return _Both(_listeners.add(hook), compiling)
+
+
+def unwatched() -> str:
+    """Why some compiled graphs are not recorded ("" when every graph is): they were compiled
+    before a Dumper listened."""
+    if not compiled_before:
+        return ""
+    return (f"{compiled_before[0]} compiled before the dump attached are not recorded as "
+            f"regions; create the Dumper before the first compiled call")
+
+
+def compile_summary() -> dict[str, int] | None:
+    """What torch.compile did in this process so far: graphs compiled, graph breaks, guard
+    failures that made a frame recompile; None where torch.compile never loaded."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return None
+    failures = getattr(utils, "guard_failures", None) or {}
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "breaks": int(sum(counters["graph_break"].values())),
+            "recompiles": int(sum(len(v) for v in failures.values()))}
