@@ -39,6 +39,8 @@ class Framework:
     """more than 1: started by torchrun (gloo)"""
     unwrapped: str | None = None
     """the framework whose run is this one without its wrapper: their record names must match"""
+    dump: tuple[tuple[str, object], ...] = ()
+    """dump config keys set beside DUMP's"""
 
 
 @dataclass
@@ -92,7 +94,7 @@ def run(fw: Framework, root: Path, kind: str) -> Run:
     if kind == "plain":
         return Run(work / "out", None, _run(argv, env, work))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    (work / "dump.json").write_text(json.dumps(DUMP))
+    (work / "dump.json").write_text(json.dumps({**DUMP, **dict(fw.dump)}))
     run_dir = work / "run"
     log = _run([sys.executable, "-m", "sleuth", "run", "--run-dir", str(run_dir), "--dump",
                 str(work / "dump.json"), *TOOLS, "--", *argv], env, work)
