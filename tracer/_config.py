@@ -30,7 +30,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "phases": ("forward", "backward", "both"),
     "writer": ("sync", "async"),
     "on_error": ("raise", "warn"),
-    "compiled": ("compiled", "eager"),
+    "compiled": ("compiled", "interpret", "eager"),
 }
 _FILTER_KEYS = ("modules", "exclude_modules", "ops", "exclude_ops")
 # Allowed range of each numeric key, (low, high, unit), both ends included. A number outside it is
@@ -87,11 +87,13 @@ class DumpConfig:
     nan_allow: tuple[str, ...] = ()
     """Record names whose NaN/Inf are intended (globs or "re:<regex>"): `sleuth check` passes
     over them in the first-NaN search and counts no nan_inf hit on them."""
-    compiled: Literal["compiled", "eager"] = "compiled"
+    compiled: Literal["compiled", "interpret", "eager"] = "compiled"
     """How a dumped step runs what torch.compile compiled: "compiled", as an undumped step runs
     it, recording each compiled region's inputs, outputs and gradients and the ops it
-    dispatches; "eager", the model's Python run eagerly, recording every module and op as an
-    eager run would (docs/frameworks.md, "torch.compile")."""
+    dispatches; "interpret", each region's graphs after AOTAutograd run node by node, every
+    aten node an op record with its module and line; "eager", the model's Python run eagerly,
+    recording every module and op as an eager run would (docs/frameworks.md,
+    "torch.compile")."""
     overwrite: bool = False
     """Replace the dump of another run found in the run directory (its step files only) instead
     of refusing to write; the same run continuing (a resume) needs no overwrite."""

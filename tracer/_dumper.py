@@ -143,7 +143,8 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
                          on_clip(self._clipped),
                          on_crash(self._crashed)]
         if self.config.compiled != "eager":
-            self._handles.append(on_region(self._tracker.region, self._tracker.compiling))
+            self._handles.append(on_region(self._tracker.region, self._tracker.compiling,
+                                           self.config.compiled == "interpret"))
         try:
             self._begin()
         except BaseException:  # nothing of a Dumper that failed to start stays attached

@@ -248,6 +248,9 @@ def _buffers(a: dict, b: dict) -> list[dict[str, Any]]:
                   f"{which} other {how} as the step begins", buffers=differ)]
 
 
+_REASONS = {"breaks": "break_reasons", "recompiles": "recompile_reasons"}
+
+
 def _compile(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[dict[str, Any]]:
     """How each side ran torch.compile'd code: compiled or eagerly (the dump config's
     "compiled"), which compiled regions ran, and graph breaks and recompiles so far."""
@@ -271,8 +274,11 @@ def _compile(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[dict[st
                              f"compiled regions {names_in_words(names)} ran in {side} only"))
     for key, what in (("breaks", "graph breaks"), ("recompiles", "recompiles")):
         if (a.get(key) or 0) != (b.get(key) or 0):
+            ka, kb = a.get(_REASONS[key]) or [], b.get(_REASONS[key]) or []
+            why = [r for r in kb if r not in ka] or [r for r in ka if r not in kb]
             out.append(_diff("compile", key, a.get(key), b.get(key),
-                             f"{what} so far: {a.get(key) or 0} in A, {b.get(key) or 0} in B"))
+                             f"{what} so far: {a.get(key) or 0} in A, {b.get(key) or 0} in B"
+                             + (f" ({why[0]})" if why else "")))
     return out
 
 

@@ -34,7 +34,9 @@ def encode_call(func: Any, args: tuple, kwargs: dict) -> str:
     counter = [0]
     spec = {"op": _overload_name(func),
             "args": [_encode(a, counter, True) for a in args],
-            "kwargs": {k: _encode(v, counter, True) for k, v in kwargs.items()}}
+            # an out= buffer is only written: no input record holds it, and a re-run needs one
+            "kwargs": {k: {"opaque": "out= buffer"} if k == "out" else _encode(v, counter, True)
+                       for k, v in kwargs.items()}}
     return json.dumps(spec, separators=(",", ":"))
 
 
@@ -73,3 +75,16 @@ def _encode(v: Any, counter: list[int], top: bool) -> Any:
         return _encode({torch.SymInt: int, torch.SymFloat: float,
                         torch.SymBool: bool}[type(v)](v), counter, top)
     return {"opaque": type(v).__name__}
+
+
+def mutates(func: Any) -> bool:
+    """True when the op's schema says it writes one of its arguments (in-place, out=)."""
+    if "batch_norm" in func.__name__ or "instance_norm" in func.__name__:
+        return True  # native_batch_norm updates running statistics its schema does not mark
+    try:
+        # an optional argument's alias_info reads None from Python even when written
+        # (`Tensor(a!)? running_mean` of native_batch_norm): read the schema text instead
+        return any(a.alias_info is not None and a.alias_info.is_write or "!" in str(a)
+                   for a in func._schema.arguments)
+    except AttributeError:  # no schema: assume the worst
+        return True

@@ -35,7 +35,7 @@ from tracer.capture._compiled import compiled_module, tell_once
 from tracer.capture._naming import (NONE, ROOT, CallCounter, CallNames, compiled_inner,
                                     module_names, op_scope, root_name, wrapper_inner)
 from tracer.capture._recorder import Recorder
-from tracer.capture._regions import announce_compiles
+from tracer.capture._regions import announce_compiles, tell_unwatched
 from tracer.capture._source import user_source
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -154,6 +154,10 @@ class ModuleTracker:
         # compiled module's wrapper takes the name of the module it runs, whose own hooks the
         # compiled code never calls
         self.compiled = cfg.compiled != "eager"
+        # "interpret": regions run their graphs node by node (tracer.capture._interpret), at
+        # the levels that record ops
+        self.interpret = cfg.compiled == "interpret" and cfg.level in ("op", "mix")
+        self._interpreting: dict[Any, str] = {}  # region -> its module's name, this step
         self.regions_run: dict[str, int] = {}
         """Calls of each compiled region in this step (scope -> calls), for the setup."""
         self._paused: list[Any] = []
@@ -244,6 +248,7 @@ class ModuleTracker:
             keep_dynamo_out()
             if self.compiled:
                 announce_compiles()
+                tell_unwatched()
         self._handles = [
             _nn_module.register_module_forward_pre_hook(self._guarded_pre),
             _nn_module.register_module_forward_hook(self._guarded_post, with_kwargs=True,
@@ -256,6 +261,9 @@ class ModuleTracker:
         self._handles = []
         self._paused = []
         self.stack.clear()
+        for region in self._interpreting:
+            region.runner = None  # steps not dumped run the backend's code again
+        self._interpreting.clear()
 
     def compiling(self, starts: bool) -> None:
         """torch.compile starts (True) or ends compiling a frame: the module hooks come off
@@ -320,7 +328,9 @@ class ModuleTracker:
             if not self.compiled:
                 tell_once()  # its forward runs eagerly in this step (tracer.capture._compiled)
                 return
-            # the wrapper's call is the compiled module's: its inputs, outputs and gradients
+            # the wrapper's call is the compiled module's: its inputs, outputs and gradients;
+            # dynamo may compile in it, and a reset since the step began forgot who to tell
+            announce_compiles()
             module = compiled_inner(module)
             name = self._name_of(module)
             if name is None:
@@ -446,6 +456,10 @@ class ModuleTracker:
         except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
             dumper._fail(e)
             return run(*args, **kwargs)
+        if self.interpret and region.interpreted is not None:
+            self._interpreting[region] = entry[0][1]
+            region.runner = self._interpret_graph
+            run = region.interpreted
         stack = self.stack
         stack.append(entry[0])
         self._in_region += 1
@@ -460,6 +474,53 @@ class ModuleTracker:
         except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
             dumper._fail(e)
         return out
+
+    def _interpret_graph(self, graph: Any, inputs: list) -> Any:
+        """Run one of a region's graphs after AOTAutograd node by node, each aten node's inputs
+        and outputs an op record (tracer.capture._interpret)."""
+        from tracer.capture._interpret import Interpreter, module_path, node_source, op_of
+        from tracer.capture._calls import mutates
+
+        dumper = self._dumper
+        region, phase = graph.region, graph.phase
+        if not dumper.capturing or region not in self._interpreting \
+                or not (self.want_fw if phase == "forward" else self.want_bw):
+            return graph.gm(*inputs)
+        owner = self._interpreting[region]
+        fallback = region.source or user_source(2)
+        cfg = self._cfg
+
+        specs = self.want_in and cfg.mode in ("tensor", "full") and cfg.level != "module"
+
+        def before(node: Any, args: tuple, kwargs: dict, ins: list) -> tuple | None:
+            op = op_of(node)
+            module = module_path(owner, node, phase)
+            if not cfg.wants_op(op) or not self.wants(module):
+                return None
+            scope = op_scope(module, op)
+            call = self.calls.next(scope, phase)
+            source = node_source(node, fallback)
+            stable = not mutates(node.target)
+            if specs:  # what re-running the node needs (explain's rounding measure)
+                dumper.emit_call(f"{scope}.{phase}.{call}", node.target, args, kwargs)
+            if self.want_in and ins:
+                dumper.emit_all(scope, module, op, phase, "input", call, source, ins, stable)
+            return scope, module, op, call, source, stable
+
+        def after(plan: tuple, outs: list) -> None:
+            scope, module, op, call, source, stable = plan
+            if self.want_out and outs:
+                dumper.emit_all(scope, module, op, phase, "output", call, source, outs,
+                                stable)
+
+        def quiet(work: Callable[[], Any]) -> Any:
+            dumper._busy = True  # the op mode and the hooks pass the node's own ops by
+            try:
+                return work()
+            finally:
+                dumper._busy = False
+
+        return Interpreter(graph.gm, before, after, quiet).run(*inputs)
 
     def _region_enter(self, region: Any, args: tuple) -> tuple:
         stack = self.stack

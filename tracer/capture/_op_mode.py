@@ -19,6 +19,7 @@ from tracer.capture import _graphs
 from tracer.capture._module_hooks import (TAG, ModuleTracker, fake_mode_active,
                                           keep_dynamo_out, tool_range)
 from tracer.capture._naming import NONE, op_name, op_scope
+from tracer.capture._calls import mutates as _mutates
 from tracer.capture._recorder import Recorder
 from tracer.capture._source import RECEIVED, WRAPPER, user_source
 
@@ -69,19 +70,6 @@ def _flat(args: tuple, kwargs: dict, written: bool = True) -> list[torch.Tensor]
         elif isinstance(a, (list, tuple)):
             out += [b for b in a if isinstance(b, _Tensor)]
     return out
-
-
-def _mutates(func: Any) -> bool:
-    """True when the op's schema says it writes one of its arguments (in-place, out=)."""
-    if "batch_norm" in func.__name__ or "instance_norm" in func.__name__:
-        return True  # native_batch_norm updates running statistics its schema does not mark
-    try:
-        # an optional argument's alias_info reads None from Python even when written
-        # (`Tensor(a!)? running_mean` of native_batch_norm): read the schema text instead
-        return any(a.alias_info is not None and a.alias_info.is_write or "!" in str(a)
-                   for a in func._schema.arguments)
-    except AttributeError:  # no schema: assume the worst
-        return True
 
 
 def _view_source(func: Any) -> int:

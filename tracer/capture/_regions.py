@@ -8,9 +8,9 @@ tensor hooks on them, its gradients in backward. Nothing inside the region chang
 are the ones an undumped step runs, so a fault only the compiled code has is in the records.
 
 torch has no hook for a compiled graph. `OutputGraph.call_user_compiler` (the one call through
-which dynamo hands a graph to any backend) is wrapped while a Dumper listens, from the moment
-``torch._dynamo`` is imported (`_AfterImport`, where it is not yet): graphs compiled before that
-run unwrapped and are not recorded, which `unwatched` tells. Graphs of ``torch.export`` are
+which dynamo hands a graph to any backend) is wrapped when the first Dumper listens, or the
+moment ``torch._dynamo`` is imported after that (`_AfterImport`), and stays wrapped: graphs
+compiled before it run unwrapped and are not recorded, which `tell_unwatched` says once. Graphs of ``torch.export`` are
 never wrapped. A `Region` outlives the Dumper that saw it compiled; with no listener it calls
 through at the cost of one Python call per region call.
 
@@ -47,7 +47,8 @@ class Region:
     `source`: the frame's ``file:line``; `data`: positions of the graph's inputs that are not
     the owner's parameters or buffers (those are the parameter records' and the setup's)."""
 
-    __slots__ = ("__weakref__", "compiled", "data", "op", "owner", "source")
+    __slots__ = ("__weakref__", "compiled", "data", "interpreted", "op", "owner", "runner",
+                 "source")
 
     def __init__(self, compiled: Callable[..., Any], owner: Any, op: str, source: str,
                  data: tuple[int, ...]) -> None:
@@ -56,6 +57,11 @@ class Region:
         self.op = op
         self.source = source
         self.data = data
+        self.interpreted: Callable[..., Any] | None = None
+        """The graph through AOTAutograd, run node by node (tracer.capture._interpret), made
+        where a listener wanted the interpreter mode when the graph was compiled."""
+        self.runner: Callable[..., Any] | None = None
+        """What runs `interpreted`'s graphs in a dumped step (set while it runs)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not _listeners:
@@ -112,9 +118,17 @@ def _call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
     if getattr(self, "export", False) or not callable(compiled):
         return compiled
     try:
-        return _region_of(self, gm, compiled)
+        region = _region_of(self, gm, compiled)
     except Exception:  # noqa: BLE001 - the user's compile must never fail for the dump
         return compiled
+    if interpret_wanted:
+        try:
+            from tracer.capture._interpret import interpretable
+
+            region.interpreted = interpretable(gm, example_inputs, region)
+        except Exception as e:  # noqa: BLE001 - the dump's failure, not the compile's
+            not_interpreted.append(f"{region.op}: {type(e).__name__}: {e}"[:300])
+    return region
 
 
 def _patch(module: Any) -> None:
@@ -142,12 +156,9 @@ def announce_compiles() -> None:
 
 
 def _unpatch() -> None:
-    global _original
-    with _lock:
-        module = sys.modules.get(_TARGET)
-        if module is not None and _original is not None:
-            module.OutputGraph.call_user_compiler = _original
-            _original = None
+    """The last listener left: the wrapping of dynamo's compiler call stays (graphs compiled
+    meanwhile would otherwise run unrecorded under the next Dumper), only the import watch
+    goes."""
     _AfterImport.remove()
 
 
@@ -200,6 +211,11 @@ def _wrap() -> None:
 
 
 _listeners = Listeners(_wrap, _unpatch)
+interpret_wanted = 0
+"""How many listening Dumpers want the interpreter mode: graphs compiled meanwhile are also
+made interpretable."""
+not_interpreted: list[str] = []
+"""Graphs that could not be made interpretable, and why."""
 _compile_listeners: list[Callable[[bool], None]] = []
 
 
@@ -216,42 +232,70 @@ def _compile_ended(_args: Any) -> None:
 class _Both:
     """The handle of `on_region`: removes the region hook and the compile listener."""
 
-    def __init__(self, handle: Any, compiling: Callable[[bool], None]) -> None:
-        self._handle, self._compiling = handle, compiling
+    def __init__(self, handle: Any, compiling: Callable[[bool], None], interpret: bool) -> None:
+        self._handle, self._compiling, self._interpret = handle, compiling, interpret
 
     def remove(self) -> None:
+        global interpret_wanted
+        if self._interpret:
+            self._interpret = False
+            interpret_wanted -= 1
         self._handle.remove()
         if self._compiling in _compile_listeners:
             _compile_listeners.remove(self._compiling)
 
 
 def on_region(hook: Callable[[Region, Callable[..., Any], tuple, dict], Any],
-              compiling: Callable[[bool], None]) -> _Both:
+              compiling: Callable[[bool], None], interpret: bool = False) -> _Both:
     """Have `hook(region, run, args, kwargs)` run each compiled region's call (it must call
     ``run(*args, **kwargs)`` and return its result), and `compiling(True)`/`compiling(False)`
     called as dynamo starts and ends compiling a frame. Returns a handle whose `remove` undoes
     both."""
+    global interpret_wanted
     _compile_listeners.append(compiling)
-    return _Both(_listeners.add(hook), compiling)
+    if interpret:
+        interpret_wanted += 1
+    return _Both(_listeners.add(hook), compiling, interpret)
 
 
-def unwatched() -> str:
-    """Why some compiled graphs are not recorded ("" when every graph is): they were compiled
-    before a Dumper listened."""
-    if not compiled_before:
-        return ""
-    return (f"{compiled_before[0]} compiled before the dump attached are not recorded as "
-            f"regions; create the Dumper before the first compiled call")
+_told_unwatched = False
 
 
-def compile_summary() -> dict[str, int] | None:
-    """What torch.compile did in this process so far: graphs compiled, graph breaks, guard
-    failures that made a frame recompile; None where torch.compile never loaded."""
+def tell_unwatched() -> None:
+    """Warn once per process where graphs were compiled before a Dumper listened: they run
+    unwrapped, and no dumped step records them."""
+    global _told_unwatched
+    if compiled_before and not _told_unwatched:
+        _told_unwatched = True
+        from tracer._errors import warn
+
+        warn(f"{compiled_before[0]} compiled by torch.compile before the dump attached are not "
+             f"recorded as compiled regions; create the Dumper before the first compiled call "
+             f"(the zero-code attach does)", stacklevel=4)
+
+
+def compile_summary() -> dict[str, Any] | None:
+    """What torch.compile did in this process so far: graphs compiled, graph breaks and
+    guard failures that made a frame recompile, each counted and with its reasons (the first
+    few, one line each); None where torch.compile never loaded."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     if counters is None:
         return None
     failures = getattr(utils, "guard_failures", None) or {}
+    breaks = counters["graph_break"]
+    recompiles = [(getattr(code, "co_name", str(code)), reason)
+                  for code, reasons in failures.items() for reason in reasons]
     return {"graphs": int(counters["stats"]["unique_graphs"]),
-            "breaks": int(sum(counters["graph_break"].values())),
-            "recompiles": int(sum(len(v) for v in failures.values()))}
+            "breaks": int(sum(breaks.values())),
+            "break_reasons": [_line(r) for r in list(breaks)[:_REASONS]],
+            "recompiles": len(recompiles),
+            "recompile_reasons": [f"{name}: {_line(r)}" for name, r in recompiles[:_REASONS]]}
+
+
+_REASONS = 8
+
+
+def _line(reason: Any) -> str:
+    text = " ".join(str(reason).split())
+    return text if len(text) <= 200 else text[:197] + "..."

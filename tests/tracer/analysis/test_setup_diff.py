@@ -97,3 +97,17 @@ def test_versions_alone_never_change_a_verdict():
     out = with_setup(Explanation("unexplained", "?", first_divergence=fd), change)
     assert out.status == "unexplained" and not out.setup
     assert change["differences"][0]["text"] == "version of torch '2.13.0' in A, '2.12.0' in B"
+
+
+def test_how_each_side_ran_compiled_code_is_a_setup_difference():
+    compiled = {"mode": "compiled", "regions": {"<root>::compiled": 1}, "graphs": 1,
+                "breaks": 0, "break_reasons": [], "recompiles": 0, "recompile_reasons": []}
+    eager = {**compiled, "mode": "eager", "regions": {}}
+    (d,) = differences(_setup(compile=compiled), _setup(compile=eager))
+    assert d["kind"] == "compile" and d["text"].startswith("B ran torch.compile'd code eagerly")
+    (d,) = differences(_setup(), _setup(compile=compiled))
+    assert d["text"] == "only B ran torch.compile'd code (compiled in the dumped step)"
+    broken = {**compiled, "breaks": 2, "break_reasons": ["Unsupported: call to print"]}
+    (d,) = differences(_setup(compile=compiled), _setup(compile=broken))
+    assert d["key"] == "breaks" and "0 in A, 2 in B (Unsupported: call to print)" in d["text"]
+    assert not differences(_setup(compile=compiled), _setup(compile=dict(compiled)))

@@ -37,7 +37,7 @@ class Net(nn.Module):
 
 
 def _train(run, *, dump=True, backend="aot_eager", how="module", steps=3, level="module",
-           selected="0|2", compiled="compiled", **net):
+           selected="0|2", compiled="compiled", mode="statistics", **net):
     """A plain loop over a compiled Net (`how`: torch.compile(model), model.compile(), or a
     compiled training function); returns (losses, counters of graphs and breaks, weights)."""
     from torch._dynamo.utils import counters
@@ -58,7 +58,7 @@ def _train(run, *, dump=True, backend="aot_eager", how="module", steps=3, level=
         if how == "function" else (lambda x: call(x).square().mean())
     dumper = tracer.Dumper(model, {"path": str(run), "level": level, "writer": "sync",
                                    "steps": selected, "on_error": "raise",
-                                   "compiled": compiled}) if dump else None
+                                   "compiled": compiled, "mode": mode}) if dump else None
     torch.manual_seed(1)
     losses = []
     with warnings.catch_warnings(record=True):
@@ -175,3 +175,98 @@ def test_inductor_steps_dumped_compiled_keep_the_runs_losses(tmp_path):
     _train(tmp_path / "a", backend="inductor")
     assert diff(tmp_path / "a", tmp_path / "b").first_divergence["name"] == \
         "<root>::compiled.forward.0.output.0"
+
+
+@pytest.mark.slow
+def test_interpret_mode_names_a_compile_only_fault_at_its_op_and_line(tmp_path):
+    from tracer.analysis import explain
+
+    plain, _, _ = _train(tmp_path / "plain", dump=False)
+    losses, _, _ = _train(tmp_path / "a", level="mix", compiled="interpret", mode="tensor")
+    assert losses == plain  # aot_eager: the interpreted graphs compute what the backend does
+    _train(tmp_path / "b", level="mix", compiled="interpret", mode="tensor", fault=True)
+    stats = tracer.open_dump(tmp_path / "a").stats(0, 0)
+    # the graph's nodes under the modules that made them, at their lines, in both passes
+    names = set(stats.name)
+    assert {"a::aten.addmm.forward.0.output.0", "n::aten.native_layer_norm.forward.0.output.0",
+            "b::aten.mm.backward.0.output.0"} <= names
+    line = stats[stats.name == "b::aten.addmm.forward.0.output.0"].source.iloc[0]
+    assert line.endswith(f"test_capture_compiled_regions.py:{_line_of('return self.b(h)')}")
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "bug" and e.blamed["fault"] == "added", e.verdict
+    assert e.blamed["op"] == "aten.mul" and e.blamed["module"] == "<root>"
+    assert e.blamed["source"].endswith(f":{_line_of('h = h * 1.1')}")
+
+
+_CONFIG = {"temperature": 1.0}
+
+
+@torch._dynamo.assume_constant_result
+def _temperature() -> float:
+    return _CONFIG["temperature"]
+
+
+class Tempered(nn.Module):
+    """Logits divided by a temperature read through a function dynamo takes as constant: the
+    graph keeps the value it was traced with, and no guard notices a change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.a(x))
+        return self.b(h) / _temperature()
+
+
+def _tempered(run, temperatures, compiled, reset_between=False, level="mix"):
+    """Three steps whose temperature the loop changes as it goes; `reset_between` recompiles
+    at each change (what a guard on the value would do)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Tempered()
+    call = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    dumper = tracer.Dumper(model, {"path": str(run), "level": level, "mode": "tensor",
+                                   "writer": "sync", "steps": "2", "on_error": "raise",
+                                   "compiled": compiled})
+    torch.manual_seed(1)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for t in temperatures:
+            if reset_between and t != _CONFIG["temperature"]:
+                torch._dynamo.reset()
+            _CONFIG["temperature"] = t
+            call(torch.randn(4, 8)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        dumper.close()
+    _CONFIG["temperature"] = 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", ["compiled", "interpret"])
+def test_a_constant_baked_in_at_trace_time_is_named(tmp_path, compiled):
+    # A recompiles when the temperature changes; B keeps the graph traced with the first one.
+    # At module level the compiled mode sees regions only
+    level = "module" if compiled == "compiled" else "mix"
+    _tempered(tmp_path / "a", (1.0, 1.0, 2.0), compiled, reset_between=True, level=level)
+    _tempered(tmp_path / "b", (1.0, 1.0, 2.0), compiled, level=level)
+    fd = diff(tmp_path / "a", tmp_path / "b").first_divergence
+    if compiled == "compiled":
+        assert fd["name"] == "<root>::compiled.forward.0.output.0", fd["name"]
+        return
+    from tracer.analysis import explain
+
+    # the graph's own op, at its line, called with the baked value
+    assert fd["name"].startswith("<root>::aten.div.forward.0.output"), fd["name"]
+    assert fd["source"].endswith(f":{_line_of('return self.b(h) / _temperature()')}")
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.blamed is not None and e.blamed["op"] == "aten.div", e.verdict
+
+
+def _line_of(text: str) -> int:
+    import inspect
+
+    lines, start = inspect.getsourcelines(inspect.getmodule(_line_of))
+    return next(i for i, line in enumerate(lines, start or 1) if text in line)

@@ -515,8 +515,8 @@ def test_a_failure_inside_the_tracer_warns_once_and_training_goes_on(tmp_path, m
 @pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")
 def test_op_mode_runs_without_dynamo_wrapper_and_under_torch_compile(writers):
     """OpMode opts out of torch's per-op dynamo `disable` wrapper (it costs ~10 us an op) and
-    keeps torch.compile out itself: a compiled model dumped at op level records what the
-    plain model records."""
+    keeps torch.compile out itself: a compiled model dumped at op level with the eager fallback
+    records what the plain model records."""
     import tracer.capture._op_mode as op_mode
 
     if op_mode._OWN_DYNAMO_GUARD:
@@ -526,7 +526,7 @@ def test_op_mode_runs_without_dynamo_wrapper_and_under_torch_compile(writers):
     x = torch.randn(2, 8)
     compiled = torch.compile(model, backend="eager")
     for run in (model, compiled):
-        with tracer.Dumper(model, cfg(level="op", params=False)) as d:
+        with tracer.Dumper(model, cfg(level="op", params=False, compiled="eager")) as d:
             run(x).sum().backward()
             d.step()
         model.zero_grad(set_to_none=True)
@@ -543,8 +543,9 @@ def test_op_mode_runs_without_dynamo_wrapper_and_under_torch_compile(writers):
 def test_torch_compile_wrappers_are_transparent_to_names(writers, level):
     """A compiled model records under the eager model's names (no `_orig_mod`, no record of the
     wrapper itself), whether the wrapper, the plain model or nothing is given to the Dumper and
-    whether the whole model or one submodule is compiled; and dynamo does not try to trace the
-    tracer's hooks (it warned about each builtin they call)."""
+    whether the whole model or one submodule is compiled (the eager fallback, which records
+    every module); and dynamo does not try to trace the tracer's hooks (it warned about each
+    builtin they call)."""
     import warnings
 
     torch.manual_seed(0)
@@ -557,7 +558,7 @@ def test_torch_compile_wrappers_are_transparent_to_names(writers, level):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for run, given in runs:
-            with tracer.Dumper(given, cfg(level=level)) as d:
+            with tracer.Dumper(given, cfg(level=level, compiled="eager")) as d:
                 run(x).sum().backward()
                 d.step()
             model.zero_grad(set_to_none=True)
