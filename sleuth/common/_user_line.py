@@ -3,8 +3,10 @@
 The dump's records, the profile's ops and the IR's nodes each name the line that made them,
 and one op must get one line from all three. A frame is of one of three kinds:
 
-- `INTERNAL`: torch, the standard library (frozen modules too) and Sleuth's own tool packages
-  (tracer, profiler, irdump, sleuth, dashboard, this one): never the line;
+- `INTERNAL`: torch, the standard library (frozen modules too), code torch generates (an FX
+  graph module's `<eval_with_key>` forward, Inductor's output code in its cache folder) and
+  Sleuth's own tool packages (tracer, profiler, irdump, sleuth, dashboard, this one): never
+  the line;
 - `LIBRARY`: other installed code (site-packages, dist-packages), such as a Hugging Face
   model's `modeling_*.py`: the line, since the model's own line says more than the
   `trainer.train()` line that led to it, with the innermost `USER` frame beside it as the
@@ -57,12 +59,24 @@ def _torch() -> str:
     return _torch_dir
 
 
+# Inductor writes the code it generates under $TORCHINDUCTOR_CACHE_DIR, by default a folder
+# `torchinductor_{user}` in the temporary directory
+_INDUCTOR_DIR = os.sep + "torchinductor_"
+
+
+def _inductor_cache() -> str:
+    where = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return os.path.abspath(where) + os.sep if where else ""
+
+
 def frame_kind(filename: str) -> int:
     """`INTERNAL`, `LIBRARY` or `USER`: the kind of a frame whose code lies in `filename` (a
     code object's `co_filename`)."""
     if filename.startswith("<"):  # no file: frozen modules are Python's, exec'd code the user's
-        return INTERNAL if filename.startswith("<frozen") else USER
+        return INTERNAL if filename.startswith(("<frozen", "<eval_with_key>")) else USER
     path = os.path.abspath(filename)
+    if _INDUCTOR_DIR in path or _inductor_cache() and path.startswith(_inductor_cache()):
+        return INTERNAL
     if path.startswith(_roots(_USER_PACKAGES)):
         return USER
     if path.startswith(_torch()) or path.startswith(_roots(_TOOLS)):

@@ -83,6 +83,14 @@ class Lead:
         pa, pb = self.step.maker("a", ra), self.step.maker("b", rb)
         if pa is None and pb is None:
             made = f"{self._record(fd)} differs, and no recorded op made it in either run"
+            region = self.step.region("b", rb) or self.step.region("a", ra)
+            if region is not None:
+                stem = call_stem(region)
+                return Finding("unknown", f"{made}: it was made inside the compiled region "
+                               f"{stem} (at {region['source'] or 'an unknown line'}), whose "
+                               "fused kernels the dump does not record one by one; dump both "
+                               "runs with \"compiled\": \"interpret\" to name the op inside "
+                               "it (docs/frameworks.md, \"torch.compile\")")
             if self.step.filters:
                 return Finding("unknown", f"{made}; the dumps leave calls out ("
                                f"{'; '.join(self.step.filters)}), so one of those may have "

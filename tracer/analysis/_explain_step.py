@@ -86,6 +86,24 @@ class Step:
             p = self.producer(side, same[0])
         return p
 
+    def region(self, side: str, rec: dict) -> dict | None:
+        """The compiled region (tracer.capture._regions) whose call was running when `rec` was
+        made: the latest region record before it that opens a call (a forward input; in
+        backward, the gradient of its output) with no record closing that call in between.
+        Such a region's fused kernels are no records: what they made has no maker."""
+        phase = rec["phase"]
+        opens, closes = (("input", "output") if phase == "forward" else ("output", "input"))
+        closed: set[str] = set()
+        for r in reversed(self.rows[side][:self.at[side][str(rec["name"])]]):
+            if not str(r["op"]).startswith("compiled") or r["phase"] != phase:
+                continue
+            key = call_stem(r)
+            if r["direction"] == closes:
+                closed.add(key)
+            elif r["direction"] == opens and key not in closed:
+                return r
+        return None
+
     def made_by(self, side: str, rec: dict | None) -> list[dict]:
         """The calls only `side` runs that made `rec`'s value, back through their inputs as
         long as unpaired calls made those: one output record each, in execution order."""

@@ -59,17 +59,51 @@ def interpretable(gm: Any, example_inputs: Any, region: Any) -> Callable[..., An
                                  bw_compiler=keep("backward"))
 
 
-def module_path(owner: str, node: torch.fx.Node, phase: str) -> str:
-    """The record name of the module that made `node`: its innermost ``nn_module_stack`` entry
-    (dynamo's ``L['self'].layers[0].attn``) under `owner`, the region's module."""
+_STEP = re.compile(r"""\.(\w+)|\[(\d+)\]|\[['"]([^'"]+)['"]\]""")
+
+
+def module_stack_paths(node: torch.fx.Node, phase: str) -> list[str]:
+    """The ``nn_module_stack`` entries of `node` (``fwd_nn_module_stack`` in backward),
+    innermost first: dynamo's paths to the modules from the frame's locals,
+    ``L['self'].layers[0]``; [] where the node was made by the frame's own code."""
     stack = node.meta.get("nn_module_stack" if phase == "forward" else "fwd_nn_module_stack") \
         or node.meta.get("nn_module_stack") or {}
-    if not stack:
+    return [str(entry[0]) for entry in reversed(list(stack.values()))]
+
+
+def resolve(path: str, roots: dict[str, Any]) -> Any:
+    """The object `path` (``L['self'].model.layers[1]``) names, from the frame's locals that
+    hold modules (`roots`); None where a step does not resolve."""
+    match = re.match(r"""L\[['"]([^'"]+)['"]\]""", path)
+    if match is None or match.group(1) not in roots:
+        return None
+    obj = roots[match.group(1)]
+    rest = path[match.end():]
+    pos = 0
+    while pos < len(rest):
+        step = _STEP.match(rest, pos)
+        if step is None:
+            return None
+        attr, index, key = step.groups()
+        try:
+            if attr is not None:
+                obj = getattr(obj, attr)
+            elif index is not None:
+                obj = obj[int(index)]
+            else:
+                obj = obj[key] if isinstance(obj, dict) else getattr(obj, key)
+        except (AttributeError, IndexError, KeyError, TypeError):
+            return None
+        pos = step.end()
+    return obj
+
+
+def module_path(owner: str, path: str) -> str:
+    """`path` as a dotted name under `owner`, where the module it names is not one the model
+    names: ``L['self'].layers[0].attn`` -> ``{owner}.layers.0.attn``."""
+    if not path or not path.startswith("L["):
         return owner
-    path = list(stack.values())[-1][0]
-    path = str(path)
-    if path.startswith("L["):
-        path = path[path.index("]") + 1:]
+    path = path[path.index("]") + 1:]
     path = _INDEX.sub(r".\1", _KEY.sub(r".\1", path)).strip(".")
     if not path:
         return owner

@@ -478,7 +478,8 @@ class ModuleTracker:
     def _interpret_graph(self, graph: Any, inputs: list) -> Any:
         """Run one of a region's graphs after AOTAutograd node by node, each aten node's inputs
         and outputs an op record (tracer.capture._interpret)."""
-        from tracer.capture._interpret import Interpreter, module_path, node_source, op_of
+        from tracer.capture._interpret import (Interpreter, module_path, module_stack_paths,
+                                               node_source, op_of, resolve)
         from tracer.capture._calls import mutates
 
         dumper = self._dumper
@@ -489,12 +490,25 @@ class ModuleTracker:
         owner = self._interpreting[region]
         fallback = region.source or user_source(2)
         cfg = self._cfg
+        named = {id(m): name for name, m in self.named_modules()}
+        paths: dict[str, str] = {}
+
+        def module_of(node: Any) -> str:
+            # the innermost module of the node's stack that the model names
+            stack = module_stack_paths(node, phase)
+            key = stack[0] if stack else ""
+            name = paths.get(key)
+            if name is None:
+                name = next((named[id(m)] for m in (resolve(p, region.modules) for p in stack)
+                             if id(m) in named), None) or module_path(owner, key)
+                paths[key] = name
+            return name
 
         specs = self.want_in and cfg.mode in ("tensor", "full") and cfg.level != "module"
 
         def before(node: Any, args: tuple, kwargs: dict, ins: list) -> tuple | None:
             op = op_of(node)
-            module = module_path(owner, node, phase)
+            module = module_of(node)
             if not cfg.wants_op(op) or not self.wants(module):
                 return None
             scope = op_scope(module, op)

@@ -20,6 +20,7 @@ there while dynamo traces, or the graph would break at every module (tracer.capt
 from __future__ import annotations
 
 import importlib.abc
+import inspect
 import importlib.util
 import sys
 import threading
@@ -47,8 +48,8 @@ class Region:
     `source`: the frame's ``file:line``; `data`: positions of the graph's inputs that are not
     the owner's parameters or buffers (those are the parameter records' and the setup's)."""
 
-    __slots__ = ("__weakref__", "compiled", "data", "interpreted", "op", "owner", "runner",
-                 "source")
+    __slots__ = ("__weakref__", "compiled", "data", "interpreted", "modules", "op", "owner",
+                 "runner", "source")
 
     def __init__(self, compiled: Callable[..., Any], owner: Any, op: str, source: str,
                  data: tuple[int, ...]) -> None:
@@ -62,6 +63,9 @@ class Region:
         where a listener wanted the interpreter mode when the graph was compiled."""
         self.runner: Callable[..., Any] | None = None
         """What runs `interpreted`'s graphs in a dumped step (set while it runs)."""
+        self.modules: dict[str, Any] = {}
+        """The frame's locals that hold modules (a tuple of ``*args`` keeps its modules, None
+        elsewhere), by name: where a graph node's ``nn_module_stack`` path starts."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not _listeners:
@@ -104,13 +108,47 @@ def _region_of(output_graph: Any, gm: Any, compiled: Callable[..., Any]) -> Regi
         # the region is the module's forward, run from the wrapper's call, whose module and
         # line the module stack holds while it runs
         return Region(compiled, None, "compiled", "", _data_positions(gm))
-    # a method's first argument, whatever it is called
-    first = code.co_varnames[0] if code.co_argcount else None
-    owner = tx.f_locals.get(first) if first and isinstance(tx.f_locals, dict) else None
+    owner = _first_argument(code, tx.f_locals)
     ref = weakref.ref(owner) if isinstance(owner, torch.nn.Module) else None
     source = f"{short_path(code.co_filename)}:{code.co_firstlineno}"
-    op = "compiled" if ref is not None and code.co_name == "forward" else f"compiled.{code.co_name}"
-    return Region(compiled, ref, op, source, _data_positions(gm))
+    op = "compiled" if ref is not None and code in _forward_codes(type(owner)) \
+        else f"compiled.{code.co_name}"
+    region = Region(compiled, ref, op, source, _data_positions(gm))
+    if isinstance(tx.f_locals, dict):
+        for name, value in tx.f_locals.items():
+            if isinstance(value, torch.nn.Module):
+                region.modules[name] = value
+            elif isinstance(value, tuple) and any(isinstance(v, torch.nn.Module) for v in value):
+                region.modules[name] = tuple(v if isinstance(v, torch.nn.Module) else None
+                                             for v in value)
+    return region
+
+
+def _first_argument(code: Any, f_locals: Any) -> Any:
+    """A method's first argument, whatever it is called: its `self`, or the first of its
+    ``*args`` (a decorator's wrapper, as Hugging Face puts around a model's forward)."""
+    if not isinstance(f_locals, dict) or not code.co_varnames:
+        return None
+    if code.co_argcount:
+        return f_locals.get(code.co_varnames[0])
+    if code.co_flags & inspect.CO_VARARGS:
+        args = f_locals.get(code.co_varnames[code.co_kwonlyargcount])
+        return args[0] if isinstance(args, tuple) and args else None
+    return None
+
+
+def _forward_codes(cls: type) -> set[Any]:
+    """The code of `cls.forward` and of every function it wraps (``__wrapped__``: a Hugging
+    Face model's forward under its decorators is compiled from the outermost wrapper)."""
+    out = set()
+    fn = getattr(cls, "forward", None)
+    for _ in range(16):
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            break
+        out.add(code)
+        fn = getattr(fn, "__wrapped__", None)
+    return out
 
 
 def _call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:

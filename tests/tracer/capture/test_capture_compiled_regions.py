@@ -270,3 +270,67 @@ def _line_of(text: str) -> int:
 
     lines, start = inspect.getsourcelines(inspect.getmodule(_line_of))
     return next(i for i, line in enumerate(lines, start or 1) if text in line)
+
+
+def _llama(run, *, dump=True, backend="aot_eager", compiled="compiled", fault=False):
+    """A Hugging Face Llama built from a config, compiled whole; `fault` scales layer 1's MLP
+    output where the code runs compiled. Returns the losses of three steps."""
+    transformers = pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    if fault:
+        mlp = model.model.layers[1].mlp
+        forward = mlp.forward
+
+        def scaled(x):
+            y = forward(x)
+            return y * 1.5 if torch.compiler.is_compiling() else y  # the compile-only bug
+
+        mlp.forward = scaled
+    call = torch.compile(model, backend=backend)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dumper = tracer.Dumper(model, {"path": str(run), "level": "mix", "mode": "tensor",
+                                   "writer": "sync", "steps": "0", "on_error": "raise",
+                                   "compiled": compiled}) if dump else None
+    torch.manual_seed(1)
+    losses = []
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        for _ in range(3):
+            ids = torch.randint(0, 128, (2, 16))
+            loss = call(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        if dumper is not None:
+            dumper.close()
+    return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_hugging_face_llama_compiled(tmp_path, backend):
+    from tracer.analysis import explain
+
+    plain = _llama(tmp_path / "plain", dump=False, backend=backend)
+    assert _llama(tmp_path / "a", backend=backend) == plain
+    _llama(tmp_path / "b", backend=backend, fault=True)
+    names = set(tracer.open_dump(tmp_path / "a").stats(0, 0).name)
+    # Hugging Face wraps the model's forward in decorators: the region is still its forward
+    assert "<root>::compiled.forward.0.output.0" in names
+    e = explain(tmp_path / "a", tmp_path / "b")
+    # the compiled mode sees the region, never "inputs differ" for what its kernels made
+    assert e.status != "inputs" and "inputs differ" not in e.verdict, e.verdict
+    if backend == "inductor":
+        assert "compiled region <root>::compiled.forward.0" in e.verdict, e.verdict
+    # the interpreter mode names the op, its module and the line of the bug
+    _llama(tmp_path / "ia", backend=backend, compiled="interpret")
+    _llama(tmp_path / "ib", backend=backend, compiled="interpret", fault=True)
+    e = explain(tmp_path / "ia", tmp_path / "ib")
+    assert e.status == "bug" and e.blamed["op"] == "aten.mul", e.verdict
+    assert e.blamed["module"] == "model.layers.1.mlp", e.verdict
+    assert e.blamed["source"].endswith(f":{_line_of('the compile-only bug')}"), e.verdict
