@@ -27,8 +27,8 @@ import socket
 import uuid
 from pathlib import Path
 
-from sleuth.common import RUN_ID_ENV, process_alive, process_start_time, resolve_run_id
-from tracer._errors import DumpWriteError, TracerError, UntrustedFileError, warn
+from sleuth.common import RUN_ID_ENV, process_alive, process_start_time, resolve_run_id, warn
+from tracer._errors import DumpWriteError, OtherRunError, TracerError, UntrustedFileError
 from tracer.storage._door import STEP_FILE, kind_problem, numbered, open_regular
 
 LOCK_NAME = ".lock"
@@ -41,10 +41,6 @@ _DUMP_LEFTOVER = numbered(r"step{n}\.h5(?:\.data)?\.partial|flight_recorder\.h5(
 
 class DumpLockedError(TracerError):
     """Another live writer holds this rank's lock."""
-
-
-class OtherRunError(TracerError):
-    """The run directory holds the dump of another run."""
 
 
 def _now() -> str:
