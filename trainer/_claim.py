@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sleuth.common import process_alive
+from sleuth.common import h5_run_id, process_alive
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids
@@ -141,10 +141,9 @@ def _h5_id(path: Path) -> str:
         except OSError:  # a writer killed mid-run leaves SWMR's "open for write" flag set
             f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
         with f:
-            value = f.attrs.get("run_id", "")
+            return h5_run_id(f.attrs)
     except Exception:  # noqa: BLE001 - an unreadable file carries no id that can be read
         return LEGACY
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _children(folder: Path, pattern: re.Pattern[str]) -> list[Path]:

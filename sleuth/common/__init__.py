@@ -9,7 +9,7 @@ from sleuth.common._errors import ConfigError, FormatError, OtherRunError, Sleut
 from sleuth.common._going_off import (STRICT_ENV, SleuthWarning, describe_error, go_off,
                                       show_one_line, strict, warn)
 from sleuth.common._lazy import lazy_exports
-from sleuth.common._run_identity import (RUN_ID_ENV, inherited_run_id, new_run_id,
+from sleuth.common._run_identity import (RUN_ID_ENV, h5_run_id, inherited_run_id, new_run_id,
                                          process_alive, process_start_time, read_run_id,
                                          resolve_run_id)
 from sleuth.common._user_line import (INTERNAL, LIBRARY, USER, frame_kind, short_frame_kind,
@@ -17,6 +17,6 @@ from sleuth.common._user_line import (INTERNAL, LIBRARY, USER, frame_kind, short
 
 __all__ = ["ConfigError", "FormatError", "INTERNAL", "LIBRARY", "OtherRunError", "RUN_ID_ENV",
            "STRICT_ENV", "SleuthError", "SleuthWarning", "USER", "describe_error",
-           "frame_kind", "go_off", "inherited_run_id", "lazy_exports", "new_run_id",
+           "frame_kind", "go_off", "h5_run_id", "inherited_run_id", "lazy_exports", "new_run_id",
            "process_alive", "process_start_time", "read_run_id", "resolve_run_id",
            "short_frame_kind", "short_path", "show_one_line", "strict", "warn"]

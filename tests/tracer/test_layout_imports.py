@@ -297,6 +297,22 @@ def test_only_storage_reads_step_files():
     assert offenders == []
 
 
+def test_storage_opens_step_files_only_through_the_checked_opener():
+    """Inside tracer/storage/ too, every HDF5 file read is opened by `open_h5` (no link out of
+    the file, no claim past its size): the scan and the rank lock read a step file's run id and
+    status through it, never through a raw `h5py.File`."""
+    offenders = []
+    for path in sorted((TRACER / "storage").rglob("*.py")):
+        if path.name == "_h5open.py":
+            continue
+        tree = ast.parse(path.read_text())
+        raw = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+               and isinstance(n.func, ast.Attribute) and n.func.attr == "File"]
+        offenders += [f"{path.relative_to(ROOT)}:{line}" for line in _h5_opens(tree)
+                      if line in raw]
+    assert offenders == []
+
+
 def test_the_tracer_tests_sit_in_folders_like_the_code():
     """docs/architecture.md, "Tests": tests/tracer/<folder>/ for each folder of tracer/, and no
     test of one of them left at the top."""
