@@ -66,8 +66,9 @@ def go_off(error: BaseException, *, tool: str, off: str, doing: str = "",
 
     Raises where `raises` says so (default: `strict()`; the dump's config may ask too): the
     error itself when it is a `raise_as` already, else a `raise_as` ``<tool>: <doing> failed:
-    <cause> (<stopped_by> stops the run here; ...)`` chained to it. Otherwise warns ``sleuth: <off>, and the run goes on without
-    it: <doing> failed: <cause> (SLEUTH_STRICT=1 stops the run instead)``. `tool` names the
+    <cause> (<stopped_by> stops the run here; ...)`` chained to it. Otherwise warns
+    ``sleuth: <off>, and the run goes on without it: <doing> failed: <cause> (SLEUTH_STRICT=1
+    stops the run instead)``. `tool` names the
     tool ("profiler"), `off` says what went off ("the profiler is off from step 3 on"). The
     caller keeps the tool off (its hooks removed, nothing more written) and calls this once:
     the warning is said once. `stacklevel` counts from the caller, as `warn`'s does."""
