@@ -5,8 +5,7 @@ lazily (PEP 562) so that `import dashboard` imports neither dash nor pandas; a t
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from sleuth.common import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "DashboardError": "dashboard._errors",
@@ -17,16 +16,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dashboard' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dashboard._errors import UnsafePathError
+from sleuth.common import FormatError
 from dashboard._runs import inside
 
 T = TypeVar("T")
@@ -23,9 +24,10 @@ class NoData(Exception):
     the empty state the page shows, and says how to get the data."""
 
 
-class ReadError(NoData):
+class ReadError(NoData, FormatError):
     """A file of the run exists but cannot be read (damaged, half-written, of an unknown
-    version): the page shows an error panel with the reader's message, which names the file."""
+    version: the tools' `FormatError`): the page shows an error panel with the reader's
+    message, which names the file."""
 
 
 _cache: dict[Hashable, tuple[Hashable, Any]] = {}

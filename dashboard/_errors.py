@@ -1,8 +1,11 @@
-"""The dashboard's exceptions: one base class, and messages that say how to fix the problem."""
+"""The dashboard's exceptions: one base class (a `sleuth.common.SleuthError`), and messages that
+say how to fix the problem."""
 from __future__ import annotations
 
+from sleuth.common import SleuthError
 
-class DashboardError(Exception):
+
+class DashboardError(SleuthError):
     """Base class of every error the dashboard raises on purpose."""
 
 

@@ -18,14 +18,8 @@ from flask import Flask, Response, abort, request
 from dashboard._context import Context
 from dashboard._errors import UnsafePathError
 from dashboard._runs import MAX_REL_CHARS, safe_path
-from dashboard._serve import LOOPBACK_NAMES
+from dashboard._serve import ALLOWED_HOSTS, ANY_ADDRESS, LOOPBACK_NAMES
 
-ALLOWED_HOSTS = "SLEUTH_ALLOWED_HOSTS"
-"""Key of `server.config`: the Host names this server answers to (set by `serve`)."""
-ANY_ADDRESS = "SLEUTH_ANY_ADDRESS"
-"""Key of `server.config`: True (bound to every interface) also accepts any IP address as Host.
-An address cannot be rebound to another machine the way a DNS name can, and a host's own
-list of addresses (getaddrinfo of its name) often misses interfaces a browser reaches."""
 CHUNK_BYTES = 1 << 20
 """Bytes read and sent at a time by the file route: memory stays at this, whatever the file."""
 FILE_ROUTE = "/_sleuth/file"

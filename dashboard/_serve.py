@@ -1,6 +1,7 @@
 """Serving an app: a werkzeug server on 127.0.0.1 (loopback unless told otherwise), in the
 foreground for the CLI or in a background thread for tests and benchmarks; the names and URLs
-a bound address serves, which the Host-header check (dashboard._routes) allows."""
+a bound address serves, kept in the Flask config where the Host-header check
+(dashboard._routes) reads them."""
 from __future__ import annotations
 
 import ipaddress
@@ -10,6 +11,12 @@ from collections.abc import Iterable
 from typing import Any
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+ALLOWED_HOSTS = "SLEUTH_ALLOWED_HOSTS"
+"""Key of `server.config`: the Host names this server answers to (set by `serve`)."""
+ANY_ADDRESS = "SLEUTH_ANY_ADDRESS"
+"""Key of `server.config`: True (bound to every interface) also accepts any IP address as Host.
+An address cannot be rebound to another machine the way a DNS name can, and a host's own
+list of addresses (getaddrinfo of its name) often misses interfaces a browser reaches."""
 _WILDCARDS = ("", "0.0.0.0", "::")
 
 
@@ -96,8 +103,6 @@ def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8050, background: bo
             beyond `served_names(host)`; any other Host is refused (DNS rebinding).
     """
     from werkzeug.serving import WSGIRequestHandler, make_server
-
-    from dashboard._routes import ALLOWED_HOSTS, ANY_ADDRESS
 
     class _Quiet(WSGIRequestHandler):
         def log_request(self, *args: object, **kwargs: object) -> None:

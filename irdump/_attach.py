@@ -22,7 +22,7 @@ How it works (kept simple on purpose):
 Only rank 0 (`RANK` unset or 0) writes. Failures warn and never stop the run: a stage that
 cannot be captured is named and the others are saved; graphs that cannot be written (a full
 disk, an unwritable folder) turn the saver off with one `sleuth: ...` warning. `SLEUTH_STRICT=1`
-raises instead, the switch the tracer's dump and the profiler read (`tracer.strict`). Output
+raises instead, the rule of every tool that observes a run (`sleuth.common.go_off`). Output
 goes to `$SLEUTH_SAVE_GRAPHS_PATH`, else `$SLEUTH_RUN_DIR/ir`, else `./sleuth_run/ir`.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 from irdump._errors import IrDumpError, RenderError
 from irdump._save import DEFAULT_FORMATS
-from tracer import SleuthWarning, strict  # one line, `sleuth: ...`; the switch that raises
+from sleuth.common import SleuthWarning, go_off, strict
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -110,14 +110,10 @@ class GraphSaver:
         """A write that failed: raised as `_WriteFailed` under SLEUTH_STRICT=1; otherwise one
         `sleuth:` warning, every hook removed (nothing more is captured or written) and the
         run goes on."""
-        text = f"{type(error).__name__}: {error}"
-        if strict():
-            raise _WriteFailed(f"IR graphs: {doing} failed: {text}; with SLEUTH_STRICT unset "
-                               f"the run goes on without them") from error
-        self.remove()
-        warnings.warn(f"the IR graphs are off, and the run goes on without them: {doing} "
-                      f"failed: {text} (SLEUTH_STRICT=1 stops the run instead)", SleuthWarning,
-                      stacklevel=4)
+        if not strict():  # the run goes on: nothing more is captured or written
+            self.remove()
+        go_off(error, tool="IR graphs", off="the IR graphs are off", doing=doing,
+               raise_as=_WriteFailed, stacklevel=4)
 
     def _pre_hook(self, module: Any, args: Any) -> None:
         if self._busy:

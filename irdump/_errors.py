@@ -1,8 +1,11 @@
-"""The irdump exception hierarchy: one base class, one subclass per way things go wrong."""
+"""The irdump exception hierarchy: one base class (a `sleuth.common.SleuthError`), one subclass
+per way things go wrong."""
 from __future__ import annotations
 
+from sleuth.common import FormatError, SleuthError
 
-class IrDumpError(Exception):
+
+class IrDumpError(SleuthError):
     """Base class of every error irdump raises."""
 
 
@@ -14,5 +17,5 @@ class RenderError(IrDumpError):
     """A graph could not be rendered to SVG (usually: Graphviz `dot` is not installed)."""
 
 
-class IrFormatError(IrDumpError):
+class IrFormatError(IrDumpError, FormatError):
     """A `.ir` file could not be read: not an IR file, or written by a newer format version."""

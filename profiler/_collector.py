@@ -10,8 +10,8 @@ never called (0.4-0.6 s per step).
 Profiling never stops the run it observes: a failure of the collector's own work (its folder
 cannot be made, a window cannot be written for a full disk or an unwritable folder, the folder
 holds another run's profile) turns the profiler off with one `sleuth: ...` warning, and the
-training goes on; `SLEUTH_STRICT=1` raises instead. The tracer's dump keeps the same rule and
-reads the same switch (`tracer.strict`).
+training goes on; `SLEUTH_STRICT=1` raises instead. Every tool that observes a run
+keeps the same rule (`sleuth.common.go_off`).
 """
 from __future__ import annotations
 
@@ -28,11 +28,10 @@ from typing import Any
 from profiler._config import (DEFAULT_PEAK_TFLOPS_CPU, DEFAULT_PEAK_TFLOPS_CUDA, Action,
                               CollectorConfig)
 from profiler._errors import ProfilerError
-from sleuth.common import inherited_run_id
-from tracer import SleuthWarning, strict  # one line, `sleuth: ...`; the switch that raises
 from profiler._io import (FORMAT_VERSION, gzip_atomic, profile_dir, rank_from_env,
                           world_size_from_env, write_json_atomic)
 from profiler._kineto import safe_export_path, window_edge
+from sleuth.common import SleuthWarning, go_off, inherited_run_id, strict
 
 
 class Collector:
@@ -175,18 +174,11 @@ class Collector:
         """A failure of the collector's own work (`doing`, e.g. "writing window 0 to DIR"):
         raised as ProfilerError under SLEUTH_STRICT=1; otherwise one `sleuth:` warning, the
         profiler goes off (nothing more is written) and the run goes on."""
-        if strict():
-            if isinstance(error, ProfilerError):
-                raise error
-            raise ProfilerError(f"profiler: {doing} failed: {_describe(error)}; with "
-                                f"SLEUTH_STRICT unset the run goes on without the profile") \
-                from error
-        if self._failed:
+        if self._failed and not strict():
             return
         self._failed = True
-        warnings.warn(f"the profiler is off from step {self._step} on, and the run goes on "
-                      f"without it: {doing} failed: {_describe(error)} (SLEUTH_STRICT=1 stops "
-                      f"the run instead)", SleuthWarning, stacklevel=4)
+        go_off(error, tool="profiler", off=f"the profiler is off from step {self._step} on",
+               doing=doing, raise_as=ProfilerError, stacklevel=4)
 
     def _off(self) -> None:
         """Stop torch's profiler after a failure, keeping nothing it still holds."""
@@ -352,12 +344,6 @@ class Collector:
             with gzip.open(src, "rb") as fin, open(dest, "wb") as fout:
                 shutil.copyfileobj(fin, fout)
         return dest
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, ProfilerError):
-        return str(error)
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
 def _refuse_another_run(folder: Path, run_id: str) -> None:

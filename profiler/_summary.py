@@ -15,7 +15,7 @@ bins+1 edges, then the bins counts).
 
 Writing never stops the run it observes: a summary that cannot be opened or written (a full
 disk, an unwritable folder) goes off with one `sleuth: ...` warning and the run goes on;
-`SLEUTH_STRICT=1` raises ProfilerError instead (the switch the dump and the collector read).
+`SLEUTH_STRICT=1` raises ProfilerError instead (`sleuth.common.go_off`, every tool's rule).
 """
 from __future__ import annotations
 
@@ -31,8 +31,7 @@ from typing import Any, Iterable
 from profiler._errors import ConfigError, ProfilerError
 from profiler._io import rank_from_env
 from profiler._own import own_work
-from sleuth.common import inherited_run_id
-from tracer import SleuthWarning, strict
+from sleuth.common import SleuthWarning, go_off, inherited_run_id, strict
 
 FORMAT_VERSION = "1.0"
 TAG_BYTES = 512
@@ -41,7 +40,7 @@ _FREQ_KEYS = ("scalar", "histogram")
 
 class SummaryCapReached(SleuthWarning):
     """Warned once when a summary file reaches `max_bytes`; later records are dropped. Printed
-    as one line, `sleuth: ...`, as every warning of Sleuth's (tracer.SleuthWarning)."""
+    as one line, `sleuth: ...`, as every warning of Sleuth's (sleuth.common.SleuthWarning)."""
 
 
 def _dtypes() -> dict[str, Any]:
@@ -201,20 +200,17 @@ class SummaryWriter:
     def _fail(self, error: BaseException, doing: str) -> None:
         """A failure to write the summary: raised as ProfilerError under SLEUTH_STRICT=1;
         otherwise one `sleuth:` warning, and the writer drops everything from here on."""
-        if strict():
-            raise ProfilerError(f"summary: {doing} failed: {type(error).__name__}: {error}; "
-                                f"with SLEUTH_STRICT unset the run goes on without it") from error
-        self.stopped = True
-        self._scalars, self._hists, self._new_tags = [], [], []
-        file, self._file = self._file, None
-        if file is not None:
-            try:
-                file.close()
-            except Exception:  # noqa: BLE001 - the summary is off and said so
-                pass
-        warnings.warn(f"the summary is off, and the run goes on without it: {doing} failed: "
-                      f"{type(error).__name__}: {error} (SLEUTH_STRICT=1 stops the run instead)",
-                      SleuthWarning, stacklevel=3)
+        if not strict():  # the run goes on: nothing more is written
+            self.stopped = True
+            self._scalars, self._hists, self._new_tags = [], [], []
+            file, self._file = self._file, None
+            if file is not None:
+                try:
+                    file.close()
+                except Exception:  # noqa: BLE001 - the summary is off and said so
+                    pass
+        go_off(error, tool="summary", off="the summary is off", doing=doing,
+               raise_as=ProfilerError, stacklevel=3)
 
     def _flush(self) -> None:
         import numpy as np

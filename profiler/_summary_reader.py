@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from profiler._errors import ProfileFormatError
+from sleuth.common import h5_run_id
 
 
 
@@ -62,11 +63,6 @@ def _open(path: Path) -> Any:
 _DAMAGED = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
 
 
-def _run_id(f: Any) -> str:
-    value = f.attrs.get("run_id", "")
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _each(run_dir: str | os.PathLike[str]) -> Iterator[tuple[int, Any, list[str]]]:
     """(rank, open file, tags) of each summary file; an error while the caller reads the file
     is a ProfileFormatError naming it, and so is a file of another run than the first file's
@@ -75,7 +71,7 @@ def _each(run_dir: str | os.PathLike[str]) -> Iterator[tuple[int, Any, list[str]
     for rank, path in _files(run_dir):
         with _open(path) as f:
             try:
-                run_id = _run_id(f)
+                run_id = h5_run_id(f.attrs)
                 if run_id and first is None:
                     first = (run_id, path)
                 elif run_id and run_id != first[0]:

@@ -37,32 +37,30 @@ def attach() -> None:
     """Attach every requested tool now (torch must be importable)."""
     import importlib
 
+    from sleuth.common import go_off, strict, warn
+
     try:
         refusal = _another_runs_folder()
     except Exception as e:  # reading the folder failed: the tools' own checks still run
         refusal = None
-        _warn(f"could not read the run directory ({type(e).__name__}: {e})")
+        warn(f"could not read the run directory ({type(e).__name__}: {e})", stacklevel=2)
     if refusal:
-        if _strict():
+        if strict():
             _stop(refusal)
-        _warn(f"{refusal}; the tools are off for this run, which goes on (SLEUTH_STRICT=1 stops "
-              "it instead)")
+        warn(f"{refusal}; the tools are off for this run, which goes on (SLEUTH_STRICT=1 stops "
+             "it instead)", stacklevel=2)
         return
     for package, function in requested():
         try:
             handle = getattr(importlib.import_module(package), function)()
         except Exception as e:  # a broken config must not kill the user's run silently or loudly
-            if _strict():
+            if strict():
                 _stop(f"could not attach {package} ({type(e).__name__}: {e})")
-            _warn(f"could not attach {package} ({type(e).__name__}: {e}); the run goes on "
-                  f"without it (SLEUTH_STRICT=1 stops it instead)")
+            go_off(e, tool=package, off=f"{package} is off for this run", doing="attaching it",
+                   raises=False, stacklevel=2)
             continue
         if handle is not None:
             _handles.append(handle)
-
-
-def _strict() -> bool:
-    return os.environ.get("SLEUTH_STRICT", "").strip() == "1"
 
 
 def _stop(message: str) -> None:
@@ -72,15 +70,6 @@ def _stop(message: str) -> None:
     print(f"sleuth: {message} (SLEUTH_STRICT=1: the run stops here)", file=sys.stderr,
           flush=True)
     raise SystemExit(2)
-
-
-def _warn(message: str) -> None:
-    """One line, ``sleuth: <message>``, as every warning of Sleuth's own (tracer.SleuthWarning)."""
-    import warnings
-
-    from tracer import SleuthWarning
-
-    warnings.warn(message, SleuthWarning, stacklevel=3)
 
 
 def _another_runs_folder() -> str | None:

@@ -129,16 +129,10 @@ class GraphsCallback(trainer.Callback):
         try:
             irdump.save_graphs(state.model, batch, out, depth=self.depth, loss_fn=loss_fn)
         except (irdump.IrDumpError, OSError) as e:
-            # observing never stops the run: the switch the dump and the profiler read
-            import warnings
+            from sleuth.common import go_off  # observing never stops the run
 
-            import tracer
-
-            if tracer.strict():
-                raise
-            warnings.warn(f"the IR graphs are not saved, and the run goes on without them: "
-                          f"{type(e).__name__}: {e} (SLEUTH_STRICT=1 stops the run instead)",
-                          tracer.SleuthWarning, stacklevel=2)
+            go_off(e, tool="IR graphs", off="the IR graphs are not saved", doing="saving them",
+                   raise_as=irdump.IrDumpError, stacklevel=2)
 
 
 def callbacks_from_flags(*, dump: str | None, profile: str | None, summary: bool,

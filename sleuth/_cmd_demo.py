@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sleuth._cmd_diff import explain_command, headline
+from sleuth._diff_report import explain_command, headline
 from sleuth.cli import CliError
 
 # Full tensors (and their statistics) of every module and op on the first step, so the diff can

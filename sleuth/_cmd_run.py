@@ -61,7 +61,9 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
         env["SLEUTH_SAVE_GRAPHS"] = "1"
         env.setdefault("SLEUTH_SAVE_GRAPHS_PATH", str(run_dir / "ir"))
     if args.strict:
-        env["SLEUTH_STRICT"] = "1"
+        from sleuth.common import STRICT_ENV
+
+        env[STRICT_ENV] = "1"
     if getattr(args, "overwrite", False):
         env["SLEUTH_DUMP_OVERWRITE"] = "1"
     # every process of the command (each torchrun worker) writes one run: one id for all; a

@@ -7,7 +7,7 @@ the tool packages inside `run`, never at module level, so `sleuth --help` stays 
 Exit codes: 0 success, 1 a finding (for `diff`: the runs diverge; for `check`: a watchpoint
 hit), 2 an error the message explains, 130 Ctrl-C, 141 the reader of stdout went away.
 
-Bad input never ends in a traceback: Sleuth's own errors (each package's base error) and known
+Bad input never ends in a traceback: Sleuth's own errors (`sleuth.common.SleuthError`) and known
 bad input (OSError on a user's path, an unreadable HDF5 or JSON file) become one line naming
 what is wrong, exit 2. `--debug` or SLEUTH_DEBUG=1 lets them through with their traceback, for
 bug reports. Anything else is a bug and keeps its traceback.
@@ -25,10 +25,6 @@ from typing import Any, NoReturn
 
 from sleuth import __version__
 
-# Base classes of the errors each package raises on purpose (their messages say how to fix).
-_PACKAGE_ERRORS = (("tracer", "TracerError"), ("profiler", "ProfilerError"),
-                   ("trainer", "TrainerError"), ("irdump", "IrDumpError"),
-                   ("dashboard", "DashboardError"))
 
 # Order here is the order in `sleuth --help`.
 _COMMAND_MODULES = (
@@ -182,11 +178,10 @@ def user_error_message(e: BaseException) -> str | None:
 
     Bad input is an error a package raises on purpose, an OSError (a missing or unreadable
     path, an HDF5 file h5py cannot open), or a file that is not valid JSON or UTF-8."""
-    for package, name in _PACKAGE_ERRORS:
-        module = sys.modules.get(package)  # an error of a package that was never imported
-        base = getattr(module, name, None)  # cannot be one of its errors
-        if base is not None and isinstance(e, base):
-            return str(e)
+    from sleuth.common import SleuthError  # every package's errors derive from it
+
+    if isinstance(e, SleuthError):
+        return str(e)
     if isinstance(e, json.JSONDecodeError):
         return f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
     if isinstance(e, UnicodeDecodeError):

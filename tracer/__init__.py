@@ -2,13 +2,13 @@
 
 A record is made in `tracer.capture`, measured, written and read back in `tracer.storage`, and
 compared and checked in `tracer.analysis`; `Dumper` drives the three, `DumpConfig` and the
-errors are shared by all. Public names are loaded lazily (PEP 562, tracer._lazy) so that
+errors are shared by all. Public names are loaded lazily (PEP 562, sleuth.common.lazy_exports) so that
 `import tracer` costs nothing and the reader and diff work without importing torch. Each entry
 maps a public name to the module or subpackage face that provides it; a test pins this list.
 """
 from __future__ import annotations
 
-from tracer._lazy import lazy_exports as _lazy_exports
+from sleuth.common import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # config and errors
@@ -19,10 +19,11 @@ _EXPORTS: dict[str, str] = {
     "WatchpointHit": "tracer._errors",
     "DumpWriteError": "tracer._errors",
     "RecordNotFoundError": "tracer._errors",
-    "SleuthWarning": "tracer._errors",
+    "OtherRunError": "tracer._errors",
+    "SleuthWarning": "sleuth.common",
     "UntrustedFileError": "tracer._errors",
     # the one switch of every tool that observes a run: raise (SLEUTH_STRICT=1) or warn and go off
-    "strict": "tracer._errors",
+    "strict": "sleuth.common",
     # capture
     "Dumper": "tracer._dumper",
     "attach_from_env": "tracer._attach",

@@ -53,9 +53,9 @@ def attach_from_env() -> Dumper | None:
 
 def _attach(value: str) -> Dumper | None:
     global _active
+    from sleuth.common import go_off, strict
     from tracer._config import DumpConfig
     from tracer._dumper import Dumper
-    from tracer._errors import describe_error, strict, warn
 
     config = None
     try:
@@ -64,8 +64,8 @@ def _attach(value: str) -> Dumper | None:
     except Exception as e:
         if config.raises() if config is not None else strict():
             raise
-        warn(f"the tensor dump is off for this run: {describe_error(e)} (the run goes on "
-             f"without it; SLEUTH_STRICT=1 stops it instead)", stacklevel=4)
+        go_off(e, tool="tensor dump", off="the tensor dump is off for this run", raises=False,
+               stacklevel=4)
         return None
     _register_exit(_close_at_exit)
     return _active

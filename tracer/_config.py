@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from tracer._errors import ConfigError, strict, warn
+from sleuth.common import strict, warn
+from tracer._errors import ConfigError
 from tracer._validate import check_scalar
 
 ENV_VAR = "SLEUTH_DUMP_CONFIG"
 _DEFAULT_RUN_DIR = "./sleuth_run"
+STOPPED_BY = 'SLEUTH_STRICT=1 or "on_error": "raise"'
+"""What makes a failure of the dump stop the run (`DumpConfig.raises`), as its errors say."""
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "level": ("module", "op", "mix"),

@@ -32,13 +32,14 @@ from typing import Any
 import torch
 from torch.optim import optimizer as _optim
 
+from sleuth.common import describe_error, warn
 from tracer._config import DumpConfig, load_json, warn_retired_switches
 from tracer._crash import describe_exception, on_crash
 from tracer._dumper_emit import Emitting
 from tracer._dumper_failure import FailureHandling, disarm_flight_recorder
 from tracer._dumper_optimizer import OptimizerHooks
 from tracer._dumper_steps import StepBoundaries
-from tracer._errors import ConfigError, DumpWriteError, WatchpointHit, describe_error, warn
+from tracer._errors import ConfigError, DumpWriteError, WatchpointHit
 from tracer._lifecycle import LIVE, Lifecycle
 from tracer._step_rule import StepRule
 from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords,

@@ -8,8 +8,9 @@ at the next step boundary (`_after_failure`), where taking them off is safe.
 """
 from __future__ import annotations
 
-from tracer._config import DumpConfig
-from tracer._errors import TracerError, WatchpointHit, describe_error, warn
+from sleuth.common import go_off
+from tracer._config import STOPPED_BY, DumpConfig
+from tracer._errors import TracerError, WatchpointHit
 from tracer._lifecycle import LIVE, Lifecycle
 
 
@@ -28,13 +29,12 @@ class FailureHandling:
         or a watchpoint asked to stop the run; otherwise the dump goes off with one warning,
         its flight recorder disarmed so nothing more is written, and the run goes on. Called
         again with the error it raised (a hook above the one that failed), it raises it again."""
-        if isinstance(error, WatchpointHit) or self.config.raises():
-            if isinstance(error, TracerError):
-                raise error
-            raise TracerError(f"dumping step {self.current_step} failed: "
-                              f"{describe_error(error)}; with \"on_error\": \"warn\" (the "
-                              f"default) and SLEUTH_STRICT unset the run goes on without the "
-                              f"dump") from error
+        if isinstance(error, WatchpointHit):
+            raise error
+        off = f"the tensor dump is off from step {self.current_step} on"
+        if self.config.raises():
+            go_off(error, tool=f"dumping step {self.current_step}", off=off,
+                   raise_as=TracerError, raises=True, stopped_by=STOPPED_BY)
         if self._state in LIVE:
             # hooks come off at the next step boundary (`_after_failure`): this may run inside
             # the dispatch mode's handler, where popping the mode would pop someone else's
@@ -45,9 +45,7 @@ class FailureHandling:
             disarm_flight_recorder(self.config, self.rank)
         except Exception:  # noqa: BLE001 - restoring the previous hooks is best effort
             pass
-        warn(f"the tensor dump is off from step {self.current_step} on, and the run goes on "
-             f"without it: {describe_error(error)} (SLEUTH_STRICT=1 stops the run instead)",
-             stacklevel=3)
+        go_off(error, tool="tensor dump", off=off, raises=False, stacklevel=3)
 
     def _after_failure(self) -> None:
         """At a step boundary after a failure: the hooks and the writer come off."""

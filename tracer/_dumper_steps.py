@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 
+from sleuth.common import describe_error, warn
 from tracer._dumper_failure import disarm_flight_recorder
-from tracer._errors import WatchpointHit, describe_error, warn
+from tracer._errors import WatchpointHit
 from tracer._lifecycle import Lifecycle
 from tracer._step_rule import LastStep
 from tracer.capture import rewrap as rewrap_scalers

@@ -1,30 +1,32 @@
-"""The tracer's exceptions and warnings: messages that say how to fix the problem.
+"""The tracer's exceptions: messages that say how to fix the problem.
 
-A failure of the dump itself (a config it cannot use, a run directory holding another run's
-dump, a disk that fails, a bug in a hook) does not stop the run it observes: the dump goes
-off with one `SleuthWarning` and the training goes on, unless the config says
-``"on_error": "raise"`` or ``$SLEUTH_STRICT`` is 1 (`strict`). Sleuth's warnings are printed as
-one line, ``sleuth: <message>``, not as Python's default two lines that point into the tracer's
-own source (`warn`).
+Each is a `sleuth.common.SleuthError`, and the config, format and other-run errors are also
+the shared kinds every tool raises (`sleuth.common.ConfigError`, `FormatError`,
+`OtherRunError`). A failure of the dump itself does not stop the run it observes: it goes off
+by the rule every tool keeps (`sleuth.common.go_off`: one `SleuthWarning`, or an error under
+``"on_error": "raise"`` or ``$SLEUTH_STRICT=1``).
 """
 from __future__ import annotations
 
-import os
-import warnings
-from typing import Any
+from sleuth.common import ConfigError as _SharedConfigError
+from sleuth.common import FormatError as _SharedFormatError
+from sleuth.common import OtherRunError as _SharedOtherRunError
+from sleuth.common import SleuthError
 
-STRICT_ENV = "SLEUTH_STRICT"
 
-
-class TracerError(Exception):
+class TracerError(SleuthError):
     """Base class of every error the tracer raises on purpose."""
 
 
-class ConfigError(TracerError, ValueError):
+class ConfigError(TracerError, _SharedConfigError):
     """A dump or watch config is invalid: the message names the key, the value and a fix."""
 
 
-class DumpFormatError(TracerError):
+class OtherRunError(TracerError, _SharedOtherRunError):
+    """The run directory holds the dump of another run."""
+
+
+class DumpFormatError(TracerError, _SharedFormatError):
     """A dump file is missing, unreadable, or of a format version this release cannot read."""
 
 
@@ -51,65 +53,3 @@ class WatchpointHit(TracerError):
 
 class RecordNotFoundError(TracerError, LookupError):
     """No record of that name in that step of a dump; the message lists close names."""
-
-
-class SleuthWarning(RuntimeWarning):
-    """A warning of Sleuth's own (the dump switched off after an error, steps dropped, a stale
-    lock taken over). Printed as one line, ``sleuth: <message>``, on stderr; filtered like any
-    warning (``warnings.simplefilter("ignore", tracer.SleuthWarning)``, ``pytest.warns``).
-
-    ``warnings.warn(message, SleuthWarning)`` from any package prints so: making one installs
-    the one-line format (`show_one_line`), since `warnings.warn` makes the instance before it
-    shows it."""
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        show_one_line()
-
-
-def strict() -> bool:
-    """True when ``$SLEUTH_STRICT`` is 1: a failure of a tool stops the run instead of turning
-    the tool off with a warning (for CI and tests)."""
-    return os.environ.get(STRICT_ENV, "").strip() == "1"
-
-
-def describe_error(error: BaseException) -> str:
-    """A tracer error's message alone; any other exception with its type
-    (``"OSError: [Errno 28] No space left on device"``)."""
-    if isinstance(error, TracerError):
-        return str(error) or type(error).__name__
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def warn(message: str, stacklevel: int = 1) -> None:
-    """Warn `message` as a SleuthWarning, shown as ``sleuth: <message>`` on one line.
-
-    `stacklevel` counts from the caller, as `warnings.warn`'s does: it places the warning for
-    the filters' once-per-location registry, since the line printed names no location."""
-    warnings.warn(message, SleuthWarning, stacklevel=stacklevel + 1)
-
-
-def one_line(message: Any) -> str:
-    """The text a SleuthWarning prints: ``sleuth: <message>`` and a newline, the message on one
-    line (an exception's text may hold several)."""
-    text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    return f"sleuth: {text}\n"
-
-
-def show_one_line() -> None:
-    """Make `warnings.formatwarning` print SleuthWarnings as one line (`one_line`); every other
-    warning is formatted as before, by the formatter that was in place. Idempotent; installed
-    again where someone replaced the formatter since."""
-    current = warnings.formatwarning
-    if getattr(current, "_sleuth_one_line", False):
-        return
-
-    def formatwarning(message: Any, category: Any, filename: str, lineno: int,
-                      line: str | None = None) -> str:
-        if isinstance(category, type) and issubclass(category, SleuthWarning):
-            return one_line(message)
-        return current(message, category, filename, lineno, line)
-
-    formatwarning._sleuth_one_line = True  # type: ignore[attr-defined]
-    warnings.formatwarning = formatwarning

@@ -7,10 +7,7 @@ a test pins this list.
 """
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from typing import Any
+from sleuth.common import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # configuration
@@ -61,28 +58,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
-
-
-class _Package(types.ModuleType):
-    # `train` and `generate` name both a submodule and the function it defines. Importing the
-    # submodule binds it on the package; refusing that keeps `trainer.train(config)` the function.
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS)

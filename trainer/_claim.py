@@ -8,8 +8,8 @@ file) and refuses a directory that holds another run's files. With `overwrite`,
 `remove_run_files` removes the files Sleuth writes there, by name, and nothing else: a user's own
 files in the run directory stay.
 
-The trainer and the CLI (`sleuth run`) share this module; it imports no tool, so the dump's and
-the profile's file names are spelled here as their format documents give them.
+The trainer and the CLI (`sleuth run`) share this module; it imports no tool, and takes the
+names of what each tool writes from the one list of them (`sleuth.common._run_files`).
 """
 from __future__ import annotations
 
@@ -21,23 +21,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sleuth.common import process_alive
+from sleuth.common import h5_run_id, process_alive, run_files
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids
 _JSON_LIMIT = 1 << 20  # a run's small JSON files; a larger one is not Sleuth's
-_RANK = re.compile(r"^rank\d+$")
-_METRICS = re.compile(r"^metrics(\.rank\d+)?\.jsonl(\.partial)?$")
-_CHECKPOINT = re.compile(r"^step\d+(\.partial)?$")
-_CHECKPOINT_FILES = ("model.pt", "trainer.pt", "adapter.pt", "meta.json")
-_DUMP_FILE = re.compile(r"^(step\d+\.h5(\.data)?(\.partial)?|flight_recorder\.h5(\.partial)?|notes\.jsonl"
-                        r"|\.lock(\..+\.partial)?)$")
-_DUMP_TOP = re.compile(r"^dump\.json(\..+\.partial)?$")
-_SUMMARY = re.compile(r"^rank\d+(\.seg\d+)?\.h5$")
-_PROFILE = re.compile(r"^\.?window\d+\..+$")
-_WINDOW_META = re.compile(r"^window\d+\.json$")
-_CORPUS = re.compile(r"^demo_\w+_(train\.jsonl|val\.parquet)(\.\d+\.partial)?$")
-_IR = re.compile(r"^\d{2}_\w+?(\.sorted\.ir|\.ir|\.dot|\.svg)(\.partial)?$")
 
 
 @dataclass
@@ -141,10 +129,9 @@ def _h5_id(path: Path) -> str:
         except OSError:  # a writer killed mid-run leaves SWMR's "open for write" flag set
             f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
         with f:
-            value = f.attrs.get("run_id", "")
+            return h5_run_id(f.attrs)
     except Exception:  # noqa: BLE001 - an unreadable file carries no id that can be read
         return LEGACY
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _children(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
@@ -173,29 +160,28 @@ def scan_run_dir(run_dir: str | os.PathLike[str]) -> RunFiles:
         found.owner, found.damaged = _run_json_id(root / "run.json")
         add(found.owner, "run.json")
     fallback = found.owner if found.owner is not None else LEGACY
-    for path in _children(root, _METRICS):
+    for path in _children(root, run_files.METRICS):
         add(_metrics_id(path) or fallback, path.name)
-    for path in _children(root / "checkpoints", _CHECKPOINT):
+    for path in _children(root / "checkpoints", run_files.CHECKPOINT_DIR):
         add(_id_of(_read_json(path / "meta.json")) or fallback, f"checkpoints/{path.name}/")
     dump = root / "dump"
-    ranks = _children(dump, _RANK)
-    steps = [p for r in ranks for p in _children(r, _DUMP_FILE) if p.name.endswith(".h5")
-             and p.name.startswith("step")]
+    ranks = _children(dump, run_files.RANK_DIR)
+    steps = [p for r in ranks for p in _children(r, run_files.STEP_FILE)]
     found.dump_steps = len(steps)
     if (dump / "dump.json").exists() or steps:
         add(_id_of(_read_json(dump / "dump.json")) or fallback, "dump/")
     for rank in ranks:
         found.live_lock = found.live_lock or _live_lock(rank / ".lock")
-    for path in _children(root / "summary", _SUMMARY):
+    for path in _children(root / "summary", run_files.SUMMARY):
         add(_h5_id(path) or fallback, "summary/")
-    for rank in _children(root / "profile", _RANK):
-        windows = _children(rank, _PROFILE)
-        metas = [p for p in windows if _WINDOW_META.match(p.name)]
+    for rank in _children(root / "profile", run_files.RANK_DIR):
+        windows = _children(rank, run_files.PROFILE_FILE)
+        metas = [p for p in windows if run_files.WINDOW_META.match(p.name)]
         for path in metas:
             add(_id_of(_read_json(path)) or fallback, "profile/")
         if windows and not metas:  # traces whose metadata a crash never wrote
             add(fallback, "profile/")
-    if _children(root / "ir", _IR):
+    if _children(root / "ir", run_files.IR_FILE):
         add(fallback, "ir/")
     return found
 
@@ -307,30 +293,30 @@ def remove_run_files(run_dir: str | os.PathLike[str]) -> list[Path]:
         except OSError:  # not empty (a user's file), or gone
             pass
 
-    for name in ("run.json", "run.json.partial"):
+    for name in run_files.RUN_JSON:
         unlink(root / name)
-    for p in _children(root, _METRICS):
+    for p in _children(root, run_files.METRICS):
         unlink(p)
-    for ckpt in _children(root / "checkpoints", _CHECKPOINT):
-        for name in _CHECKPOINT_FILES:
+    for ckpt in _children(root / "checkpoints", run_files.CHECKPOINT_DIR):
+        for name in run_files.CHECKPOINT_FILES:
             unlink(ckpt / name)
         rmdir(ckpt)
-    for rank in _children(root / "dump", _RANK):
-        for p in _children(rank, _DUMP_FILE):
+    for rank in _children(root / "dump", run_files.RANK_DIR):
+        for p in _children(rank, run_files.DUMP_FILE):
             unlink(p)
         rmdir(rank)
-    for p in _children(root / "dump", _DUMP_TOP):
+    for p in _children(root / "dump", run_files.DUMP_TOP):
         unlink(p)
-    for p in _children(root / "summary", _SUMMARY):
+    for p in _children(root / "summary", run_files.SUMMARY):
         unlink(p)
-    for rank in _children(root / "profile", _RANK):
-        for p in _children(rank, _PROFILE):
+    for rank in _children(root / "profile", run_files.RANK_DIR):
+        for p in _children(rank, run_files.PROFILE_FILE):
             unlink(p)
         rmdir(rank)
-    for p in _children(root / "ir", _IR):
+    for p in _children(root / "ir", run_files.IR_FILE):
         unlink(p)
-    for rank in _children(root / "data", _RANK):  # the demo corpus, written per rank
-        for p in _children(rank, _CORPUS):
+    for rank in _children(root / "data", run_files.RANK_DIR):  # the demo corpus, written per rank
+        for p in _children(rank, run_files.CORPUS):
             unlink(p)
         rmdir(rank)
     for folder in ("checkpoints", "dump", "summary", "profile", "ir", "data"):

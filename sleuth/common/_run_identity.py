@@ -24,6 +24,7 @@ import socket
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 RUN_ID_ENV = "SLEUTH_RUN_ID"
 _ELASTIC_ENV = "TORCHELASTIC_RUN_ID"
@@ -95,6 +96,14 @@ def resolve_run_id(world_size: int | None = None) -> str:
 def new_run_id() -> str:
     """A fresh run id: UTC start time (readable, sorts by start), then a random part."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:12]
+
+
+def h5_run_id(attrs: Any) -> str:
+    """The run id an HDF5 file of a run carries (a step file, a summary): its root attribute
+    `run_id`, from `attrs` (the open file's `.attrs`; each reader opens the file by its own
+    checks), "" when it has none."""
+    value = attrs.get("run_id", "")
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def read_run_id(run_dir: str | os.PathLike[str]) -> str | None:

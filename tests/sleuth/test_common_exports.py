@@ -7,9 +7,11 @@ from pathlib import Path
 
 import sleuth.common
 
-EXPECTED = ["INTERNAL", "LIBRARY", "RUN_ID_ENV", "USER", "frame_kind", "inherited_run_id",
-            "new_run_id", "process_alive", "process_start_time", "read_run_id", "resolve_run_id",
-            "short_frame_kind", "short_path"]
+EXPECTED = ["ConfigError", "FormatError", "INTERNAL", "LIBRARY", "OtherRunError", "RUN_ID_ENV",
+            "STRICT_ENV", "SleuthError", "SleuthWarning", "USER", "describe_error", "frame_kind",
+            "go_off", "h5_run_id", "inherited_run_id", "lazy_exports", "new_run_id",
+            "process_alive", "process_start_time", "read_run_id", "resolve_run_id", "run_files",
+            "short_frame_kind", "short_path", "show_one_line", "strict", "warn"]
 
 
 def test_public_names():

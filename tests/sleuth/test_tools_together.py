@@ -221,6 +221,24 @@ def test_trainer_dump_is_the_same_with_other_tools(trainer_runs, combo):
 
 
 @pytest.mark.slow
+def test_the_claim_knows_every_file_the_tools_write(trainer_runs, tmp_path):
+    """A run with every tool: the claim on its directory finds one run in all of it, and
+    `--overwrite`'s removal leaves no file behind (sleuth.common.run_files names each tool's
+    files; a tool that writes a new kind of file and leaves the list out fails here)."""
+    import shutil
+
+    import trainer
+
+    run = tmp_path / "run"
+    shutil.copytree(trainer_runs[TOOLS], run)
+    found = trainer.scan_run_dir(run)
+    [(run_id, names)] = found.by_run.items()
+    assert run_id and {"run.json", "dump/", "summary/", "profile/", "ir/"} <= set(names), names
+    trainer.remove_run_files(run)
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strict", ["0", "1"])
 def test_train_goes_on_when_its_tools_cannot_write(tmp_path, capsys, monkeypatch, recwarn,
                                                    strict):

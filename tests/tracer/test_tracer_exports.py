@@ -12,7 +12,8 @@ import tracer.storage
 
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
-    "Dumper", "RankDiffResult", "RawTensor", "RecordNotFoundError", "SleuthWarning", "Tolerance",
+    "Dumper", "OtherRunError", "RankDiffResult", "RawTensor", "RecordNotFoundError",
+    "SleuthWarning", "Tolerance",
     "TracerError", "UntrustedFileError", "WatchConfig", "WatchpointHit", "attach_from_env", "check",
     "diff", "diff_ranks",
     "export_parquet", "first_nan_origin", "headroom_trend", "map_modules", "open_dump",

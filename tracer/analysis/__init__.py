@@ -4,11 +4,11 @@ recording side (the live watch observer, the flight recorder, the crash hooks) n
 this package; it imports from them.
 
 Reads dumps through `tracer.storage`'s reader only; `diff` and `check` need no torch. Names load
-lazily (tracer._lazy); a test pins this list.
+lazily (sleuth.common.lazy_exports); a test pins this list.
 """
 from __future__ import annotations
 
-from tracer._lazy import lazy_exports as _lazy_exports
+from sleuth.common import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # diff

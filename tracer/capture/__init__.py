@@ -5,11 +5,11 @@ the gradient scaler's skipped steps, and the setup around the model (optimizer, 
 config, module constants, buffers, flags) taken with each dumped step.
 
 `tracer.Dumper` drives these and hands each record to `tracer.storage`; nothing here writes a
-file. Names load lazily (tracer._lazy); a test pins this list.
+file. Names load lazily (sleuth.common.lazy_exports); a test pins this list.
 """
 from __future__ import annotations
 
-from tracer._lazy import lazy_exports as _lazy_exports
+from sleuth.common import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "CallNames": "tracer.capture._naming",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tracer._errors import warn
+from sleuth.common import warn
 
 EAGER_NOTE = ("dumped steps run torch.compile'd code eagerly (the dump records "
               "the eager model's modules and ops); steps the dump config does not select run "

@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from tracer._errors import warn
+from sleuth.common import warn
 
 GRAPH_NOTE = ("a CUDA graph is being captured while a step is dumped: the tracer records "
               "nothing of the capture, and the graph's replays record nothing (a replay runs no "

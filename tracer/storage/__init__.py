@@ -3,11 +3,11 @@ HDF5 step file, the synchronous and asynchronous writers, the rank lock, and the
 the writer, the live watch observer and the flight recorder (written on a crash, read back here).
 
 The reader side (`open_dump`, `Dump`, the decoding helpers) never imports torch. Names load
-lazily (tracer._lazy); a test pins this list.
+lazily (sleuth.common.lazy_exports); a test pins this list.
 """
 from __future__ import annotations
 
-from tracer._lazy import lazy_exports as _lazy_exports
+from sleuth.common import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # measuring

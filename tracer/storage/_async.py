@@ -318,7 +318,7 @@ class AsyncWriter(Writer):
             if isinstance(error, FileFailure):
                 self._storage_error(error.cause, f"writing step {error.step} ({error.path})")
             else:
-                self._storage_error(error, "in the writer thread")
+                self._storage_error(error, "the writer thread")
 
     # -- writer thread -------------------------------------------------------------------------
     def _run(self) -> None:

@@ -39,7 +39,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from tracer._errors import warn
+from sleuth.common import warn
 from tracer.storage._step_file import StepFile
 
 _LEN = struct.Struct("<Q")

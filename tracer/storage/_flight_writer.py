@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from sleuth.common import warn
 from tracer._crash import CrashListener, on_crash
-from tracer._errors import warn
 from tracer.storage._format import RECORD_FIELDS
 
 FORMAT_VERSION = "1.0"

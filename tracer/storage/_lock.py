@@ -27,9 +27,11 @@ import socket
 import uuid
 from pathlib import Path
 
-from sleuth.common import RUN_ID_ENV, process_alive, process_start_time, resolve_run_id
-from tracer._errors import DumpWriteError, TracerError, UntrustedFileError, warn
-from tracer.storage._door import STEP_FILE, kind_problem, numbered, open_regular
+from sleuth.common import (RUN_ID_ENV, h5_run_id, process_alive, process_start_time,
+                           resolve_run_id, warn)
+from tracer._errors import (DumpFormatError, DumpWriteError, OtherRunError, TracerError,
+                            UntrustedFileError)
+from tracer.storage._door import STEP_FILE, numbered, open_regular
 
 LOCK_NAME = ".lock"
 DUMP_JSON = "dump.json"
@@ -43,24 +45,17 @@ class DumpLockedError(TracerError):
     """Another live writer holds this rank's lock."""
 
 
-class OtherRunError(TracerError):
-    """The run directory holds the dump of another run."""
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def file_run_id(path: Path) -> str:
-    """The `run_id` root attribute of a step file; "" for a file written before run ids."""
-    import h5py
+    """The run id of a step file, "" for one that carries none; opened by the one checked
+    opener (`open_h5`: no link out of the file, no claim past its size)."""
+    from tracer.storage._h5open import open_h5
 
-    problem = kind_problem(path)  # a FIFO would block h5py's open forever
-    if problem:
-        raise OSError(f"{path}: {problem}")
-    with h5py.File(path, "r") as f:
-        value = f.attrs.get("run_id", "")
-    return value.decode() if isinstance(value, bytes) else str(value)
+    with open_h5(path) as f:
+        return h5_run_id(f.attrs)
 
 
 def read_run_file(dump_dir: Path) -> str | None:
@@ -280,7 +275,7 @@ def _claim(dump_dir: Path, rank_dir: Path, run_id: str, world_size: int,
         newest = max(steps, key=_mtime)
         try:
             found = file_run_id(newest)
-        except OSError:
+        except (OSError, DumpFormatError, UntrustedFileError):
             found = "(unreadable)"
         if found != run_id:
             other = (f"{rank_dir} holds {len(steps)} step file(s) of run "
@@ -317,7 +312,7 @@ def _remove_other_run(rank_dir: Path, steps: list[Path], run_id: str) -> None:
         try:
             if file_run_id(p) == run_id:
                 continue
-        except OSError:
+        except (OSError, DumpFormatError, UntrustedFileError):
             pass  # unreadable: not this run's
         _unlink(p)
         removed += 1

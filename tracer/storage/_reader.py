@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracer._errors import warn
+from sleuth.common import warn
 from tracer.storage._dump import Dump
 from tracer.storage._scan import SKIPPED_STATES, scan_dump
 

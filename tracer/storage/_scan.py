@@ -14,11 +14,12 @@ from typing import NamedTuple
 
 import h5py
 
+from sleuth.common import h5_run_id
 from tracer._errors import DumpFormatError
 from tracer.storage._door import RANK_DIR, STEP_FILE, STEP_PARTIAL
-from tracer.storage._h5open import path_problem
+from tracer.storage._h5open import open_h5, path_problem
 from tracer.storage._lock import DUMP_JSON, one_run
-from tracer.storage._step_reader import NewerFormat, check_version
+from tracer.storage._step_reader import NewerFormat, check_version, step_status
 
 _STEP_RE, _PARTIAL_RE, _RANK_RE = STEP_FILE, STEP_PARTIAL, RANK_DIR  # strict names (_door)
 _TRUNCATED_RE = re.compile(r"truncated file: eof = (\d+).*stored_eof = (\d+)")
@@ -195,31 +196,29 @@ def _open_error(path: Path, e: OSError) -> _Unreadable:
 
 
 def _state_of(f: h5py.File, path: Path, rank: int, step: int) -> FileState:
-    """"complete" or "interrupted" (with its reason) from a step file's root attributes.
-    Files without `status` predate it: `complete` 0 then means the same as "interrupted"."""
-    status = f.attrs.get("status", "")
-    status = status.decode() if isinstance(status, bytes) else str(status)
-    reason = f.attrs.get("status_reason", "")
-    reason = reason.decode() if isinstance(reason, bytes) else str(reason)
-    run_id = f.attrs.get("run_id", "")  # "" in files written before run ids
-    run_id = run_id.decode() if isinstance(run_id, bytes) else str(run_id)
+    """"complete" or "interrupted" (with its reason: `step_status`, the one rule) from a step
+    file's root attributes."""
+    status, reason = step_status(f.attrs)
+    run_id = h5_run_id(f.attrs)
     if status == "interrupted":
         return FileState(str(path), rank, step, "interrupted",
                          f"interrupted: {reason or 'no reason recorded'}", run_id)
-    if not status and not int(f.attrs.get("complete", 1)):
-        return FileState(str(path), rank, step, "interrupted",
-                         "interrupted: the step was never ended (complete=0: the process "
-                         "exited or failed mid-step)", run_id)
     return FileState(str(path), rank, step, "complete", run_id=run_id)
+
+
+def _open(path: Path) -> h5py.File:
+    """A step file opened by the one checked opener (`open_h5`: no link out of the file, no
+    claim past its size; a FIFO is refused before the open would block forever)."""
+    problem = path_problem(path)
+    if problem:
+        raise _Unreadable(f"unreadable: {problem}")
+    return open_h5(path)
 
 
 def _probe(path: Path, rank: int, step: int) -> FileState:
     """Check that `path` opens and has a version this release reads; its FileState."""
-    problem = path_problem(path)  # before h5py opens it: a FIFO would block the open forever
-    if problem:
-        raise _Unreadable(f"unreadable: {problem}")
     try:
-        with h5py.File(path, "r") as f:
+        with _open(path) as f:
             check_version(f, path)
             return _state_of(f, path, rank, step)
     except OSError as e:
@@ -242,11 +241,8 @@ def dump_folder(p: Path) -> Path | None:
 
 def _identify(path: Path) -> tuple[int, int, FileState]:
     """(rank, step, FileState) of one step file, from its attributes."""
-    problem = path_problem(path)
-    if problem:
-        raise _Unreadable(f"unreadable: {problem}")
     try:
-        with h5py.File(path, "r") as f:
+        with _open(path) as f:
             check_version(f, path)
             rank, step = int(f.attrs["rank"]), int(f.attrs["step"])
             return rank, step, _state_of(f, path, rank, step)

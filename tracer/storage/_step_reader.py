@@ -58,14 +58,16 @@ def _text(value: Any) -> str:
 
 def step_status(attrs: Any) -> tuple[str, str]:
     """(status, reason) from a step file's root attributes: ("complete", "") for a step that
-    ended at its optimizer step, ("interrupted", why) for one cut short. Files before format
-    3.1 carry no `status`: their `complete` attribute decides."""
-    status = attrs.get("status")
-    if not status:  # before format 3.1
-        return (("complete", "") if int(attrs.get("complete", 1)) else
-                ("interrupted", "the writer closed with the step open (no reason recorded "
-                                "before format 3.1)"))
-    return _text(status), _text(attrs.get("status_reason", ""))
+    ended at its optimizer step, ("interrupted", why) for one cut short (why: "" where the
+    file names none). Files before format 3.1 carry no `status`: their `complete` attribute
+    decides. The one rule: the scan, the reader and check all say a step's status by it."""
+    status = _text(attrs.get("status", ""))
+    if status == "interrupted":
+        return "interrupted", _text(attrs.get("status_reason", ""))
+    if not status and not int(attrs.get("complete", 1)):  # before format 3.1
+        return "interrupted", ("the step was never ended (complete=0, no reason recorded: the "
+                               "process exited or failed mid-step)")
+    return "complete", ""
 
 
 def table_to_frame(arr: np.ndarray, fields: tuple[str, ...], str_fields: tuple[str, ...]):

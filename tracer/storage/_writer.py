@@ -16,8 +16,9 @@ from typing import Any, Callable
 
 import torch
 
-from tracer._config import DumpConfig
-from tracer._errors import DumpWriteError, TracerError, warn
+from sleuth.common import describe_error, go_off
+from tracer._config import STOPPED_BY, DumpConfig
+from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._batcher import make_deferred, record_batch
 from tracer.storage._format import RecordMeta, RecordRow, root_attrs, step_path
 from tracer.storage._lock import claim_rank
@@ -295,16 +296,14 @@ class Writer:
         if self._rank_lock is not None:
             self._rank_lock.release()
 
-    def _storage_error(self, e: BaseException, where: str) -> None:
-        """Apply on_error to a failure of the dump itself (not of an observer)."""
+    def _storage_error(self, e: BaseException, doing: str) -> None:
+        """Apply on_error to a failure of the dump itself (not of an observer): `doing` failed."""
         self._disabled = True
-        self._failure = f"failed {where}: {type(e).__name__}: {e}"
-        if self.config.raises():
-            raise DumpWriteError(f"sleuth dump (rank {self.rank}) {self._failure}; dumping is "
-                                 f"off for the rest of the run") from e
-        warn(f"the dump of rank {self.rank} {self._failure}; dumping is off for the rest of "
-             f"the run, and the run goes on without it (SLEUTH_STRICT=1 stops the run "
-             f"instead)", stacklevel=3)
+        self._failure = f"{doing} failed: {describe_error(e)}"
+        go_off(e, tool=f"the tensor dump of rank {self.rank}", doing=doing,
+               off=f"the tensor dump of rank {self.rank} is off for the rest of the run",
+               raise_as=DumpWriteError, raises=self.config.raises(), stopped_by=STOPPED_BY,
+               stacklevel=3)
 
 
 class SyncWriter(Writer):

@@ -239,7 +239,7 @@ def test_token_ids_that_differ_are_named_as_the_data(tmp_path, capsys):
 
 
 def test_the_explain_command_a_mapped_diff_suggests_keeps_the_map():
-    from sleuth._cmd_diff import explain_command
+    from sleuth._diff_report import explain_command
 
     assert explain_command("runs/a", "runs/b", 0, None, "map.yaml") == \
         "sleuth explain --map map.yaml runs/a runs/b --step 0"

@@ -167,7 +167,7 @@ def test_the_rank_report_command_for_all_of_it_runs_as_printed(tmp_path, capsys)
 
 
 def test_the_explain_command_names_every_selection_given():
-    from sleuth._cmd_diff import explain_command
+    from sleuth._diff_report import explain_command
 
     assert explain_command("r", "r", 3, 0, None, 4, 1) == \
         "sleuth explain r r --rank 0 --b-rank 1 --step 3 --b-step 4"

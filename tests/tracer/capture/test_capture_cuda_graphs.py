@@ -10,7 +10,7 @@ import torch
 
 import tracer
 from tests.tracer.models import MLP
-from tracer._errors import SleuthWarning
+from tracer import SleuthWarning
 from tracer.capture import _graphs
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

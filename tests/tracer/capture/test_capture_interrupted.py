@@ -122,8 +122,11 @@ def test_files_without_status_read_as_their_complete_attribute(tmp_path):
     with h5py.File(old, "r+") as f:
         f.attrs["step"] = 2
         f.attrs["complete"] = 0
-    status, reason = tracer.open_dump(tmp_path).status(0, 2)
+    dump = tracer.open_dump(tmp_path)
+    status, reason = dump.status(0, 2)
     assert status == "interrupted" and "no reason recorded" in reason
+    # one rule for a step's status: the scan's words are the reader's
+    assert dump.state(0, 2).reason == f"interrupted: {reason}"
 
 
 def test_trainer_failure_marks_the_step_it_died_in(tmp_path):

@@ -255,7 +255,7 @@ def test_an_async_write_error_surfaces_at_the_next_step_boundary(tmp_path, monke
     raised_at, error = _train_until_error(dumper, model, 12)
     assert raised_at in (3, 4)
     assert "step 3" in str(error) and "No space left on device" in str(error)
-    with pytest.raises(DumpWriteError, match="incomplete: failed writing step 3"):
+    with pytest.raises(DumpWriteError, match="incomplete: writing step 3"):
         dumper.close()
     steps = open_dump(tmp_path).steps(0)
     assert steps[:3] == [0, 1, 2] and 3 not in steps
