@@ -29,7 +29,7 @@ FACES = {
                 "JsonLimitError", "RANK_DIR", "READ_ERRORS", "RECORD_FIELDS",
                 "RawTensor", "ReadError", "RecordMeta", "RecordRow", "SKETCH_SIZE",
                 "STEP_FILE", "TensorReader", "UNREAD_STATES", "Watcher", "Writer",
-                "atomic_file", "c_order_bytes", "config_of", "copy_stats", "damaged_files",
+                "atomic_file", "c_order_bytes", "check_h5", "config_of", "copy_stats", "damaged_files",
                 "decode_bits", "dense_strides", "difference_sketch",
                 "difference_stats", "disarm_flight_recorder", "dump_folder",
                 "element_size", "export_parquet", "file_rows", "inside_run",

@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "DUMP_JSON": "tracer.storage._lock",
     "open_h5": "tracer.storage._h5open",
     "path_problem": "tracer.storage._h5open",
+    "check_h5": "tracer.storage._h5open",
     "open_dump": "tracer.storage._reader",
     "Dump": "tracer.storage._dump",
     "UNREAD_STATES": "tracer.storage._scan",
