@@ -102,15 +102,39 @@ def _another_runs_folder() -> str | None:
         return None
     from trainer import OtherRunError, claim_run_dir
 
+    fixes = ("write this run to a new SLEUTH_RUN_DIR, set SLEUTH_RUN_ID=<that run's id> to "
+             "continue it, or set SLEUTH_DUMP_OVERWRITE=1 to replace it")
     try:
-        claim_run_dir(run_dir, run_id, fixes="write this run to a new SLEUTH_RUN_DIR, set "
-                      "SLEUTH_RUN_ID=<that run's id> to continue it, or set "
-                      "SLEUTH_DUMP_OVERWRITE=1 to replace it",
-                      damaged_fixes="write this run to a new SLEUTH_RUN_DIR, or set "
-                      "SLEUTH_DUMP_OVERWRITE=1 to replace that run's files")
+        found = claim_run_dir(run_dir, run_id, fixes=fixes,
+                              damaged_fixes="write this run to a new SLEUTH_RUN_DIR, or set "
+                              "SLEUTH_DUMP_OVERWRITE=1 to replace that run's files")
+        if found.owner is None:
+            _claim_with_run_json(found.run_dir, run_id, fixes)
     except OtherRunError as e:  # the refusal `sleuth run` and `sleuth train` give, its fixes ours
         return str(e)
     return None
+
+
+def _claim_with_run_json(run_dir: os.PathLike[str], run_id: str, fixes: str) -> None:
+    """Claim a folder no run.json claims yet by linking this run's run.json into place, as
+    `sleuth run` and `sleuth train` do: of two scripts that both found the folder free (each
+    checked before the other wrote a file), the one whose link fails is refused, unless the
+    run.json it lost to names its own run (another rank of it). Raises OtherRunError."""
+    from sleuth.common import read_run_id
+    from trainer import OtherRunError, write_run_json
+
+    try:
+        world = os.environ.get("WORLD_SIZE", "").strip()
+        write_run_json(run_dir, name=os.path.basename(run_dir), argv=sys.argv,
+                       world_size=int(world) if world.isdigit() else 1,
+                       config={"attached": {v: os.environ[v] for v in _TOOLS if v in os.environ}},
+                       run_id=run_id, exclusive=True)
+    except OtherRunError:
+        other = read_run_id(run_dir)
+        if other != run_id:
+            raise OtherRunError(f"{run_dir} holds the files of another run (run {other}: "
+                                f"run.json), started into it at the same time as this one; "
+                                f"{fixes}") from None
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):
