@@ -22,6 +22,7 @@ _TOOLS = {
     "SLEUTH_SAVE_GRAPHS": ("irdump", "attach_from_env"),
 }
 _handles: list[object] = []
+_claimed: list[str] = []  # run.json this process linked into place, then the folders it made
 
 
 def requested() -> list[tuple[str, str]]:
@@ -59,6 +60,8 @@ def attach() -> None:
             continue
         if handle is not None:
             _handles.append(handle)
+    if not _handles:  # every tool went off: the folder is left as it was found
+        _release_claim()
 
 
 def _strict() -> bool:
@@ -108,7 +111,7 @@ def _another_runs_folder() -> str | None:
         found = claim_run_dir(run_dir, run_id, fixes=fixes,
                               damaged_fixes="write this run to a new SLEUTH_RUN_DIR, or set "
                               "SLEUTH_DUMP_OVERWRITE=1 to replace that run's files")
-        if found.owner is None:
+        if found.empty and not found.live_lock:  # a new folder: claimed before any tool writes
             _claim_with_run_json(found.run_dir, run_id, fixes)
     except OtherRunError as e:  # the refusal `sleuth run` and `sleuth train` give, its fixes ours
         return str(e)
@@ -123,6 +126,10 @@ def _claim_with_run_json(run_dir: os.PathLike[str], run_id: str, fixes: str) -> 
     from sleuth.common import read_run_id
     from trainer import OtherRunError, write_run_json
 
+    made, folder = [], os.path.abspath(run_dir)
+    while not os.path.exists(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
     try:
         world = os.environ.get("WORLD_SIZE", "").strip()
         write_run_json(run_dir, name=os.path.basename(run_dir), argv=sys.argv,
@@ -135,6 +142,19 @@ def _claim_with_run_json(run_dir: os.PathLike[str], run_id: str, fixes: str) -> 
             raise OtherRunError(f"{run_dir} holds the files of another run (run {other}: "
                                 f"run.json), started into it at the same time as this one; "
                                 f"{fixes}") from None
+        return
+    _claimed[:] = [os.path.join(run_dir, "run.json"), *made]
+
+
+def _release_claim() -> None:
+    """Remove the run.json `_claim_with_run_json` linked into place, and the folders it made
+    for it while they are empty: no tool attached, so no run was written there."""
+    for i, path in enumerate(_claimed):
+        try:
+            os.unlink(path) if i == 0 else os.rmdir(path)
+        except OSError:
+            break  # another rank's file, or a user's: the rest stays
+    _claimed.clear()
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):

@@ -28,7 +28,8 @@ from sleuth import __version__
 # Base classes of the errors each package raises on purpose (their messages say how to fix).
 _PACKAGE_ERRORS = (("tracer", "TracerError"), ("profiler", "ProfilerError"),
                    ("trainer", "TrainerError"), ("irdump", "IrDumpError"),
-                   ("dashboard", "DashboardError"))
+                   ("dashboard", "DashboardError"),
+                   ("sleuth.common", "UntrustedFileError"))  # the door's refusal, any package's
 
 # Order here is the order in `sleuth --help`.
 _COMMAND_MODULES = (

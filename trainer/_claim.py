@@ -17,28 +17,29 @@ import json
 import os
 import re
 import socket
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sleuth.common import process_alive
+from sleuth.common import (UntrustedFileError, kind_problem, numbered, open_regular,
+                           process_alive, read_bounded)
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids
 _JSON_LIMIT = 1 << 20  # a run's small JSON files; a larger one is not Sleuth's
-_RANK = re.compile(r"^rank\d+$")
-_METRICS = re.compile(r"^metrics(\.rank\d+)?\.jsonl(\.partial)?$")
-_CHECKPOINT = re.compile(r"^step\d+(\.partial)?$")
+# the names of the files each tool writes, strict (sleuth.common.numbered: `step00.h5` or
+# `rank٠` is no file of a run, and --overwrite leaves it)
+_RANK = numbered(r"rank{n}")
+_METRICS = numbered(r"metrics(?:\.rank{n})?\.jsonl(?:\.partial)?")
+_CHECKPOINT = numbered(r"step{n}(?:\.partial)?")
 _CHECKPOINT_FILES = ("model.pt", "trainer.pt", "adapter.pt", "meta.json")
-_DUMP_FILE = re.compile(r"^(step\d+\.h5(\.data)?(\.partial)?|flight_recorder\.h5(\.partial)?|notes\.jsonl"
-                        r"|\.lock(\..+\.partial)?)$")
-_DUMP_TOP = re.compile(r"^dump\.json(\..+\.partial)?$")
-_SUMMARY = re.compile(r"^rank\d+(\.seg\d+)?\.h5$")
-_PROFILE = re.compile(r"^\.?window\d+\..+$")
-_WINDOW_META = re.compile(r"^window\d+\.json$")
-_CORPUS = re.compile(r"^demo_\w+_(train\.jsonl|val\.parquet)(\.\d+\.partial)?$")
-_IR = re.compile(r"^\d{2}_\w+?(\.sorted\.ir|\.ir|\.dot|\.svg)(\.partial)?$")
-
+_DUMP_FILE = numbered(r"step{n}\.h5(?:\.data)?(?:\.partial)?|flight_recorder\.h5(?:\.partial)?"
+                      r"|notes\.jsonl|\.lock(?:\..+\.partial)?")
+_DUMP_TOP = re.compile(r"dump\.json(?:\..+\.partial)?")
+_SUMMARY = numbered(r"rank{n}(?:\.seg{n})?\.h5")
+_PROFILE = numbered(r"\.?window{n}\..+")
+_WINDOW_META = numbered(r"window{n}\.json")
+_CORPUS = re.compile(r"demo_\w+_(?:train\.jsonl|val\.parquet)(?:\.[0-9]+\.partial)?", re.ASCII)
+_IR = re.compile(r"[0-9]{2}_\w+?(?:\.sorted\.ir|\.ir|\.dot|\.svg)(?:\.partial)?", re.ASCII)
 
 @dataclass
 class RunFiles:
@@ -73,25 +74,25 @@ def _read_json(path: Path) -> object:
 
 
 def _read_json_why(path: Path) -> tuple[object, str]:
-    """`_read_json`'s value, and why there is none ("" when read or missing)."""
+    """`_read_json`'s value, and why there is none ("" when read or missing). Read through the
+    door (sleuth.common.read_bounded): a FIFO is never waited on, a device never read."""
     try:
-        st = path.stat()
+        raw = read_bounded(path, _JSON_LIMIT)
     except FileNotFoundError:
         return None, ""
+    except UntrustedFileError:
+        if kind_problem(path):
+            return None, "not a regular file"
+        size = path.stat().st_size
+        return None, f"{size:,} bytes, over the {_JSON_LIMIT:,} a run file holds"
     except OSError as e:
         return None, f"cannot be read: {e.strerror or e}"
-    if not stat.S_ISREG(st.st_mode):
-        return None, "not a regular file"
-    if st.st_size > _JSON_LIMIT:
-        return None, f"{st.st_size:,} bytes, over the {_JSON_LIMIT:,} a run file holds"
     try:
-        return json.loads(path.read_bytes()), ""
-    except OSError as e:
-        return None, f"cannot be read: {e.strerror or e}"
+        return json.loads(raw), ""
     except RecursionError:
         return None, "nested too deep to be a run file"
     except json.JSONDecodeError as e:
-        return None, ("empty" if not st.st_size else
+        return None, ("empty" if not raw else
                       f"not JSON: {e.msg}, line {e.lineno} column {e.colno}")
     except ValueError:  # UnicodeDecodeError
         return None, "not UTF-8 text"
@@ -124,15 +125,17 @@ def _id_of(value: object) -> str:
 def _metrics_id(path: Path) -> str:
     """The run id of a metrics file's header line."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO named metrics.jsonl is never waited on
             first = f.readline(_JSON_LIMIT)
         return _id_of(json.loads(first))
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError, UntrustedFileError):
         return LEGACY
 
 
 def _h5_id(path: Path) -> str:
     """The `run_id` root attribute of an HDF5 file (a summary), LEGACY when it has none."""
+    if kind_problem(path):  # a FIFO would hold HDF5's open forever
+        return LEGACY
     try:
         import h5py
 
@@ -149,7 +152,7 @@ def _h5_id(path: Path) -> str:
 
 def _children(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
     try:
-        return sorted(p for p in folder.iterdir() if pattern.match(p.name))
+        return sorted(p for p in folder.iterdir() if pattern.fullmatch(p.name))
     except OSError:
         return []
 
@@ -190,7 +193,7 @@ def scan_run_dir(run_dir: str | os.PathLike[str]) -> RunFiles:
         add(_h5_id(path) or fallback, "summary/")
     for rank in _children(root / "profile", _RANK):
         windows = _children(rank, _PROFILE)
-        metas = [p for p in windows if _WINDOW_META.match(p.name)]
+        metas = [p for p in windows if _WINDOW_META.fullmatch(p.name)]
         for path in metas:
             add(_id_of(_read_json(path)) or fallback, "profile/")
         if windows and not metas:  # traces whose metadata a crash never wrote

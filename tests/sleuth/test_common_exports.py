@@ -7,9 +7,11 @@ from pathlib import Path
 
 import sleuth.common
 
-EXPECTED = ["INTERNAL", "LIBRARY", "RUN_ID_ENV", "USER", "frame_kind", "inherited_run_id",
-            "new_run_id", "process_alive", "process_start_time", "read_run_id", "resolve_run_id",
-            "short_frame_kind", "short_path"]
+EXPECTED = ["INTERNAL", "LIBRARY", "RANK_DIR", "RUN_ID_ENV", "STEP_FILE", "STEP_PARTIAL", "USER",
+            "UntrustedFileError", "atomic_file", "frame_kind", "inherited_run_id", "inside_run",
+            "kind_problem", "new_run_id", "number_of", "numbered", "open_regular", "printable",
+            "process_alive", "process_start_time", "read_bounded", "read_run_id",
+            "resolve_run_id", "short_frame_kind", "short_path"]
 
 
 def test_public_names():

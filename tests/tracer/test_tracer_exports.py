@@ -37,7 +37,7 @@ FACES = {
                 "kind_problem", "load_bounded", "loads_bounded", "make_writer",
                 "number_of", "numbered", "op_capture_of", "open_dump", "open_h5",
                 "open_regular", "parse_shape", "path_problem", "printable",
-                "read_export", "read_flight_recorder", "read_sketches",
+                "read_bounded", "read_export", "read_flight_recorder", "read_sketches",
                 "read_text_bounded", "sketch_positions",
                 "sketch_row", "step_path", "step_status", "stored_extent"],
     "analysis": ["AuditResult", "Coverage", "DiffResult", "Explanation", "HeadroomReport",

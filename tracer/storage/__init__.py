@@ -68,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "numbered": "tracer.storage._door",
     "open_regular": "tracer.storage._door",
     "printable": "tracer.storage._door",
+    "read_bounded": "tracer.storage._door",
     # JSON files a run wrote, read within size and depth limits
     "JsonLimitError": "tracer.storage._bounded_json",
     "load_bounded": "tracer.storage._bounded_json",
