@@ -9,7 +9,7 @@ import sleuth.common
 
 EXPECTED = ["INTERNAL", "LIBRARY", "RANK_DIR", "RUN_ID_ENV", "STEP_FILE", "STEP_PARTIAL", "USER",
             "UntrustedFileError", "atomic_file", "frame_kind", "inherited_run_id", "inside_run",
-            "kind_problem", "new_run_id", "number_of", "numbered", "open_regular", "printable",
+            "kind_problem", "left_open_for_write", "new_run_id", "number_of", "numbered", "open_regular", "printable",
             "process_alive", "process_start_time", "read_bounded", "read_run_id",
             "resolve_run_id", "short_frame_kind", "short_path"]
 

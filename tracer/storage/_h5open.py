@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import math
 import os
-import stat
 from pathlib import Path
 
 import h5py
@@ -70,11 +69,12 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
 def path_problem(path: str | os.PathLike) -> str | None:
     """Why the file at `path` cannot be opened as a file, in words, with the fix; None when
     it can: a soft link that loops (to itself, or through others back to itself), a soft link
-    to nothing, or anything but a regular file (`tracer.storage._door.kind_problem`: a FIFO, a
-    device, a folder). Reads no byte of the file."""
+    to nothing, a soft link out of its folder, or anything but a regular file
+    (`tracer.storage._door.kind_problem`: a FIFO, a device, a folder). Reads no byte of the
+    file."""
     path = Path(path)
     try:
-        mode = path.stat().st_mode
+        path.stat()
     except OSError as e:
         if e.errno == errno.ELOOP:
             return (f"a soft link that loops ({_chain(path)}), so it leads to no file; "
@@ -83,7 +83,7 @@ def path_problem(path: str | os.PathLike) -> str | None:
             return (f"a soft link to nothing ({_chain(path)}, which does not exist); remove "
                     f"it, or point it at a step file")
         return None  # HDF5 reports anything else (a missing file, no permission) by name
-    return kind_problem(path) if not stat.S_ISREG(mode) else None
+    return kind_problem(path)  # not a regular file, or a soft link out of its folder
 
 
 def _chain(path: Path, most: int = 8) -> str:
