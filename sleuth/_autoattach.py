@@ -149,12 +149,16 @@ def _claim_with_run_json(run_dir: os.PathLike[str], run_id: str, fixes: str) -> 
 def _release_claim() -> None:
     """Remove the run.json `_claim_with_run_json` linked into place, and the folders it made
     for it while they are empty: no tool attached, so no run was written there."""
-    for i, path in enumerate(_claimed):
-        try:
-            os.unlink(path) if i == 0 else os.rmdir(path)
-        except OSError:
-            break  # another rank's file, or a user's: the rest stays
+    if not _claimed:
+        return
+    record, *made = _claimed
     _claimed.clear()
+    try:
+        os.unlink(record)
+        for folder in made:
+            os.rmdir(folder)
+    except OSError:  # another rank's file, or a user's, is there now: the rest stays
+        pass
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):

@@ -67,14 +67,30 @@ def number_of(pattern: re.Pattern[str], name: str) -> int | None:
 
 
 def kind_problem(path: str | os.PathLike) -> str | None:
-    """Why the file at `path` (soft links followed) is not a regular file, in words with the
-    fix; None for a regular file, and for a path that cannot be stat'ed (the open then names
-    the OS's reason). Reads no byte of the file."""
+    """Why the file at `path` (soft links followed) is not a regular file, or a soft link
+    leading out of its folder, in words with the fix; None for a regular file, and for a path
+    that cannot be stat'ed (the open then names the OS's reason). Reads no byte of the file."""
     try:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return None
-    return None if stat.S_ISREG(mode) else _kind_text(mode)
+    return _link_out(path) if stat.S_ISREG(mode) else _kind_text(mode)
+
+
+def _link_out(path: str | os.PathLike) -> str | None:
+    """Why the soft link `path` is not followed: its target lies outside the folder that holds
+    it (sleuth writes no links, so a run's file that is one was put there, and one leading
+    elsewhere would show another file as the run's); None for a file that is no link, or a
+    link that stays in its folder."""
+    if not os.path.islink(path):
+        return None
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    target = os.path.realpath(path)
+    if os.path.commonpath([folder, target]) == folder:
+        return None
+    return (f"a soft link leading out of its folder (to {printable(target)}), so it was not "
+            f"followed: a run's files are its own; copy the file in, or move the link out of "
+            f"the run")
 
 
 def _kind_text(mode: int) -> str:
@@ -87,7 +103,11 @@ def _kind_text(mode: int) -> str:
 def open_regular(path: str | os.PathLike) -> BinaryIO:
     """The regular file at `path`, open for binary reading; UntrustedFileError naming `path`
     and the fix for a FIFO, device, socket or folder. The open never blocks (O_NONBLOCK) and
-    the kind is checked on the opened descriptor, so nothing swapped in after a check is read."""
+    the kind is checked on the opened descriptor, so nothing swapped in after a check is read.
+    A soft link is followed only while it stays in its folder (`kind_problem`)."""
+    out = _link_out(path)
+    if out:
+        raise UntrustedFileError(f"{printable(path)}: {out}")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         mode = os.fstat(fd).st_mode
@@ -98,6 +118,14 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
         os.close(fd)
         raise
     return os.fdopen(fd, "rb")
+
+
+def left_open_for_write(error: OSError) -> bool:
+    """Whether HDF5 refused to open a file only because a writer killed mid-run left its SWMR
+    "open for write" flag set: the one case in which a reader should open it again as SWMR.
+    Any other failure (a truncated file, a checksum that does not match) must not: opened as
+    SWMR, HDF5 retries each damaged read with sleeps between, for minutes."""
+    return "already open for write" in str(error)
 
 
 def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
@@ -131,8 +159,11 @@ def inside_run(run_dir: str | os.PathLike, source: str | os.PathLike, name: obje
         raise refuse("which is no file name")
     if os.path.isabs(name):
         raise refuse("an absolute path")
-    root = Path(run_dir).resolve()
-    target = (Path(source).parent / name).resolve()
+    try:
+        root = Path(run_dir).resolve()
+        target = (Path(source).parent / name).resolve()
+    except (RuntimeError, OSError) as e:  # a loop of soft links (RuntimeError before 3.13)
+        raise refuse(f"a soft link that loops ({e})") from None
     if root not in target.parents:
         raise refuse(f"which leads out of the run {printable(root)} (to {printable(target)})")
     return target
