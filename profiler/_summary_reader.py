@@ -80,6 +80,10 @@ def _open_h5(path: Path) -> Any:
             raise ProfileFormatError(f"cannot read summary {path}: it is truncated ({e}); "
                                      f"restore the file, or move it away to read the other "
                                      f"ranks") from e
+        from sleuth.common import left_open_for_write
+
+        if not left_open_for_write(e):  # damaged: as SWMR, HDF5 would retry it for minutes
+            raise ProfileFormatError(f"cannot read summary {path}: {e}") from e
         try:  # a writer killed mid-run leaves the SWMR "open for write" flag set
             return h5py.File(path, "r", libver="latest", swmr=True)
         except OSError as e:

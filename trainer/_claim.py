@@ -20,8 +20,8 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sleuth.common import (UntrustedFileError, kind_problem, numbered, open_regular,
-                           process_alive, read_bounded)
+from sleuth.common import (UntrustedFileError, kind_problem, left_open_for_write, numbered,
+                           open_regular, process_alive, read_bounded)
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids
@@ -141,7 +141,9 @@ def _h5_id(path: Path) -> str:
 
         try:
             f = h5py.File(path, "r", locking=False)
-        except OSError:  # a writer killed mid-run leaves SWMR's "open for write" flag set
+        except OSError as e:  # a writer killed mid-run leaves SWMR's "open for write" flag set
+            if not left_open_for_write(e):
+                return LEGACY
             f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
         with f:
             value = f.attrs.get("run_id", "")

@@ -186,11 +186,11 @@ def _drop_steps_from(path: Path, step: int) -> None:
 def _header_id(path: Path) -> str:
     """The run id in a metrics file's header line ("" before run ids)."""
     with _open_text(path) as f:
-        first = f.readline(1 << 20)
-    try:
-        header = json.loads(first)
-    except ValueError:
-        return ""
+        try:
+            first = f.readline(1 << 20)
+            header = json.loads(first)
+        except (ValueError, RecursionError):  # not UTF-8, not JSON: a header naming no run
+            return ""
     run_id = header.get("run_id", "") if isinstance(header, dict) else ""
     return run_id if isinstance(run_id, str) else ""
 
@@ -212,14 +212,25 @@ def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict[str, Any]]:
 
     Raises:
         OtherRunError: the metrics file names another run than run.json does.
+        TrainerError: a line is not JSON (named by its number).
     """
     path = RunDir(run_dir, rank=rank).metrics
     owner = read_run_id(run_dir)
     if owner:
         _check_header(path, owner)
-    with _open_text(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
-    return [d for d in lines if "step" in d]
+    from trainer._errors import TrainerError
+
+    lines, number = [], 1
+    try:
+        with _open_text(path) as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    lines.append(json.loads(line))
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested past the parser
+        raise TrainerError(f"{path}: line {number} is damaged ({type(e).__name__}: {e}); it is "
+                           f"not a metrics line the trainer wrote: restore the file, or move it "
+                           f"away") from e
+    return [d for d in lines if isinstance(d, dict) and "step" in d]
 
 
 def _open_text(path: Path) -> TextIO:
