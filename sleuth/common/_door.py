@@ -138,9 +138,9 @@ def read_bounded(path: str | os.PathLike, max_bytes: int) -> bytes:
         data = f.read(max_bytes + 1) if size <= max_bytes else b""
     if size > max_bytes or len(data) > max_bytes:
         held = f"{size:,} bytes," if size > max_bytes else "grew while read to"
-        raise UntrustedFileError(f"{printable(path)}: {held} more than the {max_bytes:,} bytes "
-                                 f"sleuth reads for this file; it is not a file sleuth wrote, "
-                                 f"and it was not read")
+        raise UntrustedFileError(f"{printable(path)}: {held} more than the {max_bytes:,} sleuth "
+                                 f"reads for this file; this is not a file sleuth wrote, and it "
+                                 f"was not read")
     return data
 
 
