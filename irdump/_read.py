@@ -51,6 +51,10 @@ def _types(text: str) -> list[tuple[str, tuple]]:
 
 
 _NODES_RE = re.compile(r"^(\d+)\b")
+MAX_IR_BYTES = 256 * 2**20
+"""The largest IR text read: a node line is a few hundred bytes, so this holds about a million
+nodes, past the backward graph of any model one machine trains. A larger file is refused from
+its size, unread (a Graph-page search read a 1.5 GiB `.ir` whole)."""
 
 
 def read_ir(path: str | os.PathLike) -> Any:
@@ -65,12 +69,22 @@ def read_ir(path: str | os.PathLike) -> Any:
     import pandas as pd
 
     from tracer import UntrustedFileError
-    from tracer.storage import open_regular
+    from tracer.storage import open_regular, printable
 
     p = Path(path)
     try:
         with open_regular(p) as f:  # a FIFO or a device is refused, never waited on
-            lines = f.read().decode("utf-8").splitlines()
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_IR_BYTES:
+                raise IrFormatError(f"{printable(p)} is {size:,} bytes, more than the "
+                                    f"{MAX_IR_BYTES:,} an IR text may hold (about a million "
+                                    f"nodes); it was not read: export the graphs again, or "
+                                    f"move the file out of the run")
+            raw = f.read(MAX_IR_BYTES + 1)  # a file growing as it is read stops at the bound
+            if len(raw) > MAX_IR_BYTES:
+                raise IrFormatError(f"{printable(p)} grew past the {MAX_IR_BYTES:,} bytes an "
+                                    f"IR text may hold while it was read; it was not read")
+            lines = raw.decode("utf-8").splitlines()
     except UntrustedFileError as e:
         raise IrFormatError(f"cannot read {e}") from e
     except OSError as e:

@@ -143,20 +143,12 @@ def capture_graphs(model: Any, example_inputs: Any, stages: Sequence[str] = DEFA
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` via `path.partial`, fsync, rename."""
-    partial = path.with_name(path.name + ".partial")
-    try:
-        with open(partial, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:  # a full disk leaves no half-written graph behind
-        try:
-            partial.unlink(missing_ok=True)
-        except OSError:
-            pass  # the folder itself is gone or unwritable: there is no partial to remove
-        raise
+    """Write `text` to `path` whole or not at all (the door's atomic_file: a full disk leaves
+    no half-written graph behind)."""
+    from tracer.storage import atomic_file
+
+    with atomic_file(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(text)
 
 
 def write_graphs(graphs: Sequence[Graph], path: str | os.PathLike,

@@ -348,18 +348,20 @@ class Collector:
 
 def _refuse_another_run(folder: Path, run_id: str) -> None:
     """ProfilerError when `folder` holds windows of a run other than `run_id`: the new windows,
-    numbered from 0, would replace that run's."""
-    import json
+    numbered from 0, would replace that run's. Each `window{K}.json` is read through the door
+    (tracer.storage: a regular file only, within the JSON bounds); one that cannot be read is
+    no window's metadata here (the reader names it)."""
+    from tracer.storage import load_bounded, numbered
 
     if not run_id or not folder.is_dir():
         return
-    for meta in sorted(folder.glob("window*.json")):
+    names = numbered(r"window{n}\.json")
+    for meta in sorted(p for p in folder.iterdir() if names.fullmatch(p.name)):
         try:
-            if meta.stat().st_size > 1 << 20:
-                continue  # not a window's metadata; the reader names it
-            other = json.loads(meta.read_bytes()).get("run_id")
-        except (OSError, ValueError, RecursionError, AttributeError):
+            other = load_bounded(meta, max_bytes=1 << 20)
+        except Exception:  # noqa: BLE001 - unreadable: not a window's metadata to refuse by
             continue
+        other = other.get("run_id") if isinstance(other, dict) else None
         if isinstance(other, str) and other and other != run_id:
             raise ProfilerError(f"{folder} holds the profile of another run (run {other}, "
                                 f"{meta.name}), which this run's windows would replace; "

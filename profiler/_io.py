@@ -1,4 +1,4 @@
-"""Atomic file writes and the run-directory layout shared by the profiler's writers and readers."""
+"""Whole-file writes (through the door's one atomic_file) and the run-directory layout shared by the profiler's writers and readers."""
 from __future__ import annotations
 
 import gzip
@@ -24,32 +24,30 @@ def profile_dir(run_dir: str | os.PathLike[str], rank: int) -> Path:
     return Path(run_dir) / "profile" / f"rank{rank}"
 
 
-def _fsync_replace(partial: Path, final: Path) -> None:
-    with open(partial, "rb+") as f:
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, final)
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
-    _fsync_replace(partial, path)
+    """`data` as JSON at `path`, whole or not at all (the door's atomic_file)."""
+    from tracer.storage import atomic_file
+
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True, default=str))
 
 
 def gzip_atomic(src: Path, dest: Path) -> None:
-    """Compress `src` into `dest` (via dest.partial), then delete `src`."""
-    partial = dest.with_name(dest.name + ".partial")
-    with open(src, "rb") as fin, gzip.open(partial, "wb", compresslevel=3) as fout:
+    """Compress `src` into `dest` (whole or not at all), then delete `src`."""
+    from tracer.storage import atomic_file
+
+    with open(src, "rb") as fin, atomic_file(dest, "wb") as out, \
+            gzip.GzipFile(filename="", fileobj=out, mode="wb", compresslevel=3) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
-    _fsync_replace(partial, dest)
     src.unlink()
 
 
 def write_frame_atomic(df: Any, path: Path, fmt: str = "parquet") -> None:
-    partial = path.with_name(path.name + ".partial")
-    if fmt == "parquet":
-        df.to_parquet(partial, index=False)
-    else:
-        df.to_csv(partial, index=False)
-    _fsync_replace(partial, path)
+    """A table at `path` as parquet or CSV, whole or not at all."""
+    from tracer.storage import atomic_file
+
+    with atomic_file(path, "wb") as f:
+        if fmt == "parquet":
+            df.to_parquet(f, index=False)
+        else:
+            df.to_csv(f, index=False)

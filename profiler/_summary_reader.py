@@ -34,7 +34,36 @@ def _files(run_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     return [(rank, p) for rank, _, p in sorted(found)]
 
 
+# what h5py raises on a summary whose metadata or data are damaged (checksums, missing objects,
+# values that do not decode)
+_DAMAGED = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
+
+
 def _open(path: Path) -> Any:
+    """The summary at `path`, open for reading once tracer.storage.check_h5 finds that each of
+    its datasets claims no more than the file stores (a series resized to millions of values
+    never written reads as fill values from a file of a few KB)."""
+    from tracer import UntrustedFileError
+    from tracer.storage import check_h5
+
+    f = _open_h5(path)
+    try:
+        check_h5(f, path)
+    except UntrustedFileError as e:
+        f.close()
+        raise ProfileFormatError(f"cannot read summary: {e}") from e
+    except _DAMAGED as e:
+        f.close()
+        raise ProfileFormatError(f"cannot read summary {path}: it is damaged "
+                                 f"({type(e).__name__}: {e}); restore the file, or move it "
+                                 f"away to read the other ranks") from e
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _open_h5(path: Path) -> Any:
     import h5py
 
     from tracer.storage import kind_problem
@@ -52,15 +81,16 @@ def _open(path: Path) -> Any:
             raise ProfileFormatError(f"cannot read summary {path}: it is truncated ({e}); "
                                      f"restore the file, or move it away to read the other "
                                      f"ranks") from e
+        from sleuth.common import left_open_for_write
+
+        if not left_open_for_write(e):  # damaged: as SWMR, HDF5 would retry it for minutes
+            raise ProfileFormatError(f"cannot read summary {path}: {e}") from e
         try:  # a writer killed mid-run leaves the SWMR "open for write" flag set
             return h5py.File(path, "r", libver="latest", swmr=True)
         except OSError as e:
             raise ProfileFormatError(f"cannot read summary {path}: {e}") from e
 
 
-# what h5py raises on a summary whose metadata or data are damaged (checksums, missing objects,
-# values that do not decode)
-_DAMAGED = (OSError, KeyError, ValueError, IndexError, TypeError, RuntimeError)
 
 
 def _each(run_dir: str | os.PathLike[str]) -> Iterator[tuple[int, Any, list[str]]]:
@@ -110,13 +140,19 @@ def read_scalars(run_dir: str | os.PathLike[str]) -> Any:
 
 
 def read_histograms(run_dir: str | os.PathLike[str], tag: str | None = None) -> Any:
-    """DataFrame[rank, tag, step, wall_time, edges, counts] (numpy arrays), optionally one tag."""
+    """DataFrame[rank, tag, step, wall_time, edges, counts] (numpy arrays), optionally one tag.
+
+    A writer's index rows point at disjoint blocks of `hist_data`, so together they claim at
+    most the values it holds: an index claiming more (rows pointing at the same values again
+    and again, 160 million bins from a 200 KiB file), or a row with a negative offset or
+    count, is a ProfileFormatError naming the file, raised before any row is copied."""
     import pandas as pd
     out = []
     for rank, f, tags in _each(run_dir):
         index = f["hist_index"][:]
         data = f["hist_data"]
         n_data = data.shape[0]
+        _check_index(index, n_data, Path(f.filename))
         want = None if tag is None else (tags.index(tag) if tag in tags else -1)
         for row in index:
             tid = int(row["tag"])
@@ -130,3 +166,17 @@ def read_histograms(run_dir: str | os.PathLike[str], tag: str | None = None) -> 
                         "wall_time": float(row["wall_time"]), "edges": block[:bins + 1],
                         "counts": block[bins + 1:]})
     return pd.DataFrame(out, columns=["rank", "tag", "step", "wall_time", "edges", "counts"])
+
+
+def _check_index(index: Any, n_data: int, path: Path) -> None:
+    if len(index) and (int(index["offset"].min()) < 0 or int(index["bins"].min()) < 1):
+        raise ProfileFormatError(f"cannot read summary {path}: it is damaged (a histogram "
+                                 f"row with a negative offset or no bins); restore the file, "
+                                 f"or move it away to read the other ranks")
+    claimed = int((2 * index["bins"].astype("i8") + 1).sum())
+    if claimed > n_data:
+        raise ProfileFormatError(
+            f"cannot read summary {path}: refused: its histogram index claims {claimed:,} "
+            f"values, but hist_data holds {n_data:,} (a writer's rows never overlap); the "
+            f"file is damaged or forged and was not read: restore it, or move it away to "
+            f"read the other ranks")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import zlib
 from collections import defaultdict
@@ -32,6 +33,11 @@ _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
 MAX_TRACE_BYTES = 2 * 1024 ** 3
 """The largest trace read, after decompression: a gzip of a few MB can claim many GB."""
+MAX_TRACE_RATIO = 100
+"""How many times its size a gzipped trace may inflate to (past its first MiB): a trace's JSON
+deflates about 13-fold, a gzip bomb of zeros 1000-fold, so a 2 MB bomb is refused after about
+200 MB read, never at the 2 GiB bound."""
+_PIECE = 1 << 20
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
@@ -46,11 +52,8 @@ def load_trace(path: str | Path) -> dict[str, Any]:
             file = open_regular(path)  # a FIFO or a device is refused, never waited on
         except UntrustedFileError as e:
             raise ProfileFormatError(f"cannot read trace {e}") from e
-        with file, (gzip.GzipFile(fileobj=file) if path.name.endswith(".gz") else file) as f:
-            raw = f.read(MAX_TRACE_BYTES + 1)
-        if len(raw) > MAX_TRACE_BYTES:
-            raise ProfileFormatError(f"{path}: more than {MAX_TRACE_BYTES:,} bytes of trace "
-                                     "once decompressed; this is not a trace sleuth wrote")
+        with file:
+            raw = _read_bounded(file, path)
         data = json.loads(raw.decode("utf-8"))
     except RecursionError as e:
         raise ProfileFormatError(f"cannot read trace {path}: JSON nested too deep") from e
@@ -61,6 +64,48 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ProfileFormatError(f"{path} is not a Chrome trace (no traceEvents list)")
     return data
+
+
+def _read_bounded(file: Any, path: Path) -> bytes:
+    """The bytes of the trace open as `file` (inflated when `path` ends in `.gz`), refused as
+    soon as they pass what the file can hold: MAX_TRACE_BYTES, and for a gzip MAX_TRACE_RATIO
+    times its size and the inflated size its trailer states. Checked while reading, a piece at
+    a time, so a bomb costs the bound, never its claim."""
+    size = os.fstat(file.fileno()).st_size
+    if not path.name.endswith(".gz"):
+        if size > MAX_TRACE_BYTES:
+            raise ProfileFormatError(f"{path}: {size:,} bytes, more than the "
+                                     f"{MAX_TRACE_BYTES:,} bytes a trace may hold; this is not "
+                                     f"a trace sleuth wrote")
+        raw = file.read(MAX_TRACE_BYTES + 1)
+        if len(raw) > MAX_TRACE_BYTES:  # grew as it was read
+            raise ProfileFormatError(f"{path}: more than {MAX_TRACE_BYTES:,} bytes of trace; "
+                                     f"this is not a trace sleuth wrote")
+        return raw
+    stated = None
+    if size >= 18:  # header and trailer: the trailer's last 4 bytes are the size mod 2**32
+        file.seek(size - 4)
+        stated = int.from_bytes(file.read(4), "little")
+        file.seek(0)
+    by_ratio = max(_PIECE, MAX_TRACE_RATIO * size)
+    limit = min(MAX_TRACE_BYTES, by_ratio)
+    out = bytearray()
+    with gzip.GzipFile(fileobj=file) as f:
+        while piece := f.read(_PIECE):
+            out += piece
+            if stated is not None and len(out) > stated and stated + 2**32 > limit:
+                raise ProfileFormatError(
+                    f"{path}: inflates past the {stated:,} bytes its gzip trailer states; the "
+                    f"file is damaged or forged and was read no further")
+            if len(out) > limit:
+                why = (f"more than {MAX_TRACE_BYTES:,} bytes" if limit == MAX_TRACE_BYTES else
+                       f"more than {MAX_TRACE_RATIO} times its size ({size:,} bytes "
+                       f"compressed), where a trace deflates about 13-fold")
+                raise ProfileFormatError(
+                    f"{path}: inflates to {why}: a gzip bomb, not a trace sleuth wrote; it was "
+                    f"read no further (the bound is checked while reading): move it out of the "
+                    f"run")
+    return bytes(out)
 
 
 class _Ev:

@@ -22,6 +22,7 @@ _TOOLS = {
     "SLEUTH_SAVE_GRAPHS": ("irdump", "attach_from_env"),
 }
 _handles: list[object] = []
+_claimed: list[str] = []  # run.json this process linked into place, then the folders it made
 
 
 def requested() -> list[tuple[str, str]]:
@@ -61,6 +62,8 @@ def attach() -> None:
             continue
         if handle is not None:
             _handles.append(handle)
+    if not _handles:  # every tool went off: the folder is left as it was found
+        _release_claim()
 
 
 def _stop(message: str) -> None:
@@ -91,15 +94,60 @@ def _another_runs_folder() -> str | None:
         return None
     from trainer import OtherRunError, claim_run_dir
 
+    fixes = ("write this run to a new SLEUTH_RUN_DIR, set SLEUTH_RUN_ID=<that run's id> to "
+             "continue it, or set SLEUTH_DUMP_OVERWRITE=1 to replace it")
     try:
-        claim_run_dir(run_dir, run_id, fixes="write this run to a new SLEUTH_RUN_DIR, set "
-                      "SLEUTH_RUN_ID=<that run's id> to continue it, or set "
-                      "SLEUTH_DUMP_OVERWRITE=1 to replace it",
-                      damaged_fixes="write this run to a new SLEUTH_RUN_DIR, or set "
-                      "SLEUTH_DUMP_OVERWRITE=1 to replace that run's files")
+        found = claim_run_dir(run_dir, run_id, fixes=fixes,
+                              damaged_fixes="write this run to a new SLEUTH_RUN_DIR, or set "
+                              "SLEUTH_DUMP_OVERWRITE=1 to replace that run's files")
+        if found.empty and not found.live_lock:  # a new folder: claimed before any tool writes
+            _claim_with_run_json(found.run_dir, run_id, fixes)
     except OtherRunError as e:  # the refusal `sleuth run` and `sleuth train` give, its fixes ours
         return str(e)
     return None
+
+
+def _claim_with_run_json(run_dir: os.PathLike[str], run_id: str, fixes: str) -> None:
+    """Claim a folder no run.json claims yet by linking this run's run.json into place, as
+    `sleuth run` and `sleuth train` do: of two scripts that both found the folder free (each
+    checked before the other wrote a file), the one whose link fails is refused, unless the
+    run.json it lost to names its own run (another rank of it). Raises OtherRunError."""
+    from sleuth.common import read_run_id
+    from trainer import OtherRunError, write_run_json
+
+    made, folder = [], os.path.abspath(run_dir)
+    while not os.path.exists(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
+    try:
+        world = os.environ.get("WORLD_SIZE", "").strip()
+        write_run_json(run_dir, name=os.path.basename(run_dir), argv=sys.argv,
+                       world_size=int(world) if world.isdigit() else 1,
+                       config={"attached": {v: os.environ[v] for v in _TOOLS if v in os.environ}},
+                       run_id=run_id, exclusive=True)
+    except OtherRunError:
+        other = read_run_id(run_dir)
+        if other != run_id:
+            raise OtherRunError(f"{run_dir} holds the files of another run (run {other}: "
+                                f"run.json), started into it at the same time as this one; "
+                                f"{fixes}") from None
+        return
+    _claimed[:] = [os.path.join(run_dir, "run.json"), *made]
+
+
+def _release_claim() -> None:
+    """Remove the run.json `_claim_with_run_json` linked into place, and the folders it made
+    for it while they are empty: no tool attached, so no run was written there."""
+    if not _claimed:
+        return
+    record, *made = _claimed
+    _claimed.clear()
+    try:
+        os.unlink(record)
+        for folder in made:
+            os.rmdir(folder)
+    except OSError:  # another rank's file, or a user's, is there now: the rest stays
+        pass
 
 
 class _AfterTorchImport(importlib.abc.MetaPathFinder):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from sleuth.common import ConfigError as _SharedConfigError
 from sleuth.common import FormatError as _SharedFormatError
 from sleuth.common import OtherRunError as _SharedOtherRunError
-from sleuth.common import SleuthError
+from sleuth.common import SleuthError, _door
 
 
 class TracerError(SleuthError):
@@ -30,12 +30,14 @@ class DumpFormatError(TracerError, _SharedFormatError):
     """A dump file is missing, unreadable, or of a format version this release cannot read."""
 
 
-class UntrustedFileError(TracerError):
+class UntrustedFileError(TracerError, _door.UntrustedFileError):
     """A file claims what it does not hold: a dataset larger than the bytes stored for it, or
     data that lies in another file (an HDF5 external link, external storage, a virtual
-    dataset); or it brings a stored pattern that does not finish in its time bound. Refused
-    outright, never skipped as damaged (it is no DumpFormatError, which readers skip and
-    count): a command that meets one stops with this message, naming the file."""
+    dataset); or it brings a stored pattern that does not finish in its time bound; or the
+    door refuses it (sleuth.common's UntrustedFileError, as the tools raise it: not a regular
+    file, larger than its bound, a path out of the run). Refused outright, never skipped as
+    damaged (it is no DumpFormatError, which readers skip and count): a command that meets
+    one stops with this message, naming the file."""
 
 
 class DumpWriteError(TracerError):

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sleuth.common import UntrustedFileError, kind_problem, read_bounded
 from trainer._errors import CheckpointError
 from trainer._rundir import FORMAT_VERSION, RunDir
 
@@ -101,6 +102,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return latest
 
 
+_META_LIMIT = 1 << 20  # a checkpoint's meta.json is a few KB; a larger one is not the trainer's
 _FIX = "pick another checkpoint (RUN/checkpoints/step<S>/) or train again to write a new one"
 
 
@@ -109,8 +111,9 @@ def read_meta(directory: Path) -> dict[str, Any]:
     config it was trained with. Raises CheckpointError naming the file otherwise."""
     path = directory / "meta.json"
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        meta = json.loads(read_bounded(path, _META_LIMIT).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError,
+            UntrustedFileError) as e:
         raise CheckpointError(f"cannot read {path}: {e}; {_FIX}") from e
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path} holds a JSON {type(meta).__name__}, not a checkpoint's "
@@ -128,6 +131,9 @@ def read_meta(directory: Path) -> dict[str, Any]:
 def _load(path: Path) -> Any:
     """torch.load of a checkpoint file, after checking it against the sha256 its meta.json
     recorded (checkpoints written before that have none: loaded as they are)."""
+    problem = kind_problem(path)
+    if problem:  # a FIFO would hold the hash and torch.load forever
+        raise CheckpointError(f"{path}: {problem}; {_FIX}")
     want = _recorded_sha256(path)
     if want is not None and path.is_file() and _sha256(path) != want:
         raise CheckpointError(f"{path} is damaged: its sha256 differs from the one recorded in "
@@ -144,8 +150,9 @@ def _load(path: Path) -> Any:
 
 def _recorded_sha256(path: Path) -> str | None:
     try:
-        meta = json.loads((path.parent / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        meta = json.loads(read_bounded(path.parent / "meta.json", _META_LIMIT).decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError,
+            UntrustedFileError):
         return None  # read_meta, called first by every loader, reports a bad meta.json
     files = meta.get("sha256") if isinstance(meta, dict) else None
     digest = files.get(path.name) if isinstance(files, dict) else None

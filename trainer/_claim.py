@@ -17,11 +17,11 @@ import json
 import os
 import re
 import socket
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sleuth.common import h5_run_id, process_alive, run_files
+from sleuth.common import (UntrustedFileError, h5_run_id, kind_problem, left_open_for_write,
+                           open_regular, process_alive, read_bounded, run_files)
 from trainer._errors import OtherRunError
 
 LEGACY = ""  # the run id read from a file written before run ids
@@ -61,25 +61,25 @@ def _read_json(path: Path) -> object:
 
 
 def _read_json_why(path: Path) -> tuple[object, str]:
-    """`_read_json`'s value, and why there is none ("" when read or missing)."""
+    """`_read_json`'s value, and why there is none ("" when read or missing). Read through the
+    door (sleuth.common.read_bounded): a FIFO is never waited on, a device never read."""
     try:
-        st = path.stat()
+        raw = read_bounded(path, _JSON_LIMIT)
     except FileNotFoundError:
         return None, ""
+    except UntrustedFileError:
+        if kind_problem(path):
+            return None, "not a regular file"
+        size = path.stat().st_size
+        return None, f"{size:,} bytes, over the {_JSON_LIMIT:,} a run file holds"
     except OSError as e:
         return None, f"cannot be read: {e.strerror or e}"
-    if not stat.S_ISREG(st.st_mode):
-        return None, "not a regular file"
-    if st.st_size > _JSON_LIMIT:
-        return None, f"{st.st_size:,} bytes, over the {_JSON_LIMIT:,} a run file holds"
     try:
-        return json.loads(path.read_bytes()), ""
-    except OSError as e:
-        return None, f"cannot be read: {e.strerror or e}"
+        return json.loads(raw), ""
     except RecursionError:
         return None, "nested too deep to be a run file"
     except json.JSONDecodeError as e:
-        return None, ("empty" if not st.st_size else
+        return None, ("empty" if not raw else
                       f"not JSON: {e.msg}, line {e.lineno} column {e.colno}")
     except ValueError:  # UnicodeDecodeError
         return None, "not UTF-8 text"
@@ -112,21 +112,25 @@ def _id_of(value: object) -> str:
 def _metrics_id(path: Path) -> str:
     """The run id of a metrics file's header line."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:  # a FIFO named metrics.jsonl is never waited on
             first = f.readline(_JSON_LIMIT)
         return _id_of(json.loads(first))
-    except (OSError, ValueError, RecursionError):
+    except (OSError, ValueError, RecursionError, UntrustedFileError):
         return LEGACY
 
 
 def _h5_id(path: Path) -> str:
     """The `run_id` root attribute of an HDF5 file (a summary), LEGACY when it has none."""
+    if kind_problem(path):  # a FIFO would hold HDF5's open forever
+        return LEGACY
     try:
         import h5py
 
         try:
             f = h5py.File(path, "r", locking=False)
-        except OSError:  # a writer killed mid-run leaves SWMR's "open for write" flag set
+        except OSError as e:  # a writer killed mid-run leaves SWMR's "open for write" flag set
+            if not left_open_for_write(e):
+                return LEGACY
             f = h5py.File(path, "r", libver="latest", swmr=True, locking=False)
         with f:
             return h5_run_id(f.attrs)
@@ -136,7 +140,7 @@ def _h5_id(path: Path) -> str:
 
 def _children(folder: Path, pattern: re.Pattern[str]) -> list[Path]:
     try:
-        return sorted(p for p in folder.iterdir() if pattern.match(p.name))
+        return sorted(p for p in folder.iterdir() if pattern.fullmatch(p.name))
     except OSError:
         return []
 
@@ -176,7 +180,7 @@ def scan_run_dir(run_dir: str | os.PathLike[str]) -> RunFiles:
         add(_h5_id(path) or fallback, "summary/")
     for rank in _children(root / "profile", run_files.RANK_DIR):
         windows = _children(rank, run_files.PROFILE_FILE)
-        metas = [p for p in windows if run_files.WINDOW_META.match(p.name)]
+        metas = [p for p in windows if run_files.WINDOW_META.fullmatch(p.name)]
         for path in metas:
             add(_id_of(_read_json(path)) or fallback, "profile/")
         if windows and not metas:  # traces whose metadata a crash never wrote

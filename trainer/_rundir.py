@@ -15,27 +15,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from sleuth.common import new_run_id, read_run_id
+from sleuth.common import atomic_file, new_run_id, open_regular, read_run_id
 
 FORMAT_VERSION = "1.0"
 
 
 def atomic_write_text(path: Path, text: str, *, exclusive: bool = False) -> None:
-    """Write `path.partial`, fsync, rename: readers see the old file or the whole new one.
+    """Write `text` to `path` whole: readers see the old file or the whole new one (the door's
+    atomic_file, sleuth.common).
 
     With `exclusive`, the file is linked into place instead, which fails (FileExistsError, the
     partial file removed) when `path` exists: of two processes that both found it missing, one
     wins."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial" if exclusive
-                             else path.name + ".partial")
+    if not exclusive:
+        with atomic_file(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     with open(partial, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    if not exclusive:
-        os.replace(partial, path)
-        return
     try:
         os.link(partial, path)
     finally:
@@ -168,7 +169,7 @@ class RunDir:
 def _drop_steps_from(path: Path, step: int) -> None:
     """Rewrite the metrics file at `path` (atomically) without the lines of `step` and later."""
     kept, dropped = [], 0
-    with open(path, encoding="utf-8") as f:
+    with _open_text(path) as f:
         for line in f:
             try:
                 value = json.loads(line).get("step")
@@ -184,12 +185,12 @@ def _drop_steps_from(path: Path, step: int) -> None:
 
 def _header_id(path: Path) -> str:
     """The run id in a metrics file's header line ("" before run ids)."""
-    with open(path, encoding="utf-8") as f:
-        first = f.readline(1 << 20)
-    try:
-        header = json.loads(first)
-    except ValueError:
-        return ""
+    with _open_text(path) as f:
+        try:
+            first = f.readline(1 << 20)
+            header = json.loads(first)
+        except (ValueError, RecursionError):  # not UTF-8, not JSON: a header naming no run
+            return ""
     run_id = header.get("run_id", "") if isinstance(header, dict) else ""
     return run_id if isinstance(run_id, str) else ""
 
@@ -211,10 +212,30 @@ def read_metrics(run_dir: str | Path, rank: int = 0) -> list[dict[str, Any]]:
 
     Raises:
         OtherRunError: the metrics file names another run than run.json does.
+        TrainerError: a line is not JSON (named by its number).
     """
     path = RunDir(run_dir, rank=rank).metrics
     owner = read_run_id(run_dir)
     if owner:
         _check_header(path, owner)
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [d for d in lines if "step" in d]
+    from trainer._errors import TrainerError
+
+    lines, number = [], 1
+    try:
+        with _open_text(path) as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    lines.append(json.loads(line))
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested past the parser
+        raise TrainerError(f"{path}: line {number} is damaged ({type(e).__name__}: {e}); it is "
+                           f"not a metrics line the trainer wrote: restore the file, or move it "
+                           f"away") from e
+    return [d for d in lines if isinstance(d, dict) and "step" in d]
+
+
+def _open_text(path: Path) -> TextIO:
+    """A metrics file open for reading through the door (sleuth.common.open_regular): a FIFO
+    in its place is refused, never waited on (UntrustedFileError naming it)."""
+    import io
+
+    return io.TextIOWrapper(open_regular(path), encoding="utf-8")

@@ -5,17 +5,21 @@ there, the claim on it (`trainer.claim_run_dir`, used by `sleuth train`, `sleuth
 zero-code attach) reads the run id of every file a tool wrote there, and `--overwrite` removes
 those files by name and nothing else. Both go by this list, one entry per kind of file with the
 tool that writes it; a tool that writes a new kind of file adds it here, or the claim would
-neither see it nor remove it. Numbers match as ASCII digits (a look-alike such as `step00.h5`
-is one of ours to remove too; the readers' strict names are `tracer.storage.numbered`'s).
+neither see it nor remove it. Names are the readers' strict names (`sleuth.common.numbered`):
+a look-alike such as `step00.h5` or `rank٠` is no file of a run, so the claim neither reads its
+run id nor removes it.
 """
 from __future__ import annotations
 
 import re
 
+from sleuth.common._door import numbered
+
 
 def _names(pattern: str) -> re.Pattern[str]:
-    """A whole-name pattern; `{n}` stands for a number in ASCII digits."""
-    return re.compile("^(?:" + pattern.replace("{n}", "[0-9]+") + ")$")
+    """A whole-name pattern (match it with `.fullmatch`); `{n}` stands for one canonical ASCII
+    decimal number."""
+    return numbered("(?:" + pattern + ")")
 
 
 RANK_DIR = _names(r"rank{n}")
@@ -25,7 +29,7 @@ RUN_JSON = ("run.json", "run.json.partial")
 METRICS = _names(r"metrics(?:\.rank{n})?\.jsonl(?:\.partial)?")
 CHECKPOINT_DIR = _names(r"step{n}(?:\.partial)?")
 CHECKPOINT_FILES = ("model.pt", "trainer.pt", "adapter.pt", "meta.json")
-CORPUS = _names(r"demo_\w+_(?:train\.jsonl|val\.parquet)(?:\.[0-9]+\.partial)?")
+CORPUS = re.compile(r"demo_\w+_(?:train\.jsonl|val\.parquet)(?:\.[0-9]+\.partial)?", re.ASCII)
 # tracer: dump/dump.json and dump/rank{R}/ (step files, their partials, the flight recorder,
 # notes, the rank lock)
 DUMP_TOP = _names(r"dump\.json(?:\..+\.partial)?")
@@ -37,4 +41,4 @@ SUMMARY = _names(r"rank{n}(?:\.seg{n})?\.h5")
 PROFILE_FILE = _names(r"\.?window{n}\..+")
 WINDOW_META = _names(r"window{n}\.json")
 # irdump: ir/{stage:02d}_{name}.ir, .sorted.ir, .dot, .svg
-IR_FILE = _names(r"[0-9]{2}_\w+?(?:\.sorted\.ir|\.ir|\.dot|\.svg)(?:\.partial)?")
+IR_FILE = re.compile(r"[0-9]{2}_\w+?(?:\.sorted\.ir|\.ir|\.dot|\.svg)(?:\.partial)?", re.ASCII)

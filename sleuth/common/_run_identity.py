@@ -109,9 +109,11 @@ def h5_run_id(attrs: Any) -> str:
 def read_run_id(run_dir: str | os.PathLike[str]) -> str | None:
     """The run id `RUN/run.json` names: None without a readable run.json, "" for one written
     before run ids."""
-    try:
-        data = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+    from sleuth.common._door import UntrustedFileError, read_bounded
+
+    try:  # through the door: a FIFO named run.json is never waited on, a device never read
+        data = json.loads(read_bounded(Path(run_dir) / "run.json", 1 << 20))
+    except (OSError, ValueError, RecursionError, UntrustedFileError):
         return None
     run_id = data.get("run_id", "") if isinstance(data, dict) else None
     return run_id if isinstance(run_id, str) else None

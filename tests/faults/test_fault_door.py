@@ -200,3 +200,30 @@ def test_diff_csv_on_a_full_disk_leaves_no_temporary_file(runs, tmp_path):
     assert list(out.parent.iterdir()) == []
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert str(out) in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("name", ["dump/rank0/step0.h5", "dump/dump.json"])
+def test_a_run_file_linked_out_of_its_folder_is_not_followed(runs, tmp_path, name, capsys):
+    """Found by the fuzz harness: `dump/dump.json` as a soft link to a file outside the run
+    was read by `dump ls` (a step file so linked by `dump show`): another file taken as the
+    run's. A soft link is followed only within its folder: the step is refused (exit 2, one
+    line naming the link), dump.json is taken as absent; the file outside keeps its access time
+    (nothing of it read)."""
+    import time
+
+    good, bad = runs
+    outside = tmp_path / "outside" / Path(name).name
+    outside.parent.mkdir()
+    shutil.copyfile(good / name, outside)
+    os.utime(outside, (0, time.time()))
+    (bad / name).unlink()
+    os.symlink(outside, bad / name)
+    command = ["dump", "show", str(bad), "--step", "0"] if name.endswith(".h5") else \
+        ["dump", "ls", str(bad)]
+    code, text = _run_cli(command, capsys)
+    assert "Traceback" not in text, text
+    assert outside.stat().st_atime == 0, "the file outside the run was read"
+    if name.endswith(".h5"):
+        assert code == 2 and "soft link leading out of its folder" in text, text
+    else:  # the dump's run record unread: the dump is listed as one without it
+        assert code == 0, text

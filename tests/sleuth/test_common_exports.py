@@ -7,11 +7,14 @@ from pathlib import Path
 
 import sleuth.common
 
-EXPECTED = ["ConfigError", "FormatError", "INTERNAL", "LIBRARY", "OtherRunError", "RUN_ID_ENV",
-            "STRICT_ENV", "SleuthError", "SleuthWarning", "USER", "describe_error", "frame_kind",
-            "go_off", "h5_run_id", "inherited_run_id", "lazy_exports", "new_run_id",
-            "process_alive", "process_start_time", "read_run_id", "resolve_run_id", "run_files",
-            "short_frame_kind", "short_path", "show_one_line", "strict", "warn"]
+EXPECTED = ["ConfigError", "FormatError", "INTERNAL", "LIBRARY", "OtherRunError", "RANK_DIR",
+            "RUN_ID_ENV", "STEP_FILE", "STEP_PARTIAL", "STRICT_ENV", "SleuthError",
+            "SleuthWarning", "USER", "UntrustedFileError", "atomic_file", "describe_error",
+            "frame_kind", "go_off", "h5_run_id", "inherited_run_id", "inside_run",
+            "kind_problem", "lazy_exports", "left_open_for_write", "new_run_id", "number_of",
+            "numbered", "open_regular", "printable", "process_alive", "process_start_time",
+            "read_bounded", "read_run_id", "resolve_run_id", "run_files", "short_frame_kind",
+            "short_path", "show_one_line", "strict", "warn"]
 
 
 def test_public_names():

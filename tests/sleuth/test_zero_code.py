@@ -162,7 +162,8 @@ def test_attach_into_another_runs_dump_warns_once_and_trains_on(tmp_path):
     assert _trained(second), second.stderr[-3000:]
     lines = _lines(second.stderr)
     assert len(lines) == 1, second.stderr
-    assert lines[0].startswith(f"sleuth: {run} holds the files of another run (run first: dump/)")
+    assert lines[0].startswith(f"sleuth: {run} holds the files of another run (run first: "
+                               f"run.json, dump/)")
     assert lines[0].endswith("the tools are off for this run, which goes on (SLEUTH_STRICT=1 "
                              "stops it instead)")
     assert _snapshot(run) == before
@@ -268,3 +269,31 @@ def test_a_disk_that_fails_turns_the_dump_off_under_sleuth_run(tmp_path, sleuth_
     assert "is off for the rest of the run, and the run goes on" in ours[0]
     assert "Traceback" not in proc.stderr
     assert not [p.name for p in (tmp_path / "run" / "dump" / "rank0").iterdir()]
+
+
+def test_two_scripts_attached_into_one_new_folder_at_once_second_is_refused(tmp_path,
+                                                                           monkeypatch):
+    """Two scripts attached through the environment alone into one new folder: each found it
+    empty before the other wrote a file, and both wrote there (one's summary/rank0.h5, the
+    other's rank0.seg1.h5). The first attach links run.json into place, so the second,
+    however close behind, is refused; a second rank of the first run (the same id) is not."""
+    from sleuth import _autoattach
+
+    run = tmp_path / "new"
+    monkeypatch.setenv("SLEUTH_RUN_DIR", str(run))
+    monkeypatch.delenv("SLEUTH_DUMP_OVERWRITE", raising=False)
+    monkeypatch.setenv("SLEUTH_RUN_ID", "first")
+    assert _autoattach._another_runs_folder() is None
+    assert json.loads((run / "run.json").read_text())["run_id"] == "first"
+    monkeypatch.setenv("RANK", "1")
+    assert _autoattach._another_runs_folder() is None  # the same run's other rank
+    monkeypatch.setenv("SLEUTH_RUN_ID", "second")
+    refusal = _autoattach._another_runs_folder()
+    assert refusal and "run first" in refusal and "run.json" in refusal, refusal
+    # the race itself: the check passed for both, the first linked run.json before the second
+    from trainer import OtherRunError
+
+    with pytest.raises(OtherRunError, match="run first: run.json"):
+        _autoattach._claim_with_run_json(run, "third", "fixes")
+    assert json.loads((run / "run.json").read_text())["run_id"] == "first"
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]

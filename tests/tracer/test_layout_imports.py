@@ -328,15 +328,16 @@ def test_the_tracer_tests_sit_in_folders_like_the_code():
 
 
 def test_run_file_names_are_parsed_in_one_place():
-    """Step, rank and window numbers in file names are read with tracer.storage._door's strict
-    patterns only: a `\\d` elsewhere matches Unicode digits and leading zeros, and a file named
-    `step00.h5` or `step٠.h5` then replaces step 0 in one reader but not in another. (trainer/
-    is left out: it never reads the tools' files, and imports none of them.)"""
+    """Step, rank and window numbers in file names are read with the door's strict patterns
+    only (sleuth.common._door, which tracer.storage re-exports): a `\\d` elsewhere matches
+    Unicode digits and leading zeros, and a file named `step00.h5` or `step٠.h5` then replaces
+    step 0 in one reader but not in another. The trainer too: its claim on a run directory
+    reads every tool's files, and --overwrite removes them by name."""
     import re
 
     loose = re.compile(r"(step|rank|window|seg)\(?\\d")
     offenders = []
-    for package in ("tracer", "profiler", "dashboard", "sleuth", "irdump"):
+    for package in ("tracer", "profiler", "dashboard", "sleuth", "irdump", "trainer"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.name == "_door.py":
                 continue

@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "DUMP_JSON": "tracer.storage._lock",
     "open_h5": "tracer.storage._h5open",
     "path_problem": "tracer.storage._h5open",
+    "check_h5": "tracer.storage._h5open",
     "open_dump": "tracer.storage._reader",
     "Dump": "tracer.storage._dump",
     "UNREAD_STATES": "tracer.storage._scan",
@@ -67,6 +68,7 @@ _EXPORTS: dict[str, str] = {
     "numbered": "tracer.storage._door",
     "open_regular": "tracer.storage._door",
     "printable": "tracer.storage._door",
+    "read_bounded": "tracer.storage._door",
     # JSON files a run wrote, read within size and depth limits
     "JsonLimitError": "tracer.storage._bounded_json",
     "load_bounded": "tracer.storage._bounded_json",

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tracer._errors import DumpFormatError, UntrustedFileError
-from tracer.storage._door import open_regular
+from tracer.storage._door import read_bounded
 
 MAX_BYTES = 16 * 1024 * 1024
 """The largest JSON file (or inline text) the tools parse; a run's own files are kilobytes."""
@@ -69,23 +69,16 @@ def loads_bounded(text: str, source: str, *, max_bytes: int = MAX_BYTES,
 
 
 def read_text_bounded(path: str | os.PathLike, *, max_bytes: int = MAX_BYTES) -> str:
-    """The text of a regular file of at most `max_bytes` bytes (measured on disk, then read with
-    the same bound, so a file that grows meanwhile is still cut off); JsonLimitError otherwise."""
+    """The text of a regular file of at most `max_bytes` bytes (the door's `read_bounded`:
+    measured on disk, then read with the same bound, so a file that grows meanwhile is still
+    cut off); JsonLimitError otherwise."""
     path = Path(path)
     try:
-        f = open_regular(path)
+        data = read_bounded(path, max_bytes)
     except UntrustedFileError as e:
         raise JsonLimitError(f"{e}; give the path of a JSON file") from e
     except OSError as e:
         raise JsonLimitError(f"{path}: cannot read ({e.strerror or e})") from e
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        if size > max_bytes:
-            raise JsonLimitError(f"{path}: {size:,} bytes, more than the {max_bytes:,} sleuth "
-                                 "reads for this file; this is not a file sleuth wrote")
-        data = f.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise JsonLimitError(f"{path}: grew past {max_bytes:,} bytes while being read")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -23,20 +23,29 @@ from __future__ import annotations
 import errno
 import math
 import os
-import stat
 from pathlib import Path
 
 import h5py
 from h5py import h5d, h5g, h5l, h5o
 
 from tracer._errors import DumpFormatError, UntrustedFileError
-from tracer.storage._door import kind_problem
+from tracer.storage._door import kind_problem, printable
 
 MAX_LINKS = 4096
 """The most links a file may hold; a step file holds a handful."""
 MAX_DEFLATE_RATIO = 1100
-"""How many times its stored size a filtered (compressed) dataset may claim: deflate, the
-strongest filter HDF5 ships, reaches about 1032 on zeros."""
+"""How many times its stored size a filtered (compressed) dataset read a slice at a time
+(`/tensors`) may claim: deflate, the strongest filter HDF5 ships, reaches about 1032 on zeros."""
+MAX_TABLE_RATIO = 64
+"""How many times its stored size a filtered dataset read whole (a table: `/records`, `/hits`,
+a summary's series) may claim. Sleuth writes no filters; a table repacked with deflate shrinks
+about 8-fold (a records table at level 9), while a forged chunk of zeros inflates 1000-fold:
+3.2 MB on disk read as 2.5 GiB."""
+MAX_CHUNK_BYTES = 256 * 2**20
+"""The largest chunk, inflated, of a filtered dataset: HDF5 inflates a whole chunk to read any
+byte of it, so a 4 GiB chunk of zeros costs 4 GiB of memory for one small record."""
+SLICED = frozenset({"/tensors"})
+"""The datasets read a slice at a time, whose claims are bounded by deflate's ratio only."""
 
 
 def open_h5(path: str | os.PathLike) -> h5py.File:
@@ -50,7 +59,7 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
         raise DumpFormatError(f"{path}: {problem}")
     f = h5py.File(path, "r")
     try:
-        check_file(f, path)
+        check_h5(f, path)
     except BaseException:
         f.close()
         raise
@@ -60,11 +69,12 @@ def open_h5(path: str | os.PathLike) -> h5py.File:
 def path_problem(path: str | os.PathLike) -> str | None:
     """Why the file at `path` cannot be opened as a file, in words, with the fix; None when
     it can: a soft link that loops (to itself, or through others back to itself), a soft link
-    to nothing, or anything but a regular file (`tracer.storage._door.kind_problem`: a FIFO, a
-    device, a folder). Reads no byte of the file."""
+    to nothing, a soft link out of its folder, or anything but a regular file
+    (`tracer.storage._door.kind_problem`: a FIFO, a device, a folder). Reads no byte of the
+    file."""
     path = Path(path)
     try:
-        mode = path.stat().st_mode
+        path.stat()
     except OSError as e:
         if e.errno == errno.ELOOP:
             return (f"a soft link that loops ({_chain(path)}), so it leads to no file; "
@@ -73,7 +83,7 @@ def path_problem(path: str | os.PathLike) -> str | None:
             return (f"a soft link to nothing ({_chain(path)}, which does not exist); remove "
                     f"it, or point it at a step file")
         return None  # HDF5 reports anything else (a missing file, no permission) by name
-    return kind_problem(path) if not stat.S_ISREG(mode) else None
+    return kind_problem(path)  # not a regular file, or a soft link out of its folder
 
 
 def _chain(path: Path, most: int = 8) -> str:
@@ -93,8 +103,10 @@ def _chain(path: Path, most: int = 8) -> str:
     return " -> ".join(seen) + " -> ..."
 
 
-def check_file(f: h5py.File, path: Path) -> None:
-    """Raise UntrustedFileError unless every object of the open file `f` lies inside it."""
+def check_h5(f: h5py.File, path: Path) -> None:
+    """Raise UntrustedFileError unless every object of the open HDF5 file `f` (a step file, a
+    summary) lies inside it and claims no more than it stores (see the module's docstring);
+    `path` names the file in the message."""
     size = os.fstat(f.id.get_vfd_handle()).st_size if _has_fd(f) else path.stat().st_size
     links = 0
     groups: list[tuple[h5g.GroupID, str]] = [(f.id, "/")]
@@ -143,12 +155,26 @@ def _check_dataset(did: h5d.DatasetID, name: str, path: Path, size: int) -> None
                                                 f"(HDF5 external storage)"))
     claimed = math.prod(did.shape or ()) * did.get_type().get_size()
     stored = did.get_storage_size()
-    ratio = MAX_DEFLATE_RATIO if dcpl.get_nfilters() else 1
-    if claimed > stored * ratio:
-        raise UntrustedFileError(_refusal(
-            path, f"{name} claims {_human(claimed)} (shape {tuple(did.shape)}, "
-                  f"{did.get_type().get_size()}-byte elements) but the file stores "
-                  f"{_human(stored)} of it"))
+    if not dcpl.get_nfilters():
+        if claimed > stored:
+            raise UntrustedFileError(_refusal(
+                path, f"{name} claims {_human(claimed)} (shape {tuple(did.shape)}, "
+                      f"{did.get_type().get_size()}-byte elements) but the file stores "
+                      f"{_human(stored)} of it"))
+    else:
+        ratio = MAX_DEFLATE_RATIO if name in SLICED else MAX_TABLE_RATIO
+        if claimed > stored * ratio:
+            raise UntrustedFileError(_refusal(
+                path, f"{name} claims {_human(claimed)} (shape {tuple(did.shape)}, "
+                      f"{did.get_type().get_size()}-byte elements) from {_human(stored)} "
+                      f"compressed, more than {ratio} times its size (the bound for "
+                      f"{'tensor bytes' if name in SLICED else 'a table'})"))
+        chunk = math.prod(dcpl.get_chunk() or ()) * did.get_type().get_size()
+        if chunk > MAX_CHUNK_BYTES:
+            raise UntrustedFileError(_refusal(
+                path, f"{name} is compressed in chunks of {_human(chunk)}, more than the "
+                      f"{_human(MAX_CHUNK_BYTES)} a chunk may inflate to (each read inflates "
+                      f"a whole chunk)"))
     if layout == h5d.CONTIGUOUS:
         offset = did.get_offset()
         if offset is not None and offset + stored > size:
@@ -158,9 +184,9 @@ def _check_dataset(did: h5d.DatasetID, name: str, path: Path, size: int) -> None
 
 
 def _refusal(path: Path, what: str) -> str:
-    return (f"{path}: refused: {what}; a step file holds its own data within its size, so "
-            f"this file is damaged or forged and was not read: dump that step again, or move "
-            f"the file away to read the others")
+    return (f"{printable(path)}: refused: {what}; a run's file holds its own data within its "
+            f"size, so this file is damaged or forged and was not read: write it again (dump "
+            f"that step again), or move the file away to read the others")
 
 
 def _human(n: int) -> str:
