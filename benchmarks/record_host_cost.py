@@ -25,7 +25,7 @@ that reuses nothing: what a CUDA record adds to `writer_add` before its launch.
 each function's share of the host time of a dumped block under cProfile (thread CPU time), to
 say where the next microsecond is.
 
-Prints one JSON object. Run: PYTHONPATH=. python3 benchmarks/record_host_cost.py [--rounds N]
+Prints one JSON object. Run: python3 benchmarks/record_host_cost.py [--rounds N]
 [--steps N] [--layers N] [--levels module,op] [--device cpu|cuda] [--clock wall|cpu]
 [--profile]
 """
@@ -37,15 +37,20 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn as nn
+_ROOT = Path(__file__).resolve().parent.parent
+if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure its code
+    sys.path.insert(0, str(_ROOT))
 
-import tracer
-from tracer.storage import _batched_stats, _batcher, _writer
+import torch  # noqa: E402 - after the checkout is on the path
+import torch.nn as nn  # noqa: E402
+
+import tracer  # noqa: E402
+from tracer.storage import _batched_stats, _batcher, _writer  # noqa: E402
 
 
 _clock, _clock_ns = time.perf_counter, time.perf_counter_ns

@@ -211,15 +211,16 @@ class Writer:
         `take_now` and `_record_tensor` do for it, with the same result (the same reuse entry,
         statistics, sketch and row), without their generality. Plain: a non-empty CPU tensor
         of a dtype the C kernel reads whose elements fill one dense block (contiguous, or a
-        transpose or permutation of one: `dense_span`), not an inference tensor, no bytes
-        kept; nearly every record of a step. `stats`: the caller's (a parameter record's),
+        transpose or permutation of one: `dense_span`), no bytes kept (an inference tensor,
+        which has no version counter, only where it is not offered for reuse); nearly every
+        record of a step. `stats`: the caller's (a parameter record's),
         which takes no part in reuse (`ReuseIndex.decide`). Returns what `_record` returns,
         or `_NOT_PLAIN` (nothing done) for any other record, which takes the general path.
         `target` has `rows` and `sketches` lists (a StepFile or the async writer's
         RowBuffer)."""
-        code = _STATS_CODES.get(t.dtype)
-        if code is None or not t.is_cpu or t.layout is not _STRIDED or t.is_neg() \
-                or t.is_inference():
+        dtype = t.dtype
+        code = _STATS_CODES.get(dtype)
+        if code is None or not t.is_cpu or t.layout is not _STRIDED or t.is_neg():
             return _NOT_PLAIN
         n = t.numel()
         if not n:
@@ -232,8 +233,11 @@ class Writer:
         hit = False
         if stats is None and stable:
             # `ReuseIndex.lookup` of a span key, inline (the key as `reuse_key` makes it)
-            where = ("span", ptr, n, t.dtype, _CPU)
-            state = (t._version if version is None else version,)
+            try:
+                state = (t._version if version is None else version,)
+            except RuntimeError:  # an inference tensor: no version counter, no reuse
+                return _NOT_PLAIN
+            where = ("span", ptr, n, dtype, _CPU)
             storage = t.untyped_storage()
             seen = self._reuse.seen
             entry = seen.get(where)
@@ -278,12 +282,13 @@ class Writer:
         if holder is not None and holder[1] is None:
             holder[1] = _NO_BYTES
         name, module, op, phase, direction, index, call, source, caller = meta
-        dtype = _DTYPE_NAMES.get(t.dtype) or dtype_name(t.dtype)
-        shape_text = _SHAPE_STRS.get(t.shape)
+        shape = t.shape
+        shape_text = _SHAPE_STRS.get(shape)
         if shape_text is None:
-            shape_text = shape_str(tuple(t.shape))
+            shape_text = shape_str(tuple(shape))
         row = tuple.__new__(RecordRow, (
-            seq, name, module, op, phase, direction, index, call, dtype, shape_text, n,
+            seq, name, module, op, phase, direction, index, call,
+            _DTYPE_NAMES.get(dtype) or dtype_name(dtype), shape_text, n,
             stats["min"], stats["max"], stats["mean"], stats["norm"], stats["nan"],
             stats["posinf"], stats["neginf"], stats["zeros"], stats["checksum"], source, -1, 0,
             "", caller))
