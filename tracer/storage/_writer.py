@@ -454,7 +454,7 @@ class SyncWriter(Writer):
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
             version: int | None = None, stats: dict | None = None) -> None:
-        if not self.enabled:
+        if self._disabled or self._closed:  # `enabled`, inline: this runs for every record
             return
         if self._file is None:
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
@@ -470,7 +470,8 @@ class SyncWriter(Writer):
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
             return
-        self._deliver(row)
+        if row is not None:  # `_deliver`, inline
+            self._notify(row)
 
     def _capture(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
                  version: int | None, stats: dict | None) -> dict | None:
