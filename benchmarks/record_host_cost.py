@@ -21,10 +21,11 @@ line, the Dumper's hand-over; the timers' own ~0.2 us a record land here too).
 out (on CPU the launch runs in Triton's interpreter, which says nothing about a GPU) and a plan
 that reuses nothing: what a CUDA record adds to `writer_add` before its launch.
 
-`--profile` adds `profile_percent`: per level, each source file's share of the host time of a
-dumped block under cProfile (thread CPU time), to say where to look.
+`--profile` adds `profile_percent` and `profile_functions`: per level, each source file's and
+each function's share of the host time of a dumped block under cProfile (thread CPU time), to
+say where the next microsecond is.
 
-Prints one JSON object. Run: PYTHONPATH=. python3 benchmarks/record_host_cost.py [--rounds N]
+Prints one JSON object. Run: python3 benchmarks/record_host_cost.py [--rounds N]
 [--steps N] [--layers N] [--levels module,op] [--device cpu|cuda] [--clock wall|cpu]
 [--profile]
 """
@@ -36,15 +37,20 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-import torch
-import torch.nn as nn
+_ROOT = Path(__file__).resolve().parent.parent
+if (_ROOT / "tracer" / "__init__.py").is_file():  # run from a checkout: measure its code
+    sys.path.insert(0, str(_ROOT))
 
-import tracer
-from tracer.storage import _batched_stats, _batcher, _writer
+import torch  # noqa: E402 - after the checkout is on the path
+import torch.nn as nn  # noqa: E402
+
+import tracer  # noqa: E402
+from tracer.storage import _batched_stats, _batcher, _writer  # noqa: E402
 
 
 _clock, _clock_ns = time.perf_counter, time.perf_counter_ns
@@ -111,11 +117,13 @@ def _dumped(model, opt, x, steps: int, sync, level: str, path: Path, timers: Tim
     return statistics.median(times), records, parts
 
 
-def profile_shares(model, opt, x, steps: int, sync, level: str, path: Path) -> dict:
-    """Where a dumped step's host time goes: cProfile (thread CPU time) over `steps` dumped
-    steps, the self time of each source file in percent of the profile, largest first (the
-    top 12; C functions and torch's kernels are "~"). The profiler's own cost inflates small
-    Python functions, so this says where to look, not what each costs."""
+def profile_shares(model, opt, x, steps: int, sync, level: str, path: Path
+                   ) -> tuple[dict, dict]:
+    """Where a dumped step's host time goes, under cProfile (thread CPU time) over `steps`
+    dumped steps: ({source file: percent}, {function: percent}), each the self time in percent
+    of the profile, largest first (the top 12 files and the top 20 functions; C functions and
+    torch's kernels are "~", a function is "file:line(name)"). The profiler's own cost
+    inflates small Python functions, so this says where to look, not what each costs."""
     import cProfile
     import pstats
 
@@ -131,16 +139,23 @@ def profile_shares(model, opt, x, steps: int, sync, level: str, path: Path) -> d
         prof.disable()
     shutil.rmtree(path, ignore_errors=True)
     by_file: dict[str, float] = {}
-    for (where, _, _), row in pstats.Stats(prof).stats.items():  # type: ignore[attr-defined]
+    by_function: dict[str, float] = {}
+    for (where, line, function), row in pstats.Stats(prof).stats.items():  # type: ignore
         name = where.replace(root, "")
         if site in name:
             name = name.rpartition(site)[2]
         elif name.startswith(stdlib):
             name = "python/" + name[len(stdlib):]
         by_file[name] = by_file.get(name, 0.0) + row[2]
+        key = f"~({function})" if name == "~" else f"{name}:{line}({function})"
+        by_function[key] = by_function.get(key, 0.0) + row[2]
     total = sum(by_file.values()) or 1.0
-    top = sorted(by_file.items(), key=lambda kv: -kv[1])[:12]
-    return {name: round(100 * t / total, 1) for name, t in top}
+
+    def top(times: dict[str, float], n: int) -> dict[str, float]:
+        return {k: round(100 * t / total, 1) for k, t in sorted(times.items(),
+                                                                 key=lambda kv: -kv[1])[:n]}
+
+    return top(by_file, 12), top(by_function, 20)
 
 
 def batch_add_us(rounds: int) -> float:
@@ -204,9 +219,10 @@ def measure(rounds: int, steps: int, layers: int, levels: list[str], device: str
                       "split": {k: round(statistics.median(v), 2) for k, v in split.items()}}
     out["batch_add_us"] = batch_add_us(max(3, rounds))
     if profile:
-        out["profile_percent"] = {level: profile_shares(model, opt, x, steps, sync, level,
-                                                        work / f"p{level}")
-                                  for level in levels}
+        shares = {level: profile_shares(model, opt, x, steps, sync, level, work / f"p{level}")
+                  for level in levels}
+        out["profile_percent"] = {level: files for level, (files, _) in shares.items()}
+        out["profile_functions"] = {level: functions for level, (_, functions) in shares.items()}
     return out
 
 
@@ -219,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: leave as is)")
     ap.add_argument("--profile", action="store_true",
-                    help="add profile_percent: each source file's share of a dumped step's "
-                         "host time under cProfile, per level")
+                    help="add profile_percent and profile_functions: each source file's and "
+                         "each function's share of a dumped step's host time under cProfile, "
+                         "per level")
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                     help="cpu: the thread's CPU time, which a machine busy with other work "
                          "inflates far less; it leaves out waits (the step file's fsync)")

@@ -19,6 +19,7 @@ from tracer.storage import stored_extent
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_new = tuple.__new__
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:
@@ -114,9 +115,10 @@ class Emitting:
                 for i, t in enumerate(tensors, first):
                     if type(t) is not _Tensor and type(t) is not _Parameter:
                         t = _values(t)  # a tensor subclass
-                    # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
-                    add(meta(prefix + str(i), module, op, phase, direction, i, call, source,
-                             caller), t, stable, version, stats)
+                    # RecordMeta(name, module, op, phase, direction, index, call, source,
+                    # caller), made by tuple's own __new__: the named tuple's is a Python call
+                    add(_new(meta, (prefix + str(i), module, op, phase, direction, i, call,
+                                    source, caller)), t, stable, version, stats)
             except Exception as e:  # noqa: BLE001 - routed through on_error below
                 error = e
             finally:

@@ -17,6 +17,8 @@ from tracer._dumper_emit import in_data_worker
 from tracer._lifecycle import LIVE
 from tracer.capture import Site, in_graph_capture, recording_closure, tool_range, user_source
 
+_new = tuple.__new__
+
 
 class OptimizerHooks:
     """The optimizer and scaler hooks of `tracer.Dumper`, and its parameter records."""
@@ -46,9 +48,10 @@ class OptimizerHooks:
         for r in self._params.records(params, call, with_update=with_update,
                                       keep_bytes=self.config.mode != "statistics",
                                       sketch=self._writer.sketch):
-            # RecordMeta(name, module, op, phase, direction, index, call, source, caller)
-            add(meta(r.name, r.module, "", "optimizer", r.direction, 0, call, source, caller),
-                r.tensor, True, None, r.stats)
+            # RecordMeta(name, module, op, phase, direction, index, call, source, caller),
+            # made by tuple's own __new__ (the named tuple's is a Python call)
+            add(_new(meta, (r.name, r.module, "", "optimizer", r.direction, 0, call, source,
+                            caller)), r.tensor, True, None, r.stats)
 
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict
                        ) -> tuple[tuple, dict] | None:

@@ -33,3 +33,6 @@ def test_smallest_run_reports_microseconds_a_record_per_level(capsys):
         # parts (tracer/_dumper*.py), each too small to be sure of a place in the top 12
         assert 0 < sum(shares.values()) <= 100.5
         assert any(name.startswith("tracer/storage/") for name in shares)
+        functions = out["profile_functions"][level]  # and by function: file:line(name)
+        assert 0 < sum(functions.values()) <= 100.5
+        assert any(name.startswith("tracer/") and name.endswith(")") for name in functions)

@@ -58,7 +58,7 @@ from tracer.storage._row_buffer import RowBuffer
 from tracer.storage._staging import ThreadStager, take_now
 from tracer.storage._stats import kernel_available
 from tracer.storage._step_file import StepFile
-from tracer.storage._writer import Writer
+from tracer.storage._writer import _NOT_PLAIN, Writer
 
 _STOP = ("stop",)
 
@@ -128,22 +128,30 @@ class AsyncWriter(Writer):
         seq = self._seq
         self._seq += 1
         try:
-            rec = self._stage(seq, meta, tensor, stable, version, stats)
-            if rec is None:  # a CUDA statistics record: a descriptor now, one launch a batch
-                return
-            # made here (inline): records on CPU (or meta) with the kernel built, and records
-            # whose statistics the caller computed; the writer thread gets their bytes in chunks
-            inline = (stats is not None and not self.keep_bytes) or (
-                (self._kernel or stats is not None) and (tensor.is_cpu or tensor.is_meta))
-            if inline:
-                # the one-pass kernel (statistics, or copy and statistics) costs no more than a
-                # snapshot, and the row is made here too, so the writer thread has nothing to
-                # do per record (a writer thread running Python per record makes the training
-                # thread wait for the GIL, up to the 5 ms switch interval each time)
-                stats, snap, release = take_now(tensor, rec, stats, self._pool)
-                row = self._record_tensor(self._rows, rec, tensor, stats, snap, release)
-            else:
-                staged, nbytes, rec = self._stager.stage(tensor, rec, stats)
+            row = _NOT_PLAIN
+            if self._plain_ok and (self._deferred is None or not self._deferred.takes(tensor)):
+                # a plain CPU record, made here in one call (`Writer._plain`)
+                row = self._plain(self._rows, seq, meta, tensor, stable, version, stats)
+            inline = row is not _NOT_PLAIN
+            if not inline:
+                rec = self._stage(seq, meta, tensor, stable, version, stats)
+                if rec is None:  # a CUDA statistics record: a descriptor now, one launch a batch
+                    return
+                # made here (inline): records on CPU (or meta) with the kernel built, and records
+                # whose statistics the caller computed; the writer thread gets their bytes in
+                # chunks
+                inline = (stats is not None and not self.keep_bytes) or (
+                    (self._kernel or stats is not None) and (tensor.is_cpu or tensor.is_meta))
+                if inline:
+                    # the one-pass kernel (statistics, or copy and statistics) costs no more
+                    # than a snapshot, and the row is made here too, so the writer thread has
+                    # nothing to do per record (a writer thread running Python per record makes
+                    # the training thread wait for the GIL, up to the 5 ms switch interval each
+                    # time)
+                    stats, snap, release = take_now(tensor, rec, stats, self._pool)
+                    row = self._record_tensor(self._rows, rec, tensor, stats, snap, release)
+                else:
+                    staged, nbytes, rec = self._stager.stage(tensor, rec, stats)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._fail_staging(e, meta)
             return

@@ -63,7 +63,11 @@ class FlightRecorder:
 
     def add_row(self, row: tuple, step: int) -> None:
         """Keep a /records row tuple (a tracer writer's `row_sinks`: no dict per record)."""
-        self._keep(step, row)
+        current = self._current
+        if current is not None and current[0] == step:  # `_keep`'s common case, inline
+            current[1].append(row)
+        else:
+            self._keep(step, row)
 
     def _keep(self, step: int, row: Any) -> None:
         current = self._current

@@ -111,8 +111,10 @@ class ReuseIndex:
     def __init__(self, keep_bytes: bool) -> None:
         self.keep_bytes = keep_bytes
         # reuse_key "where" -> (weak reference, "state", holder) of this step's records (the
-        # reference: to the storage of a span, to the tensor of an identity key)
-        self._seen: dict[Any, tuple] = {}
+        # reference: to the storage of a span, to the tensor of an identity key); public for
+        # the writers' one-call record of a plain tensor (`Writer._plain`), which looks its
+        # span key up here inline, in statistics mode (no `_recent`, no `same_bytes`)
+        self.seen: dict[Any, tuple] = {}
         # the `where` of this step's latest CPU span entries, newest last, in tensor/full mode
         # (None otherwise): where a strided slice's elements may already be stored (`_within`)
         self._recent: deque | None = deque(maxlen=_RECENT_SPANS) if keep_bytes else None
@@ -121,7 +123,7 @@ class ReuseIndex:
 
     def reset(self) -> None:
         """Forget the step's records (a new step begins)."""
-        self._seen.clear()
+        self.seen.clear()
         self._same.clear()
         if self._recent is not None:
             self._recent.clear()
@@ -129,7 +131,7 @@ class ReuseIndex:
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """Drop what the step knew of these tensors' values (an op that may not bump their
         version counter is about to change them)."""
-        seen = self._seen
+        seen = self.seen
         for t in tensors:
             seen.pop(("id", id(t)), None)
             key = reuse_key(t)
@@ -185,7 +187,7 @@ class ReuseIndex:
                 storage = t.untyped_storage()
             except (RuntimeError, NotImplementedError, TypeError):
                 return None, False, None, None
-        entry = self._seen.get(where)
+        entry = self.seen.get(where)
         if entry is not None and entry[1] == state:
             owner = entry[0]()
             # for an identity key: the very tensor (its id may have been given to another)
@@ -194,7 +196,7 @@ class ReuseIndex:
         if not insert:
             return None, False, kind, storage
         holder: list = [None, None]
-        self._seen[where] = (weakref.ref(storage if kind == "span" else t), state, holder)
+        self.seen[where] = (weakref.ref(storage if kind == "span" else t), state, holder)
         if kind == "span" and self._recent is not None and where[4].type == "cpu":
             self._recent.append(where)
         return holder, False, kind, storage
@@ -220,7 +222,7 @@ class ReuseIndex:
         hi = lo + size * stored_extent(tuple(t.shape), strides)
         dtype = t.dtype
         state = (t._version if version is None else version,)
-        seen = self._seen
+        seen = self.seen
         for where in reversed(self._recent):  # type: ignore[arg-type]
             start = where[1]
             if start <= lo and where[3] is dtype and hi <= start + where[2] * size:

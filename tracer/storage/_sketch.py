@@ -98,11 +98,11 @@ def from_array(values: np.ndarray) -> np.ndarray:
     return padded(flat[positions(flat.size)].astype(np.float64))
 
 
+@np.errstate(invalid="ignore", over="ignore")  # as a decorator: a third of the `with`'s cost
 def difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The sketch of the float32 difference a - b from the sketches of float32 tensors `a` and
     `b`: the same positions, each element rounded as float32 subtraction rounds it."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        return (a.astype(np.float32) - b.astype(np.float32)).astype(np.float64)
+    return np.subtract(a, b, dtype=np.float32).astype(np.float64)
 
 
 sketch_positions = positions

@@ -103,17 +103,28 @@ class StepFile:
     def sketches_table(self, table: np.ndarray) -> np.ndarray | None:
         """The /sketches array for the /records array `table`: row i is the sketch of the
         record in row i (float32: what every float of 32 bits or fewer holds exactly), NaN for
-        a record without one; None when no record has one."""
+        a record without one; None when no record has one. A sketch is SKETCH_SIZE float64,
+        as an array or as the statistics kernel's bytes."""
         if self.sketch_table is not None:
             return self.sketch_table
         if not self.sketches:
             return None
-        out = np.full((len(table), SKETCH_SIZE), np.nan, dtype=np.float32)
+        seq_list, sketches = zip(*self.sketches)
+        wanted = np.array(seq_list, dtype=np.int64)
+        try:  # one copy of every sketch's bytes, the usual case
+            values = np.frombuffer(b"".join(sketches), dtype=np.float64)
+        except (TypeError, ValueError, BufferError):  # a non-contiguous array among them
+            values = None
+        if values is None or values.size != len(sketches) * SKETCH_SIZE:
+            values = np.stack([np.frombuffer(s, np.float64) if type(s) is bytes
+                               else np.asarray(s, np.float64) for s in sketches])
+        values = values.reshape(len(sketches), SKETCH_SIZE)
         seqs = np.asarray(table["seq"])
-        wanted = np.fromiter((seq for seq, _ in self.sketches), np.int64, len(self.sketches))
+        if len(seqs) == len(wanted) and np.array_equal(seqs, wanted):
+            return values.astype(np.float32)  # every record has one, in row order
+        out = np.full((len(table), SKETCH_SIZE), np.nan, dtype=np.float32)
         rows = np.searchsorted(seqs, wanted).clip(0, max(len(seqs) - 1, 0))
         found = seqs[rows] == wanted if len(seqs) else np.zeros(len(wanted), bool)
-        values = np.stack([sketch for _, sketch in self.sketches])
         out[rows[found]] = values[found]
         return out
 
@@ -121,10 +132,12 @@ class StepFile:
         """The /records array: the prebuilt `table`, or the rows in seq order."""
         if self.table is not None:
             return self.table
-        rows = self.rows
-        if any(rows[i][0] > rows[i + 1][0] for i in range(len(rows) - 1)):
-            rows = sorted(rows)  # rows made in two threads (async writer): seq order
-        return table_array(rows, RECORD_COLUMNS)
+        table = table_array(self.rows, RECORD_COLUMNS)
+        if len(table) > 1:
+            seqs = table["seq"]
+            if (seqs[1:] < seqs[:-1]).any():  # rows made in two threads (async writer)
+                table = table[np.argsort(seqs, kind="stable")]
+        return table
 
     def hits_table(self) -> np.ndarray | None:
         """The /hits array, or None when the step has no hits."""

@@ -11,6 +11,8 @@ and written once at `end_step`: one `/records` table per step file, see tracer.s
 """
 from __future__ import annotations
 
+import weakref
+from math import sqrt
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,15 +22,29 @@ from sleuth.common import describe_error, go_off
 from tracer._config import STOPPED_BY, DumpConfig
 from tracer._errors import DumpWriteError, TracerError
 from tracer.storage._batcher import make_deferred, record_batch
+from tracer.storage._elements import dense_span
 from tracer.storage._format import RecordMeta, RecordRow, root_attrs, step_path
 from tracer.storage._lock import claim_rank
 from tracer.storage._reuse import SAME_LAYOUT, ReuseIndex, Within
 from tracer.storage._sampling import sketch_of
 from tracer.storage._snapshot import StagingPool, StoredBytes, stored_bytes
 from tracer.storage._staging import Pending, sketch_layout, take_now
-from tracer.storage._stat_fields import dtype_name, empty_stats, shape_str
-from tracer.storage._stats import host_stats
+from tracer.storage._sketch import offsets as sketch_offsets
+from tracer.storage._stat_fields import _DTYPE_NAMES, _NAN, _SHAPE_STRS, dtype_name, \
+    empty_stats, shape_str
+from tracer.storage import _stats
+from tracer.storage._stats import _CODE_BITS, _STATS_CODES, _kernel, host_stats
 from tracer.storage._step_file import StepFile
+
+_STRIDED = torch.strided
+_CPU = torch.device("cpu")
+_sample = getattr(_kernel, "sample", None)
+_NOT_PLAIN = object()
+"""`Writer._plain`'s answer for a record it leaves to the general path."""
+_NO_BYTES = (-1, 0, "")
+# (shape, strides) -> the sketch's element offsets (`_sketch.offsets`), without its lru_cache's
+# Python call
+_OFFSETS: dict[tuple, bytes] = {}
 
 
 class Writer:
@@ -79,6 +95,9 @@ class Writer:
         # statistics mode: CUDA records wait in a batch for one multi-tensor launch
         # (tracer.storage._batcher)
         self._deferred = make_deferred(config.mode, config.level, self.sketch)
+        # plain CPU records are made in one call (`_plain`): statistics mode, with the C
+        # kernel's statistics and sampling built
+        self._plain_ok = not self.keep_bytes and _kernel is not None and _sample is not None
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -186,6 +205,113 @@ class Writer:
                                                           stats is not None)
         return Pending(self._step, seq, meta, tensor.dtype, tuple(tensor.shape), tensor.numel(),
                        share, shared, measure, copy)
+
+    def _plain(self, target: Any, seq: int, meta: RecordMeta, t: torch.Tensor, stable: bool,
+               version: int | None, stats: dict | None) -> dict | None | object:
+        """The record of a plain tensor in statistics mode, made in one call: what `_stage`,
+        `take_now` and `_record_tensor` do for it, with the same result (the same reuse entry,
+        statistics, sketch and row), without their generality. Plain: a non-empty CPU tensor
+        of a dtype the C kernel reads whose elements fill one dense block (contiguous, or a
+        transpose or permutation of one: `dense_span`), no bytes kept (an inference tensor,
+        which has no version counter, only where it is not offered for reuse); nearly every
+        record of a step. `stats`: the caller's (a parameter record's),
+        which takes no part in reuse (`ReuseIndex.decide`). Returns what `_record` returns,
+        or `_NOT_PLAIN` (nothing done) for any other record, which takes the general path.
+        `target` has `rows` and `sketches` lists (a StepFile or the async writer's
+        RowBuffer)."""
+        dtype = t.dtype
+        code = _STATS_CODES.get(dtype)
+        if code is None or not t.is_cpu or t.layout is not _STRIDED or t.is_neg():
+            return _NOT_PLAIN
+        n = t.numel()
+        if not n:
+            return _NOT_PLAIN
+        contiguous = t.is_contiguous()
+        if not contiguous and not dense_span(t):
+            return _NOT_PLAIN
+        ptr = t.data_ptr()  # a dense block's lowest address: its memory order starts here
+        holder = None
+        hit = False
+        if stats is None and stable:
+            # `ReuseIndex.lookup` of a span key, inline (the key as `reuse_key` makes it)
+            try:
+                state = (t._version if version is None else version,)
+            except RuntimeError:  # an inference tensor: no version counter, no reuse
+                return _NOT_PLAIN
+            where = ("span", ptr, n, dtype, _CPU)
+            storage = t.untyped_storage()
+            seen = self._reuse.seen
+            entry = seen.get(where)
+            if entry is not None and entry[1] == state and entry[0]() is storage:
+                holder = entry[2]
+                stats = holder[0]
+                if stats is None:  # measured in the async writer's thread: not yet
+                    return _NOT_PLAIN
+                hit = True
+            else:
+                holder = [None, None]
+                seen[where] = (weakref.ref(storage), state, holder)
+        if stats is None:
+            # `_kernel_dict`, inline; the kernel through its module, where host_stats finds it
+            mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = \
+                _stats._kernel.stats(ptr, n, code)
+            if nan:
+                mn = mx = mean = norm = _NAN
+            else:
+                mean, norm = total / n, sqrt(sq)
+            bits = _CODE_BITS[code]
+            checksum &= (1 << bits) - 1
+            if checksum >> (bits - 1):
+                checksum -= 1 << bits
+            stats = {"min": mn, "max": mx, "mean": mean, "norm": norm, "nan": nan,
+                     "posinf": posinf, "neginf": neginf, "zeros": zeros, "checksum": checksum}
+            if holder is not None:
+                holder[0] = stats
+        sketch = None
+        if self.sketch:  # as `_record_tensor` gives it
+            layout = None if contiguous else (tuple(t.shape), t.stride())
+            if hit:
+                if stats.get("sketch_layout") != layout:
+                    # statistics of the same memory read in another order (a transpose):
+                    # the statistics are the same, the sketch is not
+                    stats = {**stats, "sketch": self._sketch_of(t, ptr, code),
+                             "sketch_layout": layout}
+            elif "sketch" not in stats:
+                stats["sketch"] = self._sketch_of(t, ptr, code)
+                stats["sketch_layout"] = layout
+            sketch = stats.get("sketch")
+        if holder is not None and holder[1] is None:
+            holder[1] = _NO_BYTES
+        name, module, op, phase, direction, index, call, source, caller = meta
+        shape = t.shape
+        shape_text = _SHAPE_STRS.get(shape)
+        if shape_text is None:
+            shape_text = shape_str(tuple(shape))
+        row = tuple.__new__(RecordRow, (
+            seq, name, module, op, phase, direction, index, call,
+            _DTYPE_NAMES.get(dtype) or dtype_name(dtype), shape_text, n,
+            stats["min"], stats["max"], stats["mean"], stats["norm"], stats["nan"],
+            stats["posinf"], stats["neginf"], stats["zeros"], stats["checksum"], source, -1, 0,
+            "", caller))
+        target.rows.append(row)
+        if sketch is not None:
+            target.sketches.append((seq, sketch))
+        for sink in self.row_sinks:
+            sink(row, self._step)
+        return row.as_dict(step=self._step, rank=self.rank) if self.observers else None
+
+    @staticmethod
+    def _sketch_of(t: torch.Tensor, ptr: int, code: int) -> bytes:
+        """`sketch_of(t)` for `_plain`'s tensor (at `ptr`, of kernel dtype `code`), as the
+        kernel's bytes (SKETCH_SIZE float64): the step file reads a step's sketches into one
+        array at its end (`StepFile.sketches_table`), not one array a record."""
+        key = (t.shape, t.stride())
+        offsets = _OFFSETS.get(key)
+        if offsets is None:
+            offsets = sketch_offsets(tuple(t.shape), t.stride())
+            if len(_OFFSETS) < 4096:
+                _OFFSETS[key] = offsets
+        return _sample(ptr, code, offsets)
 
     def _new_file(self, step: int) -> StepFile:
         attrs = root_attrs(rank=self.rank, world_size=self.world_size, step=step,
@@ -327,19 +453,24 @@ class SyncWriter(Writer):
 
     def add(self, meta: RecordMeta, tensor: torch.Tensor, stable: bool = True,
             version: int | None = None, stats: dict | None = None) -> None:
-        if not self.enabled:
+        if self._disabled or self._closed:  # `enabled`, inline: this runs for every record
             return
         if self._file is None:
             raise TracerError("Writer.add() outside a step: call begin_step(step) first")
         seq = self._seq
         self._seq += 1
         try:
-            row = self._capture(seq, meta, tensor, stable, version, stats)
+            row = _NOT_PLAIN
+            if self._plain_ok and (self._deferred is None or not self._deferred.takes(tensor)):
+                row = self._plain(self._file, seq, meta, tensor, stable, version, stats)
+            if row is _NOT_PLAIN:
+                row = self._capture(seq, meta, tensor, stable, version, stats)
         except Exception as e:  # noqa: BLE001 - on_error decides
             self._abort()
             self._storage_error(e, f"recording {meta.name!r} at step {self._step}")
             return
-        self._deliver(row)
+        if row is not None:  # `_deliver`, inline
+            self._notify(row)
 
     def _capture(self, seq: int, meta: RecordMeta, tensor: torch.Tensor, stable: bool,
                  version: int | None, stats: dict | None) -> dict | None:
