@@ -39,7 +39,7 @@ from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
-from tracer.analysis._setup import setup_of, with_setup
+from tracer.analysis._setup import compare_inputs, inputs_words, read, setup_of, with_setup
 from tracer.analysis._written import written_verdict
 from tracer.storage import open_dump
 
@@ -110,7 +110,7 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     setup = setup_of(res.changes)
     fd = res.first_divergence
     try:
-        found = _explain(a, b, res, limit, factor, module_map)
+        found = _explain(a, b, res, limit, factor, module_map, _inputs_at(a, b, fd))
     except TracerError as e:
         at_line = fd is not None and bool(fd.get("source")) and any(
             fd["source"] in (d.get("source"), d.get("a_source"))
@@ -125,9 +125,30 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     return with_setup(found, setup)
 
 
+def _inputs_at(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None
+               ) -> dict[str, Any]:
+    """Which of the batch and the buffers differ as the first divergence's step began, by the
+    two steps' setups (tracer.analysis._setup.compare_inputs); nothing known where a step has
+    no setup or does not read (the diff already said so)."""
+    if fd is None:
+        return compare_inputs(None, None)
+    sides = []
+    for path, key in ((a, (fd["rank"], fd["step"])), (b, (fd["b_rank"], fd["b_step"]))):
+        try:
+            d = open_dump(path)
+            try:
+                sides.append(read(d.attrs(*key).get("setup"), "")[0])
+            finally:
+                d.close()
+        except (TracerError, OSError, KeyError, ValueError):
+            sides.append(None)
+    return compare_inputs(*sides)
+
+
 def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, factor: float,
-             module_map: Any) -> Explanation:
-    """`explain`'s verdict from the records alone."""
+             module_map: Any, inputs: dict[str, Any]) -> Explanation:
+    """`explain`'s verdict from the records alone (`inputs`: which of the batch and the
+    buffers differ as the step began, where the setups say)."""
     fd = res.first_divergence
     notes = list(res.notes)
     if res.exit_code == 2:
@@ -152,27 +173,35 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         # a weight written in place during the step (named, never "inputs differ"), or one a
         # module dump cannot date: nothing to re-run, so any mode will do
         return Explanation(*weight, [], fd, notes)
+    which = inputs_words(inputs)
     if fd["kind"] in ("data", "parameter") and not fd["op"]:
         # an op's input the diff marks as data (token ids) goes on to the lead, which says
         # which op it enters and that no recorded op made it
         what = "the model's input differs" if fd["kind"] == "data" else "the weights differ"
         return Explanation("inputs", f"inputs differ from the start: {what} already at "
-                           f"{fd['name']} (data, seed or weights), before any op ran",
-                           first_divergence=fd, notes=notes)
+                           f"{fd['name']} ({which or 'data, seed or weights'}), before any op "
+                           f"ran", first_divergence=fd, notes=notes)
     if fd["kind"] == "data" and fd["direction"] == "output":
-        # the batch, made outside the model before its first call (a sampler, torch.randn):
-        # its op is no computation of the model's to judge, and cannot be re-run alike
+        # made outside the model before its first call (a sampler, torch.randn): its op is no
+        # computation of the model's to judge, and cannot be re-run alike
+        made = (f"{fd['name']}, made by {fd['op']} at {fd['source'] or 'an unknown line'} "
+                f"outside the model before its first call")
+        if inputs["batch"] == "same":
+            # the model's own batch agrees: what differs is a value the step reads beside it
+            return Explanation("inputs", f"inputs differ from the start: {made}, differs, "
+                               f"while the model is given the same batch in both runs (its "
+                               f"fingerprint): a value the step reads beside the batch "
+                               f"(labels, a mask), from other data or another seed",
+                               first_divergence=fd, notes=notes)
         return Explanation("inputs", f"inputs differ from the start: the batch differs already "
-                           f"at {fd['name']}, made by {fd['op']} at "
-                           f"{fd['source'] or 'an unknown line'} outside the model before its "
-                           f"first call (data or seed), before any op of the model ran",
-                           first_divergence=fd, notes=notes)
+                           f"at {made} ({which or 'data or seed'}), before any op of the model "
+                           f"ran", first_divergence=fd, notes=notes)
     da, db = open_dump(a), open_dump(b)
     try:
         _need_op_records(da, db, fd)
         rows = Step(da, db, fd, res.records)
         sides = Sides(da, db, fd, factor)
-        lead = Lead(rows, sides, factor)
+        lead = Lead(rows, sides, factor, which)
         start, found = fd, lead.judge(fd)
         if found is not None and found.judged == "descend":
             start = _first_op_after(res.records, fd)

@@ -56,8 +56,11 @@ class Finding:
 class Lead:
     """The first divergence judged by its value (module doc)."""
 
-    def __init__(self, step: Step, sides: Sides, factor: float = 4.0) -> None:
+    def __init__(self, step: Step, sides: Sides, factor: float = 4.0, inputs: str = "") -> None:
+        """`inputs`: which of the batch and the buffers differ as the step began, in words
+        (tracer.analysis._setup.inputs_words), where the runs' setups say."""
         self.step, self.sides, self.factor = step, sides, factor
+        self.inputs = inputs
 
     def judge(self, fd: dict[str, Any]) -> Finding | None:
         """What `fd`'s value says, or None for an op's output whose inputs pair (the re-run
@@ -88,8 +91,13 @@ class Lead:
                                f"{'; '.join(self.step.filters)}), so one of those may have "
                                "made it: dump both runs without those filters to tell a bug "
                                "from inputs that differ")
+            outside = _OUTSIDE
+            if self.inputs:
+                outside = self.inputs + (": a weight set before the step, or a value made "
+                                         "outside the recorded calls" if "differ" not in
+                                         self.inputs else "")
             return Finding("inputs", f"{made}: it comes from outside the recorded calls "
-                           f"({_OUTSIDE})")
+                           f"({outside})")
         if fd["op"]:
             return self._call_site(fd, pa, pb)
         if pa is not None and pb is not None:

@@ -19,8 +19,8 @@ from typing import Any
 from tracer.storage import JsonLimitError, loads_bounded
 
 # the order differences are reported in: what most often makes two runs part, first
-KINDS = ("optimizer", "hyperparameter", "group", "clipping", "frozen", "config", "module",
-         "buffer", "flag", "env", "rng", "version")
+KINDS = ("optimizer", "hyperparameter", "group", "clipping", "scaler", "frozen", "config",
+         "module", "buffer", "flag", "env", "rng", "version")
 _RANK = {k: i for i, k in enumerate(KINDS)}
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
@@ -199,6 +199,51 @@ def _clips(a: list, b: list, named: bool) -> list[dict[str, Any]]:
     return out
 
 
+_SCALER_SETTINGS = ("scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def _unscaled_at(c: dict[str, Any]) -> str:
+    """Who unscaled the gradients, where: the user before the optimizer step (a clipping call
+    after it sees unscaled gradients), or `scaler.step` itself."""
+    at = c.get("source") or "an unknown line"
+    return (f"scaler.unscale_ at {at}" if c.get("unscale") == "explicit" else
+            f"inside scaler.step at {at}")
+
+
+def _scalers(a: list, b: list) -> list[dict[str, Any]]:
+    """The gradient scalers' unscale_ calls of a step, paired in order (one an optimizer)."""
+    out = []
+    for i, (ca, cb) in enumerate(zip_longest(a, b)):
+        if ca is None or cb is None:
+            side, c, other = ("B", cb, "A") if ca is None else ("A", ca, "B")
+            out.append(_diff("scaler", f"scaler.{i}", ca and ca.get("scale"),
+                             cb and cb.get("scale"),
+                             f"{side} scales the loss with a {c.get('class', 'GradScaler')} "
+                             f"(scale {_fmt(c.get('scale'))}, unscaled {_unscaled_at(c)}); "
+                             f"{other} does not", source=c.get("source", "")))
+            continue
+        label = ca.get("class", "GradScaler")
+        for key in _SCALER_SETTINGS:
+            if ca.get(key) != cb.get(key):
+                out.append(_diff("scaler", f"scaler.{i}.{key}", ca.get(key), cb.get(key),
+                                 f"{label} {key} {_fmt(ca.get(key))} in A, "
+                                 f"{_fmt(cb.get(key))} in B"))
+        if ca.get("found_inf") != cb.get("found_inf"):
+            side = "B" if cb.get("found_inf") else "A"
+            out.append(_diff("scaler", f"scaler.{i}.found_inf", ca.get("found_inf"),
+                             cb.get("found_inf"),
+                             f"{label} found Inf or NaN gradients in {side} only, so {side} "
+                             f"skipped its optimizer step"))
+        if ca.get("unscale") != cb.get("unscale"):
+            out.append(_diff("scaler", f"scaler.{i}.unscale", ca.get("unscale"),
+                             cb.get("unscale"),
+                             f"gradients unscaled {_unscaled_at(ca)} in A, {_unscaled_at(cb)} "
+                             f"in B (what runs between, a clipping call, sees scaled gradients "
+                             f"in one run)", source=cb.get("source", ""),
+                             a_source=ca.get("source", "")))
+    return out
+
+
 def _keyed(kind: str, what: str, a: dict, b: dict) -> list[dict[str, Any]]:
     out = []
     for key in dict.fromkeys([*a, *b]):
@@ -257,6 +302,8 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
     out: list[dict[str, Any]] = []
     out += _optimizers(a.get("optimizers") or [], b.get("optimizers") or [], named)
     out += _clips(a.get("clips") or [], b.get("clips") or [], named)
+    if "scalers" in a and "scalers" in b:  # setups of format 3.6 on
+        out += _scalers(a["scalers"] or [], b["scalers"] or [])
     ma, mb = a.get("model") or {}, b.get("model") or {}
     if named:
         fa, fb = ma.get("frozen"), mb.get("frozen")
@@ -283,6 +330,65 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
     out += _keyed("version", "version of", a.get("versions") or {}, b.get("versions") or {})
     out.sort(key=lambda d: _RANK.get(d["kind"], len(KINDS)))
     return out
+
+
+def _batch(a: list, b: list) -> tuple[str, str]:
+    """("same" or "differs", the first difference in words) of two steps' batches (each
+    top-level call of the model, the fingerprint of each tensor it was given)."""
+    if len(a) != len(b):
+        return "differs", f"the model is called {len(a)} time(s) in A's step, {len(b)} in B's"
+    for i, (ca, cb) in enumerate(zip(a, b)):
+        ia, ib = ca.get("inputs") or {}, cb.get("inputs") or {}
+        for key in dict.fromkeys([*ia, *ib]):
+            fa, fb = ia.get(key), ib.get(key)
+            if fa is None or fb is None or list(fa) != list(fb):
+                what = f"argument {key}" if key.isdigit() else key
+                shown = fb or fa
+                shape = "x".join(str(d) for d in shown[1]) if shown and len(shown) > 1 else ""
+                how = "only in one run" if fa is None or fb is None else \
+                    ("of another dtype or shape" if list(fa[:2]) != list(fb[:2]) else
+                     "with other values")
+                return "differs", (f"the model's call {i} is given {what} ({shown[0] if shown else '?'}"
+                                   f"{' ' + shape if shape else ''}) {how}")
+    return "same", ""
+
+
+def compare_inputs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]:
+    """What the model was given as a step began, compared (two setups, `read`): `batch` and
+    `buffers` each "same", "differs" or None (not recorded on both sides), with the first
+    batch difference in words (`batch_detail`) and the buffers that differ."""
+    out: dict[str, Any] = {"batch": None, "batch_detail": "", "buffers": None,
+                           "buffer_names": []}
+    if a is None or b is None:
+        return out
+    if isinstance(a.get("batch"), list) and isinstance(b.get("batch"), list) \
+            and (a["batch"] or b["batch"]):
+        out["batch"], out["batch_detail"] = _batch(a["batch"], b["batch"])
+    if isinstance(a.get("buffers"), dict) and isinstance(b.get("buffers"), dict):
+        differ = [n for n in dict.fromkeys([*a["buffers"], *b["buffers"]])
+                  if a["buffers"].get(n) != b["buffers"].get(n)]
+        out["buffers"] = "differs" if differ else "same"
+        out["buffer_names"] = differ
+    return out
+
+
+def inputs_words(inputs: dict[str, Any]) -> str:
+    """Which of the batch and the buffers differ as the step began (`compare_inputs`), in
+    words; "" when neither was recorded on both sides."""
+    batch, buffers = inputs.get("batch"), inputs.get("buffers")
+    if batch == "same" and buffers == "same":
+        return "the batch and the buffers are the same in both runs as the step begins"
+    parts = []
+    if batch == "differs":
+        parts.append(f"the batch differs: {inputs['batch_detail']}")
+    elif batch == "same":
+        parts.append("the batch is the same in both runs")
+    if buffers == "differs":
+        parts.append(f"buffer(s) {names_in_words(inputs['buffer_names'])} differ as the step "
+                     f"begins")
+    elif buffers == "same":
+        parts.append("the buffers agree as the step begins")
+    return "; ".join(parts)
 
 
 def numerics_differences(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -321,17 +427,18 @@ def first_setup(setups: list[dict[str, Any]], notes: list[str]) -> dict[str, Any
 
 
 # which setup differences can make a first divergence of each kind, likeliest first
-_OPTIMIZER_KINDS = ("hyperparameter", "optimizer", "group", "clipping", "frozen")
+_OPTIMIZER_KINDS = ("hyperparameter", "optimizer", "group", "clipping", "scaler", "frozen")
 _MAKES = {
     # the optimizer's gradient records: clipping (and unscaling) edits them before the step
-    "grad": ("clipping", "frozen", "hyperparameter", "optimizer", "group"),
+    "grad": ("clipping", "scaler", "frozen", "hyperparameter", "optimizer", "group"),
     "update": _OPTIMIZER_KINDS,
     # the model's input: how it was drawn or built
     "data": ("rng", "config", "buffer"),
     # the weights as a step begins: the steps before it (their optimizer), or the initial ones
     "parameter": (*_OPTIMIZER_KINDS, "rng", "config", "module"),
     # a forward or backward op: the model's constants and state, the numerics switches
-    "compute": ("config", "module", "buffer", "frozen", "rng", "flag", "env"),
+    # (a scaler's other scale multiplies the loss the backward begins from)
+    "compute": ("config", "module", "buffer", "frozen", "rng", "flag", "env", "scaler"),
 }
 
 
@@ -364,7 +471,8 @@ def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool 
     if structural:
         # ops one run runs and the other does not: a config or a module's constant picks the
         # code path (an activation, a dropout); a flag, a seed or a hyperparameter does not
-        kinds = tuple(k for k in kinds if k in ("config", "module"))
+        # (a scaler in one run only adds its scaling and unscaling ops)
+        kinds = tuple(k for k in kinds if k in ("config", "module", "scaler"))
     rank = {k: i for i, k in enumerate(kinds)}
     return sorted((d for d in found if d["kind"] in rank), key=lambda d: rank[d["kind"]])
 

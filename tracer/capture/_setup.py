@@ -19,6 +19,14 @@ When each part is taken, and why:
   included) when its `step()` begins;
 - each gradient-clipping call (`clip_grad_norm_`, `clip_grads_with_norm_`, `clip_grad_value_`)
   as it runs, with its arguments, the parameters it clips and the user's line;
+- the gradient scaler's state after each `unscale_` (tracer.capture._scaler): the scale the
+  gradients were divided by, its growth settings, whether it found Inf or NaN, and who called
+  `unscale_` at which line;
+- the batch: a fingerprint of each tensor the model's top-level forward is called with, at each
+  call (micro-batches in turn), read in place as the buffers are. It is no setup the diff
+  compares as a cause (another batch is data, said as "inputs differ"); it says which of the
+  data, the buffers or the weights an "inputs differ" is, so that a setup difference or an
+  op's other argument never reads as "the batch differs";
 - flags, numerics environment variables, seeds and library versions with the model's part.
 
 Only dumped steps pay for this (a few milliseconds on a model of a hundred modules); an
@@ -57,6 +65,7 @@ _MAX_ITEMS = 16  # a longer tuple of numbers is data, not a constant
 # a buffer larger than this is fingerprinted by its dtype and shape only (a copy to the host
 # would cost more than the step's other setup together)
 _MAX_BUFFER_BYTES = 64 * 2**20
+_MAX_BATCH_CALLS = 64  # a step that calls its model more often (an eval loop) keeps the first
 
 
 def plain(value: Any) -> Any:
@@ -219,7 +228,8 @@ class SetupRecorder:
 
     def begin(self) -> None:
         """A dumped step begins: nothing of it is taken yet."""
-        self._setup = {"version": SETUP_VERSION, "optimizers": [], "clips": []}
+        self._setup = {"version": SETUP_VERSION, "optimizers": [], "clips": [], "batch": [],
+                       "scalers": []}
         self._param_names = {}
 
     def end(self) -> None:
@@ -299,6 +309,38 @@ class SetupRecorder:
             return
         names = [self._name(p) for p in params if getattr(p, "grad", None) is not None]
         setup["clips"].append({"fn": fn, "args": args, "params": names, "source": str(source)})
+
+    def batch(self, root: str, args: tuple, kwargs: dict[str, Any] | None) -> None:
+        """A top-level call of the model (`root`, its record name): a fingerprint of each
+        tensor it is given, positional by index, keyword by name."""
+        setup = self._setup
+        if setup is None or len(setup["batch"]) >= _MAX_BATCH_CALLS:
+            return
+        inputs = {str(i): fingerprint(a) for i, a in enumerate(args)
+                  if isinstance(a, torch.Tensor)}
+        inputs.update({str(k): fingerprint(v) for k, v in (kwargs or {}).items()
+                       if isinstance(v, torch.Tensor)})
+        setup["batch"].append({"module": root, "inputs": inputs})
+
+    def scaler(self, scaler: Any, optimizer: torch.optim.Optimizer, explicit: bool,
+               source: str) -> None:
+        """A gradient scaler's `unscale_` of `optimizer`'s gradients (tracer.capture._scaler):
+        the scale they were divided by, its growth settings, whether Inf or NaN was found, who
+        called it (`explicit`: the user, else `scaler.step`) and at which line."""
+        setup = self._setup
+        if setup is None:
+            return
+        state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer)) or {}
+        found = state.get("found_inf_per_device") or {}
+        entry = {"class": type(scaler).__name__,
+                 "scale": plain(float(scaler.get_scale())),
+                 "growth_factor": plain(float(scaler.get_growth_factor())),
+                 "backoff_factor": plain(float(scaler.get_backoff_factor())),
+                 "growth_interval": int(scaler.get_growth_interval()),
+                 "found_inf": bool(sum(float(v.item()) for v in found.values())),
+                 "unscale": "explicit" if explicit else "in step",
+                 "source": str(source)}
+        setup["scalers"].append(entry)
 
     def failed(self, reason: str) -> None:
         """Part of the step's setup could not be taken: said in it (`errors`)."""
