@@ -39,7 +39,8 @@ from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
-from tracer.analysis._setup import compare_inputs, inputs_words, read, setup_of, with_setup
+from tracer.analysis._setup import (compare_inputs, inputs_words, read, setup_of,
+                                    with_setup)
 from tracer.analysis._written import written_verdict
 from tracer.storage import open_dump
 

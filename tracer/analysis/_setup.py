@@ -348,7 +348,8 @@ def _batch(a: list, b: list) -> tuple[str, str]:
                 how = "only in one run" if fa is None or fb is None else \
                     ("of another dtype or shape" if list(fa[:2]) != list(fb[:2]) else
                      "with other values")
-                return "differs", (f"the model's call {i} is given {what} ({shown[0] if shown else '?'}"
+                dtype = shown[0] if shown else "?"
+                return "differs", (f"the model's call {i} is given {what} ({dtype}"
                                    f"{' ' + shape if shape else ''}) {how}")
     return "same", ""
 
@@ -411,7 +412,13 @@ def compare_setups(text_a: Any, text_b: Any, pl: tuple[int, int, int, int], *,
         missing += [f"{side}: {e}" for e in (s or {}).get("errors") or []]
     found = differences(a, b, named=named) if a is not None and b is not None else []
     return {"rank": pl[0], "step": pl[1], "b_rank": pl[2], "b_step": pl[3],
-            "differences": found, "missing": missing}
+            "differences": found, "missing": missing, "inputs": compare_inputs(a, b)}
+
+
+def step_inputs(setups: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """Of the compared step pairs' setups (`compare_setups`), which of the batch and the
+    buffers differ as each began (`compare_inputs`), by A's (rank, step)."""
+    return {(s["rank"], s["step"]): s["inputs"] for s in setups}
 
 
 def first_setup(setups: list[dict[str, Any]], notes: list[str]) -> dict[str, Any] | None:
