@@ -42,8 +42,8 @@ from tracer._errors import ConfigError, DumpWriteError, WatchpointHit, describe_
 from tracer._lifecycle import LIVE, Lifecycle
 from tracer._step_rule import StepRule
 from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords,
-                            SetupRecorder, on_clip, on_scaler_unscale, on_scaler_update,
-                            tool_range, user_source)
+                            SetupRecorder, on_clip, on_scaler_scale, on_scaler_unscale,
+                            on_scaler_update, tool_range, user_source)
 from tracer.storage import copy_stats, difference_sketch, difference_stats
 
 
@@ -143,6 +143,7 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
                          on_scaler_update(self._scaler_update),
                          on_clip(self._clipped),
                          on_scaler_unscale(self._unscaled),
+                         on_scaler_scale(self._scaled),
                          on_crash(self._crashed)]
         try:
             self._begin()
@@ -322,6 +323,11 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
         """A gradient scaler's unscale_ in the open step (tracer.capture._scaler)."""
         if self.capturing and not self._busy:
             self._take_setup(self._setup.scaler, scaler, optimizer, explicit, user_source(2))
+
+    def _scaled(self, scaler: Any) -> None:
+        """A gradient scaler's scale(loss) in the open step (tracer.capture._scaler)."""
+        if self.capturing and not self._busy:
+            self._take_setup(self._setup.scaled, user_source(2))
 
     def model_called(self, root: str, args: tuple, kwargs: dict | None) -> None:
         """A top-level call of the model in the open step: its batch's fingerprint."""

@@ -111,7 +111,9 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     setup = setup_of(res.changes)
     fd = res.first_divergence
     try:
-        found = _explain(a, b, res, limit, factor, module_map, _inputs_at(a, b, fd))
+        lines = frozenset(line for d in (setup or {}).get("differences", [])
+                          for line in d.get("lines") or () if line)
+        found = _explain(a, b, res, limit, factor, module_map, _inputs_at(a, b, fd), lines)
     except TracerError as e:
         at_line = fd is not None and bool(fd.get("source")) and any(
             fd["source"] in (d.get("source"), d.get("a_source"))
@@ -147,9 +149,11 @@ def _inputs_at(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | 
 
 
 def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, factor: float,
-             module_map: Any, inputs: dict[str, Any]) -> Explanation:
+             module_map: Any, inputs: dict[str, Any],
+             setup_lines: frozenset[str] = frozenset()) -> Explanation:
     """`explain`'s verdict from the records alone (`inputs`: which of the batch and the
-    buffers differ as the step began, where the setups say)."""
+    buffers differ as the step began, where the setups say; `setup_lines`: where a setup the
+    runs differ in runs its own ops, no place for a bug hidden under rounding)."""
     fd = res.first_divergence
     notes = list(res.notes)
     if res.exit_code == 2:
@@ -225,7 +229,7 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         if out.status == "precision" or (out.status == "unexplained" and found is None):
             # the diff's tolerance for B's precision may hide where a bug begins, or where the
             # difference the chain's first op receives was made
-            hidden = Search(rows, res.records, sides, lead, fd, factor).find(
+            hidden = Search(rows, res.records, sides, lead, fd, factor, setup_lines).find(
                 {e["name"] for e in chain}, limit)
             if hidden is not None:
                 out = _under_rounding(hidden, lows, out)

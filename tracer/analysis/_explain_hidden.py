@@ -55,8 +55,13 @@ class Search:
     """The step of the divergence searched for a bug under rounding (module doc)."""
 
     def __init__(self, step: Step, records: Any, sides: Sides, lead: Lead,
-                 fd: dict[str, Any], factor: float) -> None:
+                 fd: dict[str, Any], factor: float, setup_lines: frozenset[str] = frozenset()
+                 ) -> None:
+        """`setup_lines`: the lines where a setup the runs differ in runs its own ops (a loss
+        scaled by a gradient scaler one run alone has): what differs there is that setup's,
+        no bug to find."""
         self.step, self.sides, self.lead, self.fd, self.factor = step, sides, lead, fd, factor
+        self.setup_lines = setup_lines
         rows = records[(records["step"] == fd["step"]) & (records["rank"] == fd["rank"])]
         self.rows = rows.sort_values("order", kind="stable").to_dict("records")
         self.error: dict[str, dict[str, float]] = {"a": {}, "b": {}}
@@ -114,7 +119,8 @@ class Search:
                 calls.setdefault(stem(str(r["name"])), {"input": [], "output": []}) \
                     .setdefault(str(r["direction"]), []).append(r)
         for r in self.rows:
-            if not r["op"] or r["verdict"] not in ("same", "diverged"):
+            if not r["op"] or r["verdict"] not in ("same", "diverged") \
+                    or r["source"] in self.setup_lines:
                 continue
             if self.lows and r["phase"] != "forward":
                 # B's autocast casts its gradients too: its backward's records pair with A's

@@ -210,17 +210,23 @@ def _unscaled_at(c: dict[str, Any]) -> str:
             f"inside scaler.step at {at}")
 
 
-def _scalers(a: list, b: list) -> list[dict[str, Any]]:
-    """The gradient scalers' unscale_ calls of a step, paired in order (one an optimizer)."""
+def _scalers(a: list, b: list, scaled_a: list, scaled_b: list) -> list[dict[str, Any]]:
+    """The gradient scalers' unscale_ calls of a step, paired in order (one an optimizer);
+    `scaled_a`, `scaled_b`: the lines where each run scaled its loss (the scaler's own ops
+    run there, so a scaler one run alone has is that line's, `source`)."""
     out = []
     for i, (ca, cb) in enumerate(zip_longest(a, b)):
         if ca is None or cb is None:
             side, c, other = ("B", cb, "A") if ca is None else ("A", ca, "B")
+            lines = scaled_b if ca is None else scaled_a
+            at = f", the loss scaled at {', '.join(lines[:2])}" if lines else ""
             out.append(_diff("scaler", f"scaler.{i}", ca and ca.get("scale"),
                              cb and cb.get("scale"),
                              f"{side} scales the loss with a {c.get('class', 'GradScaler')} "
-                             f"(scale {_fmt(c.get('scale'))}, unscaled {_unscaled_at(c)}); "
-                             f"{other} does not", source=c.get("source", "")))
+                             f"(scale {_fmt(c.get('scale'))}{at}, unscaled {_unscaled_at(c)}); "
+                             f"{other} does not",
+                             source=lines[0] if lines else c.get("source", ""),
+                             lines=[*lines, c.get("source", "")]))
             continue
         label = ca.get("class", "GradScaler")
         for key in _SCALER_SETTINGS:
@@ -303,7 +309,8 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
     out += _optimizers(a.get("optimizers") or [], b.get("optimizers") or [], named)
     out += _clips(a.get("clips") or [], b.get("clips") or [], named)
     if "scalers" in a and "scalers" in b:  # setups of format 3.6 on
-        out += _scalers(a["scalers"] or [], b["scalers"] or [])
+        out += _scalers(a["scalers"] or [], b["scalers"] or [], a.get("scaled_at") or [],
+                        b.get("scaled_at") or [])
     ma, mb = a.get("model") or {}, b.get("model") or {}
     if named:
         fa, fb = ma.get("frozen"), mb.get("frozen")

@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "tool_range": "tracer.capture._module_hooks",
     "OpMode": "tracer.capture._op_mode",
     "on_clip": "tracer.capture._setup",
+    "on_scaler_scale": "tracer.capture._scaler",
     "on_scaler_unscale": "tracer.capture._scaler",
     "on_scaler_update": "tracer.capture._scaler",
     "ParamRecords": "tracer.capture._param_records",

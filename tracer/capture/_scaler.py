@@ -1,5 +1,5 @@
 """The gradient scaler, which torch gives no hooks: `update()` as a step boundary, and each
-`unscale_()` with the scaler's state, for the step's setup.
+`scale()` and `unscale_()` with the scaler's state, for the step's setup.
 
 A mixed-precision loop with `torch.amp.GradScaler` calls ``scaler.step(optimizer)``, which
 skips ``optimizer.step()`` when the gradients hold Inf or NaN, and then ``scaler.update()``.
@@ -13,11 +13,16 @@ or by ``scaler.step``: after it, the scale the gradients were divided by, the sc
 settings and whether it found Inf or NaN are the step's (`on_scaler_unscale`), and where it was
 called says whether a clipping call saw scaled or unscaled gradients.
 
-This wraps ``update`` and ``unscale_`` of `GradScaler` and of each subclass that defines its
-own (FSDP's ``ShardedGradScaler``), while at least one Dumper listens, and puts the originals
-back when the last one stops. The update listeners run before the original ``update``, so the
-scale's own ops fall at the start of the next step whether or not the optimizer ran; the
-unscale listeners after the original ``unscale_``, which is when its Inf check is known.
+``scale(loss)`` runs its ops (the scale tensor, the multiplication) at the user's line: that
+line is the scaler's, so a run that scales its loss where another does not is a setup that
+differs, never an op added there (tracer.analysis._setup).
+
+This wraps ``update``, ``unscale_`` and ``scale`` of `GradScaler` and of each subclass that
+defines its own (FSDP's ``ShardedGradScaler``), while at least one Dumper listens, and puts the
+originals back when the last one stops. The update listeners run before the original
+``update``, so the scale's own ops fall at the start of the next step whether or not the
+optimizer ran; the unscale listeners after the original ``unscale_``, which is when its Inf
+check is known.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ def _wrapper(method: str) -> Callable[[], None]:
 
 _listeners = Listeners(_wrapper("update"), _unwrapper("update"))
 _unscale_listeners = Listeners(_wrapper("unscale_"), _unwrapper("unscale_"))
+_scale_listeners = Listeners(_wrapper("scale"), _unwrapper("scale"))
 
 
 def on_scaler_update(callback: Callable[[Any], None]) -> Any:
@@ -69,9 +75,17 @@ def on_scaler_unscale(callback: Callable[[Any, Any, bool], None]) -> Any:
     return _unscale_listeners.add(callback)
 
 
+def on_scaler_scale(callback: Callable[[Any], None]) -> Any:
+    """Call ``callback(scaler)`` at every ``GradScaler.scale()`` of an enabled scaler (the
+    loss scaled: its ops run at the caller's line); returns a handle whose ``remove()`` stops
+    it."""
+    return _scale_listeners.add(callback)
+
+
 def rewrap() -> None:
     """Wrap scaler classes defined since the listeners came (a module imported later)."""
-    for listeners, method in ((_listeners, "update"), (_unscale_listeners, "unscale_")):
+    for listeners, method in ((_listeners, "update"), (_unscale_listeners, "unscale_"),
+                              (_scale_listeners, "scale")):
         if listeners:
             with listeners.lock:
                 _wrapper(method)()
@@ -135,4 +149,22 @@ def _wrapped_unscale(original: Callable[..., Any]) -> Callable[..., Any]:
     return unscale_
 
 
-_WRAPS = {"update": _wrapped_update, "unscale_": _wrapped_unscale}
+def _wrapped_scale(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def scale(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_enabled", True) and not getattr(_inside, "scale", False):
+            _inside.scale = True
+            try:
+                for callback in _scale_listeners.callbacks():
+                    try:
+                        callback(self)
+                    except Exception:  # noqa: BLE001 - a setup record never stops the step
+                        continue
+            finally:
+                _inside.scale = False
+        return original(self, *args, **kwargs)
+
+    return scale
+
+
+_WRAPS = {"update": _wrapped_update, "unscale_": _wrapped_unscale, "scale": _wrapped_scale}

@@ -21,7 +21,7 @@ When each part is taken, and why:
   as it runs, with its arguments, the parameters it clips and the user's line;
 - the gradient scaler's state after each `unscale_` (tracer.capture._scaler): the scale the
   gradients were divided by, its growth settings, whether it found Inf or NaN, and who called
-  `unscale_` at which line;
+  `unscale_` at which line, and the lines where it scaled a loss (`scaled_at`);
 - the batch: a fingerprint of each tensor the model's top-level forward is called with, at each
   call (micro-batches in turn), read in place as the buffers are. It is no setup the diff
   compares as a cause (another batch is data, said as "inputs differ"); it says which of the
@@ -229,7 +229,7 @@ class SetupRecorder:
     def begin(self) -> None:
         """A dumped step begins: nothing of it is taken yet."""
         self._setup = {"version": SETUP_VERSION, "optimizers": [], "clips": [], "batch": [],
-                       "scalers": []}
+                       "scalers": [], "scaled_at": []}
         self._param_names = {}
 
     def end(self) -> None:
@@ -341,6 +341,12 @@ class SetupRecorder:
                  "unscale": "explicit" if explicit else "in step",
                  "source": str(source)}
         setup["scalers"].append(entry)
+
+    def scaled(self, source: str) -> None:
+        """A gradient scaler scaled a loss at `source` (the user's line)."""
+        setup = self._setup
+        if setup is not None and str(source) not in setup["scaled_at"]:
+            setup["scaled_at"].append(str(source))
 
     def failed(self, reason: str) -> None:
         """Part of the step's setup could not be taken: said in it (`errors`)."""

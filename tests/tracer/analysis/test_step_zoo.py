@@ -117,11 +117,19 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
         assert e.blamed is not None and "arguments" in v, where
     elif f == "bf16":
         assert "bfloat16" in v, where
-    elif f == "bf16_bug":
+    elif f in ("bf16_bug", "fp16_bug"):
         assert "rounding is present too" in v, where
+    elif f == "fp16":
+        assert "float16" in v, where
+    elif f == "data_order":
+        # the batch's fingerprint says which input differs: the model's own batch
+        assert "the batch differs: the model's call 0 is given input_ids" in v, where
     elif f == "inplace_hook":
         assert e.blamed is not None and e.blamed.get("fault") == "written", where
         assert picked["site"] in v, where
+    if f.startswith("fp16"):
+        # B alone scales its loss: the setup says so, and the scaler's ops are no bug
+        assert setup[:1] and setup[0].startswith("B scales the loss with a GradScaler"), where
     if expect.op_line:
         line = f"step_zoo.py:{fault_line(case.fault)}"
         blamed = e.blamed or {}
