@@ -106,6 +106,9 @@ FAULTS: dict[str, Expect] = {
     "data_order": Expect("inputs", False),
     # a forward pre-hook that scales a projection's weight in place
     "inplace_hook": Expect("bug", False, op_line=True),
+    # a forward pre-hook that scales a buffer in place (a running statistic updated in B only):
+    # the write at its line; the buffers differ as the next step begins (the setup says so)
+    "buffer_written": Expect("bug", True, op_line=True),
     # B's forward under bfloat16 autocast: rounding alone, then with a bug inside it
     "bf16": Expect("precision", False),
     "bf16_bug": Expect("bug", False, op_line=True),
@@ -114,7 +117,7 @@ FAULTS: dict[str, Expect] = {
     "fp16": Expect("precision", True),
     "fp16_bug": Expect("bug", True, op_line=True),
 }
-NEEDS_BUFFER = {"buffer"}
+NEEDS_BUFFER = {"buffer", "buffer_written"}
 
 
 class Case(fault_zoo.Case):
@@ -146,6 +149,13 @@ def _logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def _scale_weight(module: nn.Module, args: Any) -> None:
     with torch.no_grad():
         module.weight.mul_(1.05)  # FAULT: inplace_hook
+
+
+def _scale_buffer(name: str) -> Any:
+    def hook(module: nn.Module, args: Any) -> None:
+        with torch.no_grad():
+            module.get_buffer(name).mul_(1.05)  # FAULT: buffer_written
+    return hook
 
 
 def _scale_output(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
@@ -187,6 +197,11 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
         if fault:
             with torch.no_grad():
                 model.get_buffer(picked["site"]).mul_(1.05)  # FAULT: buffer
+    if case.fault == "buffer_written":
+        picked["site"] = _pick([n for n, b in model.named_buffers() if b.is_floating_point()
+                                and "original" not in n], case)
+        if fault:
+            model.register_forward_pre_hook(_scale_buffer(picked["site"]))
     if case.fault in ("inplace_hook", "bf16_bug", "fp16_bug"):
         linear = [n for n, m in model.named_modules()
                   if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]

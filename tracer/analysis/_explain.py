@@ -113,7 +113,7 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     try:
         lines = frozenset(line for d in (setup or {}).get("differences", [])
                           for line in d.get("lines") or () if line)
-        found = _explain(a, b, res, limit, factor, module_map, _inputs_at(a, b, fd), lines)
+        found = _explain(a, b, res, limit, factor, module_map, _setups_at(a, b, fd), lines)
     except TracerError as e:
         at_line = fd is not None and bool(fd.get("source")) and any(
             fd["source"] in (d.get("source"), d.get("a_source"))
@@ -128,14 +128,13 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     return with_setup(found, setup)
 
 
-def _inputs_at(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None
-               ) -> dict[str, Any]:
-    """Which of the batch and the buffers differ as the first divergence's step began, by the
-    two steps' setups (tracer.analysis._setup.compare_inputs); nothing known where a step has
-    no setup or does not read (the diff already said so)."""
+def _setups_at(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None
+               ) -> list[dict[str, Any] | None]:
+    """The two setups of the first divergence's step pair (tracer.analysis._setup.read); None
+    where a step has no setup or does not read (the diff already said so)."""
     if fd is None:
-        return compare_inputs(None, None)
-    sides = []
+        return [None, None]
+    sides: list[dict[str, Any] | None] = []
     for path, key in ((a, (fd["rank"], fd["step"])), (b, (fd["b_rank"], fd["b_step"]))):
         try:
             d = open_dump(path)
@@ -145,15 +144,17 @@ def _inputs_at(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | 
                 d.close()
         except (TracerError, OSError, KeyError, ValueError):
             sides.append(None)
-    return compare_inputs(*sides)
+    return sides
 
 
 def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, factor: float,
-             module_map: Any, inputs: dict[str, Any],
+             module_map: Any, setups: list[dict[str, Any] | None],
              setup_lines: frozenset[str] = frozenset()) -> Explanation:
-    """`explain`'s verdict from the records alone (`inputs`: which of the batch and the
-    buffers differ as the step began, where the setups say; `setup_lines`: where a setup the
-    runs differ in runs its own ops, no place for a bug hidden under rounding)."""
+    """`explain`'s verdict from the records alone (`setups`: the step pair's, which say which
+    of the batch and the buffers differ as the step began, and name a buffer written in
+    place; `setup_lines`: where a setup the runs differ in runs its own ops, no place for a
+    bug hidden under rounding)."""
+    inputs = compare_inputs(*setups)
     fd = res.first_divergence
     notes = list(res.notes)
     if res.exit_code == 2:
@@ -206,7 +207,8 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         _need_op_records(da, db, fd)
         rows = Step(da, db, fd, res.records)
         sides = Sides(da, db, fd, factor)
-        lead = Lead(rows, sides, factor, which)
+        lead = Lead(rows, sides, factor, which,
+                    tuple((s or {}).get("buffers") or {} for s in setups))
         start, found = fd, lead.judge(fd)
         if found is not None and found.judged == "descend":
             start = _first_op_after(res.records, fd)
@@ -324,7 +326,8 @@ def _verdict(chain: list[dict[str, Any]], found: Finding | None, start: dict[str
              fd: dict[str, Any], notes: list[str]) -> Explanation:
     if found is not None and found.judged == "bug":
         blamed = found.blamed or {}
-        if blamed.get("fault") in ("added", "removed", "replaced") or not blamed.get("op"):
+        if blamed.get("fault") in ("added", "removed", "replaced", "written") \
+                or not blamed.get("op"):
             text = f"bug: {found.why}"
         else:
             text = (f"bug: op {_where(blamed)} receives a different input on otherwise "

@@ -532,6 +532,12 @@ def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
                    + (f": {found.verdict}" if found.blamed else ""))
         return dataclasses.replace(found, status="setup", verdict=verdict,
                                    setup=[*at_line, *[d for d in every if d not in at_line]])
+    if (change["step"], change["b_step"]) > (fd.get("step"), fd.get("b_step")):
+        # the setups first differ at a later step: what the step that diverged first left
+        # behind (a buffer it wrote), no cause of it
+        found.notes.insert(0, f"the runs' setups differ from step {change['step']} on: "
+                              f"{_words(every)}")
+        return dataclasses.replace(found, setup=every)
     if fd.get("step") != fd.get("b_step"):
         # two steps of a run: what changed between them (a learning rate the scheduler
         # moved) is expected, and the records' verdict stands

@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "CallNames": "tracer.capture._naming",
     "encode_call": "tracer.capture._calls",
     "EagerWhileDumped": "tracer.capture._compiled",
+    "fingerprint": "tracer.capture._setup",
     "Kernels": "tracer.capture._param_records",
     "local_shard": "tracer.capture._param_records",
     "in_graph_capture": "tracer.capture._graphs",
