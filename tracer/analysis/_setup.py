@@ -132,9 +132,23 @@ def _hyper_by_param(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, An
             where = names_in_words(names, len(both))
             out.append(_diff("hyperparameter", f"optimizer.{i}.{key}", va, vb,
                              f"{label} {key} {_fmt(va)} in A, {_fmt(vb)} in B "
-                             f"({where if where == 'every parameter' else 'for ' + where})",
+                             f"({where if where == 'every parameter' else 'for ' + where})"
+                             + _scheduled(key, [pa[n] for n in names], [pb[n] for n in names]),
                              params=names))
     return out
+
+
+def _scheduled(key: str, ga: list[dict[str, Any]], gb: list[dict[str, Any]]) -> str:
+    """What a learning rate that differs is: the one a scheduler set, where both runs' groups
+    carry the `initial_lr` a scheduler keeps (said with it: the same start, so the schedule or
+    its step differs)."""
+    if key != "lr" or not all("initial_lr" in g for g in (*ga, *gb)):
+        return ""
+    starts = {g["initial_lr"] for g in (*ga, *gb)}
+    if len(starts) == 1:
+        return (f": the learning rate the scheduler set, from the same initial_lr "
+                f"{_fmt(ga[0]['initial_lr'])} (a scheduler a step apart, or another schedule)")
+    return ": the learning rate the scheduler set, from another initial_lr"
 
 
 def _hyper_by_group(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, Any]]:
@@ -150,7 +164,8 @@ def _hyper_by_group(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, An
             if ha.get(key) != hb.get(key):
                 out.append(_diff("hyperparameter", f"optimizer.{i}.{key}", ha.get(key),
                                  hb.get(key), f"{label} {key} {_fmt(ha.get(key))} in A, "
-                                 f"{_fmt(hb.get(key))} in B (group {g})"))
+                                 f"{_fmt(hb.get(key))} in B (group {g})"
+                                 + _scheduled(key, [ha], [hb])))
     return out
 
 
@@ -280,10 +295,20 @@ def _modules(a: dict, b: dict) -> list[dict[str, Any]]:
                 grouped.setdefault(k, []).append(module)
                 values[k] = (ma.get(key), mb.get(key))
     out = []
+    common = [m for m in a if m in b]
     for k, modules in grouped.items():
         va, vb = values[k]
-        out.append(_diff("module", k[0], va, vb, f"module attribute {k[0]} {_fmt(va)} in A, "
-                         f"{_fmt(vb)} in B at {names_in_words(modules)}", modules=modules))
+        if k[0] == "training" and isinstance(va, bool) and isinstance(vb, bool):
+            # `model.eval()` or `.train()` in one run: said as the mode, not the attribute
+            where = ("the whole model (every module)" if len(modules) == len(common) > 1
+                     else names_in_words(modules))
+            mode = {True: "train", False: "eval"}
+            text = (f"{where} in {mode[vb]} mode in B, {mode[va]} mode in A (module "
+                    f"attribute training {va} in A, {vb} in B)")
+        else:
+            text = (f"module attribute {k[0]} {_fmt(va)} in A, {_fmt(vb)} in B at "
+                    f"{names_in_words(modules)}")
+        out.append(_diff("module", k[0], va, vb, text, modules=modules))
     return out
 
 

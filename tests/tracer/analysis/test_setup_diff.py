@@ -145,3 +145,25 @@ def test_inputs_say_which_of_the_batch_and_the_buffers_differ():
                                    "the step begins")
     # a side without a recorded batch (a dump of an older format) says nothing of it
     assert inputs_words(compare_inputs(_setup(), _setup(batch=_batch(1)))) == ""
+
+
+def test_a_scheduled_learning_rate_and_eval_mode_read_as_what_they_are():
+    def sched(lr):
+        return [{"class": "SGD", "groups": [{"hyper": {"lr": lr, "initial_lr": 0.01},
+                                             "params": ["a.weight", "b.weight"]}]}]
+
+    (d,) = differences(_setup(optimizers=sched(0.01)), _setup(optimizers=sched(0.005)))
+    assert d["text"] == ("SGD lr 0.01 in A, 0.005 in B (every parameter): the learning rate "
+                         "the scheduler set, from the same initial_lr 0.01 (a scheduler a step "
+                         "apart, or another schedule)")
+    modules = {"<root>": {"class": "Net", "training": True},
+               "fc": {"class": "Linear", "training": True}}
+    evals = {k: {**v, "training": False} for k, v in modules.items()}
+    (d,) = differences(_setup(model={"config": {}, "modules": modules, "frozen": []}),
+                       _setup(model={"config": {}, "modules": evals, "frozen": []}))
+    assert d["text"].startswith("the whole model (every module) in eval mode in B, train mode "
+                                "in A")
+    half = {**modules, "fc": evals["fc"]}
+    (d,) = differences(_setup(model={"config": {}, "modules": modules, "frozen": []}),
+                       _setup(model={"config": {}, "modules": half, "frozen": []}))
+    assert d["text"].startswith("fc in eval mode in B, train mode in A")
