@@ -39,6 +39,8 @@ from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
+from tracer.analysis._optimizer_replay import replay_update, replay_words
+from tracer.analysis._replay import NotReplayable
 from tracer.analysis._setup import (compare_inputs, inputs_words, read, setup_of,
                                     with_setup)
 from tracer.analysis._written import written_verdict
@@ -125,7 +127,38 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
     if _apart(res.counts(), module_map is not None):
         return found  # records that do not pair say nothing a setup could explain
-    return with_setup(found, setup)
+    return with_setup(found, setup, _replayed(a, b, fd, setup))
+
+
+def _replayed(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None,
+              setup: dict[str, Any] | None) -> str:
+    """Where the first divergence is an optimizer update and the setups say its
+    hyperparameters differ: the update re-run with B's (tracer.analysis._optimizer_replay),
+    in words; else ""."""
+    if fd is None or setup is None or fd["phase"] != "optimizer" \
+            or fd.get("direction") != "update":
+        return ""
+    param = str(fd["name"]).rpartition(".optimizer.")[0]
+    changed = list(dict.fromkeys(
+        str(d["key"]).rpartition(".")[2] for d in setup["differences"]
+        if d["kind"] == "hyperparameter" and param in (d.get("params") or [param])))
+    if not changed:
+        return ""
+    da, db = open_dump(a), open_dump(b)
+    try:
+        modes = {d.attrs(*key).get("mode") for d, key in (
+            (da, (fd["rank"], fd["step"])), (db, (fd["b_rank"], fd["b_step"])))}
+        if "statistics" in modes:
+            return ("re-running the update with B's hyperparameters needs the optimizer's "
+                    "records with tensors: dump both runs with mode tensor (or full) at level "
+                    "mix, every step from the optimizer's first")
+        try:
+            return replay_words(replay_update(da, db, fd, changed))
+        except NotReplayable as e:
+            return f"the update was not re-run with B's hyperparameters: {e}"
+    finally:
+        da.close()
+        db.close()
 
 
 def _setups_at(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None

@@ -530,12 +530,13 @@ def _held_by(found: list[dict[str, Any]], module: str | None) -> list[dict[str, 
         module == m or module.startswith(m + ".") for m in d.get("modules") or [])]
 
 
-def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
+def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") -> Any:
     """An explain verdict (`Explanation`) with the runs' setup differences (`change`, a diff's
     setup change) taken into account: where the records alone say the inputs differ, or
     cannot tell, or the first divergence is the optimizer's, and a setup difference can make
     that divergence, the verdict is "setup", naming it; a bug or precision verdict keeps its
-    word and says the setup differs too."""
+    word and says the setup differs too. `replayed`: an optimizer update re-run with B's
+    hyperparameters (tracer.analysis._optimizer_replay), in words, said after the verdict."""
     if change is None:
         return found
     every = numerics_differences(change["differences"])
@@ -589,7 +590,7 @@ def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
             follows = f"follows from it (the records alone: {found.verdict})"
         verdict = (f"setup: the runs were set up differently: "
                    f"{_words(ranked)}. The first divergence, {fd['name']} (step {fd['step']}), "
-                   f"{follows}")
+                   f"{follows}" + (f"; {replayed}" if replayed else ""))
         return dataclasses.replace(found, status="setup", verdict=verdict, setup=ranked,
                                    blamed=None)
     found.notes.insert(0, f"the runs were also set up differently: {_words(ranked or every)}")

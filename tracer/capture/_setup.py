@@ -211,6 +211,18 @@ def rng() -> dict[str, Any]:
     return {"seed": int(torch.initial_seed())}
 
 
+def _state_step(opt: torch.optim.Optimizer, params: list[Any]) -> int:
+    """How many steps the optimizer's state of a group has taken (its first parameter's
+    `step`, 0 while it holds no state): a state of 0 steps is known without being recorded,
+    so an update can be re-run from there (tracer.analysis._optimizer_replay)."""
+    for p in params[:1]:
+        step = (opt.state.get(p) or {}).get("step")
+        if step is None:  # no state yet, or one without a count (SGD's momentum buffer)
+            return 0 if not opt.state.get(p) else -1
+        return int(step.item() if isinstance(step, torch.Tensor) else step)
+    return 0
+
+
 class SetupRecorder:
     """The setup of one Dumper's open step: begun with the step, filled as the step runs,
     taken (`take`) when the step is written.
@@ -296,7 +308,8 @@ class SetupRecorder:
                               and value.numel() == 1 else value)
                 if value is not _SKIP:
                     hyper[key] = value
-            groups.append({"hyper": hyper, "params": [self._name(p) for p in group["params"]]})
+            groups.append({"hyper": hyper, "params": [self._name(p) for p in group["params"]],
+                           "state_step": _state_step(opt, group["params"])})
         entry = {"class": type(opt).__name__, "groups": groups}
         known = setup["optimizers"]
         if entry not in known:  # a closure's repeated steps, or two calls of one step
