@@ -333,7 +333,7 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
     out: list[dict[str, Any]] = []
     out += _optimizers(a.get("optimizers") or [], b.get("optimizers") or [], named)
     out += _clips(a.get("clips") or [], b.get("clips") or [], named)
-    if "scalers" in a and "scalers" in b:  # setups of format 3.6 on
+    if "scalers" in a and "scalers" in b:  # setups of version 2 on
         out += _scalers(a["scalers"] or [], b["scalers"] or [], a.get("scaled_at") or [],
                         b.get("scaled_at") or [])
     ma, mb = a.get("model") or {}, b.get("model") or {}

@@ -13,8 +13,8 @@ When each part is taken, and why:
   first record, before the forward has run: a buffer a forward updates (BatchNorm's running
   statistics) is taken as the step began, so a buffer that differs there is a cause, never a
   consequence of activations that differed. Where the model is not known yet then (the
-  zero-code attach learns its roots from their first call) it is taken at the optimizer step,
-  without the buffers;
+  zero-code attach learns its roots from their first call) it is taken at that first call,
+  before the model's own pre-hooks run, else at the optimizer step without the buffers;
 - each optimizer's class and its groups' hyperparameters (the learning rate a scheduler set
   included) when its `step()` begins;
 - each gradient-clipping call (`clip_grad_norm_`, `clip_grads_with_norm_`, `clip_grad_value_`)
@@ -48,7 +48,7 @@ import torch
 from tracer.capture._listeners import Listeners
 from tracer.capture._source import user_source
 
-SETUP_VERSION = 1
+SETUP_VERSION = 2
 """The version of the setup dict's layout (its key `version`)."""
 
 # environment variables that change what a run computes, or how it rounds
@@ -329,6 +329,9 @@ class SetupRecorder:
         setup = self._setup
         if setup is None or len(setup["batch"]) >= _MAX_BATCH_CALLS:
             return
+        # the zero-code attach learns the model at this call: its buffers as the step began
+        # are still there to take (the model's own pre-hooks run after this one)
+        self.take_model()
         inputs = {str(i): fingerprint(a) for i, a in enumerate(args)
                   if isinstance(a, torch.Tensor)}
         inputs.update({str(k): fingerprint(v) for k, v in (kwargs or {}).items()
