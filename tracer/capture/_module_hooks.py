@@ -306,6 +306,8 @@ class ModuleTracker:
             source = user_source(3)
         top = not stack and not recomputing
         stack.append((module, name, call, self._seq, recomputing, source, frame))
+        if not (wanted or top):
+            return
         kwargs = frame.f_locals.get("kwargs") if frame is not None else None
         if top:  # the model's own call: the step's batch
             self._dumper.model_called(name, args, kwargs)
