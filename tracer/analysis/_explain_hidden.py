@@ -230,8 +230,19 @@ class Search:
             # values match nowhere exactly: where the same op at the same line made both, that
             # names another call of it, no bug
             return None
+        if self.lows and self._only_casts(found.blamed):
+            # ops only one run runs that are all casts are its autocast's: they round, and
+            # shift the call counts that pair the records after them with other calls
+            return None
         blamed = self._past_casts(found.blamed)
         return Hidden(blamed, found.why, record, error, self.verdicts.get(record, "?"))
+
+    def _only_casts(self, blamed: dict[str, Any]) -> bool:
+        """Whether the ops only one run runs that `blamed` names are all casts."""
+        stems = [("b", s) for s in blamed.get("added") or []] + \
+            [("a", s) for s in blamed.get("removed") or []]
+        return bool(stems) and all(r["op"] in _CASTS for side, key in stems
+                                   for r in self.step.calls[side].get(key, []))
 
     def _past_casts(self, blamed: dict[str, Any]) -> dict[str, Any]:
         """Among the ops only one run runs, the first that is not a cast: B's autocast casts
