@@ -233,7 +233,7 @@ class Lead:
                f"differ ({entitled:.3g})" if err == err else
                f"holds another shape ({list(getattr(x_a, 'shape', []))} in A, "
                f"{list(getattr(x_b, 'shape', []))} in B)")
-        written = self._writes(gone, new)
+        written = self._writes(fd, gone, new)
         if written is not None:
             # ops one run alone runs that only write a tensor in place: a write, named with
             # what it writes (a buffer, by its fingerprint as the step began)
@@ -248,10 +248,12 @@ class Lead:
         blamed["why"] = why
         return Finding("bug", why, blamed)
 
-    def _writes(self, gone: list[dict], new: list[dict]) -> tuple[str, str] | None:
+    def _writes(self, fd: dict[str, Any], gone: list[dict], new: list[dict]
+                ) -> tuple[str, str] | None:
         """(side, what it writes) when the ops only one run runs are all in-place writes
         ("buffer NAME" where the tensor before the first write is a buffer as the step began,
-        by its fingerprint; else "a tensor it reads"), or None."""
+        by its fingerprint; a gradient or weight where first divergence `fd` is the
+        optimizer's record of one; else "a tensor the step reads"), or None."""
         if bool(gone) == bool(new):
             return None
         side, recs = ("b", new) if new else ("a", gone)
@@ -259,14 +261,18 @@ class Lead:
             return None
         from tracer.capture import fingerprint
 
+        param = str(fd["name"]).rpartition(".optimizer.")[0]
+        other = {"grad": f"the gradient of {param}", "param": f"weight {param}"}.get(
+            str(fd.get("direction")), "a tensor the step reads") \
+            if fd["phase"] == "optimizer" and param else "a tensor the step reads"
         try:
             before = fingerprint(self.sides.tensor(side, call_stem(recs[0]), "input", 0))
         except NotReplayable:
-            return side, "a tensor it reads"
+            return side, other
         names = [n for n, f in self.buffers[side].items() if list(f) == before]
         if len(names) > 1:  # buffers alike as the step began (a copy kept of another)
             return side, (f"buffer {' or '.join(names[:3])} (alike as the step began)")
-        return side, (f"buffer {names[0]}" if names else "a tensor it reads")
+        return side, (f"buffer {names[0]}" if names else other)
 
     def _skipped(self, gone: list[dict], x_b: Any) -> str:
         """"; B's value there is aten.mul's input 1 unchanged: B skips the op" when B's value

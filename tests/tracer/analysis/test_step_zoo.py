@@ -124,6 +124,8 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
     elif f == "data_order":
         # the batch's fingerprint says which input differs: the model's own batch
         assert "the batch differs: the model's call 0 is given input_ids" in v, where
+    elif f == "grad_edit":
+        assert "written in place" in v and "writing the gradient of " in v, where
     elif f == "buffer_written":
         assert e.blamed is not None and e.blamed.get("fault") == "written", where
         assert "writing buffer " in v and picked["site"] in v, where
