@@ -3,9 +3,8 @@ is: the setup difference first in `sleuth diff` (and no setup difference where t
 none), and `sleuth explain`'s verdict naming the hyperparameter, group, clipping call, frozen
 parameter, buffer, constant or seed, or the op and line of a bug in the loop. The fast lane
 (`-m "not slow"`) runs each class but `SWEPT_ONLY` once, at level op on the plain MLP; the
-`slow` sweep, which CI
-runs, the MLP at level mix too and the Llama and the GPT-2 at one level each (the generator
-picks which)."""
+`slow` sweep, which CI runs, the MLP at level mix too and the Llama and the GPT-2 at one level
+each (the generator picks which)."""
 from __future__ import annotations
 
 import re
