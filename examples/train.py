@@ -12,6 +12,9 @@ unmodified (`sleuth run -- python examples/train.py`, or the SLEUTH_* variables)
     python examples/train.py --no-act                 # a bug: the activation left out
     python examples/train.py --bf16                   # not a bug: the forward in bf16 autocast
     python examples/train.py --scale-hook 1.001       # a bug: a pre-hook scales fc2's weight
+    python examples/train.py --write-buffer 1.05      # a bug: a pre-hook scales a buffer
+    python examples/train.py --fp16                   # float16 autocast with a GradScaler
+    python examples/train.py --data-seed 2            # not a bug: other batches
     python examples/train.py --check-finite           # slower: a host sync per gradient a step
     python examples/train.py --recompute              # slower: the forward recomputed in backward
     torchrun --nproc_per_node=2 examples/train.py     # DDP over 2 processes (gloo on a CPU)
@@ -27,15 +30,18 @@ from torch.utils.checkpoint import checkpoint
 
 
 class Net(nn.Module):
-    def __init__(self, act: bool = True) -> None:
+    def __init__(self, act: bool = True, out_buffer: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(16, 64)
         self.act = nn.GELU() if act else nn.Identity()
         self.norm = nn.LayerNorm(64)
         self.fc2 = nn.Linear(64, 1)
+        if out_buffer:  # a scale kept as a buffer, as a running statistic is
+            self.register_buffer("out_scale", torch.ones(1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.norm(self.act(self.fc1(x))))
+        out = self.fc2(self.norm(self.act(self.fc1(x))))
+        return out * self.out_scale if hasattr(self, "out_scale") else out
 
 
 class PortedNet(nn.Module):
@@ -84,6 +90,17 @@ def main() -> None:
     parser.add_argument("--scale-hook", type=float, metavar="FACTOR",
                         help="a forward pre-hook on fc2 that multiplies its weight by FACTOR in "
                         "place at every call (a bug to find: a weight written during the step)")
+    parser.add_argument("--out-buffer", action="store_true",
+                        help="keep an output scale of 1 as a buffer the forward multiplies by")
+    parser.add_argument("--write-buffer", type=float, metavar="FACTOR",
+                        help="with --out-buffer: a forward pre-hook that multiplies that buffer "
+                        "by FACTOR in place at every call (a bug to find: a buffer written "
+                        "during the step)")
+    parser.add_argument("--fp16", action="store_true",
+                        help="run the forward pass under float16 autocast, its loss scaled by a "
+                        "GradScaler (unscaled before clipping)")
+    parser.add_argument("--data-seed", type=int, default=1, metavar="SEED",
+                        help="the seed of the batches (default 1; another draws other data)")
     parser.add_argument("--check-finite", action="store_true",
                         help="check every gradient for NaN/Inf with .item() each step: a host "
                         "sync per parameter (a slowdown to find)")
@@ -101,7 +118,7 @@ def main() -> None:
         torch.distributed.init_process_group("gloo")
         rank = torch.distributed.get_rank()
     torch.manual_seed(0)  # the same initial weights on every rank
-    net = Net(act=not args.no_act)
+    net = Net(act=not args.no_act, out_buffer=args.out_buffer or args.write_buffer is not None)
     if args.port:
         net = PortedNet(net)
     fc1 = net.layers[0] if args.port else net.fc1
@@ -117,9 +134,18 @@ def main() -> None:
                 module.weight.mul_(args.scale_hook)
 
         (net.head if args.port else net.fc2).register_forward_pre_hook(scale)
+    if args.write_buffer is not None:
+        def write(module: nn.Module, inputs: tuple) -> None:
+            with torch.no_grad():
+                module.out_scale.mul_(args.write_buffer)
+
+        net.register_forward_pre_hook(write)
     model = nn.parallel.DistributedDataParallel(net) if distributed else net
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, eps=args.adam_eps)
-    data = torch.Generator().manual_seed(1 + rank)  # each rank its own batches
+    data = torch.Generator().manual_seed(args.data_seed + rank)  # each rank its own batches
+    # float16 needs its loss scaled, or small gradients underflow to zero
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=args.fp16)
+    low = torch.float16 if args.fp16 else torch.bfloat16
 
     for step in range(args.steps):
         x = torch.randn(32, 16, generator=data)
@@ -127,21 +153,23 @@ def main() -> None:
         if step == args.nan_at:
             with torch.no_grad():
                 fc1.weight[0, 0] = float("nan")
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast("cpu", dtype=low, enabled=args.bf16 or args.fp16):
             if args.recompute:
                 out = checkpoint(model, x, use_reentrant=False)
             else:
                 out = model(x)
         loss = nn.functional.mse_loss(out.float(), y)
         optimizer.zero_grad()
-        loss.backward()
+        scaler.scale(loss).backward()
         if args.check_finite:
             for p in model.parameters():
                 if not torch.isfinite(p.grad).all().item():
                     raise FloatingPointError("a gradient is not finite")
         if args.clip is not None:
+            scaler.unscale_(optimizer)  # clip the gradients as they are, not scaled
             nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        optimizer.step()
+        scaler.step(optimizer)
+        scaler.update()
         if args.grow is not None:
             with torch.no_grad():
                 fc1.weight.mul_(args.grow)

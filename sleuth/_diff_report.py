@@ -51,16 +51,27 @@ def headline(changes: list[dict[str, Any]], explain: str | None = None) -> list[
                          f"{ch['paired']} matched records changed dtype{others}, the first at "
                          f"{ch['name']} ({ch['source'] or 'unknown source'}); differences "
                          f"of {ch['b']}'s rounding follow wherever it computes")
+        elif ch["kind"] == "data" and ch.get("made_by") and ch.get("batch") == "same":
+            # the model's own batch agrees (its fingerprint): no "different data" to speak of
+            lines.append(f"{ch['name']} ({ch['dtype']}{' ' + ch['shape'] if ch['shape'] else ''}"
+                         f"), made by {ch['made_by']} at {ch['source'] or 'an unknown line'} "
+                         f"outside the model before its first call of the step, differs, while "
+                         f"the model is given the same batch in both runs: a value the step "
+                         f"reads beside the batch (labels, a mask); everything after it follows "
+                         f"from it")
         elif ch["kind"] == "data" and ch.get("made_by"):
+            detail = f" ({ch['batch_detail']})" if ch.get("batch_detail") else ""
             lines.append(f"the two runs were fed different data: {ch['name']} ({ch['dtype']}"
                          f"{' ' + ch['shape'] if ch['shape'] else ''}), made by {ch['made_by']} "
                          f"at {ch['source'] or 'an unknown line'} outside the model before its "
-                         f"first call of the step (the batch), differs; everything after it "
-                         f"follows from it")
+                         f"first call of the step (the batch), differs{detail}; everything "
+                         f"after it follows from it")
         elif ch["kind"] == "data":
+            detail = f" ({ch['batch_detail']})" if ch.get("batch_detail") else ""
             lines.append(f"the two runs were fed different data: {ch['name']} ({ch['dtype']}"
                          f"{' ' + ch['shape'] if ch['shape'] else ''}) differs before any "
-                         f"recorded op made or changed it; everything after it follows from it")
+                         f"recorded op made or changed it{detail}; everything after it follows "
+                         f"from it")
         elif ch["kind"] == "written":
             lines.append(written_line(ch) + "; the runs began the step with the same weights, "
                          "and everything after the write follows from it")

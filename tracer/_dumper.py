@@ -43,7 +43,8 @@ from tracer._errors import ConfigError, DumpWriteError, WatchpointHit
 from tracer._lifecycle import LIVE, Lifecycle
 from tracer._step_rule import StepRule
 from tracer.capture import (EagerWhileDumped, Kernels, ModuleTracker, ParamRecords,
-                            SetupRecorder, on_clip, on_region, on_scaler_update, tool_range)
+                            SetupRecorder, on_clip, on_region, on_scaler_scale,
+                            on_scaler_unscale, on_scaler_update, tool_range, user_source)
 from tracer.storage import copy_stats, difference_sketch, difference_stats
 
 
@@ -142,6 +143,8 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
                          _optim.register_optimizer_step_post_hook(self._optimizer_post),
                          on_scaler_update(self._scaler_update),
                          on_clip(self._clipped),
+                         on_scaler_unscale(self._unscaled),
+                         on_scaler_scale(self._scaled),
                          on_crash(self._crashed)]
         if self.config.compiled != "eager":
             self._handles.append(on_region(self._tracker.region, self._tracker.compiling,
@@ -319,6 +322,21 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
         """A gradient-clipping call of the open step (tracer.capture._setup.on_clip)."""
         if self.capturing and not self._busy:
             self._take_setup(self._setup.clip, fn, args, params, source)
+
+    def _unscaled(self, scaler: Any, optimizer: Any, explicit: bool) -> None:
+        """A gradient scaler's unscale_ in the open step (tracer.capture._scaler)."""
+        if self.capturing and not self._busy:
+            self._take_setup(self._setup.scaler, scaler, optimizer, explicit, user_source(2))
+
+    def _scaled(self, scaler: Any) -> None:
+        """A gradient scaler's scale(loss) in the open step (tracer.capture._scaler)."""
+        if self.capturing and not self._busy:
+            self._take_setup(self._setup.scaled, user_source(2))
+
+    def model_called(self, root: str, args: tuple, kwargs: dict | None) -> None:
+        """A top-level call of the model in the open step: its batch's fingerprint."""
+        if self.capturing and not self._busy:
+            self._take_setup(self._setup.batch, root, args, kwargs)
 
     def _leave_process(self, pop_mode: bool = False) -> None:
         """Stop for good in this process, touching neither the dump nor the writer.

@@ -106,11 +106,18 @@ FAULTS: dict[str, Expect] = {
     "data_order": Expect("inputs", False),
     # a forward pre-hook that scales a projection's weight in place
     "inplace_hook": Expect("bug", False, op_line=True),
+    # a forward pre-hook that scales a buffer in place (a running statistic updated in B only):
+    # the write at its line; the buffers differ as the next step begins (the setup says so)
+    "buffer_written": Expect("bug", True, op_line=True),
     # B's forward under bfloat16 autocast: rounding alone, then with a bug inside it
     "bf16": Expect("precision", False),
     "bf16_bug": Expect("bug", False, op_line=True),
+    # B's forward under float16 autocast with a GradScaler (the setup: a scaler in B only),
+    # rounding alone, then with a bug inside it
+    "fp16": Expect("precision", True),
+    "fp16_bug": Expect("bug", True, op_line=True),
 }
-NEEDS_BUFFER = {"buffer"}
+NEEDS_BUFFER = {"buffer", "buffer_written"}
 
 
 class Case(fault_zoo.Case):
@@ -144,8 +151,19 @@ def _scale_weight(module: nn.Module, args: Any) -> None:
         module.weight.mul_(1.05)  # FAULT: inplace_hook
 
 
+def _scale_buffer(name: str) -> Any:
+    def hook(module: nn.Module, args: Any) -> None:
+        with torch.no_grad():
+            module.get_buffer(name).mul_(1.05)  # FAULT: buffer_written
+    return hook
+
+
 def _scale_output(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
     return out * 1.5  # FAULT: bf16_bug
+
+
+def _shift_output(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
+    return out + 0.5  # FAULT: fp16_bug
 
 
 def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
@@ -179,7 +197,12 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
         if fault:
             with torch.no_grad():
                 model.get_buffer(picked["site"]).mul_(1.05)  # FAULT: buffer
-    if case.fault in ("inplace_hook", "bf16_bug"):
+    if case.fault == "buffer_written":
+        picked["site"] = _pick([n for n, b in model.named_buffers() if b.is_floating_point()
+                                and "original" not in n], case)
+        if fault:
+            model.register_forward_pre_hook(_scale_buffer(picked["site"]))
+    if case.fault in ("inplace_hook", "bf16_bug", "fp16_bug"):
         linear = [n for n, m in model.named_modules()
                   if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
         picked["site"] = _pick([n for n in linear if any(c.isdigit() for c in n.split("."))]
@@ -188,6 +211,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
             model.get_submodule(picked["site"]).register_forward_pre_hook(_scale_weight)
         elif fault == "bf16_bug":
             model.get_submodule(picked["site"]).register_forward_hook(_scale_output)
+        elif fault == "fp16_bug":
+            model.get_submodule(picked["site"]).register_forward_hook(_shift_output)
     params = dict(model.named_parameters())
     groups = [{"params": [params[n] for n in names if n not in no_decay], "weight_decay": 0.1},
               {"params": [params[n] for n in no_decay],
@@ -210,6 +235,10 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     # forward at level op
     steps = 3 if case.fault == "hyper" else 2
     batches = [torch.randint(0, VOCAB, (BATCH, SEQ)) for _ in range(2 * steps)]
+    low = {"bf16": torch.bfloat16, "bf16_bug": torch.bfloat16, "fp16": torch.float16,
+           "fp16_bug": torch.float16}.get(fault)
+    # float16 needs its loss scaled (a scaler off in every other run does nothing)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=low is torch.float16)
     if fault == "data_order":
         batches = batches[2:] + batches[:2]  # FAULT: data_order
     with tracer.Dumper(model, {"path": str(path), "level": case.level, "mode": "tensor",
@@ -218,8 +247,7 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
             for micro in batches[2 * step:2 * step + 2]:
                 if fault == "ids_edited":
                     micro[micro < 8] = 0  # FAULT: ids_edited
-                with torch.autocast("cpu", dtype=torch.bfloat16,
-                                    enabled=fault in ("bf16", "bf16_bug")):
+                with torch.autocast("cpu", dtype=low or torch.bfloat16, enabled=low is not None):
                     logits = _logits(model, micro).float()
                 if fault == "labels":
                     loss = F.cross_entropy(logits.reshape(-1, VOCAB), micro.reshape(-1))  # FAULT: labels
@@ -228,7 +256,7 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
                                            micro[:, 1:].reshape(-1))
                 if fault != "accumulation":
                     loss = loss / 2  # FAULT: accumulation
-                loss.backward()
+                scaler.scale(loss).backward()
             if fault == "grad_edit":
                 for p in model.parameters():
                     if p.grad is not None:
@@ -237,7 +265,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # FAULT: clip_norm
             elif case.fault == "clip_norm" or fault == "clip_only_b":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # FAULT: clip_only_b
-            opt.step()
+            scaler.step(opt)
+            scaler.update()
             opt.zero_grad()
             sched.step()
     return picked

@@ -93,14 +93,26 @@ def mark_fed(rows: list[dict], recs_a: list[dict], recs_b: list[dict] | None = N
                 r["fed"], r["made_in_b"] = False, True
 
 
+def _batch_of(inputs: dict[tuple[int, int], dict[str, Any]] | None, first: dict[str, Any]
+              ) -> dict[str, Any]:
+    found = (inputs or {}).get((int(first.get("rank") or 0), int(first.get("step") or 0)))
+    if not found or first["kind"] != "data":
+        return {}
+    return {"batch": found["batch"], "batch_detail": found["batch_detail"]}
+
+
 def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any] | None,
             first: dict[str, Any] | None, paired: int,
-            setup: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+            setup: dict[str, Any] | None = None,
+            inputs: dict[tuple[int, int], dict[str, Any]] | None = None
+            ) -> list[dict[str, Any]]:
     """`DiffResult.changes` from what the diff gathered: how the runs were set up differently
     (`setup`, the earliest step pair whose setups differ: tracer.analysis._setup), matched
     records per (A dtype, B dtype) pair that differ, the first such record, the first
     divergence, and the matched records in all. The setup comes first: it was there before
-    any record."""
+    any record. `inputs` (by A's rank and step: tracer.analysis._setup.step_inputs) says of a
+    first divergence in the data whether the model's own batch differs (`batch`, "same",
+    "differs" or None where no setup says, and `batch_detail`)."""
     out: list[dict[str, Any]] = []
     if setup is not None:
         out.append({"kind": "setup", "rank": setup["rank"], "step": setup["step"],
@@ -121,6 +133,7 @@ def changes(dtype_pairs: dict[tuple[str, str], int], first_mixed: dict[str, Any]
                     # the op that made the batch outside the model, "" for a recorded input
                     "made_by": first.get("op", "") if first.get("direction") == "output"
                     else "",
+                    **_batch_of(inputs, first),
                     # a weight: whether the step's records date the difference (`param_when`)
                     **({k: first[k] for k in ("when", "write", "module") if k in first}
                        if "when" in first else {})})

@@ -25,7 +25,7 @@ from tracer.analysis._fused import combine
 from tracer.analysis._map_file import (UNVOUCHED_NOTE, ModuleMap, same_op_modules,
                                        set_aside, unmatched_pair, vouched)
 from tracer.analysis._origin import param_name
-from tracer.analysis._setup import compare_setups, first_setup
+from tracer.analysis._setup import compare_setups, first_setup, step_inputs
 from tracer.analysis._written import mark_written
 from tracer.storage import READ_ERRORS, ReadError, TensorReader, op_capture_of
 
@@ -181,7 +181,8 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
     finally:
         bar.close()
     return _result(rows, kinds, notes, problems, sel.left_out, steps, pd,
-                   _Summary(keep_worst), keep_records=True, setup=first_setup(setups, notes))
+                   _Summary(keep_worst), keep_records=True, setup=first_setup(setups, notes),
+                   inputs=step_inputs(setups))
 
 
 def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem],
@@ -243,7 +244,8 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
     finally:
         bar.close()
     return _result([], kinds, notes, problems, sel.left_out, steps, pd, summary,
-                   setup=first_setup(setups, notes))
+                   setup=first_setup(setups, notes),
+                   inputs=step_inputs(setups))
 
 
 def _stats(side: Side, rank: int, step: int) -> Any:

@@ -265,9 +265,11 @@ def _step_summary(pl: Plan, rows: list[dict], problems: list[Problem]) -> dict[s
 def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[Problem],
             left_out: list[Problem], steps: list[dict[str, Any]], pd: Any,
             summary: _Summary, keep_records: bool = False,
-            setup: dict[str, Any] | None = None) -> DiffResult:
+            setup: dict[str, Any] | None = None,
+            inputs: dict[tuple[int, int], dict[str, Any]] | None = None) -> DiffResult:
     """The result from every row (`keep_records`) or from a summary gathered step by step;
-    `setup`: the earliest step pair whose setups differ (tracer.analysis._setup)."""
+    `setup`: the earliest step pair whose setups differ (tracer.analysis._setup); `inputs`:
+    by A's (rank, step), which of the batch and buffers differ as the step began."""
     rows = _ordered(rows)
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     if keep_records:
@@ -318,4 +320,4 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
                       record_counts=counts,
                       shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)),
                       changes=changes(summary.dtype_pairs, summary.first_mixed, first, paired,
-                                      setup))
+                                      setup, inputs))

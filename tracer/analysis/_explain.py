@@ -39,7 +39,10 @@ from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
-from tracer.analysis._setup import setup_of, with_setup
+from tracer.analysis._optimizer_replay import replay_update, replay_words
+from tracer.analysis._replay import NotReplayable
+from tracer.analysis._setup import (compare_inputs, inputs_words, read, setup_of,
+                                    with_setup)
 from tracer.analysis._written import written_verdict
 from tracer.storage import open_dump
 
@@ -110,7 +113,9 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
     setup = setup_of(res.changes)
     fd = res.first_divergence
     try:
-        found = _explain(a, b, res, limit, factor, module_map)
+        lines = frozenset(line for d in (setup or {}).get("differences", [])
+                          for line in d.get("lines") or () if line)
+        found = _explain(a, b, res, limit, factor, module_map, _setups_at(a, b, fd), lines)
     except TracerError as e:
         at_line = fd is not None and bool(fd.get("source")) and any(
             fd["source"] in (d.get("source"), d.get("a_source"))
@@ -122,12 +127,67 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
     if _apart(res.counts(), module_map is not None):
         return found  # records that do not pair say nothing a setup could explain
-    return with_setup(found, setup)
+    return with_setup(found, setup, _replayed(a, b, fd, setup))
+
+
+def _replayed(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None,
+              setup: dict[str, Any] | None) -> str:
+    """Where the first divergence is an optimizer update and the setups say its
+    hyperparameters differ: the update re-run with B's (tracer.analysis._optimizer_replay),
+    in words; else ""."""
+    if fd is None or setup is None or fd["phase"] != "optimizer" \
+            or fd.get("direction") != "update":
+        return ""
+    param = str(fd["name"]).rpartition(".optimizer.")[0]
+    changed = list(dict.fromkeys(
+        str(d["key"]).rpartition(".")[2] for d in setup["differences"]
+        if d["kind"] == "hyperparameter" and param in (d.get("params") or [param])))
+    if not changed:
+        return ""
+    da, db = open_dump(a), open_dump(b)
+    try:
+        modes = {d.attrs(*key).get("mode") for d, key in (
+            (da, (fd["rank"], fd["step"])), (db, (fd["b_rank"], fd["b_step"])))}
+        if "statistics" in modes:
+            return ("re-running the update with B's hyperparameters needs the optimizer's "
+                    "records with tensors: dump both runs with mode tensor (or full) at level "
+                    "mix, every step from the optimizer's first")
+        try:
+            return replay_words(replay_update(da, db, fd, changed))
+        except NotReplayable as e:
+            return f"the update was not re-run with B's hyperparameters: {e}"
+    finally:
+        da.close()
+        db.close()
+
+
+def _setups_at(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None
+               ) -> list[dict[str, Any] | None]:
+    """The two setups of the first divergence's step pair (tracer.analysis._setup.read); None
+    where a step has no setup or does not read (the diff already said so)."""
+    if fd is None:
+        return [None, None]
+    sides: list[dict[str, Any] | None] = []
+    for path, key in ((a, (fd["rank"], fd["step"])), (b, (fd["b_rank"], fd["b_step"]))):
+        try:
+            d = open_dump(path)
+            try:
+                sides.append(read(d.attrs(*key).get("setup"), "")[0])
+            finally:
+                d.close()
+        except (TracerError, OSError, KeyError, ValueError):
+            sides.append(None)
+    return sides
 
 
 def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, factor: float,
-             module_map: Any) -> Explanation:
-    """`explain`'s verdict from the records alone."""
+             module_map: Any, setups: list[dict[str, Any] | None],
+             setup_lines: frozenset[str] = frozenset()) -> Explanation:
+    """`explain`'s verdict from the records alone (`setups`: the step pair's, which say which
+    of the batch and the buffers differ as the step began, and name a buffer written in
+    place; `setup_lines`: where a setup the runs differ in runs its own ops, no place for a
+    bug hidden under rounding)."""
+    inputs = compare_inputs(*setups)
     fd = res.first_divergence
     notes = list(res.notes)
     if res.exit_code == 2:
@@ -152,27 +212,36 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         # a weight written in place during the step (named, never "inputs differ"), or one a
         # module dump cannot date: nothing to re-run, so any mode will do
         return Explanation(*weight, [], fd, notes)
+    which = inputs_words(inputs)
     if fd["kind"] in ("data", "parameter") and not fd["op"]:
         # an op's input the diff marks as data (token ids) goes on to the lead, which says
         # which op it enters and that no recorded op made it
         what = "the model's input differs" if fd["kind"] == "data" else "the weights differ"
         return Explanation("inputs", f"inputs differ from the start: {what} already at "
-                           f"{fd['name']} (data, seed or weights), before any op ran",
-                           first_divergence=fd, notes=notes)
+                           f"{fd['name']} ({which or 'data, seed or weights'}), before any op "
+                           f"ran", first_divergence=fd, notes=notes)
     if fd["kind"] == "data" and fd["direction"] == "output":
-        # the batch, made outside the model before its first call (a sampler, torch.randn):
-        # its op is no computation of the model's to judge, and cannot be re-run alike
+        # made outside the model before its first call (a sampler, torch.randn): its op is no
+        # computation of the model's to judge, and cannot be re-run alike
+        made = (f"{fd['name']}, made by {fd['op']} at {fd['source'] or 'an unknown line'} "
+                f"outside the model before its first call")
+        if inputs["batch"] == "same":
+            # the model's own batch agrees: what differs is a value the step reads beside it
+            return Explanation("inputs", f"inputs differ from the start: {made}, differs, "
+                               f"while the model is given the same batch in both runs (its "
+                               f"fingerprint): a value the step reads beside the batch "
+                               f"(labels, a mask), from other data or another seed",
+                               first_divergence=fd, notes=notes)
         return Explanation("inputs", f"inputs differ from the start: the batch differs already "
-                           f"at {fd['name']}, made by {fd['op']} at "
-                           f"{fd['source'] or 'an unknown line'} outside the model before its "
-                           f"first call (data or seed), before any op of the model ran",
-                           first_divergence=fd, notes=notes)
+                           f"at {made} ({which or 'data or seed'}), before any op of the model "
+                           f"ran", first_divergence=fd, notes=notes)
     da, db = open_dump(a), open_dump(b)
     try:
         _need_op_records(da, db, fd)
         rows = Step(da, db, fd, res.records)
         sides = Sides(da, db, fd, factor)
-        lead = Lead(rows, sides, factor)
+        lead = Lead(rows, sides, factor, which,
+                    tuple((s or {}).get("buffers") or {} for s in setups))
         start, found = fd, lead.judge(fd)
         if found is not None and found.judged == "descend":
             start = _first_op_after(res.records, fd)
@@ -195,7 +264,7 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         if out.status == "precision" or (out.status == "unexplained" and found is None):
             # the diff's tolerance for B's precision may hide where a bug begins, or where the
             # difference the chain's first op receives was made
-            hidden = Search(rows, res.records, sides, lead, fd, factor).find(
+            hidden = Search(rows, res.records, sides, lead, fd, factor, setup_lines).find(
                 {e["name"] for e in chain}, limit)
             if hidden is not None:
                 out = _under_rounding(hidden, lows, out)
@@ -290,7 +359,8 @@ def _verdict(chain: list[dict[str, Any]], found: Finding | None, start: dict[str
              fd: dict[str, Any], notes: list[str]) -> Explanation:
     if found is not None and found.judged == "bug":
         blamed = found.blamed or {}
-        if blamed.get("fault") in ("added", "removed", "replaced") or not blamed.get("op"):
+        if blamed.get("fault") in ("added", "removed", "replaced", "written") \
+                or not blamed.get("op"):
             text = f"bug: {found.why}"
         else:
             text = (f"bug: op {_where(blamed)} receives a different input on otherwise "

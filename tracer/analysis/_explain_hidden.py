@@ -55,8 +55,13 @@ class Search:
     """The step of the divergence searched for a bug under rounding (module doc)."""
 
     def __init__(self, step: Step, records: Any, sides: Sides, lead: Lead,
-                 fd: dict[str, Any], factor: float) -> None:
+                 fd: dict[str, Any], factor: float, setup_lines: frozenset[str] = frozenset()
+                 ) -> None:
+        """`setup_lines`: the lines where a setup the runs differ in runs its own ops (a loss
+        scaled by a gradient scaler one run alone has): what differs there is that setup's,
+        no bug to find."""
         self.step, self.sides, self.lead, self.fd, self.factor = step, sides, lead, fd, factor
+        self.setup_lines = setup_lines
         rows = records[(records["step"] == fd["step"]) & (records["rank"] == fd["rank"])]
         self.rows = rows.sort_values("order", kind="stable").to_dict("records")
         self.error: dict[str, dict[str, float]] = {"a": {}, "b": {}}
@@ -114,7 +119,8 @@ class Search:
                 calls.setdefault(stem(str(r["name"])), {"input": [], "output": []}) \
                     .setdefault(str(r["direction"]), []).append(r)
         for r in self.rows:
-            if not r["op"] or r["verdict"] not in ("same", "diverged"):
+            if not r["op"] or r["verdict"] not in ("same", "diverged") \
+                    or r["source"] in self.setup_lines:
                 continue
             if self.lows and r["phase"] != "forward":
                 # B's autocast casts its gradients too: its backward's records pair with A's
@@ -224,8 +230,19 @@ class Search:
             # values match nowhere exactly: where the same op at the same line made both, that
             # names another call of it, no bug
             return None
+        if self.lows and self._only_casts(found.blamed):
+            # ops only one run runs that are all casts are its autocast's: they round, and
+            # shift the call counts that pair the records after them with other calls
+            return None
         blamed = self._past_casts(found.blamed)
         return Hidden(blamed, found.why, record, error, self.verdicts.get(record, "?"))
+
+    def _only_casts(self, blamed: dict[str, Any]) -> bool:
+        """Whether the ops only one run runs that `blamed` names are all casts."""
+        stems = [("b", s) for s in blamed.get("added") or []] + \
+            [("a", s) for s in blamed.get("removed") or []]
+        return bool(stems) and all(r["op"] in _CASTS for side, key in stems
+                                   for r in self.step.calls[side].get(key, []))
 
     def _past_casts(self, blamed: dict[str, Any]) -> dict[str, Any]:
         """Among the ops only one run runs, the first that is not a cast: B's autocast casts

@@ -35,7 +35,7 @@ from typing import Any
 
 from tracer.analysis._explain_sides import Sides, roundoff, stem
 from tracer.analysis._explain_step import Step
-from tracer.analysis._origin import call_stem
+from tracer.analysis._origin import _in_place, call_stem
 from tracer.analysis._replay import NotReplayable, rel_error
 
 _OUTSIDE = "the batch, token ids, a buffer or a weight set before the step"
@@ -56,8 +56,15 @@ class Finding:
 class Lead:
     """The first divergence judged by its value (module doc)."""
 
-    def __init__(self, step: Step, sides: Sides, factor: float = 4.0) -> None:
+    def __init__(self, step: Step, sides: Sides, factor: float = 4.0, inputs: str = "",
+                 buffers: tuple[dict, dict] = ({}, {})) -> None:
+        """`inputs`: which of the batch and the buffers differ as the step began, in words
+        (tracer.analysis._setup.inputs_words), where the runs' setups say; `buffers`: each
+        run's buffers' fingerprints as the step began (its setup), which name a buffer an
+        in-place op writes."""
         self.step, self.sides, self.factor = step, sides, factor
+        self.inputs = inputs
+        self.buffers = {"a": buffers[0] or {}, "b": buffers[1] or {}}
 
     def judge(self, fd: dict[str, Any]) -> Finding | None:
         """What `fd`'s value says, or None for an op's output whose inputs pair (the re-run
@@ -96,8 +103,13 @@ class Lead:
                                f"{'; '.join(self.step.filters)}), so one of those may have "
                                "made it: dump both runs without those filters to tell a bug "
                                "from inputs that differ")
+            outside = _OUTSIDE
+            if self.inputs:
+                outside = self.inputs + (": a weight set before the step, or a value made "
+                                         "outside the recorded calls" if "differ" not in
+                                         self.inputs else "")
             return Finding("inputs", f"{made}: it comes from outside the recorded calls "
-                           f"({_OUTSIDE})")
+                           f"({outside})")
         if fd["op"]:
             return self._call_site(fd, pa, pb)
         if pa is not None and pb is not None:
@@ -229,9 +241,46 @@ class Lead:
                f"differ ({entitled:.3g})" if err == err else
                f"holds another shape ({list(getattr(x_a, 'shape', []))} in A, "
                f"{list(getattr(x_b, 'shape', []))} in B)")
+        written = self._writes(fd, gone, new)
+        if written is not None:
+            # ops one run alone runs that only write a tensor in place: a write, named with
+            # what it writes (a buffer, by its fingerprint as the step began)
+            side, target = written
+            what = (f"written in place: {'B' if side == 'b' else 'A'} runs {ops(new or gone)} "
+                    f"and {'A' if side == 'b' else 'B'} does not, writing {target} during step "
+                    f"{fd['step']}")
+            blamed.update(fault="written", written_by="B" if side == "b" else "A",
+                          **({"buffer": target.removeprefix("buffer ").split(" or ")[0]}
+                             if target.startswith("buffer ") else {}))
         why = f"{what}; {where} {how}{self._skipped(gone, x_b)}"
         blamed["why"] = why
         return Finding("bug", why, blamed)
+
+    def _writes(self, fd: dict[str, Any], gone: list[dict], new: list[dict]
+                ) -> tuple[str, str] | None:
+        """(side, what it writes) when the ops only one run runs are all in-place writes
+        ("buffer NAME" where the tensor before the first write is a buffer as the step began,
+        by its fingerprint; a gradient or weight where first divergence `fd` is the
+        optimizer's record of one; else "a tensor the step reads"), or None."""
+        if bool(gone) == bool(new):
+            return None
+        side, recs = ("b", new) if new else ("a", gone)
+        if not all(_in_place(str(r["op"])) for r in recs):
+            return None
+        from tracer.capture import fingerprint
+
+        param = str(fd["name"]).rpartition(".optimizer.")[0]
+        other = {"grad": f"the gradient of {param}", "param": f"weight {param}"}.get(
+            str(fd.get("direction")), "a tensor the step reads") \
+            if fd["phase"] == "optimizer" and param else "a tensor the step reads"
+        try:
+            before = fingerprint(self.sides.tensor(side, call_stem(recs[0]), "input", 0))
+        except NotReplayable:
+            return side, other
+        names = [n for n, f in self.buffers[side].items() if list(f) == before]
+        if len(names) > 1:  # buffers alike as the step began (a copy kept of another)
+            return side, (f"buffer {' or '.join(names[:3])} (alike as the step began)")
+        return side, (f"buffer {names[0]}" if names else other)
 
     def _skipped(self, gone: list[dict], x_b: Any) -> str:
         """"; B's value there is aten.mul's input 1 unchanged: B skips the op" when B's value

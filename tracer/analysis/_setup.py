@@ -19,8 +19,8 @@ from typing import Any
 from tracer.storage import JsonLimitError, loads_bounded
 
 # the order differences are reported in: what most often makes two runs part, first
-KINDS = ("optimizer", "hyperparameter", "group", "clipping", "frozen", "config", "module",
-         "buffer", "compile", "flag", "env", "rng", "version")
+KINDS = ("optimizer", "hyperparameter", "group", "clipping", "scaler", "frozen", "config",
+         "module", "buffer", "compile", "flag", "env", "rng", "version")
 _RANK = {k: i for i, k in enumerate(KINDS)}
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
@@ -132,9 +132,23 @@ def _hyper_by_param(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, An
             where = names_in_words(names, len(both))
             out.append(_diff("hyperparameter", f"optimizer.{i}.{key}", va, vb,
                              f"{label} {key} {_fmt(va)} in A, {_fmt(vb)} in B "
-                             f"({where if where == 'every parameter' else 'for ' + where})",
+                             f"({where if where == 'every parameter' else 'for ' + where})"
+                             + _scheduled(key, [pa[n] for n in names], [pb[n] for n in names]),
                              params=names))
     return out
+
+
+def _scheduled(key: str, ga: list[dict[str, Any]], gb: list[dict[str, Any]]) -> str:
+    """What a learning rate that differs is: the one a scheduler set, where both runs' groups
+    carry the `initial_lr` a scheduler keeps (said with it: the same start, so the schedule or
+    its step differs)."""
+    if key != "lr" or not all("initial_lr" in g for g in (*ga, *gb)):
+        return ""
+    starts = {g["initial_lr"] for g in (*ga, *gb)}
+    if len(starts) == 1:
+        return (f": the learning rate the scheduler set, from the same initial_lr "
+                f"{_fmt(ga[0]['initial_lr'])} (a scheduler a step apart, or another schedule)")
+    return ": the learning rate the scheduler set, from another initial_lr"
 
 
 def _hyper_by_group(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, Any]]:
@@ -150,7 +164,8 @@ def _hyper_by_group(label: str, i: int, oa: dict, ob: dict) -> list[dict[str, An
             if ha.get(key) != hb.get(key):
                 out.append(_diff("hyperparameter", f"optimizer.{i}.{key}", ha.get(key),
                                  hb.get(key), f"{label} {key} {_fmt(ha.get(key))} in A, "
-                                 f"{_fmt(hb.get(key))} in B (group {g})"))
+                                 f"{_fmt(hb.get(key))} in B (group {g})"
+                                 + _scheduled(key, [ha], [hb])))
     return out
 
 
@@ -199,6 +214,57 @@ def _clips(a: list, b: list, named: bool) -> list[dict[str, Any]]:
     return out
 
 
+_SCALER_SETTINGS = ("scale", "growth_factor", "backoff_factor", "growth_interval")
+
+
+def _unscaled_at(c: dict[str, Any]) -> str:
+    """Who unscaled the gradients, where: the user before the optimizer step (a clipping call
+    after it sees unscaled gradients), or `scaler.step` itself."""
+    at = c.get("source") or "an unknown line"
+    return (f"scaler.unscale_ at {at}" if c.get("unscale") == "explicit" else
+            f"inside scaler.step at {at}")
+
+
+def _scalers(a: list, b: list, scaled_a: list, scaled_b: list) -> list[dict[str, Any]]:
+    """The gradient scalers' unscale_ calls of a step, paired in order (one an optimizer);
+    `scaled_a`, `scaled_b`: the lines where each run scaled its loss (the scaler's own ops
+    run there, so a scaler one run alone has is that line's, `source`)."""
+    out = []
+    for i, (ca, cb) in enumerate(zip_longest(a, b)):
+        if ca is None or cb is None:
+            side, c, other = ("B", cb, "A") if ca is None else ("A", ca, "B")
+            lines = scaled_b if ca is None else scaled_a
+            at = f", the loss scaled at {', '.join(lines[:2])}" if lines else ""
+            out.append(_diff("scaler", f"scaler.{i}", ca and ca.get("scale"),
+                             cb and cb.get("scale"),
+                             f"{side} scales the loss with a {c.get('class', 'GradScaler')} "
+                             f"(scale {_fmt(c.get('scale'))}{at}, unscaled {_unscaled_at(c)}); "
+                             f"{other} does not",
+                             source=lines[0] if lines else c.get("source", ""),
+                             lines=[*lines, c.get("source", "")]))
+            continue
+        label = ca.get("class", "GradScaler")
+        for key in _SCALER_SETTINGS:
+            if ca.get(key) != cb.get(key):
+                out.append(_diff("scaler", f"scaler.{i}.{key}", ca.get(key), cb.get(key),
+                                 f"{label} {key} {_fmt(ca.get(key))} in A, "
+                                 f"{_fmt(cb.get(key))} in B"))
+        if ca.get("found_inf") != cb.get("found_inf"):
+            side = "B" if cb.get("found_inf") else "A"
+            out.append(_diff("scaler", f"scaler.{i}.found_inf", ca.get("found_inf"),
+                             cb.get("found_inf"),
+                             f"{label} found Inf or NaN gradients in {side} only, so {side} "
+                             f"skipped its optimizer step"))
+        if ca.get("unscale") != cb.get("unscale"):
+            out.append(_diff("scaler", f"scaler.{i}.unscale", ca.get("unscale"),
+                             cb.get("unscale"),
+                             f"gradients unscaled {_unscaled_at(ca)} in A, {_unscaled_at(cb)} "
+                             f"in B (what runs between, a clipping call, sees scaled gradients "
+                             f"in one run)", source=cb.get("source", ""),
+                             a_source=ca.get("source", "")))
+    return out
+
+
 def _keyed(kind: str, what: str, a: dict, b: dict) -> list[dict[str, Any]]:
     out = []
     for key in dict.fromkeys([*a, *b]):
@@ -229,10 +295,20 @@ def _modules(a: dict, b: dict) -> list[dict[str, Any]]:
                 grouped.setdefault(k, []).append(module)
                 values[k] = (ma.get(key), mb.get(key))
     out = []
+    common = [m for m in a if m in b]
     for k, modules in grouped.items():
         va, vb = values[k]
-        out.append(_diff("module", k[0], va, vb, f"module attribute {k[0]} {_fmt(va)} in A, "
-                         f"{_fmt(vb)} in B at {names_in_words(modules)}", modules=modules))
+        if k[0] == "training" and isinstance(va, bool) and isinstance(vb, bool):
+            # `model.eval()` or `.train()` in one run: said as the mode, not the attribute
+            where = ("the whole model (every module)" if len(modules) == len(common) > 1
+                     else names_in_words(modules))
+            mode = {True: "train", False: "eval"}
+            text = (f"{where} in {mode[vb]} mode in B, {mode[va]} mode in A (module "
+                    f"attribute training {va} in A, {vb} in B)")
+        else:
+            text = (f"module attribute {k[0]} {_fmt(va)} in A, {_fmt(vb)} in B at "
+                    f"{names_in_words(modules)}")
+        out.append(_diff("module", k[0], va, vb, text, modules=modules))
     return out
 
 
@@ -291,6 +367,9 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
     out: list[dict[str, Any]] = []
     out += _optimizers(a.get("optimizers") or [], b.get("optimizers") or [], named)
     out += _clips(a.get("clips") or [], b.get("clips") or [], named)
+    if "scalers" in a and "scalers" in b:  # setups of version 2 on
+        out += _scalers(a["scalers"] or [], b["scalers"] or [], a.get("scaled_at") or [],
+                        b.get("scaled_at") or [])
     ma, mb = a.get("model") or {}, b.get("model") or {}
     if named:
         fa, fb = ma.get("frozen"), mb.get("frozen")
@@ -320,6 +399,66 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
     return out
 
 
+def _batch(a: list, b: list) -> tuple[str, str]:
+    """("same" or "differs", the first difference in words) of two steps' batches (each
+    top-level call of the model, the fingerprint of each tensor it was given)."""
+    if len(a) != len(b):
+        return "differs", f"the model is called {len(a)} time(s) in A's step, {len(b)} in B's"
+    for i, (ca, cb) in enumerate(zip(a, b)):
+        ia, ib = ca.get("inputs") or {}, cb.get("inputs") or {}
+        for key in dict.fromkeys([*ia, *ib]):
+            fa, fb = ia.get(key), ib.get(key)
+            if fa is None or fb is None or list(fa) != list(fb):
+                what = f"argument {key}" if key.isdigit() else key
+                shown = fb or fa
+                shape = "x".join(str(d) for d in shown[1]) if shown and len(shown) > 1 else ""
+                how = "only in one run" if fa is None or fb is None else \
+                    ("of another dtype or shape" if list(fa[:2]) != list(fb[:2]) else
+                     "with other values")
+                dtype = shown[0] if shown else "?"
+                return "differs", (f"the model's call {i} is given {what} ({dtype}"
+                                   f"{' ' + shape if shape else ''}) {how}")
+    return "same", ""
+
+
+def compare_inputs(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]:
+    """What the model was given as a step began, compared (two setups, `read`): `batch` and
+    `buffers` each "same", "differs" or None (not recorded on both sides), with the first
+    batch difference in words (`batch_detail`) and the buffers that differ."""
+    out: dict[str, Any] = {"batch": None, "batch_detail": "", "buffers": None,
+                           "buffer_names": []}
+    if a is None or b is None:
+        return out
+    if isinstance(a.get("batch"), list) and isinstance(b.get("batch"), list) \
+            and (a["batch"] or b["batch"]):
+        out["batch"], out["batch_detail"] = _batch(a["batch"], b["batch"])
+    if isinstance(a.get("buffers"), dict) and isinstance(b.get("buffers"), dict):
+        differ = [n for n in dict.fromkeys([*a["buffers"], *b["buffers"]])
+                  if a["buffers"].get(n) != b["buffers"].get(n)]
+        out["buffers"] = "differs" if differ else "same"
+        out["buffer_names"] = differ
+    return out
+
+
+def inputs_words(inputs: dict[str, Any]) -> str:
+    """Which of the batch and the buffers differ as the step began (`compare_inputs`), in
+    words; "" when neither was recorded on both sides."""
+    batch, buffers = inputs.get("batch"), inputs.get("buffers")
+    if batch == "same" and buffers == "same":
+        return "the batch and the buffers are the same in both runs as the step begins"
+    parts = []
+    if batch == "differs":
+        parts.append(f"the batch differs: {inputs['batch_detail']}")
+    elif batch == "same":
+        parts.append("the batch is the same in both runs")
+    if buffers == "differs":
+        parts.append(f"buffer(s) {names_in_words(inputs['buffer_names'])} differ as the step "
+                     f"begins")
+    elif buffers == "same":
+        parts.append("the buffers agree as the step begins")
+    return "; ".join(parts)
+
+
 def numerics_differences(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Of `differences`, those that can change what the step computes: all but versions,
     whose effect is the library's to say."""
@@ -340,7 +479,13 @@ def compare_setups(text_a: Any, text_b: Any, pl: tuple[int, int, int, int], *,
         missing += [f"{side}: {e}" for e in (s or {}).get("errors") or []]
     found = differences(a, b, named=named) if a is not None and b is not None else []
     return {"rank": pl[0], "step": pl[1], "b_rank": pl[2], "b_step": pl[3],
-            "differences": found, "missing": missing}
+            "differences": found, "missing": missing, "inputs": compare_inputs(a, b)}
+
+
+def step_inputs(setups: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, Any]]:
+    """Of the compared step pairs' setups (`compare_setups`), which of the batch and the
+    buffers differ as each began (`compare_inputs`), by A's (rank, step)."""
+    return {(s["rank"], s["step"]): s["inputs"] for s in setups}
 
 
 def first_setup(setups: list[dict[str, Any]], notes: list[str]) -> dict[str, Any] | None:
@@ -356,17 +501,18 @@ def first_setup(setups: list[dict[str, Any]], notes: list[str]) -> dict[str, Any
 
 
 # which setup differences can make a first divergence of each kind, likeliest first
-_OPTIMIZER_KINDS = ("hyperparameter", "optimizer", "group", "clipping", "frozen")
+_OPTIMIZER_KINDS = ("hyperparameter", "optimizer", "group", "clipping", "scaler", "frozen")
 _MAKES = {
     # the optimizer's gradient records: clipping (and unscaling) edits them before the step
-    "grad": ("clipping", "frozen", "hyperparameter", "optimizer", "group"),
+    "grad": ("clipping", "scaler", "frozen", "hyperparameter", "optimizer", "group"),
     "update": _OPTIMIZER_KINDS,
     # the model's input: how it was drawn or built
     "data": ("rng", "config", "buffer"),
     # the weights as a step begins: the steps before it (their optimizer), or the initial ones
     "parameter": (*_OPTIMIZER_KINDS, "rng", "config", "module"),
     # a forward or backward op: the model's constants and state, the numerics switches
-    "compute": ("config", "module", "buffer", "frozen", "rng", "flag", "env"),
+    # (a scaler's other scale multiplies the loss the backward begins from)
+    "compute": ("config", "module", "buffer", "frozen", "rng", "flag", "env", "scaler"),
 }
 
 
@@ -399,7 +545,8 @@ def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool 
     if structural:
         # ops one run runs and the other does not: a config or a module's constant picks the
         # code path (an activation, a dropout); a flag, a seed or a hyperparameter does not
-        kinds = tuple(k for k in kinds if k in ("config", "module"))
+        # (a scaler in one run only adds its scaling and unscaling ops)
+        kinds = tuple(k for k in kinds if k in ("config", "module", "scaler"))
     rank = {k: i for i, k in enumerate(kinds)}
     return sorted((d for d in found if d["kind"] in rank), key=lambda d: rank[d["kind"]])
 
@@ -418,12 +565,13 @@ def _held_by(found: list[dict[str, Any]], module: str | None) -> list[dict[str, 
         module == m or module.startswith(m + ".") for m in d.get("modules") or [])]
 
 
-def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
+def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") -> Any:
     """An explain verdict (`Explanation`) with the runs' setup differences (`change`, a diff's
     setup change) taken into account: where the records alone say the inputs differ, or
     cannot tell, or the first divergence is the optimizer's, and a setup difference can make
     that divergence, the verdict is "setup", naming it; a bug or precision verdict keeps its
-    word and says the setup differs too."""
+    word and says the setup differs too. `replayed`: an optimizer update re-run with B's
+    hyperparameters (tracer.analysis._optimizer_replay), in words, said after the verdict."""
     if change is None:
         return found
     every = numerics_differences(change["differences"])
@@ -445,6 +593,12 @@ def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
                    + (f": {found.verdict}" if found.blamed else ""))
         return dataclasses.replace(found, status="setup", verdict=verdict,
                                    setup=[*at_line, *[d for d in every if d not in at_line]])
+    if (change["step"], change["b_step"]) > (fd.get("step"), fd.get("b_step")):
+        # the setups first differ at a later step: what the step that diverged first left
+        # behind (a buffer it wrote), no cause of it
+        found.notes.insert(0, f"the runs' setups differ from step {change['step']} on: "
+                              f"{_words(every)}")
+        return dataclasses.replace(found, setup=every)
     if fd.get("step") != fd.get("b_step"):
         # two steps of a run: what changed between them (a learning rate the scheduler
         # moved) is expected, and the records' verdict stands
@@ -471,7 +625,7 @@ def with_setup(found: Any, change: dict[str, Any] | None) -> Any:
             follows = f"follows from it (the records alone: {found.verdict})"
         verdict = (f"setup: the runs were set up differently: "
                    f"{_words(ranked)}. The first divergence, {fd['name']} (step {fd['step']}), "
-                   f"{follows}")
+                   f"{follows}" + (f"; {replayed}" if replayed else ""))
         return dataclasses.replace(found, status="setup", verdict=verdict, setup=ranked,
                                    blamed=None)
     found.notes.insert(0, f"the runs were also set up differently: {_words(ranked or every)}")

@@ -351,14 +351,18 @@ class ModuleTracker:
             source = user_source(3, stack[-1][6], stack[-1][5])
         else:
             source = user_source(3)
+        top = not stack and not recomputing
         stack.append((module, name, call, self._seq, recomputing, source, frame))
+        if not (wanted or top):
+            return
+        kwargs = frame.f_locals.get("kwargs") if frame is not None else None
+        if top:  # the model's own call: the step's batch
+            self._dumper.model_called(name, args, kwargs)
         if not wanted:
             return
         inputs = flatten_tensors(args, [])
-        if frame is not None:
-            kwargs = frame.f_locals.get("kwargs")
-            if kwargs:
-                flatten_tensors(kwargs, inputs)
+        if kwargs:
+            flatten_tensors(kwargs, inputs)
         if not inputs:
             return
         self._record(name, "input", inputs, call, recomputing, source)

@@ -38,6 +38,10 @@ class Recorder(Protocol):
     def emit_call(self, name: str, func: object, args: tuple, kwargs: dict) -> None:
         """Record what re-running an op call needs (tracer.capture._calls)."""
 
+    def model_called(self, root: str, args: tuple, kwargs: dict | None) -> None:
+        """A top-level call of the model (`root`, its record name) with its arguments: the
+        step's batch (tracer.capture._setup)."""
+
     def forget(self, tensors: list[torch.Tensor]) -> None:
         """These tensors are about to be written in place."""
 

@@ -13,12 +13,20 @@ When each part is taken, and why:
   first record, before the forward has run: a buffer a forward updates (BatchNorm's running
   statistics) is taken as the step began, so a buffer that differs there is a cause, never a
   consequence of activations that differed. Where the model is not known yet then (the
-  zero-code attach learns its roots from their first call) it is taken at the optimizer step,
-  without the buffers;
+  zero-code attach learns its roots from their first call) it is taken at that first call,
+  before the model's own pre-hooks run, else at the optimizer step without the buffers;
 - each optimizer's class and its groups' hyperparameters (the learning rate a scheduler set
   included) when its `step()` begins;
 - each gradient-clipping call (`clip_grad_norm_`, `clip_grads_with_norm_`, `clip_grad_value_`)
   as it runs, with its arguments, the parameters it clips and the user's line;
+- the gradient scaler's state after each `unscale_` (tracer.capture._scaler): the scale the
+  gradients were divided by, its growth settings, whether it found Inf or NaN, and who called
+  `unscale_` at which line, and the lines where it scaled a loss (`scaled_at`);
+- the batch: a fingerprint of each tensor the model's top-level forward is called with, at each
+  call (micro-batches in turn), read in place as the buffers are. It is no setup the diff
+  compares as a cause (another batch is data, said as "inputs differ"); it says which of the
+  data, the buffers or the weights an "inputs differ" is, so that a setup difference or an
+  op's other argument never reads as "the batch differs";
 - flags, numerics environment variables, seeds and library versions with the model's part.
 
 Only dumped steps pay for this (a few milliseconds on a model of a hundred modules); an
@@ -40,7 +48,7 @@ import torch
 from tracer.capture._listeners import Listeners
 from tracer.capture._source import user_source
 
-SETUP_VERSION = 1
+SETUP_VERSION = 2
 """The version of the setup dict's layout (its key `version`)."""
 
 # environment variables that change what a run computes, or how it rounds
@@ -57,6 +65,7 @@ _MAX_ITEMS = 16  # a longer tuple of numbers is data, not a constant
 # a buffer larger than this is fingerprinted by its dtype and shape only (a copy to the host
 # would cost more than the step's other setup together)
 _MAX_BUFFER_BYTES = 64 * 2**20
+_MAX_BATCH_CALLS = 64  # a step that calls its model more often (an eval loop) keeps the first
 
 
 def plain(value: Any) -> Any:
@@ -202,6 +211,18 @@ def rng() -> dict[str, Any]:
     return {"seed": int(torch.initial_seed())}
 
 
+def _state_step(opt: torch.optim.Optimizer, params: list[Any]) -> int:
+    """How many steps the optimizer's state of a group has taken (its first parameter's
+    `step`, 0 while it holds no state): a state of 0 steps is known without being recorded,
+    so an update can be re-run from there (tracer.analysis._optimizer_replay)."""
+    for p in params[:1]:
+        step = (opt.state.get(p) or {}).get("step")
+        if step is None:  # no state yet, or one without a count (SGD's momentum buffer)
+            return 0 if not opt.state.get(p) else -1
+        return int(step.item() if isinstance(step, torch.Tensor) else step)
+    return 0
+
+
 class SetupRecorder:
     """The setup of one Dumper's open step: begun with the step, filled as the step runs,
     taken (`take`) when the step is written.
@@ -219,7 +240,8 @@ class SetupRecorder:
 
     def begin(self) -> None:
         """A dumped step begins: nothing of it is taken yet."""
-        self._setup = {"version": SETUP_VERSION, "optimizers": [], "clips": []}
+        self._setup = {"version": SETUP_VERSION, "optimizers": [], "clips": [], "batch": [],
+                       "scalers": [], "scaled_at": []}
         self._param_names = {}
 
     def end(self) -> None:
@@ -286,7 +308,8 @@ class SetupRecorder:
                               and value.numel() == 1 else value)
                 if value is not _SKIP:
                     hyper[key] = value
-            groups.append({"hyper": hyper, "params": [self._name(p) for p in group["params"]]})
+            groups.append({"hyper": hyper, "params": [self._name(p) for p in group["params"]],
+                           "state_step": _state_step(opt, group["params"])})
         entry = {"class": type(opt).__name__, "groups": groups}
         known = setup["optimizers"]
         if entry not in known:  # a closure's repeated steps, or two calls of one step
@@ -311,6 +334,47 @@ class SetupRecorder:
         if setup is None or summary is None and not regions:
             return
         setup["compile"] = {"mode": mode, "regions": dict(regions), **(summary or {})}
+
+    def batch(self, root: str, args: tuple, kwargs: dict[str, Any] | None) -> None:
+        """A top-level call of the model (`root`, its record name): a fingerprint of each
+        tensor it is given, positional by index, keyword by name."""
+        setup = self._setup
+        if setup is None or len(setup["batch"]) >= _MAX_BATCH_CALLS:
+            return
+        # the zero-code attach learns the model at this call: its buffers as the step began
+        # are still there to take (the model's own pre-hooks run after this one)
+        self.take_model()
+        inputs = {str(i): fingerprint(a) for i, a in enumerate(args)
+                  if isinstance(a, torch.Tensor)}
+        inputs.update({str(k): fingerprint(v) for k, v in (kwargs or {}).items()
+                       if isinstance(v, torch.Tensor)})
+        setup["batch"].append({"module": root, "inputs": inputs})
+
+    def scaler(self, scaler: Any, optimizer: torch.optim.Optimizer, explicit: bool,
+               source: str) -> None:
+        """A gradient scaler's `unscale_` of `optimizer`'s gradients (tracer.capture._scaler):
+        the scale they were divided by, its growth settings, whether Inf or NaN was found, who
+        called it (`explicit`: the user, else `scaler.step`) and at which line."""
+        setup = self._setup
+        if setup is None:
+            return
+        state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer)) or {}
+        found = state.get("found_inf_per_device") or {}
+        entry = {"class": type(scaler).__name__,
+                 "scale": plain(float(scaler.get_scale())),
+                 "growth_factor": plain(float(scaler.get_growth_factor())),
+                 "backoff_factor": plain(float(scaler.get_backoff_factor())),
+                 "growth_interval": int(scaler.get_growth_interval()),
+                 "found_inf": bool(sum(float(v.item()) for v in found.values())),
+                 "unscale": "explicit" if explicit else "in step",
+                 "source": str(source)}
+        setup["scalers"].append(entry)
+
+    def scaled(self, source: str) -> None:
+        """A gradient scaler scaled a loss at `source` (the user's line)."""
+        setup = self._setup
+        if setup is not None and str(source) not in setup["scaled_at"]:
+            setup["scaled_at"].append(str(source))
 
     def failed(self, reason: str) -> None:
         """Part of the step's setup could not be taken: said in it (`errors`)."""

@@ -222,9 +222,12 @@ def test_two_ddp_ranks_fed_different_batches_differ_in_the_data(tmp_path, capsys
     doc = json.loads(capsys.readouterr().out)
     fd = doc["first_divergence"]
     assert fd["name"] == "<none>::aten.randn.forward.0.output.0" and fd["kind"] == "data", fd
-    assert doc["changes"] == [{"kind": "data", "name": fd["name"], "dtype": "float32",
-                               "shape": "4,8", "source": fd["source"], "step": 0,
-                               "made_by": "aten.randn"}]
+    (change,) = doc["changes"]
+    # the model's own batch differs too, by its fingerprint
+    assert change.pop("batch") == "differs" and change.pop("batch_detail").startswith(
+        "the model's call 0 is given argument 0 (float32 4x8)"), change
+    assert change == {"kind": "data", "name": fd["name"], "dtype": "float32", "shape": "4,8",
+                      "source": fd["source"], "step": 0, "made_by": "aten.randn"}
     assert fd["source"].endswith("ddp.py:16")  # x = torch.randn(...)
     assert main(["diff", str(run), str(run), "--rank", "0", "--b-rank", "1", "--step", "0"]) == 1
     out = capsys.readouterr().out

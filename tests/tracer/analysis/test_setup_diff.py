@@ -3,7 +3,8 @@ what a difference says, and when it may stand for explain's verdict and when it 
 from __future__ import annotations
 
 from tracer.analysis._explain import Explanation
-from tracer.analysis._setup import differences, names_in_words, with_setup
+from tracer.analysis._setup import (compare_inputs, differences, inputs_words, names_in_words,
+                                    with_setup)
 
 
 def _setup(**parts):
@@ -111,3 +112,72 @@ def test_how_each_side_ran_compiled_code_is_a_setup_difference():
     (d,) = differences(_setup(compile=compiled), _setup(compile=broken))
     assert d["key"] == "breaks" and "0 in A, 2 in B (Unsupported: call to print)" in d["text"]
     assert not differences(_setup(compile=compiled), _setup(compile=dict(compiled)))
+
+
+def _scaler(**over):
+    return {"class": "GradScaler", "scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+            "growth_interval": 2000, "found_inf": False, "unscale": "in step",
+            "source": "train.py:90", **over}
+
+
+def test_the_scaler_is_named_by_what_differs_and_a_gradient_it_makes_is_its_own():
+    a = _setup(scalers=[_scaler()])
+    texts = [d["text"] for d in differences(a, _setup(scalers=[]))]
+    assert texts == ["A scales the loss with a GradScaler (scale 65536, unscaled inside "
+                     "scaler.step at train.py:90); B does not"]
+    b = _setup(scalers=[_scaler(growth_interval=100, unscale="explicit", source="train.py:85")])
+    texts = [d["text"] for d in differences(a, b)]
+    assert texts == ["GradScaler growth_interval 2000 in A, 100 in B",
+                     "gradients unscaled inside scaler.step at train.py:90 in A, "
+                     "scaler.unscale_ at train.py:85 in B (what runs between, a clipping call, "
+                     "sees scaled gradients in one run)"]
+    # a setup written before scalers were recorded says nothing of them
+    old = {k: v for k, v in a.items() if k != "scalers"}
+    assert differences(old, _setup(scalers=[])) == []
+    fd = _fd("a.weight.optimizer.0.grad.0", "optimizer", "grad")
+    out = with_setup(Explanation("unexplained", "?", first_divergence=fd),
+                     _change(a, _setup(scalers=[_scaler(found_inf=True)])))
+    assert out.status == "setup", out.verdict
+    assert "GradScaler found Inf or NaN gradients in B only, so B skipped its optimizer step" \
+        in out.verdict
+
+
+def _batch(*crcs):
+    return [{"module": "<root>", "inputs": {"input_ids": ["int64", [2, 8], c]}} for c in crcs]
+
+
+def test_inputs_say_which_of_the_batch_and_the_buffers_differ():
+    buf = {"scale": ["float32", [4], 7]}
+    same = compare_inputs(_setup(batch=_batch(1, 2), buffers=buf),
+                          _setup(batch=_batch(1, 2), buffers=buf))
+    assert inputs_words(same) == ("the batch and the buffers are the same in both runs as "
+                                  "the step begins")
+    other = compare_inputs(_setup(batch=_batch(1, 2), buffers=buf),
+                           _setup(batch=_batch(1, 3), buffers={"scale": ["float32", [4], 8]}))
+    assert inputs_words(other) == ("the batch differs: the model's call 1 is given input_ids "
+                                   "(int64 2x8) with other values; buffer(s) scale differ as "
+                                   "the step begins")
+    # a side without a recorded batch (a dump of an older format) says nothing of it
+    assert inputs_words(compare_inputs(_setup(), _setup(batch=_batch(1)))) == ""
+
+
+def test_a_scheduled_learning_rate_and_eval_mode_read_as_what_they_are():
+    def sched(lr):
+        return [{"class": "SGD", "groups": [{"hyper": {"lr": lr, "initial_lr": 0.01},
+                                             "params": ["a.weight", "b.weight"]}]}]
+
+    (d,) = differences(_setup(optimizers=sched(0.01)), _setup(optimizers=sched(0.005)))
+    assert d["text"] == ("SGD lr 0.01 in A, 0.005 in B (every parameter): the learning rate "
+                         "the scheduler set, from the same initial_lr 0.01 (a scheduler a step "
+                         "apart, or another schedule)")
+    modules = {"<root>": {"class": "Net", "training": True},
+               "fc": {"class": "Linear", "training": True}}
+    evals = {k: {**v, "training": False} for k, v in modules.items()}
+    (d,) = differences(_setup(model={"config": {}, "modules": modules, "frozen": []}),
+                       _setup(model={"config": {}, "modules": evals, "frozen": []}))
+    assert d["text"].startswith("the whole model (every module) in eval mode in B, train mode "
+                                "in A")
+    half = {**modules, "fc": evals["fc"]}
+    (d,) = differences(_setup(model={"config": {}, "modules": modules, "frozen": []}),
+                       _setup(model={"config": {}, "modules": half, "frozen": []}))
+    assert d["text"].startswith("fc in eval mode in B, train mode in A")

@@ -2,9 +2,9 @@
 is: the setup difference first in `sleuth diff` (and no setup difference where there is
 none), and `sleuth explain`'s verdict naming the hyperparameter, group, clipping call, frozen
 parameter, buffer, constant or seed, or the op and line of a bug in the loop. The fast lane
-(`-m "not slow"`) runs each class once, at level op on the plain MLP; the `slow` sweep, which CI
-runs, the MLP at level mix too and the Llama and the GPT-2 at one level each (the generator
-picks which)."""
+(`-m "not slow"`) runs each class but `SWEPT_ONLY` once, at level op on the plain MLP; the
+`slow` sweep, which CI runs, the MLP at level mix too and the Llama and the GPT-2 at one level
+each (the generator picks which)."""
 from __future__ import annotations
 
 import re
@@ -26,8 +26,12 @@ HOME = "mlp"
 whose step costs a tenth of a Hugging Face model's."""
 
 
+# classes the quick lane leaves to the sweep: it is at its time bound, and each costs a run
+SWEPT_ONLY = frozenset({"fp16", "fp16_bug", "buffer_written"})
+
+
 def _fast(case: Case) -> bool:
-    return case.level == "op" and case.family == HOME
+    return case.level == "op" and case.family == HOME and case.fault not in SWEPT_ONLY
 
 
 def _swept(case: Case) -> bool:
@@ -117,11 +121,24 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
         assert e.blamed is not None and "arguments" in v, where
     elif f == "bf16":
         assert "bfloat16" in v, where
-    elif f == "bf16_bug":
+    elif f in ("bf16_bug", "fp16_bug"):
         assert "rounding is present too" in v, where
+    elif f == "fp16":
+        assert "float16" in v, where
+    elif f == "data_order":
+        # the batch's fingerprint says which input differs: the model's own batch
+        assert "the batch differs: the model's call 0 is given input_ids" in v, where
+    elif f == "grad_edit":
+        assert "written in place" in v and "writing the gradient of " in v, where
+    elif f == "buffer_written":
+        assert e.blamed is not None and e.blamed.get("fault") == "written", where
+        assert "writing buffer " in v and picked["site"] in v, where
     elif f == "inplace_hook":
         assert e.blamed is not None and e.blamed.get("fault") == "written", where
         assert picked["site"] in v, where
+    if f.startswith("fp16"):
+        # B alone scales its loss: the setup says so, and the scaler's ops are no bug
+        assert setup[:1] and setup[0].startswith("B scales the loss with a GradScaler"), where
     if expect.op_line:
         line = f"step_zoo.py:{fault_line(case.fault)}"
         blamed = e.blamed or {}

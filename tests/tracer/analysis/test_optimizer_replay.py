@@ -1,0 +1,60 @@
+"""The optimizer step judged like the model's ops (tracer.analysis._optimizer_replay): an update
+that differs while the weights and gradients agree is re-run with B's hyperparameters on A's
+records, and the verdict names the hyperparameter that makes it, or says the hyperparameters do
+not account for it, or what a statistics dump would need."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import tracer
+from tracer.analysis import explain
+
+
+def _run(path, cls, mode="tensor", nudge=False, **hyper):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = cls(model.parameters(), lr=0.1, **hyper)
+    if nudge:  # a step hook that moves the weights after the optimizer (no hyperparameter)
+        def hook(optimizer, args, kwargs):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1.01)
+        opt.register_step_post_hook(hook)
+    xs = [torch.randn(5, 4) for _ in range(2)]
+    with tracer.Dumper(model, {"path": str(path), "level": "mix", "mode": mode,
+                               "steps": "0-1"}):
+        for x in xs:
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def test_the_hyperparameter_that_makes_a_later_update_is_named(tmp_path):
+    """SGD's momentum leaves the first update alone; the second is re-run from an empty state
+    over both steps' recorded weights and gradients, and gives B's."""
+    _run(tmp_path / "a", torch.optim.SGD, momentum=0.9)
+    _run(tmp_path / "b", torch.optim.SGD, momentum=0.5)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "setup", e.verdict
+    assert "(step 1)" in e.verdict and "steps 0 to 1, from an empty state" in e.verdict
+    assert "torch's SGD gives B's update" in e.verdict
+    assert e.verdict.endswith("momentum alone makes it"), e.verdict
+
+
+def test_an_update_the_hyperparameters_do_not_account_for_is_said(tmp_path):
+    _run(tmp_path / "a", torch.optim.AdamW)
+    _run(tmp_path / "b", torch.optim.AdamW, eps=1e-3, nudge=True)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert "AdamW eps 1e-08 in A, 0.001 in B" in e.verdict, e.verdict
+    assert "does not give B's update" in e.verdict, e.verdict
+    assert "the hyperparameters do not account for all of it" in e.verdict
+
+
+def test_a_statistics_dump_says_what_a_re_run_needs(tmp_path):
+    _run(tmp_path / "a", torch.optim.AdamW, mode="statistics")
+    _run(tmp_path / "b", torch.optim.AdamW, mode="statistics", eps=1e-3)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "setup", e.verdict
+    assert "needs the optimizer's records with tensors: dump both runs with mode tensor" \
+        in e.verdict
