@@ -215,7 +215,7 @@ def test_a_config_typo_is_one_line_and_the_run_goes_on(tmp_path):
         "SLEUTH_DUMP_CONFIG (inline JSON): unknown key 'levle'; did you mean "
         "'level'? (valid keys: path, steps, ranks, level, mode, modules, exclude_modules, ops, "
         "exclude_ops, io, phases, params, sketch, writer, async_max_queued_mb, file_process, "
-        "on_error, watch, nan_allow, overwrite) (SLEUTH_STRICT=1 stops the run instead)"]
+        "on_error, watch, nan_allow, compiled, overwrite) (SLEUTH_STRICT=1 stops the run instead)"]
     assert not (tmp_path / "run").exists()
 
 

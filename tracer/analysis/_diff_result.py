@@ -251,6 +251,26 @@ class _Summary:
                                                          "step")}
 
 
+def unpaired_most(counts: dict[str, int]) -> str | None:
+    """In words, when most records of each side have no partner (the runs recorded different
+    modules), or None: the one rule diff and explain judge it by."""
+    paired = counts["same"] + counts["diverged"]
+    if paired >= min(counts["only_a"], counts["only_b"]):
+        return None
+    return (f"most records of each side have no partner ({paired} paired, "
+            f"{counts['only_a']} only in A, {counts['only_b']} only in B)")
+
+
+def compiled_apart(setup: dict[str, Any] | None) -> str | None:
+    """In words, how the earliest differing setups (tracer.analysis._setup.first_setup, or a
+    diff's setup change) ran compiled code apart (one side ran as compiled regions what the
+    other ran as modules), or None: records that then do not pair are no two codebases."""
+    for d in (setup or {}).get("differences") or []:
+        if d["kind"] == "compile" and d["key"] in ("compiled", "mode", "regions"):
+            return d["text"]
+    return None
+
+
 def _step_summary(pl: Plan, rows: list[dict], problems: list[Problem]) -> dict[str, Any]:
     """One compared step pair: its status (interrupted on either side wins) and its counts."""
     mine = [p for p in problems if p.state == "interrupted"
@@ -305,14 +325,24 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
     if worst == 1 and status == "diverged":
         notes.append("the runs' step sets differ: a step one side has is missing on the other")
     paired = summary.counts["same"] + summary.counts["diverged"]
-    if paired < min(summary.counts["only_a"], summary.counts["only_b"]):
+    unpaired = unpaired_most(summary.counts)
+    compiled = compiled_apart(setup)
+    if unpaired and compiled:
+        # the modules a compiled region runs have no records of their own: what pairs is
+        # the regions' boundaries (the model's input and output, its gradients), the weights
+        # and the optimizer's records, which is the step's whole effect
+        notes.insert(0, f"{unpaired}: {compiled}, and the modules a region runs have no "
+                        f"records of their own in that run; what pairs is the model's inputs "
+                        f"and outputs, its gradients, the weights and the optimizer's records. "
+                        f"To compare inside the regions, dump the compiled run with "
+                        f"\"compiled\": \"interpret\" at level op or mix: its graphs' ops "
+                        f"pair with an eager run's (docs/frameworks.md, torch.compile)")
+    elif unpaired:
         # most of each side's records found no partner: the runs recorded different modules,
         # and a "same" over the few that paired would speak for what was never compared
         if status == "same":
             status = "diverged"
-        notes.insert(0, f"most records of each side have no partner ({paired} paired, "
-                        f"{summary.counts['only_a']} only in A, {summary.counts['only_b']} only "
-                        f"in B): the two dumps record different modules. Two codebases? "
+        notes.insert(0, f"{unpaired}: the two dumps record different modules. Two codebases? "
                         f"`sleuth map A B > map.yaml` pairs their modules for `--map map.yaml`; "
                         f"else compare dumps of the same level and module filter")
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,

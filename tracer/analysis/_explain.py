@@ -33,7 +33,7 @@ from typing import Any, Literal
 from tracer._errors import TracerError
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff import diff
-from tracer.analysis._diff_result import _jsonable
+from tracer.analysis._diff_result import _jsonable, compiled_apart, unpaired_most
 from tracer.analysis._explain_hidden import Hidden, Search, lower_dtypes
 from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
@@ -125,7 +125,7 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         # the optimizer step's records, or the ops of a setup call (a clipping call with other
         # arguments), need no re-run to be judged by the setup
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
-    if _apart(res.counts(), module_map is not None):
+    if _apart(res.counts(), module_map is not None, setup):
         return found  # records that do not pair say nothing a setup could explain
     return with_setup(found, setup, _replayed(a, b, fd, setup))
 
@@ -194,7 +194,7 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         what = "; ".join(f"{p.side} {p.reason}" for p in res.problems[:3])
         return Explanation("incomplete", f"not everything could be read, so nothing is "
                            f"explained: {what}", first_divergence=fd, notes=notes)
-    apart = _apart(res.counts(), module_map is not None)
+    apart = _apart(res.counts(), module_map is not None, setup_of(res.changes))
     if apart:
         return Explanation("unexplained", apart, first_divergence=fd, notes=notes)
     if fd is None:
@@ -276,20 +276,20 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
     return out
 
 
-def _apart(counts: dict[str, int], mapped: bool) -> str | None:
+def _apart(counts: dict[str, int], mapped: bool, setup: dict[str, Any] | None) -> str | None:
     """The verdict when most records of each side have no partner (as `diff` judges it): two
-    codebases, whose records a module map pairs."""
-    paired = counts["same"] + counts["diverged"]
-    if paired >= min(counts["only_a"], counts["only_b"]):
+    codebases, whose records a module map pairs; None where they pair, or where one side ran
+    compiled regions the other ran as modules (`setup`, the diff's setup change)."""
+    tally = unpaired_most(counts)
+    if tally is None or compiled_apart(setup):
         return None
-    tally = (f"{paired} paired, {counts['only_a']} only in A, {counts['only_b']} only in B")
     if mapped:
-        return (f"most records of each side have no partner even through the module map "
-                f"({tally}): pair more modules in the map (`sleuth map A B` writes one to "
-                "edit), then explain again")
-    return (f"most records of each side have no partner ({tally}): the dumps record "
-            "different modules, so no divergence between them can be judged. Two codebases? "
-            "`sleuth map A B > map.yaml`, then `sleuth explain --map map.yaml A B`")
+        return (f"{tally.replace('no partner', 'no partner even through the module map')}: "
+                "pair more modules in the map (`sleuth map A B` writes one to edit), then "
+                "explain again")
+    return (f"{tally}: the dumps record different modules, so no divergence between them can "
+            "be judged. Two codebases? `sleuth map A B > map.yaml`, then "
+            "`sleuth explain --map map.yaml A B`")
 
 
 def _need_op_records(da: Any, db: Any, fd: dict[str, Any]) -> None:

@@ -327,22 +327,27 @@ def _buffers(a: dict, b: dict) -> list[dict[str, Any]]:
 _REASONS = {"breaks": "break_reasons", "recompiles": "recompile_reasons"}
 
 
+_HOW = {"compiled": "as compiled", "interpret": "through the interpreter", "eager": "eagerly"}
+"""Each "compiled" mode of the dump config in words."""
+
+
 def _compile(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """How each side ran torch.compile'd code: compiled or eagerly (the dump config's
-    "compiled"), which compiled regions ran, and graph breaks and recompiles so far."""
+    """How each side ran torch.compile'd code (the dump config's "compiled"), which compiled
+    regions ran, and graph breaks and recompiles so far."""
     if not a and not b:
         return []
     if not a or not b:
         side, c = ("B", b) if b else ("A", a)
-        how = "eagerly" if c.get("mode") == "eager" else "compiled"
+        how = _HOW.get(c.get("mode"), "compiled")
         return [_diff("compile", "compiled", bool(a), bool(b),
-                      f"only {side} ran torch.compile'd code ({how} in the dumped step)")]
+                      f"only {side} ran torch.compile'd code in the dumped step ({how})")]
     out = []
     if a.get("mode") != b.get("mode"):
-        eager = "A" if a.get("mode") == "eager" else "B"
         out.append(_diff("compile", "mode", a.get("mode"), b.get("mode"),
-                         f"{eager} ran torch.compile'd code eagerly in the dumped step "
-                         f"(dump config \"compiled\": \"eager\"), the other compiled"))
+                         f"the dumped step ran torch.compile'd code "
+                         f"{_HOW.get(a.get('mode'), '?')} in A, {_HOW.get(b.get('mode'), '?')} "
+                         f"in B (dump config \"compiled\": \"{a.get('mode')}\" and "
+                         f"\"{b.get('mode')}\")"))
     ra, rb = a.get("regions") or {}, b.get("regions") or {}
     for side, names in (("A", [r for r in ra if r not in rb]), ("B", [r for r in rb if r not in ra])):
         if names and a.get("mode") == b.get("mode"):

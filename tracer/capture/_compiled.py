@@ -1,14 +1,15 @@
-"""torch.compile while a step is dumped: the step runs eagerly, and the user is told so once.
+"""torch.compile under the dump config's ``"compiled": "eager"``: a dumped step runs eagerly,
+and the user is told so once.
 
-A dump records real tensors at every module call (and, at levels op and mix, every aten op);
-code compiled by torch.compile shows neither. Left alone, what a dumped step records would
-depend on when torch.compile first traced the model: a graph traced before the step ignores the
-tracer's module hooks (records silently missing; torch does not guard on global hooks), one
-traced during it breaks the graph at every hook, and the op mode keeps dynamo from compiling
-anything new. So while a dumped step runs the compiler's stance is ``force_eager``
+In that mode a dump records the eager model's modules and ops where the compiled code would
+show neither. Left alone, what a dumped step records would depend on when torch.compile first
+traced the model: a graph traced before the step ignores the tracer's module hooks (records
+silently missing; torch does not guard on global hooks), one traced during it breaks the graph
+at every hook. So while a dumped step runs the compiler's stance is ``force_eager``
 (`torch.compiler.set_stance`): every dumped step records the eager model, named and ordered as
 an eager run's, and steps not dumped run the graphs compiled without the tracer's hooks, with
-no graph break of the tracer's. The prior stance comes back when the step ends.
+no graph break of the tracer's. The prior stance comes back when the step ends. The default
+mode, which runs the compiled code, is tracer.capture._regions.
 """
 from __future__ import annotations
 

@@ -160,6 +160,9 @@ class ModuleTracker:
         self._interpreting: dict[Any, str] = {}  # region -> its module's name, this step
         self.regions_run: dict[str, int] = {}
         """Calls of each compiled region in this step (scope -> calls), for the setup."""
+        self.wrapper_ran = False
+        """Whether a torch.compile wrapper was called in this step (in any mode), for the
+        setup: a run that never called one has no compile section, though dynamo be loaded."""
         self._paused: list[Any] = []
         self._in_region = 0  # module calls inside a compiled region are the backend's own
         self.calls = CallCounter()
@@ -280,6 +283,7 @@ class ModuleTracker:
 
     def reset_step(self) -> None:
         self.regions_run.clear()
+        self.wrapper_ran = False
         self.stack.clear()
         self.calls.reset()
         self._recompute_calls.reset()
@@ -325,6 +329,7 @@ class ModuleTracker:
         if name is None:
             if not compiled_module(module):
                 return
+            self.wrapper_ran = True
             if not self.compiled:
                 tell_once()  # its forward runs eagerly in this step (tracer.capture._compiled)
                 return

@@ -323,15 +323,16 @@ class SetupRecorder:
         names = [self._name(p) for p in params if getattr(p, "grad", None) is not None]
         setup["clips"].append({"fn": fn, "args": args, "params": names, "source": str(source)})
 
-    def compiled(self, mode: str, regions: dict[str, int]) -> None:
+    def compiled(self, mode: str, regions: dict[str, int], wrapper_ran: bool = False) -> None:
         """How the step ran torch.compile'd code (`mode`, the dump config's "compiled"), the
         compiled regions that ran (scope -> calls) and what the compiler did so far; nothing
-        where torch.compile never loaded."""
+        where no compiled code ran and none was compiled (`wrapper_ran`: a torch.compile
+        wrapper was called, eagerly in mode "eager"), though torch.compile be loaded."""
         from tracer.capture._regions import compile_summary
 
         setup = self._setup
         summary = compile_summary()
-        if setup is None or summary is None and not regions:
+        if setup is None or not (regions or wrapper_ran or summary and summary["graphs"]):
             return
         setup["compile"] = {"mode": mode, "regions": dict(regions), **(summary or {})}
 

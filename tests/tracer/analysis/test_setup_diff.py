@@ -105,9 +105,14 @@ def test_how_each_side_ran_compiled_code_is_a_setup_difference():
                 "breaks": 0, "break_reasons": [], "recompiles": 0, "recompile_reasons": []}
     eager = {**compiled, "mode": "eager", "regions": {}}
     (d,) = differences(_setup(compile=compiled), _setup(compile=eager))
-    assert d["kind"] == "compile" and d["text"].startswith("B ran torch.compile'd code eagerly")
+    assert d["kind"] == "compile" and d["text"] == (
+        "the dumped step ran torch.compile'd code as compiled in A, eagerly in B (dump config "
+        "\"compiled\": \"compiled\" and \"eager\")")
+    interpreted = {**compiled, "mode": "interpret"}
+    (d,) = differences(_setup(compile=interpreted), _setup(compile=compiled))
+    assert "through the interpreter in A, as compiled in B" in d["text"]
     (d,) = differences(_setup(), _setup(compile=compiled))
-    assert d["text"] == "only B ran torch.compile'd code (compiled in the dumped step)"
+    assert d["text"] == "only B ran torch.compile'd code in the dumped step (as compiled)"
     broken = {**compiled, "breaks": 2, "break_reasons": ["Unsupported: call to print"]}
     (d,) = differences(_setup(compile=compiled), _setup(compile=broken))
     assert d["key"] == "breaks" and "0 in A, 2 in B (Unsupported: call to print)" in d["text"]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import tracer
-from tracer.analysis import diff
+from tracer.analysis import diff, explain
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")
 
@@ -115,7 +115,26 @@ def test_the_setup_says_how_each_side_ran_compiled_code(tmp_path):
     res = diff(tmp_path / "a", tmp_path / "b", step=0)
     setup = [c for c in res.changes if c["kind"] == "setup"]
     texts = [d["text"] for c in setup for d in c["differences"]]
-    assert any("B ran torch.compile'd code eagerly" in t for t in texts), texts
+    assert any("as compiled in A, eagerly in B" in t for t in texts), texts
+
+
+@pytest.mark.slow
+def test_an_eager_run_against_its_compiled_run_is_same_not_two_codebases(tmp_path):
+    # the compiled run's modules inside the region have no records of their own, so most
+    # records of each side find no partner; that is how the two ran, not two codebases
+    _train(tmp_path / "eager", how="none", level="op")
+    _train(tmp_path / "compiled", level="op")
+    res = diff(tmp_path / "eager", tmp_path / "compiled", step=0)
+    counts = res.counts()
+    assert counts["same"] + counts["diverged"] < min(counts["only_a"], counts["only_b"]), counts
+    assert res.status == "same", res.notes
+    assert "only B ran torch.compile'd code" in res.notes[0]
+    assert "\"compiled\": \"interpret\"" in res.notes[0]
+    assert explain(tmp_path / "eager", tmp_path / "compiled", step=0).status == "same"
+    # an eager run that never called a compiled wrapper keeps no compile section, though
+    # torch.compile is loaded in its process
+    setups = [c for c in res.changes if c["kind"] == "setup"]
+    assert [d["key"] for c in setups for d in c["differences"]] == ["compiled"]
 
 
 @pytest.mark.slow
