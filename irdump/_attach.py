@@ -33,6 +33,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from torch.compiler import is_compiling
+
 from irdump._errors import IrDumpError, RenderError
 from irdump._save import DEFAULT_FORMATS
 from sleuth.common import SleuthWarning, go_off, strict
@@ -116,7 +118,7 @@ class GraphSaver:
                raise_as=_WriteFailed, stacklevel=4)
 
     def _pre_hook(self, module: Any, args: Any) -> None:
-        if self._busy:
+        if self._busy or is_compiling():  # traced by dynamo, the hook would break the graph
             return
         if self._model is not None:
             if module is self._model and self._backward_orig is not None:
@@ -130,6 +132,10 @@ class GraphSaver:
         self._model = module
         self._busy = True
         try:
+            inner = _compiled(module)
+            if inner is not None:
+                self._capture_compiled(inner, tuple(args), kwargs)
+                return
             self._capture_forward(module, tuple(args), kwargs)
         except _WriteFailed:
             raise
@@ -174,6 +180,36 @@ class GraphSaver:
                         b.copy_(saved)
         self._capture_real_call(module, args, kwargs, graphs)
 
+    def _capture_compiled(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """A torch.compile'd model (`module`, the one its wrapper runs): its forward stages by
+        torch.export on fake tensors, and no more. `forward_eager` and `backward` come from
+        the real call run under a dispatch mode, which would make dynamo run it eagerly: the
+        run would no longer be the compiled run the user trains."""
+        import torch
+
+        from irdump._errors import CaptureError
+        from irdump._save import capture_graphs
+
+        graphs = []
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        try:
+            graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
+                                    example_kwargs=kwargs, fallback=False)
+        except CaptureError as e:
+            warnings.warn(f"IR graphs: {e}; the forward stages of the torch.compile'd model "
+                          "are not saved", SleuthWarning, stacklevel=5)
+        finally:
+            with torch.no_grad():
+                for b, saved in buffers:
+                    if not torch.equal(b, saved):
+                        b.copy_(saved)
+        warnings.warn("IR graphs: the model is torch.compile'd: its forward and "
+                      "forward_aten_decomposed stages are saved (torch.export, fake tensors); "
+                      "forward_eager and backward are not, since recording them runs the call "
+                      "eagerly, which would change the compiled run. `sleuth ir` on the model "
+                      "before torch.compile saves every stage", SleuthWarning, stacklevel=5)
+        self._write(graphs)
+
     def _capture_real_call(self, module: Any, args: tuple, kwargs: dict, graphs: list) -> None:
         """Write `graphs`, then record the real call for `forward_eager` and `backward` (the
         first call with gradients, where this one has none)."""
@@ -209,7 +245,7 @@ class GraphSaver:
             self._busy = False
 
     def _post_hook(self, module: Any, args: Any, output: Any) -> None:
-        if self._busy or module is not self._model or self._capture is None:
+        if self._busy or is_compiling() or module is not self._model or self._capture is None:
             return
         capture, self._capture = self._capture, None
         try:
@@ -275,6 +311,18 @@ def _wrapped(module: Any) -> Any:
     wrappers = tuple(c for c in (getattr(parallel, "DistributedDataParallel", None),
                                  getattr(parallel, "DataParallel", None)) if c is not None)
     return module.module if wrappers and isinstance(module, wrappers) else None
+
+
+def _compiled(module: Any) -> Any:
+    """The module a torch.compile wrapper (``OptimizedModule``) runs compiled, else None (as
+    well where the compiler's stance is ``force_eager``: the dump config's "compiled": "eager"
+    runs a dumped step's call eagerly anyway)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    if wrapper is None or not isinstance(module, wrapper):
+        return None
+    stance = getattr(getattr(eval_frame, "_stance", None), "stance", "default")
+    return None if stance == "force_eager" else module._orig_mod
 
 
 def _is_fsdp(module: Any) -> bool:

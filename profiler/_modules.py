@@ -7,10 +7,15 @@ provides for TorchScript and `with_stack`'s `nn.Module: Class_N` events do not g
 time is not measured with backward hooks (they wrap tensors in extra autograd nodes and break on
 in-place ops); the table builder attributes autograd nodes to modules through the forward op's
 sequence number instead. Installed only while the profiler traces, so idle steps pay nothing.
+While dynamo traces a frame the hooks do nothing: traced, their record_function and name
+lookups would break the graph and exhaust its recompile limit, and the model would run eagerly,
+another run than the one profiled; code torch.compile compiled runs as one range, its caller's.
 """
 from __future__ import annotations
 
 from typing import Any
+
+from torch.compiler import is_compiling
 
 from profiler._attribution import MODULE_PREFIX
 
@@ -53,6 +58,8 @@ class ModuleRanges:
 
     # ---- hooks -----------------------------------------------------------------------------
     def _pre(self, module: Any, args: Any) -> None:
+        if is_compiling():
+            return
         stack = self._stack
         name = self._names.name(module, stack[-1] if stack else None)
         if name is None:
@@ -76,6 +83,8 @@ class ModuleRanges:
         stack.append((module, name, rf))
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
+        if is_compiling():
+            return
         stack = self._stack
         if not any(entry[0] is module for entry in stack):
             return  # a module that opened no range

@@ -30,11 +30,16 @@ FRAMEWORKS = [
 BY_NAME = {fw.name: fw for fw in FRAMEWORKS}
 _COMPILED = ("a dumped step runs compiled (dump config \"compiled\", the default): it records "
              "each compiled region and Inductor's external calls, not the modules and ops fused "
-             "inside the region (the interpreter mode that would is not built)")
+             "inside the region (\"compiled\": \"interpret\" records them, at the price of "
+             "eager kernels)")
+_NO_BACKWARD_GRAPH = ("the graph saver takes a compiled model's forward stages by torch.export; "
+                      "its backward stage comes from the real call run under a dispatch mode, "
+                      "which would run the compiled call eagerly")
 XFAIL: dict[tuple[str, str], str] = {
     ("compile_inductor", "ops"): _COMPILED,
     ("compile_inductor", "names"): _COMPILED,
     ("compile_inductor", "nan"): _COMPILED,
+    ("compile_inductor", "graphs"): _NO_BACKWARD_GRAPH,
 }
 """(framework, check) -> the known tracer gap that makes that check fail"""
 

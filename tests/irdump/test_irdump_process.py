@@ -125,3 +125,33 @@ def test_a_full_disk_leaves_no_half_written_graph(tmp_path, monkeypatch):
     assert len(said) == 1 and "No space left on device" in said[0], said
     assert saver.removed and saver.written == []
     assert list((tmp_path / "ir").iterdir()) == []  # no .partial left behind
+
+
+@pytest.mark.slow
+def test_a_compiled_model_stays_compiled_and_its_forward_stages_are_saved(tmp_path):
+    # traced by dynamo, the saver's hooks (or the real call under its dispatch mode) would
+    # leave the model running eagerly: another run than the one the user trains
+    import warnings
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    from irdump._attach import GraphSaver
+    from irdump_models import make_tiny
+    from tracer import SleuthWarning
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = make_tiny()
+    compiled = torch.compile(model, backend="aot_eager")
+    with warnings.catch_warnings(record=True) as seen, GraphSaver(tmp_path / "ir"):
+        warnings.simplefilter("always")
+        for _ in range(2):
+            compiled(torch.randn(4, 16)).pow(2).mean().backward()
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"]
+    said = [str(w.message) for w in seen if issubclass(w.category, SleuthWarning)]
+    assert len(said) == 1 and "torch.compile'd" in said[0], said
+    assert sorted(p.name for p in (tmp_path / "ir").glob("*.ir")) == [
+        "00_forward.ir", "00_forward.sorted.ir", "01_forward_aten_decomposed.ir",
+        "01_forward_aten_decomposed.sorted.ir"]

@@ -69,7 +69,10 @@ class Lead:
     def judge(self, fd: dict[str, Any]) -> Finding | None:
         """What `fd`'s value says, or None for an op's output whose inputs pair (the re-run
         of its call says more)."""
-        if fd["op"] and fd["direction"] != "input":
+        # a compiled region's record is judged as a module's: its value was made by the
+        # ops run inside it (recorded in interpret mode), and a region's call is never re-run
+        op = bool(fd["op"]) and not str(fd["op"]).startswith("compiled")
+        if op and fd["direction"] != "input":
             fd = self._unpaired_input(fd)
             if fd is None:
                 return None
@@ -81,7 +84,7 @@ class Lead:
         if rounded is not None:
             return Finding("rounding", f"{self._value(fd)} is A's {rounded}")
         gone, new = self.step.made_by("a", ra), self.step.made_by("b", rb)
-        if not gone and not new and not fd["op"]:
+        if not gone and not new and not op:
             gone, new = self.step.inside("a", ra), self.step.inside("b", rb)
         if not gone and not new:
             gone, new = self.step.written("a", ra), self.step.written("b", rb)
@@ -110,7 +113,7 @@ class Lead:
                                          self.inputs else "")
             return Finding("inputs", f"{made}: it comes from outside the recorded calls "
                            f"({outside})")
-        if fd["op"]:
+        if op:
             return self._call_site(fd, pa, pb)
         if pa is not None and pb is not None:
             why = (f"module {fd['module']} passes on another value: its {self._record(fd)} "
@@ -137,12 +140,12 @@ class Lead:
         return None
 
     def _value(self, fd: dict[str, Any]) -> str:
-        return f"B's input {int(fd['index'])}" if fd["op"] else "B's value"
+        return f"B's input {int(fd['index'])}" if _at_input(fd) else "B's value"
 
     def _record(self, fd: dict[str, Any]) -> str:
         b_name = fd["b_name"] or fd["name"]
         where = self.step.source("b", b_name) or fd["source"] or "an unknown line"
-        if fd["op"]:
+        if _at_input(fd):
             return f"input {int(fd['index'])} of {fd['op']} ({stem(b_name)}, at {where})"
         return f"{fd['direction']} record {b_name} (at {where})"
 
@@ -351,6 +354,12 @@ def _called_from(rec: dict) -> str:
     is the library's line; `caller` the user's line that led there), else ""."""
     caller = rec.get("caller") or ""
     return f", called from {caller}" if caller else ""
+
+
+def _at_input(fd: dict[str, Any]) -> bool:
+    """Whether `fd` is an op call's input (a module's or a compiled region's record is not)."""
+    return bool(fd["op"]) and fd["direction"] == "input" \
+        and not str(fd["op"]).startswith("compiled")
 
 
 def _equal(x: Any, y: Any) -> bool:

@@ -71,13 +71,15 @@ def module_stack_paths(node: torch.fx.Node, phase: str) -> list[str]:
     return [str(entry[0]) for entry in reversed(list(stack.values()))]
 
 
-def resolve(path: str, roots: dict[str, Any]) -> Any:
-    """The object `path` (``L['self'].model.layers[1]``) names, from the frame's locals that
-    hold modules (`roots`); None where a step does not resolve."""
-    match = re.match(r"""L\[['"]([^'"]+)['"]\]""", path)
-    if match is None or match.group(1) not in roots:
+def resolve(path: str, roots: dict[str, Any], globals_: dict[str, Any] | None = None) -> Any:
+    """The object `path` (``L['self'].model.layers[1]``, ``G['model'].mlp``) names, from the
+    frame's locals that hold modules (`roots`) or its globals (`globals_`); None where a step
+    does not resolve."""
+    match = re.match(r"""([LG])\[['"]([^'"]+)['"]\]""", path)
+    scope = (roots if match.group(1) == "L" else globals_ or {}) if match else {}
+    if match is None or match.group(2) not in scope:
         return None
-    obj = roots[match.group(1)]
+    obj = scope[match.group(2)]
     rest = path[match.end():]
     pos = 0
     while pos < len(rest):
@@ -100,8 +102,11 @@ def resolve(path: str, roots: dict[str, Any]) -> Any:
 
 def module_path(owner: str, path: str) -> str:
     """`path` as a dotted name under `owner`, where the module it names is not one the model
-    names: ``L['self'].layers[0].attn`` -> ``{owner}.layers.0.attn``."""
-    if not path or not path.startswith("L["):
+    names: ``L['self'].layers[0].attn`` -> ``{owner}.layers.0.attn`` (a global's path, ``G[...]``,
+    likewise)."""
+    if not path or not path.startswith(("L[", "G[")):
+        return owner
+    if "__self__" in path:  # through a saved bound method: no dotted name says where
         return owner
     path = path[path.index("]") + 1:]
     path = _INDEX.sub(r".\1", _KEY.sub(r".\1", path)).strip(".")

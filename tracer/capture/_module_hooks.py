@@ -508,8 +508,9 @@ class ModuleTracker:
             key = stack[0] if stack else ""
             name = paths.get(key)
             if name is None:
-                name = next((named[id(m)] for m in (resolve(p, region.modules) for p in stack)
-                             if id(m) in named), None) or module_path(owner, key)
+                found = (resolve(p, region.modules, region.globals) for p in stack)
+                name = next((named[id(m)] for m in found if id(m) in named), None) \
+                    or module_path(owner, key)
                 paths[key] = name
             return name
 

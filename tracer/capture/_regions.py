@@ -48,8 +48,8 @@ class Region:
     `source`: the frame's ``file:line``; `data`: positions of the graph's inputs that are not
     the owner's parameters or buffers (those are the parameter records' and the setup's)."""
 
-    __slots__ = ("__weakref__", "compiled", "data", "interpreted", "modules", "op", "owner",
-                 "runner", "source")
+    __slots__ = ("__weakref__", "compiled", "data", "globals", "interpreted", "modules", "op",
+                 "owner", "runner", "source")
 
     def __init__(self, compiled: Callable[..., Any], owner: Any, op: str, source: str,
                  data: tuple[int, ...]) -> None:
@@ -66,6 +66,10 @@ class Region:
         self.modules: dict[str, Any] = {}
         """The frame's locals that hold modules (a tuple of ``*args`` keeps its modules, None
         elsewhere), by name: where a graph node's ``nn_module_stack`` path starts."""
+        self.globals: dict[str, Any] = {}
+        """The frame's globals, where a path that starts ``G[...]`` starts: a model a compiled
+        step function reaches as a global, a module's forward replaced by a function that
+        calls the saved original."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not _listeners:
@@ -114,6 +118,8 @@ def _region_of(output_graph: Any, gm: Any, compiled: Callable[..., Any]) -> Regi
     op = "compiled" if ref is not None and code in _forward_codes(type(owner)) \
         else f"compiled.{code.co_name}"
     region = Region(compiled, ref, op, source, _data_positions(gm))
+    if isinstance(tx.f_globals, dict):
+        region.globals = tx.f_globals
     if isinstance(tx.f_locals, dict):
         for name, value in tx.f_locals.items():
             if isinstance(value, torch.nn.Module):

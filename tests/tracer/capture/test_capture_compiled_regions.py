@@ -217,6 +217,64 @@ def test_interpret_mode_names_a_compile_only_fault_at_its_op_and_line(tmp_path):
     assert e.blamed["source"].endswith(f":{_line_of('h = h * 1.1')}")
 
 
+@pytest.mark.slow
+def test_interpret_mode_names_a_fault_before_a_graph_break(tmp_path):
+    # the first region's output is the first record that differs (the second region's ops
+    # come after it): it is judged by the ops inside it, never re-run as one call
+    from tracer.analysis import explain
+
+    for run, fault in (("a", False), ("b", True)):
+        _train(tmp_path / run, level="mix", compiled="interpret", mode="tensor",
+               break_graph=True, fault=fault)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.first_divergence["name"] == "<root>::compiled.forward.0.output.0"
+    assert e.status == "bug" and e.blamed["fault"] == "added", e.verdict
+    assert e.blamed["op"] == "aten.mul" and e.blamed["phase"] == "forward"
+    assert e.blamed["source"].endswith(f":{_line_of('h = h * 1.1')}")
+
+
+_MODEL: nn.Module | None = None
+
+
+@torch.compile(backend="aot_eager")
+def _global_step(x: torch.Tensor) -> torch.Tensor:
+    return _MODEL(x).square().mean()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["global", "patched"])
+def test_interpret_mode_names_modules_reached_through_globals(tmp_path, how):
+    # dynamo's module paths start at the frame's globals too: a step function that reaches
+    # the model as a global, a forward replaced by a function that calls the saved original
+    # (its submodules' paths run through that global's __self__)
+    global _MODEL, _SAVED_FORWARD
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _MODEL = Net()
+    if how == "patched":
+        _SAVED_FORWARD = model.forward
+        model.forward = _patched
+    call = _global_step if how == "global" else \
+        (lambda x, c=torch.compile(model, backend="aot_eager"): c(x).square().mean())
+    dumper = tracer.Dumper(model, {"path": str(tmp_path), "level": "op", "writer": "sync",
+                                   "steps": "0", "on_error": "raise", "compiled": "interpret"})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        call(torch.randn(4, 8)).backward()
+        dumper.close()
+    stats = tracer.open_dump(tmp_path).stats(0, 0)
+    modules = set(stats[stats.op == "aten.addmm"].module)
+    assert modules == {"a", "b"}, modules
+    assert "n" in set(stats[stats.op == "aten.native_layer_norm"].module)
+
+
+_SAVED_FORWARD = None
+
+
+def _patched(x: torch.Tensor) -> torch.Tensor:
+    return _SAVED_FORWARD(x)
+
+
 _CONFIG = {"temperature": 1.0}
 
 
