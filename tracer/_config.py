@@ -134,6 +134,10 @@ class DumpConfig:
         set_(self, "_op_match", _compile(self.ops, self.exclude_ops, "ops"))
         set_(self, "_module_cache", {})
         set_(self, "_op_cache", {})
+        if self.compiled == "interpret" and self.level == "module":
+            warn('"compiled": "interpret" records each graph node as an op record, and level '
+                 '"module" records no ops: the dumped steps run compiled, as with "compiled"; '
+                 'set "level": "op" or "mix" to see inside the compiled regions', stacklevel=4)
 
     # -- selection (hot path) -------------------------------------------------------------------
     def wants_step(self, step: int) -> bool:

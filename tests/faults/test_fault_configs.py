@@ -116,3 +116,18 @@ def test_scheduler_address_that_does_not_read(pristine, tmp_path, address, comma
     assert "Traceback" not in text, text
     assert code == 2 and len(text.strip().splitlines()) == 1, text
     assert f"Dask scheduler address {address!r}" in text, text
+
+
+def test_interpret_at_level_module_is_said_to_do_nothing_more():
+    # the interpreter's records are op records: at level module it would silently be "compiled"
+    import warnings
+
+    from tracer import SleuthWarning
+    from tracer._config import DumpConfig
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        DumpConfig(path="x", compiled="interpret", level="op")
+        DumpConfig(path="x", compiled="interpret")
+    said = [str(w.message) for w in seen if issubclass(w.category, SleuthWarning)]
+    assert len(said) == 1 and 'set "level": "op" or "mix"' in said[0], said
