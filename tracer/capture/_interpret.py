@@ -135,23 +135,11 @@ def node_source(node: torch.fx.Node, fallback: str) -> str:
     return found
 
 
-def _tensors(values: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
-    if isinstance(values, torch.Tensor):
-        out.append(values)
-    elif isinstance(values, (list, tuple)):
-        for v in values:
-            _tensors(v, out)
-    elif isinstance(values, dict):
-        for v in values.values():
-            _tensors(v, out)
-    return out
-
-
 class Interpreter(torch.fx.Interpreter):
-    """Runs one `Graph` in a dumped step: for each aten node, `before(node, args, kwargs,
-    inputs)` (its input records, before the op can write them) returns a plan or None, the op
-    runs inside `quiet` (so the op mode and the module hooks pass its ops by: they are this
-    interpreter's records), and `after(plan, outputs)` makes its output records."""
+    """Runs one `Graph` in a dumped step: for each aten node, `before(node, args, kwargs)` (its
+    input records, before the op can write them) returns a plan or None, the op runs inside
+    `quiet` (so the op mode and the module hooks pass its ops by: they are this interpreter's
+    records), and `after(plan, output)` makes its output records."""
 
     def __init__(self, gm: torch.fx.GraphModule, before: Callable[..., Any],
                  after: Callable[..., None], quiet: Callable[[Callable[[], Any]], Any]) -> None:
@@ -162,12 +150,10 @@ class Interpreter(torch.fx.Interpreter):
         if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
             return super().run_node(n)
         args, kwargs = self.fetch_args_kwargs_from_env(n)
-        inputs = _tensors(args, [])
-        _tensors({k: v for k, v in kwargs.items() if k != "out"}, inputs)
-        plan = self._before(n, args, kwargs, inputs)
+        plan = self._before(n, args, kwargs)
         out = self._quiet(lambda: n.target(*args, **kwargs))
         if plan is not None:
-            self._after(plan, _tensors(out, []))
+            self._after(plan, out)
         return out
 
 

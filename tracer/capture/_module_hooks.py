@@ -516,11 +516,13 @@ class ModuleTracker:
 
         specs = self.want_in and cfg.mode in ("tensor", "full") and cfg.level != "module"
 
-        def before(node: Any, args: tuple, kwargs: dict, ins: list) -> tuple | None:
+        def before(node: Any, args: tuple, kwargs: dict) -> tuple | None:
             op = op_of(node)
             module = module_of(node)
             if not cfg.wants_op(op) or not self.wants(module):
                 return None
+            ins = flatten_tensors(args, [])
+            flatten_tensors({k: v for k, v in kwargs.items() if k != "out"}, ins)
             scope = op_scope(module, op)
             call = self.calls.next(scope, phase)
             source = node_source(node, fallback)
@@ -531,9 +533,10 @@ class ModuleTracker:
                 dumper.emit_all(scope, module, op, phase, "input", call, source, ins, stable)
             return scope, module, op, call, source, stable
 
-        def after(plan: tuple, outs: list) -> None:
+        def after(plan: tuple, out: Any) -> None:
             scope, module, op, call, source, stable = plan
-            if self.want_out and outs:
+            outs = flatten_tensors(out, []) if self.want_out else []
+            if outs:
                 dumper.emit_all(scope, module, op, phase, "output", call, source, outs,
                                 stable)
 
