@@ -27,7 +27,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from sleuth.common import INTERNAL, frame_kind, short_path
+from sleuth.common import INTERNAL, frame_kind, short_path, warn
 from tracer.capture._listeners import Listeners
 
 _TARGET = "torch._dynamo.output_graph"
@@ -114,9 +114,11 @@ def _region_of(output_graph: Any, gm: Any, compiled: Callable[..., Any]) -> Regi
         return Region(compiled, None, "compiled", "", _data_positions(gm))
     owner = _first_argument(code, tx.f_locals)
     ref = weakref.ref(owner) if isinstance(owner, torch.nn.Module) else None
-    source = f"{short_path(code.co_filename)}:{code.co_firstlineno}"
-    op = "compiled" if ref is not None and code in _forward_codes(type(owner)) \
-        else f"compiled.{code.co_name}"
+    forwards = _forward_codes(type(owner)) if ref is not None else []
+    op = "compiled" if code in forwards else f"compiled.{code.co_name}"
+    # a forward under decorators: its line is the model's, not the outermost wrapper's
+    where = forwards[-1] if code in forwards else code
+    source = f"{short_path(where.co_filename)}:{where.co_firstlineno}"
     region = Region(compiled, ref, op, source, _data_positions(gm))
     if isinstance(tx.f_globals, dict):
         region.globals = tx.f_globals
@@ -143,16 +145,17 @@ def _first_argument(code: Any, f_locals: Any) -> Any:
     return None
 
 
-def _forward_codes(cls: type) -> set[Any]:
+def _forward_codes(cls: type) -> list[Any]:
     """The code of `cls.forward` and of every function it wraps (``__wrapped__``: a Hugging
-    Face model's forward under its decorators is compiled from the outermost wrapper)."""
-    out = set()
+    Face model's forward under its decorators is compiled from the outermost wrapper),
+    outermost first: the last is the model's own forward."""
+    out = []
     fn = getattr(cls, "forward", None)
     for _ in range(16):
         code = getattr(fn, "__code__", None)
         if code is None:
             break
-        out.add(code)
+        out.append(code)
         fn = getattr(fn, "__wrapped__", None)
     return out
 
@@ -311,8 +314,6 @@ def tell_unwatched() -> None:
     global _told_unwatched
     if compiled_before and not _told_unwatched:
         _told_unwatched = True
-        from tracer._errors import warn
-
         warn(f"{compiled_before[0]} compiled by torch.compile before the dump attached are not "
              f"recorded as compiled regions; create the Dumper before the first compiled call "
              f"(the zero-code attach does)", stacklevel=4)

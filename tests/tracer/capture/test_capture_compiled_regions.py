@@ -126,6 +126,26 @@ def test_the_setup_says_how_each_side_ran_compiled_code(tmp_path):
 
 
 @pytest.mark.slow
+def test_graphs_compiled_before_the_dump_attached_are_said_once(tmp_path, monkeypatch):
+    from tracer import SleuthWarning
+    from tracer.capture import _regions
+
+    monkeypatch.setattr(_regions, "_told_unwatched", False)
+    torch._dynamo.reset()
+    model = Net()
+    call = torch.compile(model, backend="aot_eager")
+    call(torch.randn(4, 8))  # compiled while no Dumper listened
+    monkeypatch.setattr(_regions, "compiled_before", ["1 graph(s)"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for run in ("a", "b"):
+            tracer.Dumper(model, {"path": str(tmp_path / run), "writer": "sync"}).close()
+    said = [str(w.message) for w in seen if issubclass(w.category, SleuthWarning)
+            and "before the dump attached" in str(w.message)]
+    assert len(said) == 1, said
+
+
+@pytest.mark.slow
 def test_an_eager_run_against_its_compiled_run_is_same_not_two_codebases(tmp_path):
     # the compiled run's modules inside the region have no records of their own, so most
     # records of each side find no partner; that is how the two ran, not two codebases
@@ -394,9 +414,12 @@ def test_a_hugging_face_llama_compiled(tmp_path, backend):
     plain = _llama(tmp_path / "plain", dump=False, backend=backend)
     assert _llama(tmp_path / "a", backend=backend) == plain
     _llama(tmp_path / "b", backend=backend, fault=True)
-    names = set(tracer.open_dump(tmp_path / "a").stats(0, 0).name)
-    # Hugging Face wraps the model's forward in decorators: the region is still its forward
-    assert "<root>::compiled.forward.0.output.0" in names
+    stats = tracer.open_dump(tmp_path / "a").stats(0, 0)
+    # Hugging Face wraps the model's forward in decorators: the region is still its forward,
+    # at the model's line, not the outermost decorator's
+    region = stats[stats.name == "<root>::compiled.forward.0.output.0"]
+    assert len(region) == 1
+    assert "models/llama/modeling_llama.py:" in region.source.iloc[0], region.source.iloc[0]
     e = explain(tmp_path / "a", tmp_path / "b")
     # the compiled mode sees the region, never "inputs differ" for what its kernels made
     assert e.status != "inputs" and "inputs differ" not in e.verdict, e.verdict
