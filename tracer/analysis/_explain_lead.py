@@ -336,15 +336,19 @@ class Lead:
         return None
 
     def _cast_dtypes(self, casts: list[dict[str, Any]]) -> list[Any]:
-        """The floating dtypes below float32 that B's unpaired calls name (their specs)."""
+        """The floating dtypes below float32 that B's unpaired calls name (their specs) or
+        take as input (a cast back up, `.float()` on what autocast made in bfloat16)."""
         import torch
 
         out = []
         for u in casts:
             text = self.sides.specs["b"].get(stem(u["name"]), "")
+            inputs = {str(r["dtype"]) for r in self.step.calls["b"].get(stem(u["name"]), ())
+                      if r["direction"] == "input"}
             for name in ("float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"):
                 dtype = getattr(torch, name, None)
-                if f'"dtype":"{name}"' in text and dtype is not None and dtype not in out:
+                if dtype is not None and dtype not in out and (
+                        f'"dtype":"{name}"' in text or name in inputs):
                     out.append(dtype)
         return out
 

@@ -147,3 +147,32 @@ def test_swapped_operands_under_bf16_are_a_bug_at_the_call(tmp_path):
     assert e.status == "bug", e.verdict
     assert e.blamed["op"] == "aten.sub" and e.blamed["source"] == _line("# THE SWAP")
     assert "rounding is present too" in e.verdict
+
+
+def _float_loss(path: Path, bf16: bool) -> Path:
+    """An MLP under autocast whose loss is taken on `out.float()` outside it, three steps:
+    only B's `.float()` dispatches a cast (A's output is float32 already), and the next op's
+    input is float32 on both sides."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with tracer.Dumper(model, {"path": str(path), "level": "mix", "mode": "tensor",
+                               "steps": "0-2"}):
+        for step in range(3):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                out = model(x)
+            loss = out.float().pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return path
+
+
+@pytest.mark.slow
+def test_a_cast_up_of_what_autocast_made_is_precision_not_an_op_added(tmp_path):
+    # the cast only B runs takes a bfloat16 value: the difference it passes on is that
+    # precision's rounding, never "op added"
+    e = explain(_float_loss(tmp_path / "a", False), _float_loss(tmp_path / "b", True))
+    assert e.status == "precision", e.verdict
+    assert "aten._to_copy" in e.verdict and "bfloat16 rounding" in e.verdict, e.verdict
