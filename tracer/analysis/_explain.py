@@ -429,10 +429,11 @@ def _under_rounding(hidden: Hidden, lows: list[str], before: Explanation) -> Exp
     """The bug a precision (or unexplained) verdict would have hidden, saying the rounding is
     there too where B computes in a lower precision than A."""
     fd = before.first_divergence or {}
-    told = ("judged it within its tolerance" if hidden.verdict == "same" else
-            "names a divergence before it")
-    where = (f"the diff, whose first divergence is {fd.get('name', '?')}, {told}: "
-             f"{hidden.record} differs by {hidden.error:.3g}")
+    first = fd.get("name", "?")
+    where = (f"the diff, whose first divergence is {first}, judged it within its tolerance: "
+             f"{hidden.record} differs by {hidden.error:.3g}" if hidden.verdict == "same" else
+             f"{hidden.record} differs by {hidden.error:.3g}; the diff's first divergence, "
+             f"{first}, is an earlier record that differs by rounding")
     also = f"B also computes in {', '.join(lows)}: rounding is present too, and " if lows else ""
     notes = [*before.notes, "without this bug the chain would read: "
              + before.verdict.split(",", 1)[0]]
