@@ -87,3 +87,66 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
         tracer.LiveReference(tmp_path, on_divergence="halt")
     with pytest.raises(tracer.ConfigError, match=r"pass tracer.LiveReference\("):
         tracer.Dumper(MLP(), {"path": str(tmp_path / "run")}, reference=str(tmp_path))
+
+
+_TRAIN = '''
+import os, sys
+import torch
+sys.path.insert(0, {models!r})
+from models import TinyCausalLM, TinyConfig
+
+torch.manual_seed(0)
+model = TinyCausalLM(TinyConfig())
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.Generator().manual_seed(1)
+fault = os.environ.get("FAULT") == "1"
+up = model.layers[1].mlp[0]
+inner = up.forward
+
+
+def forward(x):
+    out = inner(x)
+    return out * 1.5 if fault and step == 2 else out  # the fault: an extra op in step 2
+
+
+up.forward = forward
+for step in range(5):
+    ids = torch.randint(0, 64, (2, 8), generator=data)
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad()
+'''
+
+
+@pytest.mark.slow
+def test_sleuth_run_names_the_diffs_record_in_the_step_it_happens(tmp_path, sleuth_cli):
+    """An unedited script under `sleuth run --reference`: a run like the reference says
+    nothing; a fault in step 2 is named live at the record `tracer.diff` names afterwards, in
+    step 2; with --on-divergence stop the run ends with exit code 3."""
+    from pathlib import Path
+
+    (tmp_path / "train.py").write_text(_TRAIN.format(models=str(Path(__file__).parents[1])))
+    (tmp_path / "dump.json").write_text(json.dumps({"steps": "all"}))
+
+    def run(name, *extra, fault=False):
+        return sleuth_cli("run", "--run-dir", name, "--dump", "dump.json", *extra, "--",
+                          "python", "train.py", cwd=tmp_path, env={"FAULT": "1" if fault else "0"})
+
+    proc = run("ref")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run("same", "--reference", "ref")
+    assert proc.returncode == 0 and "live reference" not in proc.stderr, proc.stderr[-3000:]
+    proc = run("bad", "--reference", "ref", fault=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = tracer.diff(tmp_path / "ref", tmp_path / "bad").first_divergence
+    assert after["step"] == 2 and after["module"].endswith("layers.1.mlp.0")
+    [line] = [x for x in proc.stderr.splitlines() if "live reference" in x]
+    assert line.startswith(f"sleuth: live reference: first divergence at step 2: "
+                           f"{after['name']} (module {after['module']}, op ")
+    assert f"phase forward, at {after['source']}): " in line and line.endswith("the run goes on")
+    proc = run("stopped", "--reference", "ref", "--on-divergence", "stop", fault=True)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "first divergence at step 2" in proc.stderr and "Traceback" not in proc.stderr
+    kept = json.loads((tmp_path / "stopped" / "dump" / "rank0" / "live_reference.json")
+                      .read_text())
+    assert kept["first_divergence"]["name"] == after["name"]
