@@ -115,6 +115,13 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
     if code == 0:
         _say_written(args, run_dir, env)
+    elif getattr(args, "reference", None) and args.on_divergence == "stop":
+        from tracer import ReferenceDiverged
+
+        if code == ReferenceDiverged.EXIT_CODE:
+            print(f"sleuth run: stopped at the first divergence from {args.reference} (exit "
+                  f"code {code}); the dump holds the steps up to it, and live_reference.json "
+                  f"beside them the record", file=sys.stderr)
     return code
 
 

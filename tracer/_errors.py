@@ -69,6 +69,8 @@ class ReferenceDiverged(SystemExit):
     `except Exception` does not swallow it. The divergence was said on stderr already; the
     message repeats it for a caller that catches this."""
 
+    EXIT_CODE = REFERENCE_EXIT
+
     def __init__(self, message: str) -> None:
         super().__init__(REFERENCE_EXIT)
         self.message = message
