@@ -153,9 +153,12 @@ def _priority(row: dict) -> int:
 def _ordered(rows: list[dict]) -> list[dict]:
     """Execution order: by seq of A; records only B has are placed after the matched record that
     precedes them in B."""
-    by_b = sorted((r for r in rows if r["b_seq"] >= 0), key=lambda r: r["b_seq"])
-    last = -1.0
+    # seq numbers restart every step: a B-only record follows its own step's records
+    by_b = sorted((r for r in rows if r["b_seq"] >= 0), key=lambda r: (r["step"], r["b_seq"]))
+    last, step = -1.0, None
     for r in by_b:
+        if r["step"] != step:
+            last, step = -1.0, r["step"]
         if r["seq"] >= 0:
             last = float(r["seq"])
             r["_pos"] = last
