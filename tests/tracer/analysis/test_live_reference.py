@@ -150,3 +150,47 @@ def test_sleuth_run_names_the_diffs_record_in_the_step_it_happens(tmp_path, sleu
     kept = json.loads((tmp_path / "stopped" / "dump" / "rank0" / "live_reference.json")
                       .read_text())
     assert kept["first_divergence"]["name"] == after["name"]
+
+
+_LIVE_FAULTS = ("extra_forward", "extra_small", "dropped_op", "extra_backward", "swapped",
+                "permutation", "nan")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", _LIVE_FAULTS)
+def test_fault_zoo_faults_are_found_live_in_their_step(tmp_path, fault):
+    """The fault zoo's op faults, put into a small causal LM from step 2 on (the reference runs
+    the fault's correct code from step 2 on): found live at step 2 at the record `tracer.diff`
+    names afterwards, inside the site or right after the site's op that only one run ran
+    (level op, sync and async writers)."""
+    from fault_zoo import _inject, in_site
+    from models import TinyCausalLM, TinyConfig
+
+    site = "layers.1.mlp.0"
+
+    def train(path, faulty, reference=None, writer="sync"):
+        torch.manual_seed(0)
+        model = TinyCausalLM(TinyConfig())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.Generator().manual_seed(1)
+        with tracer.Dumper(model, {"path": str(path), "level": "op", "writer": writer},
+                           reference=reference):
+            for step in range(4):
+                if step == 2:
+                    _inject(model, fault, site, faulty)
+                ids = torch.randint(0, 64, (2, 8), generator=data)
+                model(ids, labels=ids).loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+    train(tmp_path / "ref", faulty=False)
+    for writer in ("sync", "async"):
+        live = tracer.LiveReference(tmp_path / "ref")
+        train(tmp_path / writer, faulty=True, reference=live, writer=writer)
+        after = tracer.diff(tmp_path / "ref", tmp_path / writer).first_divergence
+        assert live.first_divergence is not None, (writer, after)
+        assert (live.first_divergence["step"], live.first_divergence["name"]) == \
+            (2, after["name"]) and after["step"] == 2, writer
+        # an op only one run has is unpaired: the diff names the next record, and it before
+        made = [after["module"]] + [u["name"].split("::")[0] for u in after["unpaired_before"]]
+        assert any(in_site(m, site) for m in made), after
