@@ -101,7 +101,8 @@ class LiveReference:
     def judge(self, *, final: bool = False) -> None:
         """Compare every ended step whose file is on disk (`final`: the Dumper closed its
         writer; a step whose file is still missing then was not written and is dropped).
-        Raises ReferenceDiverged at a divergence when `on_divergence` is "stop"."""
+        Raises ReferenceDiverged at a divergence when `on_divergence` is "stop", except at
+        `final`: the run is over, and at interpreter exit no exception could set its status."""
         while self._pending and self.active:
             path, rank, step = self._pending[0]
             if not path.is_file():  # the async writer has not renamed it into place yet
