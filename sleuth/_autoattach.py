@@ -21,6 +21,7 @@ _TOOLS = {
     "SLEUTH_SUMMARY": ("profiler", "attach_from_env"),
     "SLEUTH_SAVE_GRAPHS": ("irdump", "attach_from_env"),
 }
+_REFERENCE = "SLEUTH_REFERENCE"  # compared with the dump: no tool of its own
 _handles: list[object] = []
 _claimed: list[str] = []  # run.json this process linked into place, then the folders it made
 
@@ -53,7 +54,11 @@ def attach() -> None:
         return
     for package, function in requested():
         try:
-            handle = getattr(importlib.import_module(package), function)()
+            module = importlib.import_module(package)
+            # the dump's live reference ($SLEUTH_REFERENCE) is made here, above the tracer:
+            # the Dumper compares through the diff, which the recording side never imports
+            extra = (module.LiveReference.from_env(),) if package == "tracer" else ()
+            handle = getattr(module, function)(*extra)
         except Exception as e:  # a broken config must not kill the user's run silently or loudly
             if strict():
                 _stop(f"could not attach {package} ({type(e).__name__}: {e})")
@@ -172,6 +177,11 @@ class _AfterTorchImport(importlib.abc.MetaPathFinder):
 
 def _install() -> None:
     if not requested():
+        if os.environ.get(_REFERENCE, "").strip() not in ("", "0"):
+            from sleuth.common import warn
+
+            warn(f"${_REFERENCE} is set but no dump is, so nothing is compared with it: set "
+                 f"SLEUTH_DUMP_CONFIG too (sleuth run --dump CONFIG --reference RUN)")
         return
     if "torch" in sys.modules:
         attach()

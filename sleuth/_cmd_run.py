@@ -32,6 +32,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--summary", action="store_true",
                    help="log parameter and gradient norms and histograms at optimizer steps")
     p.add_argument("--save-graphs", action="store_true", help="export the model's IR graphs")
+    p.add_argument("--reference", metavar="RUN",
+                   help="compare each dumped step, as it is written, with the same step and "
+                   "rank of RUN (a run dumped with the same config) and say the first record "
+                   "out of tolerance at once (docs/diff.md, \"Live reference\"); needs --dump")
+    p.add_argument("--on-divergence", choices=("continue", "stop"), default="continue",
+                   help="with --reference, at the first divergence: go on (default), or stop "
+                   "the run with exit code 3")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the files of another run found in the run directory (only "
                    "files Sleuth writes) instead of refusing to start")
@@ -55,6 +62,9 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
                                      else str(Path(args.dump).resolve()))
     if args.profile:
         env["SLEUTH_PROFILE"] = args.profile if args.profile == "1" else str(Path(args.profile).resolve())
+    if getattr(args, "reference", None):
+        env["SLEUTH_REFERENCE"] = str(Path(args.reference).resolve())
+        env["SLEUTH_REFERENCE_ON_DIVERGENCE"] = args.on_divergence
     if args.summary:
         env["SLEUTH_SUMMARY"] = "1"
     if args.save_graphs:
@@ -84,6 +94,9 @@ def _run(args: argparse.Namespace) -> int:
     if not cmd:
         raise CliError("no command given; write it after `--`, e.g. "
                        "sleuth run --dump dump.json -- python train.py")
+    if getattr(args, "reference", None) and not args.dump:
+        raise CliError("--reference compares the run's dump with RUN's: give the dump config "
+                       "too, the one RUN was dumped with (--dump dump.json)")
     env = child_env(args)
     _validate_configs(args)
     run_dir = Path(env["SLEUTH_RUN_DIR"])
@@ -102,6 +115,13 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError(f"cannot run {cmd[0]!r}: {e.strerror}") from e
     if code == 0:
         _say_written(args, run_dir, env)
+    elif getattr(args, "reference", None) and args.on_divergence == "stop":
+        from tracer import ReferenceDiverged
+
+        if code == ReferenceDiverged.EXIT_CODE:
+            print(f"sleuth run: stopped at the first divergence from {args.reference} (exit "
+                  f"code {code}); the dump holds the steps up to it, and live_reference.json "
+                  f"beside them the record", file=sys.stderr)
     return code
 
 
@@ -240,7 +260,8 @@ def _write_run_json(run_dir: Path, cmd: list[str], env: dict[str, str]) -> None:
     from trainer import write_run_json
 
     tools = {k: env[k] for k in ("SLEUTH_DUMP_CONFIG", "SLEUTH_PROFILE", "SLEUTH_SUMMARY",
-                                 "SLEUTH_SAVE_GRAPHS") if k in env}
+                                 "SLEUTH_SAVE_GRAPHS", "SLEUTH_REFERENCE",
+                                 "SLEUTH_REFERENCE_ON_DIVERGENCE") if k in env}
     world = int(env.get("WORLD_SIZE", "1"))
     if cmd and Path(cmd[0]).name in ("torchrun",):
         world = next((int(a.split("=", 1)[1]) for a in cmd if a.startswith("--nproc_per_node=")

@@ -19,14 +19,16 @@ from typing import TYPE_CHECKING
 from tracer._config import ENV_VAR
 
 if TYPE_CHECKING:
-    from tracer._dumper import Dumper
+    from tracer._dumper import Dumper, StepListener
 
 _active: Dumper | None = None
 _attaching = False
 
 
-def attach_from_env() -> Dumper | None:
+def attach_from_env(reference: StepListener | None = None) -> Dumper | None:
     """Attach a global Dumper as $SLEUTH_DUMP_CONFIG says; None when it is unset or "0".
+    `reference`: the Dumper's live reference (`tracer.LiveReference`; the start-up hook makes
+    it from $SLEUTH_REFERENCE).
 
     Calling it again returns the Dumper already attached. A config that is unreadable or
     invalid, or a Dumper that fails to start, warns once (``sleuth: the tensor dump is off for
@@ -46,12 +48,12 @@ def attach_from_env() -> Dumper | None:
         return None
     _attaching = True
     try:
-        return _attach(value)
+        return _attach(value, reference)
     finally:
         _attaching = False
 
 
-def _attach(value: str) -> Dumper | None:
+def _attach(value: str, reference: StepListener | None) -> Dumper | None:
     global _active
     from sleuth.common import go_off, strict
     from tracer._config import DumpConfig
@@ -60,7 +62,7 @@ def _attach(value: str) -> Dumper | None:
     config = None
     try:
         config = DumpConfig.from_env(value)  # not None: attach_from_env returned for "" and "0"
-        _active = Dumper(None, config)
+        _active = Dumper(None, config, reference=reference)
     except Exception as e:
         if config.raises() if config is not None else strict():
             raise

@@ -27,7 +27,7 @@ import os
 import threading
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.optim import optimizer as _optim
@@ -66,6 +66,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+class StepListener(Protocol):
+    """What a Dumper tells a live reference (`tracer.LiveReference`): the steps it wrote, and
+    when to compare those on disk. Nothing of it runs per record."""
+
+    def step_ended(self, path: Path, rank: int, step: int) -> None:
+        """Step `step` of `rank` ended; its file is, or will be once written, `path`."""
+
+    def judge(self, *, final: bool = False) -> None:
+        """Compare the ended steps whose files are on disk (`final`: the writer closed)."""
+
+
 def resolve_config(config: DumpConfig | dict | str | os.PathLike | None) -> DumpConfig:
     """A DumpConfig from a config, a dict, inline JSON (``{...}``), a JSON path, or None
     (the defaults)."""
@@ -93,6 +104,9 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
         rank, world_size: default to $RANK / $WORLD_SIZE (0 and 1).
         first_step: the number of the first step (a resumed run's next optimizer step, so
             that dump steps keep matching the trainer's).
+        reference: a `tracer.LiveReference`: each written step is compared with the
+            reference run's step of the same number and rank while the run trains
+            (docs/diff.md, "Live reference").
 
     Use as a context manager, or call ``close()``: it writes the last step and re-raises
     writer errors; an exception leaving the ``with`` block, an uncaught exception or SIGTERM
@@ -103,8 +117,13 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
     def __init__(self, model: torch.nn.Module | None = None,
                  config: DumpConfig | dict | str | os.PathLike | None = None, *,
                  rank: int | None = None, world_size: int | None = None,
-                 first_step: int = 0) -> None:
+                 first_step: int = 0, reference: StepListener | None = None) -> None:
         self.config = resolve_config(config)
+        if isinstance(reference, (str, os.PathLike)):
+            raise ConfigError(f"reference: pass tracer.LiveReference({str(reference)!r}), not a "
+                              f"path: the comparison is the diff's, which a Dumper does not "
+                              f"import by itself")
+        self._reference = reference
         warn_retired_switches()
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else int(rank)
         self.world_size = (int(os.environ.get("WORLD_SIZE", 1)) if world_size is None
@@ -213,6 +232,7 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
             self._begin()
         except Exception as e:  # noqa: BLE001 - routed through on_error
             self._fail(e)
+        self._judge_reference()
 
     def close(self, *, interrupted: BaseException | str | None = None) -> None:
         """Write the current step if it recorded anything, remove every hook, close the writer
@@ -254,6 +274,8 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
             try:
                 if writer is not None:
                     writer.close()
+                if reason is None:  # a dying run's last steps are not worth its last seconds
+                    self._judge_reference(final=True)
             finally:
                 if reason is None and writer is not None:
                     disarm_flight_recorder(self.config, self.rank)

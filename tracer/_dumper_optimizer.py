@@ -97,6 +97,7 @@ class OptimizerHooks:
             self._after_optimizer(optimizer)
         except Exception as e:  # noqa: BLE001 - routed through on_error
             self._fail(e)
+        self._judge_reference()
 
     def _after_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimizer step's parameter records; the step it ends (`StepRule`) is written and

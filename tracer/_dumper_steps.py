@@ -130,8 +130,25 @@ class StepBoundaries:
                 self._writer.end_step(reason)
             else:
                 self._writer.end_step()
+            if how is not LastStep.DROP and self._reference is not None:
+                from tracer.storage import step_path
+
+                step = self.current_step
+                self._reference.step_ended(step_path(self.config.run_dir(), self.rank, step),
+                                           self.rank, step)
         finally:
             self._busy = False
+
+    def _judge_reference(self, *, final: bool = False) -> None:
+        """After a step boundary (`final`: at close, the writer closed): the live reference,
+        if any, compares the written steps, and may end the run (`ReferenceDiverged`, raised
+        here, outside the dump's own error handling, once the boundary is whole)."""
+        if self._reference is not None:
+            self._busy = True  # its reading makes no records
+            try:
+                self._reference.judge(final=final)
+            finally:
+                self._busy = False
 
     def _drop_step(self) -> None:
         """Drop the open step (what followed the last optimizer step), saying so: a warning

@@ -55,3 +55,25 @@ class WatchpointHit(TracerError):
 
 class RecordNotFoundError(TracerError, LookupError):
     """No record of that name in that step of a dump; the message lists close names."""
+
+
+REFERENCE_EXIT = 3
+"""The exit status of a run a live reference stopped (`tracer.ReferenceDiverged`)."""
+
+
+class ReferenceDiverged(SystemExit):
+    """A live reference with `on_divergence="stop"` found the run's first record out of
+    tolerance: the run ends with exit status `REFERENCE_EXIT` (3). A SystemExit rather than a
+    TracerError, on purpose: it ends an unedited script (`sleuth run --reference`) with its own
+    exit status and no traceback, as `sys.exit(3)` would, and a training loop's
+    `except Exception` does not swallow it. The divergence was said on stderr already; the
+    message repeats it for a caller that catches this."""
+
+    EXIT_CODE = REFERENCE_EXIT
+
+    def __init__(self, message: str) -> None:
+        super().__init__(REFERENCE_EXIT)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message

@@ -114,3 +114,20 @@ def test_bad_inline_json_is_one_line(tmp_path, sleuth_cli):
     assert r.stderr.strip() == ("sleuth run: error: --dump: inline JSON: unknown key 'levle'; "
                                 "did you mean 'level'? (valid keys: "
                                 + r.stderr.split("(valid keys: ", 1)[1].strip())
+
+
+def test_reference_without_a_dump_is_one_line_before_the_child(tmp_path, capsys):
+    from sleuth._cmd_run import child_env
+    from sleuth.cli import build_parser, main
+
+    run = tmp_path / "run"
+    assert main(["run", "--run-dir", str(run), "--reference", str(tmp_path), "--", "python",
+                 "-c", "print('the child ran')"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--reference compares the run's dump" in err
+    assert not run.exists()
+    args = build_parser().parse_args(["run", "--dump", "{}", "--reference", "ref",
+                                      "--on-divergence", "stop", "--", "true"])
+    env = child_env(args, base={})
+    assert env["SLEUTH_REFERENCE"].endswith("ref") and \
+        env["SLEUTH_REFERENCE_ON_DIVERGENCE"] == "stop"

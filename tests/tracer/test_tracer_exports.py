@@ -12,8 +12,8 @@ import tracer.storage
 
 EXPECTED = [
     "ConfigError", "DiffResult", "Dump", "DumpConfig", "DumpFormatError", "DumpWriteError",
-    "Dumper", "OtherRunError", "RankDiffResult", "RawTensor", "RecordNotFoundError",
-    "SleuthWarning", "Tolerance",
+    "Dumper", "LiveReference", "OtherRunError", "RankDiffResult", "RawTensor",
+    "RecordNotFoundError", "ReferenceDiverged", "SleuthWarning", "Tolerance",
     "TracerError", "UntrustedFileError", "WatchConfig", "WatchpointHit", "attach_from_env", "check",
     "diff", "diff_ranks",
     "export_parquet", "first_nan_origin", "headroom_trend", "map_modules", "open_dump",
@@ -43,7 +43,7 @@ FACES = {
                 "read_text_bounded", "sketch_positions",
                 "sketch_row", "step_path", "step_status", "stored_extent"],
     "analysis": ["AuditResult", "Coverage", "DiffResult", "Explanation", "HeadroomReport",
-                 "ModuleMap",
+                 "LiveReference", "ModuleMap",
                  "NotReplayable", "RankDiffResult",
                  "TABLE_READ_ERRORS", "Tolerance", "WatchConfig", "audit", "check",
                  "check_ranks",

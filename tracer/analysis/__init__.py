@@ -18,6 +18,8 @@ _EXPORTS: dict[str, str] = {
     "RankDiffResult": "tracer.analysis._ranks",
     "diff_ranks": "tracer.analysis._ranks",
     "dump_ranks": "tracer.analysis._ranks",
+    # a run compared with a known-good dump while it trains
+    "LiveReference": "tracer.analysis._live",
     # a bug or rounding: ops re-run on recorded inputs
     "Explanation": "tracer.analysis._explain",
     "explain": "tracer.analysis._explain",

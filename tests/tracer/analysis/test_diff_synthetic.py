@@ -271,3 +271,22 @@ def test_chunked_reads_bound_memory_and_match(tmp_path, monkeypatch):
     # the NaN on one side: no cosine, unbounded error, never 1.0 and 0 from the finite rest
     assert np.isnan(chunked["cosine"]) and chunked["max_abs_err"] == np.inf
     assert chunked["reason"].startswith("NaN/Inf differ: A has 0 NaN"), chunked["reason"]
+
+
+def test_a_record_only_b_has_is_ordered_within_its_own_step():
+    """Sequence numbers restart every step: a B-only record follows the record before it in its
+    own step, never one of another step with the same number."""
+    from tracer.analysis._diff_result import _ordered
+
+    def row(name, step, seq, b_seq):
+        return {"name": name, "step": step, "seq": seq, "b_seq": b_seq, "phase": "forward",
+                "direction": "output"}
+
+    rows = [row(f"s{s}.r{i}", s, i, i if s == 0 or i < 2 else i + 1)
+            for s in (0, 1) for i in range(4)] + [row("s1.extra", 1, -1, 2)]
+    first = row("s0.extra", 0, -1, 0)  # before every matched record of its step
+    rows = [{**r, "b_seq": r["b_seq"] + (1 if r["step"] == 0 and r["seq"] >= 0 else 0)}
+            for r in rows] + [first]
+    names = [r["name"] for r in _ordered(rows)]
+    assert names == ["s0.extra", "s0.r0", "s0.r1", "s0.r2", "s0.r3",
+                     "s1.r0", "s1.r1", "s1.extra", "s1.r2", "s1.r3"]

@@ -1,0 +1,196 @@
+"""The live reference (tracer.analysis._live): a run's steps diffed with a known-good dump's as
+the Dumper writes them. The record it names is the record `tracer.diff` names afterwards; a
+reference that does not read goes off in one line; "stop" ends the run with exit code 3."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tracer
+from sleuth.common import SleuthError
+from models import MLP
+
+
+def _train(path, reference=None, *, fault_step=None, steps=3, writer="sync"):
+    """Three SGD steps of a small MLP on fixed batches, dumped at level module; at `fault_step`
+    the weight of fc2 is scaled before the forward (a fault written in place)."""
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    data = torch.Generator().manual_seed(1)
+    with tracer.Dumper(model, {"path": str(path), "writer": writer}, reference=reference):
+        for step in range(steps):
+            if step == fault_step:
+                with torch.no_grad():
+                    model.fc2.weight.mul_(1.5)
+            model(torch.randn(4, 8, generator=data)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    path = tmp_path_factory.mktemp("live") / "ref"
+    _train(path)
+    return path
+
+
+def test_the_first_divergence_is_the_diffs_said_at_once_and_kept(reference, tmp_path, capfd):
+    live = tracer.LiveReference(reference)
+    _train(tmp_path / "run", live, fault_step=1)
+    err = capfd.readouterr().err
+    after = tracer.diff(reference, tmp_path / "run").first_divergence
+    assert live.first_divergence["name"] == after["name"] and after["step"] == 1
+    assert live.compared == [0, 1]  # nothing compared after the first divergence
+    [line] = [x for x in err.splitlines() if "live reference" in x]
+    assert line.startswith(f"sleuth: live reference: first divergence at step 1: {after['name']}"
+                           f" (module fc2, op -, phase optimizer, at ")
+    kept = json.loads((tmp_path / "run" / "dump" / "rank0" / "live_reference.json").read_text())
+    assert (kept["step"], kept["first_divergence"]["name"]) == (1, after["name"])
+
+
+def test_the_same_run_raises_no_alarm_with_the_async_writer(reference, tmp_path, capfd):
+    live = tracer.LiveReference(reference)
+    _train(tmp_path / "run", live, writer="async")
+    assert live.first_divergence is None and live.compared == [0, 1, 2]
+    assert "live reference" not in capfd.readouterr().err
+
+
+def test_stop_ends_the_run_with_exit_code_3(reference, tmp_path):
+    live = tracer.LiveReference(reference, on_divergence="stop")
+    with pytest.raises(tracer.ReferenceDiverged) as e:
+        _train(tmp_path / "run", live, fault_step=1)
+    assert isinstance(e.value, SystemExit) and e.value.code == 3
+    assert "run stopped at step 1" in str(e.value)
+    assert tracer.open_dump(tmp_path / "run").steps(0) == [0, 1]  # the step it stopped after
+
+
+def test_a_reference_that_does_not_read_is_one_line_and_the_run_goes_on(tmp_path,
+                                                                        monkeypatch):
+    monkeypatch.delenv("SLEUTH_STRICT", raising=False)
+    with pytest.warns(tracer.SleuthWarning) as said:
+        live = tracer.LiveReference(tmp_path / "nowhere")
+    [line] = [str(w.message) for w in said]
+    assert line.startswith("the live reference is off, and the run goes on without it: "
+                           "reading the reference") and "nowhere" in line
+    _train(tmp_path / "run", live, steps=1)
+    assert not live.active and live.compared == []
+    monkeypatch.setenv("SLEUTH_STRICT", "1")
+    with pytest.raises(SleuthError, match="no dump at .*nowhere"):  # the error itself
+        tracer.LiveReference(tmp_path / "nowhere")
+
+
+def test_user_mistakes_are_one_line_errors(tmp_path):
+    with pytest.raises(tracer.ConfigError, match="on_divergence"):
+        tracer.LiveReference(tmp_path, on_divergence="halt")
+    with pytest.raises(tracer.ConfigError, match=r"pass tracer.LiveReference\("):
+        tracer.Dumper(MLP(), {"path": str(tmp_path / "run")}, reference=str(tmp_path))
+
+
+_TRAIN = '''
+import os, sys
+import torch
+sys.path.insert(0, {models!r})
+from models import TinyCausalLM, TinyConfig
+
+torch.manual_seed(0)
+model = TinyCausalLM(TinyConfig())
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.Generator().manual_seed(1)
+fault = os.environ.get("FAULT") == "1"
+up = model.layers[1].mlp[0]
+inner = up.forward
+
+
+def forward(x):
+    out = inner(x)
+    return out * 1.5 if fault and step == 2 else out  # the fault: an extra op in step 2
+
+
+up.forward = forward
+for step in range(5):
+    ids = torch.randint(0, 64, (2, 8), generator=data)
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad()
+'''
+
+
+@pytest.mark.slow
+def test_sleuth_run_names_the_diffs_record_in_the_step_it_happens(tmp_path, sleuth_cli):
+    """An unedited script under `sleuth run --reference`: a run like the reference says
+    nothing; a fault in step 2 is named live at the record `tracer.diff` names afterwards, in
+    step 2; with --on-divergence stop the run ends with exit code 3."""
+    from pathlib import Path
+
+    (tmp_path / "train.py").write_text(_TRAIN.format(models=str(Path(__file__).parents[1])))
+    (tmp_path / "dump.json").write_text(json.dumps({"steps": "all"}))
+
+    def run(name, *extra, fault=False):
+        return sleuth_cli("run", "--run-dir", name, "--dump", "dump.json", *extra, "--",
+                          "python", "train.py", cwd=tmp_path, env={"FAULT": "1" if fault else "0"})
+
+    proc = run("ref")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run("same", "--reference", "ref")
+    assert proc.returncode == 0 and "live reference" not in proc.stderr, proc.stderr[-3000:]
+    proc = run("bad", "--reference", "ref", fault=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = tracer.diff(tmp_path / "ref", tmp_path / "bad").first_divergence
+    assert after["step"] == 2 and after["module"].endswith("layers.1.mlp.0")
+    [line] = [x for x in proc.stderr.splitlines() if "live reference" in x]
+    assert line.startswith(f"sleuth: live reference: first divergence at step 2: "
+                           f"{after['name']} (module {after['module']}, op ")
+    assert f"phase forward, at {after['source']}): " in line and line.endswith("the run goes on")
+    proc = run("stopped", "--reference", "ref", "--on-divergence", "stop", fault=True)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "first divergence at step 2" in proc.stderr and "Traceback" not in proc.stderr
+    kept = json.loads((tmp_path / "stopped" / "dump" / "rank0" / "live_reference.json")
+                      .read_text())
+    assert kept["first_divergence"]["name"] == after["name"]
+
+
+_LIVE_FAULTS = ("extra_forward", "extra_small", "dropped_op", "extra_backward", "swapped",
+                "permutation", "nan")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", _LIVE_FAULTS)
+def test_fault_zoo_faults_are_found_live_in_their_step(tmp_path, fault):
+    """The fault zoo's op faults, put into a small causal LM from step 2 on (the reference runs
+    the fault's correct code from step 2 on): found live at step 2 at the record `tracer.diff`
+    names afterwards, inside the site or right after the site's op that only one run ran
+    (level op, sync and async writers)."""
+    from fault_zoo import _inject, in_site
+    from models import TinyCausalLM, TinyConfig
+
+    site = "layers.1.mlp.0"
+
+    def train(path, faulty, reference=None, writer="sync"):
+        torch.manual_seed(0)
+        model = TinyCausalLM(TinyConfig())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.Generator().manual_seed(1)
+        with tracer.Dumper(model, {"path": str(path), "level": "op", "writer": writer},
+                           reference=reference):
+            for step in range(4):
+                if step == 2:
+                    _inject(model, fault, site, faulty)
+                ids = torch.randint(0, 64, (2, 8), generator=data)
+                model(ids, labels=ids).loss.backward()
+                opt.step()
+                opt.zero_grad()
+
+    train(tmp_path / "ref", faulty=False)
+    for writer in ("sync", "async"):
+        live = tracer.LiveReference(tmp_path / "ref")
+        train(tmp_path / writer, faulty=True, reference=live, writer=writer)
+        after = tracer.diff(tmp_path / "ref", tmp_path / writer).first_divergence
+        assert live.first_divergence is not None, (writer, after)
+        assert (live.first_divergence["step"], live.first_divergence["name"]) == \
+            (2, after["name"]) and after["step"] == 2, writer
+        # an op only one run has is unpaired: the diff names the next record, and it before
+        made = [after["module"]] + [u["name"].split("::")[0] for u in after["unpaired_before"]]
+        assert any(in_site(m, site) for m in made), after
