@@ -26,9 +26,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from profiler._diff_causes import PHASES, causes, short_source
+from profiler._diff_causes import PHASES, Cause, Tables, find_causes
 from profiler._diff_gpu import gpu_diff, gpu_rank_diff
 from profiler._diff_pairs import empty_lines, host_diff, line_diff, module_diff, op_diff, rank
+from profiler._diff_words import short_source, words
 from profiler._errors import ProfileFormatError
 from profiler._noise import Judgement, Spread, between_runs, judge, spread
 from profiler._repeats import as_list, identity, name, read, read_repeats
@@ -63,9 +64,10 @@ class ProfileDiff:
         (kernels charged to the module whose range launched them), largest change first.
     gpu_ranks, kernels_ranks: the same two per rank (a `rank` column first), so one slow rank
         of several is not averaged away (profiler._diff_gpu).
-    causes: sentences naming what accounts for the difference, the likeliest first; time
-        outside any op (the step's change that the ops' own time does not hold) before every
-        cause that explains less of the change.
+    findings: what accounts for the difference, as typed causes (profiler._diff_causes: new
+        or dropped calls, shapes, time per call, time outside ops, GPU idle, Sleuth's own
+        work), the likeliest first.
+    causes: the findings in words (profiler._diff_words), in the same order.
     notes: what limits the comparison (few steps, no stacks, one side's dump on, ...).
     """
 
@@ -81,6 +83,7 @@ class ProfileDiff:
     ranks: Any
     sides: dict[str, dict[str, Any]] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)
+    findings: list[Cause] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     slower_rank: int | None = None
     """The rank whose step time grew the most (several ranks only)."""
@@ -159,7 +162,8 @@ class ProfileDiff:
 
         return _clean({
             "a": self.a, "b": self.b, "verdict": j.verdict, "exit_code": self.exit_code,
-            "headline": self.headline(), "causes": self.causes, "notes": self.notes,
+            "headline": self.headline(), "causes": self.causes,
+            "findings": [_finding(c) for c in self.findings], "notes": self.notes,
             "step_time": {"change": j.change, "p_slower": j.p_slower, "p_faster": j.p_faster,
                           "noise_floor": j.noise, "floor_from": j.floor_from,
                           "between_runs": j.between, "tested": j.tested,
@@ -279,7 +283,13 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
                       host=host_diff(pa, pb, na, nb, descending))
     out.repeats = {"a": [name(x) for x in repeat_a], "b": [name(x) for x in repeat_b]}
     out.new_call_sites = _new_call_sites(pa, pb)
-    out.causes = causes(out)
+    if j.verdict != "no change":
+        out.findings = find_causes(Tables(
+            sign=1 if j.verdict == "slower" else -1, step_us=step_us, ops=ops, lines=lines,
+            modules=mods, breakdown=out.breakdown, host=out.host, gpu=gpu, gpu_ranks=gpu_ranks,
+            slower_rank=slower_rank, new_call_sites=out.new_call_sites, stacks=stacks,
+            decided_by="steps" if math.isnan(j.calls_share) else "calls"))
+    out.causes = [words(c) for c in out.findings]
     return out
 
 
@@ -419,6 +429,12 @@ def _ms(us: float) -> str:
 
 def _pct(change: float) -> str:
     return "n/a" if change is None or math.isnan(change) else f"{change * 100:+.3g} %"
+
+
+def _finding(c: Cause) -> dict[str, Any]:
+    """A typed cause as plain data: its type, what it rests on, its fields."""
+    from dataclasses import asdict
+    return {"type": type(c).__name__, **asdict(c), "kind": c.kind.value}
 
 
 def _clean(v: Any) -> Any:

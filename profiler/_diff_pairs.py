@@ -96,7 +96,7 @@ def op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
     return _rename_sides(_contribution(m))[_OP_COLS]
 
 
-def _size(shapes: str) -> int:
+def shape_size(shapes: str) -> int:
     """The elements an op's input shapes hold together ("[[16, 128], [128]]": 2176), for
     ordering calls of one site by size; 0 where the text is no list of shapes."""
     total = 0
@@ -134,8 +134,8 @@ def _pair_reshaped(m: Any) -> Any:
         rows_b = groups_b.get(key, [])
         if len(rows_a) != len(rows_b):
             continue
-        rows_a = sorted(rows_a, key=lambda i: _size(str(m.at[i, "input_shapes_a"])))
-        rows_b = sorted(rows_b, key=lambda i: _size(str(m.at[i, "input_shapes_b"])))
+        rows_a = sorted(rows_a, key=lambda i: shape_size(str(m.at[i, "input_shapes_a"])))
+        rows_b = sorted(rows_b, key=lambda i: shape_size(str(m.at[i, "input_shapes_b"])))
         for ia, ib in zip(rows_a, rows_b):
             for col in ("calls_a", "self_a", "total_a", "device_a", "source_a",
                         "input_shapes_a"):
@@ -146,7 +146,8 @@ def _pair_reshaped(m: Any) -> Any:
 
 
 SOURCE_SEP = "; "
-"""Between the lines of one op called from several places (`profiler._diff_causes.short_source` splits on it)."""
+"""Between the lines of one op called from several places (`profiler._diff_words.short_source`
+splits on it)."""
 
 
 def _sources_by(df: Any, keys: list[str]) -> dict[tuple[str, ...], str]:
