@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from profiler._diff_causes import PHASES, Cause, Tables, find_causes
+from profiler._diff_causes import PHASES, Cause, Tables, find_causes, shapes_load_free
 from profiler._diff_gpu import gpu_diff, gpu_rank_diff
 from profiler._diff_pairs import empty_lines, host_diff, line_diff, module_diff, op_diff, rank
 from profiler._diff_words import short_source, words
@@ -131,13 +131,8 @@ class ProfileDiff:
             floor += "; variation between runs not measured (one profile a side)"
         if j.withheld:
             floor += f"; the steps alone say {j.withheld}, against the calls (see the note)"
-        if not math.isnan(j.calls_share):
-            more = "more" if j.calls_share > 0 else "fewer"
-            word = "slower" if j.calls_share > 0 else "faster"
-            return (f"B is {word}, by its calls: B makes {more} calls than A, "
-                    f"{j.calls_share * 100:+.3g} % of A's step, above the {floor}, which the "
-                    f"step times alone ({base}) do not clear; calls do not move with the "
-                    "machine's load")
+        if j.decided_by != "steps":
+            return _by_evidence(j, base, floor)
         if j.verdict == "slower":
             return f"B is slower: {base}; {floor}"
         if j.verdict == "faster":
@@ -167,8 +162,8 @@ class ProfileDiff:
             "step_time": {"change": j.change, "p_slower": j.p_slower, "p_faster": j.p_faster,
                           "noise_floor": j.noise, "floor_from": j.floor_from,
                           "between_runs": j.between, "tested": j.tested,
-                          "decided_by": "steps" if math.isnan(j.calls_share) else "calls",
-                          "calls_share": j.calls_share,
+                          "decided_by": j.decided_by, "calls_share": j.calls_share,
+                          "shapes_share": j.shapes_share,
                           "repeats": self.repeats,
                           "a": vars(self.step_a) | {"quartile_deviation": self.step_a.quartile_deviation},
                           "b": vars(self.step_b) | {"quartile_deviation": self.step_b.quartile_deviation}},
@@ -265,7 +260,8 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     # what B's change in calls costs a step at A's time per call: calls do not move with load
     calls_us = float(raw_ops["from_calls_us"].sum()) if not raw_ops.empty else 0.0
     j = _against_calls(j, calls_us, step_us, notes)
-    j = _decided_by_calls(j, calls_us, step_a.median)
+    shapes_us = shapes_load_free(raw_ops)
+    j = _decided_by_evidence(j, calls_us, shapes_us, step_a.median)
     descending = j.verdict != "faster"
     ops = rank(raw_ops, descending)
     mods = rank(module_diff(pa.modules, pb.modules, na, nb), descending)
@@ -288,7 +284,7 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
             sign=1 if j.verdict == "slower" else -1, step_us=step_us, ops=ops, lines=lines,
             modules=mods, breakdown=out.breakdown, host=out.host, gpu=gpu, gpu_ranks=gpu_ranks,
             slower_rank=slower_rank, new_call_sites=out.new_call_sites, stacks=stacks,
-            decided_by="steps" if math.isnan(j.calls_share) else "calls"))
+            decided_by=j.decided_by))
     out.causes = [words(c) for c in out.findings]
     return out
 
@@ -312,18 +308,43 @@ def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[st
     return replace(j, verdict="no change", withheld=j.verdict)
 
 
-def _decided_by_calls(j: Judgement, calls_us: float, step_us: float) -> Judgement:
-    """Where the step times cannot judge ("no change", the steps not against the calls), a
-    change in calls that costs more than the noise floor decides: the calls B makes that A
-    does not (at B's time per call) or that A makes and B drops (at A's) and the calls both
-    make more or fewer times are counted on each side alone, so the machine's load, which
-    moves a whole run's steps, does not move them."""
+def _decided_by_evidence(j: Judgement, calls_us: float, shapes_us: float,
+                         step_us: float) -> Judgement:
+    """Where the step times cannot judge ("no change", the steps not against the calls),
+    evidence that load does not move decides when together it costs more than the noise
+    floor: the change in calls (calls B makes that A does not, at B's time per call, or that A
+    makes and B drops, at A's; calls both make more or fewer times) and the same ops on other
+    input shapes (`shapes_load_free`: B's time scaled by the ops that ran alike). Both are
+    read in each run alone, so the machine's load, which moves a whole run's steps, does not
+    move them. Each part that holds a quarter of their sum the verdict's way is named."""
     if j.verdict != "no change" or j.withheld or not step_us > 0:
         return j
-    share = calls_us / step_us
+    shapes_us = 0.0 if math.isnan(shapes_us) else shapes_us
+    share = (calls_us + shapes_us) / step_us
     if abs(share) <= max(j.noise, 0.01):
         return j
-    return replace(j, verdict="slower" if share > 0 else "faster", calls_share=share)
+    sign = 1 if share > 0 else -1
+    total = abs(calls_us + shapes_us)
+    named = {k: v / step_us if sign * v >= 0.25 * total else math.nan
+             for k, v in (("calls_share", calls_us), ("shapes_share", shapes_us))}
+    return replace(j, verdict="slower" if sign > 0 else "faster", **named)
+
+
+def _by_evidence(j: Judgement, base: str, floor: str) -> str:
+    """The headline of a verdict that calls or shapes decided (`_decided_by_evidence`)."""
+    sign = 1 if j.verdict == "slower" else -1
+    said = []
+    if not math.isnan(j.calls_share):
+        said.append(f"B makes {'more' if sign > 0 else 'fewer'} calls than A, "
+                    f"{j.calls_share * 100:+.3g} % of A's step")
+    if not math.isnan(j.shapes_share):
+        said.append(f"{'and ' if said else 'B '}runs the same ops on "
+                    f"{'larger' if sign > 0 else 'smaller'} inputs, "
+                    f"{j.shapes_share * 100:+.3g} % of A's step at A's speed")
+    which = "they do" if j.decided_by == "calls and shapes" else f"{j.decided_by} do"
+    return (f"B is {j.verdict}, by its {j.decided_by}: {', '.join(said)}, above the {floor}, "
+            f"which the step times alone ({base}) do not clear; {which} not move with the "
+            "machine's load")
 
 
 def _unjudged_calls(calls_us: float, lines: Any, step_us: float, notes: list[str]) -> None:
