@@ -10,9 +10,13 @@ a floor from their spread); the rest explains it:
   in self time (on a trace with GPU kernels, the change in kernel time when that is larger),
   with calls, self and total time, the user's source line where the trace has stacks, and the
   side an op is found on (`both`, `A only`, `B only`: a new cast, a recompute, a sync);
-- with stacks, the same contributions summed per source line, which is the first cause named,
-  unless most of the change is time outside any op (a sleep, Python work, a sync), which is
-  then named first with the breakdown's phase that holds it;
+- with stacks, the same contributions summed per source line;
+- the causes, as typed data ranked on the time each accounts for (profiler._diff_causes) and
+  worded last (profiler._diff_words): a line, op or module resting on new calls, dropped calls
+  or time per call, the same ops on larger or smaller inputs, time outside any op (a sleep,
+  Python work, a sync), GPU idle time, Sleuth's own work;
+- where the step times cannot judge, the evidence load does not move (calls, and shapes read
+  in each run alone) decides when it costs more than the noise floor, and the headline says so;
 - memory peak and communication share; across ranks, the slowest rank and the one that got
   slower;
 - on traces with GPU events, GPU time side by side (profiler._gpu_time): idle time per step
