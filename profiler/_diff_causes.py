@@ -190,10 +190,15 @@ def find_causes(t: Tables) -> list[Cause]:
     """The causes, the likeliest first (module docstring); [] when nothing points the
     verdict's way."""
     sites = _sites(t)
-    found: list[Cause] = [*sites]
     shapes = shape_cause(t.ops, t.sign, t.floor_us)
+    found: list[Cause] = []
     if shapes is not None:
         found.append(shapes)
+        # a line, op or module whose calls did not change took more time per call: where the
+        # same ops ran on larger inputs, that is where, and the shapes are why
+        sites = [replace(s, rank_us=min(s.rank_us, shapes.rank_us))
+                 if s.kind == Kind.TIME_PER_CALL else s for s in sites]
+    found += sites
     idle = _gpu_idle(t)
     if idle is not None:
         found.append(idle)

@@ -159,3 +159,20 @@ def test_a_smaller_batch_accumulated_is_slower_by_its_calls():
     assert d.verdict == "slower", d.headline()
     assert d.causes[0].startswith("train.py:12: +700 us a step (aten::convolution (calls 1 -> 4)")
     assert "smaller inputs" in d.causes[0] and "larger inputs" not in " ".join(d.causes)
+
+
+def test_the_line_of_larger_inputs_follows_the_shapes():
+    """Every op at one line (a model called from a loop) on a sequence three times as long:
+    the line holds as much as the shapes do, but its calls did not change; the shapes say why
+    and come first, the line says where."""
+    a = [("aten::mm", "[[128,64],[64,128]]", "train.py:12", 2, 400.0),
+         ("aten::bmm", "[[16,32,16],[16,16,32]]", "train.py:12", 1, 100.0),
+         ("aten::add_", "[[64]]", "train.py:20", 1, 50.0)]
+    b = [("aten::mm", "[[384,64],[64,128]]", "train.py:12", 2, 1200.0),
+         ("aten::bmm", "[[16,96,16],[16,16,96]]", "train.py:12", 1, 500.0),
+         ("aten::add_", "[[64]]", "train.py:20", 1, 50.0)]
+    found = find_causes(_tables(a, b))
+    assert isinstance(found[0], Shapes) and found[0].us == 1200.0
+    line = found[1]
+    assert isinstance(line, Site) and line.scope == "line" and line.us == 1200.0
+    assert line.kind == Kind.TIME_PER_CALL
