@@ -288,7 +288,7 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
             sign=1 if j.verdict == "slower" else -1, step_us=step_us, ops=ops, lines=lines,
             modules=mods, breakdown=out.breakdown, host=out.host, gpu=gpu, gpu_ranks=gpu_ranks,
             slower_rank=slower_rank, new_call_sites=out.new_call_sites, stacks=stacks,
-            decided_by=j.decided_by))
+            decided_by=j.decided_by, noise=j.noise))
     out.causes = [words(c) for c in out.findings]
     return out
 

@@ -7,8 +7,9 @@ for, in microseconds a step; `find_causes` ranks them on those numbers and
 What a cause rests on (`Kind`) matters as much as its size: calls B makes that A does not (or
 that A makes and B drops) and the inputs' shapes are counted in each run alone, so the
 machine's load, which moves a whole run's steps, does not move them; time per call, time
-outside ops and GPU idle time move with it. Where the verdict rests on calls or shapes
-(`Tables.decided_by`), the causes that rest on them come first.
+outside ops and GPU idle time move with it. So the causes whose calls or shapes account for
+more than the noise floor come first, and so do those the verdict rests on where calls or
+shapes decided it (`Tables.decided_by`).
 """
 from __future__ import annotations
 
@@ -59,6 +60,11 @@ class Cause:
     """The number it is ranked by: its us in the verdict's direction, capped by the rules of
     `find_causes` (a detail never above what holds it)."""
 
+    @property
+    def load_proof_us(self) -> float:
+        """The part of `us` that calls or shapes hold, read in each run alone."""
+        return 0.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class ShapeChange:
@@ -101,6 +107,10 @@ class Site(Cause):
     """Calls that multiplied at this line while their inputs shrank (a smaller batch
     accumulated): the largest such op, shown beside the calls, not as a cause of its own."""
 
+    @property
+    def load_proof_us(self) -> float:
+        return self.from_calls_us if self.kind in (Kind.NEW_CALLS, Kind.DROPPED_CALLS) else 0.0
+
 
 @dataclass(frozen=True, kw_only=True)
 class Shapes(Cause):
@@ -109,6 +119,10 @@ class Shapes(Cause):
     larger: bool
     changes: tuple[ShapeChange, ...]
     """Every op that moved with its shapes in the verdict's direction, largest first."""
+
+    @property
+    def load_proof_us(self) -> float:
+        return self.us
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,6 +194,9 @@ class Tables:
     decided_by: str = "steps"
     """What decided the verdict: "steps", or the evidence load does not move ("calls",
     "shapes", "calls and shapes")."""
+    noise: float = 0.0
+    """The verdict's noise floor, a fraction of a step: calls or shapes that account for more
+    come first."""
 
     @property
     def floor_us(self) -> float:
@@ -214,15 +231,19 @@ def find_causes(t: Tables) -> list[Cause]:
             outside = replace(outside, rank_us=min(outside.rank_us, line.rank_us),
                               new_calls_line=line.name)
         found.append(outside)
-    return rank(found, t.decided_by)
+    return rank(found, t.sign, max(t.noise * t.step_us, t.floor_us), t.decided_by)
 
 
-def rank(found: list[Cause], decided_by: str = "steps") -> list[Cause]:
-    """Largest `rank_us` first (ties keep their order); where evidence load does not move
-    decided the verdict, the causes resting on it first."""
+def rank(found: list[Cause], sign: int, first_us: float, decided_by: str = "steps"
+         ) -> list[Cause]:
+    """Largest `rank_us` first (ties keep their order), after the causes that rest on evidence
+    load does not move: those whose calls or shapes account for more than `first_us` in the
+    verdict's direction, and, where such evidence decided the verdict, those resting on it."""
+    decided = {"calls": (Kind.NEW_CALLS, Kind.DROPPED_CALLS), "shapes": (Kind.SHAPES,),
+               "calls and shapes": LOAD_PROOF}.get(decided_by, ())
+
     def first(c: Cause) -> bool:
-        return decided_by != "steps" and c.kind in LOAD_PROOF and (
-            (c.kind == Kind.SHAPES) == (decided_by == "shapes") or decided_by == "calls and shapes")
+        return c.kind in decided or sign * c.load_proof_us > first_us
     return sorted(found, key=lambda c: (not first(c), -c.rank_us))
 
 

@@ -111,9 +111,18 @@ def test_rank_puts_the_deciding_evidence_first():
     outside = OutsideOps(kind=Kind.OUTSIDE_OPS, us=500.0, rank_us=500.0, phase="other",
                          phase_us=500.0, share=80.0, ops_us=100.0, stacks=False)
     calls = Site(kind=Kind.NEW_CALLS, us=100.0, rank_us=100.0, scope="line", name="t.py:3")
-    assert rank([calls, outside]) == [outside, calls]  # the steps decided: by size
-    assert rank([outside, calls], "calls") == [calls, outside]
-    assert rank([outside, calls], "shapes") == [outside, calls]
+    # the steps decided, and the calls hold less than the floor: by size
+    assert rank([calls, outside], 1, 200.0) == [outside, calls]
+    assert rank([outside, calls], 1, 200.0, "calls") == [calls, outside]
+    assert rank([outside, calls], 1, 200.0, "shapes") == [outside, calls]
+    # calls that hold more than the floor come first whatever decided
+    new = Site(kind=Kind.NEW_CALLS, us=300.0, rank_us=300.0, scope="line", name="t.py:3",
+               from_calls_us=300.0)
+    assert rank([outside, new], 1, 200.0) == [new, outside]
+    # time per call is no evidence load cannot move, however large
+    slow = Site(kind=Kind.TIME_PER_CALL, us=300.0, rank_us=300.0, scope="line", name="t.py:3",
+                from_calls_us=10.0)
+    assert slow.load_proof_us == 0.0 and rank([outside, slow], 1, 200.0) == [outside, slow]
 
 
 def test_an_op_never_ranks_above_its_line():
