@@ -89,7 +89,7 @@ class Site(Cause):
     source: str = ""
     module: str = ""
     """The op's module."""
-    type: str = ""
+    module_type: str = ""
     """The module's type."""
     ops: str = ""
     """The line's ops, largest first, in words (profiler._diff_pairs.line_diff)."""
@@ -315,7 +315,7 @@ def _sites(t: Tables) -> list[Site]:
         cap = min(cap, sign * us)
         out.append(Site(kind=site_kind(str(mod["side"]), us, calls_us), us=us, rank_us=cap,
                         scope="module", name=str(mod["module"]), source=str(mod["source"] or ""),
-                        type=str(mod["type"] or ""), side=str(mod["side"]),
+                        module_type=str(mod["type"] or ""), side=str(mod["side"]),
                         calls_a=float(mod["calls_a"]), calls_b=float(mod["calls_b"]),
                         from_calls_us=calls_us))
     return out

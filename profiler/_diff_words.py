@@ -47,7 +47,7 @@ def _site(c: Site) -> str:
         return (f"op {c.name}{inside}{where}: {_us(c.us)} a step, calls {_n(c.calls_a)} -> "
                 f"{_n(c.calls_b)} a step{shapes}{_side_words(c.side)}")
     src = f", forward at {short_source(c.source)}" if c.source else ""
-    kind = f" ({c.type}{src})" if c.type else ""
+    kind = f" ({c.module_type}{src})" if c.module_type else ""
     return (f"module {c.name}{kind}: {_us(c.us)} a step (self time), calls {_n(c.calls_a)} -> "
             f"{_n(c.calls_b)}{_side_words(c.side)}")
 

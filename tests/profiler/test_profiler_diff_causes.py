@@ -185,3 +185,11 @@ def test_the_line_of_larger_inputs_follows_the_shapes():
     line = found[1]
     assert isinstance(line, Site) and line.scope == "line" and line.us == 1200.0
     assert line.kind == Kind.TIME_PER_CALL
+
+
+def test_findings_as_plain_data_name_their_type():
+    a = with_sites(Profile("a", steps(2000), []), BATCH_8)
+    b = with_sites(Profile("b", steps(2700), []), BATCH_2X4)
+    first = profiler.diff_profiles(a, b).to_dict()["findings"][0]
+    assert first["type"] == "Site" and first["kind"] == "new calls" and first["scope"] == "line"
+    assert first["smaller"]["shapes_b"] == "[[2,3,32,32],[8,3,7,7]]"
