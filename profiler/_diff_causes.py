@@ -369,20 +369,22 @@ def shape_cause(ops: Any, sign: int, floor_us: float) -> Shapes | None:
 
 def shapes_load_free(ops: Any) -> float:
     """What the ops' change of shapes costs a step, read in each run alone: the reshaped ops'
-    time in B scaled by A's time over B's for the ops that ran alike in both (same shapes,
-    same calls), less their time in A. A machine that runs B's whole run slower scales both
-    alike, so it does not move this; nan when no op ran alike to scale by."""
+    time in B scaled by the median over the ops that ran alike in both (same shapes, same
+    calls) of A's time over B's, less their time in A. A machine slower for all of B's run
+    moves every alike op's ratio alike, so it does not move this; a burst of load inside a
+    few ops moves their ratios only, which the median sets aside. nan when no op ran alike."""
     r = _reshaped(ops)
     if r.empty:
         return 0.0
     alike = ops[(ops["side"] == "both") & (ops["input_shapes_a"] == ops["input_shapes_b"])
-                & (ops["calls_a"] == ops["calls_b"])]
-    ref_a, ref_b = float(alike["self_a_us"].sum()), float(alike["self_b_us"].sum())
-    if not (ref_a > 0 and ref_b > 0):
+                & (ops["calls_a"] == ops["calls_b"]) & (ops["self_a_us"] > 0)
+                & (ops["self_b_us"] > 0)]
+    if alike.empty:
         return math.nan
+    speed = float((alike["self_a_us"] / alike["self_b_us"]).median())
     # at A's calls: the part more or fewer calls explain is the calls' (from_calls_us)
     b = float((r["self_b_us"] - r["from_calls_us"]).sum())
-    return b * ref_a / ref_b - float(r["self_a_us"].sum())
+    return b * speed - float(r["self_a_us"].sum())
 
 
 def _shrunk_at(ops: Any, source: str, sign: int) -> ShapeChange | None:
