@@ -14,8 +14,9 @@ as one does to fit memory).
 
 `python slow_models.py zoo OUT CLASS...` profiles the Llama's base run into OUT/a, again into
 OUT/a2 (a repeat of A's config, for the variation between runs), then each slowdown CLASS
-into OUT/CLASS: `longer` (the sequence three times as long), `python` (Python work between
-the ops after backward, no op of its own). test_profiler_diff_zoo.py compares them.
+into OUT/CLASS: `longer` (the sequence eight times as long: on so small a model the ops'
+own overhead hides a smaller change), `python` (Python work between the ops after backward,
+no op of its own). test_profiler_diff_zoo.py compares them.
 """
 from __future__ import annotations
 
@@ -31,8 +32,12 @@ def upcast_logits(module, inputs, output):
 
 
 def python_work() -> int:
-    """Pure Python between ops, as a loop over a list or a log line's formatting is: no op."""
-    return sum(i * i % 7 for i in range(60_000))
+    """Pure Python between ops, as a loop over a list or a log line's formatting is: no op,
+    and one frame (a generator's every step would be a profiled Python event of its own)."""
+    total = 0
+    for i in range(400_000):
+        total += i * i % 7
+    return total
 
 
 def build(kind: str, slow: bool, seq: int = 32):
@@ -41,7 +46,7 @@ def build(kind: str, slow: bool, seq: int = 32):
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(
             vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+            num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
             use_cache=False))
         if slow:
             model.gradient_checkpointing_enable()
@@ -92,7 +97,7 @@ def zoo(out: str, *classes: str) -> None:
     for name in classes:
         if name not in ("longer", "python"):
             raise SystemExit(f"unknown zoo class {name!r}: longer or python")
-        train("llama", False, f"{out}/{name}", seq=96 if name == "longer" else 32,
+        train("llama", False, f"{out}/{name}", seq=256 if name == "longer" else 32,
               python=name == "python")
 
 

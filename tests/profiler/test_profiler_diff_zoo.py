@@ -4,7 +4,7 @@ once per slowdown class, in one process (tests/profiler/slow_models.py `zoo`), e
 asserting the verdict and the first cause. The classes the other model tests hold (a
 recompute, a new cast, a smaller batch accumulated) are not run again here.
 
-- `longer`: the sequence three times as long: the same ops on larger inputs, said first,
+- `longer`: the sequence eight times as long: the same ops on larger inputs, said first,
   whatever the machine's load (shapes are read in each run alone);
 - `python`: Python work between the ops after backward: time outside any op, first;
 - and A against its repeat: no calls or shapes moved, so nothing load cannot move decides.
