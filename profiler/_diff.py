@@ -10,9 +10,13 @@ a floor from their spread); the rest explains it:
   in self time (on a trace with GPU kernels, the change in kernel time when that is larger),
   with calls, self and total time, the user's source line where the trace has stacks, and the
   side an op is found on (`both`, `A only`, `B only`: a new cast, a recompute, a sync);
-- with stacks, the same contributions summed per source line, which is the first cause named,
-  unless most of the change is time outside any op (a sleep, Python work, a sync), which is
-  then named first with the breakdown's phase that holds it;
+- with stacks, the same contributions summed per source line;
+- the causes, as typed data ranked on the time each accounts for (profiler._diff_causes) and
+  worded last (profiler._diff_words): a line, op or module resting on new calls, dropped calls
+  or time per call, the same ops on larger or smaller inputs, time outside any op (a sleep,
+  Python work, a sync), GPU idle time, Sleuth's own work;
+- where the step times cannot judge, the evidence load does not move (calls, and shapes read
+  in each run alone) decides when it costs more than the noise floor, and the headline says so;
 - memory peak and communication share; across ranks, the slowest rank and the one that got
   slower;
 - on traces with GPU events, GPU time side by side (profiler._gpu_time): idle time per step
@@ -26,9 +30,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from profiler._diff_causes import PHASES, causes, short_source
+from profiler._diff_causes import PHASES, Cause, Tables, find_causes, shapes_load_free
 from profiler._diff_gpu import gpu_diff, gpu_rank_diff
 from profiler._diff_pairs import empty_lines, host_diff, line_diff, module_diff, op_diff, rank
+from profiler._diff_words import short_source, words
 from profiler._errors import ProfileFormatError
 from profiler._noise import Judgement, Spread, between_runs, judge, spread
 from profiler._repeats import as_list, identity, name, read, read_repeats
@@ -63,9 +68,10 @@ class ProfileDiff:
         (kernels charged to the module whose range launched them), largest change first.
     gpu_ranks, kernels_ranks: the same two per rank (a `rank` column first), so one slow rank
         of several is not averaged away (profiler._diff_gpu).
-    causes: sentences naming what accounts for the difference, the likeliest first; time
-        outside any op (the step's change that the ops' own time does not hold) before every
-        cause that explains less of the change.
+    findings: what accounts for the difference, as typed causes (profiler._diff_causes: new
+        or dropped calls, shapes, time per call, time outside ops, GPU idle, Sleuth's own
+        work), the likeliest first.
+    causes: the findings in words (profiler._diff_words), in the same order.
     notes: what limits the comparison (few steps, no stacks, one side's dump on, ...).
     """
 
@@ -81,6 +87,7 @@ class ProfileDiff:
     ranks: Any
     sides: dict[str, dict[str, Any]] = field(default_factory=dict)
     causes: list[str] = field(default_factory=list)
+    findings: list[Cause] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     slower_rank: int | None = None
     """The rank whose step time grew the most (several ranks only)."""
@@ -128,13 +135,8 @@ class ProfileDiff:
             floor += "; variation between runs not measured (one profile a side)"
         if j.withheld:
             floor += f"; the steps alone say {j.withheld}, against the calls (see the note)"
-        if not math.isnan(j.calls_share):
-            more = "more" if j.calls_share > 0 else "fewer"
-            word = "slower" if j.calls_share > 0 else "faster"
-            return (f"B is {word}, by its calls: B makes {more} calls than A, "
-                    f"{j.calls_share * 100:+.3g} % of A's step, above the {floor}, which the "
-                    f"step times alone ({base}) do not clear; calls do not move with the "
-                    "machine's load")
+        if j.decided_by != "steps":
+            return _by_evidence(j, base, floor)
         if j.verdict == "slower":
             return f"B is slower: {base}; {floor}"
         if j.verdict == "faster":
@@ -159,12 +161,13 @@ class ProfileDiff:
 
         return _clean({
             "a": self.a, "b": self.b, "verdict": j.verdict, "exit_code": self.exit_code,
-            "headline": self.headline(), "causes": self.causes, "notes": self.notes,
+            "headline": self.headline(), "causes": self.causes,
+            "findings": [_finding(c) for c in self.findings], "notes": self.notes,
             "step_time": {"change": j.change, "p_slower": j.p_slower, "p_faster": j.p_faster,
                           "noise_floor": j.noise, "floor_from": j.floor_from,
                           "between_runs": j.between, "tested": j.tested,
-                          "decided_by": "steps" if math.isnan(j.calls_share) else "calls",
-                          "calls_share": j.calls_share,
+                          "decided_by": j.decided_by, "calls_share": j.calls_share,
+                          "shapes_share": j.shapes_share,
                           "repeats": self.repeats,
                           "a": vars(self.step_a) | {"quartile_deviation": self.step_a.quartile_deviation},
                           "b": vars(self.step_b) | {"quartile_deviation": self.step_b.quartile_deviation}},
@@ -261,7 +264,8 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     # what B's change in calls costs a step at A's time per call: calls do not move with load
     calls_us = float(raw_ops["from_calls_us"].sum()) if not raw_ops.empty else 0.0
     j = _against_calls(j, calls_us, step_us, notes)
-    j = _decided_by_calls(j, calls_us, step_a.median)
+    shapes_us = shapes_load_free(raw_ops)
+    j = _decided_by_evidence(j, calls_us, shapes_us, step_a.median)
     descending = j.verdict != "faster"
     ops = rank(raw_ops, descending)
     mods = rank(module_diff(pa.modules, pb.modules, na, nb), descending)
@@ -279,7 +283,13 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
                       host=host_diff(pa, pb, na, nb, descending))
     out.repeats = {"a": [name(x) for x in repeat_a], "b": [name(x) for x in repeat_b]}
     out.new_call_sites = _new_call_sites(pa, pb)
-    out.causes = causes(out)
+    if j.verdict != "no change":
+        out.findings = find_causes(Tables(
+            sign=1 if j.verdict == "slower" else -1, step_us=step_us, ops=ops, lines=lines,
+            modules=mods, breakdown=out.breakdown, host=out.host, gpu=gpu, gpu_ranks=gpu_ranks,
+            slower_rank=slower_rank, new_call_sites=out.new_call_sites, stacks=stacks,
+            decided_by=j.decided_by, noise=j.noise))
+    out.causes = [words(c) for c in out.findings]
     return out
 
 
@@ -302,18 +312,43 @@ def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[st
     return replace(j, verdict="no change", withheld=j.verdict)
 
 
-def _decided_by_calls(j: Judgement, calls_us: float, step_us: float) -> Judgement:
-    """Where the step times cannot judge ("no change", the steps not against the calls), a
-    change in calls that costs more than the noise floor decides: the calls B makes that A
-    does not (at B's time per call) or that A makes and B drops (at A's) and the calls both
-    make more or fewer times are counted on each side alone, so the machine's load, which
-    moves a whole run's steps, does not move them."""
+def _decided_by_evidence(j: Judgement, calls_us: float, shapes_us: float,
+                         step_us: float) -> Judgement:
+    """Where the step times cannot judge ("no change", the steps not against the calls),
+    evidence that load does not move decides when together it costs more than the noise
+    floor: the change in calls (calls B makes that A does not, at B's time per call, or that A
+    makes and B drops, at A's; calls both make more or fewer times) and the same ops on other
+    input shapes (`shapes_load_free`: B's time scaled by the ops that ran alike). Both are
+    read in each run alone, so the machine's load, which moves a whole run's steps, does not
+    move them. Each part that holds a quarter of their sum the verdict's way is named."""
     if j.verdict != "no change" or j.withheld or not step_us > 0:
         return j
-    share = calls_us / step_us
+    shapes_us = 0.0 if math.isnan(shapes_us) else shapes_us
+    share = (calls_us + shapes_us) / step_us
     if abs(share) <= max(j.noise, 0.01):
         return j
-    return replace(j, verdict="slower" if share > 0 else "faster", calls_share=share)
+    sign = 1 if share > 0 else -1
+    total = abs(calls_us + shapes_us)
+    named = {k: v / step_us if sign * v >= 0.25 * total else math.nan
+             for k, v in (("calls_share", calls_us), ("shapes_share", shapes_us))}
+    return replace(j, verdict="slower" if sign > 0 else "faster", **named)
+
+
+def _by_evidence(j: Judgement, base: str, floor: str) -> str:
+    """The headline of a verdict that calls or shapes decided (`_decided_by_evidence`)."""
+    sign = 1 if j.verdict == "slower" else -1
+    said = []
+    if not math.isnan(j.calls_share):
+        said.append(f"B makes {'more' if sign > 0 else 'fewer'} calls than A, "
+                    f"{j.calls_share * 100:+.3g} % of A's step")
+    if not math.isnan(j.shapes_share):
+        said.append(f"{'and ' if said else 'B '}runs the same ops on "
+                    f"{'larger' if sign > 0 else 'smaller'} inputs, "
+                    f"{j.shapes_share * 100:+.3g} % of A's step at A's speed")
+    which = "they do" if j.decided_by == "calls and shapes" else f"{j.decided_by} do"
+    return (f"B is {j.verdict}, by its {j.decided_by}: {', '.join(said)}, above the {floor}, "
+            f"which the step times alone ({base}) do not clear; {which} not move with the "
+            "machine's load")
 
 
 def _unjudged_calls(calls_us: float, lines: Any, step_us: float, notes: list[str]) -> None:
@@ -419,6 +454,12 @@ def _ms(us: float) -> str:
 
 def _pct(change: float) -> str:
     return "n/a" if change is None or math.isnan(change) else f"{change * 100:+.3g} %"
+
+
+def _finding(c: Cause) -> dict[str, Any]:
+    """A typed cause as plain data: its type, what it rests on, its fields."""
+    from dataclasses import asdict
+    return {"type": type(c).__name__, **asdict(c), "kind": c.kind.value}
 
 
 def _clean(v: Any) -> Any:

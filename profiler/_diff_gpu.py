@@ -115,17 +115,17 @@ def gpu_rank_diff(pa: Any, pb: Any, descending: bool) -> tuple[Any, Any]:
     return pd.DataFrame(rows, columns=GPU_RANK_COLS), kernels
 
 
-def gpu_cause(gpu: Any, gpu_ranks: Any, slower_rank: int | None, sign: int,
-              floor_us: float) -> tuple[float, str] | None:
-    """(weight in us, sentence): the part of GPU idle time (host-bound, data-bound,
-    communication) that moved the most in the verdict's direction, when both sides have GPU
-    figures and it moved over `floor_us`. With several ranks it is read on `slower_rank`, the
-    rank that got slower the most, and the sentence names it."""
-    where, table = "", gpu
+def idle_part(gpu: Any, gpu_ranks: Any, slower_rank: int | None, sign: int,
+              floor_us: float) -> tuple[str, float, float, float, int | None] | None:
+    """(figure, A's us, B's us, change, the rank it is read on or None): the part of GPU idle
+    time (host-bound, data-bound, communication) that moved the most in the verdict's
+    direction, when both sides have GPU figures and it moved over `floor_us`. With several
+    ranks it is read on `slower_rank`, the rank that got slower the most."""
+    on_rank, table = None, gpu
     ranks = gpu_ranks if gpu_ranks is not None and not gpu_ranks.empty else None
     if ranks is not None and ranks["rank"].nunique() > 1 and slower_rank is not None:
         table = ranks[ranks["rank"] == slower_rank]
-        where = f" on rank {slower_rank} (the rank that got slower the most)"
+        on_rank = int(slower_rank)
     if table is None or table.empty:
         return None
     parts = table[table["key"].isin(_IDLE_PARTS)].dropna(subset=["a", "b"])
@@ -134,8 +134,8 @@ def gpu_cause(gpu: Any, gpu_ranks: Any, slower_rank: int | None, sign: int,
     top = parts.loc[(sign * parts["delta"]).idxmax()]
     if sign * top["delta"] <= floor_us:
         return None
-    return abs(top["delta"]), (f"GPU {top['figure']}{where}: {top['delta']:+.4g} us a step "
-                               f"({top['a']:.4g} -> {top['b']:.4g} us)")
+    return (str(top["figure"]), float(top["a"]), float(top["b"]), float(top["delta"]),
+            on_rank)
 
 
 def rank_lines(gpu_ranks: Any, slowest: tuple[Any, Any], slower_rank: int | None) -> list[str]:

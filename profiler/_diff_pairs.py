@@ -96,18 +96,27 @@ def op_diff(a: Any, b: Any, na: int, nb: int, stacks: bool) -> Any:
     return _rename_sides(_contribution(m))[_OP_COLS]
 
 
-def _size(shapes: str) -> int:
-    """The elements an op's input shapes hold together ("[[16, 128], [128]]": 2176), for
-    ordering calls of one site by size; 0 where the text is no list of shapes."""
+SHAPES_SEP = " + "
+"""Between the input shapes of an op's calls of one site summed into one row (`_pair_reshaped`)."""
+
+
+def shape_size(shapes: str) -> int:
+    """The elements an op's input shapes hold together ("[[16, 128], [128]]": 2176; several
+    calls' shapes joined by SHAPES_SEP: their sum), for ordering calls of one site by size and
+    telling larger inputs from smaller; 0 where the text is no list of shapes."""
     total = 0
-    for part in shapes.replace(" ", "").split("],["):
-        dims = [int(x) for x in part.strip("[]").split(",") if x.lstrip("-").isdigit()]
-        if dims:
-            n = 1
-            for d in dims:
-                n *= d
-            total += n
+    for call in shapes.split(SHAPES_SEP):
+        for part in call.replace(" ", "").split("],["):
+            dims = [int(x) for x in part.strip("[]").split(",") if x.lstrip("-").isdigit()]
+            if dims:
+                n = 1
+                for d in dims:
+                    n *= d
+                total += n
     return total
+
+
+_SIDE_COLS = ("calls", "self", "total", "device")
 
 
 def _pair_reshaped(m: Any) -> Any:
@@ -116,9 +125,11 @@ def _pair_reshaped(m: Any) -> Any:
     called from the same user lines, are the same calls of the same op, and as two rows each
     would be blamed for all of its time ("in B only"). Where such a site has the same number
     of rows on each side (a loop over layers, attention's two matmuls at one line), they pair
-    in order of their inputs' size, smallest with smallest; a site with more rows on one side
-    cannot be told apart and stays as it is, as does every op without a line (no stacks),
-    which nothing ties to its partner."""
+    in order of their inputs' size, smallest with smallest. A site with more rows on one side
+    (two of A's calls had one shape, B's three differ) cannot be paired call for call: each
+    side's rows are summed into one row found in both, their shapes joined by SHAPES_SEP, so
+    its change of calls and of time is still the site's and never "in B only". Every op
+    without a line (no stacks) stays as it is: nothing ties it to its partner."""
     a_only = m[(m["side"] == "A only") & (m["source_a"] != "")]
     b_only = m[(m["side"] == "B only") & (m["source_b"] != "")]
     if a_only.empty or b_only.empty:
@@ -132,10 +143,20 @@ def _pair_reshaped(m: Any) -> Any:
     drop = []
     for key, rows_a in groups_a.items():
         rows_b = groups_b.get(key, [])
-        if len(rows_a) != len(rows_b):
+        if not rows_b:
             continue
-        rows_a = sorted(rows_a, key=lambda i: _size(str(m.at[i, "input_shapes_a"])))
-        rows_b = sorted(rows_b, key=lambda i: _size(str(m.at[i, "input_shapes_b"])))
+        rows_a = sorted(rows_a, key=lambda i: shape_size(str(m.at[i, "input_shapes_a"])))
+        rows_b = sorted(rows_b, key=lambda i: shape_size(str(m.at[i, "input_shapes_b"])))
+        if len(rows_a) != len(rows_b):
+            for rows, side in ((rows_a, "a"), (rows_b, "b")):
+                for col in _SIDE_COLS:
+                    m.at[rows[0], f"{col}_{side}"] = sum(float(m.at[i, f"{col}_{side}"])
+                                                         for i in rows)
+                m.at[rows[0], f"input_shapes_{side}"] = SHAPES_SEP.join(
+                    str(m.at[i, f"input_shapes_{side}"]) for i in rows)
+            drop += rows_a[1:] + rows_b[1:]
+            m.at[rows_b[0], "input_shapes"] = m.at[rows_b[0], "input_shapes_b"]
+            rows_a, rows_b = rows_a[:1], rows_b[:1]
         for ia, ib in zip(rows_a, rows_b):
             for col in ("calls_a", "self_a", "total_a", "device_a", "source_a",
                         "input_shapes_a"):
@@ -146,7 +167,8 @@ def _pair_reshaped(m: Any) -> Any:
 
 
 SOURCE_SEP = "; "
-"""Between the lines of one op called from several places (`profiler._diff_causes.short_source` splits on it)."""
+"""Between the lines of one op called from several places (`profiler._diff_words.short_source`
+splits on it)."""
 
 
 def _sources_by(df: Any, keys: list[str]) -> dict[tuple[str, ...], str]:

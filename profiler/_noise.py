@@ -71,7 +71,19 @@ class Judgement:
     calls (profiler._diff); "" when none was."""
     calls_share: float = math.nan
     """Where the calls decided (the steps alone could not): what B's change in calls costs a
-    step, over A's median step (0.16: B's calls add 16 %); nan where the steps decided."""
+    step, over A's median step (0.16: B's calls add 16 %); nan where they did not."""
+    shapes_share: float = math.nan
+    """Where the shapes decided: what the same ops on other input shapes cost a step, read in
+    each run alone, over A's median step; nan where they did not."""
+
+    @property
+    def decided_by(self) -> str:
+        """"steps", or the evidence load does not move that decided where the steps could not:
+        "calls", "shapes" or "calls and shapes"."""
+        parts = [name for name, share in (("calls", self.calls_share),
+                                           ("shapes", self.shapes_share))
+                 if not math.isnan(share)]
+        return " and ".join(parts) or "steps"
 
 
 def between_runs(medians: list[float]) -> float:

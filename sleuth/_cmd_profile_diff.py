@@ -22,7 +22,7 @@ _MOD_SHOW = ["module", "type", "side", "calls_a", "calls_b", "self_a_us", "self_
 
 def run_diff(args: argparse.Namespace, a: Path, b: Path) -> int:
     import profiler
-    from profiler._diff_causes import short_source
+    from profiler._diff_words import short_source
     from sleuth.cli import CliError
 
     repeat_a, repeat_b = args.repeat_a, args.repeat_b

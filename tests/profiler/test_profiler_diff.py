@@ -155,16 +155,25 @@ def test_repeats_of_a_config_measure_the_variation_between_runs(runs, sleuth_cli
     assert r.returncode == 2 and "sleuth profile diff A B --repeat-a" in r.stderr
 
 
-def test_unreadable_profile_is_exit_2_in_one_line(runs, sleuth_cli, tmp_path):
+def test_unreadable_profile_is_exit_2_in_one_line(sleuth_cli, tmp_path):
+    """A profile of three tiny steps is enough to read: this test of the quick lane does not
+    wait on the pairs the timing tests profile."""
+    from profiler import Collector, CollectorConfig
+    from profiler_testkit import train
+
+    good = tmp_path / "good"
+    cfg = CollectorConfig(wait=0, warmup=1, active=2, activities=("cpu",), count_flops=False)
+    with Collector(good, config=cfg) as c:
+        train(3, c)
     bad = tmp_path / "bad"
-    shutil.copytree(runs / "b", bad)
+    shutil.copytree(good, bad)
     trace = bad / "profile" / "rank0" / "window0.trace.json.gz"
     trace.write_bytes(gzip.compress(b'{"traceEvents": [')[:-8])
-    for args in (("profile", "diff", str(runs / "a"), str(bad)),
-                 ("profile", "diff", str(runs / "a"), str(tmp_path / "missing")),
-                 ("profile", "diff", str(runs / "a"), str(tmp_path))):
+    for args in (("profile", "diff", str(good), str(bad)),
+                 ("profile", "diff", str(good), str(tmp_path / "missing")),
+                 ("profile", "diff", str(good), str(tmp_path))):
         r = sleuth_cli(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    r = sleuth_cli("profile", "diff", str(runs / "a"))
+    r = sleuth_cli("profile", "diff", str(good))
     assert r.returncode == 2 and "sleuth profile diff A B" in r.stderr

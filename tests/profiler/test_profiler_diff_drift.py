@@ -7,41 +7,14 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
+from handmade_profiles import Profile as _Profile
+from handmade_profiles import steps as _steps
+from handmade_profiles import with_sites as _with_sites
 
 import profiler
 from profiler._diff import _against_calls
 from profiler._noise import judge
-
-
-class _Profile:
-    """The parts of `profiler.Profile` the diff reads: one rank, one op table, no modules."""
-
-    def __init__(self, name: str, steps_us: list[float], ops: list[tuple[str, int, float]]):
-        self.name = name
-        self.steps = pd.DataFrame({"rank": 0, "window": 0, "step": range(len(steps_us)),
-                                   "step_us": steps_us, "data_us": 0.0, "forward_us": 0.0,
-                                   "backward_us": 0.0, "optimizer_us": 0.0,
-                                   "other_us": steps_us, "comm_us": 0.0, "tools_us": 0.0})
-        n = len(steps_us)
-        self.ops = pd.DataFrame([{"name": op, "input_shapes": "[[8]]", "module": "",
-                                  "source": "", "calls": calls * n, "cpu_self_us": us * n,
-                                  "cpu_total_us": us * n, "device_us": 0.0}
-                                 for op, calls, us in ops])
-        self.modules = pd.DataFrame(columns=["module", "type", "source", "calls",
-                                             "forward_self_us", "backward_self_us",
-                                             "forward_total_us", "backward_total_us",
-                                             "forward_device_us", "backward_device_us"])
-        self.memory = pd.DataFrame(columns=["device", "allocated_bytes"])
-        self.gpu = pd.DataFrame()
-        self.host = pd.DataFrame()
-        self.summary = {"ranks": 1}
-        self.traces = []
-
-
-def _steps(median: float) -> list[float]:
-    return [median * f for f in (0.99, 1.0, 1.01, 0.995, 1.005, 1.0, 0.998, 1.002)]
 
 
 BASE = [("aten::addmm", 3, 300.0), ("aten::relu", 1, 50.0)]
@@ -183,15 +156,6 @@ def test_calls_within_the_floor_decide_nothing():
     few = BASE + [("aten::mul", 1, 40.0)]  # +2 % a step
     d = profiler.diff_profiles(a, _Profile("b", _steps(2150), few), repeat_a=[a2])
     assert d.verdict == "no change", d.headline()
-
-
-def _with_sites(p: _Profile, rows: list[tuple[str, str, str, int, float]]) -> _Profile:
-    """`p` with an op table of (name, input shapes, source, calls a step, us a step) rows."""
-    n = len(p.steps)
-    p.ops = pd.DataFrame([{"name": op, "input_shapes": shapes, "module": "", "source": src,
-                           "calls": calls * n, "cpu_self_us": us * n, "cpu_total_us": us * n,
-                           "device_us": 0.0} for op, shapes, src, calls, us in rows])
-    return p
 
 
 def test_a_longer_sequence_is_the_same_ops_on_larger_inputs():

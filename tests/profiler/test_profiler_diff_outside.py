@@ -154,19 +154,22 @@ def test_new_calls_holding_a_little_of_the_outside_time_leave_the_rest_unplaced(
     """Six new `.item()` calls a step hold only their wrappers' 18 us of 170 us outside ops:
     their line is named with that much, and the rest is said to be Python work no line holds,
     not explained by them."""
-    from types import SimpleNamespace
-
     import pandas as pd
 
-    from profiler._diff_causes import _outside_line
+    from profiler._diff_causes import Kind, OutsideOps, host_share
+    from profiler._diff_words import words
     host = pd.DataFrame([{"name": "<built-in method item of Tensor object>",
                           "source": "train.py:124", "calls_a": 0.0, "calls_b": 6.0,
                           "time_a_us": 0.0, "time_b_us": 18.0, "delta_us": 18.0}])
-    d = SimpleNamespace(sides={"a": {"stacks": True}, "b": {"stacks": True}}, host=host)
-    text, unplaced = _outside_line(d, 1, 170.0)
-    assert text.startswith("at train.py:124: a call of item(), +18 us a step"), text
-    assert "the other +152 us a step is Python work between ops" in text and unplaced, text
+    call, rest, unplaced = host_share(host, True, 1, 170.0)
+    assert call.source == "train.py:124" and call.us == 18.0 and rest == 152.0 and unplaced
+    text = words(OutsideOps(kind=Kind.OUTSIDE_OPS, us=170.0, rank_us=170.0, phase="other",
+                            phase_us=170.0, share=100.0, ops_us=0.0, stacks=True, host=call,
+                            rest_us=rest, unplaced=unplaced))
+    assert "at train.py:124: a call of item(), +18 us a step" in text, text
+    assert "the other +152 us a step is Python work between ops" in text, text
     host.loc[0, ["time_b_us", "delta_us"]] = 150.0  # most of it: the call holds it
-    text, unplaced = _outside_line(d, 1, 170.0)
-    assert "+150 us a step outside the ops it made" in text and "other" not in text
-    assert not unplaced
+    call, rest, unplaced = host_share(host, True, 1, 170.0)
+    assert call.us == 150.0 and rest == 0.0 and not unplaced
+    # without stacks no line is named, and nothing is said to be unplaced
+    assert host_share(host, False, 1, 170.0) == (None, 0.0, False)

@@ -39,10 +39,18 @@ def test_an_op_whose_shapes_alone_changed_is_one_row():
     assert list(mm["side"]) == ["both", "both"]
     assert list(zip(mm["input_shapes_a"], mm["input_shapes_b"])) == [("[[4,4]]", "[[6,6]]"),
                                                                      ("[[5,5]]", "[[7,7]]")]
-    # three shapes in B against two in A at one line cannot be told apart: left as they are
+    # three shapes in B against two in A at one line cannot be paired call for call: each
+    # side summed into one row found in both, never "in A only" and "in B only"
     c = op_diff(a, _ops(*[("aten::mm", f"[[{k},{k}]]", "net.py:20", "", 8, 8.0, 8.0, 0.0)
                           for k in (6, 7, 8)]), 8, 8, stacks=True)
-    assert sorted(c[c["name"] == "aten::mm"]["side"]) == ["A only"] * 2 + ["B only"] * 3
+    mm = c[c["name"] == "aten::mm"]
+    assert len(mm) == 1, mm
+    row = mm.iloc[0]
+    assert row["side"] == "both" and (row["calls_a"], row["calls_b"]) == (2.0, 3.0)
+    assert row["input_shapes_a"] == "[[4,4]] + [[5,5]]"
+    assert row["input_shapes_b"] == "[[6,6]] + [[7,7]] + [[8,8]]"
+    assert row["self_a_us"] == 2.0 and row["self_b_us"] == 3.0
+    assert row["from_calls_us"] == 1.0  # one more call a step, at the time of one
 
 
 def test_without_lines_nothing_ties_the_shapes():

@@ -127,15 +127,7 @@ def test_the_import_graph_is_read():
     assert "tracer.storage._watch_observer" in graph["tracer.analysis._check"]
 
 
-def _circle_free(package: str) -> object:
-    if package != "profiler":
-        return package
-    return pytest.param(package, marks=pytest.mark.xfail(
-        strict=True, reason="profiler/_diff.py and _diff_causes.py import each other until "
-        "issue 51's rewrite of the profile diff's causes lands; drop this mark with it"))
-
-
-@pytest.mark.parametrize("package", [_circle_free(p) for p in PROJECT])
+@pytest.mark.parametrize("package", PROJECT)
 def test_no_import_circle_in_any_package(package):
     """No two modules of one package import each other, directly or around a longer loop,
     counting imports inside functions too: a circle makes the import order matter and leaves
