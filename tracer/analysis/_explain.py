@@ -40,6 +40,7 @@ from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
 from tracer.analysis._map import ModuleMap
 from tracer.analysis._optimizer_replay import replay_update, replay_words
+from tracer.analysis._origin import _in_place
 from tracer.analysis._replay import NotReplayable
 from tracer.analysis._setup import (compare_inputs, inputs_words, read, setup_of,
                                     with_setup)
@@ -217,9 +218,10 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         # an op's input the diff marks as data (token ids) goes on to the lead, which says
         # which op it enters and that no recorded op made it
         what = "the model's input differs" if fd["kind"] == "data" else "the weights differ"
+        writes = _writes_alone(res.records, fd) if fd["kind"] == "parameter" else ""
         return Explanation("inputs", f"inputs differ from the start: {what} already at "
                            f"{fd['name']} ({which or 'data, seed or weights'}), before any op "
-                           f"ran", first_divergence=fd, notes=notes)
+                           f"ran{writes}", first_divergence=fd, notes=notes)
     if fd["kind"] == "data" and fd["direction"] == "output":
         # made outside the model before its first call (a sampler, torch.randn): its op is no
         # computation of the model's to judge, and cannot be re-run alike
@@ -274,6 +276,29 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         da.close()
         db.close()
     return out
+
+
+def _writes_alone(records: Any, fd: dict[str, Any]) -> str:
+    """Where weights differ as a step begins: the in-place ops of the model's forward or
+    backward that only one run runs in that step, in words ("" for none). Such a write,
+    made in the steps before too, is where weights part that the dump saw only afterwards."""
+    if records is None or not len(records):
+        return ""
+    rows = records[(records["step"] == fd["step"]) & (records["rank"] == fd["rank"])
+                   & records["verdict"].isin(("only_a", "only_b"))
+                   & (records["phase"] != "optimizer")]
+    found: dict[tuple[str, str, str], None] = {}
+    for verdict, op, source in zip(rows["verdict"], rows["op"], rows["source"]):
+        if op and _in_place(str(op)):
+            found[("B" if verdict == "only_b" else "A", str(op), str(source or "?"))] = None
+    if not found:
+        return ""
+    sides = {side for side, _, _ in found}
+    who = next(iter(sides)) if len(sides) == 1 else "each run"
+    ops = ", ".join(f"{op} at {source}" for _, op, source in list(found)[:3])
+    return (f"; {who} also writes in place in this step what the other run does not ({ops}): "
+            f"made in the steps before it too, such a write is where the weights part; dump "
+            f"from the first step (\"steps\") to see it written")
 
 
 def _apart(counts: dict[str, int], mapped: bool, setup: dict[str, Any] | None) -> str | None:

@@ -153,6 +153,17 @@ def test_a_pre_hook_that_scales_a_weight_is_named_with_its_line(tmp_path, capsys
     assert later["kind"] == "parameter" and later["direction"] == "param", later
 
 
+def test_a_write_in_every_step_is_named_when_the_dump_begins_after_it(tmp_path):
+    # dumped from step 1: the weights already differ as the dump begins, and the write only
+    # B makes, in that step too, is where they parted
+    a = _mlp(tmp_path / "a", "op", "statistics", config={"steps": "1"})
+    b = _mlp(tmp_path / "b", "op", "statistics", factor=1.001, config={"steps": "1"})
+    e = explain(a, b)
+    assert e.status == "inputs" and "the weights differ" in e.verdict, e.verdict
+    assert f"B also writes in place in this step what the other run does not (aten.mul_ at " \
+           f"{_line('# THE WRITE')})" in e.verdict, e.verdict
+
+
 def test_a_model_built_in_the_dumped_step_is_no_write_of_its_weights(tmp_path, capsys):
     """Under `sleuth run` the first step builds the model: both runs' initialisations write
     every weight (`aten.uniform_`), alike, before the write that differs."""
