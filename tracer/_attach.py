@@ -53,7 +53,7 @@ def attach_from_env(reference: StepListener | None = None) -> Dumper | None:
         _attaching = False
 
 
-def _attach(value: str, reference: StepListener | None) -> Dumper | None:
+def _attach(value: str, reference: StepListener | None = None) -> Dumper | None:
     global _active
     from sleuth.common import go_off, strict
     from tracer._config import DumpConfig
