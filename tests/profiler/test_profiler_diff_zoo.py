@@ -50,8 +50,11 @@ def test_a_longer_sequence_is_the_same_ops_on_larger_inputs(zoo):
     assert d.verdict == "slower" and d.exit_code == 1, d.headline()
     assert d.findings[0].kind == Kind.SHAPES, d.causes
     assert d.causes[0].startswith("the same ops on larger inputs: "), d.causes
-    # the same ops at the same site on other shapes are never "in B only"
-    assert not any("in B only" in c for c in d.causes), d.causes
+    # the same ops at the same site on other shapes are never "in B only" (an op only B
+    # dispatches, a kernel chosen for the longer sequence, may be)
+    reshaped = {c.name for c in d.findings[0].changes}
+    alone = [f for f in d.findings if getattr(f, "side", "") == "B"]
+    assert not [f.name for f in alone if f.name in reshaped], d.causes
 
 
 def test_python_work_between_ops_is_time_outside_any_op(zoo):
