@@ -205,7 +205,9 @@ def test_torchrun_ranks_refuse_together_and_overwrite_between_barriers(tmp_path,
     assert len(said) == 1 and f"another run (run {old}" in said[0], refused.stderr[-3000:]
     assert refused.stderr.count("exitcode  : 2 ") == 2, refused.stderr[-3000:]
     assert refused.stderr.count(f"traceback : {said[0]}") == 2, refused.stderr[-3000:]
-    assert "To enable traceback" not in refused.stderr and "SIGTERM" not in refused.stderr
+    # torchrun may still say it sends the other rank SIGTERM when the first exits (a race of
+    # its monitor with that rank's own exit): both ranks' exit code 2 above says none was killed
+    assert "To enable traceback" not in refused.stderr
     assert _snapshot(run) == before
     replaced = torchrun("--overwrite")
     assert replaced.returncode == 0, replaced.stderr[-2000:]
