@@ -51,6 +51,36 @@ _LONG_FILES = ("docs/test_command_blocks.py", "compat/test_frameworks.py",
                "faults/test_fault_files.py")
 
 
+def _answers_within(work, seconds: float, fifo: Path | None = None) -> tuple[bool, list]:
+    """Run `work()` in a thread and wait at most `seconds`: (whether it answered, [its
+    result or the exception it raised]). A reader that hangs on a FIFO then fails its test
+    instead of stalling the suite: `fifo` gets a writer end that opens and closes, so the
+    blocked open lets go and the thread ends."""
+    import threading
+
+    answer: list = []
+
+    def run() -> None:
+        try:
+            answer.append(work())
+        except Exception as e:  # noqa: BLE001 - the test asserts what it was
+            answer.append(e)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout=seconds)
+    waited = worker.is_alive()
+    if waited and fifo is not None:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join()
+    return not waited, answer
+
+
+@pytest.fixture
+def answers_within():
+    return _answers_within
+
+
 def pytest_configure(config):
     # xdist orders whole files by their number of tests unless told not to, which puts the
     # docs' one long test last, alone, at the end of the run

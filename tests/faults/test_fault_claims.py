@@ -167,29 +167,17 @@ def test_a_real_trace_still_reads(runs, capsys):
     assert code == 0, text
 
 
-def test_a_truncated_summary_holds_no_claim_on_the_run_directory(runs):
+def test_a_truncated_summary_holds_no_claim_on_the_run_directory(runs, answers_within):
     """Found by the fuzz harness: a summary cut short (305 bytes) held the claim on the run
     directory (`sleuth train`, zero-code attach) for minutes: its failed open was retried as
     SWMR, where HDF5 retries each read with sleeps between. Only a file a killed writer left
     "open for write" is opened as SWMR (sleuth.common.left_open_for_write). A thread with a
     timeout, so that the hang fails instead of stalling."""
-    import threading
-
     import trainer
 
     _, bad = runs
     with open(bad / "summary" / "rank0.h5", "r+b") as f:
         f.truncate(305)
-    answer: list[object] = []
-
-    def claim() -> None:
-        try:
-            answer.append(trainer.claim_run_dir(bad, "another-run"))
-        except trainer.OtherRunError as e:
-            answer.append(e)
-
-    worker = threading.Thread(target=claim, daemon=True)
-    worker.start()
-    worker.join(timeout=30)
-    assert not worker.is_alive(), "the claim waited on a truncated summary"
+    answered, answer = answers_within(lambda: trainer.claim_run_dir(bad, "another-run"), 30)
+    assert answered, "the claim waited on a truncated summary"
     assert isinstance(answer[0], trainer.OtherRunError), answer  # the run's other files name it

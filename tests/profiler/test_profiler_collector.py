@@ -213,13 +213,13 @@ def test_a_failed_write_turns_the_profiler_off_and_the_run_goes_on(tmp_path, mon
         _profiled_run(run, monkeypatch, strict=True)
 
 
-def test_a_fifo_as_a_windows_metadata_is_passed_over_not_waited_on(tmp_path, monkeypatch):
+def test_a_fifo_as_a_windows_metadata_is_passed_over_not_waited_on(tmp_path, monkeypatch,
+                                                                    answers_within):
     """The collector reads the run ids of the windows already in its folder before it starts;
     a FIFO named `window0.json` there held it forever in that read. Only regular files are
     read (tracer.storage.open_regular): the FIFO is passed over, and the window of another run
     beside it still refused (which stops the collector before torch's profiler starts)."""
     import os
-    import threading
 
     from tracer import SleuthWarning
 
@@ -231,13 +231,7 @@ def test_a_fifo_as_a_windows_metadata_is_passed_over_not_waited_on(tmp_path, mon
     monkeypatch.setenv("SLEUTH_RUN_ID", "this-run")  # the run whose windows it checks against
     c = Collector(tmp_path, config=CollectorConfig(**CFG), rank=0)
     with pytest.warns(SleuthWarning, match="another run") as caught:
-        started = threading.Thread(target=c.start, daemon=True)
-        started.start()
-        started.join(timeout=30)
-        waited = started.is_alive()
-        if waited:  # let the blocked open go: a writer end appears and closes
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-            started.join()
+        answered, _ = answers_within(c.start, 30, fifo)
     c.close()
-    assert not waited, "the collector waited on a FIFO named window0.json"
+    assert answered, "the collector waited on a FIFO named window0.json"
     assert caught

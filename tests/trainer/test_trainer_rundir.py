@@ -311,34 +311,19 @@ def test_overwrite_removes_every_ranks_demo_corpus(tmp_path):
 
 @pytest.mark.parametrize("name", ["metrics.jsonl", "summary/rank0.h5", "run.json",
                                   "checkpoints/step3/meta.json"])
-def test_a_fifo_among_a_run_directorys_files_is_never_waited_on(tmp_path, name):
+def test_a_fifo_among_a_run_directorys_files_is_never_waited_on(tmp_path, name, answers_within):
     """The claim on a run directory reads the run id of every tool's files; a FIFO named
     metrics.jsonl or summary/rank0.h5 held `sleuth train` (and zero-code attach) forever in
     that read. Read through the door (sleuth.common): a FIFO is no run's file, the claim
     answers. A thread with a timeout, so that a hang fails instead of stalling."""
     import os
-    import threading
 
     run = tmp_path / "run"
     fifo = run / name
     fifo.parent.mkdir(parents=True)
     os.mkfifo(fifo)
-    answer: list[object] = []
-
-    def claim() -> None:
-        try:
-            answer.append(trainer.claim_run_dir(run, "new-run"))
-        except trainer.OtherRunError as e:
-            answer.append(e)
-
-    worker = threading.Thread(target=claim, daemon=True)
-    worker.start()
-    worker.join(timeout=20)
-    waited = worker.is_alive()
-    if waited:  # let the blocked open go: a writer end appears and closes
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        worker.join()
-    assert not waited, f"the claim waited on a FIFO named {name}"
+    answered, answer = answers_within(lambda: trainer.claim_run_dir(run, "new-run"), 20, fifo)
+    assert answered, f"the claim waited on a FIFO named {name}"
     if name == "run.json":  # run.json that is no file: which run wrote the folder is unknown
         assert isinstance(answer[0], trainer.OtherRunError), answer
         assert "not a regular file" in str(answer[0]), answer
