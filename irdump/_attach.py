@@ -27,11 +27,12 @@ goes to `$SLEUTH_SAVE_GRAPHS_PATH`, else `$SLEUTH_RUN_DIR/ir`, else `./sleuth_ru
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from torch.compiler import is_compiling
 
@@ -164,20 +165,15 @@ class GraphSaver:
                           SleuthWarning, stacklevel=4)
             self._capture_real_call(module, args, kwargs, graphs)
             return
-        buffers = [(b, b.detach().clone()) for b in module.buffers()]
         try:
-            with torch.random.fork_rng(devices=rng_devices(module, (args, kwargs))):
+            with _buffers_kept(module), \
+                    torch.random.fork_rng(devices=rng_devices(module, (args, kwargs))):
                 graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
                                         example_kwargs=kwargs, fallback=not several)
         except CaptureError as e:  # several processes: no traced call to fall back on
             warnings.warn(f"IR graphs: {e}; the forward stages are not saved in a run of "
                           "several processes (forward_eager and backward still are)",
                           SleuthWarning, stacklevel=4)
-        finally:
-            with torch.no_grad():  # BatchNorm's running statistics as the real call finds them
-                for b, saved in buffers:
-                    if not torch.equal(b, saved):
-                        b.copy_(saved)
         self._capture_real_call(module, args, kwargs, graphs)
 
     def _capture_compiled(self, module: Any, args: tuple, kwargs: dict) -> None:
@@ -185,24 +181,17 @@ class GraphSaver:
         torch.export on fake tensors, and no more. `forward_eager` and `backward` come from
         the real call run under a dispatch mode, which would make dynamo run it eagerly: the
         run would no longer be the compiled run the user trains."""
-        import torch
-
         from irdump._errors import CaptureError
         from irdump._save import capture_graphs
 
         graphs = []
-        buffers = [(b, b.detach().clone()) for b in module.buffers()]
         try:
-            graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
-                                    example_kwargs=kwargs, fallback=False)
+            with _buffers_kept(module):
+                graphs = capture_graphs(module, args, ("forward", "forward_aten_decomposed"),
+                                        example_kwargs=kwargs, fallback=False)
         except CaptureError as e:
             warnings.warn(f"IR graphs: {e}; the forward stages of the torch.compile'd model "
                           "are not saved", SleuthWarning, stacklevel=5)
-        finally:
-            with torch.no_grad():
-                for b, saved in buffers:
-                    if not torch.equal(b, saved):
-                        b.copy_(saved)
         warnings.warn("IR graphs: the model is torch.compile'd: its forward and "
                       "forward_aten_decomposed stages are saved (torch.export, fake tensors); "
                       "forward_eager and backward are not, since recording them runs the call "
@@ -313,16 +302,33 @@ def _wrapped(module: Any) -> Any:
     return module.module if wrappers and isinstance(module, wrappers) else None
 
 
+@contextlib.contextmanager
+def _buffers_kept(module: Any) -> Iterator[None]:
+    """The module's buffers as found, put back after a capture's extra forward (BatchNorm's
+    running statistics as the real call finds them)."""
+    import torch
+
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                if not torch.equal(b, saved):
+                    b.copy_(saved)
+
+
 def _compiled(module: Any) -> Any:
-    """The module a torch.compile wrapper (``OptimizedModule``) runs compiled, else None (as
-    well where the compiler's stance is ``force_eager``: the dump config's "compiled": "eager"
-    runs a dumped step's call eagerly anyway)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    wrapper = getattr(eval_frame, "OptimizedModule", None)
-    if wrapper is None or not isinstance(module, wrapper):
+    """The module a torch.compile wrapper runs compiled (tracer.capture.compiled_inner), else
+    None (as well where the compiler's stance is ``force_eager``: the dump config's
+    "compiled": "eager" runs a dumped step's call eagerly anyway)."""
+    from tracer.capture import compiled_inner
+
+    inner = compiled_inner(module)
+    if inner is None:
         return None
-    stance = getattr(getattr(eval_frame, "_stance", None), "stance", "default")
-    return None if stance == "force_eager" else module._orig_mod
+    stance = getattr(sys.modules.get("torch._dynamo.eval_frame"), "_stance", None)
+    return None if getattr(stance, "stance", "default") == "force_eager" else inner
 
 
 def _is_fsdp(module: Any) -> bool:

@@ -23,9 +23,10 @@ EXPECTED = [
 
 FACES = {
     "capture": ["CallNames", "EagerWhileDumped", "Kernels", "ModuleTracker", "OpMode",
-                "ParamRecords", "SetupRecorder", "Site", "encode_call", "fingerprint",
-                "in_graph_capture", "local_shard", "on_clip", "on_region", "on_scaler_scale",
-                "on_scaler_unscale", "on_scaler_update", "recording_closure", "rewrap",
+                "ParamRecords", "SetupRecorder", "Site", "compiled_inner", "encode_call",
+                "fingerprint", "in_graph_capture", "local_shard", "on_clip", "on_region",
+                "on_scaler_scale", "on_scaler_unscale", "on_scaler_update", "recording_closure",
+                "rewrap",
                 "tool_range", "user_source"],
     "storage": ["DUMP_JSON", "Dump", "ExportedDump", "FlightRecorder",
                 "JsonLimitError", "RANK_DIR", "READ_ERRORS", "RECORD_FIELDS",

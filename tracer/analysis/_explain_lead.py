@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracer.analysis._explain_sides import Sides, roundoff, stem
-from tracer.analysis._explain_step import Step
+from tracer.analysis._explain_step import Step, region_op
 from tracer.analysis._origin import _in_place, call_stem
 from tracer.analysis._replay import NotReplayable, rel_error
 
@@ -71,7 +71,7 @@ class Lead:
         of its call says more)."""
         # a compiled region's record is judged as a module's: its value was made by the
         # ops run inside it (recorded in interpret mode), and a region's call is never re-run
-        op = bool(fd["op"]) and not str(fd["op"]).startswith("compiled")
+        op = bool(fd["op"]) and not region_op(fd["op"])
         if op and fd["direction"] != "input":
             fd = self._unpaired_input(fd)
             if fd is None:
@@ -362,8 +362,7 @@ def _called_from(rec: dict) -> str:
 
 def _at_input(fd: dict[str, Any]) -> bool:
     """Whether `fd` is an op call's input (a module's or a compiled region's record is not)."""
-    return bool(fd["op"]) and fd["direction"] == "input" \
-        and not str(fd["op"]).startswith("compiled")
+    return bool(fd["op"]) and fd["direction"] == "input" and not region_op(fd["op"])
 
 
 def _equal(x: Any, y: Any) -> bool:

@@ -16,6 +16,12 @@ from tracer.analysis._origin import call_stem, sig
 from tracer.storage import config_of
 
 
+def region_op(op: Any) -> bool:
+    """Whether a record's op is a compiled region's (``compiled``, ``compiled.{function}``:
+    tracer.capture._regions), whose call no re-run repeats."""
+    return str(op or "").startswith("compiled")
+
+
 class Step:
     """Both runs' statistics rows of the divergence's step, and which of them the diff
     paired (`records`: the diff's rows)."""
@@ -95,7 +101,7 @@ class Step:
         opens, closes = (("input", "output") if phase == "forward" else ("output", "input"))
         closed: set[str] = set()
         for r in reversed(self.rows[side][:self.at[side][str(rec["name"])]]):
-            if not str(r["op"]).startswith("compiled") or r["phase"] != phase:
+            if not region_op(r["op"]) or r["phase"] != phase:
                 continue
             key = call_stem(r)
             if r["direction"] == closes:

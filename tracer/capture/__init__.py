@@ -13,6 +13,7 @@ from sleuth.common import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "CallNames": "tracer.capture._naming",
+    "compiled_inner": "tracer.capture._naming",
     "encode_call": "tracer.capture._calls",
     "EagerWhileDumped": "tracer.capture._compiled",
     "fingerprint": "tracer.capture._setup",
