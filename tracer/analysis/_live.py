@@ -134,6 +134,10 @@ class LiveReference:
             return
         self.compared.append(step)
         if result.first_divergence is None:
+            if result.status != "same":  # never a silent "no alarm" over what was not judged
+                why = "; ".join([p.line() for p in result.problems[:2]] or result.notes[:1])
+                _say(f"live reference: step {step} of rank {rank} was not judged whole against "
+                     f"{self.run} ({result.status}: {why or 'see sleuth diff'})")
             return
         self.first_divergence = dict(result.first_divergence)
         line = divergence_line(self.first_divergence, step)

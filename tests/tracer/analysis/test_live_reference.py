@@ -194,3 +194,25 @@ def test_fault_zoo_faults_are_found_live_in_their_step(tmp_path, fault):
         # an op only one run has is unpaired: the diff names the next record, and it before
         made = [after["module"]] + [u["name"].split("::")[0] for u in after["unpaired_before"]]
         assert any(in_site(m, site) for m in made), after
+
+
+def test_a_reference_step_that_does_not_read_whole_is_said_never_a_silent_pass(tmp_path, capfd):
+    import shutil
+
+    ref = tmp_path / "ref"
+    shutil.copytree(_reference_of(tmp_path), ref)
+    step = ref / "dump" / "rank0" / "step1.h5"
+    data = bytearray(step.read_bytes())  # damaged inside: listed, but not read whole
+    data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+    step.write_bytes(bytes(data))
+    live = tracer.LiveReference(ref)
+    _train(tmp_path / "run", live)
+    assert live.first_divergence is None
+    err = capfd.readouterr().err
+    assert "step 1 of rank 0 was not judged whole" in err, err
+
+
+def _reference_of(tmp_path):
+    path = tmp_path / "made"
+    _train(path)
+    return path
