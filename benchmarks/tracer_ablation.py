@@ -87,6 +87,7 @@ ARMS: dict[str, tuple[frozenset, dict] | None] = {
     "no_file_process": (frozenset(), {"file_process": False}),
     "no_params": (frozenset(), {"params": False}),
     "no_update": (frozenset({"update_record"}), {}),
+    "reference": (frozenset(), {}),
     "no_dump": None,
 }
 # device -> (reference arm, arm with it on, arm with it off, conditions where it acts)
@@ -97,11 +98,15 @@ DEVICES = {
                      ("module_statistics", "op_statistics", "op_tensor_async")),
     "file_process": ("shipped", "shipped", "no_file_process", ("op_tensor_async",)),
 }
-# feature -> (arm without it, conditions where it is measured)
+# feature -> (arm without it, or with it where the tracer as shipped has it off; conditions
+# where it is measured)
 FEATURES = {
     "param_records": ("no_params", ("module_statistics", "op_statistics")),
     "update_record": ("no_update", ("module_statistics", "op_statistics")),
+    "live_reference": ("reference", ("module_statistics", "op_statistics")),
 }
+ADDED = {"live_reference"}
+"""Features the tracer as shipped has off: their arm is the tracer with them."""
 # device -> where it acts (a device does nothing for tensors elsewhere)
 ACTS_ON = {"c_kernel": "cpu", "triton_stats": "cuda"}
 GAIN_RULE_PCT = 5.0  # a device that gains less on both workloads goes
@@ -198,6 +203,23 @@ def disk_bandwidth(nbytes: int, work: Path) -> float:
     return nbytes / seconds
 
 
+REFERENCES: dict[tuple[int, str], Path] = {}
+"""(model, config) -> the dump the "reference" arm's live reference reads."""
+
+
+def _reference(config: dict, model, opt, batches, work: Path) -> tracer.LiveReference:
+    """A live reference over a dump of `model` under `config`, made (untimed) at its first use,
+    with tolerances no record exceeds: the training goes on between blocks, so the weights
+    differ from the reference's, and a divergence would end the comparing that is measured."""
+    key = (id(model), json.dumps(config, sort_keys=True))
+    if key not in REFERENCES:
+        REFERENCES[key] = work / f"reference{len(REFERENCES)}"
+        with tracer.Dumper(model, {**config, "path": str(REFERENCES[key])}):
+            overhead.train_steps(model, opt, batches)
+    wide = tracer.Tolerance(rtol=1e30, atol=1e30, cosine_min=-1.0)
+    return tracer.LiveReference(REFERENCES[key], tolerance=wide)
+
+
 def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhead.Block:
     """One timed block of `arm` under the Dumper `config` (none for "no_dump")."""
     spec = ARMS[arm]
@@ -205,10 +227,12 @@ def arm_block(arm: str, config: dict, model, opt, batches, work: Path) -> overhe
         return overhead.timed_block(model, opt, batches)
     off, extra = spec
     path = work / arm
+    reference = _reference(config, model, opt, batches, work) if arm == "reference" else None
     with switched(off):
         block = overhead.timed_block(
             model, opt, batches,
-            lambda: tracer.Dumper(model, {**config, **extra, "path": str(path)}))
+            lambda: tracer.Dumper(model, {**config, **extra, "path": str(path)},
+                                  reference=reference))
     if config.get("mode") in ("tensor", "full"):
         nbytes, files = _dump_bytes(path)
         WRITTEN.setdefault((arm, config["mode"]), []).append(nbytes / max(files, 1))
@@ -440,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             if c not in measured:
                 continue
             for w in workloads:
-                s = summary([(1 / m, 1 / s) for m, s in ratios[(w, c)][arm]])
+                s = summary(ratios[(w, c)][arm] if feature in ADDED
+                            else [(1 / m, 1 / s) for m, s in ratios[(w, c)][arm]])
                 s["with_without"] = s.pop("ratio")
                 s["with_without_sustained"] = s.pop("sustained")
                 s["cost_pct"] = round(100 * (s["with_without"] - 1), 1)

@@ -2,7 +2,7 @@
 identity (`_run_identity`), the user's line (`_user_line`), the one door to a run's files
 (`_door`), the error root and its shared kinds (`_errors`), a tool that fails while it observes
 a run (`_going_off`: warn once and go off, or raise under SLEUTH_STRICT=1), the lazy public
-face (`_lazy`) and the names of what each tool writes into a run directory (`run_files`, which
+face (`_lazy`), starting a helper process of the project's (`_helper_process`) and the names of what each tool writes into a run directory (`run_files`, which
 the claim on a directory goes by). It imports no other package of the project and no torch, so
 any package may import it (docs/architecture.md)."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ from sleuth.common._door import (RANK_DIR, STEP_FILE, STEP_PARTIAL, UntrustedFil
                                  number_of, numbered, open_regular, printable, read_bounded)
 from sleuth.common._going_off import (STRICT_ENV, SleuthWarning, describe_error, go_off,
                                       show_one_line, strict, warn)
+from sleuth.common._helper_process import start_helper
 from sleuth.common._lazy import lazy_exports
 from sleuth.common._run_identity import (RUN_ID_ENV, h5_run_id, inherited_run_id, new_run_id,
                                          process_alive, process_start_time, read_run_id,
@@ -28,4 +29,4 @@ __all__ = ["ConfigError", "FormatError", "INTERNAL", "LIBRARY", "OtherRunError",
            "kind_problem", "lazy_exports", "left_open_for_write", "new_run_id", "number_of",
            "numbered", "open_regular", "printable", "process_alive", "process_start_time",
            "read_bounded", "read_run_id", "resolve_run_id", "run_files", "short_frame_kind",
-           "short_path", "show_one_line", "strict", "warn"]
+           "short_path", "show_one_line", "start_helper", "strict", "warn"]

@@ -117,11 +117,13 @@ def test_op_tensors_are_measured_against_the_disk_floor(capsys):
 @pytest.mark.slow
 def test_features_report_what_their_records_cost(capsys):
     """With `--features`, the parameter records and the update record are each measured
-    against the tracer without them; without an update record the step has no update rows."""
+    against the tracer without them, the live reference against the tracer without one;
+    without an update record the step has no update rows."""
     bench = _load()
     out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "module_statistics",
-               "--devices", "file_process", "--features", "param_records,update_record")
-    for feature in ("param_records", "update_record"):
+               "--devices", "file_process", "--features",
+               "param_records,update_record,live_reference")
+    for feature in ("param_records", "update_record", "live_reference"):
         row = out["features"][feature]["conditions"]["module_statistics"]["gpt"]
         assert row["with_without"] > 0
         assert row["cost_pct"] == pytest.approx(100 * (row["with_without"] - 1), abs=0.1)

@@ -7,11 +7,14 @@ record `sleuth diff` names afterwards), and at the first record out of tolerance
 one line on stderr, keeps it in ``RUN/dump/rank{R}/live_reference.json`` and, when asked, ends
 the run (`tracer.ReferenceDiverged`, exit code `REFERENCE_EXIT`).
 
-The comparison reads the step file back once it is on disk, at the step boundary after it is
-written: with the synchronous writer the step that just ended, with the asynchronous writer
-(whose file is written while the next step trains) the step before it; the last steps are
-compared when the Dumper closes. Nothing runs per record: a Dumper without a reference pays
-one attribute test per step.
+The comparison reads the step file back once it is on disk (with the synchronous writer at the
+end of its step, with the asynchronous writer, whose file is written while the next step
+trains, a step later), in a helper process (tracer.analysis._live_judge), so the diff's
+Python does not hold the training thread: at each step boundary the run hands it the files
+now on disk and takes its answers, waiting only while it is more than `LAG` steps behind; the
+last steps are awaited when the Dumper closes. Where the helper cannot run, the same diff runs
+in the run's own process. Nothing runs per record: a Dumper without a reference pays one
+attribute test per step.
 
 This module sits on the judging side (it runs the diff); the Dumper only calls the two methods
 of the protocol below, so a traced run without a reference never imports it.
@@ -24,10 +27,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from sleuth.common import atomic_file, describe_error, go_off
+from sleuth.common import atomic_file, describe_error, go_off, warn
 from tracer._errors import REFERENCE_EXIT, ConfigError, ReferenceDiverged, TracerError
 from tracer.analysis._compare import Tolerance
-from tracer.analysis._diff import diff
+from tracer.analysis._live_judge import Judge, judged
 from tracer.storage import READ_ERRORS, open_dump
 
 FORMAT_VERSION = 1
@@ -35,6 +38,10 @@ FILE_NAME = "live_reference.json"
 ON_DIVERGENCE = ("continue", "stop")
 ENV_VAR = "SLEUTH_REFERENCE"
 ON_DIVERGENCE_ENV = "SLEUTH_REFERENCE_ON_DIVERGENCE"
+LAG = 1
+"""Steps the judge may be behind the run before a step boundary waits for its answer: a
+divergence is said, and a "stop" run ends, at the end of its step or of the next one."""
+ANSWER_TIMEOUT_S = 600.0
 
 
 class LiveReference:
@@ -68,6 +75,9 @@ class LiveReference:
         self._pending: list[tuple[Path, int, int]] = []  # (step file, rank, step) not yet read
         self._missing_said = False
         self._dump: Any = None
+        self._judge: Judge | None = None
+        self._judge_failed = False
+        self._said_stop = False
         try:
             self._dump = open_dump(self.run)
         except (TracerError, *READ_ERRORS) as e:
@@ -99,26 +109,32 @@ class LiveReference:
             self._pending.append((Path(path), int(rank), int(step)))
 
     def judge(self, *, final: bool = False) -> None:
-        """Compare every ended step whose file is on disk (`final`: the Dumper closed its
-        writer; a step whose file is still missing then was not written and is dropped).
-        Raises ReferenceDiverged at a divergence when `on_divergence` is "stop", except at
-        `final`: the run is over, and at interpreter exit no exception could set its status."""
+        """Hand every ended step whose file is on disk to the judge, and take its answers: at
+        most `LAG` steps stay unanswered (`final`: the Dumper closed its writer: none, and a
+        step whose file is still missing then was not written and is dropped). Raises
+        ReferenceDiverged at a divergence when `on_divergence` is "stop", except at `final`:
+        the run is over, and at interpreter exit no exception could set its status."""
         while self._pending and self.active:
             path, rank, step = self._pending[0]
             if not path.is_file():  # the async writer has not renamed it into place yet
                 if not final:
-                    return
+                    break
                 self._pending.pop(0)
                 continue
             self._pending.pop(0)
-            self._compare(path, rank, step)
-            if self.first_divergence is not None and self.on_divergence == "stop" and not final:
-                raise ReferenceDiverged(self._stop_line())
+            self._send(path, rank, step)
         if final:
             self._pending.clear()
+        self._collect(0 if final else LAG)
+        if final or not self.active:
+            self._close_judge()
+        if self.first_divergence is not None and self.on_divergence == "stop" and not final \
+                and not self._said_stop:
+            raise ReferenceDiverged(self._stop_line())
 
     # -- comparing ------------------------------------------------------------------------------
-    def _compare(self, path: Path, rank: int, step: int) -> None:
+    def _send(self, path: Path, rank: int, step: int) -> None:
+        """Hand step `step` of `rank` to the judge (or compare it here, where no judge runs)."""
         if step not in self._dump.steps(rank):
             if not self._missing_said:
                 self._missing_said = True
@@ -126,20 +142,83 @@ class LiveReference:
                      f"lacks are not compared (dump the reference with the same \"steps\" and "
                      f"ranks)")
             return
+        reference = str(self._dump.path(rank, step))
+        judge = self._started()
+        if judge is not None:
+            t = self.tolerance
+            try:
+                judge.send({"reference": reference, "path": str(path),
+                            "tolerance": {"rtol": t.rtol, "atol": t.atol,
+                                          "cosine_min": t.cosine_min}},
+                           (reference, path, rank, step))
+                return
+            except OSError as e:
+                self._judge_lost(e)
+        self._compare_here(reference, path, rank, step)
+
+    def _started(self) -> Judge | None:
+        """The judge process, started at the first step it is given; None once it failed."""
+        if self._judge is None and not self._judge_failed:
+            try:
+                self._judge = Judge()
+            except OSError as e:
+                self._judge_lost(e)
+        return self._judge
+
+    def _judge_lost(self, error: BaseException) -> None:
+        """The judge cannot be used: steps are compared in the run's own process from now on
+        (the same diff, paid by the training thread), said once."""
+        self._judge_failed = True
+        self._close_judge()
+        warn(f"live reference: its judge process failed ({describe_error(error)}); steps are "
+             f"compared in the run's own process from now on", stacklevel=4)
+
+    def _close_judge(self) -> None:
+        judge, self._judge = self._judge, None
+        if judge is not None:
+            judge.close()
+
+    def _collect(self, keep: int) -> None:
+        """Take the judge's answers, waiting while more than `keep` steps are unanswered."""
+        judge = self._judge
+        if judge is None:
+            return
         try:
-            result = diff(self._dump.path(rank, step), path, tolerance=self.tolerance,
-                          keep_records=False)
+            answered = judge.answers(keep, ANSWER_TIMEOUT_S)
+        except (OSError, ValueError) as e:  # ValueError: an answer that is no JSON
+            lost = list(judge.waiting)
+            self._judge_lost(e)
+            for reference, path, rank, step in lost:
+                if self.active:
+                    self._compare_here(reference, path, rank, step)
+            return
+        for (_, path, rank, step), answer in answered:
+            if not self.active:
+                break  # answers after the first divergence are not needed
+            if "error" in answer:
+                self._off(TracerError(answer["error"]),
+                          f"comparing step {step} with the reference {self.run}")
+                break
+            self._judged(path, rank, step, answer)
+
+    def _compare_here(self, reference: str, path: Path, rank: int, step: int) -> None:
+        try:
+            answer = judged(reference, str(path), self.tolerance)
         except (TracerError, *READ_ERRORS) as e:
             self._off(e, f"comparing step {step} with the reference {self.run}")
             return
+        self._judged(path, rank, step, answer)
+
+    def _judged(self, path: Path, rank: int, step: int, answer: dict[str, Any]) -> None:
+        """What the diff of step `step` found (`judged`): said, and kept at a divergence."""
         self.compared.append(step)
-        if result.first_divergence is None:
-            if result.status != "same":  # never a silent "no alarm" over what was not judged
-                why = "; ".join([p.line() for p in result.problems[:2]] or result.notes[:1])
+        fd = answer.get("first_divergence")
+        if fd is None:
+            if answer.get("unjudged"):  # never a silent "no alarm" over what was not judged
                 _say(f"live reference: step {step} of rank {rank} was not judged whole against "
-                     f"{self.run} ({result.status}: {why or 'see sleuth diff'})")
+                     f"{self.run} ({answer.get('status')}: {answer['unjudged']})")
             return
-        self.first_divergence = dict(result.first_divergence)
+        self.first_divergence = dict(fd)
         line = divergence_line(self.first_divergence, step)
         _say(f"{line}; reference {self.run} (rank {rank}); "
              f"{'the run stops' if self.on_divergence == 'stop' else 'the run goes on'}")
@@ -161,13 +240,15 @@ class LiveReference:
                  f"{describe_error(e)}")
 
     def _stop_line(self) -> str:
+        self._said_stop = True
         fd = self.first_divergence or {}
-        return (f"live reference: run stopped at step {fd.get('step')} (exit code "
-                f"{REFERENCE_EXIT}): {fd.get('name')} diverged from {self.run}")
+        return (f"live reference: the run stops (exit code {REFERENCE_EXIT}): {fd.get('name')} "
+                f"diverged from {self.run} at step {fd.get('step')}")
 
     def _off(self, error: BaseException, doing: str) -> None:
         self._dump = None
         self._pending.clear()
+        self._close_judge()
         go_off(error, tool="live reference", off="the live reference is off",
                doing=doing, stacklevel=3)
 

@@ -19,8 +19,7 @@ says {"ready": true}; until then the writer writes its files itself instead of w
 start takes ~0.4 s, longer than a short run's first steps). End of input ends the process, so
 it exits with its parent even when the parent is killed.
 
-Started as `python -m tracer.storage._file_process`, not through multiprocessing: spawning would re-import
-the user's training script in the child.
+Started as `python -m tracer.storage._file_process` (`sleuth.common.start_helper`).
 """
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from sleuth.common import warn
+from sleuth.common import start_helper, warn
 from tracer.storage._step_file import StepFile
 
 _LEN = struct.Struct("<Q")
@@ -204,14 +203,7 @@ class FileProcess:
     def _start(self) -> subprocess.Popen:
         if self._proc is not None:
             return self._proc
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        for key in [k for k in env if k.startswith("SLEUTH_")]:
-            del env[key]  # the helper must not attach tools to itself
-        self._proc = subprocess.Popen([sys.executable, "-m", "tracer.storage._file_process"],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                                      start_new_session=True)
+        self._proc = start_helper("tracer.storage._file_process")
         return self._proc
 
     def _give_up(self, why: str) -> None:

@@ -4,6 +4,7 @@ reference that does not read goes off in one line; "stop" ends the run with exit
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -63,8 +64,9 @@ def test_stop_ends_the_run_with_exit_code_3(reference, tmp_path):
     with pytest.raises(tracer.ReferenceDiverged) as e:
         _train(tmp_path / "run", live, fault_step=1)
     assert isinstance(e.value, SystemExit) and e.value.code == 3
-    assert "run stopped at step 1" in str(e.value)
-    assert tracer.open_dump(tmp_path / "run").steps(0) == [0, 1]  # the step it stopped after
+    assert str(e.value).endswith("diverged from " + str(reference) + " at step 1")
+    # the run ends at the end of the divergent step or of the next one (the judge's `LAG`)
+    assert tracer.open_dump(tmp_path / "run").steps(0) in ([0, 1], [0, 1, 2])
 
 
 def test_a_reference_that_does_not_read_is_one_line_and_the_run_goes_on(tmp_path,
@@ -216,3 +218,44 @@ def _reference_of(tmp_path):
     path = tmp_path / "made"
     _train(path)
     return path
+
+
+def test_the_steps_are_judged_in_a_helper_process(reference, tmp_path, monkeypatch):
+    from tracer.analysis import _live, _live_judge
+
+    judges = []
+    real = _live_judge.Judge
+
+    class Counted(real):
+        def __init__(self) -> None:
+            super().__init__()
+            judges.append(self._proc.pid)
+
+    monkeypatch.setattr(_live, "Judge", Counted)
+    monkeypatch.setattr(_live, "judged", None)  # nothing judged in the run's own process
+    live = tracer.LiveReference(reference)
+    _train(tmp_path / "run", live, fault_step=2)
+    assert len(judges) == 1 and judges[0] != os.getpid()
+    assert live.first_divergence["step"] == 2 and live.compared == [0, 1, 2]
+
+
+@pytest.mark.parametrize("how", ["does_not_start", "dies"])
+def test_without_its_helper_process_the_run_judges_its_steps_itself(reference, tmp_path,
+                                                                     monkeypatch, how):
+    from tracer.analysis import _live, _live_judge
+
+    class Broken(_live_judge.Judge):
+        def __init__(self) -> None:
+            if how == "does_not_start":
+                raise OSError("no such program")
+            super().__init__()
+            self._proc.kill()  # its answers never come: the steps sent are compared here
+
+    monkeypatch.setattr(_live, "Judge", Broken)
+    monkeypatch.delenv("SLEUTH_STRICT", raising=False)
+    live = tracer.LiveReference(reference)
+    with pytest.warns(tracer.SleuthWarning, match="its judge process failed .*compared in "
+                                                  "the run's own process"):
+        _train(tmp_path / "run", live, fault_step=1)
+    after = tracer.diff(reference, tmp_path / "run").first_divergence
+    assert live.first_divergence["name"] == after["name"] and live.compared == [0, 1]
