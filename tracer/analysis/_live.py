@@ -72,6 +72,9 @@ class LiveReference:
         """The first divergent record found (as `DiffResult.first_divergence`), or None."""
         self.compared: list[int] = []
         """The steps compared so far, in order."""
+        self.setup: list[str] = []
+        """The setup differences (as `sleuth diff` words them) of the first step that has
+        any, or []."""
         self._pending: list[tuple[Path, int, int]] = []  # (step file, rank, step) not yet read
         self._missing_said = False
         self._dump: Any = None
@@ -212,6 +215,13 @@ class LiveReference:
     def _judged(self, path: Path, rank: int, step: int, answer: dict[str, Any]) -> None:
         """What the diff of step `step` found (`judged`): said, and kept at a divergence."""
         self.compared.append(step)
+        setup = answer.get("setup") or []
+        if setup and not self.setup:
+            # said once, before any divergence it causes: the likeliest cause of it
+            self.setup = list(setup)
+            more = f"; and {len(setup) - 3} more" if len(setup) > 3 else ""
+            _say(f"live reference: step {step} of rank {rank} is set up otherwise than "
+                 f"{self.run}: {'; '.join(setup[:3])}{more}")
         fd = answer.get("first_divergence")
         if fd is None:
             if answer.get("unjudged"):  # never a silent "no alarm" over what was not judged
@@ -230,7 +240,7 @@ class LiveReference:
                  "rank": rank, "step": step, "on_divergence": self.on_divergence,
                  "tolerance": {"rtol": self.tolerance.rtol, "atol": self.tolerance.atol,
                                "cosine_min": self.tolerance.cosine_min},
-                 "line": line, "first_divergence": self.first_divergence}
+                 "line": line, "setup": self.setup, "first_divergence": self.first_divergence}
         target = path.with_name(FILE_NAME)
         try:
             with atomic_file(target) as f:

@@ -9,7 +9,8 @@ itself, here as in `sleuth diff`.
 
 Protocol, over the child's stdin and stdout (no pickle), one JSON object a line: a request is
 {"reference": step file, "path": step file, "tolerance": {"rtol", "atol", "cosine_min"}}; the
-answer {"status", "first_divergence": record or null, "unjudged": why or null} (`judged`), or
+answer {"status", "first_divergence": record or null, "unjudged": why or null, "setup": the
+setup differences in words, likeliest cause first} (`judged`), or
 {"error": one line} where either file did not read. Once its imports are done the helper says
 {"ready": true}. End of input ends the process (`sleuth.common.start_helper`).
 """
@@ -38,7 +39,9 @@ def judged(reference: str, path: str, tolerance: Any) -> dict[str, Any]:
         unjudged = "; ".join([p.line() for p in result.problems[:2]] or result.notes[:1]) or \
             "see sleuth diff"
     fd = result.first_divergence
-    return {"status": result.status, "unjudged": unjudged,
+    setup = [str(d["text"]) for c in result.changes if c["kind"] == "setup"
+             for d in c["differences"]]
+    return {"status": result.status, "unjudged": unjudged, "setup": setup,
             "first_divergence": None if fd is None else {k: _plain(v) for k, v in fd.items()}}
 
 

@@ -259,3 +259,23 @@ def test_without_its_helper_process_the_run_judges_its_steps_itself(reference, t
         _train(tmp_path / "run", live, fault_step=1)
     after = tracer.diff(reference, tmp_path / "run").first_divergence
     assert live.first_divergence["name"] == after["name"] and live.compared == [0, 1]
+
+
+def test_a_setup_difference_is_said_before_the_divergence_it_causes(reference, tmp_path, capfd):
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.5)  # the reference has none
+    data = torch.Generator().manual_seed(1)
+    live = tracer.LiveReference(reference)
+    with tracer.Dumper(model, {"path": str(tmp_path / "run"), "writer": "sync"},
+                       reference=live):
+        for _ in range(3):
+            model(torch.randn(4, 8, generator=data)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    lines = [x for x in capfd.readouterr().err.splitlines() if "live reference" in x]
+    assert lines[0].startswith(f"sleuth: live reference: step 0 of rank 0 is set up otherwise "
+                               f"than {reference}: SGD momentum 0 in A, 0.5 in B"), lines
+    assert live.setup and "momentum" in live.setup[0]
+    kept = json.loads((tmp_path / "run" / "dump" / "rank0" / "live_reference.json").read_text())
+    assert kept["setup"] == live.setup
