@@ -157,7 +157,8 @@ class LiveReference:
                 return
             except OSError as e:
                 self._judge_lost(e)
-        self._compare_here(reference, path, rank, step)
+        if self.active:
+            self._compare_here(reference, path, rank, step)
 
     def _started(self) -> Judge | None:
         """The judge process, started at the first step it is given; None once it failed."""
@@ -170,11 +171,16 @@ class LiveReference:
 
     def _judge_lost(self, error: BaseException) -> None:
         """The judge cannot be used: steps are compared in the run's own process from now on
-        (the same diff, paid by the training thread), said once."""
+        (the same diff, paid by the training thread), said once; the steps it was given and
+        did not answer first, in their order."""
         self._judge_failed = True
+        lost = list(self._judge.waiting) if self._judge is not None else []
         self._close_judge()
         warn(f"live reference: its judge process failed ({describe_error(error)}); steps are "
              f"compared in the run's own process from now on", stacklevel=4)
+        for reference, path, rank, step in lost:
+            if self.active:
+                self._compare_here(reference, path, rank, step)
 
     def _close_judge(self) -> None:
         judge, self._judge = self._judge, None
@@ -189,11 +195,7 @@ class LiveReference:
         try:
             answered = judge.answers(keep, ANSWER_TIMEOUT_S)
         except (OSError, ValueError) as e:  # ValueError: an answer that is no JSON
-            lost = list(judge.waiting)
             self._judge_lost(e)
-            for reference, path, rank, step in lost:
-                if self.active:
-                    self._compare_here(reference, path, rank, step)
             return
         for (_, path, rank, step), answer in answered:
             if not self.active:
