@@ -112,6 +112,9 @@ FAULTS: dict[str, Expect] = {
     # B's forward under bfloat16 autocast: rounding alone, then with a bug inside it
     "bf16": Expect("precision", False),
     "bf16_bug": Expect("bug", False, op_line=True),
+    # under bfloat16 autocast, a gradient hook that halves a weight's gradient: a bug only the
+    # backward has
+    "bf16_grad_hook": Expect("bug", False, op_line=True),
     # B's forward under float16 autocast with a GradScaler (the setup: a scaler in B only),
     # rounding alone, then with a bug inside it
     "fp16": Expect("precision", True),
@@ -162,6 +165,10 @@ def _scale_output(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tens
     return out * 1.5  # FAULT: bf16_bug
 
 
+def _halve(grad: torch.Tensor) -> torch.Tensor:
+    return grad * 0.5  # FAULT: bf16_grad_hook
+
+
 def _shift_output(module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
     return out + 0.5  # FAULT: fp16_bug
 
@@ -202,7 +209,7 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
                                 and "original" not in n], case)
         if fault:
             model.register_forward_pre_hook(_scale_buffer(picked["site"]))
-    if case.fault in ("inplace_hook", "bf16_bug", "fp16_bug"):
+    if case.fault in ("inplace_hook", "bf16_bug", "fp16_bug", "bf16_grad_hook"):
         linear = [n for n, m in model.named_modules()
                   if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"]
         picked["site"] = _pick([n for n in linear if any(c.isdigit() for c in n.split("."))]
@@ -213,6 +220,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
             model.get_submodule(picked["site"]).register_forward_hook(_scale_output)
         elif fault == "fp16_bug":
             model.get_submodule(picked["site"]).register_forward_hook(_shift_output)
+        elif fault == "bf16_grad_hook":
+            model.get_submodule(picked["site"]).weight.register_hook(_halve)
     params = dict(model.named_parameters())
     groups = [{"params": [params[n] for n in names if n not in no_decay], "weight_decay": 0.1},
               {"params": [params[n] for n in no_decay],
@@ -235,8 +244,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     # forward at level op
     steps = 3 if case.fault == "hyper" else 2
     batches = [torch.randint(0, VOCAB, (BATCH, SEQ)) for _ in range(2 * steps)]
-    low = {"bf16": torch.bfloat16, "bf16_bug": torch.bfloat16, "fp16": torch.float16,
-           "fp16_bug": torch.float16}.get(fault)
+    low = {"bf16": torch.bfloat16, "bf16_bug": torch.bfloat16, "bf16_grad_hook": torch.bfloat16,
+           "fp16": torch.float16, "fp16_bug": torch.float16}.get(fault)
     # float16 needs its loss scaled (a scaler off in every other run does nothing)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=low is torch.float16)
     if fault == "data_order":

@@ -16,7 +16,13 @@ upstream, the step is searched for where an error is made that rounding cannot a
   records upstream of it in either run, through the ops only one run runs (an op added, removed
   or replaced) or none (another value passed). Measured on the tensors: the input's error above
   `factor` times the sum of what it received and the rounding of the ops in between is a bug,
-  named by the first divergence's judgement (tracer.analysis._explain_lead).
+  named by the first divergence's judgement (tracer.analysis._explain_lead);
+- a value made by an op only one run runs that is no cast and computes (autocast adds casts
+  and nothing else, in forward and backward alike), judged at the record it feeds (an op's
+  input, or the gradient the optimizer reads): a bug where that record differs far more than
+  what reached the op, named as the op added or removed at its line. This is how a bug only
+  the backward has (a gradient hook, a loss changed by label smoothing) is found under
+  autocast, where the backward's paired records are not searched.
 
 Candidates come from the diff's own errors (no tensor is read to find them) in execution order;
 at most `limit` of them are re-run or measured, the earliest bug wins.
@@ -104,7 +110,7 @@ class Search:
                 break
             tried += 1
             found = self._call(row, stem(str(row["name"])) not in skip) if kind == "call" \
-                else self._input(row)
+                else self._added(row) if kind == "added" else self._input(row)
             if found is not None:
                 return found
         return None
@@ -119,8 +125,12 @@ class Search:
                 calls.setdefault(stem(str(r["name"])), {"input": [], "output": []}) \
                     .setdefault(str(r["direction"]), []).append(r)
         for r in self.rows:
-            if not r["op"] or r["verdict"] not in ("same", "diverged") \
-                    or r["source"] in self.setup_lines:
+            if r["verdict"] not in ("same", "diverged") or r["source"] in self.setup_lines:
+                continue
+            if self.lows and self._after_added(r):
+                yield "added", r
+                continue
+            if not r["op"]:
                 continue
             if self.lows and r["phase"] != "forward":
                 # B's autocast casts its gradients too: its backward's records pair with A's
@@ -137,6 +147,37 @@ class Search:
                 e_out = max(_err(x) for x in recs["output"])
                 if e_out > self.factor * e_in + self.slack:
                     yield "call", r
+
+    def _after_added(self, row: dict) -> bool:
+        """Whether `row` (an op's input, or the gradient the optimizer reads) is made, in
+        either run, by an op that run alone runs which is no cast and computes a value of its
+        own: under autocast only casts should differ between the runs' ops, in forward and
+        backward alike (call counts of other ops do not shift)."""
+        if row["direction"] != "input" and not (row["phase"] == "optimizer"
+                                                and row["direction"] == "grad"):
+            return False
+        for side, name in (("a", str(row["name"])), ("b", str(row["b_name"] or row["name"]))):
+            rec = self.step.get(side, name)
+            p = self._producer(side, rec) if rec is not None else None
+            if p is not None and self.step.unpaired(side, p) and p["op"] not in _CASTS and \
+                    all(_value(r) != _value(p) for r in self.step.calls[side][call_stem(p)]
+                        if r["direction"] == "input"):
+                return True
+        return False
+
+    def _added(self, row: dict) -> Hidden | None:
+        """An op only one run runs (`_after_added`), judged at the record it feeds: a bug when
+        that record differs far more than what reached the op's inputs, and than the
+        rounding of the record's own dtypes."""
+        import torch
+
+        e = _err(row)
+        dtypes = [d for d in (row["dtype"], row["b_dtype"]) if d in _LOW]
+        unit = max((float(torch.finfo(getattr(torch, d)).eps) / 2 for d in dtypes),
+                   default=float(torch.finfo(torch.float32).eps) / 2)
+        if not e > self.factor * self._received(row) + 2 * unit:
+            return None
+        return self._judged(self._as_fd(row, "input"), str(row["name"]), e)
 
     def _received(self, row: dict) -> float:
         """The largest diff error of the paired records an input's value was made from, in

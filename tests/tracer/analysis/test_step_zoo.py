@@ -27,7 +27,7 @@ whose step costs a tenth of a Hugging Face model's."""
 
 
 # classes the quick lane leaves to the sweep: it is at its time bound, and each costs a run
-SWEPT_ONLY = frozenset({"fp16", "fp16_bug", "buffer_written"})
+SWEPT_ONLY = frozenset({"fp16", "fp16_bug", "buffer_written", "bf16_grad_hook"})
 
 
 def _fast(case: Case) -> bool:
@@ -121,7 +121,7 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
         assert e.blamed is not None and "arguments" in v, where
     elif f == "bf16":
         assert "bfloat16" in v, where
-    elif f in ("bf16_bug", "fp16_bug"):
+    elif f in ("bf16_bug", "fp16_bug", "bf16_grad_hook"):
         assert "rounding is present too" in v, where
     elif f == "fp16":
         assert "float16" in v, where
