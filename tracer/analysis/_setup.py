@@ -501,7 +501,18 @@ def first_setup(setups: list[dict[str, Any]], notes: list[str]) -> dict[str, Any
     if missing:
         notes.append("the setup around the model (optimizer, clipping, config, buffers, flags) "
                      "was not compared for every step: " + "; ".join(missing[:3]))
-    found = [s for s in setups if s["differences"]]
+    first: dict[int, int] = {}
+    for s in setups:
+        first[s["rank"]] = min(first.get(s["rank"], s["step"]), s["step"])
+    found = []
+    for s in setups:
+        if s["step"] != first[s["rank"]]:
+            # buffers as a later step begins are what the steps before made of them (running
+            # statistics trained, or rounded otherwise): the records of those steps say where
+            # the runs parted; only the first step's buffers are the run's setup
+            s = {**s, "differences": [d for d in s["differences"] if d.get("kind") != "buffer"]}
+        if s["differences"]:
+            found.append(s)
     return min(found, key=lambda s: (s["step"], s["rank"])) if found else None
 
 
