@@ -630,6 +630,16 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") ->
         verdict = (f"{found.verdict}; {found.blamed['module']} was set up with other "
                    f"constants: {_words(held)}")
         return dataclasses.replace(found, verdict=verdict, setup=ranked)
+    configs = [d for d in ranked if d["kind"] == "config"]
+    if configs and found.status == "bug" and blamed.get("fault") in _STRUCTURAL:
+        # the model's config picks its code path (an attention kernel, an activation, tied
+        # weights): other ops, or values passed otherwise, follow from it, wherever they are
+        verdict = (f"setup: the runs were set up differently: {_words(configs)}. The first "
+                   f"divergence, {fd['name']} (step {fd['step']}), follows from it: the model "
+                   f"takes another code path (the records alone: {found.verdict}); compare "
+                   f"runs of one config to look for a bug besides")
+        return dataclasses.replace(found, status="setup", verdict=verdict,
+                                   setup=[*configs, *[d for d in ranked if d not in configs]])
     if ranked and (found.status in ("inputs", "unexplained") or fd["phase"] == "optimizer"):
         direction = fd.get("direction")
         if fd["phase"] == "optimizer" and direction in ("grad", "update"):

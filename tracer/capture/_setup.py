@@ -117,6 +117,11 @@ def model_config(root: torch.nn.Module) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if isinstance(d, dict):
         _flatten("", d, out)
+    # which attention kernel the model runs (eager, sdpa, flash): kept out of `to_dict()` by
+    # Hugging Face, it changes the ops a layer calls and what they are given
+    attention = getattr(config, "_attn_implementation", None)
+    if isinstance(attention, str):
+        out["attn_implementation"] = attention
     return out
 
 

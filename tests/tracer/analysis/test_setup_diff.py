@@ -2,6 +2,8 @@
 what a difference says, and when it may stand for explain's verdict and when it may not."""
 from __future__ import annotations
 
+import pytest
+
 from tracer.analysis._explain import Explanation
 from tracer.analysis._setup import (compare_inputs, differences, inputs_words, names_in_words,
                                     with_setup)
@@ -186,3 +188,36 @@ def test_a_scheduled_learning_rate_and_eval_mode_read_as_what_they_are():
     (d,) = differences(_setup(model={"config": {}, "modules": modules, "frozen": []}),
                        _setup(model={"config": {}, "modules": half, "frozen": []}))
     assert d["text"].startswith("fc in eval mode in B, train mode in A")
+
+
+def test_a_config_that_picks_the_code_path_stands_for_a_bug_the_records_name():
+    """Hugging Face's attention kernel (eager in A, sdpa in B): the mask one passes and the
+    other does not shifts a layer's inputs, which the records alone call a value passed
+    otherwise. The config is the cause; a constant entering an op as an argument stays a bug
+    (its op and line), with the config said beside it."""
+    config = {"modules": {}, "frozen": []}
+    change = _change(_setup(model={"config": {"attn_implementation": "eager"}, **config}),
+                     _setup(model={"config": {"attn_implementation": "sdpa"}, **config}))
+    fd = _fd("model.layers.0.forward.0.input.2", "forward", "input")
+    passed = Explanation("bug", "bug: module model.layers.0 passes on another value: ...",
+                         {"fault": "passed", "module": "model.layers.0"}, first_divergence=fd)
+    out = with_setup(passed, change)
+    assert out.status == "setup", out.verdict
+    assert out.verdict.startswith("setup: the runs were set up differently: config "
+                                  "attn_implementation 'eager' in A, 'sdpa' in B. The first "
+                                  "divergence, model.layers.0.forward.0.input.2 (step 0), "
+                                  "follows from it"), out.verdict
+    called = Explanation("bug", "bug: op aten.pow at m.py:3 is called with other arguments",
+                         {"fault": "arguments", "module": "model.rotary_emb"},
+                         first_divergence=fd)
+    assert with_setup(called, change).status == "bug"
+
+
+def test_the_attention_kernel_of_a_hugging_face_config_is_part_of_its_setup():
+    transformers = pytest.importorskip("transformers")
+    from tracer.capture._setup import model_config
+
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, attn_implementation="sdpa"))
+    assert model_config(model)["attn_implementation"] == "sdpa"
