@@ -64,8 +64,9 @@ class Explanation:
     arguments), "swapped", "argument" (one of A's inputs passed in place of another), "passed"
     (another value passed), "added", "removed" or "replaced" (ops only one run runs; their
     names in `added` and `removed`), "written" (an in-place op wrote a weight during the step:
-    `param` names it, `written_by` the run that wrote it, A, B or both). A re-run call adds
-    the chain entry's fields."""
+    `param` names it, `written_by` the run that wrote it, A, B or both), "no_gradient" (one
+    run's optimizer step read no gradient of the parameter: `side` names that run). A re-run
+    call adds the chain entry's fields."""
     chain: list[dict[str, Any]] = field(default_factory=list)
     """One entry per op call on the divergence chain, in execution order: name, b_name, op,
     module, phase, step, source (B's line), a_source, received, introduced, entitled,
@@ -213,6 +214,9 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         # a weight written in place during the step (named, never "inputs differ"), or one a
         # module dump cannot date: nothing to re-run, so any mode will do
         return Explanation(*weight, [], fd, notes)
+    lost = _gradients_lost(res.records, fd)
+    if lost is not None:
+        return Explanation("bug", lost[0], lost[1], [], fd, notes)
     which = inputs_words(inputs)
     if fd["kind"] in ("data", "parameter") and not fd["op"]:
         # an op's input the diff marks as data (token ids) goes on to the lead, which says
@@ -276,6 +280,38 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         da.close()
         db.close()
     return out
+
+
+def _gradients_lost(records: Any, fd: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """(verdict, blamed) where the first divergence is an optimizer update and one run's
+    optimizer step read no gradient of that parameter that the other's did (its `grad`
+    record has no partner): the gradients were cleared, set to None or never made between the
+    backward and the step; else None."""
+    if records is None or not len(records) or fd["phase"] != "optimizer" \
+            or fd["direction"] != "update":
+        return None
+    rows = records[(records["step"] == fd["step"]) & (records["rank"] == fd["rank"])
+                   & (records["phase"] == "optimizer")
+                   & records["verdict"].isin(("only_a", "only_b"))]
+    grads = rows[rows["name"].astype(str).str.endswith(".grad.0")]
+    param = str(fd["name"]).rpartition(".optimizer.")[0]
+    mine = grads[grads["name"].astype(str).str.startswith(param + ".optimizer.")]
+    if not len(mine):
+        return None
+    side = "B" if mine["verdict"].iloc[0] == "only_a" else "A"
+    other = "A" if side == "B" else "B"
+    same = grads[grads["verdict"] == mine["verdict"].iloc[0]]
+    more = f" and {len(same) - 1} more parameters" if len(same) > 1 else ""
+    why = (f"{side}'s optimizer step reads no gradient of {param}{more}, which {other}'s "
+           f"reads (at {fd['source'] or 'its optimizer step'}): {side}'s gradients were "
+           f"cleared or set to None (a zero_grad before the step) or never made (no backward, "
+           f"a frozen parameter, an output detached) between the backward and the optimizer "
+           f"step, so its update differs")
+    blamed = {"name": str(fd["name"]), "b_name": str(fd["b_name"] or fd["name"]), "op": "",
+              "module": fd["module"], "phase": "optimizer", "step": fd["step"],
+              "source": fd["source"], "judged": "bug", "fault": "no_gradient", "side": side,
+              "why": why}
+    return f"bug: {why}", blamed
 
 
 def _writes_alone(records: Any, fd: dict[str, Any]) -> str:

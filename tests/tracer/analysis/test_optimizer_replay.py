@@ -11,7 +11,7 @@ import tracer
 from tracer.analysis import explain
 
 
-def _run(path, cls, mode="tensor", nudge=False, **hyper):
+def _run(path, cls, mode="tensor", nudge=False, clear_first=False, **hyper):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     opt = cls(model.parameters(), lr=0.1, **hyper)
@@ -26,6 +26,8 @@ def _run(path, cls, mode="tensor", nudge=False, **hyper):
                                "steps": "0-1"}):
         for x in xs:
             model(x).pow(2).mean().backward()
+            if clear_first:
+                opt.zero_grad()  # THE CLEAR: before the step, which then has no gradients
             opt.step()
             opt.zero_grad()
 
@@ -58,3 +60,16 @@ def test_a_statistics_dump_says_what_a_re_run_needs(tmp_path):
     assert e.status == "setup", e.verdict
     assert "needs the optimizer's records with tensors: dump both runs with mode tensor" \
         in e.verdict
+
+
+def test_gradients_cleared_before_the_step_are_named_not_inputs(tmp_path):
+    """`zero_grad()` between the backward and `optimizer.step()`: B's step reads no gradient
+    (its grad records have no partner) and leaves the weights alone; never "inputs differ"."""
+    _run(tmp_path / "a", torch.optim.SGD)
+    _run(tmp_path / "b", torch.optim.SGD, clear_first=True)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "bug", e.verdict
+    assert e.verdict.startswith("bug: B's optimizer step reads no gradient of 0.weight and 3 "
+                                "more parameters, which A's reads"), e.verdict
+    assert "cleared or set to None (a zero_grad before the step)" in e.verdict
+    assert e.blamed["fault"] == "no_gradient"
