@@ -139,6 +139,12 @@ def _command(verb: str, a: str, b: str, step: int | None, rank: int | None,
     return " ".join(shlex.quote(w) for w in words)
 
 
+def _has_ops(result: Any) -> bool:
+    """Whether the dumps hold op records (level op or mix), which explain re-runs."""
+    return any(step.get("op_records") for step in getattr(result, "steps", []) or []) or \
+        bool((result.first_divergence or {}).get("op"))
+
+
 def format_report(result: Any, top: int = 10, explain: str | None = None) -> str:
     """The terminal report: status line, what changed (`headline`: dtypes, data, weights) and
     `explain`, the command that gives the verdict, when the runs diverged; problems (files not
@@ -156,7 +162,7 @@ def format_report(result: Any, top: int = 10, explain: str | None = None) -> str
     fd = result.first_divergence
     changes = getattr(result, "changes", [])
     if explain and fd and fd["kind"] not in ("data", "parameter", "written") and (
-            result.compared != "tensor" or not fd["op"]) and \
+            result.compared != "tensor" or not _has_ops(result)) and \
             not any(c["kind"] == "setup" for c in changes):
         explain += " (it re-runs ops: dump both runs at level op or mix, mode tensor or full)"
     lines += headline(changes, explain if fd else None)

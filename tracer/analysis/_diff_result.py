@@ -275,14 +275,17 @@ def compiled_apart(setup: dict[str, Any] | None) -> str | None:
 
 
 def _step_summary(pl: Plan, rows: list[dict], problems: list[Problem]) -> dict[str, Any]:
-    """One compared step pair: its status (interrupted on either side wins) and its counts."""
+    """One compared step pair: its status (interrupted on either side wins) and its counts
+    (by verdict, and of op records)."""
     mine = [p for p in problems if p.state == "interrupted"
             and (p.side, p.rank, p.step) in (("A", pl[0], pl[1]), ("B", pl[2], pl[3]))]
     verdicts = [r["verdict"] for r in rows]
     return {"rank": pl[0], "step": pl[1], "b_rank": pl[2], "b_step": pl[3],
             "status": "interrupted" if mine else "complete",
             "reason": "; ".join(f"{p.side} {p.reason}" for p in mine),
-            **{v: verdicts.count(v) for v in ("same", "diverged", "only_a", "only_b")}}
+            **{v: verdicts.count(v) for v in ("same", "diverged", "only_a", "only_b")},
+            # records of ops (level op or mix): what explain re-runs
+            "op_records": sum(1 for r in rows if r["op"])}
 
 
 def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[Problem],

@@ -62,7 +62,7 @@ def test_a_statistics_dump_says_what_a_re_run_needs(tmp_path):
         in e.verdict
 
 
-def test_gradients_cleared_before_the_step_are_named_not_inputs(tmp_path):
+def test_gradients_cleared_before_the_step_are_named_not_inputs(tmp_path, capsys):
     """`zero_grad()` between the backward and `optimizer.step()`: B's step reads no gradient
     (its grad records have no partner) and leaves the weights alone; never "inputs differ"."""
     _run(tmp_path / "a", torch.optim.SGD)
@@ -73,3 +73,9 @@ def test_gradients_cleared_before_the_step_are_named_not_inputs(tmp_path):
                                 "more parameters, which A's reads"), e.verdict
     assert "cleared or set to None (a zero_grad before the step)" in e.verdict
     assert e.blamed["fault"] == "no_gradient"
+    # the diff's pointer to explain asks for nothing these level-mix tensor dumps lack
+    from sleuth.cli import main
+
+    main(["diff", str(tmp_path / "a"), str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert "the verdict: sleuth explain" in out and "it re-runs ops" not in out, out
