@@ -42,7 +42,7 @@ from tracer.analysis._map import ModuleMap
 from tracer.analysis._optimizer_replay import replay_update, replay_words
 from tracer.analysis._origin import _in_place
 from tracer.analysis._replay import NotReplayable
-from tracer.analysis._setup import (compare_inputs, inputs_words, read, setup_of,
+from tracer.analysis._setup import (can_make, compare_inputs, inputs_words, read, setup_of,
                                     with_setup)
 from tracer.analysis._written import written_verdict
 from tracer.storage import open_dump
@@ -122,10 +122,12 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         at_line = fd is not None and bool(fd.get("source")) and any(
             fd["source"] in (d.get("source"), d.get("a_source"))
             for d in (setup or {}).get("differences", []))
-        if not setup or fd is None or not (fd["phase"] == "optimizer" or at_line):
+        if not setup or fd is None or not (fd["phase"] == "optimizer" or at_line
+                                           or can_make(setup, fd)):
             raise
-        # the optimizer step's records, or the ops of a setup call (a clipping call with other
-        # arguments), need no re-run to be judged by the setup
+        # the optimizer step's records, the ops of a setup call (a clipping call with other
+        # arguments), or an op a setup difference can make (a module in eval mode), need no
+        # re-run to be judged by the setup; what the records alone would need is said after
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
     if _apart(res.counts(), module_map is not None, setup):
         return found  # records that do not pair say nothing a setup could explain

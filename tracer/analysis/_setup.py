@@ -567,6 +567,14 @@ def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool 
     return sorted((d for d in found if d["kind"] in rank), key=lambda d: rank[d["kind"]])
 
 
+def can_make(change: dict[str, Any] | None, fd: dict[str, Any] | None) -> bool:
+    """Whether a setup difference of `change` (a diff's setup change) can make first
+    divergence `fd` (an optimizer hyperparameter an update, a module's constant an op)."""
+    if change is None or fd is None:
+        return False
+    return bool(_relevant(numerics_differences(change["differences"]), fd))
+
+
 def _words(found: list[dict[str, Any]], most: int = 3) -> str:
     text = "; ".join(d["text"] for d in found[:most])
     return text + (f"; and {len(found) - most} more (see `sleuth diff`)"

@@ -325,3 +325,27 @@ def test_no_error_added_on_the_chain_and_no_dtype_differing_is_not_precision():
     assert _verdict(chain, None, chain[0], {}, mixed).status == "precision"
     lossy = [_link("layers.0::aten.add.forward.1", 0.5, 0.004)]
     assert _verdict(lossy, None, lossy[0], {}, []).status == "precision"
+
+
+def test_a_model_left_in_eval_mode_is_the_setup_even_from_statistics_dumps(tmp_path):
+    """Level mix statistics dumps keep no op calls to re-run, but the setup names what makes
+    the first divergence (BatchNorm in eval mode in B): a verdict, never an exit 2."""
+    def run(path, eval_mode):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(4 * 6 * 6, 2))
+        if eval_mode:
+            model.eval()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+        with tracer.Dumper(model, {"path": str(path), "level": "mix", "mode": "statistics",
+                                   "steps": "0"}):
+            model(x).square().mean().backward()
+            opt.step()
+
+    run(tmp_path / "a", False)
+    run(tmp_path / "b", True)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "setup", e.verdict
+    assert "in eval mode in B, train mode in A" in e.verdict
+    assert 'dump it again with {"mode": "tensor"}' in e.verdict  # what the records would need
