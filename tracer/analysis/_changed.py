@@ -20,7 +20,7 @@ def kind(row: dict[str, Any]) -> str:
     """What a divergent record is: "data" (the model's input, or an input marked `fed`),
     "written" (a weight an in-place op wrote during the step, or a value that write made),
     "parameter" (a weight before the optimizer step) or "compute"."""
-    if row.get("made_in_b"):  # `mark_fed` found the op of B's that made it
+    if row.get("made"):  # `mark_fed` found the op that made it, in either run
         return "compute"
     if _DATA_INPUT.match(str(row["name"])) or row.get("fed"):
         return "data"
@@ -54,8 +54,9 @@ def mark_fed(rows: list[dict], recs_a: list[dict], recs_b: list[dict] | None = N
       records no parameters), which is why only integers are marked.
 
     `rows`: one step's compared rows (dicts of the diff's columns); `recs_a`, `recs_b`: each
-    side's records of that step (dicts of the /records columns). An integer input is not fed
-    where an op of B's made B's value (B edits its labels in the loop)."""
+    side's records of that step (dicts of the /records columns). An integer input is not fed,
+    and is `made`, where a recorded op of either run made that run's value (one run edits its
+    labels in the loop), the model's own input included."""
     model_from = min((int(rec["seq"]) for rec in recs_a if rec["phase"] == "forward"
                       and str(rec["module"]) not in _OUTSIDE), default=None)
     if model_from is not None:
@@ -84,13 +85,16 @@ def mark_fed(rows: list[dict], recs_a: list[dict], recs_b: list[dict] | None = N
             continue
         maker = made_a.get((rec["dtype"], int(rec["numel"]), int(rec["checksum"])))
         r["fed"] = maker is None or maker > int(r["seq"])
+        if not r["fed"]:
+            # A's value made by a recorded op of A's (labels edited in place in the loop, an
+            # index_put_ A runs and B does not): computed, even as the model's own input
+            r["made"] = True
         rec_b = by_seq_b.get(int(r.get("b_seq", -1)))
         if r["fed"] and rec_b is not None:
-            # B's value made by a recorded op of B's (labels edited in place in the loop, an
-            # index_put_ B runs and A does not): computed, not fed
+            # likewise B's value made by a recorded op of B's
             maker_b = made_b.get((rec_b["dtype"], int(rec_b["numel"]), int(rec_b["checksum"])))
             if maker_b is not None and maker_b < int(rec_b["seq"]):
-                r["fed"], r["made_in_b"] = False, True
+                r["fed"], r["made"] = False, True
 
 
 def _batch_of(inputs: dict[tuple[int, int], dict[str, Any]] | None, first: dict[str, Any]

@@ -349,3 +349,44 @@ def test_a_model_left_in_eval_mode_is_the_setup_even_from_statistics_dumps(tmp_p
     assert e.status == "setup", e.verdict
     assert "in eval mode in B, train mode in A" in e.verdict
     assert 'dump it again with {"mode": "tensor"}' in e.verdict  # what the records would need
+
+
+class _TokenLoss(nn.Module):
+    """A model given its labels: the loss is computed inside, so the labels are the model's
+    own input `<root>.forward.0.input.1`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.embed(ids))
+        return nn.functional.cross_entropy(logits.reshape(-1, 16), labels.reshape(-1))
+
+
+@pytest.mark.parametrize("edits", ["A", "B"])
+def test_labels_one_run_edits_in_its_loop_are_that_edit_not_inputs(tmp_path, edits):
+    """One run masks some labels with -100 in its loop (ops outside the model, recorded at
+    level mix): the edit, at its line, whichever run makes it; never "inputs differ"."""
+    def run(path, edit):
+        torch.manual_seed(0)
+        model = _TokenLoss()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ids = torch.randint(0, 16, (2, 6), generator=torch.Generator().manual_seed(1))
+        with tracer.Dumper(model, {"path": str(path), "level": "mix", "mode": "tensor",
+                                   "steps": "0"}):
+            labels = ids.clone()
+            if edit:
+                labels[ids < 4] = -100  # THE EDIT
+            model(ids, labels).backward()
+            opt.step()
+
+    run(tmp_path / "a", edits == "A")
+    run(tmp_path / "b", edits == "B")
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "bug", e.verdict
+    word = "removed" if edits == "A" else "added"
+    assert e.blamed["fault"] == word, e.verdict
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if "# THE EDIT" in text)
+    assert f"test_explain.py:{line}" in e.verdict, e.verdict
