@@ -136,14 +136,19 @@ class Step:
 
     def written(self, side: str, rec: dict | None) -> list[dict]:
         """Where no recorded op made `rec`'s value: the in-place calls only `side` runs in its
-        module before it (`mask[0] = nan` is an `aten.copy_` into a view, whose output is the
-        view, not the tensor `rec` reads): one output record each."""
+        module before it, or outside every module on a tensor of its dtype (`mask[0] = nan` is
+        an `aten.copy_` into a view, whose output is the view, not the tensor `rec` reads):
+        one output record each."""
         if rec is None or self.maker(side, rec) is not None:
             return []
         stems: dict[str, dict] = {}
         for r in self.rows[side][:self.at[side][str(rec["name"])]]:
             if r["op"] and str(r["op"]).endswith("_") and r["phase"] == rec["phase"] \
-                    and r["module"] == rec["module"] and self.unpaired(side, r):
+                    and self.unpaired(side, r) and (
+                        r["module"] == rec["module"]
+                        # the user's loop, outside every module, editing a tensor of this
+                        # dtype before the model reads it (`mask[:, 0] = 0`)
+                        or (str(r["module"]) in ("<none>", "") and r["dtype"] == rec["dtype"])):
                 stems.setdefault(call_stem(r), r)
         return list(stems.values())
 

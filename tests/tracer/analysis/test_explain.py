@@ -390,3 +390,40 @@ def test_labels_one_run_edits_in_its_loop_are_that_edit_not_inputs(tmp_path, edi
     line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
                 if "# THE EDIT" in text)
     assert f"test_explain.py:{line}" in e.verdict, e.verdict
+
+
+class _Masked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.head = nn.Embedding(16, 8), nn.Linear(8, 16)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids) * mask.unsqueeze(-1).to(torch.float32)
+        return self.head(h).square().mean()
+
+
+@pytest.mark.parametrize("level", ["mix", "op"])
+def test_a_mask_edited_through_a_view_in_the_loop_is_that_write(tmp_path, level):
+    """`mask[:, 0] = 0` in B's loop writes the mask through a view (an `aten.fill_` whose
+    output is one column, no value the model reads): the write at its line, never "inputs
+    differ" nor an op inside the model."""
+    def run(path, edit):
+        torch.manual_seed(0)
+        model = _Masked()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ids = torch.randint(0, 16, (2, 6), generator=torch.Generator().manual_seed(1))
+        with tracer.Dumper(model, {"path": str(path), "level": level, "mode": "tensor",
+                                   "steps": "0"}):
+            mask = torch.ones_like(ids)
+            if edit:
+                mask[:, 0] = 0  # THE MASK EDIT
+            model(ids, mask).backward()
+            opt.step()
+
+    run(tmp_path / "a", False)
+    run(tmp_path / "b", True)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "bug" and e.blamed["fault"] == "written", e.verdict
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if "# THE MASK EDIT" in text)
+    assert f"at tests/tracer/analysis/test_explain.py:{line} " in e.verdict, e.verdict
