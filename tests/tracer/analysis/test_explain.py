@@ -364,7 +364,7 @@ class _TokenLoss(nn.Module):
         return nn.functional.cross_entropy(logits.reshape(-1, 16), labels.reshape(-1))
 
 
-@pytest.mark.parametrize("edits", ["A", "B"])
+@pytest.mark.parametrize("edits", ["A", pytest.param("B", marks=pytest.mark.slow)])
 def test_labels_one_run_edits_in_its_loop_are_that_edit_not_inputs(tmp_path, edits):
     """One run masks some labels with -100 in its loop (ops outside the model, recorded at
     level mix): the edit, at its line, whichever run makes it; never "inputs differ"."""
@@ -402,7 +402,7 @@ class _Masked(nn.Module):
         return self.head(h).square().mean()
 
 
-@pytest.mark.parametrize("level", ["mix", "op"])
+@pytest.mark.parametrize("level", ["mix", pytest.param("op", marks=pytest.mark.slow)])
 def test_a_mask_edited_through_a_view_in_the_loop_is_that_write(tmp_path, level):
     """`mask[:, 0] = 0` in B's loop writes the mask through a view (an `aten.fill_` whose
     output is one column, no value the model reads): the write at its line, never "inputs
