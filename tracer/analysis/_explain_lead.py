@@ -252,6 +252,13 @@ class Lead:
             what = (f"written in place: {'B' if side == 'b' else 'A'} runs {ops(new or gone)} "
                     f"and {'A' if side == 'b' else 'B'} does not, writing {target} during step "
                     f"{fd['step']}")
+            if target.startswith("the gradient of ") and all(
+                    r["op"] == "aten.add_" and r["phase"] == "backward" for r in new or gone):
+                # the backward adds into a gradient it would otherwise set: the one left from
+                # the step before, which no zero_grad cleared
+                what += (f" (its backward adds to the gradient left from the step before: "
+                         f"{'B' if side == 'b' else 'A'} does not clear gradients between "
+                         f"steps, a zero_grad missing, or accumulates on purpose)")
             blamed.update(fault="written", written_by="B" if side == "b" else "A",
                           **({"buffer": target.removeprefix("buffer ").split(" or ")[0]}
                              if target.startswith("buffer ") else {}))

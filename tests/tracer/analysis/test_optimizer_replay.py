@@ -11,7 +11,8 @@ import tracer
 from tracer.analysis import explain
 
 
-def _run(path, cls, mode="tensor", nudge=False, clear_first=False, **hyper):
+def _run(path, cls, mode="tensor", nudge=False, clear_first=False, keep_grads=False,
+         **hyper):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     opt = cls(model.parameters(), lr=0.1, **hyper)
@@ -29,7 +30,8 @@ def _run(path, cls, mode="tensor", nudge=False, clear_first=False, **hyper):
             if clear_first:
                 opt.zero_grad()  # THE CLEAR: before the step, which then has no gradients
             opt.step()
-            opt.zero_grad()
+            if not keep_grads:
+                opt.zero_grad()
 
 
 def test_the_hyperparameter_that_makes_a_later_update_is_named(tmp_path):
@@ -79,3 +81,13 @@ def test_gradients_cleared_before_the_step_are_named_not_inputs(tmp_path, capsys
     main(["diff", str(tmp_path / "a"), str(tmp_path / "b")])
     out = capsys.readouterr().out
     assert "the verdict: sleuth explain" in out and "it re-runs ops" not in out, out
+
+
+def test_gradients_never_cleared_are_named_as_the_backward_adding_to_them(tmp_path):
+    """No `zero_grad()` in B's loop: step 1's backward adds into step 0's gradients."""
+    _run(tmp_path / "a", torch.optim.SGD)
+    _run(tmp_path / "b", torch.optim.SGD, keep_grads=True)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "bug" and e.blamed["fault"] == "written", e.verdict
+    assert "writing the gradient of " in e.verdict and "during step 1" in e.verdict
+    assert "B does not clear gradients between steps, a zero_grad missing" in e.verdict
