@@ -6,6 +6,7 @@ model, or the weights a step began with), and a weight written in place during t
 diverges after them follows from them."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -29,6 +30,22 @@ def kind(row: dict[str, Any]) -> str:
     if row["phase"] == "optimizer" and row["direction"] == "param":
         return "parameter"
     return "compute"
+
+
+# in-place ops that fill a tensor with new values (a synthetic batch drawn in place)
+_FILLS = ("aten.uniform_", "aten.normal_", "aten.random_", "aten.bernoulli_",
+          "aten.exponential_", "aten.geometric_", "aten.cauchy_", "aten.log_normal_",
+          "aten.fill_", "aten.zero_")
+
+
+def _updates_in_place(row: dict[str, Any]) -> bool:
+    """A float tensor updated in place by arithmetic on what it holds (`p.data.add_(...)`, an
+    EMA's `mul_` and `add_` of the weights, left over from the step before): a computation
+    of the loop's, not the batch being made, though it runs before the model's first call."""
+    op = str(row["op"])
+    dtype = str(row["dtype"] or row.get("b_dtype") or "")  # a record of B's alone: B's dtype
+    return op.endswith("_") and op not in _FILLS and dtype.startswith(
+        ("float", "bfloat", "complex"))
 
 
 def _made(recs: list[dict]) -> dict[tuple, int]:
@@ -66,9 +83,22 @@ def mark_fed(rows: list[dict], recs_a: list[dict], recs_b: list[dict] | None = N
         for r in rows:
             if r["direction"] == "input" and r["op"]:
                 inputs.setdefault(call_stem(r), []).append(r["verdict"])
+        # the first write in place only one run makes outside the model (a weight nudged
+        # after the optimizer step, `p.data.add_`), by each run's seq: what reads after it
+        # reads a tensor the loop computed, not the batch being made
+        first_write = {"only_a": math.inf, "only_b": math.inf}
+        for r in rows:
+            if r["verdict"] in first_write and r["op"] and _updates_in_place(r) \
+                    and str(r["module"]) in _OUTSIDE:
+                seq = r["seq"] if r["verdict"] == "only_a" else r.get("b_seq", -1)
+                if seq is not None and seq == seq and int(seq) >= 0:
+                    first_write[r["verdict"]] = min(first_write[r["verdict"]], int(seq))
         for r in rows:
             if r["verdict"] == "diverged" and r["phase"] == "forward" and r["op"] \
-                    and str(r["module"]) in _OUTSIDE and 0 <= int(r["seq"]) < model_from:
+                    and str(r["module"]) in _OUTSIDE and 0 <= int(r["seq"]) < model_from \
+                    and not _updates_in_place(r) and not (
+                        int(r["seq"]) > first_write["only_a"]
+                        or int(r.get("b_seq", -1)) > first_write["only_b"]):
                 given = inputs.get(call_stem(r))
                 r["fed"] = r["direction"] == "input" or not given \
                     or any(v != "same" for v in given)

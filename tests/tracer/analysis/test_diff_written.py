@@ -255,3 +255,34 @@ def test_a_hugging_face_mlp_weight_a_pre_hook_scales(tmp_path, capsys, family, l
     # the commands' words are held to it on the small model: here the records' verdicts
     _assert_named(a, b, f"{up}.weight", "aten.mul_", up, _line("# THE HF WRITE"), "B", capsys,
                   cli=False)
+
+
+@pytest.mark.filterwarnings("ignore:.*belong to no step")  # the EMA after the last step
+def test_a_manual_update_after_the_step_beside_an_ema_is_a_write_not_data(tmp_path):
+    """`head.bias.data.add_` after `optimizer.step()` in B alone, an EMA of the weights in
+    both: those in-place ops run before the next step's first model call, where the batch is
+    made; they update what they hold, so they are a write, never "fed different data"."""
+    def run(path, nudge):
+        torch.manual_seed(0)
+        model = Net()
+        ema = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.Generator().manual_seed(1)
+        with tracer.Dumper(model, {"path": str(path), "level": "mix", "mode": "tensor",
+                                   "steps": "all"}):
+            for _ in range(2):
+                model(torch.randn(4, 8, generator=data)).backward()
+                opt.step()
+                opt.zero_grad()
+                if nudge:
+                    model.fc2.bias.data.add_(0.01)  # THE LATE UPDATE
+                for e, p in zip(ema, model.parameters()):
+                    e.mul_(0.9).add_(p.data, alpha=0.1)
+
+    run(tmp_path / "a", False)
+    run(tmp_path / "b", True)
+    res = diff(tmp_path / "a", tmp_path / "b")
+    assert res.first_divergence["kind"] == "written", res.first_divergence
+    (ch,) = [c for c in res.changes if c["kind"] == "written"]
+    assert ch["param"] == "fc2.bias" and ch["source"] == _line("# THE LATE UPDATE")
+    assert not any(c["kind"] == "data" for c in res.changes)
