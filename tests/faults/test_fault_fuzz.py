@@ -1,13 +1,15 @@
 """The readers fuzzed as a class: a property-based harness (Hypothesis) that forges one file of a
 real run (step files, summaries, profiles, run.json, metrics.jsonl, IR texts, checkpoints'
-meta.json) at a time, and points every reader of that file at the run.
+meta.json) at a time, and points every reader of that file at the run: the CLI commands, the
+Python readers, and the dashboard (its data functions, pages and file routes: dashboard_readers).
 
 Forgeries: truncated, bytes flipped, a JSON field given a hostile value (paths out of the run,
 control characters, huge and negative numbers, deep nesting), an HDF5 attribute forged or a
 dataset resized past what is stored, the file swapped for a FIFO, a folder, a soft link out of
 the run or a loop, a look-alike name beside it, a gzip bomb. For every reader the property is:
 an answer, or the project's own error with a message (an OSError naming the path, for the
-Python readers; the CLI: exit 1 or 2, no traceback);
+Python readers; the CLI: exit 1 or 2, no traceback; the dashboard: its own errors from a data
+function, an HTTP 2xx or 4xx, never a 5xx, and no traceback in a page);
 never a hang (an alarm stops the reader), never a byte read outside the run (the file a link
 points to keeps its access time).
 
@@ -30,6 +32,9 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+
+import dashboard_readers  # noqa: E402
+from dashboard_readers import Http  # noqa: E402
 
 HANG_SECONDS = 20
 """A reader still busy after this long is taken as hung (a FIFO waited on, a bomb read)."""
@@ -95,9 +100,10 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def _readers(good: Path) -> dict[str, list]:
+def _readers(good: Path, every_page: bool) -> dict[str, list]:
     """target -> the readers of that file: (name, call(run) raising only the project's errors,
-    or returning a CLI's (exit code, output))."""
+    or returning a CLI's (exit code, output) or the dashboard's HTTP answers); the dashboard's
+    pages that show that kind of file and the Runs page, or with `every_page` all of them."""
     import irdump
     import profiler
     import trainer
@@ -113,11 +119,13 @@ def _readers(good: Path) -> dict[str, list]:
     profile = [("profile", lambda r: _cli(["profile", str(r)]))]
     ir = [("read_ir", lambda r: irdump.read_ir(r / TARGETS["ir"])),
           ("list_graphs", irdump.list_graphs)]
-    return {"step": dump + claim, "dump_json": dump + claim, "summary": summary + claim,
-            "window": profile + claim, "trace": profile, "ir": ir + claim,
-            "run_json": claim + [("read_metrics", trainer.read_metrics)],
-            "metrics": claim + [("read_metrics", trainer.read_metrics)],
-            "meta": claim + [("read_meta", lambda r: read_meta(r / "checkpoints" / "step3"))]}
+    tools = {"step": dump + claim, "dump_json": dump + claim, "summary": summary + claim,
+             "window": profile + claim, "trace": profile, "ir": ir + claim,
+             "run_json": claim + [("read_metrics", trainer.read_metrics)],
+             "metrics": claim + [("read_metrics", trainer.read_metrics)],
+             "meta": claim + [("read_meta", lambda r: read_meta(r / "checkpoints" / "step3"))]}
+    board = dashboard_readers.readers(good, TARGETS, every_page=every_page)
+    return {target: tools[target] + board[target] for target in TARGETS}
 
 
 def _project_errors() -> tuple[type[BaseException], ...]:
@@ -128,7 +136,7 @@ def _project_errors() -> tuple[type[BaseException], ...]:
     from sleuth.common import UntrustedFileError
 
     return (tracer.TracerError, profiler.ProfilerError, trainer.TrainerError,
-            irdump.IrDumpError, UntrustedFileError)
+            irdump.IrDumpError, UntrustedFileError, *dashboard_readers.errors())
 
 
 def _forge(run: Path, target: str, forgery: str, data, outside: Path) -> None:
@@ -204,7 +212,11 @@ def _forge(run: Path, target: str, forgery: str, data, outside: Path) -> None:
 
 
 def _check_answer(name: str, forged: str, answer: object) -> None:
-    if isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], int):
+    if isinstance(answer, list) and all(isinstance(a, Http) for a in answer):
+        for status, text in answer:
+            assert status < 500, f"{name} on {forged}: HTTP {status}: {text[:2000]}"
+            assert "Traceback" not in text, f"{name} on {forged}: {text[:2000]}"
+    elif isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], int):
         code, text = answer
         assert "Traceback" not in text, f"{name} on {forged}: {text}"
         assert code in (0, 1, 2), f"{name} on {forged}: exit {code}: {text}"
@@ -212,7 +224,7 @@ def _check_answer(name: str, forged: str, answer: object) -> None:
             assert text.strip(), f"{name} on {forged}: exit 2 without a word"
 
 
-def _fuzz(pristine: Path, root: Path, data) -> None:
+def _fuzz(pristine: Path, root: Path, data, *, every_page: bool = False) -> None:
     target = data.draw(st.sampled_from(sorted(TARGETS)), label="target")
     forgery = data.draw(st.sampled_from(FORGERIES), label="forgery")
     case = root / f"case{time.monotonic_ns()}"
@@ -225,7 +237,7 @@ def _fuzz(pristine: Path, root: Path, data) -> None:
         _forge(run, target, forgery, data, outside)
         forged = f"{forgery} of {TARGETS[target]}"
         errors = _project_errors()
-        for name, read in _readers(pristine)[target]:
+        for name, read in _readers(pristine, every_page)[target]:
             for secret in outside.iterdir():
                 os.utime(secret, (0, time.time()))
             try:
@@ -245,6 +257,7 @@ def _fuzz(pristine: Path, root: Path, data) -> None:
                 assert secret.stat().st_atime == 0, f"{name} read {secret}, outside the run, " \
                                                     f"on {forged}"
     finally:
+        dashboard_readers.forget(run)
         for fifo in run.rglob("*"):
             if fifo.is_fifo():
                 fifo.unlink()
@@ -267,5 +280,6 @@ def test_readers_answer_or_refuse_forged_files(pristine, tmp_path_factory, data)
 @settings(max_examples=150, **{**_SETTINGS, "derandomize": False})
 @given(data=st.data())
 def test_readers_answer_or_refuse_forged_files_many(pristine, tmp_path_factory, data):
-    """Many more forgeries, a fresh draw each run (a failure prints its seed)."""
-    _fuzz(pristine, tmp_path_factory.getbasetemp(), data)
+    """Many more forgeries, a fresh draw each run (a failure prints its seed), each pointed at
+    every page of the dashboard."""
+    _fuzz(pristine, tmp_path_factory.getbasetemp(), data, every_page=True)
