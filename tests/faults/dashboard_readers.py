@@ -156,7 +156,10 @@ def page_diff(client: Any) -> list[Http]:
                     [("diff-a", "value", PRISTINE), ("diff-b", "value", FORGED),
                      ("diff-rank", "value", 0), ("diff-step", "value", None),
                      ("diff-b-rank", "value", None), ("diff-b-step", "value", None), V])
-    return [_router(client, "/diff"), body]
+    explain, _ = _post(client, [("diff-explain", "children")], [("diff-explain-btn", "n_clicks", 1)],
+                       [("diff-a", "value", PRISTINE), ("diff-b", "value", FORGED),
+                        ("diff-rank", "value", 0), ("diff-step", "value", None)])
+    return [_router(client, "/diff"), body, explain]
 
 
 def page_graph(client: Any) -> list[Http]:
@@ -186,7 +189,8 @@ that never show it), so the many-example lane points every page at every forgery
 
 SHOWN_BY = {"step": ("dumps", "diff"), "dump_json": ("dumps", "diff"),
             "summary": ("scalars", "histograms"), "window": ("profile",), "trace": ("profile",),
-            "ir": ("graph",), "run_json": (), "metrics": ("scalars",), "meta": ()}
+            "ir": ("graph",), "svg": ("graph",), "run_json": (), "metrics": ("scalars",),
+            "meta": ()}
 """The pages that show each kind of file, besides the Runs page, which shows them all."""
 
 
@@ -203,7 +207,8 @@ def _data_functions(good: Path) -> dict[str, list]:
 
     dump = [("data.dump", _data.dump), ("data.dump_stats", dump_detail),
             ("data.diff", lambda r: _data.diff(good, r)),
-            ("data.rank_diff", lambda r: _data.rank_diff(good, r))]
+            ("data.rank_diff", lambda r: _data.rank_diff(good, r)),
+            ("data.explain", lambda r: _data.explain(good, r))]
     summary = [("data.scalars", lambda r: (_data.scalars(r), _data.scalar_notes(r))),
                ("data.histograms", _data.histograms)]
     profile = [("data.profile", _data.profile),
@@ -211,7 +216,8 @@ def _data_functions(good: Path) -> dict[str, list]:
     ir = [("data.graphs", _data.graphs),
           ("data.ir_nodes", lambda r: _data.ir_nodes(r / "ir" / "00_forward.ir"))]
     return {"step": dump, "dump_json": dump, "summary": summary, "window": profile,
-            "trace": profile, "ir": ir, "run_json": [], "metrics": summary[:1], "meta": []}
+            "trace": profile, "ir": ir, "svg": ir[:1], "run_json": [], "metrics": summary[:1],
+            "meta": []}
 
 
 def readers(good: Path, targets: dict[str, str], *, every_page: bool) -> dict[str, list]:

@@ -1,17 +1,20 @@
 """The readers fuzzed as a class: a property-based harness (Hypothesis) that forges one file of a
-real run (step files, summaries, profiles, run.json, metrics.jsonl, IR texts, checkpoints'
-meta.json) at a time, and points every reader of that file at the run: the CLI commands, the
-Python readers, and the dashboard (its data functions, pages and file routes: dashboard_readers).
+real run (step files, summaries, profiles, run.json, metrics.jsonl, IR texts and SVGs,
+checkpoints' meta.json) at a time, and points every reader of that file at the run: the CLI
+commands, the Python readers, and the dashboard (its data functions, pages and file routes:
+dashboard_readers).
 
 Forgeries: truncated, bytes flipped, a JSON field given a hostile value (paths out of the run,
 control characters, huge and negative numbers, deep nesting), an HDF5 attribute forged or a
 dataset resized past what is stored, the file swapped for a FIFO, a folder, a soft link out of
-the run or a loop, a look-alike name beside it, a gzip bomb. For every reader the property is:
+the run or a loop, a look-alike name beside it, a bomb (gzip, or a file as large as a reader
+takes whole). For every reader the property is:
 an answer, or the project's own error with a message (an OSError naming the path, for the
 Python readers; the CLI: exit 1 or 2, no traceback; the dashboard: its own errors from a data
 function, an HTTP 2xx or 4xx, never a 5xx, and no traceback in a page);
 never a hang (an alarm stops the reader), never a byte read outside the run (the file a link
-points to keeps its access time).
+points to keeps its access time), never more memory than MEMORY_BOUND (the peak resident size
+over each reader).
 
 A small seeded budget runs in the quick lane; `slow` runs many more. A failure it finds is kept
 as a regular test beside the class it belongs to (tests/faults/test_fault_*.py)."""
@@ -46,6 +49,7 @@ TARGETS = {
     "window": "profile/rank0/window0.json",
     "trace": "profile/rank0/window0.trace.json.gz",
     "ir": "ir/00_forward.ir",
+    "svg": "ir/00_forward.svg",
     "run_json": "run.json",
     "metrics": "metrics.jsonl",
     "meta": "checkpoints/step3/meta.json",
@@ -60,6 +64,42 @@ HOSTILE = st.one_of(
 
 FORGERIES = ["truncate", "flip", "fifo", "folder", "link_out", "link_loop", "lookalike", "field",
              "attr", "resize", "bomb"]
+
+
+MEMORY_BOUND = 512 << 20
+"""The most a reader's resident memory may grow while it reads a forged run. The largest file a
+forgery puts in the run is 32 MiB (the IR bomb; the trace bomb inflates to as much; the SVG bomb
+is 31 MiB, which the SVG route reads whole to highlight), and the pristine run's files are a few
+MiB: a reader that reads what is there, even whole and several times over, stays far below this;
+one that allocates what a forged size claims (a dataset resized to 10^8 rows, a histogram index
+claiming 160 million bins) goes past it."""
+
+
+class _Peak:
+    """The growth of the process's resident memory over a `with` block: Linux resets the peak
+    (VmHWM) when 5 is written to /proc/self/clear_refs, so the peak after the block, less the
+    resident size before it, is the most the block held at once. `grown` stays 0 where the
+    system offers no such reset (the bound is then not measured)."""
+
+    grown = 0
+
+    def __enter__(self) -> _Peak:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._before = _status_kib("VmRSS")
+        except OSError:
+            self._before = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is not None:
+            self.grown = (_status_kib("VmHWM") - self._before) << 10
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 class Hang(Exception):
@@ -120,7 +160,7 @@ def _readers(good: Path, every_page: bool) -> dict[str, list]:
     ir = [("read_ir", lambda r: irdump.read_ir(r / TARGETS["ir"])),
           ("list_graphs", irdump.list_graphs)]
     tools = {"step": dump + claim, "dump_json": dump + claim, "summary": summary + claim,
-             "window": profile + claim, "trace": profile, "ir": ir + claim,
+             "window": profile + claim, "trace": profile, "ir": ir + claim, "svg": ir[1:] + claim,
              "run_json": claim + [("read_metrics", trainer.read_metrics)],
              "metrics": claim + [("read_metrics", trainer.read_metrics)],
              "meta": claim + [("read_meta", lambda r: read_meta(r / "checkpoints" / "step3"))]}
@@ -168,8 +208,12 @@ def _forge(run: Path, target: str, forgery: str, data, outside: Path) -> None:
         else:
             os.symlink(path.name, path)
     elif forgery == "lookalike":  # another file of the run under a name that looks like this one
-        name = data.draw(st.sampled_from(["00", "\u0660", "0" * 30, "+0", " 0"]), label="digits")
-        stem = path.name.replace("0", name, 1) if "0" in path.name else path.name + name
+        name = data.draw(st.sampled_from(["00", "\u0660", "\u00b9", "0" * 30, "+0", " 0"]),
+                         label="digits")
+        if target == "metrics":  # another rank's metrics under a name that is no rank's
+            stem = f"metrics.rank{name}.jsonl"
+        else:
+            stem = path.name.replace("0", name, 1) if "0" in path.name else path.name + name
         shutil.copyfile(path, path.with_name(stem))
         if target == "step":
             shutil.copyfile(run / "dump/rank0/step1.h5", path.with_name(stem))
@@ -209,6 +253,9 @@ def _forge(run: Path, target: str, forgery: str, data, outside: Path) -> None:
     elif forgery == "bomb" and target in ("trace", "ir"):
         body = b'{"traceEvents": [' + b" " * (32 << 20) + b"]}"
         path.write_bytes(gzip.compress(body, 9) if target == "trace" else body)
+    elif forgery == "bomb" and target == "svg":  # just under the size the SVG route highlights
+        node = b'<g id="n" class="node"><title>linear</title>'
+        path.write_bytes(b"<svg>" + node * ((31 << 20) // len(node)) + b"</svg>")
 
 
 def _check_answer(name: str, forged: str, answer: object) -> None:
@@ -226,6 +273,8 @@ def _check_answer(name: str, forged: str, answer: object) -> None:
 
 def _fuzz(pristine: Path, root: Path, data, *, every_page: bool = False) -> None:
     target = data.draw(st.sampled_from(sorted(TARGETS)), label="target")
+    if not (pristine / TARGETS[target]).exists():
+        return  # the SVG, where graphviz is not installed
     forgery = data.draw(st.sampled_from(FORGERIES), label="forgery")
     case = root / f"case{time.monotonic_ns()}"
     run, outside = case / "run", case / "outside"
@@ -240,8 +289,9 @@ def _fuzz(pristine: Path, root: Path, data, *, every_page: bool = False) -> None
         for name, read in _readers(pristine, every_page)[target]:
             for secret in outside.iterdir():
                 os.utime(secret, (0, time.time()))
+            peak = _Peak()
             try:
-                with _bounded_time():
+                with _bounded_time(), peak:
                     answer = read(run)
             except errors as e:
                 assert str(e).strip(), f"{name} on {forged}: {type(e).__name__} without a word"
@@ -256,6 +306,7 @@ def _fuzz(pristine: Path, root: Path, data, *, every_page: bool = False) -> None
             for secret in outside.iterdir():
                 assert secret.stat().st_atime == 0, f"{name} read {secret}, outside the run, " \
                                                     f"on {forged}"
+            assert peak.grown < MEMORY_BOUND, f"{name} grew by {peak.grown >> 20} MiB on {forged}"
     finally:
         dashboard_readers.forget(run)
         for fifo in run.rglob("*"):
