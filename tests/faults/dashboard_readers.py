@@ -92,7 +92,9 @@ V = ("data-version", "data", "fuzz")
 
 
 def page_runs(client: Any) -> list[Http]:
-    return [_router(client, "/"), _post(client, [("runs-cards", "children")], [V])[0]]
+    """The Runs page, and the refresh poll every page runs (it lists the runs' data files)."""
+    poll, _ = _post(client, [("data-version", "data")], [("refresh", "n_intervals", 1)], [V])
+    return [_router(client, "/"), _post(client, [("runs-cards", "children")], [V])[0], poll]
 
 
 def page_scalars(client: Any) -> list[Http]:
