@@ -22,6 +22,7 @@ from dashboard._errors import UnsafePathError
 from dashboard._metrics import MAX_BYTES as METRICS_MAX_BYTES
 from dashboard._metrics import JsonlTail, series_from_wide
 from dashboard._runs import export_of, inside
+from sleuth.common import number_of, run_files
 
 
 # ---------------------------------------------------------------- scalars
@@ -100,9 +101,9 @@ def scalars(root: Path) -> dict[str, pd.DataFrame]:
     wall_time (seconds since the first record), value, sorted by step."""
     out: dict[str, pd.DataFrame] = {}
     notes: list[str] = []
-    for path in [root / "metrics.jsonl", *sorted(root.glob("metrics.rank*.jsonl"), key=_rank_of)]:
+    for rank, path in [(None, root / "metrics.jsonl"), *_rank_metrics(root)]:
         m = _metrics_series(root, path, notes)
-        suffix = "" if path.name == "metrics.jsonl" else f" [rank {_rank_of(path)}]"
+        suffix = "" if rank is None else f" [rank {rank}]"
         out.update({f"{tag}{suffix}": frame for tag, frame in m.items()})
     with _lock:
         _metric_notes[root] = notes
@@ -120,9 +121,12 @@ def scalar_notes(root: Path) -> list[str]:
         return list(_metric_notes.get(root, []))
 
 
-def _rank_of(path: Path) -> int:
-    digits = "".join(ch for ch in path.name.split(".")[1] if ch.isdigit())
-    return int(digits) if digits else 0
+def _rank_metrics(root: Path) -> list[tuple[int, Path]]:
+    """The per-rank metrics files (`metrics.rank{R}.jsonl`) by rank, named as the trainer names
+    them (`run_files.METRICS`): a look-alike (`metrics.rank00.jsonl`, a Unicode digit) is no
+    rank's file and is not read."""
+    found = ((number_of(run_files.METRICS, p.name), p) for p in root.glob("metrics.rank*.jsonl"))
+    return sorted((rank, p) for rank, p in found if rank is not None)
 
 
 # ---------------------------------------------------------------- histograms

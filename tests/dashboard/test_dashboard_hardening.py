@@ -518,3 +518,21 @@ def test_fifo_as_a_run_file_is_refused_by_the_file_routes_and_scalars(tmp_path):
     assert done["file"].status_code in (403, 404) and done["svg"].status_code in (403, 404)
     assert done["scalars"] == {} and any("FIFO" in n for n in done["notes"]), done["notes"]
     assert "FIFO" in done["ir"] and "00_forward.ir" in done["ir"]
+
+
+@pytest.mark.parametrize("name", ["metrics.rank\u00b9.jsonl", "metrics.rank00.jsonl",
+                                  "metrics.rank\u0660.jsonl", "metrics.rank.jsonl"])
+def test_metrics_lookalike_is_no_rank_file(tmp_path, name):
+    """A superscript digit in a per-rank metrics name (which `str.isdigit` takes and `int`
+    refuses) failed the Scalars page with a server error; a leading zero or a Unicode digit was
+    read as rank 0's metrics. Only the trainer's names (`metrics.rank{R}.jsonl`) are read."""
+    import dashboard
+    from dashboard import _data
+
+    run = write_run(tmp_path / "r", name="r", steps=3)
+    (run / name).write_text(json.dumps({"step": 0, "loss": 9.0}) + "\n")
+    (run / "metrics.rank1.jsonl").write_text(json.dumps({"step": 0, "loss": 1.5}) + "\n")
+    assert sorted(t for t in _data.scalars(run) if t.startswith("loss")) == ["loss", "loss [rank 1]"]
+    client = dashboard.create_app([run], refresh_s=0).server.test_client()
+    status, out = _scalar_tags(client, [0])
+    assert status == 200 and "loss [rank 1]" in json.dumps(out)

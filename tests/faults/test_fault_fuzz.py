@@ -1,15 +1,20 @@
 """The readers fuzzed as a class: a property-based harness (Hypothesis) that forges one file of a
-real run (step files, summaries, profiles, run.json, metrics.jsonl, IR texts, checkpoints'
-meta.json) at a time, and points every reader of that file at the run.
+real run (step files, summaries, profiles, run.json, metrics.jsonl, IR texts and SVGs,
+checkpoints' meta.json) at a time, and points every reader of that file at the run: the CLI
+commands, the Python readers, and the dashboard (its data functions, pages and file routes:
+dashboard_readers).
 
 Forgeries: truncated, bytes flipped, a JSON field given a hostile value (paths out of the run,
 control characters, huge and negative numbers, deep nesting), an HDF5 attribute forged or a
 dataset resized past what is stored, the file swapped for a FIFO, a folder, a soft link out of
-the run or a loop, a look-alike name beside it, a gzip bomb. For every reader the property is:
+the run or a loop, a look-alike name beside it, a bomb (gzip, or a file as large as a reader
+takes whole). For every reader the property is:
 an answer, or the project's own error with a message (an OSError naming the path, for the
-Python readers; the CLI: exit 1 or 2, no traceback);
+Python readers; the CLI: exit 1 or 2, no traceback; the dashboard: its own errors from a data
+function, an HTTP 2xx or 4xx, never a 5xx, and no traceback in a page);
 never a hang (an alarm stops the reader), never a byte read outside the run (the file a link
-points to keeps its access time).
+points to keeps its access time), never more memory than MEMORY_BOUND (the peak resident size
+over each reader).
 
 A small seeded budget runs in the quick lane; `slow` runs many more. A failure it finds is kept
 as a regular test beside the class it belongs to (tests/faults/test_fault_*.py)."""
@@ -31,6 +36,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+import dashboard_readers  # noqa: E402
+from dashboard_readers import Http  # noqa: E402
+
 HANG_SECONDS = 20
 """A reader still busy after this long is taken as hung (a FIFO waited on, a bomb read)."""
 
@@ -41,6 +49,7 @@ TARGETS = {
     "window": "profile/rank0/window0.json",
     "trace": "profile/rank0/window0.trace.json.gz",
     "ir": "ir/00_forward.ir",
+    "svg": "ir/00_forward.svg",
     "run_json": "run.json",
     "metrics": "metrics.jsonl",
     "meta": "checkpoints/step3/meta.json",
@@ -55,6 +64,42 @@ HOSTILE = st.one_of(
 
 FORGERIES = ["truncate", "flip", "fifo", "folder", "link_out", "link_loop", "lookalike", "field",
              "attr", "resize", "bomb"]
+
+
+MEMORY_BOUND = 512 << 20
+"""The most a reader's resident memory may grow while it reads a forged run. The largest file a
+forgery puts in the run is 32 MiB (the IR bomb; the trace bomb inflates to as much; the SVG bomb
+is 31 MiB, which the SVG route reads whole to highlight), and the pristine run's files are a few
+MiB: a reader that reads what is there, even whole and several times over, stays far below this;
+one that allocates what a forged size claims (a dataset resized to 10^8 rows, a histogram index
+claiming 160 million bins) goes past it."""
+
+
+class _Peak:
+    """The growth of the process's resident memory over a `with` block: Linux resets the peak
+    (VmHWM) when 5 is written to /proc/self/clear_refs, so the peak after the block, less the
+    resident size before it, is the most the block held at once. `grown` stays 0 where the
+    system offers no such reset (the bound is then not measured)."""
+
+    grown = 0
+
+    def __enter__(self) -> _Peak:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self._before = _status_kib("VmRSS")
+        except OSError:
+            self._before = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is not None:
+            self.grown = (_status_kib("VmHWM") - self._before) << 10
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 class Hang(Exception):
@@ -95,9 +140,10 @@ def _cli(argv: list[str]) -> tuple[int, str]:
     return code, out.getvalue()
 
 
-def _readers(good: Path) -> dict[str, list]:
+def _readers(good: Path, every_page: bool) -> dict[str, list]:
     """target -> the readers of that file: (name, call(run) raising only the project's errors,
-    or returning a CLI's (exit code, output))."""
+    or returning a CLI's (exit code, output) or the dashboard's HTTP answers); the dashboard's
+    pages that show that kind of file and the Runs page, or with `every_page` all of them."""
     import irdump
     import profiler
     import trainer
@@ -113,11 +159,13 @@ def _readers(good: Path) -> dict[str, list]:
     profile = [("profile", lambda r: _cli(["profile", str(r)]))]
     ir = [("read_ir", lambda r: irdump.read_ir(r / TARGETS["ir"])),
           ("list_graphs", irdump.list_graphs)]
-    return {"step": dump + claim, "dump_json": dump + claim, "summary": summary + claim,
-            "window": profile + claim, "trace": profile, "ir": ir + claim,
-            "run_json": claim + [("read_metrics", trainer.read_metrics)],
-            "metrics": claim + [("read_metrics", trainer.read_metrics)],
-            "meta": claim + [("read_meta", lambda r: read_meta(r / "checkpoints" / "step3"))]}
+    tools = {"step": dump + claim, "dump_json": dump + claim, "summary": summary + claim,
+             "window": profile + claim, "trace": profile, "ir": ir + claim, "svg": ir[1:] + claim,
+             "run_json": claim + [("read_metrics", trainer.read_metrics)],
+             "metrics": claim + [("read_metrics", trainer.read_metrics)],
+             "meta": claim + [("read_meta", lambda r: read_meta(r / "checkpoints" / "step3"))]}
+    board = dashboard_readers.readers(good, TARGETS, every_page=every_page)
+    return {target: tools[target] + board[target] for target in TARGETS}
 
 
 def _project_errors() -> tuple[type[BaseException], ...]:
@@ -128,7 +176,7 @@ def _project_errors() -> tuple[type[BaseException], ...]:
     from sleuth.common import UntrustedFileError
 
     return (tracer.TracerError, profiler.ProfilerError, trainer.TrainerError,
-            irdump.IrDumpError, UntrustedFileError)
+            irdump.IrDumpError, UntrustedFileError, *dashboard_readers.errors())
 
 
 def _forge(run: Path, target: str, forgery: str, data, outside: Path) -> None:
@@ -160,8 +208,12 @@ def _forge(run: Path, target: str, forgery: str, data, outside: Path) -> None:
         else:
             os.symlink(path.name, path)
     elif forgery == "lookalike":  # another file of the run under a name that looks like this one
-        name = data.draw(st.sampled_from(["00", "\u0660", "0" * 30, "+0", " 0"]), label="digits")
-        stem = path.name.replace("0", name, 1) if "0" in path.name else path.name + name
+        name = data.draw(st.sampled_from(["00", "\u0660", "\u00b9", "0" * 30, "+0", " 0"]),
+                         label="digits")
+        if target == "metrics":  # another rank's metrics under a name that is no rank's
+            stem = f"metrics.rank{name}.jsonl"
+        else:
+            stem = path.name.replace("0", name, 1) if "0" in path.name else path.name + name
         shutil.copyfile(path, path.with_name(stem))
         if target == "step":
             shutil.copyfile(run / "dump/rank0/step1.h5", path.with_name(stem))
@@ -201,10 +253,17 @@ def _forge(run: Path, target: str, forgery: str, data, outside: Path) -> None:
     elif forgery == "bomb" and target in ("trace", "ir"):
         body = b'{"traceEvents": [' + b" " * (32 << 20) + b"]}"
         path.write_bytes(gzip.compress(body, 9) if target == "trace" else body)
+    elif forgery == "bomb" and target == "svg":  # just under the size the SVG route highlights
+        node = b'<g id="n" class="node"><title>linear</title>'
+        path.write_bytes(b"<svg>" + node * ((31 << 20) // len(node)) + b"</svg>")
 
 
 def _check_answer(name: str, forged: str, answer: object) -> None:
-    if isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], int):
+    if isinstance(answer, list) and all(isinstance(a, Http) for a in answer):
+        for status, text in answer:
+            assert status < 500, f"{name} on {forged}: HTTP {status}: {text[:2000]}"
+            assert "Traceback" not in text, f"{name} on {forged}: {text[:2000]}"
+    elif isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], int):
         code, text = answer
         assert "Traceback" not in text, f"{name} on {forged}: {text}"
         assert code in (0, 1, 2), f"{name} on {forged}: exit {code}: {text}"
@@ -212,8 +271,10 @@ def _check_answer(name: str, forged: str, answer: object) -> None:
             assert text.strip(), f"{name} on {forged}: exit 2 without a word"
 
 
-def _fuzz(pristine: Path, root: Path, data) -> None:
+def _fuzz(pristine: Path, root: Path, data, *, every_page: bool = False) -> None:
     target = data.draw(st.sampled_from(sorted(TARGETS)), label="target")
+    if not (pristine / TARGETS[target]).exists():
+        return  # the SVG, where graphviz is not installed
     forgery = data.draw(st.sampled_from(FORGERIES), label="forgery")
     case = root / f"case{time.monotonic_ns()}"
     run, outside = case / "run", case / "outside"
@@ -225,11 +286,12 @@ def _fuzz(pristine: Path, root: Path, data) -> None:
         _forge(run, target, forgery, data, outside)
         forged = f"{forgery} of {TARGETS[target]}"
         errors = _project_errors()
-        for name, read in _readers(pristine)[target]:
+        for name, read in _readers(pristine, every_page)[target]:
             for secret in outside.iterdir():
                 os.utime(secret, (0, time.time()))
+            peak = _Peak()
             try:
-                with _bounded_time():
+                with _bounded_time(), peak:
                     answer = read(run)
             except errors as e:
                 assert str(e).strip(), f"{name} on {forged}: {type(e).__name__} without a word"
@@ -244,7 +306,9 @@ def _fuzz(pristine: Path, root: Path, data) -> None:
             for secret in outside.iterdir():
                 assert secret.stat().st_atime == 0, f"{name} read {secret}, outside the run, " \
                                                     f"on {forged}"
+            assert peak.grown < MEMORY_BOUND, f"{name} grew by {peak.grown >> 20} MiB on {forged}"
     finally:
+        dashboard_readers.forget(run)
         for fifo in run.rglob("*"):
             if fifo.is_fifo():
                 fifo.unlink()
@@ -267,5 +331,6 @@ def test_readers_answer_or_refuse_forged_files(pristine, tmp_path_factory, data)
 @settings(max_examples=150, **{**_SETTINGS, "derandomize": False})
 @given(data=st.data())
 def test_readers_answer_or_refuse_forged_files_many(pristine, tmp_path_factory, data):
-    """Many more forgeries, a fresh draw each run (a failure prints its seed)."""
-    _fuzz(pristine, tmp_path_factory.getbasetemp(), data)
+    """Many more forgeries, a fresh draw each run (a failure prints its seed), each pointed at
+    every page of the dashboard."""
+    _fuzz(pristine, tmp_path_factory.getbasetemp(), data, every_page=True)
