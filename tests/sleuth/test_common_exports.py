@@ -14,7 +14,7 @@ EXPECTED = ["ConfigError", "FormatError", "INTERNAL", "LIBRARY", "OtherRunError"
             "kind_problem", "lazy_exports", "left_open_for_write", "new_run_id", "number_of",
             "numbered", "open_regular", "printable", "process_alive", "process_start_time",
             "read_bounded", "read_run_id", "resolve_run_id", "run_files", "short_frame_kind",
-            "short_path", "show_one_line", "strict", "warn"]
+            "short_path", "show_one_line", "start_helper", "strict", "warn"]
 
 
 def test_public_names():
