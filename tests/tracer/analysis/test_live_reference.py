@@ -279,3 +279,61 @@ def test_a_setup_difference_is_said_before_the_divergence_it_causes(reference, t
     assert live.setup and "momentum" in live.setup[0]
     kept = json.loads((tmp_path / "run" / "dump" / "rank0" / "live_reference.json").read_text())
     assert kept["setup"] == live.setup
+
+
+_DDP = '''
+import os
+import torch
+import torch.distributed as dist
+from torch import nn
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Tanh(),
+                                                          nn.Linear(8, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+torch.manual_seed(1 + rank)
+for step in range(3):
+    x = torch.randn(16, 4)
+    if os.environ.get("FAULT") == "1" and rank == 1 and step == 1:
+        x = x * 2  # rank 1's batch scaled in step 1 only
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+dist.destroy_process_group()
+import atexit, sys; atexit._run_exitfuncs(); sys.stdout.flush(); os._exit(0)
+'''
+
+
+@pytest.mark.slow
+def test_each_torchrun_rank_is_judged_against_its_reference_rank(tmp_path, sleuth_cli,
+                                                                 free_port):
+    """Two DDP ranks under `sleuth run --reference`: rank 1's batch differs in step 1; each
+    rank compares itself with the same rank of the reference, each in a judge of its own, and
+    both name step 1 (rank 1 its batch, rank 0 the gradients DDP averaged with it)."""
+    (tmp_path / "ddp.py").write_text(_DDP)
+    (tmp_path / "dump.json").write_text(json.dumps({"steps": "all", "mode": "statistics"}))
+
+    def run(name, *extra, fault=False):
+        return sleuth_cli("run", "--run-dir", name, "--dump", "dump.json", *extra, "--",
+                          "python", "-m", "torch.distributed.run", "--nproc_per_node=2",
+                          f"--master_port={free_port()}", "ddp.py", cwd=tmp_path,
+                          env={"FAULT": "1" if fault else "0"}, timeout=300)
+
+    proc = run("ref")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run("bad", "--reference", "ref", fault=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = {}
+    for rank in (0, 1):
+        kept = json.loads((tmp_path / "bad" / "dump" / f"rank{rank}" / "live_reference.json")
+                          .read_text())
+        after = tracer.diff(tmp_path / "ref", tmp_path / "bad", rank=rank).first_divergence
+        assert kept["step"] == 1 and kept["rank"] == rank, kept
+        assert kept["first_divergence"]["name"] == after["name"], (kept, after)
+        found[rank] = kept["first_divergence"]
+    assert found[1]["phase"] == "forward", found[1]
+    lines = [x for x in proc.stderr.splitlines() if "first divergence at step 1" in x]
+    assert len(lines) == 2 and "(rank 0)" in " ".join(lines) and "(rank 1)" in " ".join(lines)
