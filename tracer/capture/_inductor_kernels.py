@@ -292,9 +292,9 @@ class _Recorded:
 def _triton_outputs(kernel: Any) -> tuple[int, ...] | None:
     """The positions of the arguments a Triton kernel writes: Inductor's own list of the
     names it mutates, among the kernel's argument names."""
-    meta = getattr(kernel, "inductor_meta", None) or {}
     names = getattr(getattr(kernel, "fn", None), "arg_names", None)
-    mutated = meta.get("mutated_arg_names")
+    mutated = getattr(kernel, "mutated_arg_names", None) \
+        or (getattr(kernel, "inductor_meta", None) or {}).get("mutated_arg_names")
     if not names or not mutated:
         return None
     return tuple(i for i, n in enumerate(names) if n in mutated)
