@@ -14,9 +14,10 @@ Which graph nodes a kernel fused is known only while Inductor generates code: it
 provenance tracing each kernel with the scheduler nodes inside (`_capture`, the call torch
 makes for every C++ and Triton kernel, whatever the tracing level), and each scheduler node
 keeps the FX nodes it came from, with their module stack and stack trace. A graph Inductor
-takes from its caches was generated elsewhere, so while a Dumper records kernels
-(`watch`) the graph caches are off: the code generated is the one the cache would hold.
-Where torch lacks these calls, `watch` says so once and kernels are not recorded.
+takes from its caches was generated elsewhere, so while a Dumper records kernels (`watch`)
+the graph caches are off from the first graph dynamo compiles (`prepare`): the code generated
+is the one the cache would hold. Where torch lacks these calls, `prepare` says so once and
+kernels are not recorded.
 """
 from __future__ import annotations
 
@@ -75,8 +76,7 @@ _unsupported = ""
 _told = False
 _saved_caches: dict[tuple[Any, str], Any] = {}
 _swapped: Callable[[Generated, Kernel, list], None] | None = None
-regions: dict[str, Any] = {}
-"""Dynamo compile id -> weak reference to the region it compiled (set by _regions)."""
+_regions: dict[str, Any] = {}  # dynamo compile id -> weak reference to the region it made
 
 
 def compile_id() -> str:
@@ -91,18 +91,12 @@ def compile_id() -> str:
     return "" if found is None else str(found)
 
 
-def watch() -> bool:
-    """A Dumper that records kernels listens: generate code where kernels' origins are seen.
-    Returns False (said once) where this torch offers no way to see them."""
+def watch() -> None:
+    """A Dumper that records kernels listens (`prepare` does the work when a graph compiles,
+    so a run that never compiles never imports Inductor for it)."""
     global _watchers
     with _lock:
-        if not _patch():
-            _tell()
-            return False
         _watchers += 1
-        if _watchers == 1:
-            _caches(False)
-    return True
 
 
 def unwatch() -> None:
@@ -112,8 +106,22 @@ def unwatch() -> None:
         if _watchers <= 0:
             return
         _watchers -= 1
-        if _watchers == 0:
+        if _watchers == 0 and _saved_caches:
             _caches(True)
+
+
+def prepare() -> None:
+    """Dynamo is about to hand a graph to its backend while kernels are watched: have
+    Inductor generate code where kernels' origins are seen, and its graph caches off; where
+    this torch offers no way to see them, say so once."""
+    with _lock:
+        if not _watchers:
+            return
+        if not _patch():
+            _tell()
+            return
+        if not _saved_caches:
+            _caches(False)
 
 
 def _tell() -> None:
@@ -121,7 +129,7 @@ def _tell() -> None:
     if not _told:
         _told = True
         warn(f"Inductor's generated kernels are not recorded with this torch ({_unsupported}): "
-             f"the dump records each compiled region's inputs and outputs", stacklevel=5)
+             f"the dump records each compiled region's inputs and outputs")
 
 
 def _caches(restore: bool) -> None:
@@ -162,13 +170,15 @@ def _patch() -> bool:
         _unsupported = "no per-kernel provenance call in torch._inductor"
         return False
 
-    def provenance(node_schedule: Any, kernel_name: str, is_extern: bool = False) -> Any:
-        if _watchers and not is_extern:
+    def provenance(*args: Any, **kwargs: Any) -> Any:
+        # (node_schedule, kernel_name, is_extern=False); passed on as given
+        extern = kwargs.get("is_extern", args[2] if len(args) > 2 else False)
+        if _watchers and len(args) >= 2 and not extern:
             try:
-                _capture(node_schedule, kernel_name)
+                _capture(args[0], args[1])
             except Exception:  # noqa: BLE001 - the user's compile must never fail for the dump
                 pass
-        return original(node_schedule, kernel_name, is_extern)
+        return original(*args, **kwargs)
 
     debug.set_kernel_post_grad_provenance_tracing = provenance
     for where in ("torch._inductor.codegen.cpp", "torch._inductor.codegen.triton"):
@@ -338,7 +348,17 @@ def unswap() -> None:
                 space[name] = current.original
 
 
+def note_region(region: Any) -> None:
+    """`region` was made by the dynamo compile running now: the modules Inductor generates
+    for it, its backward's later, are its (`region_of`)."""
+    key = compile_id()
+    with _lock:
+        for gone in [k for k, ref in _regions.items() if ref() is None]:
+            del _regions[gone]
+        _regions[key] = weakref.ref(region)
+
+
 def region_of(generated: Generated) -> Any:
     """The compiled region whose graph `generated` is, or None."""
-    ref = regions.get(generated.compile_id)
+    ref = _regions.get(generated.compile_id)
     return ref() if ref is not None else None

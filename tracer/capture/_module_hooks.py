@@ -164,6 +164,8 @@ class ModuleTracker:
         self.kernels = cfg.compiled == "compiled" and cfg.mode in ("tensor", "full")
         self._region_names: dict[Any, str] = {}  # region -> its module's name, this step
         self._open_regions: list[Any] = []  # the regions whose call runs now, innermost last
+        # region -> the module names of its graph nodes, this step (`_node_modules`)
+        self._kernel_modules: dict[Any, Callable[[Sequence[str]], str]] = {}
         self.kernels_run: dict[str, dict[str, Any]] = {}
         """What each kernel recorded in this step fused (``{scope}.{phase}`` -> kernel, its
         nodes' ops, modules and lines), for the setup."""
@@ -286,6 +288,7 @@ class ModuleTracker:
             _inductor_kernels.unswap()  # steps not dumped run Inductor's kernels untouched
         self._region_names.clear()
         self._open_regions.clear()
+        self._kernel_modules.clear()
 
     def compiling(self, starts: bool) -> None:
         """torch.compile starts (True) or ends compiling a frame: the module hooks come off
@@ -606,8 +609,11 @@ class ModuleTracker:
             source = lines[-1] if lines else (region.source if region is not None else "")
             key = f"{scope}.{phase}"
             if key not in self.kernels_run:
-                module_of = self._node_modules(region, name) if region is not None \
-                    else (lambda _stack: name)
+                module_of = self._kernel_modules.get(region)
+                if module_of is None:
+                    module_of = self._kernel_modules[region] = \
+                        self._node_modules(region, name) if region is not None \
+                        else (lambda _stack: name)
                 nodes = dict.fromkeys((n.op, module_of(n.paths), n.source)
                                       for n in kernel.nodes)  # each distinct one once
                 self.kernels_run[key] = {"kernel": kernel.name,

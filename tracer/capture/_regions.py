@@ -161,6 +161,13 @@ def _forward_codes(cls: type) -> list[Any]:
 
 
 def _call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
+    if kernels_wanted:
+        try:
+            from tracer.capture._inductor_kernels import prepare
+
+            prepare()
+        except Exception:  # noqa: BLE001 - the user's compile must never fail for the dump
+            pass
     compiled = _original(self, gm, example_inputs)  # type: ignore[misc]
     if getattr(self, "export", False) or not callable(compiled):
         return compiled
@@ -169,10 +176,9 @@ def _call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
     except Exception:  # noqa: BLE001 - the user's compile must never fail for the dump
         return compiled
     if kernels_wanted:
-        from tracer.capture import _inductor_kernels
+        from tracer.capture._inductor_kernels import note_region
 
-        # Inductor compiles the region's backward later, under this same compile id
-        _inductor_kernels.regions[_inductor_kernels.compile_id()] = weakref.ref(region)
+        note_region(region)
     if interpret_wanted:
         try:
             from tracer.capture._interpret import interpretable
@@ -313,17 +319,17 @@ def on_region(hook: Callable[[Region, Callable[..., Any], tuple, dict], Any],
     """Have `hook(region, run, args, kwargs)` run each compiled region's call (it must call
     ``run(*args, **kwargs)`` and return its result), and `compiling(True)`/`compiling(False)`
     called as dynamo starts and ends compiling a frame; `kernels`: Inductor generates code so
-    that its kernels can be recorded (tracer.capture._inductor_kernels; False where this torch
-    cannot, said once). Returns a handle whose `remove` undoes it all."""
+    that its kernels can be recorded (tracer.capture._inductor_kernels; where this torch
+    cannot, said once as a graph compiles). Returns a handle whose `remove` undoes it all."""
     global interpret_wanted, kernels_wanted
     _compile_listeners.append(compiling)
     if interpret:
         interpret_wanted += 1
     if kernels:
-        from tracer.capture import _inductor_kernels
+        from tracer.capture._inductor_kernels import watch
 
-        kernels = _inductor_kernels.watch()
-        kernels_wanted += kernels
+        watch()
+        kernels_wanted += 1
     return _Both(_listeners.add(hook), compiling, interpret, kernels)
 
 

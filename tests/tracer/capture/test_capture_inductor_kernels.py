@@ -183,3 +183,30 @@ def test_a_hugging_face_llamas_lowering_fault_is_named_at_its_kernel(tmp_path):
     rsqrt = [(m, s) for op, m, s in fused if op == "aten.rsqrt"]
     assert rsqrt and rsqrt[0][0] == "model.layers.0.input_layernorm", fused
     assert "models/llama/modeling_llama.py:" in rsqrt[0][1], fused
+
+
+def test_a_torch_without_the_kernel_call_records_regions_and_says_so_once(tmp_path,
+                                                                         monkeypatch):
+    from tracer import SleuthWarning
+    from tracer.capture import _inductor_kernels
+
+    monkeypatch.setattr(_inductor_kernels, "_patched", False)
+    monkeypatch.setattr(_inductor_kernels, "_unsupported", "no per-kernel provenance call")
+    monkeypatch.setattr(_inductor_kernels, "_told", False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for run in ("a", "b"):
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            model = Net()
+            call = torch.compile(model, backend="aot_eager")
+            dumper = tracer.Dumper(model, {"path": str(tmp_path / run), "mode": "tensor",
+                                           "writer": "sync", "steps": "0",
+                                           "on_error": "raise"})
+            call(torch.randn(4, 8)).sum().backward()
+            dumper.close()
+    said = [str(w.message) for w in seen if issubclass(w.category, SleuthWarning)
+            and "kernels are not recorded" in str(w.message)]
+    assert len(said) == 1, said
+    names = set(tracer.open_dump(tmp_path / "a").stats(0, 0).name)
+    assert "<root>::compiled.forward.0.output.0" in names
