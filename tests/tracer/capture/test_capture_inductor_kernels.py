@@ -72,12 +72,12 @@ def _loop(call, model, run, *, dump=True, steps=2, selected="0", level="module",
     return losses
 
 
-def _net(run, *, compiled=True, **kwargs):
+def _net(run, *, compiled=True, device="cpu", **kwargs):
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = Net()
+    model = Net().to(device)
     call = torch.compile(model) if compiled else model
-    return _loop(call, model, run, **kwargs)
+    return _loop(call, model, run, batch=lambda: (torch.randn(4, 8, device=device),), **kwargs)
 
 
 def _setup(run, step=0) -> dict:
@@ -210,3 +210,18 @@ def test_a_torch_without_the_kernel_call_records_regions_and_says_so_once(tmp_pa
     assert len(said) == 1, said
     names = set(tracer.open_dump(tmp_path / "a").stats(0, 0).name)
     assert "<root>::compiled.forward.0.output.0" in names
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_triton_kernels_are_recorded_and_a_lowering_fault_named_on_a_gpu(tmp_path):
+    plain = _net(tmp_path / "plain", dump=False, device="cuda")
+    assert _net(tmp_path / "a", device="cuda") == plain
+    stats = tracer.open_dump(tmp_path / "a").stats(0, 0)
+    kernels = stats[stats.op.str.startswith("kernel.triton_")]
+    assert set(kernels.phase) == {"forward", "backward"}, set(stats.op)
+    with faulty_lowering(torch.ops.aten.erf.default):
+        _net(tmp_path / "b", device="cuda")
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "bug" and e.blamed["fault"] == "kernel", e.verdict
+    assert "aten.erf" in {op for op, _, _ in e.blamed["fused"]}, e.blamed
