@@ -181,11 +181,10 @@ def _patch() -> bool:
         return original(*args, **kwargs)
 
     debug.set_kernel_post_grad_provenance_tracing = provenance
+    # the code generators import the call by name: those imported from now on take the
+    # wrapper, those imported already are pointed at it
     for where in ("torch._inductor.codegen.cpp", "torch._inductor.codegen.triton"):
-        try:
-            module = __import__(where, fromlist=["_"])
-        except Exception:  # noqa: BLE001 - a code generator this torch does not build
-            continue
+        module = sys.modules.get(where)
         if getattr(module, "set_kernel_post_grad_provenance_tracing", None) is original:
             module.set_kernel_post_grad_provenance_tracing = provenance
     to_module = lowering.compile_to_module
