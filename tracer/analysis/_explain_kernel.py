@@ -14,10 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracer.analysis._explain_sides import stem
-
-KERNEL_OP = "kernel."
-"""The op of a kernel output record: ``kernel.{kernel name}``."""
-
+from tracer.capture import KERNEL_OP
 
 def kernel_op(op: Any) -> bool:
     """Whether a record's op is one of Inductor's generated kernels'."""

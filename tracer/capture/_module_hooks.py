@@ -33,8 +33,9 @@ from torch.nn.modules import module as _nn_module
 from tracer._errors import ConfigError
 from tracer.capture import _graphs
 from tracer.capture._compiled import compiled_module, tell_once
-from tracer.capture._naming import (NONE, ROOT, CallCounter, CallNames, compiled_inner,
-                                    module_names, op_scope, root_name, wrapper_inner)
+from tracer.capture._naming import (KERNEL_OP, NONE, ROOT, CallCounter, CallNames,
+                                    compiled_inner, module_names, op_scope, root_name,
+                                    wrapper_inner)
 from tracer.capture._recorder import Recorder
 from tracer.capture._regions import announce_compiles, tell_unwatched
 from tracer.capture._source import user_source
@@ -599,7 +600,7 @@ class ModuleTracker:
         region = region_of(generated) or (self._open_regions[-1] if self._open_regions
                                           else None)
         name = self._region_names.get(region, NONE) if region is not None else NONE
-        op = f"kernel.{kernel.name}"
+        op = f"{KERNEL_OP}{kernel.name}"
         if not self._cfg.wants_op(op) or not self.wants(name):
             return
         try:
