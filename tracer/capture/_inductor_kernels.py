@@ -68,8 +68,10 @@ class Generated:
 
 _lock = threading.Lock()
 _generated: list[Generated] = []
-_pending: dict[int, dict[str, Kernel]] = {}  # id(GraphLowering) -> kernels seen so far
-_orders: dict[int, dict[Any, int]] = {}  # id(GraphLowering) -> its FX nodes' positions
+# GraphLowering -> the kernels generated for it so far, and its FX nodes' positions; weak, so
+# that a graph generated without being loaded as a module (AOT Inductor) leaves nothing
+_pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_orders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _watchers = 0
 _patched = False
 _unsupported = ""
@@ -191,8 +193,8 @@ def _patch() -> bool:
 
     def compile_to_module(self: Any, *args: Any, **kwargs: Any) -> Any:
         module = to_module(self, *args, **kwargs)
-        kernels = _pending.pop(id(self), None)
-        _orders.pop(id(self), None)
+        kernels = _pending.pop(self, None)
+        _orders.pop(self, None)
         if kernels and _watchers:
             try:
                 _register(module, kernels, "backward" if getattr(self, "is_backward", False)
@@ -221,9 +223,9 @@ def _capture(node_schedule: Any, kernel_name: str) -> None:
             for origin in getattr(ir_node, "origins", ()) or ():
                 if getattr(origin, "op", "") == "call_function":
                     origins[origin] = None
-    positions = _orders.get(id(graph))
+    positions = _orders.get(graph)
     if positions is None:
-        positions = _orders[id(graph)] = {}
+        positions = _orders[graph] = {}
     for origin in origins:
         if origin not in positions:  # the graph's order, counted once per graph
             positions.update((n, i) for i, n in enumerate(origin.graph.nodes))
@@ -231,7 +233,7 @@ def _capture(node_schedule: Any, kernel_name: str) -> None:
                         node_source(n, ""))
                   for n in sorted(origins, key=lambda n: positions.get(n, 0))
                   if _is_op(n))
-    kernels = _pending.setdefault(id(graph), {})
+    kernels = _pending.setdefault(graph, {})
     known = kernels.get(kernel_name)  # one kernel's code defined for two schedules
     if known is not None:
         nodes = known.nodes + tuple(n for n in nodes if n not in known.nodes)
