@@ -167,7 +167,8 @@ class Dumper(Emitting, StepBoundaries, OptimizerHooks, FailureHandling):
                          on_crash(self._crashed)]
         if self.config.compiled != "eager":
             self._handles.append(on_region(self._tracker.region, self._tracker.compiling,
-                                           self.config.compiled == "interpret"))
+                                           self.config.compiled == "interpret",
+                                           self._tracker.kernels))
         try:
             self._begin()
         except BaseException:  # nothing of a Dumper that failed to start stays attached

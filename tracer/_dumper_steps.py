@@ -114,7 +114,8 @@ class StepBoundaries:
         setup = None
         if was_open and how is not LastStep.DROP:
             self._take_setup(self._setup.compiled, self.config.compiled,
-                             self._tracker.regions_run, self._tracker.wrapper_ran)
+                             self._tracker.regions_run, self._tracker.wrapper_ran,
+                             self._tracker.kernels_run)
             self._take_setup(self._setup.finish)
             setup = self._setup.taken
         self._setup.end()

@@ -22,8 +22,8 @@ EXPECTED = [
 
 
 FACES = {
-    "capture": ["CallNames", "EagerWhileDumped", "Kernels", "ModuleTracker", "OpMode",
-                "ParamRecords", "SetupRecorder", "Site", "compiled_inner", "encode_call",
+    "capture": ["CallNames", "EagerWhileDumped", "KERNEL_OP", "Kernels", "ModuleTracker",
+                "OpMode", "ParamRecords", "SetupRecorder", "Site", "compiled_inner", "encode_call",
                 "fingerprint", "in_graph_capture", "local_shard", "on_clip", "on_region",
                 "on_scaler_scale", "on_scaler_unscale", "on_scaler_update", "recording_closure",
                 "rewrap",

@@ -35,6 +35,7 @@ from tracer.analysis._compare import Tolerance
 from tracer.analysis._diff import diff
 from tracer.analysis._diff_result import _jsonable, compiled_apart, unpaired_most
 from tracer.analysis._explain_hidden import Hidden, Search, lower_dtypes
+from tracer.analysis._explain_kernel import kernel_op, kernel_verdict, kernels_of
 from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, stem
 from tracer.analysis._explain_step import Step
@@ -243,13 +244,19 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         return Explanation("inputs", f"inputs differ from the start: the batch differs already "
                            f"at {made} ({which or 'data or seed'}), before any op of the model "
                            f"ran", first_divergence=fd, notes=notes)
+    if kernel_op(fd["op"]):
+        # one of Inductor's kernels: what it fused is in the setups, and its call is not
+        # re-run, so a module-level dump says as much as an op-level one
+        status, verdict, blamed = kernel_verdict(fd, setups)
+        return Explanation(status, verdict, blamed, [], fd, notes)
     da, db = open_dump(a), open_dump(b)
     try:
         _need_op_records(da, db, fd)
         rows = Step(da, db, fd, res.records)
         sides = Sides(da, db, fd, factor)
         lead = Lead(rows, sides, factor, which,
-                    tuple((s or {}).get("buffers") or {} for s in setups))
+                    tuple((s or {}).get("buffers") or {} for s in setups),
+                    tuple(kernels_of(s) for s in setups))
         start, found = fd, lead.judge(fd)
         if found is not None and found.judged == "descend":
             start = _first_op_after(res.records, fd)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracer.analysis._explain_sides import Sides, roundoff, stem
+from tracer.analysis._explain_kernel import fused_change, fused_words
 from tracer.analysis._explain_step import Step, region_op
 from tracer.analysis._origin import _in_place, call_stem
 from tracer.analysis._replay import NotReplayable, rel_error
@@ -57,14 +58,17 @@ class Lead:
     """The first divergence judged by its value (module doc)."""
 
     def __init__(self, step: Step, sides: Sides, factor: float = 4.0, inputs: str = "",
-                 buffers: tuple[dict, dict] = ({}, {})) -> None:
+                 buffers: tuple[dict, dict] = ({}, {}),
+                 kernels: tuple[dict, dict] = ({}, {})) -> None:
         """`inputs`: which of the batch and the buffers differ as the step began, in words
         (tracer.analysis._setup.inputs_words), where the runs' setups say; `buffers`: each
         run's buffers' fingerprints as the step began (its setup), which name a buffer an
-        in-place op writes."""
+        in-place op writes; `kernels`: what each run's Inductor kernels fused (its setup,
+        tracer.analysis._explain_kernel.kernels_of)."""
         self.step, self.sides, self.factor = step, sides, factor
         self.inputs = inputs
         self.buffers = {"a": buffers[0] or {}, "b": buffers[1] or {}}
+        self.kernels = {"a": kernels[0] or {}, "b": kernels[1] or {}}
 
     def judge(self, fd: dict[str, Any]) -> Finding | None:
         """What `fd`'s value says, or None for an op's output whose inputs pair (the re-run
@@ -222,6 +226,9 @@ class Lead:
                   "fault": fault, "side": "B" if new else "A",
                   "removed": [call_stem(r) for r in gone], "added": [call_stem(r) for r in new]}
         where = self._record(fd)
+        fused = fused_change(gone, new, self.kernels["a"], self.kernels["b"])
+        if fused is not None:
+            return self._fused(fd, what, blamed, *fused)
         try:
             x_a = self.sides.record("a", fd["name"])
             x_b = self.sides.record("b", fd["b_name"] or fd["name"])
@@ -264,6 +271,26 @@ class Lead:
                              if target.startswith("buffer ") else {}))
         why = f"{what}; {where} {how}{self._skipped(gone, x_b)}"
         blamed["why"] = why
+        return Finding("bug", why, blamed)
+
+    def _fused(self, fd: dict[str, Any], what: str, blamed: dict[str, Any],
+               added: list[list[str]], removed: list[list[str]]) -> Finding:
+        """Inductor's kernels that replace each other: the graph nodes one run's kernels fuse
+        and the other's do not are the graphs' difference, named at the first such node;
+        where they fuse the same nodes, the runs' Inductor split the same ops otherwise (no
+        kernel call is re-run, so its rounding is not measured)."""
+        where = self._record(fd)
+        if not added and not removed:
+            return Finding("unknown", f"{what}; they fuse the same graph nodes, split into "
+                           f"kernels otherwise (another torch, Inductor config or machine): "
+                           f"that is where the runs part ({where} differs), and a kernel's "
+                           "call is not re-run to measure its rounding", blamed)
+        node = added[0] if added else removed[0]
+        side, other = ("B", "A") if added else ("A", "B")
+        why = (f"{what}; {side}'s kernels fuse {fused_words(added or removed)}, which "
+               f"{other}'s do not: the compiled graphs differ there ({where} differs)")
+        blamed.update(op=node[0], module=node[1], source=node[2], side=side,
+                      fault="added" if added else "removed", why=why)
         return Finding("bug", why, blamed)
 
     def _writes(self, fd: dict[str, Any], gone: list[dict], new: list[dict]

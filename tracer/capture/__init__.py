@@ -17,6 +17,7 @@ _EXPORTS: dict[str, str] = {
     "encode_call": "tracer.capture._calls",
     "EagerWhileDumped": "tracer.capture._compiled",
     "fingerprint": "tracer.capture._setup",
+    "KERNEL_OP": "tracer.capture._naming",
     "Kernels": "tracer.capture._param_records",
     "local_shard": "tracer.capture._param_records",
     "in_graph_capture": "tracer.capture._graphs",

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import sys
 import types
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import torch
@@ -32,8 +33,9 @@ from torch.nn.modules import module as _nn_module
 from tracer._errors import ConfigError
 from tracer.capture import _graphs
 from tracer.capture._compiled import compiled_module, tell_once
-from tracer.capture._naming import (NONE, ROOT, CallCounter, CallNames, compiled_inner,
-                                    module_names, op_scope, root_name, wrapper_inner)
+from tracer.capture._naming import (KERNEL_OP, NONE, ROOT, CallCounter, CallNames,
+                                    compiled_inner, module_names, op_scope, root_name,
+                                    wrapper_inner)
 from tracer.capture._recorder import Recorder
 from tracer.capture._regions import announce_compiles, tell_unwatched
 from tracer.capture._source import user_source
@@ -158,6 +160,16 @@ class ModuleTracker:
         # the levels that record ops
         self.interpret = cfg.compiled == "interpret" and cfg.level in ("op", "mix")
         self._interpreting: dict[Any, str] = {}  # region -> its module's name, this step
+        # "compiled" in tensor mode: each Inductor kernel's outputs, named after the nodes it
+        # fused (tracer.capture._inductor_kernels)
+        self.kernels = cfg.compiled == "compiled" and cfg.mode in ("tensor", "full")
+        self._region_names: dict[Any, str] = {}  # region -> its module's name, this step
+        self._open_regions: list[Any] = []  # the regions whose call runs now, innermost last
+        # region -> the module names of its graph nodes, this step (`_node_modules`)
+        self._kernel_modules: dict[Any, Callable[[Sequence[str]], str]] = {}
+        self.kernels_run: dict[str, dict[str, Any]] = {}
+        """What each kernel recorded in this step fused (``{scope}.{phase}`` -> kernel, its
+        nodes' ops, modules and lines), for the setup."""
         self.regions_run: dict[str, int] = {}
         """Calls of each compiled region in this step (scope -> calls), for the setup."""
         self.wrapper_ran = False
@@ -252,6 +264,10 @@ class ModuleTracker:
             if self.compiled:
                 announce_compiles()
                 tell_unwatched()
+        if self.kernels and "torch._inductor.graph" in sys.modules:
+            from tracer.capture import _inductor_kernels
+
+            _inductor_kernels.swap(self._kernel_ran)
         self._handles = [
             _nn_module.register_module_forward_pre_hook(self._guarded_pre),
             _nn_module.register_module_forward_hook(self._guarded_post, with_kwargs=True,
@@ -267,6 +283,13 @@ class ModuleTracker:
         for region in self._interpreting:
             region.runner = None  # steps not dumped run the backend's code again
         self._interpreting.clear()
+        if self.kernels and "torch._inductor.graph" in sys.modules:
+            from tracer.capture import _inductor_kernels
+
+            _inductor_kernels.unswap()  # steps not dumped run Inductor's kernels untouched
+        self._region_names.clear()
+        self._open_regions.clear()
+        self._kernel_modules.clear()
 
     def compiling(self, starts: bool) -> None:
         """torch.compile starts (True) or ends compiling a frame: the module hooks come off
@@ -283,6 +306,7 @@ class ModuleTracker:
 
     def reset_step(self) -> None:
         self.regions_run.clear()
+        self.kernels_run.clear()
         self.wrapper_ran = False
         self.stack.clear()
         self.calls.reset()
@@ -472,10 +496,13 @@ class ModuleTracker:
         stack = self.stack
         stack.append(entry[0])
         self._in_region += 1
+        self._open_regions.append(region)
         try:
             out = run(*args, **kwargs)
         finally:
             self._in_region -= 1
+            if self._open_regions and self._open_regions[-1] is region:
+                self._open_regions.pop()
             if stack and stack[-1] is entry[0]:
                 stack.pop()
         try:
@@ -487,8 +514,7 @@ class ModuleTracker:
     def _interpret_graph(self, graph: Any, inputs: list) -> Any:
         """Run one of a region's graphs after AOTAutograd node by node, each aten node's inputs
         and outputs an op record (tracer.capture._interpret)."""
-        from tracer.capture._interpret import (Interpreter, module_path, module_stack_paths,
-                                               node_source, op_of, resolve)
+        from tracer.capture._interpret import Interpreter, module_stack_paths, node_source, op_of
         from tracer.capture._calls import mutates
 
         dumper = self._dumper
@@ -499,20 +525,10 @@ class ModuleTracker:
         owner = self._interpreting[region]
         fallback = region.source or user_source(2)
         cfg = self._cfg
-        named = {id(m): name for name, m in self.named_modules()}
-        paths: dict[str, str] = {}
+        module_named = self._node_modules(region, owner)
 
         def module_of(node: Any) -> str:
-            # the innermost module of the node's stack that the model names
-            stack = module_stack_paths(node, phase)
-            key = stack[0] if stack else ""
-            name = paths.get(key)
-            if name is None:
-                found = (resolve(p, region.modules, region.globals) for p in stack)
-                name = next((named[id(m)] for m in found if id(m) in named), None) \
-                    or module_path(owner, key)
-                paths[key] = name
-            return name
+            return module_named(module_stack_paths(node, phase))
 
         specs = self.want_in and cfg.mode in ("tensor", "full") and cfg.level != "module"
 
@@ -549,6 +565,68 @@ class ModuleTracker:
 
         return Interpreter(graph.gm, before, after, quiet).run(*inputs)
 
+    def _node_modules(self, region: Any, owner: str) -> Callable[[Sequence[str]], str]:
+        """The name of the innermost module of a graph node's ``nn_module_stack`` paths
+        (innermost first) that the model names, else the innermost path under `owner`, the
+        region's module: resolved once per path for this region's call."""
+        from tracer.capture._interpret import module_path, resolve
+
+        named = {id(m): name for name, m in self.named_modules()}
+        paths: dict[str, str] = {}
+
+        def module_of(stack: Sequence[str]) -> str:
+            key = stack[0] if stack else ""
+            name = paths.get(key)
+            if name is None:
+                found = (resolve(p, region.modules, region.globals) for p in stack)
+                name = next((named[id(m)] for m in found if id(m) in named), None) \
+                    or module_path(owner, key)
+                paths[key] = name
+            return name
+
+        return module_of
+
+    def _kernel_ran(self, generated: Any, kernel: Any, outputs: list[torch.Tensor]) -> None:
+        """One of Inductor's generated kernels ran in a dumped step: its outputs are the
+        records ``{region's module}::kernel.{kernel}.{phase}.{call}.output.{i}``, at the line
+        of the last node it fused; what it fused goes to the setup (`kernels_run`)."""
+        from tracer.capture._inductor_kernels import region_of
+
+        dumper = self._dumper
+        phase = generated.phase
+        if not dumper.capturing or dumper._busy or not self.want_out \
+                or not (self.want_fw if phase == "forward" else self.want_bw):
+            return
+        region = region_of(generated) or (self._open_regions[-1] if self._open_regions
+                                          else None)
+        name = self._region_names.get(region, NONE) if region is not None else NONE
+        op = f"{KERNEL_OP}{kernel.name}"
+        if not self._cfg.wants_op(op) or not self.wants(name):
+            return
+        try:
+            scope = op_scope(name, op)
+            call = self.calls.next(scope, phase)
+            lines = [n.source for n in kernel.nodes if n.source]
+            source = lines[-1] if lines else (region.source if region is not None else "")
+            key = f"{scope}.{phase}"
+            if key not in self.kernels_run:
+                module_of = self._kernel_modules.get(region)
+                if module_of is None:
+                    module_of = self._kernel_modules[region] = \
+                        self._node_modules(region, name) if region is not None \
+                        else (lambda _stack: name)
+                nodes = dict.fromkeys((n.op, module_of(n.paths), n.source)
+                                      for n in kernel.nodes)  # each distinct one once
+                self.kernels_run[key] = {"kernel": kernel.name,
+                                         "nodes": [list(n) for n in nodes]}
+            # the kernel wrote these without a version bump: nothing known of them holds
+            dumper.forget(outputs)
+            with tool_range():
+                dumper.emit_all(scope, name, op, phase, "output", call, source, outputs,
+                                stable=False)
+        except Exception as e:  # noqa: BLE001 - the dump's failure, not the model's
+            dumper._fail(e)
+
     def _region_enter(self, region: Any, args: tuple) -> tuple:
         stack = self.stack
         top = stack[-1] if stack else None
@@ -561,6 +639,7 @@ class ModuleTracker:
         scope = op_scope(name, region.op)
         call = self.calls.next(scope, "forward")
         self.regions_run[scope] = self.regions_run.get(scope, 0) + 1
+        self._region_names[region] = name
         self._seq += 1
         source = region.source or (top[5] if top is not None and top[5] else "")
         entry = (owner if owner is not None else (top[0] if top is not None else None),

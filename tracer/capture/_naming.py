@@ -30,6 +30,11 @@ def op_scope(module: str, op: str) -> str:
     return f"{module}::{op}"
 
 
+KERNEL_OP = "kernel."
+"""How the op of an Inductor kernel's output records begins: ``kernel.{kernel name}``
+(tracer.capture._inductor_kernels)."""
+
+
 def op_name(func: object) -> str:
     """``aten.mm`` for the overload ``aten.mm.default``: the overload packet's qualified name."""
     packet = getattr(func, "overloadpacket", None)

@@ -161,6 +161,13 @@ def _forward_codes(cls: type) -> list[Any]:
 
 
 def _call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
+    if kernels_wanted:
+        try:
+            from tracer.capture._inductor_kernels import prepare
+
+            prepare()
+        except Exception:  # noqa: BLE001 - the user's compile must never fail for the dump
+            pass
     compiled = _original(self, gm, example_inputs)  # type: ignore[misc]
     if getattr(self, "export", False) or not callable(compiled):
         return compiled
@@ -168,6 +175,10 @@ def _call_user_compiler(self: Any, gm: Any, example_inputs: Any) -> Any:
         region = _region_of(self, gm, compiled)
     except Exception:  # noqa: BLE001 - the user's compile must never fail for the dump
         return compiled
+    if kernels_wanted:
+        from tracer.capture._inductor_kernels import note_region
+
+        note_region(region)
     if interpret_wanted:
         try:
             from tracer.capture._interpret import interpretable
@@ -261,6 +272,8 @@ _listeners = Listeners(_wrap, _unpatch)
 interpret_wanted = 0
 """How many listening Dumpers want the interpreter mode: graphs compiled meanwhile are also
 made interpretable."""
+kernels_wanted = 0
+"""How many listening Dumpers record Inductor's kernels (tracer.capture._inductor_kernels)."""
 not_interpreted: list[str] = []
 """Graphs that could not be made interpretable, and why."""
 _compile_listeners: list[Callable[[bool], None]] = []
@@ -279,30 +292,45 @@ def _compile_ended(_args: Any) -> None:
 class _Both:
     """The handle of `on_region`: removes the region hook and the compile listener."""
 
-    def __init__(self, handle: Any, compiling: Callable[[bool], None], interpret: bool) -> None:
+    def __init__(self, handle: Any, compiling: Callable[[bool], None], interpret: bool,
+                 kernels: bool) -> None:
         self._handle, self._compiling, self._interpret = handle, compiling, interpret
+        self._kernels = kernels
 
     def remove(self) -> None:
-        global interpret_wanted
+        global interpret_wanted, kernels_wanted
         if self._interpret:
             self._interpret = False
             interpret_wanted -= 1
+        if self._kernels:
+            from tracer.capture import _inductor_kernels
+
+            self._kernels = False
+            kernels_wanted -= 1
+            _inductor_kernels.unwatch()
         self._handle.remove()
         if self._compiling in _compile_listeners:
             _compile_listeners.remove(self._compiling)
 
 
 def on_region(hook: Callable[[Region, Callable[..., Any], tuple, dict], Any],
-              compiling: Callable[[bool], None], interpret: bool = False) -> _Both:
+              compiling: Callable[[bool], None], interpret: bool = False,
+              kernels: bool = False) -> _Both:
     """Have `hook(region, run, args, kwargs)` run each compiled region's call (it must call
     ``run(*args, **kwargs)`` and return its result), and `compiling(True)`/`compiling(False)`
-    called as dynamo starts and ends compiling a frame. Returns a handle whose `remove` undoes
-    both."""
-    global interpret_wanted
+    called as dynamo starts and ends compiling a frame; `kernels`: Inductor generates code so
+    that its kernels can be recorded (tracer.capture._inductor_kernels; where this torch
+    cannot, said once as a graph compiles). Returns a handle whose `remove` undoes it all."""
+    global interpret_wanted, kernels_wanted
     _compile_listeners.append(compiling)
     if interpret:
         interpret_wanted += 1
-    return _Both(_listeners.add(hook), compiling, interpret)
+    if kernels:
+        from tracer.capture._inductor_kernels import watch
+
+        watch()
+        kernels_wanted += 1
+    return _Both(_listeners.add(hook), compiling, interpret, kernels)
 
 
 _told_unwatched = False

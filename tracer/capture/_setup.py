@@ -328,11 +328,14 @@ class SetupRecorder:
         names = [self._name(p) for p in params if getattr(p, "grad", None) is not None]
         setup["clips"].append({"fn": fn, "args": args, "params": names, "source": str(source)})
 
-    def compiled(self, mode: str, regions: dict[str, int], wrapper_ran: bool = False) -> None:
+    def compiled(self, mode: str, regions: dict[str, int], wrapper_ran: bool = False,
+                 kernels: dict[str, dict[str, Any]] | None = None) -> None:
         """How the step ran torch.compile'd code (`mode`, the dump config's "compiled"), the
         compiled regions that ran (scope -> calls) and what the compiler did so far; nothing
         where no compiled code ran and none was compiled (`wrapper_ran`: a torch.compile
-        wrapper was called, eagerly in mode "eager"), though torch.compile be loaded."""
+        wrapper was called, eagerly in mode "eager"), though torch.compile be loaded.
+        `kernels`: what each of Inductor's kernels recorded in the step fused (``{scope}.{phase}``
+        -> kernel name and its nodes' ``[op, module, file:line]``)."""
         from tracer.capture._regions import compile_summary
 
         setup = self._setup
@@ -340,6 +343,8 @@ class SetupRecorder:
         if setup is None or not (regions or wrapper_ran or summary and summary["graphs"]):
             return
         setup["compile"] = {"mode": mode, "regions": dict(regions), **(summary or {})}
+        if kernels:
+            setup["compile"]["kernels"] = {k: dict(v) for k, v in kernels.items()}
 
     def batch(self, root: str, args: tuple, kwargs: dict[str, Any] | None) -> None:
         """A top-level call of the model (`root`, its record name): a fingerprint of each

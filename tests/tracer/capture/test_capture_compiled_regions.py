@@ -217,15 +217,22 @@ def test_inductor_steps_dumped_compiled_keep_the_runs_losses(tmp_path):
     externals = set(stats[stats.module == "<root>"].op)
     assert "aten.addmm" in externals or "aten.mm" in externals, externals
     assert "<root>::compiled.forward.0.output.0" in set(stats.name)
-    _train(tmp_path / "b", backend="inductor", fault=True, level="mix", mode="tensor")
-    _train(tmp_path / "a", backend="inductor", level="mix", mode="tensor")
-    fd = diff(tmp_path / "a", tmp_path / "b").first_divergence
+    _train(tmp_path / "bstatistics", backend="inductor", fault=True, level="mix")
+    for run, fault in (("btensor", True), ("atensor", False)):
+        _train(tmp_path / run, backend="inductor", fault=fault, level="mix", mode="tensor")
+    fd = diff(tmp_path / "run", tmp_path / "bstatistics").first_divergence
     assert fd["module"] == "<root>" and fd["phase"] == "forward", fd
-    # what Inductor's fused kernels made has no maker among the records: the region is named,
-    # and how to see inside it, never "inputs differ"
-    e = explain(tmp_path / "a", tmp_path / "b")
+    # in statistics mode Inductor's fused kernels are not recorded, and what they made has
+    # no maker among the records: the region is named, and how to see inside it, never
+    # "inputs differ"
+    e = explain(tmp_path / "run", tmp_path / "bstatistics")
     assert "compiled region <root>::compiled.forward.0" in e.verdict, e.verdict
     assert "inputs differ" not in e.verdict, e.verdict
+    # in tensor mode each kernel's outputs are records, and the setup says what each fused:
+    # B's kernel fuses the compile-only op, named at its line
+    e = explain(tmp_path / "atensor", tmp_path / "btensor")
+    assert e.status == "bug" and e.blamed["op"] == "aten.mul", e.verdict
+    assert e.blamed["source"].endswith(f":{_line_of('h = h * 1.1')}"), e.verdict
 
 
 @pytest.mark.slow
