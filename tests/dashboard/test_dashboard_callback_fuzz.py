@@ -224,3 +224,19 @@ def test_a_value_no_control_sends_is_no_value(app_and_values, output, overrides,
         return
     assert status == 200 and "Traceback" not in text, (status, text[:500])
     assert shown in text, text[:2000]
+
+
+def test_the_converters_take_only_what_a_control_sends():
+    from dashboard._errors import BadValueError
+    from dashboard._values import choice, number, shown, typed_whole, whole, wholes
+
+    assert [whole(v) for v in (0, 7, "12", 2**31 - 1)] == [0, 7, 12, 2**31 - 1]
+    assert all(whole(v) is None for v in (True, 1.0, -1, 2**31, "\u00b9", "\u0661", " 1", "1.5",
+                                          "9" * 5000, [0], {"a": 1}, None))
+    assert wholes([0, True, "1", 1.5, [2]]) == [0, 1] and wholes(3) == [3] and wholes("x") == []
+    assert number(float("nan")) is None and number(2**1100) is None and number(0.5, high=0.99) == 0.5
+    assert choice("step", {"step"}) == "step" and choice(["step"], {"step"}) is None
+    assert typed_whole(None, "rank") is None and typed_whole(3, "rank") == 3
+    with pytest.raises(BadValueError, match=r"^rank: '\\x1b\[31m' is not one"):
+        typed_whole("\x1b[31m", "rank")
+    assert len(shown("x" * 10_000)) < 50
