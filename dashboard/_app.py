@@ -11,6 +11,7 @@ from dashboard import (_page_diff, _page_dumps, _page_graph, _page_histograms, _
 from dashboard._context import Context, query
 from dashboard._routes import register_routes
 from dashboard._runs import fingerprint, load_runs
+from dashboard._values import text
 from dashboard._widgets import empty_state
 
 PAGES = {  # path -> (title, module); the order is the navigation bar's
@@ -98,7 +99,7 @@ def create_app(run_dirs: Iterable[str | os.PathLike[str]], *, refresh_s: float =
 
     @app.callback(Output("page", "children"), Input("url", "pathname"), State("url", "search"))
     def route(pathname: str | None, search: str | None) -> Any:
-        pathname = pathname if isinstance(pathname, str) else "/"
+        pathname = text(pathname) or "/"
         entry = PAGES.get(pathname.rstrip("/") or "/")
         if entry is None:
             shown = pathname if len(pathname) <= 80 else pathname[:80] + "..."

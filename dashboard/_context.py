@@ -7,6 +7,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 from dashboard._runs import Run
+from dashboard._values import whole
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,17 +18,15 @@ class Context:
     """The runs, in the order given; `runs[i].index == i`."""
 
     def root(self, index: int | str | None) -> Path | None:
-        """The root of run `index`, or None for an index that is not a run."""
-        try:
-            i = int(index)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return None
-        return self.runs[i].root if 0 <= i < len(self.runs) else None
+        """The root of run `index` (an int, or digits from a URL), or None for any value that
+        is not a run's index."""
+        i = whole(index)
+        return self.runs[i].root if i is not None and i < len(self.runs) else None
 
     def run_in(self, q: dict[str, str], key: str = "run") -> int | None:
         """The run index the query parameter `key` names, or None when it names no run."""
-        value = q.get(key, "")
-        return int(value) if value.isdigit() and self.root(value) else None
+        i = whole(q.get(key))
+        return i if self.root(i) else None
 
     def label(self, index: int) -> str:
         return self.runs[int(index)].label

@@ -15,3 +15,8 @@ class RunDirError(DashboardError, ValueError):
 
 class UnsafePathError(DashboardError, PermissionError):
     """A requested file lies outside the run roots (`..`, an absolute path, a symlink out)."""
+
+
+class BadValueError(DashboardError, ValueError):
+    """A value typed into a page's field that the field does not take: the message says what
+    it takes (`dashboard._values`)."""

@@ -13,7 +13,9 @@ from dash import Input, Output, State, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import empty_figure
-from dashboard._widgets import graph_link, notice
+from dashboard._errors import BadValueError
+from dashboard._values import typed_whole
+from dashboard._widgets import empty_state, graph_link, notice
 
 _FLOOR = 1e-18
 """Errors of exactly 0 drawn at this height on the log scale (a re-run equal bit for bit)."""
@@ -78,8 +80,10 @@ def body(ctx: Context, a: Any, b: Any, rank: Any, step: Any) -> Any:
     if ra is None or rb is None:
         return None
     try:
-        result = _data.explain(ra, rb, rank=0 if rank is None else int(rank),
-                               step=None if step is None else int(step))
+        rank, step = typed_whole(rank, "rank"), typed_whole(step, "step")
+        result = _data.explain(ra, rb, rank=0 if rank is None else rank, step=step)
+    except BadValueError as e:
+        return empty_state(str(e))
     except _data.NoData as e:
         return notice(e)
     blamed = result.blamed or {}

@@ -15,7 +15,9 @@ from dashboard import _data
 from dashboard._context import Context
 from dashboard._explain_panel import panel as explain_panel
 from dashboard._explain_panel import register as register_explain
+from dashboard._errors import BadValueError
 from dashboard._figures import diff_figure, empty_figure, rank_grid_figure
+from dashboard._values import record, records, typed_whole, whole
 from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
                                 table_columns, table_records)
 
@@ -50,7 +52,7 @@ def call_diff(root_a: Any, root_b: Any, rank: int | None, step: int | None,
     """tracer.diff on two runs (or two ranks or steps of one run) with A's rank and step and
     B's; one left None takes tracer.diff's default."""
     chosen = {"rank": rank, "step": step, "b_rank": b_rank, "b_step": b_step}
-    kwargs = {k: int(v) for k, v in chosen.items() if v is not None}
+    kwargs = {k: v for k, v in chosen.items() if v is not None}
     return _data.diff(root_a, root_b, **kwargs)
 
 
@@ -188,10 +190,11 @@ def cell_of(click: dict | None) -> tuple[Any, Any]:
     """(rank, step) of a clicked cell of the rank x step grid: the one-pair diff opens there."""
     from dash.exceptions import PreventUpdate
 
-    points = (click or {}).get("points") or []
-    if not points:
+    points = records((record(click) or {}).get("points"))
+    cell = (whole(points[0].get("y")), whole(points[0].get("x"))) if points else (None, None)
+    if None in cell:
         raise PreventUpdate
-    return int(points[0]["y"]), int(points[0]["x"])
+    return cell
 
 
 def ranks_body(ctx: Context, a: Any, b: Any, step: int | None) -> Any:
@@ -236,6 +239,11 @@ def body(ctx: Context, a: Any, b: Any, rank: int | None, step: int | None, b_ran
     ra, rb = ctx.root(a), ctx.root(b)
     if ra is None or rb is None:
         return empty_state("choose two runs")
+    try:
+        rank, step = typed_whole(rank, "rank"), typed_whole(step, "step")
+        b_rank, b_step = typed_whole(b_rank, "rank B"), typed_whole(b_step, "step B")
+    except BadValueError as e:
+        return empty_state(str(e))
     if len(ctx.runs) < 2:
         note = "start the dashboard with two runs to compare them: `sleuth dashboard RUN_A RUN_B`"
     else:

@@ -14,6 +14,7 @@ from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import headroom_figure, tensor_histogram
 from dashboard._paging import filter_frame, page_of, sort_frame
+from dashboard._values import record, records, text, whole
 from dashboard._widgets import (control, data_table, empty_state, graph_link, notice, run_picker,
                                 table_columns, table_records)
 
@@ -71,16 +72,15 @@ def table_page(frame: pd.DataFrame, page_current: Any, page_size: Any, sort_by: 
                filter_query: Any) -> tuple[list[dict[str, Any]], int, int, int, list[str]]:
     """One page of the table: (rows, page_count, page shown, rows matching the filter, the
     parts of the filter not understood)."""
-    matched, bad = filter_frame(frame, filter_query if isinstance(filter_query, str) else "")
-    matched = sort_frame(matched, sort_by if isinstance(sort_by, list) else None)
+    matched, bad = filter_frame(frame, text(filter_query) or "")
+    matched = sort_frame(matched, sort_by)
     rows, count, page = page_of(matched, page_current, page_size)
     return table_rows(rows), count, page, len(matched), bad
 
 
 def _want(want: Any, key: str) -> int | None:
     """The rank or step the URL asked for, None when it names none (or no number)."""
-    value = (want or {}).get(key) if isinstance(want, dict) else None
-    return int(value) if isinstance(value, str) and value.isdigit() and len(value) < 12 else None
+    return whole((record(want) or {}).get(key))
 
 
 def _summary_note(frame: pd.DataFrame, matched: int, query: Any, bad: list[str]) -> html.Div:
@@ -121,14 +121,14 @@ def register(app: Any, ctx: Context) -> None:
         if not ranks:
             return [], None, empty_state("this dump holds no complete step file yet")
         wanted = _want(want, "rank")
-        value = next((r for r in (current, wanted) if r in ranks), ranks[0])
+        value = next((r for r in (whole(current), wanted) if r in ranks), ranks[0])
         return [{"label": f"rank {r}", "value": r} for r in ranks], value, note
 
     @app.callback(Output("dumps-step", "options"), Output("dumps-step", "value"),
                   Input("dumps-rank", "value"), Input("data-version", "data"),
                   State("dumps-run", "value"), State("dumps-step", "value"), State("dumps-want", "data"))
     def steps(rank, _v, run, current, want):
-        root = ctx.root(run)
+        root, rank = ctx.root(run), whole(rank)
         if root is None or rank is None:
             return [], None
         try:
@@ -136,7 +136,7 @@ def register(app: Any, ctx: Context) -> None:
         except _data.NoData:
             return [], None
         wanted = _want(want, "step")
-        value = next((s for s in (current, wanted) if s in steps), steps[-1] if steps else None)
+        value = next((s for s in (whole(current), wanted) if s in steps), steps[-1] if steps else None)
         return [{"label": f"step {s}", "value": s} for s in steps], value
 
     @app.callback(Output("dumps-table", "data"), Output("dumps-table", "page_count"),
@@ -148,7 +148,7 @@ def register(app: Any, ctx: Context) -> None:
                   State("dumps-rank", "value"), State("dumps-run", "value"),
                   prevent_initial_call=True)
     def table(step, page, size, sort_by, filter_query, rank, run):
-        root = ctx.root(run)
+        root, rank, step = ctx.root(run), whole(rank), whole(step)
         if root is None or rank is None or step is None:
             return [], 1, 0, None
         fired = set(dash_ctx.triggered_prop_ids)
@@ -162,19 +162,20 @@ def register(app: Any, ctx: Context) -> None:
         if fired and fired <= {"dumps-table.page_current", "dumps-table.page_size",
                                "dumps-table.sort_by"} and not bad:
             return rows, count, page, no_update  # a new page or order: keep the record shown
-        return rows, count, page, _summary_note(frame, matched, filter_query, bad)
+        return rows, count, page, _summary_note(frame, matched, text(filter_query), bad)
 
     @app.callback(Output("dumps-detail", "children"), Input("dumps-table", "active_cell"),
                   State("dumps-table", "data"), State("dumps-run", "value"), State("dumps-rank", "value"),
                   State("dumps-step", "value"), prevent_initial_call=True)
     def detail(cell, rows, run, rank, step):
-        root = ctx.root(run)
-        if not cell or root is None:
+        root, cell, rank, step = ctx.root(run), record(cell), whole(rank), whole(step)
+        if not cell or root is None or rank is None or step is None:
             return None
-        row = next((r for r in rows or [] if r.get("id") == cell.get("row_id")), None)
-        if row is None:
+        row_id = whole(cell.get("row_id"))
+        row = next((r for r in records(rows) if row_id is not None and r.get("id") == row_id), None)
+        name = text((row or {}).get("name"))
+        if not name:
             return None
-        name = str(row["name"])
         link = graph_link(root, run, name, "show {node} in the graph", "dumps-graph-link")
         parts: list[Any] = [html.H4(name), link]
         try:

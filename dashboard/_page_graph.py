@@ -11,7 +11,8 @@ from dash import Input, Output, State, dcc, html
 
 from dashboard import _data
 from dashboard._context import Context
-from dashboard._routes import SVG_ROUTE
+from dashboard._routes import HIGHLIGHT_MAX_CHARS, SVG_ROUTE
+from dashboard._values import text, whole
 from dashboard._widgets import control, empty_state, notice, run_picker
 
 MAX_MATCHES = 50
@@ -68,23 +69,21 @@ def register(app: Any, ctx: Context) -> None:
             return [], None
         opts = [{"label": f"{int(r.stage):02d} {r.name}", "value": int(r.stage)} for r in df.itertuples()]
         values = [o["value"] for o in opts]
-        for v in (current, want):
-            if v is not None and str(v).isdigit() and int(v) in values:
-                return opts, int(v)
-        return opts, values[0] if values else None
+        return opts, next((v for v in (whole(current), whole(want)) if v in values),
+                          values[0] if values else None)
 
     @app.callback(Output("graph-body", "children"), Output("graph-matches", "children"),
                   Input("graph-stage", "value"), Input("graph-search", "value"),
                   State("graph-run", "value"))
     def body(stage, query, run):
-        root = ctx.root(run)
+        root, stage, query = ctx.root(run), whole(stage), text(query)
         if root is None:
             return empty_state("choose a run"), None
         try:
             df = _data.graphs(root)
         except _data.NoData as e:
             return notice(e), None
-        row = df[df["stage"] == stage]
+        row = df[df["stage"] == stage] if stage is not None else df.iloc[:0]
         if row.empty:
             return empty_state("choose a graph"), None
         row = row.iloc[0]
@@ -100,7 +99,10 @@ def register(app: Any, ctx: Context) -> None:
         if svg is None:
             return empty_state("this graph has no SVG: install graphviz (`dot`) and export again "
                                "with --save-graphs"), matches
-        src = f"{SVG_ROUTE}/{int(run)}/{quote(svg)}" + ("?" + urlencode({"highlight": query}) if query else "")
+        # No node name is as long as the SVG route's bound: a longer search (0 matches) is drawn
+        # unhighlighted rather than refused there.
+        lit = query if query and len(query) <= HIGHLIGHT_MAX_CHARS else None
+        src = f"{SVG_ROUTE}/{whole(run)}/{quote(svg)}" + ("?" + urlencode({"highlight": lit}) if lit else "")
         return html.Iframe(id="graph-svg", src=src, className="sleuth-svg"), matches
 
 

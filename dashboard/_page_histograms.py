@@ -9,6 +9,7 @@ from dash import Input, Output, State, dcc, html
 from dashboard import _data
 from dashboard._context import Context
 from dashboard._figures import empty_figure, histogram_heatmap
+from dashboard._values import text, whole
 from dashboard._widgets import control, empty_state, notice, run_picker
 
 
@@ -28,6 +29,12 @@ def _key(rank: int, tag: str) -> str:
     return f"{rank}|{tag}"
 
 
+def _parse_key(key: Any) -> tuple[int, str] | None:
+    """(rank, tag) of a `_key`, None for any other value."""
+    rank, _, tag = (text(key) or "").partition("|")
+    return None if whole(rank) is None or not tag else (whole(rank), tag)
+
+
 def register(app: Any, ctx: Context) -> None:
     @app.callback(Output("hist-tag", "options"), Output("hist-tag", "value"), Output("hist-empty", "children"),
                   Input("hist-run", "value"), Input("data-version", "data"), State("hist-tag", "value"))
@@ -44,18 +51,19 @@ def register(app: Any, ctx: Context) -> None:
         options = [{"label": t if ranks == 1 else f"{t} [rank {r}]", "value": _key(int(r), str(t))}
                    for r, t in pairs.itertuples(index=False)]
         values = [o["value"] for o in options]
+        chosen = text(chosen)
         return options, chosen if chosen in values else (values[0] if values else None), None
 
     @app.callback(Output("hist-graph", "figure"), Input("hist-run", "value"), Input("hist-tag", "value"),
                   Input("data-version", "data"))
     def figure(run, key, _v):
-        root = ctx.root(run)
-        if root is None or not key:
+        root, chosen = ctx.root(run), _parse_key(key)
+        if root is None or chosen is None:
             return empty_figure("no histogram chosen")
         try:
             df = _data.histograms(root)
         except _data.NoData as e:
             return empty_figure(str(e))
-        rank, tag = key.split("|", 1)
-        sel = df[(df["rank"] == int(rank)) & (df["tag"] == tag)]
+        rank, tag = chosen
+        sel = df[(df["rank"] == rank) & (df["tag"] == tag)]
         return histogram_heatmap(sel, tag)

@@ -18,6 +18,7 @@ from dashboard._figures import bar_top, empty_figure, lines, stacked_steps
 from dashboard._routes import FILE_ROUTE
 from dashboard._runs import run_options
 from dashboard._profile_compare import compare_panel
+from dashboard._values import whole
 from dashboard._widgets import control, empty_state, notice, run_picker
 
 _PHASES = ("data", "forward", "backward", "optimizer", "other")
@@ -153,7 +154,7 @@ def register(app: Any, ctx: Context) -> None:
             d = _data.profile_diff(root_a, root_b)
         except _data.NoData as e:
             return notice(e)
-        return compare_panel(d, int(run), int(other), (root_a, root_b),
+        return compare_panel(d, whole(run), whole(other), (root_a, root_b),
                              (ctx.label(run), ctx.label(other)))
 
     @app.callback(Output("profile-body", "children"), Input("profile-run", "value"),
@@ -173,7 +174,7 @@ def register(app: Any, ctx: Context) -> None:
         panels = [head] + [dcc.Graph(id=f"profile-{k}", figure=f, config={"displaylogo": False},
                             className="sleuth-panel") for k, f in figs.items()]
         traces = [Path(p) for p in (getattr(prof, "traces", None) or [])]
-        links = [html.A(p.name, href=f"{FILE_ROUTE}/{int(run)}/{p.resolve().relative_to(root).as_posix()}",
+        links = [html.A(p.name, href=f"{FILE_ROUTE}/{whole(run)}/{p.resolve().relative_to(root).as_posix()}",
                         download=p.name) for p in traces if _under(p, root)]
         if links:
             panels.append(html.Div([html.Span("traces (open in ui.perfetto.dev): "), *links],

@@ -17,6 +17,8 @@ from typing import Any
 
 import pandas as pd
 
+from dashboard._values import records, text, whole
+
 MAX_PAGE_ROWS = 500
 """The most rows one page may hold, whatever page size a request asks for."""
 MAX_QUERY_CHARS = 4000
@@ -105,8 +107,8 @@ def _match(col: pd.Series, op: str, insensitive: bool, value: Any) -> pd.Series:
 def sort_frame(df: pd.DataFrame, sort_by: Sequence[dict[str, Any]] | None) -> pd.DataFrame:
     """`df` sorted as the DataTable's `sort_by` asks ([{column_id, direction}]), missing values
     last; a column of mixed types sorts by its text."""
-    keys = [(s.get("column_id"), s.get("direction") != "desc") for s in sort_by or []
-            if isinstance(s, dict) and s.get("column_id") in df]
+    keys = [(s.get("column_id"), s.get("direction") != "desc") for s in records(sort_by)
+            if text(s.get("column_id")) in df]
     if not keys:
         return df
     cols, ascending = [k for k, _ in keys], [a for _, a in keys]
@@ -121,15 +123,8 @@ def page_of(df: pd.DataFrame, page_current: Any, page_size: Any) -> tuple[pd.Dat
     """One page of `df`: (rows, page_count, page index shown). The page size is capped at
     `MAX_PAGE_ROWS` and the index clamped to the pages there are, so no request can ask for
     more than one bounded page."""
-    size = _int(page_size, 25)
-    size = min(max(size, 1), MAX_PAGE_ROWS)
+    size = whole(page_size)
+    size = min(max(25 if size is None else size, 1), MAX_PAGE_ROWS)
     count = max(1, math.ceil(len(df) / size))
-    page = min(max(_int(page_current, 0), 0), count - 1)
+    page = min(whole(page_current) or 0, count - 1)
     return df.iloc[page * size:(page + 1) * size], count, page
-
-
-def _int(v: Any, default: int) -> int:
-    try:
-        return int(v)
-    except (TypeError, ValueError, OverflowError):
-        return default

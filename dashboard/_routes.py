@@ -43,9 +43,9 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
     page_paths = frozenset(pages)
 
     def resolve(run: str, rel: str):
-        # The run id is parsed here, not by werkzeug's int converter, which fails (a 500) on
-        # more digits than Python converts.
-        root = ctx.root(run) if run.isdigit() and len(run) <= 9 else None
+        # The run id is parsed by the context, not by werkzeug's int converter, which fails (a
+        # 500) on more digits than Python converts.
+        root = ctx.root(run)
         if root is None or len(rel) > MAX_REL_CHARS or any(len(p) > 255 for p in rel.split("/")):
             abort(404)  # no run, or a name no file system holds
         try:
