@@ -286,6 +286,10 @@ def count_statistics(monkeypatch) -> list:
             calls.append(args[1])
             return kernel.strided_stats(*args)
 
+        def record(self, *args):  # the writer's plain records: stats() and the sketch
+            calls.append(args[1])
+            return kernel.record(*args)
+
     counting = Counting()
     monkeypatch.setattr(_stats, "_kernel", counting)
     monkeypatch.setattr(_stats, "_strided", counting.strided_stats)
