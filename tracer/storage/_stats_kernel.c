@@ -733,6 +733,43 @@ static PyObject *kernel_sample(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* diff_sample(a, b, offsets) -> bytes: the sketch of the float32 difference a - b without
+ * making it: at each int64 element offset (-1: NaN) the two float32 elements subtracted as
+ * float32 subtraction rounds, as float64 (the parameter update's sketch). */
+static PyObject *kernel_diff_sample(PyObject *self, PyObject *args) {
+    unsigned long long a, b;
+    Py_buffer offsets;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKy*", &a, &b, &offsets)) return NULL;
+    if (offsets.len % 8 != 0 || a == 0 || b == 0) {
+        PyBuffer_Release(&offsets);
+        PyErr_SetString(PyExc_ValueError, "diff_sample: two non-null addresses and int64 "
+                        "offsets");
+        return NULL;
+    }
+    Py_ssize_t n = offsets.len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out != NULL) {
+        double *values = (double *)PyBytes_AS_STRING(out);
+        const int64_t *where = (const int64_t *)offsets.buf;
+        const char *pa = (const char *)(uintptr_t)a, *pb = (const char *)(uintptr_t)b;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t k = where[i];
+            double v = NAN;
+            if (k >= 0) {
+                float fa, fb;
+                memcpy(&fa, pa + 4 * k, 4);
+                memcpy(&fb, pb + 4 * k, 4);
+                float d = fa - fb;
+                v = d;
+            }
+            values[i] = v;
+        }
+    }
+    PyBuffer_Release(&offsets);
+    return out;
+}
+
 /* bits of an element of each code: the width its checksum wraps to */
 static const int code_bits[CODE_LAST + 1] = {32, 16, 16, 64, 32, 16, 8, 8};
 
@@ -823,6 +860,9 @@ static PyMethodDef methods[] = {
     {"sample", kernel_sample, METH_VARARGS,
      "sample(address, code, offsets) -> bytes of float64: the elements at these int64 element "
      "offsets (-1: NaN), codes as for stats()"},
+    {"diff_sample", kernel_diff_sample, METH_VARARGS,
+     "diff_sample(a, b, offsets) -> bytes of float64: the sketch of the float32 difference "
+     "a - b at these int64 element offsets (-1: NaN), each rounded as float32"},
     {"record", kernel_record, METH_VARARGS,
      "record(address, count, code, offsets) -> (min, max, mean, norm, nan, posinf, neginf, "
      "zeros, checksum, sketch): stats() as a record's row holds them (NaN statistics where an "
