@@ -38,7 +38,6 @@ from tracer.storage._step_file import StepFile
 _STRIDED = torch.strided
 _CPU = torch.device("cpu")
 _sample = getattr(_kernel, "sample", None)
-_fused = getattr(_kernel, "record", None)  # a kernel built before `record` lacks it
 _NOT_PLAIN = object()
 """`Writer._plain`'s answer for a record it leaves to the general path."""
 _NO_BYTES = (-1, 0, "")
@@ -96,8 +95,10 @@ class Writer:
         # (tracer.storage._batcher)
         self._deferred = make_deferred(config.mode, config.level, self.sketch)
         # plain CPU records are made in one call (`_plain`): statistics mode, with the C
-        # kernel's statistics and sampling built
-        self._plain_ok = not self.keep_bytes and _sample is not None and _fused is not None
+        # kernel's statistics and sampling built (the kernel as its module has it now: an
+        # ablation or a test takes it away there)
+        self._plain_ok = not self.keep_bytes and _sample is not None \
+            and getattr(_stats._kernel, "record", None) is not None
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
