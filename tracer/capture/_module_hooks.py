@@ -20,6 +20,7 @@ Choices (documented in docs/tracer.md):
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import sys
@@ -42,6 +43,7 @@ from tracer.capture._source import user_source
 
 _graph_task_id = torch._C._current_graph_task_id
 _grad_enabled = torch.is_grad_enabled
+_has_torch_function = torch._C._has_torch_function_unary
 
 
 def _make_fake_check() -> Callable[[], bool]:
@@ -116,6 +118,25 @@ def flatten_tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
             for field in dataclasses.fields(obj):
                 flatten_tensors(getattr(obj, field.name), out)
     return out
+
+
+def hook_grad(t: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
+    """`t.register_hook(hook)` for a hook that is never removed: the steps torch's
+    `Tensor.register_hook` takes (the tensor's hook dict, known to its autograd node), without
+    the `RemovableHandle` it makes and the import it runs each call, which cost more than the
+    rest together. The hook is its own key, so it never takes the place of a handle's. A
+    tensor whose calls go through `__torch_function__` (a subclass, a mode) takes torch's own
+    route."""
+    if _has_torch_function(t):
+        t.register_hook(hook)
+        return
+    hooks = t._backward_hooks
+    if hooks is None:
+        hooks = t._backward_hooks = collections.OrderedDict()
+        node = t.grad_fn
+        if node is not None:
+            node._register_hook_dict(t)
+    hooks[hook] = hook
 
 
 def _call_impl_inner_code() -> types.CodeType | None:
@@ -452,7 +473,7 @@ class ModuleTracker:
         if self.want_bw:
             for i, t in enumerate(tensors):
                 if t.requires_grad:
-                    t.register_hook(self._grad_hook(name, direction, i, call, scope, op))
+                    hook_grad(t, self._grad_hook(name, direction, i, call, scope, op))
 
     def _grad_hook(self, name: str, direction: str, index: int, call: int,
                    scope: str, op: str) -> Callable[[torch.Tensor], None]:

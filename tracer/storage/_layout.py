@@ -17,8 +17,14 @@ def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """True when these strides read exactly `numel` consecutive elements, each once (C order,
     or a transpose or permutation of a dense block): the elements then fill their memory in
     memory order, with no gaps."""
+    if len(shape) == 2:  # a matrix (a transposed weight, on the record path): no sort
+        (n0, n1), (s0, s1) = shape, strides
+        if n0 > 1 and n1 > 1:
+            return (s1 == 1 and s0 == n1) or (s0 == 1 and s1 == n0)
     expected = 1
-    for n, s in sorted(((n, s) for n, s in zip(shape, strides) if n != 1), key=lambda d: d[1]):
+    # dims by stride; the order among equal strides does not change the answer (two dims of
+    # one stride pass only where the stride and `expected` are both 0)
+    for s, n in sorted([(s, n) for n, s in zip(shape, strides) if n != 1]):
         if s != expected:
             return False
         expected *= n

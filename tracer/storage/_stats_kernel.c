@@ -19,7 +19,8 @@
  *     diff_stats(a, b, out, count)        float32: the statistics of a - b, written
  *                                                    to `out` when it is not 0 (out may be b)
  * Each returns exactly what stats() returns for the resulting tensor. sample() reads a record's
- * sketch: a few elements at given offsets, as float64.
+ * sketch: a few elements at given offsets, as float64; record() is stats() finished as a row
+ * holds it, with the sketch, in one call (the writer's plain records).
  *
  * The numpy/torch path in _numpy_stats.py makes five passes and ~10 torch calls per chunk;
  * this one pass runs near memory speed. The build is optional (setup.py): without a C compiler
@@ -679,30 +680,10 @@ static PyObject *kernel_diff_stats(PyObject *self, PyObject *args) {
     return run_work(&w);
 }
 
-/* sample(address, code, offsets) -> bytes: the elements at `offsets` (a buffer of int64 element
- * offsets from `address`, -1 for none) as float64, NaN where the offset is -1. Codes as for
- * stats(); the sketch of a record (tracer/storage/_sketch.py) in one call, without a copy. */
-static PyObject *kernel_sample(PyObject *self, PyObject *args) {
-    unsigned long long address;
-    int code;
-    Py_buffer offsets;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "Kiy*", &address, &code, &offsets)) return NULL;
-    if (code < 0 || code > CODE_LAST || offsets.len % 8 != 0 || address == 0) {
-        PyBuffer_Release(&offsets);
-        PyErr_SetString(PyExc_ValueError, "sample: a code 0-7, a non-null address and int64 "
-                        "offsets");
-        return NULL;
-    }
-    Py_ssize_t n = offsets.len / 8;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
-    if (out == NULL) {
-        PyBuffer_Release(&offsets);
-        return NULL;
-    }
-    double *values = (double *)PyBytes_AS_STRING(out);
-    const int64_t *where = (const int64_t *)offsets.buf;
-    const char *base = (const char *)(uintptr_t)address;
+/* The elements at `n` element offsets `where` from `base` (-1: none, NaN) as float64 into
+ * `values`: a record's sketch (tracer/storage/_sketch.py). */
+static void sample_into(const char *base, int code, const int64_t *where, Py_ssize_t n,
+                        double *values) {
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t k = where[i];
         double v = NAN;
@@ -720,8 +701,139 @@ static PyObject *kernel_sample(PyObject *self, PyObject *args) {
         }
         values[i] = v;
     }
+}
+
+/* A sketch as bytes of float64 (see sample_into), or NULL with an exception set. */
+static PyObject *sketch_bytes(unsigned long long address, int code, const Py_buffer *offsets) {
+    Py_ssize_t n = offsets->len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out != NULL)
+        sample_into((const char *)(uintptr_t)address, code, (const int64_t *)offsets->buf, n,
+                    (double *)PyBytes_AS_STRING(out));
+    return out;
+}
+
+/* sample(address, code, offsets) -> bytes: the elements at `offsets` (a buffer of int64 element
+ * offsets from `address`, -1 for none) as float64, NaN where the offset is -1. Codes as for
+ * stats(); the sketch of a record (tracer/storage/_sketch.py) in one call, without a copy. */
+static PyObject *kernel_sample(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    int code;
+    Py_buffer offsets;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Kiy*", &address, &code, &offsets)) return NULL;
+    if (code < 0 || code > CODE_LAST || offsets.len % 8 != 0 || address == 0) {
+        PyBuffer_Release(&offsets);
+        PyErr_SetString(PyExc_ValueError, "sample: a code 0-7, a non-null address and int64 "
+                        "offsets");
+        return NULL;
+    }
+    PyObject *out = sketch_bytes(address, code, &offsets);
     PyBuffer_Release(&offsets);
     return out;
+}
+
+/* diff_sample(a, b, offsets) -> bytes: the sketch of the float32 difference a - b without
+ * making it: at each int64 element offset (-1: NaN) the two float32 elements subtracted as
+ * float32 subtraction rounds, as float64 (the parameter update's sketch). */
+static PyObject *kernel_diff_sample(PyObject *self, PyObject *args) {
+    unsigned long long a, b;
+    Py_buffer offsets;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKy*", &a, &b, &offsets)) return NULL;
+    if (offsets.len % 8 != 0 || a == 0 || b == 0) {
+        PyBuffer_Release(&offsets);
+        PyErr_SetString(PyExc_ValueError, "diff_sample: two non-null addresses and int64 "
+                        "offsets");
+        return NULL;
+    }
+    Py_ssize_t n = offsets.len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (out != NULL) {
+        double *values = (double *)PyBytes_AS_STRING(out);
+        const int64_t *where = (const int64_t *)offsets.buf;
+        const char *pa = (const char *)(uintptr_t)a, *pb = (const char *)(uintptr_t)b;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t k = where[i];
+            double v = NAN;
+            if (k >= 0) {
+                float fa, fb;
+                memcpy(&fa, pa + 4 * k, 4);
+                memcpy(&fb, pb + 4 * k, 4);
+                float d = fa - fb;
+                v = d;
+            }
+            values[i] = v;
+        }
+    }
+    PyBuffer_Release(&offsets);
+    return out;
+}
+
+/* bits of an element of each code: the width its checksum wraps to */
+static const int code_bits[CODE_LAST + 1] = {32, 16, 16, 64, 32, 16, 8, 8};
+
+/* record(address, count, code, offsets) -> (min, max, mean, norm, nan, posinf, neginf, zeros,
+ * checksum, sketch): a plain record's statistics as its row holds them, in one call. stats()
+ * finished as the writer finishes it (tracer.storage._stats._kernel_dict): mean = sum / count,
+ * norm = sqrt(sum of squares), min, max, mean and norm NaN where any element is, the checksum
+ * wrapped to the element's width as a signed integer; and the sketch of sample(address, code,
+ * offsets), or None when offsets is None. */
+static PyObject *kernel_record(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    long long count;
+    int code;
+    PyObject *offsets_obj;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLiO", &address, &count, &code, &offsets_obj)) return NULL;
+    if (check_args(address, count, code, CODE_LAST, "record", 0, NULL) < 0) return NULL;
+    Py_buffer offsets;
+    int with_sketch = offsets_obj != Py_None;
+    if (with_sketch) {
+        if (PyObject_GetBuffer(offsets_obj, &offsets, PyBUF_SIMPLE) < 0) return NULL;
+        if (offsets.len % 8 != 0) {
+            PyBuffer_Release(&offsets);
+            PyErr_SetString(PyExc_ValueError, "record: offsets of int64");
+            return NULL;
+        }
+    }
+    raw_stats_t r;
+    int status = 0;
+    if (code >= CODE_I64) {
+        RELEASE_GIL_IF(count >= GIL_FREE_MIN);
+        int_compute((const char *)(uintptr_t)address, count, code, &r);
+        RESTORE_GIL();
+    } else {
+        work_t w = {(const char *)(uintptr_t)address, NULL, NULL, count, code, OP_STATS};
+        RELEASE_GIL_IF(count >= GIL_FREE_MIN);
+        status = compute_work(&w, &r);
+        RESTORE_GIL();
+    }
+    if (status < 0) {
+        if (with_sketch) PyBuffer_Release(&offsets);
+        return PyErr_NoMemory();
+    }
+    PyObject *sketch = Py_None;
+    if (with_sketch) {
+        sketch = sketch_bytes(address, code, &offsets);
+        PyBuffer_Release(&offsets);
+        if (sketch == NULL) return NULL;
+    } else {
+        Py_INCREF(sketch);
+    }
+    double mn = r.mn, mx = r.mx, mean = r.sum / (double)count, norm = sqrt(r.sq);
+    if (r.nan) mn = mx = mean = norm = Py_NAN;
+    int bits = code_bits[code];
+    long long checksum;
+    switch (bits) {
+    case 8: checksum = (int8_t)(uint8_t)r.checksum; break;
+    case 16: checksum = (int16_t)(uint16_t)r.checksum; break;
+    case 32: checksum = (int32_t)(uint32_t)r.checksum; break;
+    default: checksum = (long long)(int64_t)r.checksum; break;
+    }
+    return Py_BuildValue("ddddKKKKLN", mn, mx, mean, norm, (unsigned long long)r.nan,
+                         (unsigned long long)r.posinf, (unsigned long long)r.neginf,
+                         (unsigned long long)r.zeros, checksum, sketch);
 }
 
 /* tracer/storage/_table.c */
@@ -748,6 +860,14 @@ static PyMethodDef methods[] = {
     {"sample", kernel_sample, METH_VARARGS,
      "sample(address, code, offsets) -> bytes of float64: the elements at these int64 element "
      "offsets (-1: NaN), codes as for stats()"},
+    {"diff_sample", kernel_diff_sample, METH_VARARGS,
+     "diff_sample(a, b, offsets) -> bytes of float64: the sketch of the float32 difference "
+     "a - b at these int64 element offsets (-1: NaN), each rounded as float32"},
+    {"record", kernel_record, METH_VARARGS,
+     "record(address, count, code, offsets) -> (min, max, mean, norm, nan, posinf, neginf, "
+     "zeros, checksum, sketch): stats() as a record's row holds them (NaN statistics where an "
+     "element is NaN, the checksum wrapped to the element's width, signed) and sample()'s "
+     "sketch, or None for offsets None"},
     {"pack_rows", kernel_pack_rows, METH_VARARGS,
      "pack_rows(rows, kinds) -> (bytearray, widths) or None: a step file's table from its row "
      "tuples (tracer/storage/_table.c)"},

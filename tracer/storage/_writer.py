@@ -12,7 +12,6 @@ and written once at `end_step`: one `/records` table per step file, see tracer.s
 from __future__ import annotations
 
 import weakref
-from math import sqrt
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,10 +29,10 @@ from tracer.storage._sampling import sketch_of
 from tracer.storage._snapshot import StagingPool, StoredBytes, stored_bytes
 from tracer.storage._staging import Pending, sketch_layout, take_now
 from tracer.storage._sketch import offsets as sketch_offsets
-from tracer.storage._stat_fields import _DTYPE_NAMES, _NAN, _SHAPE_STRS, dtype_name, \
+from tracer.storage._stat_fields import _DTYPE_NAMES, _SHAPE_STRS, dtype_name, \
     empty_stats, shape_str
 from tracer.storage import _stats
-from tracer.storage._stats import _CODE_BITS, _STATS_CODES, _kernel, host_stats
+from tracer.storage._stats import _STATS_CODES, _kernel, host_stats
 from tracer.storage._step_file import StepFile
 
 _STRIDED = torch.strided
@@ -96,8 +95,10 @@ class Writer:
         # (tracer.storage._batcher)
         self._deferred = make_deferred(config.mode, config.level, self.sketch)
         # plain CPU records are made in one call (`_plain`): statistics mode, with the C
-        # kernel's statistics and sampling built
-        self._plain_ok = not self.keep_bytes and _kernel is not None and _sample is not None
+        # kernel's statistics and sampling built (the kernel as its module has it now: an
+        # ablation or a test takes it away there)
+        self._plain_ok = not self.keep_bytes and _sample is not None \
+            and getattr(_stats._kernel, "record", None) is not None
 
     # -- API ---------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
@@ -251,48 +252,58 @@ class Writer:
             else:
                 holder = [None, None]
                 seen[where] = (weakref.ref(storage), state, holder)
+        shape = t.shape
+        sketch = None
         if stats is None:
-            # `_kernel_dict`, inline; the kernel through its module, where host_stats finds it
-            mn, mx, total, sq, zeros, nan, posinf, neginf, checksum = \
-                _stats._kernel.stats(ptr, n, code)
-            if nan:
-                mn = mx = mean = norm = _NAN
-            else:
-                mean, norm = total / n, sqrt(sq)
-            bits = _CODE_BITS[code]
-            checksum &= (1 << bits) - 1
-            if checksum >> (bits - 1):
-                checksum -= 1 << bits
+            # the statistics as the row holds them and the sketch, in one kernel call (the
+            # kernel through its module, where host_stats finds it)
+            layout = None
+            offsets = None
+            if self.sketch:  # the sketch's element offsets for this layout, made once
+                strides = t.stride()
+                key = (shape, strides)
+                offsets = _OFFSETS.get(key)
+                if offsets is None:
+                    offsets = sketch_offsets(tuple(shape), strides)
+                    if len(_OFFSETS) < 4096:
+                        _OFFSETS[key] = offsets
+                if not contiguous:
+                    layout = (tuple(shape), strides)
+            mn, mx, mean, norm, nan, posinf, neginf, zeros, checksum, sketch = \
+                _stats._kernel.record(ptr, n, code, offsets)
             stats = {"min": mn, "max": mx, "mean": mean, "norm": norm, "nan": nan,
                      "posinf": posinf, "neginf": neginf, "zeros": zeros, "checksum": checksum}
+            if sketch is not None:
+                stats["sketch"] = sketch
+                stats["sketch_layout"] = layout
             if holder is not None:
                 holder[0] = stats
-        sketch = None
-        if self.sketch:  # as `_record_tensor` gives it
-            layout = None if contiguous else (tuple(t.shape), t.stride())
-            if hit:
-                if stats.get("sketch_layout") != layout:
-                    # statistics of the same memory read in another order (a transpose):
-                    # the statistics are the same, the sketch is not
-                    stats = {**stats, "sketch": self._sketch_of(t, ptr, code),
-                             "sketch_layout": layout}
-            elif "sketch" not in stats:
-                stats["sketch"] = self._sketch_of(t, ptr, code)
-                stats["sketch_layout"] = layout
-            sketch = stats.get("sketch")
+        else:
+            mn, mx, mean, norm, nan, posinf, neginf, zeros, checksum = (
+                stats["min"], stats["max"], stats["mean"], stats["norm"], stats["nan"],
+                stats["posinf"], stats["neginf"], stats["zeros"], stats["checksum"])
+            if self.sketch:  # as `_record_tensor` gives it
+                layout = None if contiguous else (tuple(shape), t.stride())
+                if hit:
+                    if stats.get("sketch_layout") != layout:
+                        # statistics of the same memory read in another order (a transpose):
+                        # the statistics are the same, the sketch is not
+                        stats = {**stats, "sketch": self._sketch_of(t, ptr, code),
+                                 "sketch_layout": layout}
+                elif "sketch" not in stats:
+                    stats["sketch"] = self._sketch_of(t, ptr, code)
+                    stats["sketch_layout"] = layout
+                sketch = stats.get("sketch")
         if holder is not None and holder[1] is None:
             holder[1] = _NO_BYTES
-        name, module, op, phase, direction, index, call, source, caller = meta
-        shape = t.shape
         shape_text = _SHAPE_STRS.get(shape)
         if shape_text is None:
             shape_text = shape_str(tuple(shape))
+        name, module, op, phase, direction, index, call, source, caller = meta
         row = tuple.__new__(RecordRow, (
             seq, name, module, op, phase, direction, index, call,
             _DTYPE_NAMES.get(dtype) or dtype_name(dtype), shape_text, n,
-            stats["min"], stats["max"], stats["mean"], stats["norm"], stats["nan"],
-            stats["posinf"], stats["neginf"], stats["zeros"], stats["checksum"], source, -1, 0,
-            "", caller))
+            mn, mx, mean, norm, nan, posinf, neginf, zeros, checksum, source, -1, 0, "", caller))
         target.rows.append(row)
         if sketch is not None:
             target.sketches.append((seq, sketch))

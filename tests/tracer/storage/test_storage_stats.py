@@ -286,6 +286,10 @@ def count_statistics(monkeypatch) -> list:
             calls.append(args[1])
             return kernel.strided_stats(*args)
 
+        def record(self, *args):  # the writer's plain records: stats() and the sketch
+            calls.append(args[1])
+            return kernel.record(*args)
+
     counting = Counting()
     monkeypatch.setattr(_stats, "_kernel", counting)
     monkeypatch.setattr(_stats, "_strided", counting.strided_stats)
@@ -470,6 +474,48 @@ def test_fused_difference_equals_the_statistics_of_the_subtraction():
         over = b.clone()
         assert stats_module.difference_stats(a, over, out=over) == expected
         assert torch.equal(over.view(torch.int32), (a - b).view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.int32, torch.int16, torch.int8, torch.uint8,
+                                   torch.bool])
+def test_kernel_record_is_host_stats_and_the_sketch_in_one_call(dtype):
+    """record() (the writer's plain records) gives host_stats' values, the checksum wrapped
+    as host_stats wraps it, NaN statistics where an element is NaN, and sample()'s sketch."""
+    from tracer.storage import _sketch, _stats
+
+    if not kernel_available():
+        pytest.skip("no C kernel")
+    code = _stats._STATS_CODES[dtype]
+    g = torch.Generator().manual_seed(9)
+    for n in (1, 17, 4097):
+        t = (torch.randn(n, generator=g) * 300).to(dtype)
+        if dtype.is_floating_point and n > 10:
+            t[3], t[7] = NAN, -INF
+        where = _sketch.offsets((n,), (1,))
+        got = _stats._kernel.record(t.data_ptr(), n, code, where)
+        expected = host_stats(t)
+        keys = ("min", "max", "mean", "norm", "nan", "posinf", "neginf", "zeros", "checksum")
+        assert [repr(v) for v in got[:9]] == [repr(expected[k]) for k in keys]
+        assert got[9] == _stats._kernel.sample(t.data_ptr(), code, where)
+        assert _stats._kernel.record(t.data_ptr(), n, code, None)[9] is None
+
+
+def test_difference_sketch_from_the_kernel_is_the_sketches_subtracted():
+    """The update's sketch read by the kernel from both tensors (diff_sample) is, bit for bit,
+    the two tensors' sketches subtracted as float32 (`_sketch.difference`)."""
+    from tracer.storage import _sampling, _sketch
+
+    if not kernel_available():
+        pytest.skip("no C kernel")
+    g = torch.Generator().manual_seed(10)
+    for shape in ((1,), (3,), (16, 16), (257, 33)):
+        a = torch.randn(shape, generator=g)
+        b = a + torch.randn(shape, generator=g) * 1e-3
+        a.view(-1)[0], b.view(-1)[-1] = NAN, INF
+        got = _sampling.difference_sketch(a, b)
+        expected = _sketch.difference(_sampling.sketch_of(a), _sampling.sketch_of(b))
+        assert np.array_equal(got.view(np.int64), expected.view(np.int64))
 
 
 def test_copy_into_a_buffer_checks_its_size_and_that_it_is_writable():
