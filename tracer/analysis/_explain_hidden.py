@@ -35,12 +35,12 @@ from typing import Any, Iterator
 
 from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, roundoff, stem
+from tracer.analysis._explain_step import CASTS as _CASTS
 from tracer.analysis._explain_step import Step, _value
 from tracer.analysis._origin import call_stem
 from tracer.analysis._replay import NotReplayable, rel_error
 
 _LOW = ("float8_e4m3fn", "float8_e5m2", "float16", "bfloat16")
-_CASTS = ("aten._to_copy", "aten.to", "aten.type_as")
 
 
 @dataclass
@@ -125,7 +125,7 @@ class Search:
                 calls.setdefault(stem(str(r["name"])), {"input": [], "output": []}) \
                     .setdefault(str(r["direction"]), []).append(r)
         for r in self.rows:
-            if r["verdict"] not in ("same", "diverged") or r["source"] in self.setup_lines:
+            if r["verdict"] not in ("same", "diverged") or self._at_setup(r):
                 continue
             if self.lows and self._after_added(r):
                 yield "added", r
@@ -148,6 +148,14 @@ class Search:
                 if e_out > self.factor * e_in + self.slack:
                     yield "call", r
 
+    def _at_setup(self, row: dict) -> bool:
+        """Whether a paired record is made at a setup's line in either run (the two scripts
+        may put the call on other lines)."""
+        if not self.setup_lines:
+            return False
+        return row["source"] in self.setup_lines or self.step.source(
+            "b", str(row["b_name"] or row["name"])) in self.setup_lines
+
     def _after_added(self, row: dict) -> bool:
         """Whether `row` (an op's input, or the gradient the optimizer reads) is made, in
         either run, by an op that run alone runs which is no cast and computes a value of its
@@ -160,6 +168,7 @@ class Search:
             rec = self.step.get(side, name)
             p = self._producer(side, rec) if rec is not None else None
             if p is not None and self.step.unpaired(side, p) and p["op"] not in _CASTS and \
+                    p["source"] not in self.setup_lines and \
                     all(_value(r) != _value(p) for r in self.step.calls[side][call_stem(p)]
                         if r["direction"] == "input"):
                 return True

@@ -35,7 +35,7 @@ from typing import Any
 
 from tracer.analysis._explain_sides import Sides, roundoff, stem
 from tracer.analysis._explain_kernel import fused_change, fused_words
-from tracer.analysis._explain_step import Step, region_op
+from tracer.analysis._explain_step import CASTS, Step, region_op
 from tracer.analysis._origin import _in_place, call_stem
 from tracer.analysis._replay import NotReplayable, rel_error
 
@@ -84,10 +84,13 @@ class Lead:
         rb = self.step.get("b", fd["b_name"] or fd["name"])
         if ra is None or rb is None:
             return None
-        rounded = self._rounded(fd)
+        gone, new = self.step.made_by("a", ra), self.step.made_by("b", rb)
+        # casts only B makes that made this value (autocast's promotion of a lower-precision
+        # operand, as `torch.cat` of a bfloat16 and a float32 tensor does)
+        rounded = self._rounded(fd, [r for r in new if r["op"] in CASTS] if new and all(
+            r["op"] in CASTS for r in new) and not gone else [])
         if rounded is not None:
             return Finding("rounding", f"{self._value(fd)} is A's {rounded}")
-        gone, new = self.step.made_by("a", ra), self.step.made_by("b", rb)
         if not gone and not new and not op:
             gone, new = self.step.inside("a", ra), self.step.inside("b", rb)
         if not gone and not new:
@@ -218,6 +221,13 @@ class Lead:
                 "added": f"op added: B runs {ops(new)} and A does not",
                 "replaced": f"ops replaced: A runs {ops(gone)}, B runs {ops(new)} in their "
                             "place"}[fault]
+        cut = self._cut(gone, new)
+        if cut is not None:
+            # a backward one run lacks: where that run's forward cut the graph (a detach
+            # only it makes), which is where to look, not the backward call's line
+            what += (f"; B cuts the graph in its forward there: {cut['op']} at "
+                     f"{cut['source'] or 'an unknown line'} ({call_stem(cut)}), which only B "
+                     f"runs, leaves what comes before it without gradients")
         first = new[0] if new else gone[0]
         blamed = {"name": call_stem(first), "b_name": call_stem(first) if new else "",
                   "op": first["op"], "module": first["module"], "source": first["source"],
@@ -293,6 +303,26 @@ class Lead:
                       fault="added" if added else "removed", why=why)
         return Finding("bug", why, blamed)
 
+    def _cut(self, gone: list[dict], new: list[dict]) -> dict | None:
+        """Where the ops only A runs are all backward ops and B's forward detaches more often
+        than A's: B's extra `aten.detach`, or None."""
+        if new or not gone or any(r["phase"] != "backward" for r in gone):
+            return None
+
+        def detaches(side: str) -> list[dict]:
+            return [r for r in self.step.rows[side] if r["op"] == "aten.detach"
+                    and r["phase"] == "forward" and r["direction"] == "output"]
+
+        mine = detaches("b")
+        if len(mine) <= len(detaches("a")):
+            return None
+        # autograd detaches what an op saves for its backward (tanh's output), alike in both
+        # runs and of the same value as the user's detach, so the pairing of the two is
+        # arbitrary: the user's is the one at a line where A detaches nothing
+        lines = {r["source"] for r in detaches("a")}
+        return next((r for r in mine if r["source"] not in lines),
+                    next((r for r in mine if self.step.unpaired("b", r)), None))
+
     def _writes(self, fd: dict[str, Any], gone: list[dict], new: list[dict]
                 ) -> tuple[str, str] | None:
         """(side, what it writes) when the ops only one run runs are all in-place writes
@@ -334,11 +364,11 @@ class Lead:
             f"; B's value there is {gone[0]['op']}'s input {k} unchanged: B skips the op"
 
     # -- rounding -------------------------------------------------------------------------------
-    def _rounded(self, fd: dict[str, Any]) -> str | None:
+    def _rounded(self, fd: dict[str, Any], made: list[dict] = ()) -> str | None:
         """How B's value is A's rounded, or None: cast to B's dtype, or through a lower
         precision and back (a float16 island: casts only B makes, the records right before
-        the divergence that have no partner), exactly or within that precision's rounding of
-        the ops in between."""
+        the divergence that have no partner, or `made`, the casts only B makes that made the
+        value), exactly or within that precision's rounding of the ops in between."""
         import torch
 
         try:
@@ -352,6 +382,9 @@ class Lead:
         if x_a.dtype != x_b.dtype and rel_error(x_b, x_a.to(x_b.dtype)) == 0.0:
             return f"rounded to {_name(x_b.dtype)} (a cast only B makes)"
         casts = [u for u in fd.get("unpaired_before") or [] if u["side"] == "B"]
+        seen = {stem(str(u["name"])) for u in casts}
+        casts += [{"name": str(r["name"]), "op": r["op"], "source": r["source"], "side": "B"}
+                  for r in made if stem(str(r["name"])) not in seen]
         named = self._cast_dtypes(casts)
         lows = named or [torch.float16, torch.bfloat16]
         made = ", ".join(dict.fromkeys(f"{u['op']} at {u['source'] or '?'}" for u in casts))

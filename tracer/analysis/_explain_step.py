@@ -174,6 +174,10 @@ class Step:
         return out
 
 
+CASTS = ("aten._to_copy", "aten.to", "aten.type_as")
+"""The ops that only change a value's dtype: what autocast adds, and `.float()`."""
+
+
 def _value(rec: dict) -> tuple:
     """What identifies a record's values: `sig` (the checksum adds the elements' bits, which
     a negation of an even number of float16 elements leaves unchanged) and the minimum and

@@ -321,11 +321,13 @@ class SetupRecorder:
             known.append(entry)
 
     def clip(self, fn: str, args: dict[str, Any], params: list[Any], source: str) -> None:
-        """A gradient-clipping call: which, its arguments, the parameters it clips, where."""
+        """A gradient-clipping call: which, its arguments, the parameters it is given (with a
+        gradient or not: which have one this step is the step's doing, a detach or a frozen
+        parameter, not the call's), where."""
         setup = self._setup
         if setup is None:
             return
-        names = [self._name(p) for p in params if getattr(p, "grad", None) is not None]
+        names = [self._name(p) for p in params]
         setup["clips"].append({"fn": fn, "args": args, "params": names, "source": str(source)})
 
     def compiled(self, mode: str, regions: dict[str, int], wrapper_ran: bool = False,

@@ -427,3 +427,41 @@ def test_a_mask_edited_through_a_view_in_the_loop_is_that_write(tmp_path, level)
     line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
                 if "# THE MASK EDIT" in text)
     assert f"at tests/tracer/analysis/test_explain.py:{line} " in e.verdict, e.verdict
+
+
+def test_a_detach_only_one_run_makes_is_where_its_missing_backward_is_cut(tmp_path):
+    """B detaches an intermediate in its forward: A's backward through the layers before it
+    has no partner; the verdict names the detach at its line, not `loss.backward()`'s."""
+    cut = []
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 8), nn.Linear(8, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.tanh(self.a(x))
+            if cut:
+                h = h.detach()  # THE CUT
+            return self.b(h).square().mean()
+
+    def run(path, cuts):
+        cut[:] = [True] if cuts else []
+        torch.manual_seed(0)
+        model = Two()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+        with tracer.Dumper(model, {"path": str(path), "level": "mix", "mode": "tensor",
+                                   "steps": "0"}):
+            model(x).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+
+    run(tmp_path / "a", False)
+    run(tmp_path / "b", True)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if "# THE CUT" in text)
+    assert f"B cuts the graph in its forward there: aten.detach at " \
+           f"tests/tracer/analysis/test_explain.py:{line} " in e.verdict, e.verdict
+    assert not e.setup, e.setup  # the clipping call is given the same parameters in both

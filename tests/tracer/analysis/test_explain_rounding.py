@@ -176,3 +176,43 @@ def test_a_cast_up_of_what_autocast_made_is_precision_not_an_op_added(tmp_path):
     e = explain(_float_loss(tmp_path / "a", False), _float_loss(tmp_path / "b", True))
     assert e.status == "precision", e.verdict
     assert "aten._to_copy" in e.verdict and "bfloat16 rounding" in e.verdict, e.verdict
+
+
+class _Patches(nn.Module):
+    """A ViT's embedding: a convolution's patches (bfloat16 under autocast) concatenated with
+    a float32 class token, which autocast's `cat` promotes with a cast only B makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 4, stride=4)
+        self.cls = nn.Parameter(torch.randn(1, 1, 16))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x).flatten(2).transpose(1, 2)
+        h = torch.cat((self.cls.expand(x.shape[0], -1, -1), h), dim=1)
+        return self.head(h[:, 0] + h[:, 1:].mean(1))
+
+
+@pytest.mark.parametrize("level", ["mix", pytest.param("op", marks=pytest.mark.slow)])
+def test_a_cast_up_that_autocasts_cat_makes_is_precision(tmp_path, level):
+    """bf16 autocast alone: `cat` casts the bfloat16 patches up to the class token's float32,
+    an `aten._to_copy` only B runs whose output B's float32 tolerance then judges. The value is
+    A's within bfloat16's rounding: precision, never "op added"."""
+    def run(path, low):
+        torch.manual_seed(0)
+        model = _Patches()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+        with tracer.Dumper(model, {"path": str(path), "steps": "0", "level": level,
+                                   "mode": "tensor"}):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=low):
+                loss = nn.functional.cross_entropy(model(x), torch.tensor([0, 2]))
+            loss.backward()
+            opt.step()
+
+    run(tmp_path / "a", False)
+    run(tmp_path / "b", True)
+    e = explain(tmp_path / "a", tmp_path / "b")
+    assert e.status == "precision", e.verdict
+    assert "within bfloat16 rounding" in e.verdict, e.verdict
