@@ -629,15 +629,6 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") ->
         found.notes.insert(0, f"the two steps were set up differently: {_words(every)}")
         return dataclasses.replace(found, setup=every)
     ranked = _relevant(every, fd, blamed.get("fault") in _STRUCTURAL)
-    held = _held_by(ranked, blamed.get("module")) if found.status == "bug" else []
-    if held:
-        # the op blamed runs in a module whose constants differ (an epsilon, a dropout
-        # probability): the op and its line stay the verdict, the constant says where it
-        # was set
-        ranked = [*held, *[d for d in ranked if d not in held]]
-        verdict = (f"{found.verdict}; {found.blamed['module']} was set up with other "
-                   f"constants: {_words(held)}")
-        return dataclasses.replace(found, verdict=verdict, setup=ranked)
     configs = [d for d in ranked if d["kind"] == "config"]
     if configs and found.status == "bug" and blamed.get("fault") in _STRUCTURAL:
         # the model's config picks its code path (an attention kernel, an activation, tied
@@ -648,6 +639,15 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") ->
                    f"runs of one config to look for a bug besides")
         return dataclasses.replace(found, status="setup", verdict=verdict,
                                    setup=[*configs, *[d for d in ranked if d not in configs]])
+    held = _held_by(ranked, blamed.get("module")) if found.status == "bug" else []
+    if held:
+        # the op blamed runs in a module whose constants differ (an epsilon, a dropout
+        # probability): the op and its line stay the verdict, the constant says where it
+        # was set
+        ranked = [*held, *[d for d in ranked if d not in held]]
+        verdict = (f"{found.verdict}; {found.blamed['module']} was set up with other "
+                   f"constants: {_words(held)}")
+        return dataclasses.replace(found, verdict=verdict, setup=ranked)
     if ranked and (found.status in ("inputs", "unexplained") or fd["phase"] == "optimizer"):
         direction = fd.get("direction")
         if fd["phase"] == "optimizer" and direction in ("grad", "update"):

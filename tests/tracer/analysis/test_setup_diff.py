@@ -221,3 +221,23 @@ def test_the_attention_kernel_of_a_hugging_face_config_is_part_of_its_setup():
         vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
         num_attention_heads=2, attn_implementation="sdpa"))
     assert model_config(model)["attn_implementation"] == "sdpa"
+
+
+def test_a_config_that_skips_a_layer_is_the_setup_even_where_a_module_holds_it_too():
+    """OPT's layerdrop in the config and as the decoder's attribute: a layer's ops removed
+    follow from the config, which heads the verdict, never "bug" with the constant beside."""
+    config = {"frozen": []}
+    change = _change(
+        _setup(model={"config": {"layerdrop": 0.0},
+                      "modules": {"model.decoder": {"layerdrop": 0.0}}, **config}),
+        _setup(model={"config": {"layerdrop": 0.5},
+                      "modules": {"model.decoder": {"layerdrop": 0.5}}, **config}))
+    fd = _fd("model.decoder.layers.1.self_attn.out_proj::aten.addmm.forward.0.output.0",
+             "forward", "output")
+    removed = Explanation("bug", "bug: op removed: A runs 7 ops ...",
+                          {"fault": "removed", "module": "model.decoder.layers.1.self_attn"},
+                          first_divergence=fd)
+    out = with_setup(removed, change)
+    assert out.status == "setup", out.verdict
+    assert out.verdict.startswith("setup: the runs were set up differently: config layerdrop "
+                                  "0 in A, 0.5 in B"), out.verdict
