@@ -14,6 +14,8 @@ from torch import nn
 import tracer
 from tracer.analysis import diff, explain
 
+from compiled_loop import train_steps
+
 pytestmark = pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")
 
 
@@ -59,28 +61,10 @@ def _train(run, *, dump=True, backend="aot_eager", how="module", steps=3, level=
     dumper = tracer.Dumper(model, {"path": str(run), "level": level, "writer": "sync",
                                    "steps": selected, "on_error": "raise",
                                    "compiled": compiled, "mode": mode}) if dump else None
-    losses = _loop(lambda: loss_of(torch.randn(4, 8)), opt, steps, dumper)
+    losses = train_steps(lambda: loss_of(torch.randn(4, 8)), opt, steps, dumper)
     seen = {"graphs": counters["stats"]["unique_graphs"],
             "breaks": sum(counters["graph_break"].values())}
     return losses, seen, {k: v.clone() for k, v in model.state_dict().items()}
-
-
-def _loop(loss_of, opt, steps: int, dumper) -> list[float]:
-    """`steps` optimizer steps of the loss `loss_of()` makes (torch's compile warnings kept
-    out of the test's output), then the dumper closed; the losses."""
-    torch.manual_seed(1)
-    losses = []
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        for _ in range(steps):
-            loss = loss_of()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        if dumper is not None:
-            dumper.close()
-    return losses
 
 
 @pytest.mark.slow
@@ -415,7 +399,7 @@ def _llama(run, *, dump=True, backend="aot_eager", compiled="compiled", fault=Fa
         ids = torch.randint(0, 128, (2, 16))
         return call(input_ids=ids, labels=ids).loss
 
-    return _loop(loss_of, opt, 3, dumper)
+    return train_steps(loss_of, opt, 3, dumper)
 
 
 @pytest.mark.slow

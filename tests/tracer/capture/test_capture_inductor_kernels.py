@@ -17,6 +17,8 @@ from torch import nn
 import tracer
 from tracer.analysis import diff, explain
 
+from compiled_loop import train_steps
+
 pytestmark = [pytest.mark.slow,
               pytest.mark.filterwarnings("ignore:Using `torch.compile\\(module\\)`:UserWarning")]
 
@@ -56,20 +58,12 @@ def _loop(call, model, run, *, dump=True, steps=2, selected="0", level="module",
     dumper = tracer.Dumper(model, {"path": str(run), "level": level, "mode": mode,
                                    "writer": "sync", "steps": selected,
                                    "on_error": "raise"}) if dump else None
-    torch.manual_seed(1)
-    losses = []
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        for _ in range(steps):
-            out = call(*batch())
-            loss = out if out.dim() == 0 else out.square().mean()
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        if dumper is not None:
-            dumper.close()
-    return losses
+
+    def loss_of():
+        out = call(*batch())
+        return out if out.dim() == 0 else out.square().mean()
+
+    return train_steps(loss_of, opt, steps, dumper)
 
 
 def _net(run, *, compiled=True, device="cpu", **kwargs):
