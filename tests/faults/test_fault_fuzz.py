@@ -328,7 +328,9 @@ def test_readers_answer_or_refuse_forged_files(pristine, tmp_path_factory, data)
 
 
 @pytest.mark.slow
-@settings(max_examples=150, **{**_SETTINGS, "derandomize": False})
+# each example points every dashboard page at its forgery (about 1.5 s here): 40 fit the
+# suite's time bound; a fresh draw each run adds up over runs
+@settings(max_examples=40, **{**_SETTINGS, "derandomize": False})
 @given(data=st.data())
 def test_readers_answer_or_refuse_forged_files_many(pristine, tmp_path_factory, data):
     """Many more forgeries, a fresh draw each run (a failure prints its seed), each pointed at
