@@ -85,12 +85,8 @@ class Search:
             self.error["a"][a], self.error["b"][b] = err, err
             self.partner["a"][a], self.partner["b"][b] = b, a
             self.verdicts[a] = str(r["verdict"])
-        import torch
-
         self.lows = sorted(set(low))
-        unit = max((float(torch.finfo(getattr(torch, d)).eps) / 2 for d in self.lows),
-                   default=float(torch.finfo(torch.float32).eps) / 2)
-        self.slack = 2 * unit
+        self.slack = 2 * _unit(self.lows)
         # the latest op output holding a value, found without scanning the step each time
         self.made: dict[str, dict[tuple, list[tuple[int, dict]]]] = {}
         for side in ("a", "b"):
@@ -178,12 +174,8 @@ class Search:
         """An op only one run runs (`_after_added`), judged at the record it feeds: a bug when
         that record differs far more than what reached the op's inputs, and than the
         rounding of the record's own dtypes."""
-        import torch
-
         e = _err(row)
-        dtypes = [d for d in (row["dtype"], row["b_dtype"]) if d in _LOW]
-        unit = max((float(torch.finfo(getattr(torch, d)).eps) / 2 for d in dtypes),
-                   default=float(torch.finfo(torch.float32).eps) / 2)
+        unit = _unit([d for d in (row["dtype"], row["b_dtype"]) if d in _LOW])
         if not e > self.factor * self._received(row) + 2 * unit:
             return None
         return self._judged(self._as_fd(row, "input"), str(row["name"]), e)
@@ -319,6 +311,15 @@ def lower_dtypes(records: Any, fd: dict[str, Any]) -> list[str]:
                    & records["verdict"].isin(("same", "diverged"))]
     low = rows["b_dtype"].isin(_LOW) & (rows["b_dtype"] != rows["dtype"])
     return sorted(set(rows.loc[low, "b_dtype"]))
+
+
+def _unit(lows: list[str]) -> float:
+    """The unit roundoff of the lowest of `lows` (dtype names below float32), float32's when
+    there are none."""
+    import torch
+
+    return max((float(torch.finfo(getattr(torch, d)).eps) / 2 for d in lows),
+               default=float(torch.finfo(torch.float32).eps) / 2)
 
 
 def _err(row: dict) -> float:

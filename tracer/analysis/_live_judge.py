@@ -25,6 +25,7 @@ from collections import deque
 from typing import IO, Any
 
 from sleuth.common import describe_error, start_helper
+from tracer.analysis._diff_result import _jsonable
 
 _READY = {"ready": True}
 
@@ -42,21 +43,7 @@ def judged(reference: str, path: str, tolerance: Any) -> dict[str, Any]:
     setup = [str(d["text"]) for c in result.changes if c["kind"] == "setup"
              for d in c["differences"]]
     return {"status": result.status, "unjudged": unjudged, "setup": setup,
-            "first_divergence": None if fd is None else {k: _plain(v) for k, v in fd.items()}}
-
-
-def _plain(value: Any) -> Any:
-    """A record field as JSON takes it (numpy scalars as Python numbers)."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            return value.item()
-        except (ValueError, TypeError):
-            pass
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return str(value)
+            "first_divergence": None if fd is None else _jsonable(fd)}
 
 
 class Judge:
@@ -150,7 +137,7 @@ def _serve(stdin: IO[str], stdout: IO[str]) -> None:
         except (TracerError, *READ_ERRORS) as e:
             answer = {"error": describe_error(e)}
         try:
-            stdout.write(json.dumps(answer) + "\n")
+            stdout.write(json.dumps(answer, default=str) + "\n")
             stdout.flush()
         except BrokenPipeError:  # the run no longer wants answers (it found its divergence)
             return
