@@ -46,8 +46,17 @@ def wholes(value: Any, *, high: int = MAX_WHOLE) -> list[int]:
 
 
 def text(value: Any, *, max_chars: int = MAX_TEXT) -> str | None:
-    """`value` when it is a string of at most `max_chars` characters, else None."""
-    return value if isinstance(value, str) and len(value) <= max_chars else None
+    """`value` when it is a string of at most `max_chars` characters that UTF-8 can hold, else
+    None: a lone surrogate (JSON's "\\udcff") is no text a control sends, and a callback that
+    echoes it (a figure's key, a label) would fail to encode its answer."""
+    if not isinstance(value, str) or len(value) > max_chars:
+        return None
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
+    return value
 
 
 def texts(value: Any, *, max_chars: int = MAX_TEXT) -> list[str]:

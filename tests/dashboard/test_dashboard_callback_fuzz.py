@@ -213,6 +213,9 @@ def _answer(app: Any, plausible: dict[str, Any], output: str,
                               "scalars-graph.relayoutData": 5}, '"scalars-drawn"'),
     ("scalars-graph.figure", {"scalars-graph.relayoutData": {"xaxis.range": ["nan", None]},
                               "data-version.data": 2**70}, '"scalars-drawn"'),
+    # a lone surrogate echoed in the drawn figure's key cannot be encoded as the answer
+    ("scalars-graph.figure", {"scalars-log.value": ["\udcff"], "scalars-tags.value": ["\udcff"],
+                              "data-version.data": "\udcff"}, '"scalars-drawn"'),
 ])
 def test_a_value_no_control_sends_is_no_value(app_and_values, output, overrides, shown):
     """The values the harness found answered with a server error, each kept: the page's empty
@@ -240,3 +243,5 @@ def test_the_converters_take_only_what_a_control_sends():
     with pytest.raises(BadValueError, match=r"^rank: '\\x1b\[31m' is not one"):
         typed_whole("\x1b[31m", "rank")
     assert len(shown("x" * 10_000)) < 50
+    from dashboard._values import text, texts
+    assert text("\udcff") is None and text("\u00e9") == "\u00e9" and texts(["a", "\ud800b"]) == ["a"]
