@@ -317,12 +317,12 @@ def compare_stats(a: dict[str, Any], b: dict[str, Any], tol: Tolerance) -> dict[
     if out["nan_diff"] or out["inf_diff"]:
         reasons.insert(0, nonfinite_differ(a, b))
     if checksum_equal and reasons:
-        # the same bits give the same statistics (within a reduction's rounding, far inside
-        # the tolerance): statistics beyond it beside an equal checksum are a record that was
-        # damaged or forged, never "same"
-        reasons = [f"checksums equal, yet {'; '.join(reasons)}: statistics the same bits "
-                   f"cannot have, so one side's record is damaged or forged; dump the step "
-                   f"again"]
+        # the checksum adds the elements' bits, which some changes keep (every float32
+        # element of 512 times k scaled by a power of two): the statistics say the values
+        # differ, and an equal checksum never makes them "same"
+        reasons = [f"{'; '.join(reasons)} (the checksums are equal: a sum of the elements' "
+                   f"bits, which some changes keep, such as every element scaled by a power "
+                   f"of two)"]
     out["error"] = 0.0 if checksum_equal and not reasons else (
         math.inf if out["nan_diff"] or out["inf_diff"]
         else max(out[f"{key}_rdiff"] for key in ("min", "max", "mean", "norm")))

@@ -36,8 +36,8 @@ from typing import Any, Iterator
 from tracer.analysis._explain_lead import Finding, Lead
 from tracer.analysis._explain_sides import Sides, roundoff, stem
 from tracer.analysis._explain_step import CASTS as _CASTS
-from tracer.analysis._explain_step import Step, _value
-from tracer.analysis._origin import call_stem
+from tracer.analysis._explain_step import Step
+from tracer.analysis._origin import call_stem, sig
 from tracer.analysis._replay import NotReplayable, rel_error
 
 _LOW = ("float8_e4m3fn", "float8_e5m2", "float16", "bfloat16")
@@ -93,7 +93,7 @@ class Search:
             index: dict[tuple, list[tuple[int, dict]]] = {}
             for i, r in enumerate(step.rows[side]):
                 if r["op"] and r["direction"] == "output":
-                    index.setdefault(_value(r), []).append((i, r))
+                    index.setdefault(sig(r), []).append((i, r))
             self.made[side] = index
 
     def find(self, skip: set[str], limit: int) -> Hidden | None:
@@ -165,7 +165,7 @@ class Search:
             p = self._producer(side, rec) if rec is not None else None
             if p is not None and self.step.unpaired(side, p) and p["op"] not in _CASTS and \
                     p["source"] not in self.setup_lines and \
-                    all(_value(r) != _value(p) for r in self.step.calls[side][call_stem(p)]
+                    all(sig(r) != sig(p) for r in self.step.calls[side][call_stem(p)]
                         if r["direction"] == "input"):
                 return True
         return False
@@ -209,7 +209,7 @@ class Search:
     def _producer(self, side: str, rec: dict) -> dict | None:
         """As `Step.producer`, from the index of op outputs by value."""
         at, own = self.step.at[side][str(rec["name"])], call_stem(rec)
-        for i, r in reversed(self.made[side].get(_value(rec), [])):
+        for i, r in reversed(self.made[side].get(sig(rec), [])):
             if i < at and call_stem(r) != own:
                 return r
         return None

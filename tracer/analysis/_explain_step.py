@@ -3,7 +3,7 @@ of them the diff paired, and where a record's value came from.
 
 Values are followed by their statistics, as the first-NaN search follows them
 (tracer.analysis._origin): a record with the dtype, element count, NaN/Inf counts, checksum,
-minimum and maximum of an earlier op's output holds that output (`_value`). From there `Step`
+minimum and maximum of an earlier op's output holds that output (`sig`). From there `Step`
 names the op that made a value (through ops that pass it on unchanged), the calls only one run
 runs that made it, the in-place writes into it, and the unpaired calls inside a module's call;
 tracer.analysis._explain_lead judges the first divergence with them.
@@ -70,9 +70,9 @@ class Step:
 
     def producer(self, side: str, rec: dict) -> dict | None:
         """The latest op output before `rec` (another call's) holding its values, or None."""
-        value, own = _value(rec), call_stem(rec)
+        value, own = sig(rec), call_stem(rec)
         for r in reversed(self.rows[side][:self.at[side][str(rec["name"])]]):
-            if r["op"] and r["direction"] == "output" and _value(r) == value \
+            if r["op"] and r["direction"] == "output" and sig(r) == value \
                     and call_stem(r) != own:
                 return r
         return None
@@ -86,7 +86,7 @@ class Step:
             if p is None:
                 return None
             same = [r for r in self.calls[side][call_stem(p)] if r["direction"] == "input"
-                    and _value(r) == _value(p)]
+                    and sig(r) == sig(p)]
             if not same:
                 return p
             p = self.producer(side, same[0])
@@ -131,7 +131,7 @@ class Step:
     def passes_on(self, side: str, out: dict) -> bool:
         """Whether the call of output record `out` passes an input's values on unchanged (a
         detach, a view, a clone): it makes no value of its own."""
-        return any(r["direction"] == "input" and _value(r) == _value(out)
+        return any(r["direction"] == "input" and sig(r) == sig(out)
                    for r in self.calls[side][call_stem(out)])
 
     def written(self, side: str, rec: dict | None) -> list[dict]:
@@ -176,10 +176,3 @@ class Step:
 
 CASTS = ("aten._to_copy", "aten.to", "aten.type_as")
 """The ops that only change a value's dtype: what autocast adds, and `.float()`."""
-
-
-def _value(rec: dict) -> tuple:
-    """What identifies a record's values: `sig` (the checksum adds the elements' bits, which
-    a negation of an even number of float16 elements leaves unchanged) and the minimum and
-    maximum, which do not depend on the order of the elements either."""
-    return (*sig(rec), repr(float(rec["min"])), repr(float(rec["max"])))

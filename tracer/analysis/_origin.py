@@ -61,9 +61,14 @@ def values(rec: dict) -> str:
 
 
 def sig(rec: dict) -> tuple:
-    """What identifies a record's values: dtype, element count, NaN/Inf counts, checksum."""
+    """What identifies a record's values: dtype, element count, NaN/Inf counts, checksum, and
+    the minimum and maximum. The checksum adds the elements' bits, which some changes leave
+    unchanged (every float32 element of a tensor of 512 times k scaled by a power of two, a
+    negation of an even number of float16 elements); the extremes do not depend on the
+    elements' order either, and move with those."""
     return (str(rec["dtype"]), int(rec["numel"]), int(rec["nan"]), int(rec["posinf"]),
-            int(rec["neginf"]), int(rec["checksum"]))
+            int(rec["neginf"]), int(rec["checksum"]), repr(float(rec["min"])),
+            repr(float(rec["max"])))
 
 
 def call_stem(rec: dict) -> str:

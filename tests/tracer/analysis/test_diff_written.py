@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -151,6 +152,36 @@ def test_a_pre_hook_that_scales_a_weight_is_named_with_its_line(tmp_path, capsys
     # the step after: the weights differ when it begins (step 0 wrote them), written or not
     later = diff(a, b, step=1).first_divergence
     assert later["kind"] == "parameter" and later["direction"] == "param", later
+
+
+class Wide(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 128), nn.Linear(128, 4)  # fc2.weight: 512 elements
+
+
+@pytest.mark.parametrize("mode", ["tensor", "statistics"])
+def test_a_weight_doubled_is_named_though_its_checksum_is_unchanged(tmp_path, capsys, mode):
+    # doubling a float32 adds 2**23 to its bits: over 512 elements the checksum (the bits' sum,
+    # wrapped to 32 bits) moves by 2**32, so only the extremes tell the two values apart
+    def build(factor: float | None) -> Callable[[], Wide]:
+        def made_in_the_step() -> Wide:
+            torch.manual_seed(0)
+            model = Wide()
+            if factor is not None:
+                with torch.no_grad():
+                    model.fc2.weight.mul_(factor)  # THE INIT WRITE
+            return model
+        return made_in_the_step
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    a = _train(build(None), tmp_path / "a", "op", mode, "adamw", lambda m: m(x), steps=1)
+    b = _train(build(2.0), tmp_path / "b", "op", mode, "adamw", lambda m: m(x), steps=1)
+    rows = tracer.open_dump(b).stats(0, 0)
+    write = rows[rows["name"].str.startswith("<none>::aten.mul_.forward.0.")]
+    assert write["checksum"].nunique() == 1 and len(write) == 2, "the collision this test is about"
+    _assert_named(a, b, "fc2.weight", "aten.mul_", "<none>", _line("# THE INIT WRITE"), "B", capsys)
+    assert "forged" not in " ".join(diff(a, b).records["reason"].astype(str))
 
 
 def test_a_write_in_every_step_is_named_when_the_dump_begins_after_it(tmp_path):
