@@ -94,6 +94,11 @@ FAULTS: dict[str, Expect] = {
     "clip_only_b": Expect("setup", True),
     "clip_norm": Expect("setup", True),
     "frozen": Expect("setup", True),
+    # frozen, dumped in its first step alone: the weights still agree, and the runs part only
+    # where the frozen weight's gradient is missing (the ops that make it, the clipping call
+    # given one gradient fewer, the optimizer step), or nowhere both runs record
+    "frozen_clipped": Expect("setup", True),
+    "frozen_first": Expect("setup", True),
     "buffer": Expect("setup", True),
     "dropout": Expect("setup", True),
     "seed": Expect("setup", True),
@@ -130,6 +135,22 @@ class Case(fault_zoo.Case):
     @property
     def optimizer(self) -> str:
         return OPTIMIZERS[zlib.crc32(f"{self.family}/{self.fault}".encode()) % 2]
+
+    @property
+    def clips(self) -> bool:
+        """Whether both runs clip their gradients (max_norm 0.5), as run A of these classes."""
+        return self.fault in ("clip_norm", "frozen_clipped")
+
+    @property
+    def steps(self) -> int:
+        """Training steps: a changed beta, momentum or dampening leaves the first update as it
+        was (bias correction, the first momentum buffer): it shows from the second step's
+        update, in the third's forward at level op."""
+        return 3 if self.fault == "hyper" else 2
+
+    @property
+    def dumped(self) -> str:
+        return "0" if self.fault in ("frozen_clipped", "frozen_first") else f"0-{self.steps - 1}"
 
     @property
     def id(self) -> str:
@@ -193,7 +214,7 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
         picked["site"] = _pick([n for n in no_decay if model.get_parameter(n).any()], case)
         if fault:
             no_decay.remove(picked["site"])  # FAULT: group_moved
-    if case.fault == "frozen":
+    if case.fault in ("frozen", "frozen_clipped", "frozen_first"):
         picked["site"] = _pick([n for n in names if any(c.isdigit() for c in n.split("."))]
                                or names, case)
         if fault:
@@ -240,10 +261,7 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     if fault == "scheduler":
         sched.step()  # FAULT: scheduler
     torch.manual_seed(1 if fault == "seed" else 0)  # FAULT: seed
-    # a changed beta, momentum or dampening leaves the first update as it was (bias correction,
-    # the first momentum buffer): it shows from the second step's update, in the third's
-    # forward at level op
-    steps = 3 if case.fault == "hyper" else 2
+    steps = case.steps
     batches = [torch.randint(0, VOCAB, (BATCH, SEQ)) for _ in range(2 * steps)]
     low = {"bf16": torch.bfloat16, "bf16_bug": torch.bfloat16, "bf16_grad_hook": torch.bfloat16,
            "fp16": torch.float16, "fp16_bug": torch.float16}.get(fault)
@@ -252,7 +270,7 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     if fault == "data_order":
         batches = batches[2:] + batches[:2]  # FAULT: data_order
     with tracer.Dumper(model, {"path": str(path), "level": case.level, "mode": "tensor",
-                               "steps": f"0-{steps - 1}"}):
+                               "steps": case.dumped}):
         for step in range(steps):
             for micro in batches[2 * step:2 * step + 2]:
                 if fault == "ids_edited":
@@ -273,7 +291,7 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
                         p.grad.mul_(0.5)  # FAULT: grad_edit
             if fault == "clip_norm":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)  # FAULT: clip_norm
-            elif case.fault == "clip_norm" or fault == "clip_only_b":
+            elif case.clips or fault == "clip_only_b":
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # FAULT: clip_only_b
             scaler.step(opt)
             scaler.update()

@@ -24,7 +24,7 @@ from tracer.analysis._diff_result import DiffResult, _Summary, _ordered, _result
 from tracer.analysis._fused import combine
 from tracer.analysis._map_file import (UNVOUCHED_NOTE, ModuleMap, same_op_modules,
                                        set_aside, unmatched_pair, vouched)
-from tracer.analysis._origin import param_name
+from tracer.analysis._origin import param_name, sig
 from tracer.analysis._setup import compare_setups, first_setup, step_inputs
 from tracer.analysis._written import mark_written
 from tracer.storage import READ_ERRORS, ReadError, TensorReader, op_capture_of
@@ -299,12 +299,20 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
         paired = set(ta["module"]) & set(tb["module"]) if layouts is not None else set()
         same_ops = same_op_modules(ta, tb) if layouts is not None else frozenset()
         matched = 0
+        values: tuple[set, set] | None = None
         for ia, ib in pairs:
             ra = recs_a[ia] if ia is not None else None
             rb = recs_b[ib] if ib is not None else None
             matched += ra is not None and rb is not None
             row = _compare_pair(ra, rb, fa, fb, tol, pl, bar,
                                 (_file_row(ra, ia), _file_row(rb, ib)), layouts, moved)
+            if layouts is None and (ra is None) != (rb is None):
+                # a record one run alone makes is a divergence where its value is one the
+                # other run never holds (a gradient only it computes), and no evidence where
+                # the other run holds it too (an added `x + 0.0`)
+                if values is None:
+                    values = {sig(r) for r in recs_a}, {sig(r) for r in recs_b}
+                row["novel"] = sig(ra if ra is not None else rb) not in values[ra is not None]
             if layouts is not None and row["verdict"] == "diverged" \
                     and not vouched(ra, same_ops):
                 set_aside(row)

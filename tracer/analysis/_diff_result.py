@@ -224,6 +224,9 @@ class _Summary:
         self.first_row: dict | None = None
         self.worst: list[dict] = []
         self.unpaired: list[dict] = []
+        self.novel: list[dict] = []
+        """The first of the records one run alone makes whose values the other never holds."""
+        self.novel_count = 0
 
     def shown(self) -> list[dict]:
         return ([self.first_row] if self.first_row else []) + self.worst + self.unpaired
@@ -235,8 +238,13 @@ class _Summary:
                 self.counts[r["verdict"]] += 1
             if r["verdict"] == "diverged":
                 divergent.append(r)
-            elif r["verdict"] in ("only_a", "only_b") and len(self.unpaired) < self.keep:
-                self.unpaired.append(r)
+            elif r["verdict"] in ("only_a", "only_b"):
+                if len(self.unpaired) < self.keep:
+                    self.unpaired.append(r)
+                if r.get("novel"):
+                    self.novel_count += 1
+                    if not self.novel:
+                        self.novel.append(r)
         if divergent and self.first_row is None:
             self.first_row, divergent = divergent[0], divergent[1:]
         if divergent:
@@ -262,6 +270,19 @@ def unpaired_most(counts: dict[str, int]) -> str | None:
         return None
     return (f"most records of each side have no partner ({paired} paired, "
             f"{counts['only_a']} only in A, {counts['only_b']} only in B)")
+
+
+def unpaired_words(summary: "_Summary") -> str:
+    """The records without a partner in words: how many on each side, how many of them hold
+    values the other run never holds, and the first of those."""
+    c, first = summary.counts, summary.novel[0] if summary.novel else None
+    text = (f"{c['only_a']} records only in A, {c['only_b']} only in B, {summary.novel_count} "
+            f"of them values the other run never holds")
+    if first is None:
+        return text
+    side = "A" if first["verdict"] == "only_a" else "B"
+    name = first["name"] if side == "A" else first["b_name"]
+    return text + f" (the first: {name}, made by {side} alone in step {first['step']})"
 
 
 def compiled_apart(setup: dict[str, Any] | None) -> str | None:
@@ -306,7 +327,7 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
     only = summary.counts["only_a"] + summary.counts["only_b"]
     if only:
         notes.append(f"{int(only)} records have no partner on the other side (see verdict "
-                     "only_a/only_b); they do not count as divergence")
+                     "only_a/only_b)")
     if "sketch" in kinds:
         notes.append("sketches compared beside the statistics: up to 128 elements a record, at "
                      "positions both runs sample alike (compared 'sketch'; its cosine and errors "
@@ -351,6 +372,13 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
         notes.insert(0, f"{unpaired}: the two dumps record different modules. Two codebases? "
                         f"`sleuth map A B > map.yaml` pairs their modules for `--map map.yaml`; "
                         f"else compare dumps of the same level and module filter")
+    elif summary.novel_count and status == "same":
+        # every record both runs made agrees, but one run computed what the other did not (a
+        # frozen weight's gradient, an op one run skips): the runs differ, and "same" would
+        # send the user away from it
+        status = "diverged"
+        notes.insert(0, f"no record both runs made differs, but the runs computed different "
+                        f"things: {unpaired_words(summary)}; `sleuth explain` says why")
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
                       record_counts=counts,

@@ -132,7 +132,22 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
     if _apart(res.counts(), module_map is not None, setup):
         return found  # records that do not pair say nothing a setup could explain
-    return with_setup(found, setup, _replayed(a, b, fd, setup))
+    return with_setup(found, setup, _replayed(a, b, fd, setup), _after_backward(res.records, fd))
+
+
+def _after_backward(records: Any, fd: dict[str, Any] | None) -> bool:
+    """Whether first divergence `fd` is in or after its step's backward (a backward record of
+    that step comes before it)."""
+    if fd is None or records is None or not len(records):
+        return False
+    if fd["phase"] in ("backward", "optimizer"):
+        return True
+    at = records[(records["name"] == fd["name"]) & (records["step"] == fd["step"])]
+    if at.empty:
+        return False
+    order = at["order"].iloc[0]
+    return bool(((records["step"] == fd["step"]) & (records["phase"] == "backward")
+                 & (records["order"] < order)).any())
 
 
 def _replayed(a: str | os.PathLike, b: str | os.PathLike, fd: dict[str, Any] | None,
@@ -209,6 +224,9 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
             return Explanation("same", "the runs agree on every record compared" + (
                 f" ({alone} record(s) without a partner were not compared: `sleuth diff` "
                 "lists them)" if alone else ""), notes=notes)
+        alone = _computed_alone(res)
+        if alone is not None:
+            return Explanation("bug", alone[0], alone[1], notes=notes)
         return Explanation("unexplained", "no record diverged, but the runs' steps differ: a "
                            "step one run dumped is missing in the other (see `sleuth diff`)",
                            notes=notes)
@@ -289,6 +307,39 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
         da.close()
         db.close()
     return out
+
+
+def _computed_alone(res: Any) -> tuple[str, dict[str, Any]] | None:
+    """(verdict, blamed) where no record both runs made differs, but one run made records the
+    other did not (an op it alone runs, a weight its optimizer alone steps): the first of them
+    in execution order; None where every record has a partner (the steps differ instead)."""
+    rows = res.records
+    if rows is None or not len(rows) or any(p.state == "interrupted" for p in res.problems):
+        return None
+    alone = rows[rows["verdict"].isin(["only_a", "only_b"])].sort_values("order")
+    if alone.empty:
+        return None
+    # the optimizer's param records are ordered first, as the weights the step began with;
+    # what a run computed alone is its first op, or else what its optimizer step read
+    ops = alone[alone["phase"] != "optimizer"]
+    r = (ops if not ops.empty else alone).iloc[0]
+    side, other = ("A", "B") if r["verdict"] == "only_a" else ("B", "A")
+    name = str(r["name"] if side == "A" else r["b_name"])
+    c = res.counts()
+    tally = f"{c['only_a']} records only in A, {c['only_b']} only in B"
+    if r["phase"] == "optimizer":
+        what = (f"{side}'s optimizer step reads {name.split('.optimizer.')[0]} ({name}) and "
+                f"{other}'s does not")
+        fault = "no_gradient"
+    else:
+        what = (f"op {'removed' if side == 'A' else 'added'}: {side} runs {r['op'] or name} at "
+                f"{r['source'] or 'an unknown line'} ({name}) and {other} does not")
+        fault = "removed" if side == "A" else "added"
+    blamed = {"name": name, "b_name": name, "op": str(r["op"]), "module": str(r["module"]),
+              "phase": str(r["phase"]), "step": int(r["step"]), "source": str(r["source"]),
+              "fault": fault, "side": side, "why": what}
+    return (f"bug: {what}, and no record both runs made differs: the runs differ only in what "
+            f"one computes and the other does not ({tally})", blamed)
 
 
 def _gradients_lost(records: Any, fd: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:

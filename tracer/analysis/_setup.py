@@ -537,14 +537,18 @@ def setup_of(changes: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((c for c in changes if c.get("kind") == "setup"), None)
 
 
+_PATHS = ("frozen", "config", "module", "optimizer", "group", "scaler")
+"""Setup differences that change which ops a step runs (a frozen weight has no gradient to
+compute, a config or a module's constant picks a code path), likeliest first."""
 _STRUCTURAL = ("added", "removed", "replaced", "swapped", "argument", "passed")
 """Faults explain names where the two runs ran other ops, or passed other values."""
 
 
-def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool = False
-              ) -> list[dict[str, Any]]:
+def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool = False,
+              after_backward: bool = False) -> list[dict[str, Any]]:
     """The differences that can make first divergence `fd`, likeliest first; `structural`:
-    the records say the runs ran other ops there."""
+    the records say the runs ran other ops there; `after_backward`: `fd` is in or after its
+    step's backward, where a frozen weight runs fewer ops."""
     if fd["phase"] == "optimizer":
         kinds = _MAKES["grad" if fd.get("direction") == "grad" else "update"]
         if fd.get("direction") == "param":
@@ -562,7 +566,8 @@ def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool 
         # ops one run runs and the other does not: a config or a module's constant picks the
         # code path (an activation, a dropout); a flag, a seed or a hyperparameter does not
         # (a scaler in one run only adds its scaling and unscaling ops)
-        kinds = tuple(k for k in kinds if k in ("config", "module", "scaler"))
+        kinds = tuple(k for k in kinds if k in ("config", "module", "scaler")
+                      or (k == "frozen" and after_backward))
     rank = {k: i for i, k in enumerate(kinds)}
     return sorted((d for d in found if d["kind"] in rank), key=lambda d: rank[d["kind"]])
 
@@ -589,13 +594,15 @@ def _held_by(found: list[dict[str, Any]], module: str | None) -> list[dict[str, 
         module == m or module.startswith(m + ".") for m in d.get("modules") or [])]
 
 
-def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") -> Any:
+def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "",
+               after_backward: bool = False) -> Any:
     """An explain verdict (`Explanation`) with the runs' setup differences (`change`, a diff's
     setup change) taken into account: where the records alone say the inputs differ, or
     cannot tell, or the first divergence is the optimizer's, and a setup difference can make
     that divergence, the verdict is "setup", naming it; a bug or precision verdict keeps its
     word and says the setup differs too. `replayed`: an optimizer update re-run with B's
-    hyperparameters (tracer.analysis._optimizer_replay), in words, said after the verdict."""
+    hyperparameters (tracer.analysis._optimizer_replay), in words, said after the verdict;
+    `after_backward`: the first divergence is in or after its step's backward."""
     if change is None:
         return found
     every = numerics_differences(change["differences"])
@@ -603,6 +610,17 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") ->
     if not every:
         return found
     if fd is None:
+        paths = [d for d in every if d["kind"] in _PATHS] if found.status == "bug" else []
+        if paths:
+            # no record both runs made differs; what one run alone computes (a frozen weight's
+            # gradient, its optimizer's step) is what that setup has it run
+            paths.sort(key=lambda d: _PATHS.index(d["kind"]))
+            why = (found.blamed or {}).get("why") or found.verdict
+            verdict = (f"setup: the runs were set up differently: {_words(paths)}. No record "
+                       f"both runs made differs; what one run computes and the other does not "
+                       f"follows from it ({why})")
+            return dataclasses.replace(found, status="setup", verdict=verdict,
+                                       setup=[*paths, *[d for d in every if d not in paths]])
         found.notes.insert(0, f"the runs were set up differently, yet every record compared "
                               f"agrees: {_words(every)}")
         return dataclasses.replace(found, setup=every)
@@ -628,7 +646,18 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "") ->
         # moved) is expected, and the records' verdict stands
         found.notes.insert(0, f"the two steps were set up differently: {_words(every)}")
         return dataclasses.replace(found, setup=every)
-    ranked = _relevant(every, fd, blamed.get("fault") in _STRUCTURAL)
+    ranked = _relevant(every, fd, blamed.get("fault") in _STRUCTURAL, after_backward)
+    frozen = [d for d in ranked if d["kind"] == "frozen"] if found.status == "bug" else []
+    if frozen and blamed.get("fault") in _STRUCTURAL and fd.get("step") == change["step"]:
+        # a frozen weight has no gradient: the backward runs fewer ops, and what reads the
+        # gradients (clipping, the optimizer) is given fewer, wherever the records first part
+        verdict = (f"setup: the runs were set up differently: {_words(frozen)}. The first "
+                   f"divergence, {fd['name']} (step {fd['step']}), follows from it: a frozen "
+                   f"weight has no gradient, so the backward and what reads the gradients run "
+                   f"other ops (the records alone: {found.verdict}); compare runs that freeze "
+                   f"the same weights to look for a bug besides")
+        return dataclasses.replace(found, status="setup", verdict=verdict,
+                                   setup=[*frozen, *[d for d in ranked if d not in frozen]])
     configs = [d for d in ranked if d["kind"] == "config"]
     if configs and found.status == "bug" and blamed.get("fault") in _STRUCTURAL:
         # the model's config picks its code path (an attention kernel, an activation, tied

@@ -224,8 +224,8 @@ def test_long_chains_need_no_recursion():
     def row(seq, call, direction, neginf, checksum, op="aten.add"):
         return dict(name=f"c{call}::{op}.forward.0.{direction}.0", module=f"c{call}", op=op,
                     phase="forward", direction=direction, index=0, dtype="float32", numel=4,
-                    nan=0, posinf=0, neginf=neginf, checksum=checksum, source="m.py:1",
-                    seq=seq)
+                    nan=0, posinf=0, neginf=neginf, checksum=checksum, min=0.0, max=0.0,
+                    source="m.py:1", seq=seq)
 
     recs = [row(0, "a", "input", 0, 1), row(1, "a", "output", 1, 100)]
     for i in range(3000):

@@ -27,7 +27,8 @@ whose step costs a tenth of a Hugging Face model's."""
 
 
 # classes the quick lane leaves to the sweep: it is at its time bound, and each costs a run
-SWEPT_ONLY = frozenset({"fp16", "fp16_bug", "buffer_written", "bf16_grad_hook"})
+SWEPT_ONLY = frozenset({"fp16", "fp16_bug", "buffer_written", "bf16_grad_hook",
+                        "frozen_clipped"})
 
 
 def _fast(case: Case) -> bool:
@@ -55,8 +56,7 @@ def references(tmp_path_factory):
     root = tmp_path_factory.mktemp("step_zoo")
 
     def get(case: Case) -> Path:
-        key = (case.family, case.optimizer, case.level, case.fault == "clip_norm",
-               case.fault == "hyper")
+        key = (case.family, case.optimizer, case.level, case.clips, case.steps, case.dumped)
         if key not in _REFERENCES:
             path = root / "-".join(map(str, key))
             train(case, False, path)
@@ -84,7 +84,7 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
     kinds = [c["kind"] for c in res.changes]
     e = explain(a, b)
     setup = [d["text"] for c in res.changes if c["kind"] == "setup" for d in c["differences"]]
-    where = f"{case.id} {picked}: diff {kinds} {setup} {res.first_divergence['name']}; {e.verdict}"
+    where = f"{case.id} {picked}: diff {kinds} {setup} {(res.first_divergence or {}).get('name')}; {e.verdict}"
     assert (kinds[:1] == ["setup"]) == expect.setup, where
     assert e.status == expect.status, where
     v = e.verdict
@@ -103,7 +103,7 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
         assert f"step_zoo.py:{fault_line('clip_only_b')}" in v, where
     elif f == "clip_norm":
         assert "max_norm 0.5 in A, 0.05 in B" in v, where
-    elif f == "frozen":
+    elif f in ("frozen", "frozen_clipped", "frozen_first"):
         assert "B freezes" in v and (picked["site"] in v or _pattern(picked["site"]) in v), \
             where
     elif f == "buffer":
@@ -146,3 +146,38 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
             str(blamed.get("caller", "")).endswith(line) or line in v, where
     if not expect.setup:
         assert not e.setup, where
+
+
+@pytest.mark.parametrize("clip", [False, True], ids=["plain", "clipped"])
+def test_a_weight_frozen_in_one_run_is_never_same(tmp_path, clip) -> None:
+    """AdamW, one step dumped: B's frozen weight has no gradient and no update, and every
+    record both runs make agrees. A "same" there sent the user away; the records one run alone
+    makes are the divergence, and the frozen weight its cause."""
+    import torch
+    from torch import nn
+
+    import tracer
+    from tracer.analysis import diff, explain
+
+    def run(path: Path, freeze: bool) -> Path:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        if freeze:
+            model[0].weight.requires_grad_(False)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+        with tracer.Dumper(model, {"path": str(path), "level": "op", "mode": "tensor",
+                                   "steps": "0"}):
+            model(x).square().mean().backward()
+            if clip:
+                nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+        return path
+
+    a, b = run(tmp_path / "a", False), run(tmp_path / "b", True)
+    res = diff(a, b)
+    assert res.status == "diverged" and res.exit_code == 1, res.notes
+    e = explain(a, b)
+    assert e.status == "setup" and "B freezes 0.weight (requires_grad False)" in e.verdict, \
+        e.verdict
