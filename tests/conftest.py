@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -79,6 +80,31 @@ def _answers_within(work, seconds: float, fifo: Path | None = None) -> tuple[boo
 @pytest.fixture
 def answers_within():
     return _answers_within
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def _signals_kept():
+    """Each test leaves the process's signal handlers and mask as it found them. A process the
+    suite starts inherits an ignored or blocked SIGINT (Popen resets neither), and a later test
+    in the same worker then sees Ctrl-C do nothing: they are put back after each test, and a
+    test that changed them is named in a warning (a library it calls may be the one)."""
+    handlers = {s: signal.getsignal(s) for s in _SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = [signal.Signals(s).name for s, h in handlers.items() if signal.getsignal(s) != h]
+    now = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for s, h in handlers.items():
+        if h is not None:
+            signal.signal(s, h)
+    if now != mask:
+        changed.append(f"the blocked signals ({sorted(now)} where {sorted(mask)} was)")
+    if changed:
+        import warnings
+        warnings.warn(f"the test left the handlers of {', '.join(changed)} changed; put back",
+                      stacklevel=1)
 
 
 def pytest_configure(config):
