@@ -1,7 +1,7 @@
 """The training-step zoo: the bugs people ship around the model (optimizer settings, parameter
 groups, a scheduler one step off, clipping, frozen parameters, buffers, config constants,
-dropout, seeds, accumulation, labels, token ids edited in place, data order, gradients edited
-by hand), one in run B, at
+dropout, seeds, accumulation, gradients cleared between micro-batches, labels, token ids edited
+in place, data order, gradients edited by hand), one in run B, at
 a site and value a seeded generator picks, on three model families (a plain token MLP, and a
 Llama and a GPT-2 built from configs at the installed transformers release) with AdamW or SGD
 with momentum.
@@ -108,6 +108,9 @@ FAULTS: dict[str, Expect] = {
     # token ids remapped in place before the forward (an ignore index mapped to a real token)
     "ids_edited": Expect("bug", False, op_line=True),
     "grad_edit": Expect("bug", False, op_line=True),
+    # gradients cleared between the two micro-batches of a step: the first one's are lost, and
+    # A's backward adds into them where B's sets them (no op of B's marks the clearing)
+    "cleared_between": Expect("bug", False),
     "data_order": Expect("inputs", False),
     # a forward pre-hook that scales a projection's weight in place
     "inplace_hook": Expect("bug", False, op_line=True),
@@ -285,6 +288,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
                 if fault != "accumulation":
                     loss = loss / 2  # FAULT: accumulation
                 scaler.scale(loss).backward()
+                if fault == "cleared_between" and micro is batches[2 * step]:
+                    opt.zero_grad()  # FAULT: cleared_between
             if fault == "grad_edit":
                 for p in model.parameters():
                     if p.grad is not None:

@@ -269,8 +269,15 @@ class Lead:
             what = (f"written in place: {'B' if side == 'b' else 'A'} runs {ops(new or gone)} "
                     f"and {'A' if side == 'b' else 'B'} does not, writing {target} during step "
                     f"{fd['step']}")
-            if target.startswith("the gradient of ") and all(
-                    r["op"] == "aten.add_" and r["phase"] == "backward" for r in new or gone):
+            adds = all(r["op"] == "aten.add_" and r["phase"] == "backward" for r in new or gone)
+            if adds and side == "a":
+                # autograd adds a backward's gradient into one already there (an earlier
+                # micro-batch's), and sets it where there is none: B's was cleared
+                what += (" (A adds this backward's gradient into the one an earlier backward "
+                         "left, as accumulating micro-batches does, and B sets it afresh: B "
+                         "clears gradients between backward passes where A does not, a "
+                         "zero_grad or gradients set to None between micro-batches)")
+            elif adds and target.startswith("the gradient of "):
                 # the backward adds into a gradient it would otherwise set: the one left from
                 # the step before, which no zero_grad cleared
                 what += (f" (its backward adds to the gradient left from the step before: "
