@@ -128,6 +128,8 @@ FAULTS: dict[str, Expect] = {
     # rounding alone, then with a bug inside it
     "fp16": Expect("precision", True),
     "fp16_bug": Expect("bug", True, op_line=True),
+    # a GradScaler in B alone, in float32: the loss and the gradients scaled, the updates alike
+    "scaler_only": Expect("setup", True),
 }
 NEEDS_BUFFER = {"buffer", "buffer_written"}
 
@@ -269,7 +271,8 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
     low = {"bf16": torch.bfloat16, "bf16_bug": torch.bfloat16, "bf16_grad_hook": torch.bfloat16,
            "fp16": torch.float16, "fp16_bug": torch.float16}.get(fault)
     # float16 needs its loss scaled (a scaler off in every other run does nothing)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, enabled=low is torch.float16)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10,
+                                  enabled=low is torch.float16 or fault == "scaler_only")
     if fault == "data_order":
         batches = batches[2:] + batches[:2]  # FAULT: data_order
     with tracer.Dumper(model, {"path": str(path), "level": case.level, "mode": "tensor",

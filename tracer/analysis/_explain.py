@@ -132,7 +132,26 @@ def explain(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = No
         found = Explanation("unexplained", str(e), first_divergence=fd, notes=list(res.notes))
     if _apart(res.counts(), module_map is not None, setup):
         return found  # records that do not pair say nothing a setup could explain
-    return with_setup(found, setup, _replayed(a, b, fd, setup), _after_backward(res.records, fd))
+    return with_setup(found, setup, _replayed(a, b, fd, setup), _after_backward(res.records, fd),
+                      _updates(res.records, fd))
+
+
+def _updates(records: Any, fd: dict[str, Any] | None) -> str:
+    """How the optimizer's updates of first divergence `fd`'s step compare, in words; "" where
+    the step has none."""
+    if fd is None or records is None or not len(records):
+        return ""
+    ups = records[(records["step"] == fd["step"]) & (records["phase"] == "optimizer")
+                  & (records["direction"] == "update")]
+    if ups.empty:
+        return ""
+    bad = ups[ups["verdict"] == "diverged"].sort_values("order")
+    if bad.empty:
+        return (f"the optimizer's updates agree ({len(ups)} compared): after unscaling, the "
+                f"scaler changes nothing the step keeps")
+    return (f"the optimizer's updates differ ({len(bad)} of {len(ups)}, the first "
+            f"{bad.iloc[0]['name']}): what B does to its gradients before they are unscaled "
+            f"(a clipping call before unscale_) sees them scaled")
 
 
 def _after_backward(records: Any, fd: dict[str, Any] | None) -> bool:

@@ -595,14 +595,15 @@ def _held_by(found: list[dict[str, Any]], module: str | None) -> list[dict[str, 
 
 
 def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "",
-               after_backward: bool = False) -> Any:
+               after_backward: bool = False, updates: str = "") -> Any:
     """An explain verdict (`Explanation`) with the runs' setup differences (`change`, a diff's
     setup change) taken into account: where the records alone say the inputs differ, or
     cannot tell, or the first divergence is the optimizer's, and a setup difference can make
     that divergence, the verdict is "setup", naming it; a bug or precision verdict keeps its
     word and says the setup differs too. `replayed`: an optimizer update re-run with B's
     hyperparameters (tracer.analysis._optimizer_replay), in words, said after the verdict;
-    `after_backward`: the first divergence is in or after its step's backward."""
+    `after_backward`: the first divergence is in or after its step's backward; `updates`: how
+    the step's optimizer updates compare, in words, said after a scaler's verdict."""
     if change is None:
         return found
     every = numerics_differences(change["differences"])
@@ -628,6 +629,15 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "",
     sites = {blamed.get("source"), blamed.get("caller"), fd.get("source")} - {None, ""}
     at_line = [d for d in every if {d.get("source"), d.get("a_source")} & sites
                and found.status in ("bug", "unexplained")]
+    if at_line and all(d["kind"] == "scaler" for d in at_line):
+        # the loss a scaler scales: its own ops (a scale factor filled, a multiply) run at
+        # that line, and every gradient of the backward is scaled with it: no bug of B's
+        verdict = (f"setup: the runs were set up differently: {_words(at_line)}. The first "
+                   f"divergence, {fd['name']} (step {fd['step']}), is the loss it scales: the "
+                   f"scaler's own ops run at that line, and the backward's gradients are scaled "
+                   f"with it" + (f"; {updates}" if updates else ""))
+        return dataclasses.replace(found, status="setup", verdict=verdict, blamed=None,
+                                   setup=[*at_line, *[d for d in every if d not in at_line]])
     if at_line:
         # the op blamed is the setup's own call (a clipping call with other arguments)
         verdict = (f"setup: the runs were set up differently: {_words(at_line)}. The first "
