@@ -108,6 +108,9 @@ FAULTS: dict[str, Expect] = {
     # token ids remapped in place before the forward (an ignore index mapped to a real token)
     "ids_edited": Expect("bug", False, op_line=True),
     "grad_edit": Expect("bug", False, op_line=True),
+    # the output head and the input embedding made one tensor at runtime (or, where the
+    # config ties them, made two)
+    "tied": Expect("setup", True),
     # gradients cleared between the two micro-batches of a step: the first one's are lost, and
     # A's backward adds into them where B's sets them (no op of B's marks the clearing)
     "cleared_between": Expect("bug", False),
@@ -249,6 +252,15 @@ def train(case: Case, faulty: bool, path: Path) -> dict[str, Any]:
             model.get_submodule(picked["site"]).register_forward_hook(_shift_output)
         elif fault == "bf16_grad_hook":
             model.get_submodule(picked["site"]).weight.register_hook(_halve)
+    if fault == "tied":
+        if case.family == "gpt2":  # tied by its config: B unties them
+            model.lm_head.weight = nn.Parameter(model.lm_head.weight.detach().clone())
+        else:
+            head, embed = ("head", "embed") if case.family == "mlp" else \
+                ("lm_head", "model.embed_tokens")
+            model.get_submodule(head).weight = model.get_submodule(embed).weight  # FAULT: tied
+    names = [n for n, _ in model.named_parameters()]
+    no_decay = [n for n in no_decay if n in names]
     params = dict(model.named_parameters())
     groups = [{"params": [params[n] for n in names if n not in no_decay], "weight_decay": 0.1},
               {"params": [params[n] for n in no_decay],

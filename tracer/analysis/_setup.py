@@ -19,8 +19,8 @@ from typing import Any
 from tracer.storage import JsonLimitError, loads_bounded
 
 # the order differences are reported in: what most often makes two runs part, first
-KINDS = ("optimizer", "hyperparameter", "group", "clipping", "scaler", "frozen", "config",
-         "module", "buffer", "compile", "flag", "env", "rng", "version")
+KINDS = ("optimizer", "hyperparameter", "group", "clipping", "scaler", "frozen", "tied",
+         "config", "module", "buffer", "compile", "flag", "env", "rng", "version")
 _RANK = {k: i for i, k in enumerate(KINDS)}
 _DIGITS = re.compile(r"(?<=\.)\d+(?=\.|$)")
 
@@ -386,6 +386,15 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
                     out.append(_diff("frozen", "requires_grad", side == "B", side == "A",
                                      f"{side} freezes {names_in_words(names)} "
                                      f"(requires_grad False)", params=names))
+        ta, tb = ma.get("tied"), mb.get("tied")
+        if ta is not None and tb is not None and ta != tb:
+            for side, mine, theirs in (("B", tb, ta), ("A", ta, tb)):
+                for alias, owner in sorted(mine.items()):
+                    if theirs.get(alias) != owner:
+                        out.append(_diff("tied", f"tied.{alias}", side == "A", side == "B",
+                                         f"{side} ties {alias} to {owner} (one tensor under "
+                                         f"both names); {'A' if side == 'B' else 'B'} does "
+                                         f"not", params=[alias, owner]))
     out += _keyed("config", "config", ma.get("config") or {}, mb.get("config") or {})
     if named:
         out += _modules(ma.get("modules") or {}, mb.get("modules") or {})
@@ -525,10 +534,10 @@ _MAKES = {
     # the model's input: how it was drawn or built
     "data": ("rng", "config", "buffer"),
     # the weights as a step begins: the steps before it (their optimizer), or the initial ones
-    "parameter": (*_OPTIMIZER_KINDS, "rng", "config", "module"),
+    "parameter": (*_OPTIMIZER_KINDS, "tied", "rng", "config", "module"),
     # a forward or backward op: the model's constants and state, the numerics switches
     # (a scaler's other scale multiplies the loss the backward begins from)
-    "compute": ("config", "module", "buffer", "frozen", "rng", "flag", "env", "scaler"),
+    "compute": ("tied", "config", "module", "buffer", "frozen", "rng", "flag", "env", "scaler"),
 }
 
 
@@ -537,7 +546,7 @@ def setup_of(changes: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((c for c in changes if c.get("kind") == "setup"), None)
 
 
-_PATHS = ("frozen", "config", "module", "optimizer", "group", "scaler")
+_PATHS = ("frozen", "tied", "config", "module", "optimizer", "group", "scaler")
 """Setup differences that change which ops a step runs (a frozen weight has no gradient to
 compute, a config or a module's constant picks a code path), likeliest first."""
 _STRUCTURAL = ("added", "removed", "replaced", "swapped", "argument", "passed")
@@ -566,7 +575,7 @@ def _relevant(found: list[dict[str, Any]], fd: dict[str, Any], structural: bool 
         # ops one run runs and the other does not: a config or a module's constant picks the
         # code path (an activation, a dropout); a flag, a seed or a hyperparameter does not
         # (a scaler in one run only adds its scaling and unscaling ops)
-        kinds = tuple(k for k in kinds if k in ("config", "module", "scaler")
+        kinds = tuple(k for k in kinds if k in ("tied", "config", "module", "scaler")
                       or (k == "frozen" and after_backward))
     rank = {k: i for i, k in enumerate(kinds)}
     return sorted((d for d in found if d["kind"] in rank), key=lambda d: rank[d["kind"]])
@@ -668,14 +677,16 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "",
                    f"the same weights to look for a bug besides")
         return dataclasses.replace(found, status="setup", verdict=verdict,
                                    setup=[*frozen, *[d for d in ranked if d not in frozen]])
-    configs = [d for d in ranked if d["kind"] == "config"]
+    configs = [d for d in ranked if d["kind"] in ("tied", "config")]
     if configs and found.status == "bug" and blamed.get("fault") in _STRUCTURAL:
         # the model's config picks its code path (an attention kernel, an activation, tied
         # weights): other ops, or values passed otherwise, follow from it, wherever they are
+        how = ("the tied names read one tensor where the other run has two"
+               if configs[0]["kind"] == "tied" else "the model takes another code path")
         verdict = (f"setup: the runs were set up differently: {_words(configs)}. The first "
-                   f"divergence, {fd['name']} (step {fd['step']}), follows from it: the model "
-                   f"takes another code path (the records alone: {found.verdict}); compare "
-                   f"runs of one config to look for a bug besides")
+                   f"divergence, {fd['name']} (step {fd['step']}), follows from it: {how} (the "
+                   f"records alone: {found.verdict}); compare runs set up alike to look for a "
+                   f"bug besides")
         return dataclasses.replace(found, status="setup", verdict=verdict,
                                    setup=[*configs, *[d for d in ranked if d not in configs]])
     held = _held_by(ranked, blamed.get("module")) if found.status == "bug" else []

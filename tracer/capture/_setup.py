@@ -228,6 +228,21 @@ def _state_step(opt: torch.optim.Optimizer, params: list[Any]) -> int:
     return 0
 
 
+def tied(modules: list[tuple[str, torch.nn.Module]]) -> dict[str, str]:
+    """Parameters that are one tensor under two names (an output head tied to the input
+    embedding): each later name -> the first, in the modules' order."""
+    first: dict[int, str] = {}
+    out: dict[str, str] = {}
+    for name, module in modules:
+        for pname, p in module.named_parameters(recurse=False):
+            full = pname if name.startswith("<root") else f"{name}.{pname}"
+            if id(p) in first:
+                out[full] = first[id(p)]
+            else:
+                first[id(p)] = full
+    return out
+
+
 class SetupRecorder:
     """The setup of one Dumper's open step: begun with the step, filled as the step runs,
     taken (`take`) when the step is written.
@@ -277,6 +292,7 @@ class SetupRecorder:
             "config": config,
             "modules": module_attributes(modules),
             "frozen": [name for name, _, p in params if not p.requires_grad],
+            "tied": tied(modules),
         }
         if buffers:  # as the step began: later, a forward (or its dropout) changed them
             setup["buffers"] = {f"{m}.{b}" if m != "<root>" else b: fingerprint(t)

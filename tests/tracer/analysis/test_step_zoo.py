@@ -28,7 +28,7 @@ whose step costs a tenth of a Hugging Face model's."""
 
 # classes the quick lane leaves to the sweep: it is at its time bound, and each costs a run
 SWEPT_ONLY = frozenset({"fp16", "fp16_bug", "buffer_written", "bf16_grad_hook",
-                        "frozen_clipped", "cleared_between", "scaler_only"})
+                        "frozen_clipped", "cleared_between", "scaler_only", "tied"})
 
 
 def _fast(case: Case) -> bool:
@@ -128,6 +128,8 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
     elif f == "data_order":
         # the batch's fingerprint says which input differs: the model's own batch
         assert "the batch differs: the model's call 0 is given input_ids" in v, where
+    elif f == "tied":
+        assert " ties " in v and "(one tensor under both names)" in v, where
     elif f == "scaler_only":
         assert "B scales the loss with a GradScaler" in v and "is the loss it scales" in v, where
         assert "the optimizer's updates agree" in v and "bug" not in v, where
