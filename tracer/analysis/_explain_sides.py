@@ -15,8 +15,8 @@ from typing import Any
 
 from tracer._errors import TracerError
 from tracer.analysis._origin import call_stem
-from tracer.analysis._replay import (CallSpec, NotReplayable, recorded, rel_error, replay,
-                                     replay_device)
+from tracer.analysis._replay import (CallSpec, NotReplayable, overload, recorded, rel_error,
+                                     replay, replay_device)
 
 
 def stem(name: str) -> str:
@@ -219,20 +219,37 @@ _MISSING = object()
 
 
 def arg_changes(a: CallSpec, b: CallSpec) -> list[str]:
-    """How B's call's arguments differ from A's, one phrase each ("argument 3: a tensor in A,
-    None in B", "alpha: not passed in A, 2 in B"); tensors count as equal arguments (their
-    values are compared elsewhere), and so do the devices they are on."""
+    """How B's call's arguments differ from A's, one phrase each ("argument 3 (bias): a tensor
+    in A, None in B", "alpha: not passed in A, 2 in B", a loss's reduction with its name);
+    tensors count as equal arguments (their values are compared elsewhere), and so do the
+    devices they are on."""
     out = [f"the overload: {a.op} in A, {b.op} in B"] if a.op != b.op else []
+    names = _arg_names(b.op)
     for i in range(max(len(a.args), len(b.args))):
         va = a.args[i] if i < len(a.args) else _MISSING
         vb = b.args[i] if i < len(b.args) else _MISSING
         if _plain(va) != _plain(vb):
-            out.append(f"argument {i}: {_show(va)} in A, {_show(vb)} in B")
+            name = names[i] if i < len(names) else ""
+            out.append(f"argument {i}{f' ({name})' if name else ''}: {_show(va, name)} in A, "
+                       f"{_show(vb, name)} in B")
     for k in sorted(set(a.kwargs) | set(b.kwargs)):
         va, vb = a.kwargs.get(k, _MISSING), b.kwargs.get(k, _MISSING)
         if _plain(va) != _plain(vb):
-            out.append(f"{k}: {_show(va)} in A, {_show(vb)} in B")
+            out.append(f"{k}: {_show(va, k)} in A, {_show(vb, k)} in B")
     return out
+
+
+def _arg_names(op: str) -> list[str]:
+    """The names of the overload's positional arguments, from its schema; [] where this torch
+    has no such overload."""
+    try:
+        return [arg.name for arg in overload(op)._schema.arguments]
+    except (NotReplayable, AttributeError):
+        return []
+
+
+_REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}
+"""A loss's `reduction` as aten takes it (torch.nn._reduction.get_enum)."""
 
 
 def _plain(v: Any) -> Any:
@@ -245,7 +262,9 @@ def _plain(v: Any) -> Any:
     return json.dumps(v, sort_keys=True)
 
 
-def _show(v: Any) -> str:
+def _show(v: Any, name: str = "") -> str:
+    if name == "reduction" and isinstance(v, int) and v in _REDUCTIONS:
+        return f"{v} ({_REDUCTIONS[v]})"
     if v is _MISSING:
         return "not passed"
     if v is None:

@@ -200,7 +200,7 @@ def test_other_arguments_are_named_as_the_reason(net, tmp_path, capsys):
     # the bias lost: B's call has one tensor fewer, re-run on A's tensors argument by argument
     bias = explain(net["a"], net["no_bias"])
     assert bias.status == "bug" and bias.blamed["op"] == "aten.native_layer_norm"
-    assert "argument 3: a tensor in A, None in B" in bias.verdict
+    assert "argument 3 (bias): a tensor in A, None in B" in bias.verdict
     assert bias.blamed["introduced"] > 1e3 * bias.blamed["entitled"]
     assert main(["explain", str(net["a"]), str(net["no_bias"]), "--repro",
                  str(tmp_path / "r")]) == 1
@@ -323,10 +323,23 @@ def test_two_codebases_are_explained_through_a_module_map(tmp_path, capsys):
     assert e.status == "bug" and e.blamed["op"] == "aten.native_layer_norm", e.verdict
     assert e.blamed["b_name"] == "layers.1::aten.native_layer_norm.forward.0"
     assert e.blamed["source"] == _line("# THE PORT'S LAYER CALL")
-    assert "argument 4: 1e-05 in A, 0.01 in B" in e.verdict
+    assert "argument 4 (eps): 1e-05 in A, 0.01 in B" in e.verdict
     (tmp_path / "map.yaml").write_text(map_modules(a, b).to_yaml())
     assert main(["explain", "--map", str(tmp_path / "map.yaml"), str(a), str(b)]) == 1
     assert capsys.readouterr().out.startswith("bug: op aten.native_layer_norm at ")
     assert main(["explain", "--map", str(tmp_path / "none.yaml"), str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert "none.yaml: cannot read it" in err and "Traceback" not in err
+
+
+def test_an_argument_is_named_by_the_schema_and_a_reduction_by_its_word():
+    from tracer.analysis._explain_sides import arg_changes
+    from tracer.analysis._replay import CallSpec
+
+    def call(reduction: int, op: str = "aten.nll_loss_forward.default") -> CallSpec:
+        return CallSpec(op, [{"input": 0}, {"input": 1}, None, reduction, -100], {})
+
+    assert arg_changes(call(1), call(2)) == ["argument 3 (reduction): 1 (mean) in A, 2 (sum) in B"]
+    # an overload this torch does not have keeps the position alone
+    assert arg_changes(call(1, "aten.no_such_op.default"), call(2, "aten.no_such_op.default")) \
+        == ["argument 3: 1 in A, 2 in B"]
