@@ -134,7 +134,8 @@ class ProfileDiff:
         if math.isnan(j.between) and j.verdict != "no change":
             floor += "; variation between runs not measured (one profile a side)"
         if j.withheld:
-            floor += f"; the steps alone say {j.withheld}, against the calls (see the note)"
+            floor += (f"; the steps alone say {j.withheld}, against its calls or shapes (see "
+                      f"the note)")
         if j.decided_by != "steps":
             return _by_evidence(j, base, floor)
         if j.verdict == "slower":
@@ -263,8 +264,8 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     raw_ops = op_diff(pa.ops, pb.ops, na, nb, stacks)
     # what B's change in calls costs a step at A's time per call: calls do not move with load
     calls_us = float(raw_ops["from_calls_us"].sum()) if not raw_ops.empty else 0.0
-    j = _against_calls(j, calls_us, step_us, notes)
     shapes_us = shapes_load_free(raw_ops)
+    j = _against_calls(j, calls_us, step_us, notes, shapes_us)
     j = _decided_by_evidence(j, calls_us, shapes_us, step_a.median)
     descending = j.verdict != "faster"
     ops = rank(raw_ops, descending)
@@ -293,22 +294,35 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     return out
 
 
-def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[str]) -> Judgement:
-    """The verdict kept, or "no change" when its direction is against the calls and nothing
-    measured the variation between runs: B judged faster by less than twice the floor while it
-    makes calls A does not (or slower while it makes fewer). Calls do not move with the
-    machine's load; a whole run's steps do, when the machine's speed drifts between runs, and
-    one profile a side cannot tell that from a change of the program."""
+def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[str],
+                   shapes_us: float = 0.0) -> Judgement:
+    """The verdict kept, or "no change" when its direction is against the calls and shapes
+    and nothing measured the variation between runs: B judged faster by less than twice the
+    floor while it makes calls A does not, or runs the same ops on larger inputs (or slower
+    while it makes fewer, on smaller ones). Calls and shapes do not move with the machine's
+    load (`shapes_us`: `shapes_load_free`); a whole run's steps do, when the machine's speed
+    drifts between runs, and one profile a side cannot tell that from a change of the
+    program."""
     if j.verdict == "no change" or not math.isnan(j.between):
         return j
+    shapes_us = 0.0 if math.isnan(shapes_us) else shapes_us
+    evidence = calls_us + shapes_us
     sign = 1 if j.verdict == "slower" else -1
-    if sign * calls_us >= 0 or abs(calls_us) <= 0.01 * step_us or abs(j.change) >= 2 * j.noise:
+    if sign * evidence >= 0 or abs(evidence) <= 0.01 * step_us or abs(j.change) >= 2 * j.noise:
         return j
-    more = "more" if calls_us > 0 else "fewer"
-    notes.append(f"the steps say B is {j.verdict} ({j.change * 100:+.3g} %), against its calls: "
-                 f"B makes {more} calls than A, {calls_us:+.4g} us a step at A's time per call; "
-                 "the machine's speed likely changed between the two runs, so no verdict is "
-                 "given: profile A again and pass it with --repeat-a, or profile both at once")
+    said = []
+    if abs(calls_us) > 0.01 * step_us:
+        said.append(f"B makes {'more' if calls_us > 0 else 'fewer'} calls than A, "
+                    f"{calls_us:+.4g} us a step at A's time per call")
+    if abs(shapes_us) > 0.01 * step_us:
+        said.append(f"B runs the same ops on {'larger' if shapes_us > 0 else 'smaller'} "
+                    f"inputs, {shapes_us:+.4g} us a step")
+    what = "calls" if not shapes_us else "shapes" if abs(calls_us) <= 0.01 * step_us \
+        else "calls and shapes"
+    notes.append(f"the steps say B is {j.verdict} ({j.change * 100:+.3g} %), against its "
+                 f"{what}: {'; '.join(said) or f'{evidence:+.4g} us a step'}; the machine's "
+                 "speed likely changed between the two runs, so no verdict is given: profile A "
+                 "again and pass it with --repeat-a, or profile both at once")
     return replace(j, verdict="no change", withheld=j.verdict)
 
 

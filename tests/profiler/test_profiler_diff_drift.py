@@ -71,12 +71,18 @@ def test_against_calls_leaves_measured_or_agreeing_verdicts():
     tiny = 5.0  # under 1 % of a step: no evidence
     assert _against_calls(faster, tiny, 900.0, []).verdict == "faster"
     assert not math.isnan(faster.change)
+    # the same ops on larger inputs in B: as much evidence against "faster" as new calls
+    notes: list[str] = []
+    assert _against_calls(faster, 0.0, 900.0, notes, shapes_us=100.0).verdict == "no change"
+    assert "against its shapes: B runs the same ops on larger inputs" in notes[0], notes
+    assert _against_calls(faster, 0.0, 900.0, [], shapes_us=math.nan).verdict == "faster"
+    assert _against_calls(slower, 0.0, 1000.0, [], shapes_us=100.0).verdict == "slower"
 
 
 def test_withheld_verdict_says_so_in_the_headline():
     d = profiler.diff_profiles(_Profile("a", _steps(2000), BASE), _Profile("b", _steps(1830), CHECK))
     assert d.judgement.withheld == "faster"
-    assert "the steps alone say faster, against the calls" in d.headline()
+    assert "the steps alone say faster, against its calls or shapes" in d.headline()
     # the p-value shown is the one of what the steps said
     assert f"p = {d.judgement.p_faster:.3g}" in d.headline()
 
