@@ -288,8 +288,10 @@ def _compare_step(sa: Side, sb: Side, pl: Plan, ta: Any, tb: Any, pairs: list, t
         if ca != cb and {la, lb} & {"op", "mix"} and note not in notes:
             notes.append(note)
         if setups is not None:
-            setups.append(compare_setups(fa.attrs.get("setup"), fb.attrs.get("setup"), pl,
-                                         named=layouts is None))
+            setups.append(compare_setups(
+                fa.attrs.get("setup"), fb.attrs.get("setup"), pl, named=layouts is None,
+                interrupted=(fa.attrs.get("status") == "interrupted",
+                             fb.attrs.get("status") == "interrupted")))
         recs_a, recs_b = _rows(ta), _rows(tb)
         moved = frozenset((str(r["dtype"]), int(r["numel"]), int(r["checksum"])) for r in recs_a
                           if r["phase"] == "optimizer" and r["direction"] == "param"

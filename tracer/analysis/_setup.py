@@ -479,11 +479,18 @@ def numerics_differences(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for d in found if d["kind"] != "version"]
 
 
+_LATE = ("optimizer", "hyperparameter", "group", "clipping", "scaler")
+"""What a step's setup takes after its forward: an interrupted step may never have got there."""
+
+
 def compare_setups(text_a: Any, text_b: Any, pl: tuple[int, int, int, int], *,
-                   named: bool = True) -> dict[str, Any]:
+                   named: bool = True, interrupted: tuple[bool, bool] = (False, False)
+                   ) -> dict[str, Any]:
     """One compared step pair's setups (each side's `setup` attribute as stored): its rank
     and step on each side, the `differences`, and `missing`, why a side's setup could not be
-    compared (none recorded, it does not read, a part failed to be taken)."""
+    compared (none recorded, it does not read, a part failed to be taken). `interrupted`: of
+    each side, whether its step was cut short (a crash, a signal): what it takes late in the
+    step (`_LATE`) is then not compared, since the step may never have reached it."""
     a, why_a = read(text_a, "A")
     b, why_b = read(text_b, "B")
     # neither side keeping one (a dump written by the writer alone) is nothing to compare
@@ -492,6 +499,12 @@ def compare_setups(text_a: Any, text_b: Any, pl: tuple[int, int, int, int], *,
     for side, s in (("A", a), ("B", b)):
         missing += [f"{side}: {e}" for e in (s or {}).get("errors") or []]
     found = differences(a, b, named=named) if a is not None and b is not None else []
+    cut = [side for side, was in zip("AB", interrupted) if was]
+    if cut and any(d["kind"] in _LATE for d in found):
+        found = [d for d in found if d["kind"] not in _LATE]
+        missing.append(f"{' and '.join(cut)}: step {pl[1] if cut == ['A'] else pl[3]} was "
+                       f"interrupted, so its optimizer, clipping and scaler were not compared "
+                       f"(the step may never have reached them)")
     return {"rank": pl[0], "step": pl[1], "b_rank": pl[2], "b_step": pl[3],
             "differences": found, "missing": missing, "inputs": compare_inputs(a, b)}
 

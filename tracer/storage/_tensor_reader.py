@@ -41,8 +41,8 @@ class TensorReader:
             # (UntrustedFileError is no read error: it stops the diff)
             self.file = open_h5(path)
             self.data = self.file["tensors"] if "tensors" in self.file else None
-            self.attrs = {k: self.file.attrs[k] for k in ("level", "mode", "config", "setup")
-                          if k in self.file.attrs}
+            self.attrs = {k: self.file.attrs[k] for k in ("level", "mode", "config", "setup",
+                                                          "status") if k in self.file.attrs}
             # files without the column cannot be checked (every format so far has it)
             self.checksums = "checksum" in (self.file["records"].dtype.names or ())
         except READ_ERRORS as e:

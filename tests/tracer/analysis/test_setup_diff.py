@@ -2,11 +2,13 @@
 what a difference says, and when it may stand for explain's verdict and when it may not."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tracer.analysis._explain import Explanation
-from tracer.analysis._setup import (compare_inputs, differences, inputs_words, names_in_words,
-                                    with_setup)
+from tracer.analysis._setup import (compare_inputs, compare_setups, differences, inputs_words,
+                                    names_in_words, with_setup)
 
 
 def _setup(**parts):
@@ -241,3 +243,16 @@ def test_a_config_that_skips_a_layer_is_the_setup_even_where_a_module_holds_it_t
     assert out.status == "setup", out.verdict
     assert out.verdict.startswith("setup: the runs were set up differently: config layerdrop "
                                   "0 in A, 0.5 in B"), out.verdict
+
+
+def test_an_interrupted_step_is_not_said_to_lack_what_it_never_reached():
+    # B crashed in its forward: no optimizer step, no clipping call taken; a config still reads
+    a = _setup(optimizers=_opt(), clips=[{"fn": "clip_grad_norm_", "max_norm": 1.0}],
+               model={"config": {"eps": 1e-5}, "modules": {}, "frozen": []})
+    b = _setup(model={"config": {"eps": 1e-2}, "modules": {}, "frozen": []})
+    text_a, text_b = json.dumps(a), json.dumps(b)
+    whole = compare_setups(text_a, text_b, (0, 0, 0, 0))
+    assert {d["kind"] for d in whole["differences"]} >= {"optimizer", "clipping", "config"}
+    cut = compare_setups(text_a, text_b, (0, 0, 0, 0), interrupted=(False, True))
+    assert [d["kind"] for d in cut["differences"]] == ["config"], cut["differences"]
+    assert any(m.startswith("B: step 0 was interrupted") for m in cut["missing"]), cut["missing"]
