@@ -114,7 +114,7 @@ def create_app(run_dirs: Iterable[str | os.PathLike[str]], *, refresh_s: float =
 
     for _, module in PAGES.values():
         module.register(app, ctx)
-    register_routes(app.server, ctx, pages=PAGES)
+    register_routes(app.server, ctx, pages=PAGES, callbacks=app.callback_map)
     app.sleuth_context = ctx  # for tests and the CLI: which runs this app shows
     return app
 

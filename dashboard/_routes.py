@@ -10,8 +10,8 @@ import ipaddress
 import mimetypes
 import os
 import re
-from collections.abc import Iterable, Iterator
-from typing import BinaryIO
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, BinaryIO
 
 from flask import Flask, Response, abort, request
 
@@ -36,10 +36,49 @@ _HIGHLIGHT_STYLE = ("<style>.sleuth-hit polygon, .sleuth-hit ellipse, .sleuth-hi
                     "{fill: #ffd54f !important; stroke: #d62728 !important; stroke-width: 3px !important;}</style>")
 
 
-def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) -> None:
+CALLBACK_ROUTE = "/_dash-update-component"
+"""Where the page posts its callbacks (Dash's route under the app's path prefix "/")."""
+
+
+def callback_problem(body: Any, callbacks: Mapping[str, Any]) -> str | None:
+    """What is wrong with a callback request's JSON body, in one line, or None when Dash can
+    dispatch it: an object naming a callback the app registers (`output`, a key of
+    `callbacks`, Dash's `callback_map`), with its `outputs` and one {id, property} entry for
+    each input and state the callback takes. The values are each callback's to judge
+    (dashboard._values); Dash itself fails with a server error on any other shape."""
+    if not isinstance(body, dict):
+        return "the body is not a JSON object"
+    output = body.get("output")
+    if not isinstance(output, str) or output not in callbacks:
+        return "`output` names no callback of this dashboard"
+    spec = callbacks[output]
+    outputs = body.get("outputs")
+    if not all(_slot(o) for o in (outputs if isinstance(outputs, list) else [outputs])):
+        return "`outputs` is not an {id, property} object or a list of them"
+    changed = body.get("changedPropIds", [])
+    if not (isinstance(changed, list) and all(isinstance(c, str) for c in changed)):
+        return "`changedPropIds` is not a list of strings"
+    for key in ("inputs", "state"):
+        slots = body.get(key, [])
+        if not (isinstance(slots, list) and all(_slot(x) for x in slots)):
+            return f"`{key}` is not a list of {{id, property}} objects"
+        if len(slots) != len(spec.get(key) or []):
+            return f"`{key}` holds {len(slots)} entries where this callback takes " \
+                   f"{len(spec.get(key) or [])}"
+    return None
+
+
+def _slot(x: Any) -> bool:
+    return isinstance(x, dict) and isinstance(x.get("id"), (str, dict)) \
+        and isinstance(x.get("property"), str)
+
+
+def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",),
+                    callbacks: Mapping[str, Any] | None = None) -> None:
     """Add the file and SVG routes to the Flask server behind the Dash app, and answer a URL
     that is none of `pages` (the Dash app's page paths), a file route or a Dash resource with
-    a 404 page."""
+    a 404 page; a callback request whose body is no call of one of `callbacks` (the app's
+    `callback_map`) with a 400 naming what is wrong."""
     page_paths = frozenset(pages)
 
     def resolve(run: str, rel: str):
@@ -94,6 +133,16 @@ def register_routes(server: Flask, ctx: Context, pages: Iterable[str] = ("/",)) 
                 links = ", ".join(f'<a href="{p}">{p}</a>' for p in sorted(page_paths))
                 return Response(_NOT_FOUND.format(links=links), status=404, mimetype="text/html")
         return None
+
+    @server.before_request
+    def callbacks_dash_can_dispatch() -> Response | None:
+        if callbacks is None or request.path != CALLBACK_ROUTE or request.method != "POST":
+            return None
+        problem = callback_problem(request.get_json(silent=True), callbacks)
+        if problem is None:
+            return None
+        return Response(f"not a callback request of this dashboard: {problem}\n", status=400,
+                        mimetype="text/plain")
 
     @server.route(f"{FILE_ROUTE}/<run>/<path:rel>")
     def sleuth_file(run: str, rel: str) -> Response:

@@ -180,6 +180,50 @@ def test_callbacks_answer_hostile_values_without_a_server_error_many(app_and_val
     _fuzz_every_callback(*app_and_values, data)
 
 
+def _body(name: str, spec: dict, values: dict[str, Any]) -> dict:
+    """A well-formed callback request of callback `name` with `values` by "id.prop"."""
+    outs = [dict(zip(("id", "property"), part.split(".", 1)))
+            for part in name.strip(".").split("...")]
+    body = {"output": name, "outputs": outs[0] if len(outs) == 1 else outs,
+            "changedPropIds": [_key(spec["inputs"][0])], "inputs": [], "state": []}
+    for kind, slot in _slots(spec):
+        body[kind].append({"id": slot["id"], "property": slot["property"],
+                           "value": values[_key(slot)]})
+    return body
+
+
+_FIELDS = st.sampled_from(["output", "outputs", "inputs", "state", "changedPropIds"])
+
+
+@settings(max_examples=25, derandomize=True, **_SETTINGS)
+@given(data=st.data())
+def test_a_malformed_callback_request_is_a_400_never_a_server_error(app_and_values, data):
+    """The request's shape, not its values: a field dropped, replaced by any JSON, an entry of
+    a list replaced, or a body that is no object. Dash answers each with a server error (and a
+    traceback in the log); the dashboard answers 400 naming what is wrong."""
+    app, plausible = app_and_values
+    name = data.draw(st.sampled_from(sorted(app.callback_map)), label="callback")
+    spec = app.callback_map[name]
+    body: Any = _body(name, spec, {_key(s): plausible[_key(s)] for _, s in _slots(spec)})
+    how = data.draw(st.sampled_from(["drop", "replace", "entry", "whole"]), label="how")
+    field = data.draw(_FIELDS, label="field")
+    if how == "drop":
+        body.pop(field, None)
+    elif how == "replace":
+        body[field] = data.draw(HOSTILE, label="value")
+    elif how == "entry" and isinstance(body[field], list) and body[field]:
+        body[field][data.draw(st.integers(0, len(body[field]) - 1))] = data.draw(HOSTILE)
+    elif how == "whole":
+        body = data.draw(HOSTILE, label="body")
+    resp = app.server.test_client().post("/_dash-update-component", data=json.dumps(body),
+                                         content_type="application/json")
+    try:
+        assert resp.status_code < 500, (resp.status_code, body)
+        assert "Traceback" not in resp.get_data().decode("utf-8", "replace")
+    finally:
+        resp.close()
+
+
 def _answer(app: Any, plausible: dict[str, Any], output: str,
             overrides: dict[str, Any]) -> tuple[int, str]:
     """The callback whose first output is `output` ("id.prop") posted with the plausible values
