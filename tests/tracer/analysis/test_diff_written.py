@@ -160,7 +160,7 @@ class Wide(Net):
         self.fc1, self.fc2 = nn.Linear(8, 128), nn.Linear(128, 4)  # fc2.weight: 512 elements
 
 
-@pytest.mark.parametrize("mode", ["tensor", "statistics"])
+@pytest.mark.parametrize("mode", [pytest.param("tensor", marks=pytest.mark.slow), "statistics"])
 def test_a_weight_doubled_is_named_though_its_checksum_is_unchanged(tmp_path, capsys, mode):
     # doubling a float32 adds 2**23 to its bits: over 512 elements the checksum (the bits' sum,
     # wrapped to 32 bits) moves by 2**32, so only the extremes tell the two values apart

@@ -155,6 +155,7 @@ def test_the_step_fault_is_named_as_what_it_is(case: Case, references, tmp_path)
         assert not e.setup, where
 
 
+@pytest.mark.slow  # the quick lane runs the zoo's frozen_first on the MLP
 @pytest.mark.parametrize("clip", [False, True], ids=["plain", "clipped"])
 def test_a_weight_frozen_in_one_run_is_never_same(tmp_path, clip) -> None:
     """AdamW, one step dumped: B's frozen weight has no gradient and no update, and every
