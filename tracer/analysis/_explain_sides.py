@@ -52,11 +52,12 @@ class Sides:
                 continue
             attrs = d.attrs(r, s)
             level, mode = attrs.get("level", "?"), attrs.get("mode", "?")
-            fix = ('dump it again with {"mode": "tensor"} (or "full")' if mode == "statistics"
-                   else "dump it again with this version of sleuth")
-            raise TracerError(f"dump {side.upper()} (level {level}, mode {mode}) holds no op "
-                              f"calls for rank {r} step {s} (/calls), which re-running ops "
-                              f"needs: {fix}")
+            fix = ('dump both runs again with {"mode": "tensor"} (or "full")'
+                   if mode == "statistics" else "dump it again with this version of sleuth")
+            raise TracerError(f"this divergence is judged by re-running its ops (the records "
+                              f"alone cannot tell B's rounding from a bug there), and dump "
+                              f"{side.upper()} (level {level}, mode {mode}) holds no op calls "
+                              f"for rank {r} step {s} (/calls) to re-run: {fix}")
 
     def spec(self, side: str, call: str) -> CallSpec:
         text = self.specs[side].get(call)

@@ -348,7 +348,7 @@ def test_a_model_left_in_eval_mode_is_the_setup_even_from_statistics_dumps(tmp_p
     e = explain(tmp_path / "a", tmp_path / "b")
     assert e.status == "setup", e.verdict
     assert "in eval mode in B, train mode in A" in e.verdict
-    assert 'dump it again with {"mode": "tensor"}' in e.verdict  # what the records would need
+    assert 'dump both runs again with {"mode": "tensor"}' in e.verdict  # what the records would need
 
 
 class _TokenLoss(nn.Module):
