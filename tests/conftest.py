@@ -89,21 +89,23 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _signals_kept():
     """Each test leaves the process's signal handlers and mask as it found them. A process the
     suite starts inherits an ignored or blocked SIGINT (Popen resets neither), and a later test
-    in the same worker then sees Ctrl-C do nothing: they are put back after each test, and a
-    test that changed them is named in a warning (a library it calls may be the one)."""
+    in the same worker then sees Ctrl-C do nothing: SIGINT's handler and the mask are put
+    back after each test, and a test that changed any of them is named in a warning (a
+    library it calls may be the one)."""
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     yield
     changed = [signal.Signals(s).name for s, h in handlers.items() if signal.getsignal(s) != h]
     now = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    for s, h in handlers.items():
-        if h is not None:
-            signal.signal(s, h)
+    # SIGINT alone is put back: the tracer's SIGTERM handler stays while a listener it keeps
+    # for a dying run (the flight recorder after an interrupted close) still holds it
+    if handlers[signal.SIGINT] is not None:
+        signal.signal(signal.SIGINT, handlers[signal.SIGINT])
     if now != mask:
         changed.append(f"the blocked signals ({sorted(now)} where {sorted(mask)} was)")
     if changed:
         import warnings
-        warnings.warn(f"the test left the handlers of {', '.join(changed)} changed; put back",
+        warnings.warn(f"the test left the handlers of {', '.join(changed)} changed",
                       stacklevel=1)
 
 
