@@ -310,17 +310,16 @@ def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[st
     sign = 1 if j.verdict == "slower" else -1
     if sign * evidence >= 0 or abs(evidence) <= 0.01 * step_us or abs(j.change) >= 2 * j.noise:
         return j
-    said = []
-    if abs(calls_us) > 0.01 * step_us:
-        said.append(f"B makes {'more' if calls_us > 0 else 'fewer'} calls than A, "
-                    f"{calls_us:+.4g} us a step at A's time per call")
-    if abs(shapes_us) > 0.01 * step_us:
-        said.append(f"B runs the same ops on {'larger' if shapes_us > 0 else 'smaller'} "
-                    f"inputs, {shapes_us:+.4g} us a step")
-    what = "calls" if not shapes_us else "shapes" if abs(calls_us) <= 0.01 * step_us \
-        else "calls and shapes"
+    parts = [(word, text) for word, us, text in (
+        ("calls", calls_us, f"B makes {'more' if calls_us > 0 else 'fewer'} calls than A, "
+                            f"{calls_us:+.4g} us a step at A's time per call"),
+        ("shapes", shapes_us, f"B runs the same ops on {'larger' if shapes_us > 0 else 'smaller'} "
+                              f"inputs, {shapes_us:+.4g} us a step"))
+        if abs(us) > 0.01 * step_us]
+    what = " and ".join(w for w, _ in parts) or "calls and shapes"
+    said = "; ".join(t for _, t in parts) or f"{evidence:+.4g} us a step"
     notes.append(f"the steps say B is {j.verdict} ({j.change * 100:+.3g} %), against its "
-                 f"{what}: {'; '.join(said) or f'{evidence:+.4g} us a step'}; the machine's "
+                 f"{what}: {said}; the machine's "
                  "speed likely changed between the two runs, so no verdict is given: profile A "
                  "again and pass it with --repeat-a, or profile both at once")
     return replace(j, verdict="no change", withheld=j.verdict)

@@ -224,7 +224,7 @@ class _Summary:
         self.first_row: dict | None = None
         self.worst: list[dict] = []
         self.unpaired: list[dict] = []
-        self.novel: list[dict] = []
+        self.first_novel: dict | None = None
         """The first of the records one run alone makes whose values the other never holds."""
         self.novel_count = 0
 
@@ -243,8 +243,7 @@ class _Summary:
                     self.unpaired.append(r)
                 if r.get("novel"):
                     self.novel_count += 1
-                    if not self.novel:
-                        self.novel.append(r)
+                    self.first_novel = self.first_novel or r
         if divergent and self.first_row is None:
             self.first_row, divergent = divergent[0], divergent[1:]
         if divergent:
@@ -275,7 +274,7 @@ def unpaired_most(counts: dict[str, int]) -> str | None:
 def unpaired_words(summary: "_Summary") -> str:
     """The records without a partner in words: how many on each side, how many of them hold
     values the other run never holds, and the first of those."""
-    c, first = summary.counts, summary.novel[0] if summary.novel else None
+    c, first = summary.counts, summary.first_novel
     text = (f"{c['only_a']} records only in A, {c['only_b']} only in B, {summary.novel_count} "
             f"of them values the other run never holds")
     if first is None:

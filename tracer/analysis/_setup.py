@@ -562,6 +562,14 @@ def setup_of(changes: list[dict[str, Any]]) -> dict[str, Any] | None:
 _PATHS = ("frozen", "tied", "config", "module", "optimizer", "group", "scaler")
 """Setup differences that change which ops a step runs (a frozen weight has no gradient to
 compute, a config or a module's constant picks a code path), likeliest first."""
+_CODE_PATH = {
+    "frozen": "a frozen weight has no gradient, so the backward and what reads the gradients "
+              "run other ops",
+    "tied": "the tied names read one tensor where the other run has two",
+    "config": "the model takes another code path"}
+"""Setup differences that stand for ops run otherwise (a structural fault) wherever the
+records name it, likeliest first, with how they make it (a frozen weight only where `_relevant`
+keeps it: in or after the backward)."""
 _STRUCTURAL = ("added", "removed", "replaced", "swapped", "argument", "passed")
 """Faults explain names where the two runs ran other ops, or passed other values."""
 
@@ -679,29 +687,18 @@ def with_setup(found: Any, change: dict[str, Any] | None, replayed: str = "",
         found.notes.insert(0, f"the two steps were set up differently: {_words(every)}")
         return dataclasses.replace(found, setup=every)
     ranked = _relevant(every, fd, blamed.get("fault") in _STRUCTURAL, after_backward)
-    frozen = [d for d in ranked if d["kind"] == "frozen"] if found.status == "bug" else []
-    if frozen and blamed.get("fault") in _STRUCTURAL and fd.get("step") == change["step"]:
-        # a frozen weight has no gradient: the backward runs fewer ops, and what reads the
-        # gradients (clipping, the optimizer) is given fewer, wherever the records first part
-        verdict = (f"setup: the runs were set up differently: {_words(frozen)}. The first "
-                   f"divergence, {fd['name']} (step {fd['step']}), follows from it: a frozen "
-                   f"weight has no gradient, so the backward and what reads the gradients run "
-                   f"other ops (the records alone: {found.verdict}); compare runs that freeze "
-                   f"the same weights to look for a bug besides")
+    paths = sorted((d for d in ranked if d["kind"] in _CODE_PATH), key=lambda d:
+                   list(_CODE_PATH).index(d["kind"])) if found.status == "bug" else []
+    if paths and blamed.get("fault") in _STRUCTURAL:
+        # the setup picks which ops run (a frozen weight has no gradient; a config picks an
+        # attention kernel or an activation; tied weights are one tensor): other ops, or
+        # values passed otherwise, follow from it, wherever the records first part
+        verdict = (f"setup: the runs were set up differently: {_words(paths)}. The first "
+                   f"divergence, {fd['name']} (step {fd['step']}), follows from it: "
+                   f"{_CODE_PATH[paths[0]['kind']]} (the records alone: {found.verdict}); "
+                   f"compare runs set up alike to look for a bug besides")
         return dataclasses.replace(found, status="setup", verdict=verdict,
-                                   setup=[*frozen, *[d for d in ranked if d not in frozen]])
-    configs = [d for d in ranked if d["kind"] in ("tied", "config")]
-    if configs and found.status == "bug" and blamed.get("fault") in _STRUCTURAL:
-        # the model's config picks its code path (an attention kernel, an activation, tied
-        # weights): other ops, or values passed otherwise, follow from it, wherever they are
-        how = ("the tied names read one tensor where the other run has two"
-               if configs[0]["kind"] == "tied" else "the model takes another code path")
-        verdict = (f"setup: the runs were set up differently: {_words(configs)}. The first "
-                   f"divergence, {fd['name']} (step {fd['step']}), follows from it: {how} (the "
-                   f"records alone: {found.verdict}); compare runs set up alike to look for a "
-                   f"bug besides")
-        return dataclasses.replace(found, status="setup", verdict=verdict,
-                                   setup=[*configs, *[d for d in ranked if d not in configs]])
+                                   setup=[*paths, *[d for d in ranked if d not in paths]])
     held = _held_by(ranked, blamed.get("module")) if found.status == "bug" else []
     if held:
         # the op blamed runs in a module whose constants differ (an epsilon, a dropout
