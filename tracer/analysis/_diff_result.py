@@ -34,7 +34,8 @@ class DiffResult:
     """"same" only when every selected step of both sides was read completely and every
     matched record is within tolerance; "incomplete" when a step or record could not be read
     (or was interrupted: see `problems`), whatever the records read say; else "diverged"
-    (records out of tolerance, or a step one side lacks)."""
+    (records out of tolerance, a step one side lacks, or, where every paired record agrees,
+    records one run alone makes whose values the other never holds: `computed_alone`)."""
     first_divergence: dict[str, Any] | None
     """The first divergent record in execution order (name, module, op, phase, step, rank,
     source, caller, kind, reason, metrics, and `unpaired_before`: the records without a partner
@@ -59,6 +60,10 @@ class DiffResult:
     """pandas DataFrame of the rows a report lists, in both modes: the first divergent record,
     the `keep_worst` worst other divergent records (`severity`), then the first `keep_worst`
     records without a partner."""
+    computed_alone: dict[str, Any] | None = None
+    """Where no paired record differs but the runs computed different things: the first
+    record one run alone makes whose values the other never holds (its row: name or b_name,
+    verdict only_a or only_b, op, module, phase, step, source); else None."""
     changes: list[dict[str, Any]] = field(default_factory=list)
     """What changed between the runs, where the diff can tell, for a report's first lines:
     {"kind": "dtype", "a", "b" (the dtypes most matched records changed between), "records"
@@ -371,16 +376,17 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
         notes.insert(0, f"{unpaired}: the two dumps record different modules. Two codebases? "
                         f"`sleuth map A B > map.yaml` pairs their modules for `--map map.yaml`; "
                         f"else compare dumps of the same level and module filter")
-    elif summary.novel_count and status == "same":
+    alone = None
+    if not unpaired and summary.novel_count and status == "same":
         # every record both runs made agrees, but one run computed what the other did not (a
         # frozen weight's gradient, an op one run skips): the runs differ, and "same" would
         # send the user away from it
-        status = "diverged"
+        status, alone = "diverged", summary.first_novel
         notes.insert(0, f"no record both runs made differs, but the runs computed different "
                         f"things: {unpaired_words(summary)}; `sleuth explain` says why")
     return DiffResult(status=status, first_divergence=first, records=df, compared=compared,
                       notes=notes, problems=problems, left_out=left_out, steps=steps,
-                      record_counts=counts,
+                      record_counts=counts, computed_alone=alone,
                       shown=pd.DataFrame(summary.shown(), columns=list(COLUMNS)),
                       changes=changes(summary.dtype_pairs, summary.first_mixed, first, paired,
                                       setup, inputs))

@@ -329,19 +329,13 @@ def _explain(a: str | os.PathLike, b: str | os.PathLike, res: Any, limit: int, f
 
 
 def _computed_alone(res: Any) -> tuple[str, dict[str, Any]] | None:
-    """(verdict, blamed) where no record both runs made differs, but one run made records the
-    other did not (an op it alone runs, a weight its optimizer alone steps): the first of them
-    in execution order; None where every record has a partner (the steps differ instead)."""
-    rows = res.records
-    if rows is None or not len(rows) or any(p.state == "interrupted" for p in res.problems):
+    """(verdict, blamed) where no record both runs made differs, but one run made records
+    whose values the other never holds (an op it alone runs, a weight its optimizer alone
+    steps): the first of them, as the diff found it (`DiffResult.computed_alone`); None where
+    there is none (the steps differ instead)."""
+    r = res.computed_alone
+    if r is None:
         return None
-    alone = rows[rows["verdict"].isin(["only_a", "only_b"])].sort_values("order")
-    if alone.empty:
-        return None
-    # the optimizer's param records are ordered first, as the weights the step began with;
-    # what a run computed alone is its first op, or else what its optimizer step read
-    ops = alone[alone["phase"] != "optimizer"]
-    r = (ops if not ops.empty else alone).iloc[0]
     side, other = ("A", "B") if r["verdict"] == "only_a" else ("B", "A")
     name = str(r["name"] if side == "A" else r["b_name"])
     c = res.counts()
