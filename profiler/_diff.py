@@ -296,19 +296,26 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
 
 def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[str],
                    shapes_us: float = 0.0) -> Judgement:
-    """The verdict kept, or "no change" when its direction is against the calls and shapes
-    and nothing measured the variation between runs: B judged faster by less than twice the
-    floor while it makes calls A does not, or runs the same ops on larger inputs (or slower
-    while it makes fewer, on smaller ones). Calls and shapes do not move with the machine's
-    load (`shapes_us`: `shapes_load_free`); a whole run's steps do, when the machine's speed
-    drifts between runs, and one profile a side cannot tell that from a change of the
-    program."""
-    if j.verdict == "no change" or not math.isnan(j.between):
+    """The verdict kept, or withheld ("no change", `withheld` its direction) when it is
+    against the calls and shapes: B judged faster while it makes calls A does not, or runs the
+    same ops on larger inputs (or slower while it makes fewer, on smaller ones), by less than
+    twice the floor with nothing measuring the variation between runs, or by less than those
+    calls and shapes account for beyond the floor, repeats or not (`_decided_by_evidence` then
+    gives their verdict). Calls and shapes do not move with the machine's load (`shapes_us`:
+    `shapes_load_free`); a whole run's steps do, when the machine's speed drifts between
+    runs, and one profile a side cannot tell that from a change of the program."""
+    if j.verdict == "no change":
         return j
     shapes_us = 0.0 if math.isnan(shapes_us) else shapes_us
     evidence = calls_us + shapes_us
     sign = 1 if j.verdict == "slower" else -1
-    if sign * evidence >= 0 or abs(evidence) <= 0.01 * step_us or abs(j.change) >= 2 * j.noise:
+    if sign * evidence >= 0 or abs(evidence) <= 0.01 * step_us:
+        return j
+    # more against the steps than they moved, beyond the floor: for the steps to hold, the ops
+    # that did not change would have had to speed up (slow down) by the whole sum, which is
+    # the machine's speed moving between the runs, whatever the repeats measured
+    overruled = abs(evidence) > (abs(j.change) + j.noise) * step_us
+    if not overruled and (not math.isnan(j.between) or abs(j.change) >= 2 * j.noise):
         return j
     parts = [(word, text) for word, us, text in (
         ("calls", calls_us, f"B makes {'more' if calls_us > 0 else 'fewer'} calls than A, "
@@ -318,23 +325,25 @@ def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[st
         if abs(us) > 0.01 * step_us]
     what = " and ".join(w for w, _ in parts) or "calls and shapes"
     said = "; ".join(t for _, t in parts) or f"{evidence:+.4g} us a step"
+    then = ("so they decide the verdict, as they do not move with load" if overruled else
+            "so no verdict is given: profile A again and pass it with --repeat-a, or profile "
+            "both at once")
     notes.append(f"the steps say B is {j.verdict} ({j.change * 100:+.3g} %), against its "
-                 f"{what}: {said}; the machine's "
-                 "speed likely changed between the two runs, so no verdict is given: profile A "
-                 "again and pass it with --repeat-a, or profile both at once")
+                 f"{what}: {said}; the machine's speed likely changed between the two runs, "
+                 f"{then}")
     return replace(j, verdict="no change", withheld=j.verdict)
 
 
 def _decided_by_evidence(j: Judgement, calls_us: float, shapes_us: float,
                          step_us: float) -> Judgement:
-    """Where the step times cannot judge ("no change", the steps not against the calls),
+    """Where the step times cannot judge ("no change", or withheld against the calls),
     evidence that load does not move decides when together it costs more than the noise
     floor: the change in calls (calls B makes that A does not, at B's time per call, or that A
     makes and B drops, at A's; calls both make more or fewer times) and the same ops on other
     input shapes (`shapes_load_free`: B's time scaled by the ops that ran alike). Both are
     read in each run alone, so the machine's load, which moves a whole run's steps, does not
     move them. Each part that holds a quarter of their sum the verdict's way is named."""
-    if j.verdict != "no change" or j.withheld or not step_us > 0:
+    if j.verdict != "no change" or not step_us > 0:
         return j
     shapes_us = 0.0 if math.isnan(shapes_us) else shapes_us
     share = (calls_us + shapes_us) / step_us
@@ -359,8 +368,9 @@ def _by_evidence(j: Judgement, base: str, floor: str) -> str:
                     f"{'larger' if sign > 0 else 'smaller'} inputs, "
                     f"{j.shapes_share * 100:+.3g} % of A's step at A's speed")
     which = "they do" if j.decided_by == "calls and shapes" else f"{j.decided_by} do"
+    steps = "go against" if j.withheld else "do not clear"
     return (f"B is {j.verdict}, by its {j.decided_by}: {', '.join(said)}, above the {floor}, "
-            f"which the step times alone ({base}) do not clear; {which} not move with the "
+            f"which the step times alone ({base}) {steps}; {which} not move with the "
             "machine's load")
 
 

@@ -238,13 +238,19 @@ def rank(found: list[Cause], sign: int, first_us: float, decided_by: str = "step
          ) -> list[Cause]:
     """Largest `rank_us` first (ties keep their order), after the causes that rest on evidence
     load does not move: those whose calls or shapes account for more than `first_us` in the
-    verdict's direction, and, where such evidence decided the verdict, those resting on it."""
+    verdict's direction, and, where such evidence decided the verdict, those resting on it; a
+    line or op before any of its parts that comes first."""
     decided = {"calls": (Kind.NEW_CALLS, Kind.DROPPED_CALLS), "shapes": (Kind.SHAPES,),
                "calls and shapes": LOAD_PROOF}.get(decided_by, ())
-
-    def first(c: Cause) -> bool:
-        return c.kind in decided or sign * c.load_proof_us > first_us
-    return sorted(found, key=lambda c: (not first(c), -c.rank_us))
+    first = [c.kind in decided or sign * c.load_proof_us > first_us for c in found]
+    # the sites come line, op, module, each a part of the one before it: where a finer one
+    # comes first, so does what holds it (a module called twice is its line's new call, and
+    # that line's own count can sit under the floor when its time per call moved with load)
+    sites = [i for i, c in enumerate(found) if isinstance(c, Site)]
+    for outer, inner in reversed(list(zip(sites, sites[1:]))):
+        first[outer] = first[outer] or first[inner]
+    order = sorted(range(len(found)), key=lambda i: (not first[i], -found[i].rank_us))
+    return [found[i] for i in order]
 
 
 # ---- lines, ops and modules ----------------------------------------------------------------------

@@ -182,3 +182,50 @@ def test_a_longer_sequence_is_the_same_ops_on_larger_inputs():
     assert "aten::bmm at train.py:30 [[16, 128, 128], [16, 128, 32]] -> " \
            "[[16, 256, 256], [16, 256, 32]] (+1000 us)" in d.causes[0], d.causes
     assert not any("in B only" in c for c in d.causes), d.causes
+
+
+def _attention(name: str, step_us: float, seq: int, bmm_us: float, alike_us: float) -> _Profile:
+    """Attention's matmul at one line on a sequence of `seq`, beside the optimizer's update
+    on the parameters, which runs alike whatever the sequence (the machine's speed)."""
+    return _with_sites(_Profile(name, _steps(step_us), []), [
+        ("aten::bmm", f"[[16, {seq}, 32], [16, 32, {seq}]]", "train.py:30", 2, bmm_us),
+        ("aten::_foreach_add_", "[[64, 64]]", "train.py:40", 1, alike_us)])
+
+
+def test_shapes_above_the_change_overrule_steps_that_say_the_other_way():
+    """A sequence eight times as long, profiled while the machine was quieter than for A and
+    its repeat: B's steps are 28 % faster past a 15 % floor the repeats set, yet its matmuls
+    on the longer inputs cost more than A's whole step at A's speed. For the steps to hold,
+    everything else would have had to run twice as fast: the machine's speed moved, not the
+    program, so the shapes give the verdict and the headline says the steps went against it."""
+    a = _attention("a", 2000, 128, 600.0, 1400.0)
+    a2 = _attention("a2", 2300, 128, 690.0, 1610.0)
+    b = _attention("b", 1650, 1024, 1450.0, 200.0)  # the update 7 times as fast: the machine
+    d = profiler.diff_profiles(a, b, repeat_a=[a2])
+    assert d.judgement.withheld == "faster" and d.verdict == "slower", d.headline()
+    assert d.judgement.decided_by == "shapes"
+    assert d.headline().startswith("B is slower, by its shapes: B runs the same ops on larger "
+                                   "inputs"), d.headline()
+    assert "which the step times alone (step time" in d.headline() and "go against" in d.headline()
+    assert any("so they decide the verdict" in n for n in d.notes), d.notes
+    assert d.causes[0].startswith("the same ops on larger inputs"), d.causes
+
+
+def test_a_real_speed_up_beside_a_few_new_calls_stands_with_repeats():
+    """Faster by more than the new calls cost, past the floor: kept (a cast added by bf16
+    while the matmuls got faster)."""
+    a, a2 = _Profile("a", _steps(2000), BASE), _Profile("a2", _steps(2100), BASE)
+    d = profiler.diff_profiles(a, _Profile("b", _steps(1500), CHECK), repeat_a=[a2])
+    assert d.verdict == "faster" and not d.judgement.withheld, d.headline()
+
+
+def test_a_line_comes_before_its_module_that_comes_first():
+    """A module called a second time from a new line: the module's new call holds more than
+    the floor while the line's own count, merged with the first call's line, does not. The
+    line holds the module's time, so it is named first, with the module after it."""
+    from profiler._diff_causes import Kind, Site, rank
+    line = Site(kind=Kind.TIME_PER_CALL, us=58.0, rank_us=58.0, scope="line",
+                name="train.py:11,15", from_calls_us=40.0)
+    module = Site(kind=Kind.NEW_CALLS, us=150.0, rank_us=58.0, scope="module", name="0",
+                  from_calls_us=150.0)
+    assert rank([line, module], 1, 100.0) == [line, module]
