@@ -133,7 +133,7 @@ class ProfileDiff:
             floor += ", too few steps for a test"
         if math.isnan(j.between) and j.verdict != "no change":
             floor += "; variation between runs not measured (one profile a side)"
-        if j.withheld:
+        if j.withheld and j.decided_by == "steps":  # (else the headline says they go against)
             floor += (f"; the steps alone say {j.withheld}, against its calls or shapes (see "
                       f"the note)")
         if j.decided_by != "steps":
@@ -225,6 +225,9 @@ def diff_profiles(a: Any, b: Any, *, repeat_a: Sequence[Any] = (), repeat_b: Seq
     measured = [v for v in between if not math.isnan(v)]
     j = judge(ta, tb, threshold=threshold, alpha=alpha,
               between=max(measured) if measured else math.nan)
+    # each run's own spread: pooled runs would count the drift between them twice
+    in_run = [spread(r).quartile_deviation for r in (*runs_a, *runs_b) if r]
+    j = replace(j, floor_in_run=max([threshold, *in_run]))
     step_a, step_b = spread(ta), spread(tb)
     step_us = min(step_a.median, step_b.median)
     notes: list[str] = []
@@ -314,7 +317,7 @@ def _against_calls(j: Judgement, calls_us: float, step_us: float, notes: list[st
     # more against the steps than they moved, beyond the floor: for the steps to hold, the ops
     # that did not change would have had to speed up (slow down) by the whole sum, which is
     # the machine's speed moving between the runs, whatever the repeats measured
-    overruled = abs(evidence) > (abs(j.change) + j.noise) * step_us
+    overruled = abs(evidence) > (abs(j.change) + _evidence_floor(j)) * step_us
     if not overruled and (not math.isnan(j.between) or abs(j.change) >= 2 * j.noise):
         return j
     parts = [(word, text) for word, us, text in (
@@ -347,13 +350,19 @@ def _decided_by_evidence(j: Judgement, calls_us: float, shapes_us: float,
         return j
     shapes_us = 0.0 if math.isnan(shapes_us) else shapes_us
     share = (calls_us + shapes_us) / step_us
-    if abs(share) <= max(j.noise, 0.01):
+    if abs(share) <= max(_evidence_floor(j), 0.01):
         return j
     sign = 1 if share > 0 else -1
     total = abs(calls_us + shapes_us)
     named = {k: v / step_us if sign * v >= 0.25 * total else math.nan
              for k, v in (("calls_share", calls_us), ("shapes_share", shapes_us))}
     return replace(j, verdict="slower" if sign > 0 else "faster", **named)
+
+
+def _evidence_floor(j: Judgement) -> float:
+    """The floor calls and shapes must clear: the one of a single run (`floor_in_run`), as
+    the drift between runs that the repeats measure does not move them."""
+    return j.noise if math.isnan(j.floor_in_run) else j.floor_in_run
 
 
 def _by_evidence(j: Judgement, base: str, floor: str) -> str:
@@ -369,6 +378,12 @@ def _by_evidence(j: Judgement, base: str, floor: str) -> str:
                     f"{j.shapes_share * 100:+.3g} % of A's step at A's speed")
     which = "they do" if j.decided_by == "calls and shapes" else f"{j.decided_by} do"
     steps = "go against" if j.withheld else "do not clear"
+    shares = [abs(v) for v in (j.calls_share, j.shapes_share) if not math.isnan(v)]
+    if _evidence_floor(j) < j.noise and sum(shares) <= j.noise:
+        # above one run's floor only: the drift between runs that raised the other does not
+        # move calls or shapes
+        floor = (f"floor of one run, {_evidence_floor(j) * 100:.3g} % (the drift between runs "
+                 f"moves neither calls nor shapes; {floor})")
     return (f"B is {j.verdict}, by its {j.decided_by}: {', '.join(said)}, above the {floor}, "
             f"which the step times alone ({base}) {steps}; {which} not move with the "
             "machine's load")

@@ -94,11 +94,18 @@ def _signals_kept():
     library it calls may be the one)."""
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    ignored = _ignored_by_the_kernel()
     yield
     changed = [signal.Signals(s).name for s, h in handlers.items() if signal.getsignal(s) != h]
+    # a library's C code can ignore SIGINT with sigaction, which Python's own record of the
+    # handler never sees: the kernel's is read, and a child started after it would ignore Ctrl-C
+    now_ignored = _ignored_by_the_kernel()
+    if signal.SIGINT in now_ignored - ignored:
+        changed.append("SIGINT (ignored in the kernel, behind Python's back)")
     now = signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    # SIGINT alone is put back: the tracer's SIGTERM handler stays while a listener it keeps
-    # for a dying run (the flight recorder after an interrupted close) still holds it
+    # SIGINT alone is put back (signal.signal sets the kernel's handler too): the tracer's
+    # SIGTERM handler stays while a listener it keeps for a dying run (the flight recorder
+    # after an interrupted close) still holds it
     if handlers[signal.SIGINT] is not None:
         signal.signal(signal.SIGINT, handlers[signal.SIGINT])
     if now != mask:
@@ -107,6 +114,17 @@ def _signals_kept():
         import warnings
         warnings.warn(f"the test left the handlers of {', '.join(changed)} changed",
                       stacklevel=1)
+
+
+def _ignored_by_the_kernel() -> set[int]:
+    """The signals this process ignores, as the kernel holds them (/proc/self/status SigIgn);
+    empty where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            bits = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    except (OSError, StopIteration, ValueError):
+        return set()
+    return {n + 1 for n in range(64) if bits >> n & 1}
 
 
 def pytest_configure(config):

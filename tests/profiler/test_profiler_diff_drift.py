@@ -229,3 +229,20 @@ def test_a_line_comes_before_its_module_that_comes_first():
     module = Site(kind=Kind.NEW_CALLS, us=150.0, rank_us=58.0, scope="module", name="0",
                   from_calls_us=150.0)
     assert rank([line, module], 1, 100.0) == [line, module]
+
+
+def test_shapes_clear_the_floor_of_one_run_whatever_the_drift_between_runs():
+    """A and its repeat 60 % apart (a machine shared with a heavy job): the steps cannot
+    judge B's +30 %, but its matmuls on twice the sequence, read in B's run alone, cost a
+    third of A's step at A's speed, over the 5 % floor one run's steps set. The drift between
+    runs does not move shapes, so they decide, and the headline names both floors."""
+    a = _attention("a", 2000, 128, 600.0, 1400.0)
+    a2 = _attention("a2", 3200, 128, 960.0, 2240.0)
+    b = _attention("b", 2600, 256, 1300.0, 1300.0)
+    d = profiler.diff_profiles(a, b, repeat_a=[a2])
+    assert d.judgement.noise == pytest.approx(0.6) and d.judgement.floor_in_run == 0.05
+    assert d.verdict == "slower" and d.judgement.decided_by == "shapes", d.headline()
+    assert "above the floor of one run, 5 % (the drift between runs moves neither calls nor " \
+           "shapes; noise floor 60 % (the variation between runs)" in d.headline(), d.headline()
+    # A against its repeat: the same calls on the same shapes, so no evidence, whatever the drift
+    assert profiler.diff_profiles(a, a2).judgement.decided_by == "steps"
