@@ -132,6 +132,11 @@ def pytest_configure(config):
     # docs' one long test last, alone, at the end of the run
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    # a suite started in the background of a shell (`pytest ... &`, nohup) ignores SIGINT, and
+    # every process it starts would too: the tests that stop a command with Ctrl-C need what a
+    # terminal gives
+    if signal.SIGINT in _ignored_by_the_kernel():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
