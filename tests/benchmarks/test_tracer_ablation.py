@@ -61,6 +61,7 @@ def test_the_llama_workload_is_built_from_a_config_and_trains(capsys):
     assert out["devices"]["c_kernel"] == {"conditions": {}}
 
 
+@pytest.mark.slow
 def test_a_device_that_acts_only_on_another_device_is_named_not_measured(capsys):
     bench = _load()
     out = _run(bench, capsys, "--workloads", "gpt", "--conditions", "attached_unselected",

@@ -104,6 +104,7 @@ def _traces(browser, graph_id: str) -> list[dict]:
         "x0: t.x[0], x1: t.x[t.x.length - 1]})) : null;")
 
 
+@pytest.mark.slow
 def test_scalars_overlay_smoothing_and_zoom(browser, server):
     from selenium.webdriver.common.by import By
 
@@ -134,6 +135,7 @@ def test_scalars_overlay_smoothing_and_zoom(browser, server):
     assert severe_logs(browser) == []
 
 
+@pytest.mark.slow
 def test_scalars_slow_first_draw_still_draws(browser, runs_dir, monkeypatch):
     """A slow server: the graph's first autosize fires while the first draw is still running,
     and Dash's renderer drops that draw. The autosize call must then draw the figure: answering
@@ -161,6 +163,7 @@ def test_scalars_slow_first_draw_still_draws(browser, runs_dir, monkeypatch):
         handle.close()
 
 
+@pytest.mark.slow
 def test_scalars_refresh_while_training(browser, server, runs_dir):
     import json
 
@@ -177,6 +180,7 @@ def test_scalars_refresh_while_training(browser, server, runs_dir):
     assert wait_for(lambda: (t := _traces(browser, "scalars-graph")) and t[0]["x1"] == 449, timeout=20)
 
 
+@pytest.mark.slow
 def test_histograms_heatmap(browser, server, tools):
     need(tools, "summary")
     open_page(browser, server, "/histograms?run=0")
@@ -188,6 +192,7 @@ def test_histograms_heatmap(browser, server, tools):
     assert severe_logs(browser) == []
 
 
+@pytest.mark.slow
 def test_profile_panels(browser, server, tools):
     from selenium.webdriver.common.by import By
 
@@ -205,6 +210,7 @@ def test_profile_panels(browser, server, tools):
     assert severe_logs(browser) == []
 
 
+@pytest.mark.slow
 def test_dumps_table_highlight_filter_and_tensor(browser, server, tools):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -249,6 +255,7 @@ def test_dumps_table_highlight_filter_and_tensor(browser, server, tools):
     assert severe_logs(browser) == []
 
 
+@pytest.mark.slow
 def test_diff_marks_first_divergence(browser, server, tools):
     from selenium.webdriver.common.by import By
 
@@ -310,6 +317,7 @@ def test_empty_states(browser, server, path, message):
     assert severe_logs(browser) == []
 
 
+@pytest.mark.slow
 def test_dumps_page_reads_a_parquet_export(browser, runs_dir, tools):
     """A run folder holding only the Parquet export of a dump (`sleuth dump export`): the Dumps
     page reads its statistics, NaN rows and headroom, and says that tensors are not there."""

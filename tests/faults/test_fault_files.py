@@ -204,6 +204,7 @@ def test_config_attribute_too_deep(runs, command, capsys):
     assert damage.fingerprint(good, bad) == before
 
 
+@pytest.mark.slow
 def test_stored_pattern_that_backtracks_is_time_bound(runs):
     """A dump config's `nan_allow` regular expression that backtracks for hours: `check` stops
     it after the time bound, exit 2, one line naming the step file. Run as a real process with

@@ -155,6 +155,7 @@ def test_repeats_of_a_config_measure_the_variation_between_runs(runs, sleuth_cli
     assert r.returncode == 2 and "sleuth profile diff A B --repeat-a" in r.stderr
 
 
+@pytest.mark.slow
 def test_unreadable_profile_is_exit_2_in_one_line(sleuth_cli, tmp_path):
     """A profile of three tiny steps is enough to read: this test of the quick lane does not
     wait on the pairs the timing tests profile."""

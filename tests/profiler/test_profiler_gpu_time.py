@@ -305,6 +305,7 @@ def test_cuda_fixture_diff_names_the_rank_that_got_slower(tmp_path):
                                                             "aten::_local_scalar_dense"}
 
 
+@pytest.mark.slow
 def test_cuda_fixture_cli_prints_and_writes_every_table(tmp_path):
     a = _two_ranks(tmp_path / "a", "base_rank1")
     b = _two_ranks(tmp_path / "b", "slow_rank1")

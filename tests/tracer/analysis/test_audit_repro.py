@@ -70,6 +70,7 @@ def test_a_repro_runs_without_sleuth_and_shows_the_bug(runs, tmp_path, capsys):
     assert float(lines["B's call on A's inputs vs A's recorded output"]) > 1.0
 
 
+@pytest.mark.slow
 def test_no_repro_for_precision(runs, tmp_path, capsys):
     assert main(["explain", str(runs["a"]), str(runs["bf16"]), "--repro",
                  str(tmp_path / "r")]) == 1

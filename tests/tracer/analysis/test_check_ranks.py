@@ -109,6 +109,7 @@ def test_unknown_rank_is_a_clear_error(run):
         check_ranks(run, ranks=[9])
 
 
+@pytest.mark.slow
 def test_python_runs_the_ranks_here_unless_asked_and_the_command_line_per_core(run, capsys):
     """From Python a pool is never started unasked (it would import the caller's script
     again); `workers=0` and the command line take one process per core."""
@@ -133,6 +134,7 @@ check_ranks(sys.argv[1], workers=2)
 """
 
 
+@pytest.mark.slow
 def test_a_pool_started_from_an_unguarded_script_says_how_to_fix_it(run, tmp_path):
     """A script that starts a pool at import time, without `if __name__ == "__main__":`:
     the pool's processes import it again and cannot start one of their own. The call ends with

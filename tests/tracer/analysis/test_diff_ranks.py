@@ -57,6 +57,7 @@ def test_earliest_divergence_across_ranks(pair):
                            3: {1: "same", 2: "same", 3: "same"}}
 
 
+@pytest.mark.slow
 def test_local_pool_equals_in_process(pair):
     one = tracer.diff_ranks(*pair, workers=1).to_dict()
     pool = tracer.diff_ranks(*pair, workers=2).to_dict()

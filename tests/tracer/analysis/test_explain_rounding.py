@@ -85,7 +85,8 @@ def _dump(path: Path, family: str, bug: str = "", bf16: bool = False) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["tiny", "qwen2"])
+# the Hugging Face family under `slow`: the quick lane holds every rule on the tiny model
+@pytest.fixture(scope="module", params=["tiny", pytest.param("qwen2", marks=pytest.mark.slow)])
 def runs(request, tmp_path_factory) -> dict[str, Path]:
     family = request.param
     if family == "qwen2":

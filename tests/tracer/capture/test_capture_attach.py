@@ -69,7 +69,7 @@ def test_attach_from_env_before_torch_is_imported(tmp_path):
     assert "attached Dumper" in proc.stdout and "could not attach" not in proc.stderr
 
 
-@pytest.mark.parametrize("writer", ["sync", "async"])
+@pytest.mark.parametrize("writer", ["sync", pytest.param("async", marks=pytest.mark.slow)])
 def test_leaving_by_exit_handlers_and_os_exit_keeps_the_last_step(tmp_path, writer):
     """A torchrun worker steps past torch's gloo abort at exit with `atexit._run_exitfuncs()`
     then `os._exit(0)` (docs/frameworks.md), which skips threading's exit hooks: the dump's

@@ -85,6 +85,7 @@ def test_a_dumped_step_runs_compiled_and_records_the_region(tmp_path):
     assert (row.module, row.op, row.phase) == ("<root>", "compiled", "forward")
 
 
+@pytest.mark.slow
 def test_a_fault_only_the_compiled_code_has_is_named_at_its_region(tmp_path):
     _train(tmp_path / "a")
     _train(tmp_path / "b", fault=True)
