@@ -27,7 +27,8 @@ import numpy as np
 
 from tracer._errors import DumpFormatError, TracerError
 from tracer.storage._format import RECORD_COLUMNS
-from tracer.storage._bounded_json import JsonLimitError, load_bounded
+from tracer.storage._bounded_json import load_bounded
+from tracer.storage._door import kind_problem, number_of, numbered, printable
 from tracer.storage._dump import Dump, every_step
 from tracer.storage._reader import open_dump
 from tracer.storage._scan import PROBLEM_STATES
@@ -171,54 +172,96 @@ def _swap(work: Path, out: Path) -> None:
 
 def read_export(path: str | Path):
     """The exported dataset at `path` as one pandas DataFrame with int `rank` and `step`
-    columns first (partition folders come back as categories otherwise); a TracerError names
-    a folder that is not an export."""
+    columns first, every step read through `ExportedDump` (its names, folders and files
+    checked); a TracerError names a folder that is not an export, a DumpFormatError a part
+    that does not read."""
     import pandas as pd
 
     path = Path(path)
     if not (path / MANIFEST).is_file():
         raise TracerError(f"{path} is not a sleuth Parquet export (no {MANIFEST}); write one "
                           f"with `sleuth dump export RUN --format parquet --out {path}`")
-    try:
-        manifest = load_bounded(path / MANIFEST)
-    except JsonLimitError as e:
-        raise TracerError(f"{path} is not a sleuth Parquet export ({e})") from e
-    if not isinstance(manifest, dict):
-        raise TracerError(f"{path} is not a sleuth Parquet export ({MANIFEST} is not an object)")
-    if not manifest.get("files"):
+    export = ExportedDump(path)
+    frames = []
+    for rank in export.ranks:
+        for step in export.steps(rank):
+            frame = export.stats(rank, step)
+            frame.insert(0, "step", step)
+            frame.insert(0, "rank", rank)
+            frames.append(frame)
+    if not frames or not export.manifest.get("files"):
         return pd.DataFrame(columns=["rank", "step", *(n for n, _ in RECORD_COLUMNS), "status"])
-    frame = pd.read_parquet(path)
+    frame = pd.concat(frames, ignore_index=True)
     for col in ("rank", "step"):
         frame[col] = frame[col].astype("int64")
-    cols = ["rank", "step", *(c for c in frame.columns if c not in ("rank", "step"))]
-    return frame[cols].sort_values(["rank", "step", "seq"], kind="stable").reset_index(drop=True)
+    return frame.sort_values(["rank", "step", "seq"], kind="stable").reset_index(drop=True)
+
+
+_RANK_PART = numbered(r"rank={n}")
+_STEP_PART = numbered(r"step={n}")
+"""An export's partition folders: canonical ASCII numbers only, as the door's file names, so
+`step=01` or `step=٠` never stands in for a step the export holds."""
+
+
+def _manifest(root: Path) -> dict[str, Any]:
+    """The export's manifest: an object whose `problems` is a list of objects; a TracerError
+    naming the export and what is wrong otherwise."""
+    def refuse(why: str) -> TracerError:
+        return TracerError(f"{printable(root)} is not a sleuth Parquet export ({MANIFEST}: "
+                           f"{why}); write one with `sleuth dump export RUN` (it goes to "
+                           "RUN/export.parquet)")
+    try:
+        manifest = load_bounded(root / MANIFEST)
+    except (OSError, ValueError) as e:
+        raise refuse(str(e)) from e
+    if not isinstance(manifest, dict):
+        raise refuse("not an object")
+    problems = manifest.get("problems") or []
+    if not isinstance(problems, list) or not all(isinstance(p, dict) for p in problems):
+        raise refuse("its problems are not a list of objects")
+    return manifest
+
+
+def _inside(root: Path, folder: Path) -> bool:
+    """Whether `folder` is a folder that stays inside `root`, soft links followed: sleuth
+    writes none, and one leading out would show another dataset's rows as this export's."""
+    try:
+        return folder.is_dir() and root.resolve() in folder.resolve().parents
+    except (OSError, RuntimeError):  # a loop of soft links
+        return False
 
 
 class ExportedDump:
     """A Parquet export read with the reading side of `Dump` that needs no tensor bytes:
     `ranks`, `steps(rank)`, `stats(rank, step)` (step None: every step of the rank with a
     leading `step` column), `status(rank, step)`, `skipped`. One (rank, step) reads one Parquet
-    file, so a dashboard over an export of thousands of ranks opens only what it shows."""
+    file, so a dashboard over an export of thousands of ranks opens only what it shows.
+    Partition folders are read by strict names and only while they stay inside the export;
+    a part that is not a regular file is refused, never opened."""
 
     def __init__(self, path: str | Path) -> None:
         self.root = Path(path)
-        try:
-            self.manifest = load_bounded(self.root / MANIFEST)
-        except (OSError, ValueError) as e:
-            raise TracerError(f"{self.root} is not a sleuth Parquet export ({MANIFEST}: {e}); "
-                              "write one with `sleuth dump export RUN` (it goes to "
-                              "RUN/export.parquet)") from e
-        self._parts: dict[int, dict[int, Path]] = {}
-        for rank_dir in self.root.glob("rank=*"):
-            rank = _partition(rank_dir.name)
-            for step_dir in rank_dir.glob("step=*"):
-                step = _partition(step_dir.name)
-                if rank is not None and step is not None and step_dir.is_dir():
-                    self._parts.setdefault(rank, {})[step] = step_dir
-        self.ranks = sorted(self._parts)
-        self.skipped = [(p["path"], p["reason"]) for p in self.manifest.get("problems") or []
+        self.manifest = _manifest(self.root)
+        self.skipped = [(str(p.get("path", "")), str(p.get("reason", "")))
+                        for p in self.manifest.get("problems") or []
                         if p.get("state") != "interrupted"]
-        """(path, reason) of each step file the export left out, as its manifest names them."""
+        """(path, reason) of each step file the export left out, as its manifest names them,
+        and of each partition folder that leads out of the export."""
+        self._parts: dict[int, dict[int, Path]] = {}
+        for rank_dir in sorted(self.root.glob("rank=*")):
+            rank = number_of(_RANK_PART, rank_dir.name)
+            for step_dir in sorted(rank_dir.glob("step=*")) if rank is not None else ():
+                step = number_of(_STEP_PART, step_dir.name)
+                if step is None:
+                    continue
+                if not _inside(self.root, step_dir):
+                    if step_dir.is_symlink() or step_dir.exists():
+                        self.skipped.append((printable(step_dir), "not a folder inside the "
+                                             "export (a soft link out of it, or a file): not "
+                                             "read"))
+                    continue
+                self._parts.setdefault(rank, {})[step] = step_dir
+        self.ranks = sorted(self._parts)
 
     def steps(self, rank: int) -> list[int]:
         return sorted(self._parts.get(rank, {}))
@@ -237,11 +280,19 @@ class ExportedDump:
             raise DumpFormatError(f"no rank {rank} step {step} in the export {self.root}{why} "
                                   f"(ranks: {self.ranks}; steps of rank {rank}: "
                                   f"{self.steps(rank)})")
+        import pyarrow as pa
+
+        files = sorted(part.glob("*.parquet"))
+        for f in files:
+            problem = kind_problem(f)
+            if problem:
+                raise DumpFormatError(f"{printable(f)}: {problem}")
         try:
-            frame = pq.read_table(sorted(part.glob("*.parquet")), partitioning=None).to_pandas()
-        except (OSError, ValueError) as e:  # pyarrow's errors derive from these
-            raise DumpFormatError(f"{part}: the Parquet file does not read ({e}); export the "
-                                  "dump again") from e
+            frame = pq.read_table(files, partitioning=None).to_pandas()
+        except (OSError, ValueError, TypeError, KeyError, IndexError, NotImplementedError,
+                pa.ArrowException) as e:
+            raise DumpFormatError(f"{printable(part)}: the Parquet file does not read ({e}); "
+                                  "export the dump again") from e
         return frame.sort_values("seq", kind="stable").reset_index(drop=True)
 
     def status(self, rank: int, step: int) -> tuple[str, str]:
@@ -255,13 +306,6 @@ class ExportedDump:
 
     def close(self) -> None:
         pass
-
-
-def _partition(name: str) -> int | None:
-    try:
-        return int(name.split("=", 1)[1])
-    except (IndexError, ValueError):
-        return None
 
 
 def is_export(path: str | Path) -> bool:

@@ -201,3 +201,60 @@ def test_nothing_exported_is_an_error_and_a_left_out_step_says_why(run, tmp_path
             damage_records(f)
     assert main(["dump", "export", str(run), "--out", str(tmp_path / "none.parquet")]) == 2
     assert "nothing was exported" in capsys.readouterr().err
+
+
+def test_a_forged_export_is_read_through_the_door(run, tmp_path_factory):
+    """An export is read as untrusted as a dump: a partition named like a step it holds
+    (`step=01`) never stands in for it, a partition that is a soft link out of the export is
+    never read as its rows (it is named in `skipped`), a part that is a FIFO is refused
+    without waiting on it, a manifest that is no object or whose problems are no objects is a
+    TracerError, and a damaged part is a DumpFormatError from both readers."""
+    import shutil
+
+    from tracer.storage import ExportedDump, export_parquet
+
+    out = run / "export.parquet"
+    export_parquet(run, out)
+    before = tracer.read_export(out)
+    rows = len(before[(before["rank"] == 0) & (before["step"] == 1)])
+    # a look-alike partition with other rows: step 1 stays the real one
+    fake = out / "rank=0" / "step=01"
+    shutil.copytree(out / "rank=1" / "step=1", fake)
+    got = ExportedDump(out)
+    assert got.steps(0) == [1, 2, 3]
+    assert (got.stats(0, 1)["max"] == before[(before["rank"] == 0) & (before["step"] == 1)]
+            ["max"].to_numpy()).all()
+    shutil.rmtree(fake)
+    # a partition leading out of the export
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    shutil.copytree(out / "rank=2" / "step=3", elsewhere / "p")
+    os.symlink(elsewhere / "p", out / "rank=0" / "step=7")
+    got = ExportedDump(out)
+    assert got.steps(0) == [1, 2, 3] and any("step=7" in p for p, _ in got.skipped)
+    assert len(tracer.read_export(out)) == len(before)
+    (out / "rank=0" / "step=7").unlink()
+    # a FIFO as a part
+    part = out / "rank=0" / "step=2" / "part-0.parquet"
+    saved = part.read_bytes()
+    part.unlink()
+    os.mkfifo(part)
+    with pytest.raises(tracer.DumpFormatError, match="FIFO"):
+        ExportedDump(out).stats(0, 2)
+    part.unlink()
+    # a damaged part
+    part.write_bytes(saved[: len(saved) // 2])
+    with pytest.raises(tracer.DumpFormatError, match="does not read"):
+        ExportedDump(out).stats(0, 2)
+    with pytest.raises(tracer.DumpFormatError, match="does not read"):
+        tracer.read_export(out)
+    part.write_bytes(saved)
+    assert len(ExportedDump(out).stats(0, 1)) == rows
+    # manifests of the wrong shape
+    manifest = out / "_sleuth_export.json"
+    good = json.loads(manifest.read_text())
+    for forged in ([1, 2], {**good, "problems": [1]}, {**good, "problems": "none"}):
+        manifest.write_text(json.dumps(forged))
+        with pytest.raises(tracer.TracerError, match="not a sleuth Parquet export"):
+            ExportedDump(out)
+        with pytest.raises(tracer.TracerError, match="not a sleuth Parquet export"):
+            tracer.read_export(out)
