@@ -36,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="compare each dumped step, as it is written, with the same step and "
                    "rank of RUN (a run dumped with the same config) and say the first record "
                    "out of tolerance at once (docs/diff.md, \"Live reference\"); needs --dump")
+    p.add_argument("--map", metavar="FILE",
+                   help="with --reference, a module map (`sleuth map REFERENCE RUN > FILE`) "
+                   "for a run whose modules are named otherwise than RUN's (a port), as "
+                   "`sleuth diff --map` takes it")
     p.add_argument("--on-divergence", choices=("continue", "stop"), default="continue",
                    help="with --reference, at the first divergence: go on (default), or stop "
                    "the run with exit code 3")
@@ -65,6 +69,8 @@ def child_env(args: argparse.Namespace, base: dict[str, str] | None = None) -> d
     if getattr(args, "reference", None):
         env["SLEUTH_REFERENCE"] = str(Path(args.reference).resolve())
         env["SLEUTH_REFERENCE_ON_DIVERGENCE"] = args.on_divergence
+        if getattr(args, "map", None):
+            env["SLEUTH_REFERENCE_MAP"] = str(Path(args.map).resolve())
     if args.summary:
         env["SLEUTH_SUMMARY"] = "1"
     if args.save_graphs:
@@ -97,6 +103,10 @@ def _run(args: argparse.Namespace) -> int:
     if getattr(args, "reference", None) and not args.dump:
         raise CliError("--reference compares the run's dump with RUN's: give the dump config "
                        "too, the one RUN was dumped with (--dump dump.json)")
+    if getattr(args, "map", None) and not getattr(args, "reference", None):
+        raise CliError("--map pairs the run's modules with a reference's: give the reference "
+                       "too (--reference RUN), or use the map with `sleuth diff --map` after "
+                       "the run")
     env = child_env(args)
     _validate_configs(args)
     run_dir = Path(env["SLEUTH_RUN_DIR"])
@@ -148,6 +158,10 @@ def _validate_configs(args: argparse.Namespace) -> None:
         dump_config(args.dump)
     if args.profile and args.profile != "1":
         collector_config(args.profile)
+    if getattr(args, "map", None):
+        from tracer.analysis import read_module_map
+
+        read_module_map(args.map, "--map")
 
 
 def _call(cmd: list[str], env: dict[str, str]) -> int:

@@ -38,6 +38,7 @@ FILE_NAME = "live_reference.json"
 ON_DIVERGENCE = ("continue", "stop")
 ENV_VAR = "SLEUTH_REFERENCE"
 ON_DIVERGENCE_ENV = "SLEUTH_REFERENCE_ON_DIVERGENCE"
+MAP_ENV = "SLEUTH_REFERENCE_MAP"
 LAG = 1
 """Steps the judge may be behind the run before a step boundary waits for its answer: a
 divergence is said, and a "stop" run ends, at the end of its step or of the next one."""
@@ -54,17 +55,31 @@ class LiveReference:
         on_divergence: "continue" (default) says the first divergence and goes on; "stop"
             says it and ends the run with `tracer.ReferenceDiverged` (a SystemExit of code
             `REFERENCE_EXIT`, 3).
+        module_map: a module map file (`sleuth map REFERENCE RUN > FILE`), as `sleuth diff
+            --map` takes it, for a run whose code names its modules otherwise than the
+            reference's (a port): each step is compared through it, the reference as A.
 
     A reference that does not exist or does not read is said in one line and compares nothing
     (the run goes on without it); under SLEUTH_STRICT=1 that raises instead. Raises
-    ConfigError for an `on_divergence` other than "continue" or "stop".
+    ConfigError for an `on_divergence` other than "continue" or "stop", and for a module map
+    that does not read (naming the file and what is wrong, as `sleuth diff --map` does).
     """
 
     def __init__(self, run: str | os.PathLike, *, tolerance: Tolerance | None = None,
-                 on_divergence: Literal["continue", "stop"] = "continue") -> None:
+                 on_divergence: Literal["continue", "stop"] = "continue",
+                 module_map: str | os.PathLike | None = None) -> None:
         if on_divergence not in ON_DIVERGENCE:
             raise ConfigError(f"on_divergence: expected 'continue' or 'stop', got "
                               f"{on_divergence!r}")
+        self.module_map: str | None = None
+        """The module map file, read here once to refuse a bad one at the start, and by
+        the judge (a path crosses to its process; the map's layouts and fused groups with
+        it); None without one."""
+        if module_map is not None:
+            from tracer.analysis._map_file import read_module_map
+
+            read_module_map(module_map, flag="module map")
+            self.module_map = str(Path(module_map).resolve())
         self.run = Path(run)
         self.tolerance = tolerance or Tolerance()
         self.on_divergence = on_divergence
@@ -90,7 +105,8 @@ class LiveReference:
     def from_env(cls) -> LiveReference | None:
         """The reference $SLEUTH_REFERENCE names, stopping the run at a divergence when
         $SLEUTH_REFERENCE_ON_DIVERGENCE is "stop"; None when $SLEUTH_REFERENCE is unset or
-        "0". Another $SLEUTH_REFERENCE_ON_DIVERGENCE raises ConfigError."""
+        "0"; compared through the module map $SLEUTH_REFERENCE_MAP names, when set. Another
+        $SLEUTH_REFERENCE_ON_DIVERGENCE, or a map that does not read, raises ConfigError."""
         run = os.environ.get(ENV_VAR, "").strip()
         if not run or run == "0":
             return None
@@ -98,7 +114,8 @@ class LiveReference:
         if how not in ON_DIVERGENCE:
             raise ConfigError(f"${ON_DIVERGENCE_ENV}: expected 'continue' or 'stop', got "
                               f"{how!r}")
-        return cls(run, on_divergence=how)  # type: ignore[arg-type]
+        mapped = os.environ.get(MAP_ENV, "").strip() or None
+        return cls(run, on_divergence=how, module_map=mapped)  # type: ignore[arg-type]
 
     @property
     def active(self) -> bool:
@@ -152,7 +169,8 @@ class LiveReference:
             try:
                 judge.send({"reference": reference, "path": str(path),
                             "tolerance": {"rtol": t.rtol, "atol": t.atol,
-                                          "cosine_min": t.cosine_min}},
+                                          "cosine_min": t.cosine_min},
+                            "module_map": self.module_map},
                            (reference, path, rank, step))
                 return
             except OSError as e:
@@ -208,7 +226,7 @@ class LiveReference:
 
     def _compare_here(self, reference: str, path: Path, rank: int, step: int) -> None:
         try:
-            answer = judged(reference, str(path), self.tolerance)
+            answer = judged(reference, str(path), self.tolerance, self.module_map)
         except (TracerError, *READ_ERRORS) as e:
             self._off(e, f"comparing step {step} with the reference {self.run}")
             return

@@ -8,7 +8,8 @@ process and reads the answers at step boundaries (`Judge`); the comparison is `t
 itself, here as in `sleuth diff`.
 
 Protocol, over the child's stdin and stdout (no pickle), one JSON object a line: a request is
-{"reference": step file, "path": step file, "tolerance": {"rtol", "atol", "cosine_min"}}; the
+{"reference": step file, "path": step file, "tolerance": {"rtol", "atol", "cosine_min"},
+"module_map": the map file or null}; the
 answer {"status", "first_divergence": record or null, "unjudged": why or null, "setup": the
 setup differences in words, likeliest cause first} (`judged`), or
 {"error": one line} where either file did not read. Once its imports are done the helper says
@@ -30,11 +31,14 @@ from tracer.analysis._diff_result import _jsonable
 _READY = {"ready": True}
 
 
-def judged(reference: str, path: str, tolerance: Any) -> dict[str, Any]:
-    """What `tracer.diff` finds between the two step files, as a JSON-ready answer."""
+def judged(reference: str, path: str, tolerance: Any,
+           module_map: str | None = None) -> dict[str, Any]:
+    """What `tracer.diff` finds between the two step files (through the module map file
+    `module_map`, the reference as A, where given), as a JSON-ready answer."""
     from tracer.analysis._diff import diff
 
-    result = diff(reference, path, tolerance=tolerance, keep_records=False)
+    result = diff(reference, path, tolerance=tolerance, keep_records=False,
+                  module_map=None if module_map is None else _map(module_map))
     unjudged = None
     if result.first_divergence is None and result.status != "same":
         unjudged = "; ".join([p.line() for p in result.problems[:2]] or result.notes[:1]) or \
@@ -44,6 +48,18 @@ def judged(reference: str, path: str, tolerance: Any) -> dict[str, Any]:
              for d in c["differences"]]
     return {"status": result.status, "unjudged": unjudged, "setup": setup,
             "first_divergence": None if fd is None else _jsonable(fd)}
+
+
+_MAPS: dict[str, Any] = {}
+
+
+def _map(path: str) -> Any:
+    """The module map in the file at `path`, read once a process."""
+    if path not in _MAPS:
+        from tracer.analysis._map_file import read_module_map
+
+        _MAPS[path] = read_module_map(path, flag="module map")
+    return _MAPS[path]
 
 
 class Judge:
@@ -133,7 +149,7 @@ def _serve(stdin: IO[str], stdout: IO[str]) -> None:
         request = json.loads(line)
         try:
             answer = judged(request["reference"], request["path"],
-                            Tolerance(**request["tolerance"]))
+                            Tolerance(**request["tolerance"]), request.get("module_map"))
         except (TracerError, *READ_ERRORS) as e:
             answer = {"error": describe_error(e)}
         try:

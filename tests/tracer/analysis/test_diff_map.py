@@ -100,12 +100,12 @@ def _port_of(gpt2: nn.Module, scale: float | None = None, port: nn.Module | None
     return port
 
 
-def _train(model: nn.Module, path: Path, hf: bool, level: str = "module", io: str = "both"
-           ) -> Path:
+def _train(model: nn.Module, path: Path, hf: bool, level: str = "module", io: str = "both",
+           reference: tracer.LiveReference | None = None) -> Path:
     ids = torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     with tracer.Dumper(model, {"path": str(path), "level": level, "mode": "statistics",
-                               "io": io}):
+                               "io": io}, reference=reference):
         loss = model(input_ids=ids, labels=ids).loss if hf else model(ids, ids)
         loss.backward()
         opt.step()
@@ -371,3 +371,31 @@ def test_a_hand_edited_map_stays_authoritative(ported, tmp_path, capsys):
     capsys.readouterr()
     assert main(["diff", "--map", str(path), a, b]) == 1  # and the diff reads them as written
     assert "transformer.h.0.mlp.act.forward.0.input.0" in capsys.readouterr().out
+
+
+def test_a_port_is_checked_live_against_its_reference_through_the_map(runs, tmp_path, capfd):
+    """The live reference takes the map `diff --map` takes: the faithful port trains beside
+    GPT-2's dump with no alarm, and the port without the attention's scale is named in the
+    step it happens, at the record the mapped diff names, as A calls it and as B does."""
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text(map_modules(runs["a"], runs["port"]).to_yaml())
+    gpt2 = _gpt2()
+    port, buggy = _port_of(gpt2), _port_of(gpt2, scale=1.0)
+    live = tracer.LiveReference(runs["a"], module_map=mapping)
+    _train(port, tmp_path / "port", False, reference=live)
+    assert live.first_divergence is None and live.compared == [0]
+    # (the setup line says what `diff --map` says too: GPT-2's config has no match in the port)
+    assert "first divergence" not in capfd.readouterr().err
+    live = tracer.LiveReference(runs["a"], module_map=mapping)
+    _train(buggy, tmp_path / "buggy", False, reference=live)
+    assert live.first_divergence["name"] == "transformer.h.0.attn.c_proj.forward.0.input.0"
+    assert live.first_divergence["b_name"] == "blocks.0.out.forward.0.input.0"
+    assert "first divergence at step 0: transformer.h.0.attn.c_proj" in capfd.readouterr().err
+    # without the map the two codebases are never a silent pass
+    live = tracer.LiveReference(runs["a"])
+    _train(_port_of(_gpt2()), tmp_path / "unmapped", False, reference=live)
+    assert "was not judged whole" in capfd.readouterr().err or live.first_divergence
+    # a map that does not read is one error naming it
+    (tmp_path / "bad.yaml").write_text("pairs: [")
+    with pytest.raises(tracer.ConfigError, match=r"module map .*bad\.yaml: not YAML"):
+        tracer.LiveReference(runs["a"], module_map=tmp_path / "bad.yaml")

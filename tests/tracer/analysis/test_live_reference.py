@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -89,6 +90,25 @@ def test_user_mistakes_are_one_line_errors(tmp_path):
         tracer.LiveReference(tmp_path, on_divergence="halt")
     with pytest.raises(tracer.ConfigError, match=r"pass tracer.LiveReference\("):
         tracer.Dumper(MLP(), {"path": str(tmp_path / "run")}, reference=str(tmp_path))
+
+
+def test_a_map_for_the_live_reference_is_checked_before_the_run_starts(tmp_path, capsys):
+    """`sleuth run --map` needs --reference, and a map that does not read stops it before the
+    command runs, in one line naming the option and the file (exit 2)."""
+    from sleuth.cli import main
+
+    (tmp_path / "dump.json").write_text('{"mode": "statistics"}')
+    (tmp_path / "bad.yaml").write_text("pairs: [")
+    never = ["--", sys.executable, "-c", "raise SystemExit(9)"]
+    assert main(["run", "--run-dir", str(tmp_path / "r"), "--dump", str(tmp_path / "dump.json"),
+                 "--map", str(tmp_path / "bad.yaml"), *never]) == 2
+    assert "--map pairs the run's modules with a reference's" in capsys.readouterr().err
+    assert main(["run", "--run-dir", str(tmp_path / "r"), "--dump", str(tmp_path / "dump.json"),
+                 "--reference", str(tmp_path), "--map", str(tmp_path / "bad.yaml"),
+                 *never]) == 2
+    err = capsys.readouterr().err
+    assert "--map" in err and "bad.yaml: not YAML" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
 
 
 _TRAIN = '''
