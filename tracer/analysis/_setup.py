@@ -368,7 +368,7 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
     """What differs between two steps' setups (`read`), likeliest cause first: each a dict of
     kind (`KINDS`), key, a, b, text (in words) and, where they apply, params, modules, buffers
     or source. `named` False (two codebases, whose names differ) compares only what has no
-    parameter or module name in it."""
+    parameter or module name in it, and of the model configs only the keys both hold."""
     out: list[dict[str, Any]] = []
     out += _optimizers(a.get("optimizers") or [], b.get("optimizers") or [], named)
     out += _clips(a.get("clips") or [], b.get("clips") or [], named)
@@ -395,7 +395,13 @@ def differences(a: dict[str, Any], b: dict[str, Any], *, named: bool = True
                                          f"{side} ties {alias} to {owner} (one tensor under "
                                          f"both names); {'A' if side == 'B' else 'B'} does "
                                          f"not", params=[alias, owner]))
-    out += _keyed("config", "config", ma.get("config") or {}, mb.get("config") or {})
+    ca, cb = ma.get("config") or {}, mb.get("config") or {}
+    if not named:
+        # two codebases: a key one config class has and the other's lacks (or a port that
+        # keeps its constants in code, with no config at all) is the code's shape, not a setup
+        # that differs; a key both have with other values is
+        ca, cb = ({k: v for k, v in c.items() if k in ca and k in cb} for c in (ca, cb))
+    out += _keyed("config", "config", ca, cb)
     if named:
         out += _modules(ma.get("modules") or {}, mb.get("modules") or {})
         if "buffers" in a and "buffers" in b:

@@ -399,3 +399,19 @@ def test_a_port_is_checked_live_against_its_reference_through_the_map(runs, tmp_
     (tmp_path / "bad.yaml").write_text("pairs: [")
     with pytest.raises(tracer.ConfigError, match=r"module map .*bad\.yaml: not YAML"):
         tracer.LiveReference(runs["a"], module_map=tmp_path / "bad.yaml")
+
+
+def test_two_codebases_are_not_set_up_otherwise_by_the_shape_of_their_code(runs, ported):
+    """GPT-2 and Llama keep their constants in a config and their ports in code: keys one
+    side alone holds are the code's shape, never a setup difference, and explain never blames
+    them for a port's bug (it said "setup: config activation_function only in A" whatever the
+    fault)."""
+    from tracer.analysis import explain
+
+    m = map_modules(runs["a"], runs["port"])
+    result = tracer.diff(runs["a"], runs["port"], module_map=m)
+    assert not [c for c in result.changes if c["kind"] == "setup"], result.changes[:1]
+    for a, fault in (("gpt2", "scale"), ("llama", "llama_scale")):
+        e = explain(ported[a], ported[fault], module_map=map_modules(ported[a],
+                                                                       ported[f"{a}_port"]))
+        assert e.status != "setup" and not e.verdict.startswith("setup"), e.verdict
