@@ -11,7 +11,7 @@ from dash import Input, Output, dcc, html
 from dashboard._context import Context
 from dashboard._routes import FILE_ROUTE
 from dashboard._runs import Run, available, link_problems, load_run_json
-from dashboard._widgets import empty_state, error_panel
+from dashboard._widgets import ERROR_CLASS, empty_state, error_panel
 
 CONFIG_SHOWN_CHARS = 64 * 1024
 """The config is shown up to this many characters; the rest is a link to run.json itself."""
@@ -61,6 +61,7 @@ def _card(run: Run) -> html.Div:
     ]
     links = [m for m in link_problems(run.root) if m != problem]
     body += [error_panel(m) for m in ([problem] if problem else []) + links]
+    body += _live_marks(run)
     if not info and not problem:
         body.append(empty_state("no run.json in this folder: runs made by `sleuth train` or "
                                 "`sleuth run` write one; the data below is still shown"))
@@ -73,6 +74,26 @@ def _card(run: Run) -> html.Div:
                                 className="sleuth-note"))
         body.append(html.Details([html.Summary("config"), *shown]))
     return html.Div(body, className="sleuth-card", id=f"run-card-{run.index}")
+
+
+def _live_marks(run: Run) -> list[html.Div]:
+    """The first divergence each rank's live reference found (`sleuth run --reference`), one
+    mark a rank, with the diff that names it again; a file that does not read is said."""
+    from tracer import read_live_reference
+
+    marks = []
+    for found in read_live_reference(run.root):
+        if "error" in found:
+            marks.append(error_panel(f"live reference of rank {found['rank']}: {found['error']}"))
+            continue
+        line = str(found["line"]).removeprefix("live reference: ")
+        reference = str(found.get("reference", "?"))
+        marks.append(html.Div([
+            html.Strong(f"Diverged from its reference (rank {found['rank']}): "), line,
+            html.Div([f"reference {reference}; again, with every record: ",
+                      html.Code(f"sleuth diff {reference} {run.root}")], className="sleuth-note")],
+            className=ERROR_CLASS, role="alert", id=f"run-live-{run.index}-{found['rank']}"))
+    return marks
 
 
 def _argv(argv: Any) -> str:

@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "RankDiffResult": "tracer.analysis",
     "Tolerance": "tracer.analysis",
     "LiveReference": "tracer.analysis",
+    "read_live_reference": "tracer.analysis",
     "check": "tracer.analysis",
     "first_nan_origin": "tracer.analysis",
     "headroom_trend": "tracer.analysis",

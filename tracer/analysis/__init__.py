@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
     "dump_ranks": "tracer.analysis._ranks",
     # a run compared with a known-good dump while it trains
     "LiveReference": "tracer.analysis._live",
+    "read_live_reference": "tracer.analysis._live",
     # a bug or rounding: ops re-run on recorded inputs
     "Explanation": "tracer.analysis._explain",
     "explain": "tracer.analysis._explain",

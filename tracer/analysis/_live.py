@@ -296,3 +296,44 @@ def divergence_line(fd: dict[str, Any], step: int) -> str:
 def _say(text: str) -> None:
     """A finding is said at once on stderr, one line: not a warning a filter could hide."""
     print(f"sleuth: {text}", file=sys.stderr, flush=True)
+
+
+def read_live_reference(run: str | os.PathLike) -> list[dict[str, Any]]:
+    """What each rank's live reference kept in `run` (`RUN/dump/rank{R}/live_reference.json`,
+    the first divergence), in rank order, read through the door: rank folders by their strict
+    names, the file bounded and only while it is a regular file inside the run. Each entry is
+    the file's object with `rank`; one that does not read, or is not the object this module
+    writes, is `{"rank": R, "error": why}`. [] where no rank kept one."""
+    from tracer.storage import RANK_DIR, kind_problem, load_bounded, number_of, printable
+
+    dump = Path(run) / "dump"
+    if not dump.is_dir():
+        return []
+    out: list[dict[str, Any]] = []
+    for folder in sorted(dump.iterdir(), key=lambda p: number_of(RANK_DIR, p.name) or 0):
+        rank = number_of(RANK_DIR, folder.name)
+        path = folder / FILE_NAME
+        if rank is None or not (path.exists() or path.is_symlink()):
+            continue
+        problem = kind_problem(path)
+        try:
+            if not problem and Path(run).resolve() not in path.resolve().parents:
+                problem = ("a soft link (or a folder that is one) leading out of the run, so it "
+                           "was not followed")
+        except (OSError, RuntimeError) as e:  # a loop of soft links
+            problem = f"cannot be followed ({e})"
+        if problem:
+            out.append({"rank": rank, "error": f"{printable(path)}: {problem}"})
+            continue
+        try:
+            found = load_bounded(path)
+        except (OSError, ValueError, TracerError) as e:
+            out.append({"rank": rank, "error": f"{printable(path)}: {describe_error(e)}"})
+            continue
+        if not (isinstance(found, dict) and isinstance(found.get("line"), str)
+                and isinstance(found.get("step"), int)):
+            out.append({"rank": rank, "error": f"{printable(path)}: not the first divergence "
+                        f"a live reference writes (no line and step); was it edited?"})
+            continue
+        out.append({**found, "rank": rank})
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -51,6 +52,46 @@ def test_the_first_divergence_is_the_diffs_said_at_once_and_kept(reference, tmp_
                            f" (module fc2, op -, phase optimizer, at ")
     kept = json.loads((tmp_path / "run" / "dump" / "rank0" / "live_reference.json").read_text())
     assert (kept["step"], kept["first_divergence"]["name"]) == (1, after["name"])
+
+
+def test_the_first_divergence_kept_is_read_back_and_marked_on_the_runs_page(reference,
+                                                                            tmp_path):
+    """`tracer.read_live_reference` reads what each rank kept, through the door, and the
+    dashboard's Runs page marks the run with it: the line said live and the diff to run. A
+    forged file (not the object written, a FIFO, a link out of the run) is said, never read
+    as a divergence, and a look-alike rank folder (`rank00`) is not a rank."""
+    from dashboard._page_runs import _live_marks
+    from dashboard._runs import load_runs
+
+    run = tmp_path / "run"
+    _train(run, tracer.LiveReference(reference), fault_step=1)
+    [found] = tracer.read_live_reference(run)
+    assert found["rank"] == 0 and found["step"] == 1
+    assert found["line"].startswith("live reference: first divergence at step 1: ")
+    [mark] = _live_marks(load_runs([run])[0])
+    text = str(mark.children)
+    assert "Diverged from its reference (rank 0)" in text and "first divergence at step 1" in text
+    assert f"sleuth diff {reference.resolve()} {run}" in text
+    kept = run / "dump" / "rank0" / "live_reference.json"
+    good = kept.read_text()
+    assert tracer.read_live_reference(tmp_path / "nowhere") == []
+    shutil.copytree(run / "dump" / "rank0", run / "dump" / "rank00")
+    assert [f["rank"] for f in tracer.read_live_reference(run)] == [0]
+    shutil.rmtree(run / "dump" / "rank00")
+    outside = tmp_path / "outside.json"
+    outside.write_text(good)
+    for forge in ("list", "fifo", "link"):
+        kept.unlink()
+        if forge == "list":
+            kept.write_text("[1, 2]")
+        elif forge == "fifo":
+            os.mkfifo(kept)
+        else:
+            os.symlink(outside, kept)
+        [found] = tracer.read_live_reference(run)
+        assert set(found) == {"rank", "error"}, found
+        [mark] = _live_marks(load_runs([run])[0])
+        assert "Cannot read this data" in str(mark.children)
 
 
 def test_the_same_run_raises_no_alarm_with_the_async_writer(reference, tmp_path, capfd):
