@@ -17,7 +17,7 @@ EXPECTED = [
     "TracerError", "UntrustedFileError", "WatchConfig", "WatchpointHit", "attach_from_env", "check",
     "diff", "diff_ranks",
     "export_parquet", "first_nan_origin", "headroom_trend", "map_modules", "open_dump",
-    "read_export", "strict",
+    "read_export", "read_live_reference", "strict",
 ]
 
 
@@ -51,7 +51,8 @@ FACES = {
                  "describe_origin", "diff", "diff_ranks",
                  "dump_ranks", "explain", "find_first_nan", "first_nan_origin",
                  "headroom_trend", "map_modules",
-                 "read_flight_recorder", "read_module_map", "record_headroom", "replay",
+                 "read_flight_recorder", "read_live_reference", "read_module_map",
+                 "record_headroom", "replay",
                  "write_repro"],
 }
 
