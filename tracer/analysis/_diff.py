@@ -182,7 +182,7 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, step: int | None = None,
         bar.close()
     return _result(rows, kinds, notes, problems, sel.left_out, steps, pd,
                    _Summary(keep_worst), keep_records=True, setup=first_setup(setups, notes),
-                   inputs=step_inputs(setups))
+                   inputs=step_inputs(setups), mapped=module_map is not None)
 
 
 def _step_tables(sa: Side, sb: Side, pl: Plan, problems: list[Problem],
@@ -245,7 +245,7 @@ def _streamed(sa: Side, sb: Side, sel: Any, tol: Tolerance, problems: list[Probl
         bar.close()
     return _result([], kinds, notes, problems, sel.left_out, steps, pd, summary,
                    setup=first_setup(setups, notes),
-                   inputs=step_inputs(setups))
+                   inputs=step_inputs(setups), mapped=module_map is not None)
 
 
 def _stats(side: Side, rank: int, step: int) -> Any:

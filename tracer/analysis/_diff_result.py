@@ -317,10 +317,12 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
             left_out: list[Problem], steps: list[dict[str, Any]], pd: Any,
             summary: _Summary, keep_records: bool = False,
             setup: dict[str, Any] | None = None,
-            inputs: dict[tuple[int, int], dict[str, Any]] | None = None) -> DiffResult:
+            inputs: dict[tuple[int, int], dict[str, Any]] | None = None,
+            mapped: bool = False) -> DiffResult:
     """The result from every row (`keep_records`) or from a summary gathered step by step;
     `setup`: the earliest step pair whose setups differ (tracer.analysis._setup); `inputs`:
-    by A's (rank, step), which of the batch and buffers differ as the step began."""
+    by A's (rank, step), which of the batch and buffers differ as the step began; `mapped`:
+    the records were paired through a module map."""
     rows = _ordered(rows)
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     if keep_records:
@@ -373,9 +375,12 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
         # and a "same" over the few that paired would speak for what was never compared
         if status == "same":
             status = "diverged"
-        notes.insert(0, f"{unpaired}: the two dumps record different modules. Two codebases? "
-                        f"`sleuth map A B > map.yaml` pairs their modules for `--map map.yaml`; "
-                        f"else compare dumps of the same level and module filter")
+        notes.insert(0, f"{unpaired}: the module map pairs few of these runs' modules: it "
+                        f"was made for other runs, or with A and B swapped; write one for these "
+                        f"two, `sleuth map A B > map.yaml`" if mapped else
+                     f"{unpaired}: the two dumps record different modules. Two codebases? "
+                     f"`sleuth map A B > map.yaml` pairs their modules for `--map map.yaml`; "
+                     f"else compare dumps of the same level and module filter")
     alone = None
     if not unpaired and summary.novel_count and status == "same":
         # every record both runs made agrees, but one run computed what the other did not (a

@@ -289,8 +289,11 @@ def divergence_line(fd: dict[str, Any], step: int) -> str:
     op = fd.get("op") or "-"
     where = fd.get("source") or "unknown source"
     reason = fd.get("reason") or "out of tolerance"
+    # through a module map the run names the record otherwise (a port): its name too
+    theirs = fd.get("b_name")
+    port = f"; in this run {theirs}" if theirs and theirs != fd.get("name") else ""
     return (f"live reference: first divergence at step {step}: {fd.get('name')} (module "
-            f"{fd.get('module')}, op {op}, phase {fd.get('phase')}, at {where}): {reason}")
+            f"{fd.get('module')}, op {op}, phase {fd.get('phase')}, at {where}{port}): {reason}")
 
 
 def _say(text: str) -> None:

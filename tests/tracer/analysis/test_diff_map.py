@@ -390,11 +390,18 @@ def test_a_port_is_checked_live_against_its_reference_through_the_map(runs, tmp_
     _train(buggy, tmp_path / "buggy", False, reference=live)
     assert live.first_divergence["name"] == "transformer.h.0.attn.c_proj.forward.0.input.0"
     assert live.first_divergence["b_name"] == "blocks.0.out.forward.0.input.0"
-    assert "first divergence at step 0: transformer.h.0.attn.c_proj" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "first divergence at step 0: transformer.h.0.attn.c_proj" in err
+    assert "; in this run blocks.0.out.forward.0.input.0" in err  # the port's own name
     # without the map the two codebases are never a silent pass
     live = tracer.LiveReference(runs["a"])
     _train(_port_of(_gpt2()), tmp_path / "unmapped", False, reference=live)
     assert "was not judged whole" in capfd.readouterr().err or live.first_divergence
+    # a map made for other runs (A and B swapped) says so, where it said "Two codebases?"
+    swapped = tmp_path / "swapped.yaml"
+    swapped.write_text(map_modules(runs["port"], runs["a"]).to_yaml())
+    result = tracer.diff(runs["a"], runs["port"], module_map=read_module_map(swapped))
+    assert "the module map pairs few of these runs' modules" in result.notes[0], result.notes
     # a map that does not read is one error naming it
     (tmp_path / "bad.yaml").write_text("pairs: [")
     with pytest.raises(tracer.ConfigError, match=r"module map .*bad\.yaml: not YAML"):
