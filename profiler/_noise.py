@@ -77,9 +77,9 @@ class Judgement:
     each run alone, over A's median step; nan where they did not."""
     floor_in_run: float = math.nan
     """The floor without the variation between runs: the threshold or the largest spread of
-    one run's steps alone (profiler._diff). Calls and shapes are read in each run alone, so the machine's speed
-    drifting between runs does not move them, and this is the floor they must clear (nan:
-    `noise`)."""
+    one run's steps alone (profiler._diff). Calls and shapes are read in each run alone, so
+    the machine's speed drifting between runs does not move them, and this is the floor they
+    must clear (nan: `noise`)."""
 
     @property
     def decided_by(self) -> str:

@@ -375,12 +375,13 @@ def _result(rows: list[dict], kinds: set[str], notes: list[str], problems: list[
         # and a "same" over the few that paired would speak for what was never compared
         if status == "same":
             status = "diverged"
-        notes.insert(0, f"{unpaired}: the module map pairs few of these runs' modules: it "
-                        f"was made for other runs, or with A and B swapped; write one for these "
-                        f"two, `sleuth map A B > map.yaml`" if mapped else
-                     f"{unpaired}: the two dumps record different modules. Two codebases? "
-                     f"`sleuth map A B > map.yaml` pairs their modules for `--map map.yaml`; "
-                     f"else compare dumps of the same level and module filter")
+        why = ("the module map pairs few of these runs' modules: it was made for other runs, "
+               "or with A and B swapped; write one for these two, `sleuth map A B > map.yaml`"
+               if mapped else
+               "the two dumps record different modules. Two codebases? `sleuth map A B > "
+               "map.yaml` pairs their modules for `--map map.yaml`; else compare dumps of the "
+               "same level and module filter")
+        notes.insert(0, f"{unpaired}: {why}")
     alone = None
     if not unpaired and summary.novel_count and status == "same":
         # every record both runs made agrees, but one run computed what the other did not (a

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sleuth.common import atomic_file, describe_error, go_off, warn
-from tracer._errors import REFERENCE_EXIT, ConfigError, ReferenceDiverged, TracerError
+from tracer._errors import (REFERENCE_EXIT, ConfigError, ReferenceDiverged, TracerError,
+                            UntrustedFileError)
 from tracer.analysis._compare import Tolerance
 from tracer.analysis._live_judge import Judge, judged
 from tracer.storage import READ_ERRORS, open_dump
@@ -307,26 +308,28 @@ def read_live_reference(run: str | os.PathLike) -> list[dict[str, Any]]:
     names, the file bounded and only while it is a regular file inside the run. Each entry is
     the file's object with `rank`; one that does not read, or is not the object this module
     writes, is `{"rank": R, "error": why}`. [] where no rank kept one."""
-    from tracer.storage import RANK_DIR, kind_problem, load_bounded, number_of, printable
+    from tracer.storage import (RANK_DIR, inside_run, kind_problem, load_bounded, number_of,
+                                printable)
 
     dump = Path(run) / "dump"
     if not dump.is_dir():
         return []
+    ranks = sorted((rank, f) for f in dump.iterdir()
+                   if (rank := number_of(RANK_DIR, f.name)) is not None)
     out: list[dict[str, Any]] = []
-    for folder in sorted(dump.iterdir(), key=lambda p: number_of(RANK_DIR, p.name) or 0):
-        rank = number_of(RANK_DIR, folder.name)
+    for rank, folder in ranks:
         path = folder / FILE_NAME
-        if rank is None or not (path.exists() or path.is_symlink()):
+        if not (path.exists() or path.is_symlink()):
             continue
         problem = kind_problem(path)
-        try:
-            if not problem and Path(run).resolve() not in path.resolve().parents:
-                problem = ("a soft link (or a folder that is one) leading out of the run, so it "
-                           "was not followed")
-        except (OSError, RuntimeError) as e:  # a loop of soft links
-            problem = f"cannot be followed ({e})"
-        if problem:
-            out.append({"rank": rank, "error": f"{printable(path)}: {problem}"})
+        why = f"{printable(path)}: {problem}" if problem else None
+        if why is None:
+            try:
+                inside_run(run, path, FILE_NAME)
+            except UntrustedFileError as e:
+                why = str(e)
+        if why:
+            out.append({"rank": rank, "error": why})
             continue
         try:
             found = load_bounded(path)

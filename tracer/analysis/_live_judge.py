@@ -17,6 +17,7 @@ setup differences in words, likeliest cause first} (`judged`), or
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -50,16 +51,12 @@ def judged(reference: str, path: str, tolerance: Any,
             "first_divergence": None if fd is None else _jsonable(fd)}
 
 
-_MAPS: dict[str, Any] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _map(path: str) -> Any:
     """The module map in the file at `path`, read once a process."""
-    if path not in _MAPS:
-        from tracer.analysis._map_file import read_module_map
+    from tracer.analysis._map_file import read_module_map
 
-        _MAPS[path] = read_module_map(path, flag="module map")
-    return _MAPS[path]
+    return read_module_map(path, flag="module map")
 
 
 class Judge:

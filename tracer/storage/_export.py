@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tracer._errors import DumpFormatError, TracerError
+from tracer._errors import DumpFormatError, TracerError, UntrustedFileError
 from tracer.storage._format import RECORD_COLUMNS
 from tracer.storage._bounded_json import load_bounded
-from tracer.storage._door import kind_problem, number_of, numbered, printable
+from tracer.storage._door import inside_run, kind_problem, number_of, numbered, printable
 from tracer.storage._dump import Dump, every_step
 from tracer.storage._reader import open_dump
 from tracer.storage._scan import PROBLEM_STATES
@@ -184,11 +184,9 @@ def read_export(path: str | Path):
     export = ExportedDump(path)
     frames = []
     for rank in export.ranks:
-        for step in export.steps(rank):
-            frame = export.stats(rank, step)
-            frame.insert(0, "step", step)
-            frame.insert(0, "rank", rank)
-            frames.append(frame)
+        frame = every_step(export, rank)
+        frame.insert(0, "rank", rank)
+        frames.append(frame)
     if not frames or not export.manifest.get("files"):
         return pd.DataFrame(columns=["rank", "step", *(n for n, _ in RECORD_COLUMNS), "status"])
     frame = pd.concat(frames, ignore_index=True)
@@ -222,13 +220,15 @@ def _manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def _inside(root: Path, folder: Path) -> bool:
-    """Whether `folder` is a folder that stays inside `root`, soft links followed: sleuth
-    writes none, and one leading out would show another dataset's rows as this export's."""
+def _not_inside(root: Path, folder: Path) -> str | None:
+    """Why the partition `folder` is not read (the door's `inside_run`: a soft link out of the
+    export, or one that loops; or no folder at all), None for a folder inside `root`: sleuth
+    writes no links, and one leading out would show another dataset's rows as this export's."""
     try:
-        return folder.is_dir() and root.resolve() in folder.resolve().parents
-    except (OSError, RuntimeError):  # a loop of soft links
-        return False
+        inside_run(root, folder, folder.name)
+    except UntrustedFileError as e:
+        return str(e)
+    return None if folder.is_dir() else "not a folder: not read"
 
 
 class ExportedDump:
@@ -254,11 +254,9 @@ class ExportedDump:
                 step = number_of(_STEP_PART, step_dir.name)
                 if step is None:
                     continue
-                if not _inside(self.root, step_dir):
-                    if step_dir.is_symlink() or step_dir.exists():
-                        self.skipped.append((printable(step_dir), "not a folder inside the "
-                                             "export (a soft link out of it, or a file): not "
-                                             "read"))
+                why = _not_inside(self.root, step_dir)
+                if why:
+                    self.skipped.append((printable(step_dir), why))
                     continue
                 self._parts.setdefault(rank, {})[step] = step_dir
         self.ranks = sorted(self._parts)
